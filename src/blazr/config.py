@@ -1,0 +1,222 @@
+"""Typed, frozen configuration: what the model math and the engine are allowed to know.
+
+`ModelConfig` describes one network as a tuple of `LayerConfig`s; each layer names the sub-configs of the
+mixers and the feed-forward it holds (GQA attention, MLA, Mamba2, dense MLP, MoE), so a hybrid model is just
+a tuple whose entries differ. Raw checkpoint keys (config.json, GGUF metadata, tensor names) are read only
+in `detect.py`, which builds these objects; nothing below the loader ever sees a dict.
+
+`EngineConfig` holds the serving limits (sequences, context, token budget, cache sizes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+
+NormKind = Literal["rms", "layer"]
+Activation = Literal["silu", "gelu", "relu2"]
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """RMSNorm (`kind="rms"`) or LayerNorm with bias (`kind="layer"`, the oxidizr Mamba2 block norm)."""
+
+    kind: NormKind = "rms"
+    eps: float = 1e-5
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding over the first `dim` features of a head, NeoX half-split layout.
+
+    Interleaved-pair checkpoints (GGUF llama, DeepSeek) are permuted into the half-split layout at load, so the
+    math has one layout. `scaling` selects the frequency/attention-scale rule: "default", "linear",
+    "llama3" or "yarn" (`factor`, `original_max_position`, and the per-type fields below).
+    """
+
+    dim: int
+    theta: float = 10000.0
+    scaling: Literal["default", "linear", "llama3", "yarn"] = "default"
+    factor: float = 1.0
+    original_max_position: int = 0
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float = 1.0  # yarn (DeepSeek)
+    mscale_all_dim: float = 0.0  # yarn (DeepSeek)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Grouped-query attention (Llama family). `rope=None` means no positional encoding (NoPE)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope: RopeConfig | None
+    softmax_scale: float
+    has_qkv_bias: bool = False
+    has_o_bias: bool = False
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head Latent Attention (DeepSeek V2/V3 and the oxidizr variant).
+
+    q path: `q_lora_rank=None` → one `q_proj` to all heads × (nope + rope); else `q_a_proj` → (norm) →
+    `q_b_proj`. oxidizr: `is_q_rope_from_hidden` — the rope half of q comes from the hidden state through a
+    separate projection while `q_b_proj` produces only the nope half. kv path: `kv_a_proj` → [c_kv | k_rope],
+    `c_kv` (optionally normed) → `kv_b_proj` → per head [k_nope | v]. The cache holds only `c_kv` and the
+    rotated `k_rope`.
+    """
+
+    num_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope: RopeConfig
+    softmax_scale: float
+    has_latent_norms: bool = True
+    is_q_rope_from_hidden: bool = False
+    norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    """Mamba2 mixer (SSD). `d_inner = num_heads * head_dim`; conv runs over x, B and C
+    (`conv_dim = d_inner + 2 * n_groups * state_size`)."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int = 256
+    has_in_proj_bias: bool = False
+    has_out_proj_bias: bool = False
+    has_conv_bias: bool = True
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+    has_gated_norm: bool = True
+    norm_group_size: int = 0  # 0 → the whole d_inner (Mamba2, oxidizr); d_inner / n_groups for Bamba & co.
+    is_norm_before_gate: bool = False
+    norm_eps: float = 1e-5
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.state_size
+
+
+@dataclass(frozen=True)
+class MLPConfig:
+    """Feed-forward: gated (`down(act(gate) * up)`) unless `is_gated=False` (`down(act(up))`, NemotronH relu²)."""
+
+    intermediate_size: int
+    activation: Activation = "silu"
+    is_gated: bool = True
+    has_bias: bool = False
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Routed experts plus optional always-on shared experts.
+
+    Routing: scores = softmax or sigmoid of router logits; experts chosen by top-k over scores (+ correction
+    bias for selection only, DeepSeek-V3); optional group-limited selection (`num_groups`, `topk_groups`);
+    weights renormalised over the chosen k when `is_renormalized`; scaled by `routed_scaling_factor`.
+    """
+
+    num_experts: int
+    top_k: int
+    expert: MLPConfig
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    is_renormalized: bool = True
+    routed_scaling_factor: float = 1.0
+    num_groups: int = 1
+    topk_groups: int = 1
+    group_score: Literal["max", "top2_sum"] = "max"
+    has_correction_bias: bool = False
+    shared: MLPConfig | None = None
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """One residual block. Mixers present run in parallel on the same normed input and their outputs are
+    summed (FalconH1 holds attention and Mamba2; every other model holds one). `ffn` follows with its own
+    pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks)."""
+
+    attention: AttentionConfig | None = None
+    mla: MLAConfig | None = None
+    mamba: Mamba2Config | None = None
+    mlp: MLPConfig | None = None
+    moe: MoEConfig | None = None
+    norm: NormConfig = field(default_factory=NormConfig)
+
+    @property
+    def kind(self) -> str:
+        """Human-readable kind, e.g. "mamba2", "attention+mlp", "mla+moe"."""
+        mixers = [n for n, c in (("attention", self.attention), ("mla", self.mla), ("mamba2", self.mamba)) if c]
+        ffn = [n for n, c in (("mlp", self.mlp), ("moe", self.moe)) if c]
+        return "+".join(mixers + ffn)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A whole network: embedding, `layers`, final norm, lm head.
+
+    Scalar multipliers (Granite/FalconH1 µP) stay explicit here; per-weight ones are folded at load.
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    layers: tuple[LayerConfig, ...]
+    final_norm: NormConfig = field(default_factory=NormConfig)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scale: float = 1.0  # logits are multiplied by this (Granite divides by logits_scaling)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_indices(self, kind: Literal["attention", "mla", "mamba"]) -> list[int]:
+        """Indices of the layers holding a mixer of this kind."""
+        return [i for i, layer in enumerate(self.layers) if getattr(layer, kind) is not None]
+
+    def with_(self, **changes: object) -> ModelConfig:
+        return replace(self, **changes)
+
+
+DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;
+    `num_kv_blocks=0` sizes the KV pool from `max_num_seqs * max_model_len`."""
+
+    max_num_seqs: int = 16
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    num_kv_blocks: int = 0
+    max_waiting: int = 256
