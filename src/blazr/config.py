@@ -31,8 +31,8 @@ class NormConfig:
 class RopeConfig:
     """Rotary embedding over the first `dim` features of a head, NeoX half-split layout.
 
-    Interleaved-pair checkpoints (GGUF llama, DeepSeek) are permuted into the half-split layout at load, so the
-    math has one layout. `scaling` selects the frequency/attention-scale rule: "default", "linear",
+    Interleaved-pair checkpoints (GGUF llama, DeepSeek) are permuted into the half-split layout at load, so
+    the math has one layout. `scaling` selects the frequency/attention-scale rule: "default", "linear",
     "llama3" or "yarn" (`factor`, `original_max_position`, and the per-type fields below).
     """
 
@@ -45,8 +45,8 @@ class RopeConfig:
     high_freq_factor: float = 4.0  # llama3
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    mscale: float = 1.0  # yarn (DeepSeek)
-    mscale_all_dim: float = 0.0  # yarn (DeepSeek)
+    is_truncated: bool = True  # yarn: round the correction range to whole dims
+    attention_factor: float = 1.0  # cos/sin multiplier (yarn mscale); 1.0 otherwise
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class Mamba2Config:
 
 @dataclass(frozen=True)
 class MLPConfig:
-    """Feed-forward: gated (`down(act(gate) * up)`) unless `is_gated=False` (`down(act(up))`, NemotronH relu²)."""
+    """Feed-forward: gated, `down(act(gate) * up)`, unless `is_gated=False`: `down(act(up))` (NemotronH)."""
 
     intermediate_size: int
     activation: Activation = "silu"
@@ -160,12 +160,15 @@ class LayerConfig:
     mamba: Mamba2Config | None = None
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
-    norm: NormConfig = field(default_factory=NormConfig)
+    norm: NormConfig = field(default_factory=NormConfig)  # before the mixer(s)
+    ffn_norm: NormConfig = field(default_factory=NormConfig)  # before the mlp / moe
 
     @property
     def kind(self) -> str:
         """Human-readable kind, e.g. "mamba2", "attention+mlp", "mla+moe"."""
-        mixers = [n for n, c in (("attention", self.attention), ("mla", self.mla), ("mamba2", self.mamba)) if c]
+        mixers = [
+            n for n, c in (("attention", self.attention), ("mla", self.mla), ("mamba2", self.mamba)) if c
+        ]
         ffn = [n for n, c in (("mlp", self.mlp), ("moe", self.moe)) if c]
         return "+".join(mixers + ffn)
 
@@ -212,11 +215,13 @@ DTYPES: dict[str, torch.dtype] = {
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;
-    `num_kv_blocks=0` sizes the KV pool from `max_num_seqs * max_model_len`."""
+    `num_kv_blocks=0` sizes the paged pool for `max_num_seqs × max_model_len` tokens, capped at
+    `cache_memory_gib`; past that, sequences are preempted and recomputed."""
 
     max_num_seqs: int = 16
     max_model_len: int = 4096
     max_num_batched_tokens: int = 512
     block_size: int = 16
     num_kv_blocks: int = 0
+    cache_memory_gib: float = 4.0
     max_waiting: int = 256

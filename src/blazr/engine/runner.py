@@ -1,0 +1,152 @@
+"""ModelRunner: owns the model and its cache pools; turns a ScheduledBatch into tensors, runs one forward
+and returns the logit rows to sample from.
+
+Layout per step: decodes first (one token each), then prefill chunks. For each sequence the new tokens are
+positions [num_computed, num_computed + num_new); their cache slots come from the block table, and the
+keys it may attend to are positions [0, num_computed + num_new).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blazr.config import EngineConfig, ModelConfig
+from blazr.engine.scheduler import ScheduledBatch
+from blazr.engine.sequence import Sequence
+from blazr.model.model import CausalLM
+from blazr.state.allocator import BlockAllocator, SlotAllocator
+from blazr.state.batch import ForwardBatch
+from blazr.state.kv_cache import ModelCache, bytes_per_token
+
+_GiB = 1 << 30
+
+
+@dataclass
+class StepLogits:
+    """Logits of one step: `sample[i]` belongs to `sample_seqs[i]` (sequences whose next token is due);
+    `prompt[seq]` holds the rows for prompt positions of sequences that asked for prompt logprobs."""
+
+    sample_seqs: list[Sequence]
+    sample: torch.Tensor  # [n, V] float32
+    prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id → (first position predicted, [m, V])
+
+
+def plan_cache(cfg: ModelConfig, engine: EngineConfig, dtype: torch.dtype) -> tuple[int, int]:
+    """(num_blocks, num_state_slots): enough blocks for every sequence at full length, capped by the
+    engine's cache memory budget (preemption handles the rest)."""
+    per_token = bytes_per_token(cfg, dtype)
+    if per_token == 0:
+        return 0, engine.max_num_seqs
+    if engine.num_kv_blocks:
+        return engine.num_kv_blocks, engine.max_num_seqs
+    want = -(-engine.max_num_seqs * engine.max_model_len // engine.block_size)
+    cap = int(engine.cache_memory_gib * _GiB) // (per_token * engine.block_size)
+    min_blocks = -(-engine.max_model_len // engine.block_size)  # one full-length sequence always fits
+    return max(min(want, cap), min_blocks), engine.max_num_seqs
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        engine_cfg: EngineConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.model = model
+        self.cfg = model.cfg
+        self.engine_cfg = engine_cfg
+        self.device = device
+        self.dtype = dtype
+        num_blocks, num_state_slots = plan_cache(self.cfg, engine_cfg, dtype)
+        self.block_size = engine_cfg.block_size
+        self.cache = ModelCache(self.cfg, num_blocks * self.block_size, num_state_slots, dtype, device)
+        self.blocks = BlockAllocator(num_blocks, self.block_size) if self.cache.has_paged else None
+        self.slots = SlotAllocator(num_state_slots) if self.cache.has_state else None
+
+    # ------------------------------------------------------------------------------------ batch build
+
+    def build(self, sched: ScheduledBatch) -> tuple[torch.Tensor, ForwardBatch, list[Sequence], dict]:
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        prompt_logit_rows: list[int] = []  # hidden rows whose logits score prompt tokens (prompt logprobs)
+        sample_rows: list[int] = []  # hidden rows whose logits are sampled
+        sample_seqs: list[Sequence] = []
+        prompt_rows: dict[int, tuple[int, int, int]] = {}  # seq_id → (first predicted pos, offset, count)
+        context_lens, query_lens = [], []
+        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+            start = seq.num_computed_tokens
+            row0 = len(input_ids)
+            input_ids.extend(seq.tokens(start, start + n))
+            positions.extend(range(start, start + n))
+            if self.blocks is not None:
+                table = seq.block_table
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            context_lens.append(start)
+            query_lens.append(n)
+            if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
+                # the row of position p predicts token p + 1; prompt tokens 1.. are predicted
+                count = min(start + n, seq.num_prompt_tokens - 1) - start
+                prompt_rows[seq.seq_id] = (start + 1, len(prompt_logit_rows), count)
+                prompt_logit_rows.extend(range(row0, row0 + count))
+            if start + n == seq.num_tokens:
+                sample_rows.append(row0 + n - 1)
+                sample_seqs.append(seq)
+        dev = self.device
+        batch = ForwardBatch(
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            query_lens=tuple(query_lens),
+            context_lens=tuple(context_lens),
+            num_decodes=sched.num_decodes,
+            logits_indices=torch.tensor(prompt_logit_rows + sample_rows, dtype=torch.long, device=dev),
+        )
+        if self.blocks is not None:
+            batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
+            seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
+            batch.kv_indices = self._kv_indices(sched.seqs, seq_lens)
+        if self.slots is not None:
+            batch.state_slots = torch.tensor([s.state_slot for s in sched.seqs], dtype=torch.long, device=dev)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        return ids, batch, sample_seqs, prompt_rows
+
+    def _kv_indices(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
+        """[B, Lmax] flat slot of every position of every sequence (0 past its length)."""
+        bs = self.block_size
+        max_len = max(seq_lens)
+        max_blocks = -(-max_len // bs)
+        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
+        for b, seq in enumerate(seqs):
+            table = seq.block_table[:max_blocks]
+            tables[b, : len(table)] = torch.tensor(table, dtype=torch.long)
+        pos = torch.arange(max_len)
+        idx = tables[:, pos // bs] * bs + pos % bs  # [B, Lmax]
+        return idx.to(self.device)
+
+    # -------------------------------------------------------------------------------------------- run
+
+    @torch.inference_mode()
+    def run(self, sched: ScheduledBatch) -> StepLogits:
+        ids, batch, sample_seqs, prompt_rows = self.build(sched)
+        hidden = self.model(ids, batch, self.cache)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        prompt = {sid: (first, logits[r0 : r0 + cnt]) for sid, (first, r0, cnt) in prompt_rows.items()}
+        num_prompt_rows = sum(cnt for _, _, cnt in prompt_rows.values())
+        return StepLogits(sample_seqs, logits[num_prompt_rows:], prompt)
+
+    # ---------------------------------------------------------------------------------------- forking
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        bs = self.block_size
+        if not pairs:
+            return
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs]).to(self.device)
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs]).to(self.device)
+        self.cache.copy_slots(src, dst)
+
+    def copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        for s, d in pairs:
+            self.cache.copy_state_slot(s, d)

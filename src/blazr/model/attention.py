@@ -1,0 +1,119 @@
+"""Grouped-query attention (Llama, Qwen2, Mistral, Granite, Bamba …) and the causal attention kernel
+shared with MLA.
+
+`causal_attention` covers three cases in one step's flat layout:
+- no cache: each sequence attends to its own new tokens (reference / test forwards);
+- decode rows (the first Bd sequences, one query each): batched over sequences, keys gathered from the
+  paged pool by `kv_indices`, padded to the longest and masked;
+- prefill rows: per sequence, causal with an offset of `context_len` cached tokens (chunked prefill).
+
+Shapes: T tokens, H query heads, Hkv kv heads, Dk / Dv head dims, S cache slots.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blazr.config import AttentionConfig
+from blazr.model.rope import RotaryEmbedding
+from blazr.state.batch import ForwardBatch
+from blazr.state.kv_cache import LayerCache
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """q [B, H, Lq, Dk], k [B, Hkv, Lk, Dk], v [B, Hkv, Lk, Dv] → [B, H, Lq, Dv]."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def _prefill_mask(q_len: int, ctx: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """Boolean [Lq, ctx + Lq]: query i (absolute ctx + i) sees key j ≤ ctx + i, within the window."""
+    rows = torch.arange(q_len, device=device)[:, None] + ctx
+    cols = torch.arange(ctx + q_len, device=device)[None, :]
+    mask = cols <= rows
+    if window is not None:
+        mask &= cols > rows - window
+    return mask
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    k_pool: torch.Tensor | None = None,
+    v_pool: torch.Tensor | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """q [T, H, Dk]; k, v [T, Hkv, D*] for the new tokens (already written to the pools, if any);
+    k_pool / v_pool [S, Hkv, D*]. Returns [T, H, Dv]."""
+    T, H, _ = q.shape
+    out = q.new_empty(T, H, v.shape[-1])
+    nd = batch.num_decodes
+    if nd:
+        assert k_pool is not None and v_pool is not None and batch.kv_indices is not None
+        mask = batch.decode_mask(window)  # [Bd, 1, 1, L]
+        idx = batch.kv_indices[:nd, : mask.shape[-1]]  # [Bd, L]
+        kd = k_pool[idx].transpose(1, 2)  # [Bd, Hkv, L, Dk]
+        vd = v_pool[idx].transpose(1, 2)
+        od = _sdpa(q[:nd].unsqueeze(2), kd, vd, scale, mask)  # [Bd, H, 1, Dv]
+        out[:nd] = od.squeeze(2)
+    starts = batch.query_starts
+    for b in range(nd, batch.num_seqs):
+        s, n, ctx = starts[b], batch.query_lens[b], batch.context_lens[b]
+        qb = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, Dk]
+        if ctx == 0:
+            kb, vb = k[s : s + n], v[s : s + n]
+        else:
+            assert k_pool is not None and v_pool is not None and batch.kv_indices is not None
+            idx = batch.kv_indices[b, : ctx + n]
+            kb, vb = k_pool[idx], v_pool[idx]
+        kb = kb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, ctx + n, Dk]
+        vb = vb.transpose(0, 1).unsqueeze(0)
+        if ctx == 0 and window is None:
+            ob = _sdpa(qb, kb, vb, scale, is_causal=True)
+        else:
+            ob = _sdpa(qb, kb, vb, scale, _prefill_mask(n, ctx, window, q.device))
+        out[s : s + n] = ob.squeeze(0).transpose(0, 1)
+    return out
+
+
+class Attention(nn.Module):
+    """GQA with fused qkv projection, optional RoPE (None = NoPE), optional biases and sliding window."""
+
+    def __init__(self, cfg: AttentionConfig, hidden_size: int, rope: RotaryEmbedding | None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.has_qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden_size, bias=cfg.has_o_bias)
+        self.rope = rope
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
+        cfg, T = self.cfg, x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, cfg.num_heads, cfg.head_dim)
+        k = k.view(T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
+        if self.rope is not None:
+            q = self.rope(q, batch.positions)
+            k = self.rope(k, batch.positions)
+        k_pool = v_pool = None
+        if cache is not None and batch.has_cache:
+            k_pool, v_pool = cache.k, cache.v
+            k_pool.index_copy_(0, batch.slot_mapping, k)
+            v_pool.index_copy_(0, batch.slot_mapping, v)
+        o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
+        return self.o_proj(o.reshape(T, self.q_size))

@@ -1,0 +1,55 @@
+"""One residual block of a hybrid model: pre-norm mixer(s), then pre-norm feed-forward.
+
+    h = norm(x);  x = x + r · Σ mixer(h)        (attention | MLA | Mamba2; FalconH1 runs two in parallel)
+    x = x + r · ffn(ffn_norm(x))                (MLP | MoE; absent in Mamba2 blocks)
+
+r is the model's residual multiplier (1 except Granite). Shapes: x [T, D].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blazr.config import LayerConfig
+from blazr.errors import UnsupportedError
+from blazr.model.attention import Attention
+from blazr.model.mlp import MLP
+from blazr.model.norm import make_norm
+from blazr.model.rope import RotaryEmbedding
+from blazr.state.batch import ForwardBatch
+from blazr.state.kv_cache import LayerCache
+
+
+class Block(nn.Module):
+    def __init__(
+        self,
+        cfg: LayerConfig,
+        hidden_size: int,
+        rope: RotaryEmbedding | None,
+        residual_multiplier: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.residual_multiplier = residual_multiplier
+        if cfg.mla is not None or cfg.mamba is not None or cfg.moe is not None:
+            raise UnsupportedError(f"layer kind {cfg.kind!r} is not supported yet")
+        self.has_mixer = cfg.attention is not None
+        if self.has_mixer:
+            self.mixer_norm = make_norm(cfg.norm, hidden_size)
+        self.attn = Attention(cfg.attention, hidden_size, rope) if cfg.attention is not None else None
+        self.has_ffn = cfg.mlp is not None
+        if self.has_ffn:
+            self.ffn_norm = make_norm(cfg.ffn_norm, hidden_size)
+        self.mlp = MLP(cfg.mlp, hidden_size) if cfg.mlp is not None else None
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
+        r = self.residual_multiplier
+        if self.has_mixer:
+            h = self.mixer_norm(x)
+            out = self.attn(h, batch, cache)
+            x = x + out * r if r != 1.0 else x + out
+        if self.has_ffn:
+            out = self.mlp(self.ffn_norm(x))
+            x = x + out * r if r != 1.0 else x + out
+        return x

@@ -1,0 +1,39 @@
+"""Dense feed-forward: gated SwiGLU/GeGLU with fused gate+up projection, or ungated (relu², NemotronH).
+
+Shapes: x [T, D] → [T, D]; gate_up_proj [2I, D] (or up_proj [I, D]); down_proj [D, I].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blazr.config import Activation, MLPConfig
+
+
+def activate(x: torch.Tensor, kind: Activation) -> torch.Tensor:
+    if kind == "silu":
+        return F.silu(x)
+    if kind == "gelu":
+        return F.gelu(x, approximate="tanh")
+    return torch.square(F.relu(x))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: MLPConfig, hidden_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        if cfg.is_gated:
+            self.gate_up_proj = nn.Linear(hidden_size, 2 * cfg.intermediate_size, bias=cfg.has_bias)
+        else:
+            self.up_proj = nn.Linear(hidden_size, cfg.intermediate_size, bias=cfg.has_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, hidden_size, bias=cfg.has_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.is_gated:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            h = activate(gate, self.cfg.activation) * up
+        else:
+            h = activate(self.up_proj(x), self.cfg.activation)
+        return self.down_proj(h)

@@ -1,0 +1,67 @@
+"""CausalLM: embedding → blocks → final norm → lm head, for every architecture blazr runs.
+
+Parameters carry blazr's internal names (see loading/names.py for the renames from each format):
+`embed_tokens.weight`, `layers.{i}.{mixer_norm,attn,mla,mamba,ffn_norm,mlp,moe}.…`, `norm.weight`,
+`lm_head.weight` (absent when tied). The math is pure: `forward(input_ids, batch, cache)`.
+
+Shapes: input_ids [T]; hidden [T, D]; logits [n, V] float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blazr.config import ModelConfig, RopeConfig
+from blazr.model.block import Block
+from blazr.model.norm import make_norm
+from blazr.model.rope import RotaryEmbedding
+from blazr.state.batch import ForwardBatch
+from blazr.state.kv_cache import ModelCache
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_len: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        max_len = max(max_len or 0, cfg.max_position_embeddings)
+        ropes: dict[RopeConfig, RotaryEmbedding] = {}  # one table per distinct rope, shared by layers
+
+        def rope_for(rope_cfg: RopeConfig | None) -> RotaryEmbedding | None:
+            if rope_cfg is None:
+                return None
+            if rope_cfg not in ropes:
+                ropes[rope_cfg] = RotaryEmbedding(rope_cfg, max_len)
+            return ropes[rope_cfg]
+
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            Block(
+                layer,
+                cfg.hidden_size,
+                rope_for(layer.attention.rope if layer.attention else None),
+                cfg.residual_multiplier,
+            )
+            for layer in cfg.layers
+        )
+        self.norm = make_norm(cfg.final_norm, cfg.hidden_size)
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
+
+    def forward(
+        self, input_ids: torch.Tensor, batch: ForwardBatch, cache: ModelCache | None = None
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        if self.cfg.embedding_multiplier != 1.0:
+            x = x * self.cfg.embedding_multiplier
+        for i, layer in enumerate(self.layers):
+            x = layer(x, batch, cache.layer(i) if cache is not None else None)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = torch.nn.functional.linear(hidden, weight).float()
+        if self.cfg.logits_scale != 1.0:
+            logits = logits * self.cfg.logits_scale
+        return logits

@@ -1,0 +1,68 @@
+"""Normalisation layers: RMSNorm, LayerNorm with bias, and the gated RMSNorm of Mamba2.
+
+Statistics are computed in float32 and cast back before the weight is applied, as HF's Llama/Mamba2 norms
+do, so half-precision models match transformers bit for bit in their rounding order.
+Shapes: x [..., D]; gate [..., D]; weight/bias [D].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blazr.config import NormConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with bias, statistics in float32 (oxidizr's Mamba2 block norm)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return y * self.weight + self.bias
+
+
+def make_norm(cfg: NormConfig, dim: int) -> nn.Module:
+    return RMSNorm(dim, cfg.eps) if cfg.kind == "rms" else LayerNorm(dim, cfg.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """Mamba2's output norm: RMSNorm(y * silu(z)) (or RMSNorm(y) * silu(z) when `is_norm_before_gate`),
+    normalised in groups of `group_size` features (the whole width when group_size == dim)."""
+
+    def __init__(self, dim: int, group_size: int, eps: float, is_norm_before_gate: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.group_size = group_size
+        self.eps = eps
+        self.is_norm_before_gate = is_norm_before_gate
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = y.dtype
+        yf = y.float()
+        if not self.is_norm_before_gate:
+            yf = yf * F.silu(z.float())
+        g = yf.unflatten(-1, (-1, self.group_size))  # [..., G, D/G]
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        yf = g.flatten(-2)
+        if self.is_norm_before_gate:
+            yf = yf * F.silu(z.float())
+        return self.weight * yf.to(dtype)

@@ -1,0 +1,86 @@
+"""Rotary position embedding: frequency tables for the default, linear, llama3 and YaRN rules, and the
+half-split (NeoX) rotation applied to the first `dim` features of each head.
+
+Shapes: x [T, H, D] with D ≥ dim; positions [T] (absolute token positions, long); cos/sin tables
+[max_len, dim/2].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from blazr.config import RopeConfig
+
+
+def inverse_frequencies(cfg: RopeConfig) -> torch.Tensor:
+    """inv_freq [dim/2] in float32, after the scaling rule."""
+    dim = cfg.dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (cfg.theta**exponents)
+    if cfg.scaling == "linear":
+        return inv_freq / cfg.factor
+    if cfg.scaling == "llama3":
+        old_len = cfg.original_max_position
+        low_wavelen = old_len / cfg.low_freq_factor
+        high_wavelen = old_len / cfg.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / cfg.factor, inv_freq)
+        smooth = (old_len / wavelen - cfg.low_freq_factor) / (cfg.high_freq_factor - cfg.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / cfg.factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    if cfg.scaling == "yarn":
+        return _yarn_inverse_frequencies(cfg)
+    return inv_freq
+
+
+def _yarn_inverse_frequencies(cfg: RopeConfig) -> torch.Tensor:
+    dim, base = cfg.dim, cfg.theta
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(cfg.original_max_position / (num_rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low, high = correction_dim(cfg.beta_fast), correction_dim(cfg.beta_slow)
+    if cfg.is_truncated:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (cfg.factor * pos_freqs)
+    keep = 1 - ramp  # 1 → extrapolate (high frequencies), 0 → interpolate
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed cos/sin tables; `forward(x, positions)` returns the rotated copy of x.
+
+    Tables are built on the CPU even when the model is constructed on the meta device (weights are loaded
+    afterwards); `model.to(device)` moves them."""
+
+    def __init__(self, cfg: RopeConfig, max_len: int) -> None:
+        super().__init__()
+        self.dim = cfg.dim
+        inv_freq = inverse_frequencies(cfg)
+        angles = torch.outer(
+            torch.arange(max_len, dtype=torch.float32, device="cpu"), inv_freq
+        )  # [max_len, dim/2]
+        self.register_buffer("cos", angles.cos() * cfg.attention_factor, persistent=False)
+        self.register_buffer("sin", angles.sin() * cfg.attention_factor, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        half = self.dim // 2
+        cos = self.cos[positions].unsqueeze(-2)  # [T, 1, dim/2]
+        sin = self.sin[positions].unsqueeze(-2)
+        xf = x[..., : self.dim].float()
+        x1, x2 = xf[..., :half], xf[..., half:]
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        if self.dim == x.shape[-1]:
+            return rotated
+        return torch.cat((rotated, x[..., self.dim :]), dim=-1)

@@ -1,0 +1,101 @@
+"""ForwardBatch: everything one model step needs to know about the sequences it runs.
+
+Tokens of all sequences are laid out flat (T = Σ query_lens), decodes first, then prefills (or prefill
+chunks). Each sequence has `context_lens[b]` tokens already in the cache and adds `query_lens[b]` new ones.
+Cache addressing is by flat slot: new token t is written at `slot_mapping[t]`; the keys of sequence b live at
+`kv_indices[b, :seq_lens[b]]`. Recurrent (Mamba2) state lives in `state_slots[b]`.
+
+Shapes: T tokens, B sequences, Bd = num_decodes, Lmax = max seq_len.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    positions: torch.Tensor  # [T] long, absolute positions
+    query_lens: tuple[int, ...]  # [B]
+    context_lens: tuple[int, ...]  # [B]
+    num_decodes: int  # the first Bd sequences have query_len 1
+    logits_indices: torch.Tensor  # [n] rows of the flat hidden state that become logits
+    slot_mapping: torch.Tensor | None = None  # [T] flat cache slot of each new token
+    kv_indices: torch.Tensor | None = None  # [B, Lmax] flat cache slot of each position (padding: 0)
+    state_slots: torch.Tensor | None = None  # [B] recurrent-state slot of each sequence
+    _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return tuple(c + q for c, q in zip(self.context_lens, self.query_lens, strict=True))
+
+    @property
+    def query_starts(self) -> tuple[int, ...]:
+        starts, total = [], 0
+        for q in self.query_lens:
+            starts.append(total)
+            total += q
+        return tuple(starts)
+
+    @property
+    def has_cache(self) -> bool:
+        return self.slot_mapping is not None
+
+    def decode_mask(self, window: int | None = None) -> torch.Tensor:
+        """Boolean mask [Bd, 1, 1, Lmax_d]: True where decode row b may attend key position j
+        (j < seq_len, and within the sliding window if any). Memoised per step."""
+        key = (self.num_decodes, window)
+        if key not in self._masks:
+            lens = torch.tensor(self.seq_lens[: self.num_decodes], device=self.positions.device)
+            cols = torch.arange(int(lens.max()), device=lens.device)
+            mask = cols[None, :] < lens[:, None]
+            if window is not None:
+                mask &= cols[None, :] > (lens[:, None] - 1 - window)
+            self._masks[key] = mask[:, None, None, :]
+        return self._masks[key]
+
+    def decode_part(self) -> ForwardBatch:
+        """The first Bd sequences (tokens [:Bd]) as a batch of their own."""
+        nd = self.num_decodes
+        return self._part(slice(0, nd), slice(0, nd), nd)
+
+    def prefill_part(self) -> ForwardBatch:
+        """The prefill sequences (tokens [Bd:]) as a batch of their own."""
+        nd = self.num_decodes
+        return self._part(slice(nd, None), slice(nd, None), 0)
+
+    def _part(self, seqs: slice, tokens: slice, num_decodes: int) -> ForwardBatch:
+        empty = self.logits_indices[:0]
+        return ForwardBatch(
+            positions=self.positions[tokens],
+            query_lens=self.query_lens[seqs],
+            context_lens=self.context_lens[seqs],
+            num_decodes=num_decodes,
+            logits_indices=empty,
+            slot_mapping=None if self.slot_mapping is None else self.slot_mapping[tokens],
+            kv_indices=None if self.kv_indices is None else self.kv_indices[seqs],
+            state_slots=None if self.state_slots is None else self.state_slots[seqs],
+        )
+
+    @staticmethod
+    def prefill(num_tokens_per_seq: list[int], device: torch.device | str = "cpu") -> ForwardBatch:
+        """A cache-less batch of whole prompts (for tests and reference forwards): logits at every token."""
+        positions = torch.cat([torch.arange(n, device=device) for n in num_tokens_per_seq])
+        total = int(positions.shape[0])
+        return ForwardBatch(
+            positions=positions,
+            query_lens=tuple(num_tokens_per_seq),
+            context_lens=(0,) * len(num_tokens_per_seq),
+            num_decodes=0,
+            logits_indices=torch.arange(total, device=device),
+        )

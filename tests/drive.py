@@ -1,0 +1,77 @@
+"""Drive a ModelRunner by hand: chosen chunk schedules for one or many sequences, collecting the logits of
+every position. This is how the cache invariants are tested (prefill + N steps == full forward, chunked ==
+whole, batched == alone) independently of the scheduler's own choices."""
+
+from __future__ import annotations
+
+import torch
+
+from blazr.engine.runner import ModelRunner
+from blazr.engine.sampling import SamplingParams
+from blazr.engine.scheduler import ScheduledBatch
+from blazr.engine.sequence import Sequence
+from blazr.state.batch import ForwardBatch
+
+
+@torch.inference_mode()
+def full_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Cache-less forward of all prompts in one flat batch → [L_i, V] per prompt."""
+    batch = ForwardBatch.prefill([len(p) for p in prompts], runner.device)
+    ids = torch.tensor([t for p in prompts for t in p], device=runner.device)
+    logits = runner.model.compute_logits(runner.model(ids, batch, None))
+    return list(logits.split([len(p) for p in prompts]))
+
+
+@torch.inference_mode()
+def stepwise_logits(
+    runner: ModelRunner, prompts: list[list[int]], chunks: list[list[int]]
+) -> list[torch.Tensor]:
+    """Run each sequence through its own chunk schedule (chunks[i] sums to len(prompts[i])), all sequences
+    batched together step by step (1-token chunks go through the decode path). Returns [L_i, V] per prompt:
+    row p holds the logits after position p."""
+    seqs = [
+        Sequence(f"s{i}", 0, list(p), SamplingParams(prompt_logprobs=0, max_tokens=1), frozenset())
+        for i, p in enumerate(prompts)
+    ]
+    for seq in seqs:
+        if runner.blocks is not None:
+            seq.block_table = runner.blocks.allocate(runner.blocks.blocks_needed(seq.num_tokens, 0))
+        if runner.slots is not None:
+            seq.state_slot = runner.slots.allocate()
+    rows: list[list[torch.Tensor]] = [[] for _ in seqs]
+    plans = [list(c) for c in chunks]
+    try:
+        while any(plans):
+            active = [i for i, plan in enumerate(plans) if plan]
+            decodes = [i for i in active if plans[i][0] == 1 and seqs[i].num_computed_tokens > 0]
+            prefills = [i for i in active if i not in decodes]
+            order = decodes + prefills
+            sched = ScheduledBatch([seqs[i] for i in order], [plans[i][0] for i in order], len(decodes))
+            step = runner.run(sched)
+            sampled = {s.seq_id: r for r, s in enumerate(step.sample_seqs)}
+            for i in order:
+                seq, n = seqs[i], plans[i].pop(0)
+                if seq.seq_id in step.prompt:
+                    rows[i].append(step.prompt[seq.seq_id][1].clone())
+                if seq.seq_id in sampled:
+                    rows[i].append(step.sample[sampled[seq.seq_id]][None].clone())
+                seq.num_computed_tokens += n
+    finally:
+        for seq in seqs:
+            if runner.blocks is not None:
+                runner.blocks.free(seq.block_table)
+            if runner.slots is not None and seq.state_slot is not None:
+                runner.slots.free(seq.state_slot)
+    return [torch.cat(r) for r in rows]
+
+
+def chunked(n: int, size: int) -> list[int]:
+    return [min(size, n - s) for s in range(0, n, size)]
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4) -> None:
+    """max |Δ| ≤ rel × the reference's logit scale (its standard deviation, at least 1)."""
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    scale = max(float(ref.float().std()), 1.0)
+    err = float((ours.float() - ref.float()).abs().max())
+    assert err <= rel * scale, f"max abs logit error {err:.3g} > {rel:g} × scale {scale:.3g}"
