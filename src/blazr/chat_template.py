@@ -389,6 +389,12 @@ def _replace_content(message: dict[str, Any], replace: Any) -> dict[str, Any]:
     return dict(message, content=replace(message["content"])) if "content" in message else message
 
 
+@lru_cache(maxsize=8)
+def _escape_pattern(special_strings: frozenset[str]) -> re.Pattern[str]:
+    # U+E000 is escaped too, so any U+E000 left outside a mark is a fragment of a cut mark.
+    return re.compile(literal_pattern({s for s in special_strings if s} | {_OPEN}), re.IGNORECASE)
+
+
 class _Marks:
     """Sentinels for contents and escapes for special strings, for one render; see the module docstring."""
 
@@ -396,9 +402,7 @@ class _Marks:
         self._nonce = str(secrets.randbelow(10**12)).zfill(12)
         self._contents: list[str] = []
         self._escaped: list[str] = []
-        # U+E000 is escaped too, so any U+E000 left outside a mark is a fragment of a cut mark.
-        specials = {s for s in special_strings if s} | {_OPEN}
-        self._special_re = re.compile(literal_pattern(specials), re.IGNORECASE)
+        self._special_re = _escape_pattern(frozenset(special_strings))
         self._mark_re = re.compile(f"{_OPEN}{self._nonce}([{_CONTENT}{_ESCAPE}])([0-9]+){_CLOSE}")
 
     def sentinel(self, content: str | None) -> str | None:

@@ -1,0 +1,151 @@
+"""Checkpoint discovery and loading: file layouts (single file of any name, shards + index, HF repo id
+from the local cache) and the one-line errors for every broken input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from blazr import LLM
+from blazr.detect import find_weight_files, inspect_checkpoint, resolve_model_path
+from blazr.errors import BlazrError, CheckpointError, UnsupportedError
+from blazr.tokenizer import TokenizerSource, load_tokenizer
+from tests.drive import full_logits
+from tests.tiny import build
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    build("LlamaForCausalLM", path)
+    return path
+
+
+def _logits(path, ids=(1, 2, 3, 4, 5)) -> torch.Tensor:
+    return full_logits(LLM(path, cpu=True).runner, [list(ids)])[0]
+
+
+def test_single_file_with_any_name(tiny, tmp_path):
+    shutil.copy(tiny / "model.safetensors", tmp_path / "my_run_final.safetensors")
+    shutil.copy(tiny / "config.json", tmp_path / "config.json")
+    assert find_weight_files(tmp_path) == ("safetensors", [tmp_path / "my_run_final.safetensors"])
+    assert torch.equal(_logits(tmp_path / "my_run_final.safetensors"), _logits(tiny))
+
+
+def test_sharded_checkpoint_with_index(tiny, tmp_path):
+    tensors = load_file(tiny / "model.safetensors")
+    names = sorted(tensors)
+    halves = [names[: len(names) // 2], names[len(names) // 2 :]]
+    weight_map = {}
+    for i, part in enumerate(halves, start=1):
+        fname = f"model-{i:05d}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, tmp_path / fname)
+        weight_map.update({n: fname for n in part})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    shutil.copy(tiny / "config.json", tmp_path / "config.json")
+    assert torch.equal(_logits(tmp_path), _logits(tiny))
+
+
+def test_hf_repo_id_resolved_from_local_cache(tiny, tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    for f in ("model.safetensors", "config.json"):
+        shutil.copy(tiny / f, snapshot / f)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    assert resolve_model_path("acme/tiny-llama") == snapshot
+    assert torch.equal(_logits("acme/tiny-llama"), _logits(tiny))
+    with pytest.raises(CheckpointError, match="acme/missing"):
+        resolve_model_path("acme/missing")
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def test_path_missing():
+    with pytest.raises(CheckpointError, match="model path not found: /no/such/dir"):
+        resolve_model_path("/no/such/dir")
+
+
+def test_no_weights_in_directory(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(
+        CheckpointError, match=r"no weights in .*expected model\.safetensors.*found \['config\.json'\]"
+    ):
+        inspect_checkpoint(tmp_path)
+
+
+def test_truncated_safetensors(tiny, tmp_path):
+    data = (tiny / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt or truncated safetensors"):
+        inspect_checkpoint(tmp_path)
+
+
+def test_truncated_gguf(tmp_path):
+    from blazr.detect import default_model_path
+
+    data = default_model_path().read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 3])
+    with pytest.raises(CheckpointError, match=r"cut\.gguf"):
+        inspect_checkpoint(tmp_path / "cut.gguf")
+
+
+def test_wrong_tensor_shape(tiny, tmp_path):
+    tensors = load_file(tiny / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(200, 128)
+    save_file(tensors, tmp_path / "model.safetensors")
+    shutil.copy(tiny / "config.json", tmp_path / "config.json")
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor model\.layers\.1\.mlp\.up_proj\.weight .*"
+        r"expected shape \[256, 128\], found \[200, 128\]",
+    ):
+        LLM(tmp_path, cpu=True)
+
+
+def test_missing_tensor(tiny, tmp_path):
+    tensors = load_file(tiny / "model.safetensors")
+    del tensors["model.layers.0.self_attn.k_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    shutil.copy(tiny / "config.json", tmp_path / "config.json")
+    with pytest.raises(CheckpointError, match=r"missing tensor model\.layers\.0\.self_attn\.k_proj\.weight"):
+        LLM(tmp_path, cpu=True)
+
+
+def test_config_tensor_mismatch_names_the_tensor(tiny, tmp_path):
+    shutil.copy(tiny / "model.safetensors", tmp_path / "model.safetensors")
+    cfg = json.loads((tiny / "config.json").read_text())
+    cfg["intermediate_size"] = 512
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        CheckpointError, match=r"gate_proj\.weight .*expected shape \[512, 128\], found \[256, 128\]"
+    ):
+        LLM(tmp_path, cpu=True)
+
+
+def test_unsupported_architecture_lists_supported(tiny, tmp_path):
+    shutil.copy(tiny / "model.safetensors", tmp_path / "model.safetensors")
+    cfg = json.loads((tiny / "config.json").read_text())
+    cfg["architectures"] = ["GPTBigCodeForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        UnsupportedError,
+        match=r"unsupported architecture GPTBigCodeForCausalLM; supported: .*LlamaForCausalLM",
+    ):
+        inspect_checkpoint(tmp_path)
+
+
+def test_unknown_vocab():
+    with pytest.raises(BlazrError, match=r"unknown vocab.*cl100k_base"):
+        load_tokenizer(TokenizerSource(vocab_name="no_such_vocab"))
