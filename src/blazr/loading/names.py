@@ -6,8 +6,11 @@ is q, k and v; a stacked expert tensor is one slice per expert) with the shape e
 with an optional transform (a row permutation, a folded multiplier). Every rename in blazr lives here.
 
 Internal names: `embed_tokens.weight`, `norm.weight`, `lm_head.weight`, and per layer `layers.{i}.` +
-`mixer_norm`, `attn.{qkv_proj,o_proj}`, `ffn_norm`, `mlp.{gate_up_proj|up_proj,down_proj}`.
-Logical part names replace fused ones: `attn.{q,k,v}_proj`, `mlp.{gate,up}_proj`.
+`mixer_norm`, `attn.{qkv_proj,o_proj}`, `mla.*`, `mamba.*`, `ffn_norm`,
+`mlp.{gate_up_proj|up_proj,down_proj}`,
+`moe.{router.weight, router.correction_bias, experts.{gate_up_proj|up_proj, down_proj}, shared.*}`.
+Logical parts of fused ones: `attn.{q,k,v}_proj`, `*.{gate,up}_proj`, `moe.experts.{e}.{gate,up,down}_proj`,
+`mla.kv_a_proj.{latent,rope}` and `mla.kv_b_proj.{k,v}` (oxidizr stores these separately).
 """
 
 from __future__ import annotations
@@ -39,26 +42,78 @@ def _cat0(ts: list[torch.Tensor]) -> torch.Tensor:
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
 
+def _stack_pairs(num_experts: int) -> Combine:
+    """[gate_0, up_0, gate_1, up_1, …] → [E, 2I, D] with gate rows first in each expert."""
+
+    def combine(ts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([torch.cat(ts[2 * e : 2 * e + 2], dim=0) for e in range(num_experts)])
+
+    return combine
+
+
+def _stack(ts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(ts)
+
+
+def _interleave_heads(num_heads: int) -> Combine:
+    """[k rows of all heads, v rows of all heads] → per head [k_h; v_h] (MLA kv_b_proj layout)."""
+
+    def combine(ts: list[torch.Tensor]) -> torch.Tensor:
+        k, v = ts
+        return torch.cat([k.unflatten(0, (num_heads, -1)), v.unflatten(0, (num_heads, -1))], dim=1).flatten(
+            0, 1
+        )
+
+    return combine
+
+
 def unfuse(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[list[Part], Combine]:
-    """Split an internal parameter into the logical parts a checkpoint stores separately."""
+    """Split an internal parameter into the logical parts a checkpoint may store separately.
+
+    The loader first looks for the whole parameter under its mapped name (a checkpoint that stores it fused,
+    e.g. Granite's 3-D experts) and only then for these parts."""
     m = _LAYER.fullmatch(name)
     if m is None:
         return [Part(name, shape)], _cat0
     i, rest = int(m.group(1)), m.group(2)
-    prefix = f"layers.{i}."
+    p = f"layers.{i}."
     layer = cfg.layers[i]
+    kind = rest.rsplit(".", 1)[-1]
+    tail = shape[1:]
     if rest.startswith("attn.qkv_proj.") and layer.attention is not None:
-        a, kind = layer.attention, rest.rsplit(".", 1)[1]
+        a = layer.attention
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        tail = shape[1:]
+        return [
+            Part(f"{p}attn.{x}_proj.{kind}", (n, *tail)) for x, n in (("q", q), ("k", kv), ("v", kv))
+        ], _cat0
+    if rest == "moe.experts.gate_up_proj":
+        E, two_i, D = shape
         parts = [
-            Part(f"{prefix}attn.{p}_proj.{kind}", (n, *tail)) for p, n in (("q", q), ("k", kv), ("v", kv))
+            Part(f"{p}moe.experts.{e}.{x}_proj.weight", (two_i // 2, D))
+            for e in range(E)
+            for x in ("gate", "up")
         ]
-        return parts, _cat0
-    if rest.startswith("mlp.gate_up_proj."):
-        kind, half = rest.rsplit(".", 1)[1], shape[0] // 2
-        parts = [Part(f"{prefix}mlp.{p}_proj.{kind}", (half, *shape[1:])) for p in ("gate", "up")]
-        return parts, _cat0
+        return parts, _stack_pairs(E)
+    if rest in ("moe.experts.up_proj", "moe.experts.down_proj"):
+        x = rest.rsplit(".", 1)[1]
+        return [Part(f"{p}moe.experts.{e}.{x}.weight", tail) for e in range(shape[0])], _stack
+    if rest.endswith(".gate_up_proj.weight") or rest.endswith(".gate_up_proj.bias"):
+        module = rest[: -len(".gate_up_proj.") - len(kind)]
+        half = shape[0] // 2
+        return [Part(f"{p}{module}.{x}_proj.{kind}", (half, *tail)) for x in ("gate", "up")], _cat0
+    if rest == "mla.kv_a_proj.weight" and layer.mla is not None:
+        lkv, r = layer.mla.kv_lora_rank, layer.mla.qk_rope_head_dim
+        return [
+            Part(f"{p}mla.kv_a_proj.latent", (lkv, *tail)),
+            Part(f"{p}mla.kv_a_proj.rope", (r, *tail)),
+        ], _cat0
+    if rest == "mla.kv_b_proj.weight" and layer.mla is not None:
+        m_ = layer.mla
+        parts = [
+            Part(f"{p}mla.kv_b_proj.k", (m_.num_heads * m_.qk_nope_head_dim, *tail)),
+            Part(f"{p}mla.kv_b_proj.v", (m_.num_heads * m_.v_head_dim, *tail)),
+        ]
+        return parts, _interleave_heads(m_.num_heads)
     return [Part(name, shape)], _cat0
 
 

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from blazr.config import ModelConfig
 from blazr.errors import CheckpointError
-from blazr.loading.names import NameMap, unfuse
+from blazr.loading.names import NameMap, Part, unfuse
 
 log = logging.getLogger("blazr.loading")
 
@@ -58,29 +58,13 @@ def load_weights(
     used: set[str] = set()
     params = list(model.named_parameters(remove_duplicate=True))
     for pname, param in tqdm(params, desc="loading", unit="tensor", disable=not show_progress, leave=False):
-        parts, combine = unfuse(cfg, pname, tuple(param.shape))
-        tensors = []
-        for part in parts:
-            found = names.source(part.name)
-            if found is None:
-                raise CheckpointError(f"no checkpoint name is known for parameter {part.name}")
-            src, transform = found
-            if src not in available:
-                raise CheckpointError(
-                    f"missing tensor {src} (expected shape {list(part.shape)}) in {_where(source)}"
-                )
-            src_shape = tuple(source.shape(src))
-            if src_shape != part.shape:
-                raise CheckpointError(
-                    f"tensor {src} in {source.file_of(src)}: expected shape {list(part.shape)}, "
-                    f"found {list(src_shape)}"
-                )
-            t = source.load(src)
-            if transform is not None:
-                t = transform(t)
-            tensors.append(t.to(device=device, dtype=dtype))
-            used.add(src)
-        value = combine(tensors)
+        whole = names.source(pname)
+        if whole is not None and whole[0] in available:
+            parts, combine = [Part(pname, tuple(param.shape))], None
+        else:
+            parts, combine = unfuse(cfg, pname, tuple(param.shape))
+        tensors = [_load_part(source, names, part, available, dtype, device, used) for part in parts]
+        value = tensors[0] if combine is None else combine(tensors)
         assert tuple(value.shape) == tuple(param.shape), (pname, value.shape, param.shape)
         _set_parameter(model, pname, value.contiguous())
     unused = sorted(n for n in available - used if not n.endswith(_IGNORED_SUFFIXES))
@@ -89,6 +73,34 @@ def load_weights(
         log.warning(
             "ignored %d checkpoint tensors not used by the model: %s%s", len(unused), unused[:5], more
         )
+
+
+def _load_part(
+    source: TensorSource,
+    names: NameMap,
+    part: Part,
+    available: set[str],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    used: set[str],
+) -> torch.Tensor:
+    found = names.source(part.name)
+    if found is None:
+        raise CheckpointError(f"no checkpoint name is known for parameter {part.name}")
+    src, transform = found
+    if src not in available:
+        raise CheckpointError(f"missing tensor {src} (expected shape {list(part.shape)}) in {_where(source)}")
+    src_shape = tuple(source.shape(src))
+    if src_shape != part.shape:
+        raise CheckpointError(
+            f"tensor {src} in {source.file_of(src)}: "
+            f"expected shape {list(part.shape)}, found {list(src_shape)}"
+        )
+    t = source.load(src)
+    if transform is not None:
+        t = transform(t)
+    used.add(src)
+    return t.to(device=device, dtype=dtype)
 
 
 def _where(source: TensorSource) -> str:
