@@ -104,7 +104,7 @@ class Mamba2Config:
     dt_min: float = 0.0
     dt_max: float = float("inf")
     has_gated_norm: bool = True
-    norm_group_size: int = 0  # 0 → the whole d_inner (Mamba2, oxidizr); d_inner / n_groups for Bamba & co.
+    norm_group_size: int = 0  # 0 → the whole d_inner (oxidizr); HF models use d_inner / n_groups
     is_norm_before_gate: bool = False
     norm_eps: float = 1e-5
 
