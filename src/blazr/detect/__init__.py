@@ -11,6 +11,8 @@ Modules: paths (where the weights are), raw (typed config access, RoPE rules), o
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,6 @@ import torch
 from blazr.config import ModelConfig
 from blazr.detect.checkpoint import Checkpoint, Format, Shapes
 from blazr.detect.gguf import inspect_gguf
-from blazr.detect.llama import BUILDERS as LLAMA_BUILDERS
 from blazr.detect.paths import default_model_path, find_weight_files, read_json, resolve_model_path
 from blazr.detect.raw import Raw, eos_ids, int_or_none
 from blazr.errors import CheckpointError, UnsupportedError
@@ -38,7 +39,26 @@ __all__ = [
 ]
 
 Builder = Callable[[Raw, Shapes], ModelConfig]
-BUILDERS: dict[str, Builder] = {**LLAMA_BUILDERS}
+
+
+def _collect_families() -> tuple[
+    dict[str, Builder], dict[str, str], list[tuple[Callable[[Shapes], bool], str]]
+]:
+    """Every family module of this package contributes `BUILDERS` (architecture → builder) and may add
+    `MODEL_TYPES` (config.json model_type → architecture) and `NAME_RULES` ([(predicate on tensor shapes,
+    architecture)], tried in order when config.json names no architecture)."""
+    builders: dict[str, Builder] = {}
+    model_types: dict[str, str] = {}
+    name_rules: list[tuple[Callable[[Shapes], bool], str]] = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        builders.update(getattr(module, "BUILDERS", {}))
+        model_types.update(getattr(module, "MODEL_TYPES", {}))
+        name_rules.extend(getattr(module, "NAME_RULES", []))
+    return builders, model_types, name_rules
+
+
+BUILDERS, MODEL_TYPES, NAME_RULES = _collect_families()
 
 
 def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
@@ -96,24 +116,13 @@ def detect_architecture(raw: Mapping[str, Any], shapes: Shapes, fmt: Format) -> 
     if isinstance(archs, list) and archs:
         return str(archs[0])
     model_type = raw.get("model_type")
-    if isinstance(model_type, str) and model_type in _MODEL_TYPES:
-        return _MODEL_TYPES[model_type]
-    return _architecture_from_names(shapes)
-
-
-def _architecture_from_names(shapes: Shapes) -> str:
-    names = set(shapes)
-    if any(".self_attn.q_proj.bias" in n for n in names):
-        return "Qwen2ForCausalLM"
+    if isinstance(model_type, str) and model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
+    for matches, arch in NAME_RULES:
+        if matches(shapes):
+            return arch
     return "LlamaForCausalLM"
 
 
-_MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "mistral": "MistralForCausalLM",
-}
-
-
 def supported_architectures() -> list[str]:
-    return sorted(BUILDERS)
+    return sorted(a for a in BUILDERS if a != "oxidizr")

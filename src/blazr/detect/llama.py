@@ -92,14 +92,11 @@ def llama_like(raw: Raw, shapes: Shapes, prefix: str, arch: str) -> ModelConfig:
     )
 
 
-def _oxidizr(raw: Raw, shapes: Shapes) -> ModelConfig:
-    cfg = llama_like(raw, shapes, "", "oxidizr")
-    return cfg.with_(tie_word_embeddings=False, max_position_embeddings=raw.int("max_seq_len", 4096))
-
-
 BUILDERS: dict[str, Callable[[Raw, Shapes], ModelConfig]] = {
     "LlamaForCausalLM": lambda raw, shapes: llama_like(raw, shapes, "model.", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": lambda raw, shapes: llama_like(raw, shapes, "model.", "Qwen2ForCausalLM"),
     "MistralForCausalLM": lambda raw, shapes: llama_like(raw, shapes, "model.", "MistralForCausalLM"),
-    "oxidizr": _oxidizr,
 }
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+# Qwen2 is the Llama layout with q/k/v biases; anything else with Llama names is Llama.
+NAME_RULES = [(lambda shapes: any(".self_attn.q_proj.bias" in n for n in shapes), "Qwen2ForCausalLM")]

@@ -59,10 +59,12 @@ def layer_indices(shapes: Shapes, prefix: str) -> list[int]:
     return sorted({int(m.group(1)) for n in shapes if (m := pat.match(n))})
 
 
-def guess_head_dim(q_rows: int, kv_rows: int | None) -> int:
-    """Heads are not recoverable from weight shapes alone; assume the common head sizes, largest first
-    that divides both projections (a warning says so)."""
-    for hd in (128, 64, 256, 96, 80, 32, 16):
+def guess_head_dim(
+    q_rows: int, kv_rows: int | None, prefer: tuple[int, ...] = (128, 64, 256, 96, 80, 32, 16)
+) -> int:
+    """Heads are not recoverable from weight shapes alone; assume the first common head size (in `prefer`
+    order) that divides both projections (callers log a warning saying so)."""
+    for hd in prefer:
         if q_rows % hd == 0 and (kv_rows is None or kv_rows % hd == 0):
             return hd
     return q_rows

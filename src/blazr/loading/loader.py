@@ -58,6 +58,6 @@ def load_model(
     with torch.device("meta"):
         model = CausalLM(ckpt.config, max_len)
     source = open_source(ckpt)
-    names = name_map_for(ckpt.format, ckpt.config.architecture)
+    names = name_map_for(ckpt.format, ckpt.config)
     load_weights(model, ckpt.config, source, names, dtype, device, show_progress)
     return model.to(device).eval()

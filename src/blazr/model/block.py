@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from blazr.config import LayerConfig
-from blazr.errors import UnsupportedError
 from blazr.model.attention import Attention
+from blazr.model.mamba2 import Mamba2
+from blazr.model.mla import MLA
 from blazr.model.mlp import MLP
+from blazr.model.moe import MoE
 from blazr.model.norm import make_norm
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
@@ -32,24 +34,29 @@ class Block(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.residual_multiplier = residual_multiplier
-        if cfg.mla is not None or cfg.mamba is not None or cfg.moe is not None:
-            raise UnsupportedError(f"layer kind {cfg.kind!r} is not supported yet")
-        self.has_mixer = cfg.attention is not None
+        self.attn = Attention(cfg.attention, hidden_size, rope) if cfg.attention is not None else None
+        self.mla = MLA(cfg.mla, hidden_size, rope) if cfg.mla is not None else None
+        self.mamba = Mamba2(cfg.mamba, hidden_size) if cfg.mamba is not None else None
+        self.has_mixer = any(m is not None for m in (self.attn, self.mla, self.mamba))
         if self.has_mixer:
             self.mixer_norm = make_norm(cfg.norm, hidden_size)
-        self.attn = Attention(cfg.attention, hidden_size, rope) if cfg.attention is not None else None
-        self.has_ffn = cfg.mlp is not None
-        if self.has_ffn:
-            self.ffn_norm = make_norm(cfg.ffn_norm, hidden_size)
         self.mlp = MLP(cfg.mlp, hidden_size) if cfg.mlp is not None else None
+        self.moe = MoE(cfg.moe, hidden_size) if cfg.moe is not None else None
+        if self.mlp is not None or self.moe is not None:
+            self.ffn_norm = make_norm(cfg.ffn_norm, hidden_size)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         r = self.residual_multiplier
         if self.has_mixer:
             h = self.mixer_norm(x)
-            out = self.attn(h, batch, cache)
+            out = None
+            for mixer in (self.attn, self.mla, self.mamba):
+                if mixer is not None:
+                    y = mixer(h, batch, cache)
+                    out = y if out is None else out + y
             x = x + out * r if r != 1.0 else x + out
-        if self.has_ffn:
-            out = self.mlp(self.ffn_norm(x))
+        ffn = self.mlp if self.mlp is not None else self.moe
+        if ffn is not None:
+            out = ffn(self.ffn_norm(x))
             x = x + out * r if r != 1.0 else x + out
         return x

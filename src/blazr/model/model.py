@@ -12,12 +12,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blazr.config import ModelConfig, RopeConfig
+from blazr.config import LayerConfig, ModelConfig, RopeConfig
 from blazr.model.block import Block
 from blazr.model.norm import make_norm
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import ModelCache
+
+
+def _rope_of(layer: LayerConfig) -> RopeConfig | None:
+    if layer.attention is not None:
+        return layer.attention.rope
+    if layer.mla is not None:
+        return layer.mla.rope
+    return None
 
 
 class CausalLM(nn.Module):
@@ -36,12 +44,7 @@ class CausalLM(nn.Module):
 
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            Block(
-                layer,
-                cfg.hidden_size,
-                rope_for(layer.attention.rope if layer.attention else None),
-                cfg.residual_multiplier,
-            )
+            Block(layer, cfg.hidden_size, rope_for(_rope_of(layer)), cfg.residual_multiplier)
             for layer in cfg.layers
         )
         self.norm = make_norm(cfg.final_norm, cfg.hidden_size)

@@ -15,6 +15,8 @@ Logical parts of fused ones: `attn.{q,k,v}_proj`, `*.{gate,up}_proj`, `moe.exper
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from blazr.config import ModelConfig
+from blazr.errors import UnsupportedError
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 Combine = Callable[[list[torch.Tensor]], torch.Tensor]
@@ -122,11 +125,14 @@ class Rule:
     pattern: re.Pattern[str]
     template: str
     transform: Callable[[re.Match[str]], Transform | None] | None = None
+    only_if: Callable[[re.Match[str]], bool] | None = None
 
 
 @dataclass
 class NameMap:
-    """Ordered regex rules from logical part names to checkpoint names; first full match wins."""
+    """Ordered regex rules from logical part names to checkpoint names; the first rule that matches in
+    full (and whose `only_if` accepts the match) wins. `transform(match)` may return a function applied to
+    the loaded tensor (a row permutation, a folded multiplier)."""
 
     rules: list[Rule] = field(default_factory=list)
 
@@ -135,38 +141,35 @@ class NameMap:
         pattern: str,
         template: str,
         transform: Callable[[re.Match[str]], Transform | None] | None = None,
+        only_if: Callable[[re.Match[str]], bool] | None = None,
     ) -> NameMap:
-        self.rules.append(Rule(re.compile(pattern), template, transform))
+        self.rules.append(Rule(re.compile(pattern), template, transform, only_if))
         return self
 
     def source(self, part: str) -> tuple[str, Transform | None] | None:
         for rule in self.rules:
             m = rule.pattern.fullmatch(part)
-            if m is not None:
+            if m is not None and (rule.only_if is None or rule.only_if(m)):
                 return m.expand(rule.template), (rule.transform(m) if rule.transform else None)
         return None
 
 
-def llama_names(prefix: str = "model.") -> NameMap:
-    """HF Llama / Qwen2 / Mistral names (also GGUF llama, whose names are first mapped to HF ones)."""
-    return (
-        NameMap()
-        .add(r"embed_tokens\.weight", prefix + "embed_tokens.weight")
-        .add(r"norm\.weight", prefix + "norm.weight")
-        .add(r"lm_head\.weight", "lm_head.weight")
-        .add(r"layers\.(\d+)\.mixer_norm\.weight", prefix + r"layers.\1.input_layernorm.weight")
-        .add(r"layers\.(\d+)\.ffn_norm\.weight", prefix + r"layers.\1.post_attention_layernorm.weight")
-        .add(r"layers\.(\d+)\.attn\.(.+)", prefix + r"layers.\1.self_attn.\2")
-        .add(r"layers\.(\d+)\.mlp\.(.+)", prefix + r"layers.\1.mlp.\2")
-    )
+NameMapBuilder = Callable[[ModelConfig], NameMap]
 
 
-def oxidizr_names() -> NameMap:
-    """oxidizr trainer names (spec §3): the Llama names without the `model.` prefix."""
-    return llama_names(prefix="")
+def _collect() -> dict[str, NameMapBuilder]:
+    """Each family module of this package contributes `NAME_MAPS` (architecture → builder)."""
+    maps: dict[str, NameMapBuilder] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        maps.update(getattr(module, "NAME_MAPS", {}))
+    return maps
 
 
-def name_map_for(fmt: str, architecture: str) -> NameMap:
-    if fmt == "oxidizr":
-        return oxidizr_names()
-    return llama_names()
+def name_map_for(fmt: str, cfg: ModelConfig) -> NameMap:
+    """The renames of a checkpoint format / architecture (GGUF tensors arrive under HF Llama names)."""
+    maps = _collect()
+    key = "oxidizr" if fmt == "oxidizr" else "LlamaForCausalLM" if fmt == "gguf" else cfg.architecture
+    if key not in maps:
+        raise UnsupportedError(f"no tensor-name map for architecture {key}")
+    return maps[key](cfg)
