@@ -11,6 +11,7 @@ import torch
 from blazr.detect import Checkpoint
 from blazr.model.model import CausalLM
 from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
+from blazr.tokenizer import vocab_for_size
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
@@ -27,15 +28,25 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return total, total - inactive
 
 
+def _tokenizer_choice(ckpt: Checkpoint) -> dict[str, Any]:
+    """Which tokenizer `load_tokenizer` will pick, in its order, without building it."""
+    src = ckpt.tokenizer
+    if src.vocab_name:
+        source = f"--vocab {src.vocab_name}"
+    elif src.tokenizer_dir is not None:
+        source = str(src.tokenizer_dir / "tokenizer.json")
+    elif src.gguf_metadata is not None:
+        source = "gguf vocabulary"
+    else:
+        source = f"{vocab_for_size(src.vocab_size)} (from vocab_size {src.vocab_size})"
+    return {"source": source, "eos_token_ids": list(src.eos_token_ids)}
+
+
 def describe(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     cfg = ckpt.config
     with torch.device("meta"):
         model = CausalLM(cfg)
     total, active = count_parameters(model)
-    layers = []
-    for i, layer in enumerate(cfg.layers):
-        entry: dict[str, Any] = {"index": i, "kind": layer.kind}
-        layers.append(entry)
     config = dataclasses.asdict(cfg)
     return {
         "path": str(ckpt.path),
@@ -44,18 +55,13 @@ def describe(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> dict[str, 
         "weight_files": [str(p) for p in ckpt.weight_files],
         "weights_dtype": str(ckpt.weights_dtype).removeprefix("torch."),
         "num_layers": cfg.num_layers,
-        "layer_kinds": [entry["kind"] for entry in layers],
+        "layer_kinds": [layer.kind for layer in cfg.layers],
         "parameters": {"total": total, "active_per_token": active},
         "cache": {
             "dtype": str(dtype).removeprefix("torch."),
             "kv_bytes_per_token": bytes_per_token(cfg, dtype),
             "state_bytes_per_sequence": state_bytes_per_sequence(cfg, dtype),
         },
-        "tokenizer": {
-            "vocab": ckpt.tokenizer.vocab_name,
-            "tokenizer_json": str(ckpt.tokenizer.tokenizer_dir) if ckpt.tokenizer.tokenizer_dir else None,
-            "gguf_vocab": ckpt.tokenizer.gguf_metadata is not None,
-            "eos_token_ids": list(ckpt.tokenizer.eos_token_ids),
-        },
+        "tokenizer": _tokenizer_choice(ckpt),
         "config": config,
     }

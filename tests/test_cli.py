@@ -1,0 +1,158 @@
+"""The command line, run as a user runs it (subprocesses): generate/info/decode output, and every broken
+input answered with one `error: …` line and exit status 1 — never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from blazr import LLM, SamplingParams
+from tests.tiny import build
+
+
+def blazr(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "blazr", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli-tiny")
+    build("LlamaForCausalLM", path, vocab_size=100288)  # cl100k_base ids fit: text prompts work
+    return path
+
+
+def test_generate_prints_only_the_completion(tiny):
+    r = blazr(
+        "generate", "--model", str(tiny), "--prompt", "Hello there", "--max-tokens", "12",
+        "--temperature", "0", "--ignore-eos", "--cpu",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    expected = LLM(tiny, cpu=True).generate(
+        "Hello there", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    )
+    assert r.stdout == expected[0].text + "\n"
+    assert "12 generated" in r.stderr and "tok/s" in r.stderr
+
+
+def test_generate_reads_the_prompt_from_stdin(tiny):
+    args = ["generate", "--model", str(tiny), "--max-tokens", "4", "--temperature", "0", "--ignore-eos"]
+    assert blazr(*args, stdin="Hello there").stdout == blazr(*args, "--prompt", "Hello there").stdout
+
+
+def test_info_reports_the_detected_model(tiny):
+    r = blazr("info", "--model", str(tiny))
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["format"] == "hf"
+    assert info["architecture"] == "LlamaForCausalLM"
+    assert info["layer_kinds"] == ["attention+mlp", "attention+mlp"]
+    expected = sum(t.numel() for t in load_file(tiny / "model.safetensors").values())
+    assert info["tokenizer"]["source"] == "cl100k_base (from vocab_size 100288)"
+    assert info["parameters"]["total"] == expected
+    assert (
+        info["cache"]["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 4
+    )  # layers × (K,V) × kv heads × head_dim × fp32
+    assert info["config"]["hidden_size"] == 128
+
+
+def test_info_on_the_embedded_model():
+    info = json.loads(blazr("info").stdout)
+    assert (info["format"], info["num_layers"], info["config"]["vocab_size"]) == ("gguf", 30, 49152)
+
+
+def test_decode_with_a_vocab_and_with_a_model(tiny):
+    r = blazr("decode", "--vocab", "cl100k_base", "--ids", "9906, 1917")
+    assert (r.returncode, r.stdout) == (0, "Hello world\n")
+    r = blazr("decode", "--ids", "504,3575,282,4649,314,7042")  # the embedded model's vocabulary
+    assert r.stdout == "The capital of France is Paris\n"
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def _error(r: subprocess.CompletedProcess[str], pattern: str) -> None:
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, r.stderr
+    import re
+
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_error_path_missing():
+    _error(
+        blazr("generate", "--model", "/no/such/model", "--prompt", "x"),
+        r"model path not found: /no/such/model",
+    )
+
+
+def test_error_no_weights(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    _error(blazr("info", "--model", str(tmp_path)), r"no weights in .*found \['notes\.txt'\]")
+
+
+def test_error_truncated_safetensors(tiny, tmp_path):
+    data = (tiny / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    _error(blazr("info", "--model", str(tmp_path)), r"model\.safetensors: corrupt or truncated")
+
+
+def test_error_corrupt_gguf(tmp_path):
+    (tmp_path / "junk.gguf").write_bytes(os.urandom(4096))
+    _error(blazr("info", "--model", str(tmp_path / "junk.gguf")), r"junk\.gguf")
+
+
+def test_error_wrong_shape(tiny, tmp_path):
+    tensors = load_file(tiny / "model.safetensors")
+    tensors["model.layers.0.self_attn.o_proj.weight"] = torch.zeros(128, 64)
+    save_file(tensors, tmp_path / "model.safetensors")
+    shutil.copy(tiny / "config.json", tmp_path)
+    r = blazr("generate", "--model", str(tmp_path), "--prompt", "x", "--max-tokens", "1")
+    _error(r, r"o_proj\.weight .*expected shape \[128, 128\], found \[128, 64\]")
+
+
+def test_error_missing_tensor(tiny, tmp_path):
+    tensors = load_file(tiny / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    shutil.copy(tiny / "config.json", tmp_path)
+    _error(
+        blazr("generate", "--model", str(tmp_path), "--prompt", "x"), r"missing tensor model\.norm\.weight"
+    )
+
+
+def test_error_unsupported_architecture(tiny, tmp_path):
+    shutil.copy(tiny / "model.safetensors", tmp_path)
+    cfg = json.loads((tiny / "config.json").read_text()) | {"architectures": ["BertForMaskedLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _error(
+        blazr("info", "--model", str(tmp_path)),
+        r"unsupported architecture BertForMaskedLM; supported: .*Llama",
+    )
+
+
+def test_error_unknown_vocab():
+    _error(blazr("decode", "--vocab", "klingon", "--ids", "1"), r"unknown vocab.*cl100k_base")
+
+
+def test_error_bad_sampling_flag(tiny):
+    _error(
+        blazr("generate", "--model", str(tiny), "--prompt", "x", "--top-p", "1.5"),
+        r"top_p must be in \(0, 1\]",
+    )
