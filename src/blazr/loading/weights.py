@@ -63,7 +63,8 @@ def load_weights(
             parts, combine = [Part(pname, tuple(param.shape))], None
         else:
             parts, combine = unfuse(cfg, pname, tuple(param.shape))
-        tensors = [_load_part(source, names, part, available, dtype, device, used) for part in parts]
+        target = torch.float32 if getattr(param, "keep_float32", False) else dtype
+        tensors = [_load_part(source, names, part, available, target, device, used) for part in parts]
         value = tensors[0] if combine is None else combine(tensors)
         assert tuple(value.shape) == tuple(param.shape), (pname, value.shape, param.shape)
         _set_parameter(model, pname, value.contiguous())

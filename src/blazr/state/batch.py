@@ -66,25 +66,28 @@ class ForwardBatch:
 
     def decode_part(self) -> ForwardBatch:
         """The first Bd sequences (tokens [:Bd]) as a batch of their own."""
-        nd = self.num_decodes
-        return self._part(slice(0, nd), slice(0, nd), nd)
+        return self.select(0, self.num_decodes)
 
     def prefill_part(self) -> ForwardBatch:
         """The prefill sequences (tokens [Bd:]) as a batch of their own."""
-        nd = self.num_decodes
-        return self._part(slice(nd, None), slice(nd, None), 0)
+        return self.select(self.num_decodes, self.num_seqs)
 
-    def _part(self, seqs: slice, tokens: slice, num_decodes: int) -> ForwardBatch:
-        empty = self.logits_indices[:0]
+    def select(self, b0: int, b1: int) -> ForwardBatch:
+        """Sequences [b0, b1) — their tokens, cache addressing and decode count — as a batch."""
+        if (b0, b1) == (0, self.num_seqs):
+            return self
+        starts = self.query_starts
+        end = starts[b1] if b1 < self.num_seqs else self.num_tokens
+        tokens = slice(starts[b0] if b0 < self.num_seqs else end, end)
         return ForwardBatch(
             positions=self.positions[tokens],
-            query_lens=self.query_lens[seqs],
-            context_lens=self.context_lens[seqs],
-            num_decodes=num_decodes,
-            logits_indices=empty,
+            query_lens=self.query_lens[b0:b1],
+            context_lens=self.context_lens[b0:b1],
+            num_decodes=max(0, min(b1, self.num_decodes) - b0),
+            logits_indices=self.logits_indices[:0],
             slot_mapping=None if self.slot_mapping is None else self.slot_mapping[tokens],
-            kv_indices=None if self.kv_indices is None else self.kv_indices[seqs],
-            state_slots=None if self.state_slots is None else self.state_slots[seqs],
+            kv_indices=None if self.kv_indices is None else self.kv_indices[b0:b1],
+            state_slots=None if self.state_slots is None else self.state_slots[b0:b1],
         )
 
     @staticmethod
