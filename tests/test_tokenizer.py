@@ -16,14 +16,8 @@ import pytest
 import splintr
 
 from blazr.errors import BlazrError, UnsupportedError
-from blazr.tokenizer import (
-    GGUF_PRE_SPLITS,
-    Tokenizer,
-    TokenizerSource,
-    build_gguf_tokenizer_json,
-    load_tokenizer,
-    vocab_for_size,
-)
+from blazr.tokenizer import Tokenizer, TokenizerSource, load_tokenizer, vocab_for_size
+from blazr.vocab import GGUF_PRE_SPLITS, build_gguf_tokenizer_json
 
 BUNDLED = ("cl100k_base", "o200k_base", "llama3", "deepseek_v3")
 ROUND_TRIP = [
