@@ -84,6 +84,7 @@ class MLAConfig:
     softmax_scale: float
     has_latent_norms: bool = True
     is_q_rope_from_hidden: bool = False
+    is_rope_interleaved: bool = False  # the checkpoint's rope rows are interleaved pairs: permuted at load
     norm_eps: float = 1e-6
 
 
