@@ -107,5 +107,7 @@ def build_mixtral(raw: Raw, shapes: Shapes) -> ModelConfig:
 
 BUILDERS = {ARCH: build_mixtral}
 MODEL_TYPES = {"mixtral": ARCH}
-# the hub layout keeps Mixtral's own module name for the sparse block
-NAME_RULES = [(lambda shapes: any(f".{_MOE}" in n for n in shapes), ARCH)]
+# Mixtral's per-expert `block_sparse_moe.experts.N.w1` (Granite's block_sparse_moe has fused `input_linear`)
+NAME_RULES = [
+    (lambda shapes: any(f".{_MOE}experts." in n and n.endswith(".w1.weight") for n in shapes), ARCH)
+]

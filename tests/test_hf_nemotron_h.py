@@ -1,0 +1,147 @@
+"""NemotronHForCausalLM parity with transformers: blocks "M*M-ME" — Mamba2 (n_groups 2), NoPE attention, a
+relu² MLP, and a MoE of relu² experts with a sigmoid router, a (random) correction bias, group-limited top-2
+(2 groups, 1 kept), routed scaling and shared experts; a second model "ME*" with MLP and Mamba2 biases and
+unnormalised routing. Block kinds from `layers_block_type` or the legacy `hybrid_override_pattern`; the SSM
+state is float32 (`mamba_ssm_cache_dtype`); detection without config.json."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from blazr.config import ModelConfig
+from tests.hf_parity import check_batched_equals_alone, check_cache_invariants, check_greedy, check_logits
+from tests.ssm_fixtures import (
+    check_state_bytes,
+    check_without_config_json,
+    detect_with,
+    layer_kinds,
+    load_pair,
+    map_layers,
+    single_thread,
+)
+
+ARCH = "NemotronHForCausalLM"
+COMMON = dict(
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    mamba_num_heads=8,
+    mamba_head_dim=32,
+    ssm_state_size=16,
+    chunk_size=8,
+    moe_intermediate_size=64,
+    moe_shared_expert_intermediate_size=32,
+    num_experts_per_tok=2,
+)
+PATTERNS = {"grouped-routing": "M*M-ME", "bias-unnormalised": "ME*"}
+VARIANTS = {
+    "grouped-routing": dict(
+        COMMON,
+        hybrid_override_pattern=PATTERNS["grouped-routing"],
+        n_groups=2,
+        n_routed_experts=8,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.0,
+    ),
+    "bias-unnormalised": dict(
+        COMMON,
+        hybrid_override_pattern=PATTERNS["bias-unnormalised"],
+        n_groups=1,
+        n_routed_experts=4,
+        norm_topk_prob=False,
+        mlp_bias=True,
+        use_bias=True,
+    ),
+}
+KIND = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    yield from single_thread()
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def pair(request, tmp_path_factory):
+    return load_pair(tmp_path_factory.mktemp(request.param), request.param, ARCH, **VARIANTS[request.param])
+
+
+def test_detected_config(pair):
+    cfg, c = pair.llm.config, pair.hf.config
+    assert layer_kinds(cfg) == [KIND[k] for k in PATTERNS[pair.name]]
+    moe = next(layer.moe for layer in cfg.layers if layer.moe)
+    assert (moe.scoring, moe.has_correction_bias, moe.group_score) == ("sigmoid", True, "top2_sum")
+    assert (moe.num_groups, moe.topk_groups, moe.routed_scaling_factor) == (
+        c.n_group,
+        c.topk_group,
+        c.routed_scaling_factor,
+    )
+    assert moe.is_renormalized == c.norm_topk_prob
+    assert (moe.expert.activation, moe.expert.is_gated, moe.shared.intermediate_size) == ("relu2", False, 32)
+    assert all(layer.attention.rope is None for layer in cfg.layers if layer.attention)
+    assert {layer.mamba.dt_min for layer in cfg.layers if layer.mamba} == {c.time_step_min}
+    assert c.mamba_ssm_cache_dtype == "float32"
+    assert {lc.ssm.dtype for lc in pair.llm.runner.cache.layers if lc.ssm is not None} == {torch.float32}
+
+
+def test_logits_match_transformers(pair):
+    check_logits(pair.hf, pair.llm)
+
+
+def test_greedy_tokens_match_transformers_with_cache(pair):
+    check_greedy(pair.hf, pair.llm)
+
+
+def test_cache_invariants(pair):
+    check_cache_invariants(pair.llm)
+
+
+def test_batched_generation_equals_each_alone(pair):
+    check_batched_equals_alone(pair.llm)
+
+
+def test_state_bytes_per_sequence(pair):
+    c = pair.hf.config
+    num_mamba = PATTERNS[pair.name].count("M")
+    check_state_bytes(
+        pair, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size, c.n_groups, c.conv_kernel, num_mamba
+    )
+
+
+def _routing_not_inferable(cfg: ModelConfig) -> ModelConfig:
+    """Routing hyper-parameters no shape carries take transformers' defaults: 1 group, scale 1,
+    renormalised. (n_groups 2 × state 16 is inferred: the default 8 halved until the state is 16.)"""
+    return map_layers(
+        cfg,
+        moe=lambda m: dataclasses.replace(
+            m, num_groups=1, topk_groups=1, routed_scaling_factor=1.0, is_renormalized=True
+        ),
+    )
+
+
+def test_without_config_json(pair, tmp_path):
+    check_without_config_json(pair, tmp_path, _routing_not_inferable)
+
+
+def test_legacy_pattern_and_keys(pair, tmp_path):
+    """Hub checkpoints ship `hybrid_override_pattern`, `mamba_`-prefixed Mamba2 keys and
+    `attention_head_dim`; a config.json without `architectures` is recognised by model_type."""
+    legacy = {
+        "n_groups": "mamba_n_groups",
+        "conv_kernel": "mamba_d_conv",
+        "chunk_size": "mamba_chunk_size",
+        "time_step_min": "mamba_dt_min",
+        "head_dim": "attention_head_dim",
+    }
+
+    def edit(raw):
+        del raw["layers_block_type"], raw["architectures"]
+        raw["hybrid_override_pattern"] = PATTERNS[pair.name]
+        for new, old in legacy.items():
+            raw[old] = raw.pop(new)
+
+    assert detect_with(pair.path, tmp_path, edit) == pair.llm.config
