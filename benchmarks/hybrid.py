@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"dtype {args.dtype}, torch threads {torch.get_num_threads()}, medians of {args.repeats}\n")
     print(
-        +"| model | params | prefill tok/s | decode ms/tok @128 | @512 | @4096 | cache B/tok | state B/seq |"
+        "| model | params | prefill tok/s | decode ms/tok @128 | @512 | @4096 | cache B/tok | state B/seq |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
