@@ -84,6 +84,7 @@ class LLM:
         max_model_len: int | None = None,
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
+        max_waiting: int = 256,
         chat_template: str | os.PathLike[str] | None = None,
         engine_config: EngineConfig | None = None,
         show_progress: bool = False,
@@ -104,6 +105,7 @@ class LLM:
             max_num_seqs=max_num_seqs,
             max_model_len=limit,
             max_num_batched_tokens=max_num_batched_tokens,
+            max_waiting=max_waiting,
         )
         self.model = load_model(
             self.checkpoint, self.device, self.dtype, self.engine_config.max_model_len, show_progress

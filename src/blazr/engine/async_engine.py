@@ -1,42 +1,150 @@
 """AsyncEngine: the LLMEngine loop on its own thread, bridged to asyncio.
 
-Callers (HTTP handlers) `submit()` a request and iterate its outputs; the engine thread applies queued
-adds/aborts between steps, runs `step()` while there is work and sleeps on a condition when idle. Outputs
-are handed to each request's asyncio.Queue with `call_soon_threadsafe`. Leaving the iteration early (client
-disconnect, cancellation) aborts the request, which frees its cache slots at the next step boundary.
+Callers (HTTP handlers) `await generate(requests)`: a group of requests (one per prompt of an API call) is
+handed to the engine thread, which adds them between two steps and acknowledges. Errors a request can meet
+when it is added (`BlazrError` → HTTP 400, `QueueFullError` → 503, `EngineDeadError` → 500) are raised by
+`generate` itself, before any byte is streamed. It then returns a `RequestStream` that yields every
+`SeqOutput` of the group (deltas of all prompts and all n samples, interleaved as the engine produces them).
+
+The engine thread applies queued adds/aborts between steps, runs `step()` while there is work and sleeps
+on a condition when idle. Outputs go to the group's asyncio.Queue through `call_soon_threadsafe`. Leaving a
+stream early (client disconnect, cancellation, `aclose()`) aborts its unfinished requests, which frees
+their cache blocks and state slots at the next step boundary.
+
+Metrics: an optional `EngineObserver` sees, on the engine thread, every token batch (with time to first
+token and inter-token gaps measured from submission) and every finished request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
 
 from blazr.engine.engine import LLMEngine, QueueFullError, SeqOutput
 from blazr.engine.sampling import SamplingParams
+from blazr.errors import BlazrError
 
 log = logging.getLogger("blazr.engine")
 
 
-@dataclass
-class _Add:
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (a bug or shutdown); requests fail with HTTP 500 instead of hanging."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One prompt of an API call, already tokenized and validated by the caller's schema layer."""
+
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    queue: asyncio.Queue[SeqOutput | BaseException]
+
+
+class EngineObserver(Protocol):
+    """Metrics hooks, called on the engine thread (keep them cheap and non-blocking)."""
+
+    def on_tokens(self, num_tokens: int, ttft: float | None, itl: float | None) -> None:
+        """One sequence produced `num_tokens`; `ttft` on the request's first token, else the `itl` gap."""
+
+    def on_prompt(self, num_prompt_tokens: int) -> None:
+        """A request's prompt was computed (its first token was sampled)."""
+
+    def on_finished(
+        self, finish_reason: str, e2e: float, num_prompt_tokens: int, num_generation_tokens: int
+    ) -> None:
+        """A request finished: its last sequence ended (`stop`, `length` or `abort`)."""
+
+
+_ACCEPTED = object()  # first queue item of a group the engine took
+
+
+@dataclass
+class _Group:
+    requests: list[EngineRequest]
+    queue: asyncio.Queue[object]
     loop: asyncio.AbstractEventLoop
+    submitted: float
+
+
+@dataclass
+class _Live:
+    """A request the engine holds: where its outputs go, and its timing for the observer."""
+
+    group: _Group
+    submitted: float
+    num_prompt_tokens: int
+    num_seqs: int  # sequences not finished yet
+    first_token: float | None = None
+    last_token: dict[int, float] = field(default_factory=dict)  # sequence index → time of its last token
+    num_generated: int = 0
+    reasons: set[str] = field(default_factory=set)
+
+
+class RequestStream:
+    """The outputs of one `generate` call; iterate it (`async for out in stream`) once. Closing it early
+    (`aclose()`, or a cancelled consumer) aborts the requests that have not finished."""
+
+    def __init__(self, engine: AsyncEngine, group: _Group) -> None:
+        self._engine = engine
+        self._group = group
+        self._remaining = sum(r.params.n for r in group.requests)
+        self._unfinished = {r.request_id: r.params.n for r in group.requests}
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.request_id for r in self._group.requests]
+
+    def __aiter__(self) -> AsyncIterator[SeqOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[SeqOutput]:
+        try:
+            while self._remaining:
+                item = await self._group.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, SeqOutput)
+                if item.finished:
+                    self._remaining -= 1
+                    self._unfinished[item.request_id] -= 1
+                yield item
+        finally:
+            self.abort()
+
+    def __del__(self) -> None:  # a stream dropped without being iterated to the end
+        if self._remaining:
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort every request of the group that has not finished (idempotent)."""
+        ids = [rid for rid, left in self._unfinished.items() if left > 0]
+        if ids:
+            self._unfinished = dict.fromkeys(self._unfinished, 0)
+            self._remaining = 0
+            self._engine.abort(ids)
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine], None] | None = None) -> None:
+    """Owns the engine thread. `start()` it once; `generate()` from any asyncio loop; `shutdown()`."""
+
+    def __init__(
+        self, engine: LLMEngine, observer: EngineObserver | None = None, num_threads: int | None = None
+    ) -> None:
         self.engine = engine
-        self.on_step = on_step  # called on the engine thread after every step (metrics gauges)
+        self.observer = observer
+        self.num_threads = num_threads  # torch intra-op threads of the engine thread (None: torch's default)
         self._cv = threading.Condition()
-        self._adds: list[_Add] = []
+        self._adds: list[_Group] = []
         self._aborts: list[str] = []
-        self._streams: dict[str, _Add] = {}
+        self._live: dict[str, _Live] = {}  # request id → its state (engine thread only)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="blazr-engine", daemon=True)
         self.error: BaseException | None = None
@@ -44,93 +152,165 @@ class AsyncEngine:
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop after the current step; every stream still open fails with EngineDeadError."""
         with self._cv:
             self._stop = True
             self._cv.notify()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
 
     @property
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return self._thread.is_alive() and self.error is None and not self._stop
+
+    # ------------------------------------------------------------------------------------ stats (any thread)
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.engine.num_waiting + sum(len(g.requests) for g in list(self._adds))
+
+    @property
+    def cache_usage(self) -> float:
+        return self.engine.cache_usage
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.cfg.max_model_len
 
     # ------------------------------------------------------------------------------------ caller side
 
-    async def submit(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[SeqOutput]:
-        """Validate (raises BlazrError / QueueFullError before anything streams), then stream outputs."""
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """The engine's own checks (empty prompt, token ids out of range, context length) → BlazrError."""
         self.engine.validate(prompt_ids, params)
-        queue: asyncio.Queue[SeqOutput | BaseException] = asyncio.Queue()
-        add = _Add(request_id, prompt_ids, params, queue, asyncio.get_running_loop())
+
+    async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
+        """Hand the requests to the engine; returns once they are queued (or raises: BlazrError for a request
+        that can never run, QueueFullError when the waiting queue is full, EngineDeadError)."""
+        if not requests:
+            raise BlazrError("no prompt given")
+        for r in requests:
+            self.engine.validate(r.prompt_ids, r.params)
+        group = _Group(list(requests), asyncio.Queue(), asyncio.get_running_loop(), time.monotonic())
         with self._cv:
-            if self.error is not None:
-                raise RuntimeError(f"the engine stopped: {self.error}")
-            if self.engine.num_waiting + len(self._adds) >= self.engine.cfg.max_waiting:
-                raise QueueFullError(f"the waiting queue is full ({self.engine.cfg.max_waiting} requests)")
-            self._adds.append(add)
+            if self.error is not None or self._stop:
+                raise EngineDeadError(f"the engine has stopped: {self.error or 'shutting down'}")
+            bound = self.engine.cfg.max_waiting
+            if self.num_waiting + len(requests) > bound:
+                raise QueueFullError(f"the server is busy: the waiting queue is full ({bound} requests)")
+            self._adds.append(group)
             self._cv.notify()
-        return self._stream(add)
-
-    async def _stream(self, add: _Add) -> AsyncIterator[SeqOutput]:
-        remaining = add.params.n
+        stream = RequestStream(self, group)
         try:
-            while remaining:
-                item = await add.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.finished:
-                    remaining -= 1
-                yield item
-        finally:
-            if remaining:
-                self.abort(add.request_id)
+            first = await group.queue.get()
+        except BaseException:  # cancelled while queued: the engine may have taken it already
+            stream.abort()
+            raise
+        if isinstance(first, BaseException):
+            raise first
+        assert first is _ACCEPTED
+        return stream
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_ids: Sequence[str]) -> None:
         with self._cv:
-            self._aborts.append(request_id)
+            self._aborts.extend(request_ids)
             self._cv.notify()
 
     # ------------------------------------------------------------------------------------ engine side
 
     def _loop(self) -> None:
         try:
+            if self.num_threads:
+                torch.set_num_threads(self.num_threads)
             while True:
                 with self._cv:
                     while not (self._stop or self._adds or self._aborts or self.engine.has_unfinished()):
                         self._cv.wait()
                     if self._stop:
-                        return
+                        break
                     adds, self._adds = self._adds, []
                     aborts, self._aborts = self._aborts, []
-                for add in adds:
-                    self._apply_add(add)
+                for group in adds:
+                    self._apply(group)
                 for rid in aborts:
-                    self.engine.abort_request(rid)
-                    self._streams.pop(rid, None)
-                outputs = self.engine.step()
-                for out in outputs:
+                    self._abort(rid)
+                for out in self.engine.step():
                     self._deliver(out)
-                if self.on_step is not None:
-                    self.on_step(self.engine)
-        except BaseException as e:  # a bug: fail every waiting stream instead of hanging them
+            self._fail_all(EngineDeadError("the server is shutting down"))
+        except BaseException as e:  # a bug: fail every stream instead of hanging it
             log.exception("engine loop crashed")
-            self.error = e
-            for add in list(self._streams.values()):
-                add.loop.call_soon_threadsafe(add.queue.put_nowait, RuntimeError(f"engine failure: {e}"))
+            with self._cv:
+                self.error = e
+            self._fail_all(EngineDeadError(f"engine failure: {type(e).__name__}: {e}"))
 
-    def _apply_add(self, add: _Add) -> None:
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cv:
+            pending, self._adds = self._adds, []
+        groups = {id(g): g for g in [*(live.group for live in self._live.values()), *pending]}
+        for g in groups.values():
+            _put(g, error)
+        self._live.clear()
+
+    def _apply(self, group: _Group) -> None:
+        added: list[str] = []
         try:
-            self.engine.add_request(add.request_id, add.prompt_ids, add.params)
-        except Exception as e:  # validated already; a race with the queue bound, or a duplicate id
-            add.loop.call_soon_threadsafe(add.queue.put_nowait, e)
+            for r in group.requests:
+                self.engine.add_request(r.request_id, r.prompt_ids, r.params)
+                added.append(r.request_id)
+        except Exception as e:  # validated already: the queue bound raced, n > max_num_seqs, a duplicate id
+            for rid in added:
+                self.engine.abort_request(rid)
+            _put(group, e)
             return
-        self._streams[add.request_id] = add
+        for r in group.requests:
+            self._live[r.request_id] = _Live(group, group.submitted, len(r.prompt_ids), r.params.n)
+        _put(group, _ACCEPTED)
+
+    def _abort(self, request_id: str) -> None:
+        outs = self.engine.abort_request(request_id)  # not delivered: nobody is listening any more
+        live = self._live.pop(request_id, None)
+        if outs and live is not None and self.observer is not None:
+            e2e = time.monotonic() - live.submitted
+            self.observer.on_finished("abort", e2e, live.num_prompt_tokens, live.num_generated)
 
     def _deliver(self, out: SeqOutput) -> None:
-        add = self._streams.get(out.request_id)
-        if add is None:
+        live = self._live.get(out.request_id)
+        if live is None:
             return
-        add.loop.call_soon_threadsafe(add.queue.put_nowait, out)
-        if out.finished and out.request_id not in self.engine.requests:
-            self._streams.pop(out.request_id, None)
+        _put(live.group, out)
+        now = time.monotonic()
+        obs = self.observer
+        if out.token_ids:
+            ttft = itl = None
+            if live.first_token is None:
+                live.first_token = now
+                ttft = now - live.submitted
+                if obs is not None:
+                    obs.on_prompt(live.num_prompt_tokens)
+            elif out.index in live.last_token:
+                itl = now - live.last_token[out.index]
+            live.last_token[out.index] = now
+            live.num_generated += len(out.token_ids)
+            if obs is not None:
+                obs.on_tokens(len(out.token_ids), ttft, itl)
+        if out.finished:
+            live.reasons.add(out.finish_reason or "abort")
+            live.num_seqs -= 1
+            if live.num_seqs <= 0:
+                del self._live[out.request_id]
+                if obs is not None:
+                    reason = next((r for r in ("abort", "length") if r in live.reasons), "stop")
+                    obs.on_finished(reason, now - live.submitted, live.num_prompt_tokens, live.num_generated)
+
+
+def _put(group: _Group, item: object) -> None:
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed (shutdown): nobody to tell
+        group.loop.call_soon_threadsafe(group.queue.put_nowait, item)

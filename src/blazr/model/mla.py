@@ -292,4 +292,3 @@ class MLA(nn.Module):
             else:
                 runs.append((b, b + 1, is_absorbed))
         return runs
-

@@ -1,0 +1,220 @@
+"""The FastAPI app: `build_app(config)` and `serve(args)` (what `blazr serve` runs).
+
+Startup: uvicorn binds at once and the lifespan starts a loader thread, so `/health` answers 503 while the
+model loads and 200 once the engine thread runs; a model that fails to load stops the server (exit 1,
+one-line error). Shutdown stops the engine thread. The API key (Bearer, compared in constant time) guards
+/v1/* only: /health, /metrics and /version stay open so probes and scrapers need no secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from blazr.engine.async_engine import AsyncEngine
+from blazr.engine.engine import LLMEngine
+from blazr.errors import BlazrError
+from blazr.server.errors import error_response, install_error_handlers
+from blazr.server.metrics import Metrics
+from blazr.server.options import ServerConfig
+from blazr.server.routes import router
+from blazr.server.serving import OpenAIServing
+from blazr.server.state import ServerState
+from blazr.tokenizer import Tokenizer
+
+log = logging.getLogger("blazr.server")
+
+
+@dataclass
+class LoadedModel:
+    """What a loader hands the server: the engine to drive, the tokenizer, and the names to answer to."""
+
+    engine: LLMEngine
+    tokenizer: Tokenizer
+    model_names: list[str]
+    root: str
+    description: str = ""
+    is_cpu: bool = False
+
+
+Loader = Callable[[ServerConfig], LoadedModel]
+
+
+def load_model(cfg: ServerConfig) -> LoadedModel:
+    """The default loader: `blazr.LLM` with the server's limits."""
+    from blazr.llm import LLM
+
+    llm = LLM(
+        cfg.model,
+        vocab=cfg.vocab,
+        cpu=cfg.cpu,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_waiting=cfg.max_waiting,
+        chat_template=cfg.chat_template,
+    )
+    engine = llm.engine
+    names = list(cfg.served_model_names) or [cfg.model or llm.path.name.split(".")[0]]
+    desc = f"{llm.config.architecture}, {str(llm.dtype).removeprefix('torch.')}, {llm.device.type}"
+    return LoadedModel(engine, llm.tokenizer, names, str(llm.path), desc, llm.device.type == "cpu")
+
+
+def engine_threads(cfg: ServerConfig, is_cpu: bool) -> int | None:
+    """--num-threads, else on CPU one thread per core but one: the event loop keeps a core, so decode
+    barriers never wait on a descheduled worker (vLLM's CPU backend reserves cores the same way)."""
+    if cfg.num_threads or not is_cpu:
+        return cfg.num_threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+def _load(state: ServerState, loader: Loader) -> None:
+    t0 = time.perf_counter()
+    try:
+        loaded = loader(state.config)
+        threads = engine_threads(state.config, loaded.is_cpu)
+        engine = AsyncEngine(loaded.engine, observer=state.metrics, num_threads=threads)
+        engine.start()
+        state.metrics.bind_engine(
+            lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.cache_usage
+        )
+        state.serving = OpenAIServing(engine, loaded.tokenizer, loaded.model_names, loaded.root)
+        state.load_seconds = time.perf_counter() - t0
+        state.status = "ready"
+    except Exception as e:
+        if isinstance(e, BlazrError):
+            state.error = str(e)
+        else:
+            log.exception("loading the model failed")
+            state.error = f"{type(e).__name__}: {e}"
+        state.status = "failed"
+        for callback in state.on_load_failed:
+            callback(state.error)
+        return
+    threads = f", {engine.num_threads} threads" if engine.num_threads else ""
+    print(
+        f"blazr serve: ready — {loaded.model_names[0]} ({loaded.description}{threads}) loaded in "
+        f"{state.load_seconds:.1f}s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI: /v1/* requires `Authorization: Bearer <key>` (401 OpenAI error JSON otherwise)."""
+
+    def __init__(self, app: Any, api_key: str, on_reject: Callable[[int], None] | None = None) -> None:
+        self.app = app
+        self.key = api_key.encode()
+        self.on_reject = on_reject
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1") or scope["method"] == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        auth = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+                break
+        scheme, _, token = auth.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            await self.app(scope, receive, send)
+            return
+        if self.on_reject is not None:
+            self.on_reject(401)
+        message = (
+            "Incorrect API key provided" if auth else "Missing API key: send `Authorization: Bearer <key>`"
+        )
+        response = error_response(
+            401,
+            message,
+            "invalid_request_error",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+
+def build_app(config: ServerConfig, loader: Loader = load_model) -> FastAPI:
+    """The app with its state, routes, error handlers and API-key guard; the lifespan loads the model."""
+    metrics = Metrics(config.max_model_len or 1 << 17)
+    state = ServerState(config=config, metrics=metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        threading.Thread(target=_load, args=(state, loader), name="blazr-load", daemon=True).start()
+        try:
+            yield
+        finally:
+            if state.serving is not None:
+                state.serving.engine.shutdown()
+
+    app = FastAPI(title="blazr", version=_version(), lifespan=lifespan)
+    app.state.blazr = state
+    app.include_router(router)
+    install_error_handlers(app, metrics.on_error)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=metrics.on_error)
+    return app
+
+
+def _version() -> str:
+    import blazr
+
+    return blazr.__version__
+
+
+_UVICORN_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def serve(args: argparse.Namespace) -> None:
+    """`blazr serve`: run uvicorn until interrupted; raise BlazrError if the model cannot be loaded."""
+    import uvicorn
+
+    config = ServerConfig.from_args(args)
+    if config.chat_template is not None and not Path(config.chat_template).is_file():
+        raise BlazrError(f"--chat-template {config.chat_template}: no such file")
+    app = build_app(config)
+    state: ServerState = app.state.blazr
+    level = config.log_level if config.log_level in _UVICORN_LEVELS else "warning"
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=level,
+            access_log=level in ("info", "debug", "trace"),
+            timeout_graceful_shutdown=5,
+            lifespan="on",
+        )
+    )
+
+    def stop(_: str) -> None:
+        server.should_exit = True
+
+    state.on_load_failed.append(stop)
+    auth = "API key required on /v1/*" if config.api_key else "no API key"
+    print(
+        f"blazr serve: http://{config.host}:{config.port} ({auth}); loading "
+        f"{config.model or 'the embedded SmolLM2'} — GET /health answers 503 until ready",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run()
+    if state.status == "failed":
+        raise BlazrError(f"the model failed to load: {state.error}")

@@ -1,0 +1,108 @@
+"""`blazr serve` flags and the typed `ServerConfig` built from them.
+
+cli.py adds the common flags (--model, --vocab, --cpu, --dtype, --max-model-len, --log-level); this module
+adds the server's own. The API key comes from --api-key, else the BLAZR_API_KEY environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 8080
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs to load its model and serve it."""
+
+    model: str | None = None  # None: the embedded SmolLM2
+    vocab: str | None = None
+    cpu: bool = False
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+    num_threads: int | None = None
+    chat_template: str | None = None
+    served_model_names: tuple[str, ...] = ()  # empty: --model as given, or the embedded model's name
+    api_key: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    log_level: str = "warning"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        return cls(
+            model=args.model,
+            vocab=args.vocab,
+            cpu=args.cpu,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_waiting=args.max_waiting,
+            num_threads=args.num_threads,
+            chat_template=args.chat_template,
+            served_model_names=tuple(args.served_model_name or ()),
+            api_key=args.api_key or os.environ.get("BLAZR_API_KEY") or None,
+            host=args.host,
+            port=args.port,
+            log_level=str(args.log_level).lower(),
+        )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `blazr serve` (besides the common ones cli.py adds)."""
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on /v1/* (env BLAZR_API_KEY); /health, /metrics stay open",
+    )
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="model name(s) the API answers to; the first is reported in responses (default: --model as "
+        "given, or the embedded model's name)",
+    )
+    p.add_argument(
+        "--chat-template", default=None, metavar="FILE", help="jinja chat template overriding the model's"
+    )
+    p.add_argument(
+        "--max-num-seqs", type=_positive, default=16, help="sequences batched together per step (default 16)"
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=_positive,
+        default=512,
+        help="token budget per step; longer prompts are prefilled in chunks (default 512)",
+    )
+    p.add_argument(
+        "--max-waiting",
+        type=_positive,
+        default=256,
+        help="requests allowed to wait for a slot; past it the server answers 503 (default 256)",
+    )
+    p.add_argument(
+        "--num-threads",
+        type=_positive,
+        default=None,
+        help="CPU threads of the engine (default on CPU: one per core but one, kept for the HTTP side)",
+    )

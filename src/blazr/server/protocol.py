@@ -1,0 +1,228 @@
+"""From OpenAI requests to engine inputs, and from engine outputs back to OpenAI shapes.
+
+In:  a validated `CompletionRequest` / `ChatCompletionRequest` and the tokenizer.
+Out: `PromptInput`s (token ids + the text echoed back), a `SamplingParams` with OpenAI's defaults, and
+     logprobs in either layout — the legacy completions lists (`tokens`, `token_logprobs`, `top_logprobs`
+     dicts, `text_offset`) or chat's `content: [{token, logprob, bytes, top_logprobs}]`.
+Every client mistake becomes an `APIError` (400) naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from blazr.engine.sampling import SamplingParams
+from blazr.engine.sequence import TokenLogprob
+from blazr.errors import BlazrError
+from blazr.server.errors import APIError
+from blazr.server.schemas import (
+    ChatCompletionRequest,
+    ChatLogprobs,
+    CompletionLogprobs,
+    SamplingFields,
+    TokenLogprobEntry,
+    TopLogprob,
+)
+from blazr.tokenizer import Tokenizer
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
+
+
+@dataclass
+class PromptInput:
+    """One prompt: its token ids and, for echo, its text (None: decode the ids when needed)."""
+
+    ids: list[int]
+    text: str | None = None
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# -------------------------------------------------------------------------------------------- prompts
+
+
+def completion_prompts(
+    prompt: str | list[str] | list[int] | list[list[int]], tok: Tokenizer
+) -> list[PromptInput]:
+    """The four shapes of `prompt`: a string, strings, token ids, lists of token ids."""
+    if isinstance(prompt, str):
+        return [PromptInput(tok.encode(prompt), prompt)]
+    if not prompt:
+        raise bad_request(
+            "prompt is empty: give a string, strings, token ids or lists of token ids", "prompt"
+        )
+    first = prompt[0]
+    if isinstance(first, str):
+        return [PromptInput(tok.encode(p), p) for p in prompt]  # type: ignore[arg-type]
+    if isinstance(first, int):
+        return [PromptInput(list(prompt))]  # type: ignore[arg-type]
+    return [PromptInput(list(p)) for p in prompt]  # type: ignore[union-attr]
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them; `developer` is OpenAI's new name for `system`."""
+    out = []
+    for i, m in enumerate(req.messages):
+        content: Any = m.content
+        if isinstance(content, list):
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise bad_request(
+                        f"messages[{i}].content: parts of type {part.type!r} are not supported, only 'text'",
+                        f"messages.{i}.content",
+                    )
+            content = [{"type": "text", "text": p.text} for p in content]
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": content})
+    return out
+
+
+def encode_chat(req: ChatCompletionRequest, tok: Tokenizer) -> list[int]:
+    kwargs = {
+        k: v
+        for k, v in (req.chat_template_kwargs or {}).items()
+        if k not in ("messages", "add_generation_prompt", "self")
+    }
+    try:
+        return tok.encode_chat(chat_messages(req), add_generation_prompt=req.add_generation_prompt, **kwargs)
+    except (BlazrError, TypeError, ValueError) as e:
+        raise bad_request(str(e), "messages") from None
+
+
+# --------------------------------------------------------------------------------------------- params
+
+
+def check_unsupported(req: SamplingFields) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+
+
+def sampling_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int,
+    vocab_size: int,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
+    """OpenAI's defaults where a field is absent: temperature 1, top_p 1, no top_k/min_p, no penalties."""
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    bias: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias: key {key!r} is not a token id", "logit_bias") from None
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"logit_bias: token id {token} is out of range [0, {vocab_size})", "logit_bias")
+        if not -100 <= value <= 100:
+            raise bad_request(
+                f"logit_bias: value {value} for token {token} is outside [-100, 100]", "logit_bias"
+            )
+        bias[token] = float(value)
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            seed=req.seed,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            logit_bias=bias,
+            stop=stop,
+            stop_token_ids=list(req.stop_token_ids or []),
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
+            n=req.n,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+    except BlazrError as e:
+        raise bad_request(str(e)) from None
+
+
+# ------------------------------------------------------------------------------------------- logprobs
+
+
+def _clamp(value: float) -> float:
+    return MIN_LOGPROB if math.isnan(value) or value < MIN_LOGPROB else value
+
+
+class CompletionLogprobsWriter:
+    """Builds the legacy completions `logprobs` object piece by piece (one per stream chunk), carrying the
+    text offset across pieces. The top dict holds the top-k alternatives plus the chosen token."""
+
+    def __init__(self, tok: Tokenizer, as_token_ids: bool = False) -> None:
+        self.tok = tok
+        self.as_token_ids = as_token_ids
+        self.offset = 0
+
+    def _name(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.as_token_ids else self.tok.token_text(token_id)
+
+    def prompt(self, prompt_ids: Sequence[int], lps: Sequence[TokenLogprob | None]) -> CompletionLogprobs:
+        """Echoed prompt tokens; the first one (and any without a logprob) gets null."""
+        entries = [(t, lps[i] if i < len(lps) else None) for i, t in enumerate(prompt_ids)]
+        return self._write(entries)
+
+    def generated(self, lps: Iterable[TokenLogprob]) -> CompletionLogprobs:
+        return self._write([(lp.token_id, lp) for lp in lps])
+
+    def _write(self, entries: Sequence[tuple[int, TokenLogprob | None]]) -> CompletionLogprobs:
+        out = CompletionLogprobs()
+        for token_id, lp in entries:
+            name = self._name(token_id)
+            out.tokens.append(name)
+            out.text_offset.append(self.offset)
+            self.offset += len(self.tok.token_text(token_id))
+            if lp is None:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
+            out.token_logprobs.append(_clamp(lp.logprob))
+            top = {self._name(t): _clamp(v) for t, v in lp.top}
+            top.setdefault(name, _clamp(lp.logprob))
+            out.top_logprobs.append(top)
+        return out
+
+
+def merge_completion_logprobs(parts: Iterable[CompletionLogprobs]) -> CompletionLogprobs:
+    out = CompletionLogprobs()
+    for p in parts:
+        out.tokens += p.tokens
+        out.token_logprobs += p.token_logprobs
+        out.top_logprobs += p.top_logprobs
+        out.text_offset += p.text_offset
+    return out
+
+
+def chat_logprobs(lps: Iterable[TokenLogprob], tok: Tokenizer, as_token_ids: bool = False) -> ChatLogprobs:
+    """Chat's layout: every entry with its UTF-8 bytes and the top-k alternatives (possibly [])."""
+
+    def name(token_id: int) -> str:
+        return f"token_id:{token_id}" if as_token_ids else tok.token_text(token_id)
+
+    entries = [
+        TokenLogprobEntry(
+            token=name(lp.token_id),
+            logprob=_clamp(lp.logprob),
+            bytes=list(tok.token_bytes(lp.token_id)),
+            top_logprobs=[
+                TopLogprob(token=name(t), logprob=_clamp(v), bytes=list(tok.token_bytes(t)))
+                for t, v in lp.top
+            ],
+        )
+        for lp in lps
+    ]
+    return ChatLogprobs(content=entries)

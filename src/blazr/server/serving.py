@@ -1,0 +1,466 @@
+"""The OpenAI endpoints' logic: check the model, build engine requests, submit them to the shared
+AsyncEngine, and answer — one JSON body, or Server-Sent Events (`data: {chunk}\\n\\n` … `data: [DONE]\\n\\n`).
+
+Choice indices: prompt i of a completions call with n samples owns choices i*n … i*n+n-1 (as OpenAI and
+vLLM number them); streamed chunks of different choices are interleaved as the engine produces them.
+Disconnects: a closed SSE stream cancels its generator, a non-streaming call races a disconnect watcher;
+either way the requests are aborted and their slots freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
+
+from blazr.engine.async_engine import AsyncEngine, EngineDeadError, EngineRequest, RequestStream
+from blazr.engine.engine import QueueFullError, SeqOutput
+from blazr.engine.sampling import SamplingParams
+from blazr.engine.sequence import TokenLogprob
+from blazr.errors import BlazrError
+from blazr.server import protocol
+from blazr.server.errors import APIError
+from blazr.server.protocol import CompletionLogprobsWriter, PromptInput, bad_request
+from blazr.server.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+    Usage,
+)
+from blazr.tokenizer import Tokenizer
+
+log = logging.getLogger("blazr.server")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+RETRY_AFTER_S = "1"
+
+
+@dataclass
+class _Choice:
+    """What one choice accumulated (non-streaming) or still needs (streaming)."""
+
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    started: bool = False
+
+
+class OpenAIServing:
+    """The served model: names, engine, tokenizer; one method per endpoint."""
+
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, model_names: list[str], root: str) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_names = model_names
+        self.root = root
+        self.created = int(time.time())
+
+    # ---------------------------------------------------------------------------------------- models
+
+    def models(self) -> ModelList:
+        return ModelList(data=[self._card(name) for name in self.model_names])
+
+    def model(self, model_id: str) -> ModelCard:
+        self.check_model(model_id)
+        return self._card(model_id)
+
+    def _card(self, name: str) -> ModelCard:
+        return ModelCard(
+            id=name, created=self.created, root=self.root, max_model_len=self.engine.max_model_len
+        )
+
+    def check_model(self, name: str | None) -> str:
+        """The name reported in responses; 404 for a model this server does not serve."""
+        if name and name not in self.model_names:
+            raise APIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+        return self.model_names[0]
+
+    # ----------------------------------------------------------------------------------- submission
+
+    async def _submit(self, requests: list[EngineRequest], param: str) -> RequestStream:
+        try:
+            return await self.engine.generate(requests)
+        except QueueFullError as e:
+            raise APIError(503, str(e), code="queue_full", headers={"Retry-After": RETRY_AFTER_S}) from None
+        except EngineDeadError as e:
+            raise APIError(500, str(e), code="engine_error") from None
+        except BlazrError as e:
+            limit = self.engine.max_model_len
+            over = any(len(r.prompt_ids) + r.params.max_tokens > limit for r in requests)
+            raise bad_request(str(e), param, "context_length_exceeded" if over else None) from None
+
+    # ---------------------------------------------------------------------------------- completions
+
+    async def completions(self, req: CompletionRequest, raw: Request) -> Response:
+        model = self.check_model(req.model)
+        protocol.check_unsupported(req)
+        if req.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of is not supported (only best_of == n)", "best_of")
+        max_tokens = protocol.COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+        echo_only = max_tokens == 0  # score the prompt: echo + logprobs, nothing generated
+        if echo_only and not req.echo:
+            raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
+        prompts = protocol.completion_prompts(req.prompt, self.tokenizer)
+        params = protocol.sampling_params(
+            req,
+            max_tokens=max(1, max_tokens),
+            vocab_size=self.engine.vocab_size,
+            logprobs=req.logprobs,
+            prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+        )
+        job = _CompletionJob(self, req, model, prompts, params, echo_only)
+        stream = await self._submit(job.engine_requests(), "prompt")
+        if req.stream:
+            return sse_response(job.events(stream), stream)
+        return await run_until_disconnect(raw, job.collect(stream))
+
+    # ----------------------------------------------------------------------------------------- chat
+
+    async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        model = self.check_model(req.model)
+        protocol.check_unsupported(req)
+        if req.tools:
+            raise bad_request("tools are not supported", "tools")
+        if req.tool_choice not in (None, "none"):
+            raise bad_request("tool_choice is not supported", "tool_choice")
+        if req.response_format is not None and req.response_format.type != "text":
+            raise bad_request(
+                f"response_format {req.response_format.type!r} is not supported", "response_format"
+            )
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        prompt_ids = protocol.encode_chat(req, self.tokenizer)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:  # the rest of the context, like vLLM
+            max_tokens = max(1, self.engine.max_model_len - len(prompt_ids))
+        elif max_tokens == 0:
+            raise bad_request("max_tokens must be at least 1", "max_tokens")
+        params = protocol.sampling_params(
+            req,
+            max_tokens=max_tokens,
+            vocab_size=self.engine.vocab_size,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        )
+        job = _ChatJob(self, req, model, prompt_ids, params)
+        stream = await self._submit([EngineRequest(job.id, prompt_ids, params)], "messages")
+        if req.stream:
+            return sse_response(job.events(stream), stream)
+        return await run_until_disconnect(raw, job.collect(stream))
+
+
+# ------------------------------------------------------------------------------------------ completions
+
+
+class _CompletionJob:
+    def __init__(
+        self,
+        serving: OpenAIServing,
+        req: CompletionRequest,
+        model: str,
+        prompts: list[PromptInput],
+        params: SamplingParams,
+        echo_only: bool,
+    ) -> None:
+        self.tok = serving.tokenizer
+        self.req = req
+        self.model = model
+        self.prompts = prompts
+        self.params = params
+        self.echo_only = echo_only
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.n = req.n
+        self.prompt_of = {f"{self.id}-{i}": i for i in range(len(prompts))}
+        self.prompt_lps: dict[int, list[TokenLogprob | None]] = {}
+        self.writers = [
+            CompletionLogprobsWriter(self.tok, req.return_tokens_as_token_ids) for _ in self.choices()
+        ]
+
+    def choices(self) -> range:
+        return range(len(self.prompts) * self.n)
+
+    def engine_requests(self) -> list[EngineRequest]:
+        return [EngineRequest(f"{self.id}-{i}", p.ids, self.params) for i, p in enumerate(self.prompts)]
+
+    def usage(self, num_generated: int) -> Usage:
+        num_prompt = sum(len(p.ids) for p in self.prompts)
+        return Usage(
+            prompt_tokens=num_prompt, completion_tokens=num_generated, total_tokens=num_prompt + num_generated
+        )
+
+    def _echo_text(self, prompt: PromptInput) -> str:
+        return prompt.text if prompt.text is not None else self.tok.decode(prompt.ids, skip_special=False)
+
+    def _piece(self, out: SeqOutput, state: _Choice) -> tuple[int, str, CompletionLogprobs | None]:
+        """The choice index, the text and logprobs one output adds to it (the echo comes first)."""
+        p = self.prompt_of[out.request_id]
+        index = p * self.n + out.index
+        if out.prompt_logprobs is not None:
+            self.prompt_lps[p] = out.prompt_logprobs
+        text = "" if self.echo_only else out.text
+        lps = [] if self.echo_only else out.logprobs
+        parts: list[CompletionLogprobs] = []
+        writer = self.writers[index]
+        if not state.started:
+            state.started = True
+            if self.req.echo:
+                text = self._echo_text(self.prompts[p]) + text
+                if self.req.logprobs is not None:
+                    parts.append(writer.prompt(self.prompts[p].ids, self.prompt_lps.get(p, [])))
+        if self.req.logprobs is not None:
+            parts.append(writer.generated(lps))
+        logprobs = protocol.merge_completion_logprobs(parts) if self.req.logprobs is not None else None
+        return index, text, logprobs
+
+    def _num_new(self, out: SeqOutput) -> int:
+        return 0 if self.echo_only else len(out.token_ids)
+
+    async def collect(self, stream: RequestStream) -> CompletionResponse:
+        states = [_Choice() for _ in self.choices()]
+        pieces: list[list[CompletionLogprobs]] = [[] for _ in self.choices()]
+        try:
+            async for out in stream:
+                index = self.prompt_of[out.request_id] * self.n + out.index
+                state = states[index]
+                _, text, lps = self._piece(out, state)
+                state.texts.append(text)
+                state.num_tokens += self._num_new(out)
+                if lps is not None:
+                    pieces[index].append(lps)
+                if out.finished:
+                    state.finish_reason = "length" if self.echo_only else out.finish_reason
+        finally:
+            stream.abort()
+        choices = [
+            CompletionChoice(
+                index=i,
+                text="".join(s.texts),
+                logprobs=protocol.merge_completion_logprobs(pieces[i])
+                if self.req.logprobs is not None
+                else None,
+                finish_reason=s.finish_reason,  # type: ignore[arg-type]
+            )
+            for i, s in enumerate(states)
+        ]
+        return CompletionResponse(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=self.usage(sum(s.num_tokens for s in states)),
+        )
+
+    async def events(self, stream: RequestStream) -> AsyncIterator[BaseModel]:
+        states = [_Choice() for _ in self.choices()]
+        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        num_generated = 0
+        try:
+            async for out in stream:
+                state = states[self.prompt_of[out.request_id] * self.n + out.index]
+                index, text, lps = self._piece(out, state)
+                num_generated += self._num_new(out)
+                has_lps = lps is not None and bool(lps.tokens)
+                if not (text or has_lps or out.finished):
+                    continue
+                reason = ("length" if self.echo_only else out.finish_reason) if out.finished else None
+                choice = CompletionChoice(index=index, text=text, logprobs=lps, finish_reason=reason)  # type: ignore[arg-type]
+                chunk = CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+                yield _without_usage(chunk, include_usage)
+        finally:
+            stream.abort()
+        if include_usage:
+            yield CompletionChunk(
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                choices=[],
+                usage=self.usage(num_generated),
+            )
+
+
+# ------------------------------------------------------------------------------------------------- chat
+
+
+class _ChatJob:
+    def __init__(
+        self,
+        serving: OpenAIServing,
+        req: ChatCompletionRequest,
+        model: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+    ) -> None:
+        self.tok = serving.tokenizer
+        self.req = req
+        self.model = model
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def usage(self, num_generated: int) -> Usage:
+        n = len(self.prompt_ids)
+        return Usage(prompt_tokens=n, completion_tokens=num_generated, total_tokens=n + num_generated)
+
+    def _logprobs(self, lps: list[TokenLogprob]) -> ChatLogprobs | None:
+        if not self.req.logprobs:
+            return None
+        return protocol.chat_logprobs(lps, self.tok, self.req.return_tokens_as_token_ids)
+
+    async def collect(self, stream: RequestStream) -> ChatCompletionResponse:
+        states = [_Choice() for _ in range(self.req.n)]
+        try:
+            async for out in stream:
+                state = states[out.index]
+                state.texts.append(out.text)
+                state.logprobs.extend(out.logprobs)
+                state.num_tokens += len(out.token_ids)
+                if out.finished:
+                    state.finish_reason = out.finish_reason
+        finally:
+            stream.abort()
+        choices = [
+            ChatChoice(
+                index=i,
+                message=AssistantMessage(content="".join(s.texts)),
+                logprobs=self._logprobs(s.logprobs),
+                finish_reason=s.finish_reason,  # type: ignore[arg-type]
+            )
+            for i, s in enumerate(states)
+        ]
+        return ChatCompletionResponse(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=self.usage(sum(s.num_tokens for s in states)),
+        )
+
+    def _chunk(self, choices: list[ChatChunkChoice], include_usage: bool) -> BaseModel:
+        chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices)
+        return _without_usage(chunk, include_usage)
+
+    async def events(self, stream: RequestStream) -> AsyncIterator[BaseModel]:
+        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        num_generated = 0
+        try:
+            for i in range(self.req.n):  # the role first, as OpenAI does
+                delta = DeltaMessage(role="assistant", content="")
+                yield self._chunk([ChatChunkChoice(index=i, delta=delta)], include_usage)
+            async for out in stream:
+                num_generated += len(out.token_ids)
+                lps = self._logprobs(out.logprobs) if out.logprobs else None
+                if not (out.text or lps or out.finished):
+                    continue
+                delta = DeltaMessage(content=out.text or None)
+                reason = out.finish_reason if out.finished else None
+                choice = ChatChunkChoice(index=out.index, delta=delta, logprobs=lps, finish_reason=reason)  # type: ignore[arg-type]
+                yield self._chunk([choice], include_usage)
+        finally:
+            stream.abort()
+        if include_usage:
+            yield ChatCompletionChunk(
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                choices=[],
+                usage=self.usage(num_generated),
+            )
+
+
+# ---------------------------------------------------------------------------------------------- transport
+
+
+def _without_usage(chunk: BaseModel, include_usage: bool) -> BaseModel:
+    """OpenAI sends `usage: null` on every chunk only when stream_options.include_usage is set."""
+    return chunk if include_usage else _NoUsage.model_construct(inner=chunk)
+
+
+class _NoUsage(BaseModel):
+    """Marker wrapper: serialise the inner chunk without its `usage` key."""
+
+    inner: BaseModel
+
+
+def _sse_data(event: BaseModel) -> bytes:
+    if isinstance(event, _NoUsage):
+        text = event.inner.model_dump_json(exclude={"usage"})
+    else:
+        text = event.model_dump_json()
+    return b"data: " + text.encode() + b"\n\n"
+
+
+async def _sse(events: AsyncIterator[BaseModel], stream: RequestStream) -> AsyncIterator[bytes]:
+    """SSE framing; an error after the stream started becomes an error event (the openai client raises
+    it), then `[DONE]`. However this generator ends (done, cancelled, closed), unfinished requests abort."""
+    try:
+        async for event in events:
+            yield _sse_data(event)
+    except APIError as e:
+        yield b"data: " + json.dumps(e.payload()).encode() + b"\n\n"
+    except EngineDeadError as e:
+        err = APIError(500, str(e), code="engine_error")
+        yield b"data: " + json.dumps(err.payload()).encode() + b"\n\n"
+    except BlazrError as e:
+        yield b"data: " + json.dumps(bad_request(str(e)).payload()).encode() + b"\n\n"
+    finally:
+        stream.abort()
+    yield b"data: [DONE]\n\n"
+
+
+def sse_response(events: AsyncIterator[BaseModel], stream: RequestStream) -> StreamingResponse:
+    return StreamingResponse(_sse(events, stream), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_until_disconnect(request: Request, work: Awaitable[BaseModel]) -> Response:
+    """Await `work` (a whole response); if the client goes away first, cancel it (which aborts its
+    requests) and answer nothing useful (499, nginx's 'client closed request')."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        try:
+            body = task.result()
+        except EngineDeadError as e:
+            raise APIError(500, str(e), code="engine_error") from None
+        return Response(body.model_dump_json(), media_type="application/json")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    log.info("client disconnected; request cancelled")
+    return Response(status_code=499)
