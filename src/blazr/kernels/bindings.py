@@ -1,0 +1,375 @@
+"""ctypes bindings of one built kernel library: `Kernels` (one method per kernel, validating shapes and
+raising UnsupportedInput for dtypes / layouts the kernels do not take) and `KernelPlan` (recorded calls
+replayed by one C call).
+
+Calls pass their arguments through `blz_call` in a per-thread preallocated `blz_args_t` struct (~1 µs
+through ctypes, instead of ~0.3 µs per separately converted argument). Shapes as in `ops.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from blazr.kernels import build
+from blazr.kernels.quant import QK, QuantizedWeight
+from blazr.kernels.reference import linear_out_features
+
+_F32 = torch.float32
+_ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of memory"}
+# Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
+_OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "f32": 2, "bf16": 3}
+_OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
+_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "f32": 0, "bf16": 0}
+
+
+class UnsupportedInput(ValueError):
+    """An input the C kernels do not take (dtype, device, layout); the dispatchers use the reference."""
+
+
+class _Args(ctypes.Structure):
+    """blz_args_t: one kernel's arguments, packed (see blz_call in csrc/common.c)."""
+
+    _fields_ = [("op", ctypes.c_int64), ("i", ctypes.c_int64 * 20), ("f", ctypes.c_double * 2)]
+
+
+def _check(rc: int, name: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"kernel {name} failed: {_ERRORS.get(rc, f'error {rc}')}")
+
+
+def _f32_ptr(t: torch.Tensor | None, what: str) -> int:
+    """data_ptr of a contiguous fp32 CPU tensor (0 for None), else UnsupportedInput."""
+    if t is None:
+        return 0
+    if t.dtype is not _F32 or not t.is_cpu or not t.is_contiguous():
+        raise UnsupportedInput(
+            f"{what}: expected a contiguous fp32 CPU tensor, found {t.dtype} on {t.device}"
+        )
+    return t.data_ptr()
+
+
+def _rows_ptr(t: torch.Tensor, what: str) -> tuple[int, int]:
+    """(data_ptr, row stride) of an fp32 CPU tensor [R, A, B] whose rows may be strided (a view into a
+    wider buffer, e.g. q or k inside a fused qkv output) but whose [A, B] part is contiguous."""
+    if t.dtype is not _F32 or not t.is_cpu or t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+        raise UnsupportedInput(f"{what}: expected fp32 CPU [R, A, B] with contiguous rows, found {t.dtype}")
+    return t.data_ptr(), t.stride(0)
+
+
+def _pool_ptrs(k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int, bool]:
+    """(k ptr, v ptr, is_bf16) of contiguous CPU KV pools, both fp32 or both bf16."""
+    dt = k_pool.dtype
+    if dt not in (_F32, torch.bfloat16) or v_pool.dtype is not dt:
+        raise UnsupportedInput(f"KV pools: expected both fp32 or both bf16, found {dt} and {v_pool.dtype}")
+    for t in (k_pool, v_pool):
+        if not t.is_cpu or not t.is_contiguous():
+            raise UnsupportedInput("KV pools: expected contiguous CPU tensors")
+    return k_pool.data_ptr(), v_pool.data_ptr(), dt is torch.bfloat16
+
+
+def _i64_ptr(t: torch.Tensor, what: str) -> int:
+    if t.dtype is not torch.int64 or not t.is_cpu or not t.is_contiguous():
+        raise UnsupportedInput(
+            f"{what}: expected a contiguous int64 CPU tensor, found {t.dtype} on {t.device}"
+        )
+    return t.data_ptr()
+
+
+class Kernels:
+    """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
+    functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
+    contiguous, not on the CPU) and ValueError for inconsistent shapes.
+
+    Calls go through `blz_call` with a per-thread preallocated argument struct (cheaper than ctypes'
+    per-argument conversion); the number of OpenMP threads is torch.get_num_threads() at each call.
+    Inside `with kernels.record() as plan:` calls are recorded instead of run, and `plan.run()` replays
+    them all with one C call (see KernelPlan)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        self.features = build.features(lib)
+        self._call = lib.blz_call
+        self._call.argtypes, self._call.restype = [ctypes.c_void_p], ctypes.c_int
+        lib.blz_quantize_act.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [
+            ctypes.c_void_p
+        ] * 3
+        lib.blz_quantize_act.restype = ctypes.c_int
+        self._call_many = lib.blz_call_many
+        self._call_many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        self._call_many.restype = ctypes.c_int
+        self._tls = threading.local()
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[KernelPlan]:
+        """Record this thread's kernel calls (without running them) into a KernelPlan."""
+        if getattr(self._tls, "plan", None) is not None:
+            raise RuntimeError("kernel recording does not nest")
+        plan = KernelPlan(self)
+        self._tls.plan = plan
+        try:
+            yield plan
+        finally:
+            self._tls.plan = None
+
+    def is_recording(self) -> bool:
+        return getattr(self._tls, "plan", None) is not None
+
+    def _run(self, a: _Args, addr: int, name: str, *tensors: torch.Tensor | None) -> None:
+        """Run the packed call, or append it to the plan being recorded (keeping its tensors alive)."""
+        plan = getattr(self._tls, "plan", None)
+        if plan is None:
+            _check(self._call(addr), name)
+        else:
+            plan._add(_Args.from_buffer_copy(a), name, tensors)
+
+    def _args(self) -> tuple[_Args, int]:
+        """This thread's argument struct and its address."""
+        try:
+            return self._tls.args
+        except AttributeError:
+            a = _Args()
+            self._tls.args = (a, ctypes.addressof(a))
+            return self._tls.args
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        qw: QuantizedWeight,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+        *,
+        swiglu: bool = False,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        K, N = qw.in_features, qw.out_features
+        if x.shape[-1] != K:
+            raise ValueError(f"linear: x has {x.shape[-1]} features, the weight {K}")
+        xp = _f32_ptr(x, "linear x")
+        M = x.numel() // K
+        n_out = linear_out_features(qw, swiglu)
+        if bias is not None and bias.numel() != N:
+            raise ValueError(f"linear: bias has {bias.numel()} elements, expected {N}")
+        if residual is not None and (swiglu or residual.numel() != M * N):
+            raise ValueError(f"linear: residual must have [M, N] = [{M}, {N}] elements (and not SwiGLU)")
+        if out is None:
+            out = torch.empty((*x.shape[:-1], n_out), dtype=_F32)
+        elif out.numel() != M * n_out:
+            raise ValueError(f"linear: out has {out.numel()} elements, expected [M, N] = [{M}, {n_out}]")
+        if not qw.data.is_cpu:
+            raise UnsupportedInput("linear: the weight is not on the CPU")
+        a, addr = self._args()
+        a.op = _OP_LINEAR[qw.kind]
+        bp, rp, op = (
+            _f32_ptr(bias, "linear bias"),
+            _f32_ptr(residual, "linear residual"),
+            _f32_ptr(out, "out"),
+        )
+        a.i[0:11] = (
+            _KIND_CODES[qw.kind],
+            xp,
+            M,
+            K,
+            qw.data.data_ptr(),
+            N,
+            bp,
+            rp,
+            op,
+            swiglu,
+            torch.get_num_threads(),
+        )
+        self._run(a, addr, f"linear[{qw.kind}]", x, qw.data, bias, residual, out)
+        return out
+
+    def quantize_act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The activation quantization of the block linear kernel: x [M, K] → (q int8 [M, K], d [M, K/32],
+        s [M, K/32]); see `quantize_act_reference`."""
+        M, K = x.shape
+        if K % QK:
+            raise ValueError(f"quantize_act: K = {K} is not a multiple of {QK}")
+        q = torch.empty(M, K, dtype=torch.int8)
+        d = torch.empty(M, K // QK, dtype=_F32)
+        s = torch.empty(M, K // QK, dtype=_F32)
+        rc = self.lib.blz_quantize_act(_f32_ptr(x, "x"), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
+        _check(rc, "quantize_act")
+        return q, d, s
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        D = x.shape[-1]
+        xp = _f32_ptr(x, "rms_norm x")
+        if weight.numel() != D:
+            raise ValueError(f"rms_norm: weight has {weight.numel()} elements, x {D} features")
+        if out is None:
+            out = torch.empty_like(x)
+        elif out.numel() != x.numel():
+            raise ValueError(f"rms_norm: out has {out.numel()} elements, x {x.numel()}")
+        a, addr = self._args()
+        a.op = _OP_RMS_NORM
+        a.i[0:6] = (xp, _f32_ptr(weight, "rms_norm weight"), x.numel() // D, D, _f32_ptr(out, "rms_norm out"),
+                    torch.get_num_threads())  # fmt: skip
+        a.f[0] = eps
+        self._run(a, addr, "rms_norm", x, weight, out)
+        return out
+
+    def rope_neox(
+        self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int
+    ) -> torch.Tensor:
+        if x.dim() != 3:
+            raise ValueError(f"rope_neox: expected x [T, H, Dh], found shape {list(x.shape)}")
+        T, H, Dh = x.shape
+        half = rot_dim // 2
+        if positions.numel() != T or rot_dim % 2 or rot_dim > Dh:
+            raise ValueError(f"rope_neox: positions [{T}] and an even rot_dim ≤ {Dh} expected")
+        if cos.dim() != 2 or cos.shape[1] != half or cos.shape != sin.shape:
+            raise ValueError(
+                f"rope_neox: cos/sin must be [P, {half}], found {list(cos.shape)}, {list(sin.shape)}"
+            )
+        xp, ldx = _rows_ptr(x, "rope x")
+        pp, cp, sp = (
+            _i64_ptr(positions, "rope positions"),
+            _f32_ptr(cos, "rope cos"),
+            _f32_ptr(sin, "rope sin"),
+        )
+        a, addr = self._args()
+        a.op = _OP_ROPE_NEOX
+        a.i[0:11] = (xp, T, H, Dh, ldx, pp, cp, sp, cos.shape[0], rot_dim, torch.get_num_threads())
+        self._run(a, addr, "rope_neox", x, positions, cos, sin)
+        return x
+
+    def paged_attention_decode(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        kv_indices: torch.Tensor,
+        seq_lens: torch.Tensor | Sequence[int],
+        scale: float,
+        *,
+        window: int | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if not isinstance(seq_lens, torch.Tensor):
+            seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
+        B, H, D = q.shape
+        S, Hkv, Dk = k_pool.shape
+        Dv = v_pool.shape[2]
+        if Dk != D or v_pool.shape[:2] != (S, Hkv) or H % Hkv:
+            raise ValueError(
+                f"paged_attention_decode: q [B, H, {D}], k_pool [S, Hkv, {D}], v_pool [S, Hkv, Dv] with "
+                f"H % Hkv == 0; found {list(q.shape)}, {list(k_pool.shape)}, {list(v_pool.shape)}"
+            )
+        if kv_indices.dim() != 2 or kv_indices.shape[0] != B or seq_lens.numel() != B:
+            raise ValueError(f"paged_attention_decode: kv_indices [{B}, Lmax] and seq_lens [{B}] expected")
+        if out is None:
+            out = torch.empty(B, H, Dv, dtype=_F32)
+        elif out.numel() != B * H * Dv:
+            raise ValueError(f"paged_attention_decode: out must have [{B}, {H}, {Dv}] elements")
+        a, addr = self._args()
+        a.op = _OP_PAGED_ATTENTION_DECODE
+        (qp, ldq), (kp, vp, bf16) = _rows_ptr(q, "attention q"), _pool_ptrs(k_pool, v_pool)
+        ip, lp = _i64_ptr(kv_indices, "kv_indices"), _i64_ptr(seq_lens, "seq_lens")
+        op, nt = _f32_ptr(out, "attention out"), torch.get_num_threads()
+        a.i[0:17] = (
+            qp,
+            ldq,
+            kp,
+            vp,
+            bf16,
+            S,
+            ip,
+            kv_indices.shape[1],
+            lp,
+            B,
+            H,
+            Hkv,
+            D,
+            Dv,
+            window or 0,
+            op,
+            nt,
+        )
+        a.f[0] = scale
+        self._run(a, addr, "paged_attention_decode", q, k_pool, v_pool, kv_indices, seq_lens, out)
+        return out
+
+    def kv_write(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+    ) -> None:
+        T, Hkv, D = k.shape
+        S, Dv = k_pool.shape[0], v_pool.shape[2]
+        if v.shape[:2] != (T, Hkv) or k_pool.shape[1:] != (Hkv, D) or v_pool.shape[:2] != (S, Hkv):
+            raise ValueError(
+                f"kv_write: k [T, Hkv, D], v [T, Hkv, Dv] into pools [S, Hkv, D*]; found {list(k.shape)}, "
+                f"{list(v.shape)}, {list(k_pool.shape)}, {list(v_pool.shape)}"
+            )
+        if slot_mapping.numel() != T:
+            raise ValueError(f"kv_write: slot_mapping has {slot_mapping.numel()} slots for {T} tokens")
+        (kp, ldk), (vp, ldv) = _rows_ptr(k, "kv_write k"), _rows_ptr(v, "kv_write v")
+        kpool, vpool, bf16 = _pool_ptrs(k_pool, v_pool)
+        a, addr = self._args()
+        a.op = _OP_KV_WRITE
+        a.i[0:13] = (
+            kp,
+            ldk,
+            vp,
+            ldv,
+            _i64_ptr(slot_mapping, "slot_mapping"),
+            T,
+            Hkv,
+            D,
+            Dv,
+            kpool,
+            vpool,
+            bf16,
+            S,
+        )
+        self._run(a, addr, "kv_write", k, v, slot_mapping, k_pool, v_pool)
+
+
+class KernelPlan:
+    """Kernel calls recorded by `Kernels.record()`, replayed in order by one C call (`blz_call_many`).
+
+    Like a CUDA graph it captures data pointers and sizes, not values: every tensor a recorded call
+    touches must stay allocated, in place and the same shape (the plan keeps references so they cannot
+    be freed), while their contents may change between runs — new activations, positions, slot mappings,
+    sequence lengths, block tables (sized for the longest context). Only kernel calls are recorded; a
+    torch op inside `record()` runs once, at recording time, and is not replayed. The OpenMP thread
+    count is the one at recording time."""
+
+    def __init__(self, kernels: Kernels) -> None:
+        self._kernels = kernels
+        self._calls: list[_Args] = []
+        self._names: list[str] = []
+        self._keep: list[torch.Tensor] = []
+        self._array: ctypes.Array | None = None
+
+    def _add(self, args: _Args, name: str, tensors: tuple[torch.Tensor | None, ...]) -> None:
+        self._calls.append(args)
+        self._names.append(name)
+        self._keep.extend(t for t in tensors if t is not None)
+        self._array = None
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def run(self) -> None:
+        """Run every recorded call in order; raises on the first failure, naming the call."""
+        if self._array is None:
+            self._array = (_Args * len(self._calls))(*self._calls)
+        failed = ctypes.c_int64(-1)
+        rc = self._kernels._call_many(
+            ctypes.addressof(self._array), len(self._calls), ctypes.addressof(failed)
+        )
+        if rc != 0:
+            _check(rc, f"{self._names[failed.value]} (plan call {failed.value})")

@@ -1,0 +1,205 @@
+"""Build and load the C kernel library (`csrc/*.c` → one shared object), cached per source and host.
+
+The library is compiled on the host that runs it (`-O3 -march=native -fopenmp`), so its SIMD paths match
+the CPU; every SIMD path has a portable fallback in the C code, and when compilation fails blazr keeps
+working on the torch references in `ops.py`.
+
+- Cache file: `<dir>/kernels-<hash>.so`, dir = `$BLAZR_KERNEL_DIR` or `$XDG_CACHE_HOME/blazr` (default
+  `~/.cache/blazr`); the hash covers the sources, compiler and its version, flags, `platform.machine()` and
+  (for `-march=native`) the CPU's feature flags, so a shared home directory never serves a library built
+  for another CPU. Written atomically (temporary file + rename), so concurrent builders are safe.
+- `python -m blazr.kernels.build` builds it (the Makefile's install step); `load()` builds on first use.
+- `BLAZR_KERNELS=0` disables the library: `load()` returns None and `available()` is False.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+CSRC = Path(__file__).parent / "csrc"
+DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
+# Always added: position-independent, C dialect, only BLZ_EXPORT symbols visible.
+_BASE_FLAGS = ("-fPIC", "-std=gnu11", "-fvisibility=hidden", "-Wall")
+ABI_VERSION = 1  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
+
+
+class BuildError(RuntimeError):
+    """The compiler is missing or rejected the sources; the message carries its output."""
+
+
+def compiler() -> str:
+    """The C compiler: `$CC`, else the first of cc / gcc / clang on PATH."""
+    if cc := os.environ.get("CC"):
+        return cc
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return name
+    raise BuildError("no C compiler found (set CC, or install gcc)")
+
+
+def cache_dir() -> Path:
+    if d := os.environ.get("BLAZR_KERNEL_DIR"):
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "blazr"
+
+
+def _sources() -> list[Path]:
+    return sorted([*CSRC.glob("*.c"), *CSRC.glob("*.h")])
+
+
+def _cpu_flags() -> str:
+    """The CPU feature list of /proc/cpuinfo ('' where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BuildError(f"C compiler {cc!r} does not run: {e}") from e
+
+
+def library_path(flags: tuple[str, ...] = DEFAULT_FLAGS, out_dir: Path | None = None) -> Path:
+    """Where the library for these flags lives (whether or not it is built yet)."""
+    cc = compiler()
+    h = hashlib.sha256()
+    for src in _sources():
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    h.update("\0".join((cc, _compiler_version(cc), *_BASE_FLAGS, *flags, platform.machine())).encode())
+    if any(f.endswith("=native") for f in flags):
+        h.update(_cpu_flags().encode())
+    return (out_dir or cache_dir()) / f"kernels-{h.hexdigest()[:16]}.so"
+
+
+def build(flags: tuple[str, ...] = DEFAULT_FLAGS, out_dir: Path | None = None, force: bool = False) -> Path:
+    """Compile the library (unless cached) and return its path. Sources compile in parallel, then link."""
+    path = library_path(flags, out_dir)
+    if path.exists() and not force:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cc = compiler()
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as tmp:
+        objs, procs = [], []
+        for src in _sources():
+            if src.suffix != ".c":
+                continue
+            obj = Path(tmp) / (src.stem + ".o")
+            cmd = [cc, *_BASE_FLAGS, *flags, "-c", str(src), "-o", str(obj)]
+            procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+            objs.append(str(obj))
+        for cmd, proc in procs:
+            out = proc.communicate()[0].decode(errors="replace")
+            if proc.returncode != 0:
+                raise BuildError(f"kernel compile failed: {' '.join(cmd)}\n{out}")
+        tmp_so = Path(tmp) / path.name
+        cmd = [cc, "-shared", *flags, *objs, "-o", str(tmp_so), "-lm"]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise BuildError(f"kernel link failed: {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+        os.replace(tmp_so, path)  # atomic: readers see the old file or the complete new one
+    return path
+
+
+_lock = threading.Lock()
+_state: dict[str, ctypes.CDLL | None] = {}
+
+
+def is_disabled() -> bool:
+    """True when `BLAZR_KERNELS=0` (or false/off/no) asks for the torch reference path."""
+    return os.environ.get("BLAZR_KERNELS", "1").strip().lower() in ("0", "false", "off", "no")
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """Open a built library and check its ABI version. torch must be imported first so that the library
+    binds to the libgomp torch already loaded (one OpenMP thread pool for both)."""
+    import torch  # noqa: F401
+
+    lib = ctypes.CDLL(str(path))
+    lib.blz_abi_version.restype = ctypes.c_int
+    if (v := lib.blz_abi_version()) != ABI_VERSION:
+        raise BuildError(f"{path}: kernel ABI version {v}, expected {ABI_VERSION}")
+    return lib
+
+
+def _build_with_fallback() -> Path:
+    """Build with DEFAULT_FLAGS; if the compiler has no OpenMP (clang without libomp), build without it
+    (the kernels then run on one thread) rather than give up."""
+    try:
+        return build()
+    except BuildError as first:
+        try:
+            return build(tuple(f for f in DEFAULT_FLAGS if f != "-fopenmp"))
+        except BuildError:
+            raise first from None
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library for this host, built on first use; None when disabled or when the build fails
+    (a warning says why, once per process)."""
+    if "lib" in _state:
+        return _state["lib"]
+    with _lock:
+        if "lib" not in _state:
+            lib = None
+            if not is_disabled():
+                try:
+                    lib = open_library(_build_with_fallback())
+                except (BuildError, OSError) as e:
+                    warnings.warn(
+                        f"blazr kernels unavailable, using the torch reference path: {e}", stacklevel=2
+                    )
+            _state["lib"] = lib
+    return _state["lib"]
+
+
+def available() -> bool:
+    """Whether the C kernels are in use (built, loaded and not disabled)."""
+    return load() is not None
+
+
+def reset() -> None:
+    """Forget the loaded library so the next `load()` re-reads `BLAZR_KERNELS` (for tests)."""
+    with _lock:
+        _state.clear()
+
+
+def features(lib: ctypes.CDLL) -> list[str]:
+    """The SIMD paths compiled into a library."""
+    lib.blz_features.restype = ctypes.c_int
+    bits = lib.blz_features()
+    return [name for bit, name in ((1, "avx512"), (2, "avx512_vnni"), (4, "avx512_bf16")) if bits & bit]
+
+
+def main() -> int:
+    """`python -m blazr.kernels.build [--force] [--strict]`: build and report. A failed build exits 0 (blazr
+    falls back to torch) unless --strict."""
+    try:
+        path = build(force=True) if "--force" in sys.argv else _build_with_fallback()
+        lib = open_library(path)
+    except (BuildError, OSError) as e:
+        print(f"blazr kernels: build failed, blazr will use the torch reference path.\n{e}", file=sys.stderr)
+        return 1 if "--strict" in sys.argv else 0
+    print(f"blazr kernels: {path} (simd: {', '.join(features(lib)) or 'scalar fallback'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+/* blazr kernels — shared definitions.
+ *
+ * Every kernel file includes this header. It decides, at compile time, which SIMD paths exist:
+ *   BLZ_AVX512  AVX-512 F + BW (+VL): attention, f32 linear, activation quantization
+ *   BLZ_VNNI    + AVX512_VNNI: int8 dot products for the q4_0 / q4_1 / q8_0 linear kernels
+ *   BLZ_BF16    + AVX512_BF16: bf16 dot products for the bf16 linear kernel
+ * Every SIMD path has a portable scalar fallback (plain C that the compiler may auto-vectorise for the
+ * host ISA), so `-march=x86-64` or a non-x86 target still builds and gives the same results to fp32
+ * rounding. Tensors are row-major and contiguous; sizes are int64_t; functions return 0 on success and a
+ * negative code on bad input (checked cheaply, outside hot loops).
+ */
+#ifndef BLAZR_KERNELS_H
+#define BLAZR_KERNELS_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define BLZ_AVX512 1
+#if defined(__AVX512VNNI__)
+#define BLZ_VNNI 1
+#endif
+#if defined(__AVX512BF16__)
+#define BLZ_BF16 1
+#endif
+#endif
+
+#define BLZ_EXPORT __attribute__((visibility("default")))
+#define BLZ_INLINE static inline __attribute__((always_inline))
+
+/* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
+#define BLZ_ABI_VERSION 1
+
+/* Error codes returned by the kernels. */
+#define BLZ_OK 0
+#define BLZ_EINVAL (-1)  /* a size or kind argument is invalid */
+#define BLZ_ERANGE (-2)  /* an index (position, cache slot) is out of range */
+#define BLZ_ENOMEM (-3)  /* scratch allocation failed */
+
+/* Weight kinds of the block-quantized linear kernel (ggml block layouts, 32 weights per block). */
+enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2 };
+#define BLZ_QK 32
+
+/* Exported kernels (documented where they are defined). */
+int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                 const float *bias, const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
+                   const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
+                    const float *residual, float *out, int swiglu, int nthreads);
+int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);
+int blz_rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out, int nthreads);
+int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t ldx, const int64_t *pos,
+                  const float *cos, const float *sin, int64_t P, int64_t R, int nthreads);
+int blz_paged_attention_decode(const float *q, int64_t ldq, const void *k_pool, const void *v_pool,
+                               int kv_bf16, int64_t S, const int64_t *kv_indices, int64_t idx_stride,
+                               const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                               int64_t Dv, float scale, int64_t window, float *out, int nthreads);
+int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, const int64_t *slots, int64_t T,
+                 int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_bf16, int64_t S);
+
+/* Packed call (see common.c): the arguments of one kernel, in order, as int64 (pointers and integers) and
+ * double (float arguments). Python fills one preallocated struct per thread and passes its address, which
+ * costs ~1 µs through ctypes instead of ~0.3 µs per separately converted argument. */
+enum {
+    BLZ_OP_LINEAR_Q = 1,
+    BLZ_OP_LINEAR_F32 = 2,
+    BLZ_OP_LINEAR_BF16 = 3,
+    BLZ_OP_RMS_NORM = 4,
+    BLZ_OP_ROPE_NEOX = 5,
+    BLZ_OP_PAGED_ATTENTION_DECODE = 6,
+    BLZ_OP_KV_WRITE = 7,
+};
+typedef struct {
+    int64_t op;
+    int64_t i[20];
+    double f[2];
+} blz_args_t;
+
+/* Per-thread scratch buffer, grown on demand and reused across calls (never freed). It belongs to the
+ * calling thread, so two Python threads calling kernels at once do not share it; inside one call the
+ * OpenMP team reads and writes it through the returned pointer. 64-byte aligned. */
+void *blz_scratch(size_t bytes);
+
+/* Multiply-adds below which a linear call runs on one thread: an OpenMP fork/join costs ~1-2 µs, about
+ * what 64K multiply-adds take. */
+#define BLZ_LINEAR_PARALLEL_MIN (1 << 16)
+
+/* Threads to use for a call of `work` units: 1 below `min_work`, else the caller's count (≥ 1). */
+BLZ_INLINE int blz_threads(int nthreads, int64_t work, int64_t min_work) {
+    return work < min_work || nthreads < 1 ? 1 : nthreads;
+}
+
+BLZ_INLINE int64_t blz_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+BLZ_INLINE int64_t blz_min(int64_t a, int64_t b) { return a < b ? a : b; }
+BLZ_INLINE int64_t blz_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* IEEE half → float, portable (no F16C needed). */
+BLZ_INLINE float blz_fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu, bits;
+    if (exp == 0x1fu) {
+        bits = sign | 0x7f800000u | (mant << 13); /* inf / nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else { /* subnormal half: normalise */
+        uint32_t e = 113;
+        while (!(mant & 0x400u)) {
+            mant <<= 1;
+            --e;
+        }
+        bits = sign | (e << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+BLZ_INLINE float blz_bf16_to_fp32(uint16_t b) {
+    const uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* float → bf16, round to nearest even (NaN kept quiet), as torch's `.to(torch.bfloat16)`. */
+BLZ_INLINE uint16_t blz_fp32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+BLZ_INLINE float blz_silu(float x) { return x / (1.0f + expf(-x)); }
+
+
+/* Epilogue shared by the linear kernels, for the tile of output rows m0 .. m0+mt-1 at column n.
+ * r[m] is the dot product of input row m0+m with weight row n; in SwiGLU mode g[m] is the dot product
+ * with weight row n + nout ("up"), and out[m, n] = silu(r + bias[n]) * (g + bias[n + nout]) with
+ * out of width nout = N/2. Otherwise out[m, n] = r + bias[n] + residual[m, n] (out may alias residual). */
+BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0, int64_t n, int64_t N,
+                             int64_t nout, const float *bias, const float *residual, float *out,
+                             int swiglu) {
+    for (int m = 0; m < mt; ++m) {
+        const int64_t row = m0 + m;
+        if (swiglu) {
+            const float gate = r[m] + (bias ? bias[n] : 0.0f);
+            const float up = g[m] + (bias ? bias[n + nout] : 0.0f);
+            out[row * nout + n] = blz_silu(gate) * up;
+        } else {
+            float v = r[m] + (bias ? bias[n] : 0.0f);
+            if (residual) v += residual[row * N + n];
+            out[row * N + n] = v;
+        }
+    }
+}
+
+#ifdef BLZ_AVX512
+/* exp(x) for 16 lanes: x = n·ln2 + r, |r| ≤ ln2/2, e^r by the Cephes degree-6 polynomial, then ·2^n with
+ * vscalefps. Relative error ≈ 2 ulp over the float range; inputs below −87.3 give ~1e-38 (callers
+ * mask those lanes). */
+BLZ_INLINE __m512 blz_exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 r2 = _mm512_mul_ps(r, r);
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
+}
+#endif
+
+#endif /* BLAZR_KERNELS_H */

@@ -1,0 +1,90 @@
+/* blazr kernels — library-wide helpers: ABI version, compiled-in SIMD features, per-thread scratch, and the
+ * packed-argument entry points `blz_call` (one kernel) and `blz_call_many` (a recorded plan). */
+#include <stdlib.h>
+
+#include "blazr_kernels.h"
+
+/* ABI version of this library; ops.py checks it before binding. */
+BLZ_EXPORT int blz_abi_version(void) { return BLZ_ABI_VERSION; }
+
+/* Bit mask of the SIMD paths compiled in: 1 = AVX-512 (F/BW/VL), 2 = AVX512_VNNI, 4 = AVX512_BF16. */
+BLZ_EXPORT int blz_features(void) {
+    int f = 0;
+#ifdef BLZ_AVX512
+    f |= 1;
+#endif
+#ifdef BLZ_VNNI
+    f |= 2;
+#endif
+#ifdef BLZ_BF16
+    f |= 4;
+#endif
+    return f;
+}
+
+static _Thread_local void *scratch_ptr;
+static _Thread_local size_t scratch_cap;
+
+void *blz_scratch(size_t bytes) {
+    if (bytes <= scratch_cap) return scratch_ptr;
+    const size_t cap = (size_t)blz_round_up((int64_t)(bytes + bytes / 4), 4096);
+    void *p = aligned_alloc(64, cap);
+    if (!p) return NULL;
+    free(scratch_ptr);
+    scratch_ptr = p;
+    scratch_cap = cap;
+    return p;
+}
+
+#define P(T, k) ((T)(intptr_t)a->i[k])
+
+/* Run kernel a->op with arguments a->i[0..] (pointers and integers, in signature order) and a->f[0..]
+ * (the float argument). Returns the kernel's code, or BLZ_EINVAL for an unknown op. */
+BLZ_EXPORT int blz_call(const blz_args_t *a) {
+    const int64_t *i = a->i;
+    switch (a->op) {
+        case BLZ_OP_LINEAR_Q:
+            return blz_linear_q((int)i[0], P(const float *, 1), i[2], i[3], P(const uint8_t *, 4), i[5],
+                                P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
+                                (int)i[10]);
+        case BLZ_OP_LINEAR_F32:
+            return blz_linear_f32(P(const float *, 1), i[2], i[3], P(const float *, 4), i[5],
+                                  P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
+                                  (int)i[10]);
+        case BLZ_OP_LINEAR_BF16:
+            return blz_linear_bf16(P(const float *, 1), i[2], i[3], P(const uint16_t *, 4), i[5],
+                                   P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
+                                   (int)i[10]);
+        case BLZ_OP_RMS_NORM:
+            return blz_rms_norm(P(const float *, 0), P(const float *, 1), i[2], i[3], (float)a->f[0],
+                                P(float *, 4), (int)i[5]);
+        case BLZ_OP_ROPE_NEOX:
+            return blz_rope_neox(P(float *, 0), i[1], i[2], i[3], i[4], P(const int64_t *, 5),
+                                 P(const float *, 6), P(const float *, 7), i[8], i[9], (int)i[10]);
+        case BLZ_OP_PAGED_ATTENTION_DECODE:
+            return blz_paged_attention_decode(P(const float *, 0), i[1], P(const void *, 2),
+                                              P(const void *, 3), (int)i[4], i[5], P(const int64_t *, 6),
+                                              i[7], P(const int64_t *, 8), i[9], i[10], i[11], i[12], i[13],
+                                              (float)a->f[0], i[14], P(float *, 15), (int)i[16]);
+        case BLZ_OP_KV_WRITE:
+            return blz_kv_write(P(const float *, 0), i[1], P(const float *, 2), i[3], P(const int64_t *, 4),
+                                i[5], i[6], i[7], i[8], P(void *, 9), P(void *, 10), (int)i[11], i[12]);
+    }
+    return BLZ_EINVAL;
+}
+
+/* Run n packed calls in order (a recorded "plan", e.g. a whole decode step over static buffers): one
+ * ctypes call instead of n. Stops at the first failing call, stores its index in *failed and returns
+ * its code; returns BLZ_OK (and *failed = -1) when all succeed. */
+BLZ_EXPORT int blz_call_many(const blz_args_t *list, int64_t n, int64_t *failed) {
+    for (int64_t k = 0; k < n; ++k) {
+        const int rc = blz_call(&list[k]);
+        if (rc != BLZ_OK) {
+            *failed = k;
+            return rc;
+        }
+    }
+    *failed = -1;
+    return BLZ_OK;
+}
+#undef P

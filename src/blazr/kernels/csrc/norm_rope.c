@@ -1,0 +1,59 @@
+/* blazr kernels — RMSNorm and NeoX (half-split) rotary embedding.
+ *
+ * Both are short elementwise loops written in plain C; `#pragma omp simd` lets the compiler vectorise them
+ * for the host ISA (AVX-512 with -march=native, SSE2 in the fallback build), so there is no separate
+ * intrinsics path. Rows are split over OpenMP threads only when the call is large enough to pay for it.
+ */
+#include "blazr_kernels.h"
+
+/* Elements below which a call stays on one thread (an OpenMP fork costs ~1-2 µs). */
+#define BLZ_PARALLEL_MIN 32768
+
+/* rms_norm: out[m, :] = w * (x[m, :] / sqrt(mean(x[m, :]²) + eps)), x and out [M, D] (out may equal x),
+ * w [D]; statistics in fp32. */
+BLZ_EXPORT int blz_rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out,
+                            int nthreads) {
+    if (M < 0 || D <= 0) return BLZ_EINVAL;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
+    if (M * D >= BLZ_PARALLEL_MIN && M > 1)
+    for (int64_t m = 0; m < M; ++m) {
+        const float *xm = x + m * D;
+        float *om = out + m * D;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < D; ++i) ss += xm[i] * xm[i];
+        const float r = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < D; ++i) om[i] = w[i] * (xm[i] * r);
+    }
+    return BLZ_OK;
+}
+
+/* rope_neox, in place on x [T, H, Dh] (token t's heads start at x + t·ldx, heads contiguous, so q and k
+ * can be rotated inside a fused qkv row): for each token and head, with c = cos[pos[t], i],
+ * s = sin[pos[t], i] and half = R/2, rotates pairs (x[i], x[i + half]) for i < half:
+ *     x[i] ← x[i]·c − x[i+half]·s,   x[i+half] ← x[i+half]·c + x[i]·s.
+ * Features R .. Dh-1 are left alone. cos/sin are [P, R/2]; a position outside [0, P) returns BLZ_ERANGE
+ * before anything is written. */
+BLZ_EXPORT int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t ldx, const int64_t *pos,
+                             const float *cos, const float *sin, int64_t P, int64_t R, int nthreads) {
+    if (T < 0 || H <= 0 || R <= 0 || R % 2 || R > Dh || ldx < H * Dh) return BLZ_EINVAL;
+    for (int64_t t = 0; t < T; ++t)
+        if (pos[t] < 0 || pos[t] >= P) return BLZ_ERANGE;
+    const int64_t half = R / 2;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
+    if (T * H * R >= BLZ_PARALLEL_MIN && T > 1)
+    for (int64_t t = 0; t < T; ++t) {
+        const float *c = cos + pos[t] * half, *s = sin + pos[t] * half;
+        for (int64_t h = 0; h < H; ++h) {
+            float *x1 = x + t * ldx + h * Dh, *x2 = x1 + half;
+#pragma omp simd
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+    return BLZ_OK;
+}

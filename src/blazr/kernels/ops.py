@@ -1,0 +1,181 @@
+"""The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
+(`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
+
+Each public op (`linear`, `rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`) runs the C kernel
+when the library is available and the inputs are CPU tensors of the supported dtypes and layouts (fp32
+activations, int64 indices, fp32 or bf16 KV pools), else its `*_reference` twin with the same signature.
+`Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
+a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
+
+Shapes: M rows (tokens), K in features, N out features (SwiGLU: N = 2·I rows [gate; up] → I outputs);
+T tokens, H query heads, Hkv kv heads, G = H / Hkv, Dh / D / Dv head dims, R rotary dims, P table rows;
+B sequences, S cache slots, Lmax kv_indices width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from blazr.kernels import build
+from blazr.kernels.bindings import KernelPlan, Kernels, UnsupportedInput
+from blazr.kernels.quant import QuantizedWeight
+from blazr.kernels.reference import (
+    int8_dot_reference,
+    kv_write_reference,
+    linear_reference,
+    paged_attention_decode_reference,
+    quantize_act_reference,
+    rms_norm_reference,
+    rope_neox_reference,
+)
+
+__all__ = [
+    "KernelPlan",
+    "Kernels",
+    "UnsupportedInput",
+    "int8_dot_reference",
+    "kernels",
+    "kv_write",
+    "kv_write_reference",
+    "linear",
+    "linear_reference",
+    "paged_attention_decode",
+    "paged_attention_decode_reference",
+    "quantize_act_reference",
+    "record",
+    "reset",
+    "rms_norm",
+    "rms_norm_reference",
+    "rope_neox",
+    "rope_neox_reference",
+]
+
+_default: list[Kernels | None] = []
+
+
+def kernels() -> Kernels | None:
+    """The bound default library, or None when unavailable / disabled (`BLAZR_KERNELS=0`)."""
+    if not _default:
+        lib = build.load()
+        _default.append(Kernels(lib) if lib is not None else None)
+    return _default[0]
+
+
+def reset() -> None:
+    """Forget the default library so the next call re-reads `BLAZR_KERNELS` (for tests)."""
+    build.reset()
+    _default.clear()
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+@contextlib.contextmanager
+def record() -> Iterator[KernelPlan]:
+    """Record the kernel calls made on this thread (through the functions below) into a KernelPlan for
+    one-call replay; needs the C library (RuntimeError without it). See KernelPlan for the rules."""
+    k = kernels()
+    if k is None:
+        raise RuntimeError("kernel recording needs the C kernel library (unavailable or BLAZR_KERNELS=0)")
+    with k.record() as plan:
+        yield plan
+
+
+def kv_write(
+    k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
+) -> None:
+    """Store new keys/values k [T, Hkv, D], v [T, Hkv, Dv] (rows may be strided views into a fused qkv
+    output) into cache slots slot_mapping [T] of k_pool [S, Hkv, D] / v_pool [S, Hkv, Dv] (fp32 or bf16)."""
+    kern = _default[0] if _default else kernels()
+    if kern is not None:
+        try:
+            return kern.kv_write(k, v, slot_mapping, k_pool, v_pool)
+        except UnsupportedInput:
+            if kern.is_recording():
+                raise
+    return kv_write_reference(k, v, slot_mapping, k_pool, v_pool)
+
+
+def linear(
+    x: torch.Tensor,
+    qw: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    *,
+    swiglu: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = x · Wᵀ (+ bias), then SwiGLU (silu(gate) · up over the [gate; up] halves) or + residual; out may
+    be residual itself (in-place residual add). x [..., K] → [..., N] (SwiGLU: [..., N/2]).
+    Block kinds quantize x to 8 bits per block of 32 in the C kernel (error ≤ amax_block/254 per element)."""
+    k = _default[0] if _default else kernels()
+    if k is not None:
+        try:
+            return k.linear(x, qw, bias, residual, swiglu=swiglu, out=out)
+        except UnsupportedInput:
+            if k.is_recording():
+                raise
+    return linear_reference(x, qw, bias, residual, swiglu=swiglu, out=out)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """out = weight · x / sqrt(mean(x²) + eps) over the last dim, x [..., D] (out may be x)."""
+    k = _default[0] if _default else kernels()
+    if k is not None:
+        try:
+            return k.rms_norm(x, weight, eps, out)
+        except UnsupportedInput:
+            if k.is_recording():
+                raise
+    return rms_norm_reference(x, weight, eps, out)
+
+
+def rope_neox(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int
+) -> torch.Tensor:
+    """Rotate x [T, H, Dh] in place (NeoX half-split over the first rot_dim features) by the angles of
+    rows `positions` [T] of the cos/sin tables [P, rot_dim/2]; returns x. x may be a token-strided view
+    (e.g. the q and k heads of a fused qkv output: `qkv[:, :(H + Hkv) * Dh].view(T, H + Hkv, Dh)`)."""
+    k = _default[0] if _default else kernels()
+    if k is not None:
+        try:
+            return k.rope_neox(x, positions, cos, sin, rot_dim)
+        except UnsupportedInput:
+            if k.is_recording():
+                raise
+    return rope_neox_reference(x, positions, cos, sin, rot_dim)
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    kv_indices: torch.Tensor,
+    seq_lens: torch.Tensor | Sequence[int],
+    scale: float,
+    *,
+    window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention, one query per sequence: q [B, H, D] against the keys/values of slots
+    kv_indices[b, :seq_lens[b]] in k_pool [S, Hkv, D] / v_pool [S, Hkv, Dv] (GQA: head h reads kv head
+    h // (H/Hkv)); the last `window` keys only with a sliding window. Returns [B, H, Dv] fp32. q may be a
+    row-strided view (the q heads of a fused qkv output); the pools may be fp32 or bf16 (computed in
+    fp32)."""
+    k = _default[0] if _default else kernels()
+    if k is not None:
+        try:
+            return k.paged_attention_decode(
+                q, k_pool, v_pool, kv_indices, seq_lens, scale, window=window, out=out
+            )
+        except UnsupportedInput:
+            if k.is_recording():
+                raise
+    return paged_attention_decode_reference(
+        q, k_pool, v_pool, kv_indices, seq_lens, scale, window=window, out=out
+    )

