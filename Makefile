@@ -33,8 +33,14 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# llama.cpp's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat, Q4_1 SmolLM2) on AMX CPUs here, so
+# there llama-cpp-python is built for AVX-512 (VNNI, BF16) without AMX; elsewhere natively.
+AVX512_NO_AMX := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_INT8=OFF
+LLAMA_CMAKE_ARGS ?= $(if $(shell grep -m1 -o amx_int8 /proc/cpuinfo 2>/dev/null),$(AVX512_NO_AMX),)
+
 bench: $(STAMP)
-	$(BIN)/python -m pip install -q -e ".[bench]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[bench]"
 	$(BIN)/python benchmarks/run.py $(ARGS)
 
 clean:

@@ -1,6 +1,11 @@
 """Side-by-side speed table: blazr vs transformers vs llama.cpp (llama-cpp-python) on the embedded
 SmolLM2-135M-Instruct, batch 1, same prompt, same thread count, one run of this script.
 
+Matched weight precision: blazr keeping the GGUF's Q4_1 blocks vs llama.cpp on the same Q4_1 file; blazr's
+16-bit path (bf16 weights) vs llama.cpp on an F16 GGUF made from the same file by llama.cpp's own
+quantizer (`llama_model_quantize`, F16, requantize allowed); float32 rows for reference. Ratios are
+against the llama.cpp row of the same precision.
+
     prefill tok/s  — a 512-token prompt processed once (time to first token)
     decode tok/s   — tokens 2..N generated after that prompt (context ≈ 512)
 
@@ -30,6 +35,7 @@ class Result:
     weights: str
     prefill_tok_s: float
     decode_tok_s: float
+    precision: str = ""  # rows of one precision are compared with llama.cpp's row of it
 
 
 def _median_rates(
@@ -52,10 +58,12 @@ def prompt_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
 # ----------------------------------------------------------------------------------------- engines
 
 
-def bench_blazr(label: str, ids: list[int], gen: int, repeats: int, **llm_kwargs) -> Result:
+def bench_blazr(
+    label: str, precision: str, ids: list[int], gen: int, repeats: int, model: Path | None = None, **kw
+) -> Result:
     from blazr import LLM, SamplingParams
 
-    llm = LLM(cpu=True, max_model_len=len(ids) + gen + 8, **llm_kwargs)
+    llm = LLM(model, cpu=True, max_model_len=len(ids) + gen + 8, **kw)
     params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
 
     def run() -> tuple[float, float]:
@@ -68,7 +76,7 @@ def bench_blazr(label: str, ids: list[int], gen: int, repeats: int, **llm_kwargs
         return first - t0, end - first
 
     p, d = _median_rates(run, repeats, len(ids), gen)
-    return Result("blazr", label, p, d)
+    return Result("blazr", label, p, d, precision)
 
 
 def bench_transformers(dtype: torch.dtype, ids: list[int], gen: int, repeats: int) -> Result:
@@ -95,7 +103,25 @@ def bench_transformers(dtype: torch.dtype, ids: list[int], gen: int, repeats: in
     return Result("transformers", f"{str(dtype).removeprefix('torch.')} (dequantized GGUF)", p, d)
 
 
-def bench_llama_cpp(path: Path, label: str, ids: list[int], gen: int, repeats: int, threads: int) -> Result:
+def f16_gguf(q4_path: Path) -> Path:
+    """An F16 GGUF of the same weights, written by llama.cpp's quantizer (cached next to this script)."""
+    import llama_cpp
+
+    out = Path(__file__).parent / ".cache" / (q4_path.stem.replace("Q4_1", "") + "F16-requant.gguf")
+    if not out.exists():
+        out.parent.mkdir(exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_F16
+        params.allow_requantize = True
+        rc = llama_cpp.llama_model_quantize(str(q4_path).encode(), str(out).encode(), params)
+        if rc != 0:
+            raise RuntimeError(f"llama_model_quantize failed ({rc})")
+    return out
+
+
+def bench_llama_cpp(
+    path: Path, label: str, precision: str, ids: list[int], gen: int, repeats: int, threads: int
+) -> Result:
     from llama_cpp import Llama
 
     llm = Llama(
@@ -118,7 +144,7 @@ def bench_llama_cpp(path: Path, label: str, ids: list[int], gen: int, repeats: i
         return t1 - t0, time.perf_counter() - t1
 
     p, d = _median_rates(run, repeats, len(ids), gen)
-    return Result("llama.cpp", label, p, d)
+    return Result("llama.cpp", label, p, d, precision)
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -146,12 +172,15 @@ def versions() -> str:
     return ", ".join(out)
 
 
-def table(results: list[Result], base: Result | None) -> str:
+def table(results: list[Result]) -> str:
+    """Ratios against llama.cpp's row of the same precision (the Q4 row for the fp32 / transformers rows)."""
+    bases = {r.precision: r for r in results if r.engine == "llama.cpp"}
     rows = [
         "| engine | weights | prefill tok/s | decode tok/s | prefill × llama.cpp | decode × llama.cpp |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in results:
+        base = bases.get(r.precision) or bases.get("q4")
         rp = f"{r.prefill_tok_s / base.prefill_tok_s:.2f}" if base else "–"
         rd = f"{r.decode_tok_s / base.decode_tok_s:.2f}" if base else "–"
         rows.append(
@@ -173,20 +202,19 @@ def main(argv: list[str] | None = None) -> int:
 
     ids = prompt_ids(args.prompt_len, 49152)
     results: list[Result] = []
-    base = None
+    q4 = default_model_path()
+    n, r, t = args.gen, args.repeats, args.threads
     jobs: list[tuple[str, Callable[[], Result]]] = [
-        (
-            "llama.cpp",
-            lambda: bench_llama_cpp(
-                default_model_path(), "Q4_1 GGUF", ids, args.gen, args.repeats, args.threads
-            ),
-        ),
+        ("llama.cpp", lambda: bench_llama_cpp(q4, "Q4_1 GGUF", "q4", ids, n, r, t)),
+        ("blazr", lambda: bench_blazr("Q4_1 GGUF kept quantized", "q4", ids, n, r)),
+        ("llama.cpp", lambda: bench_llama_cpp(f16_gguf(q4), "F16 GGUF", "16", ids, n, r, t)),
         (
             "blazr",
-            lambda: bench_blazr("float32 (dequantized GGUF)", ids, args.gen, args.repeats, dtype="float32"),
+            lambda: bench_blazr("F16 GGUF as bf16", "16", ids, n, r, f16_gguf(q4), quantize="bf16"),
         ),
-        ("transformers", lambda: bench_transformers(torch.float32, ids, args.gen, args.repeats)),
-        ("transformers", lambda: bench_transformers(torch.bfloat16, ids, args.gen, args.repeats)),
+        ("blazr", lambda: bench_blazr("float32 (dequantized GGUF)", "32", ids, n, r, quantize="none")),
+        ("transformers", lambda: bench_transformers(torch.float32, ids, n, r)),
+        ("transformers", lambda: bench_transformers(torch.bfloat16, ids, n, r)),
     ]
     for name, job in jobs:
         if name in args.skip:
@@ -197,8 +225,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {name}: not installed ({e.name}); run `make bench`", file=sys.stderr)
             continue
         results.append(r)
-        if r.engine == "llama.cpp" and base is None:
-            base = r
         print(
             f"# {r.engine} {r.weights}: prefill {r.prefill_tok_s:.0f} tok/s, "
             f"decode {r.decode_tok_s:.1f} tok/s",
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"machine: {machine()}")
     print(f"versions: {versions()}\n")
-    print(table(results, base))
+    print(table(results))
     return 0
 
 

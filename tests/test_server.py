@@ -24,7 +24,12 @@ CHAT = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture(scope="module")
 def smol():
-    args = ["--max-model-len", "1024", "--max-num-batched-tokens", "64", "--served-model-name", SMOL, "alias"]
+    # The float path (`--quantize none`) with a small token budget, so prefills are chunked: it is exactly
+    # batch- and chunk-invariant. The quantized path rounds activations to 8 bits in decode, which turns the
+    # fp32 rounding differences of chunked vs whole prefill into flipped tokens; its batching invariance
+    # (prefills unchunked) is tested in test_smollm2.py.
+    args = ["--max-model-len", "1024", "--max-num-batched-tokens", "64", "--quantize", "none"]
+    args += ["--served-model-name", SMOL, "alias"]
     with ServerProcess(args, api_key=KEY) as server:
         yield server
 

@@ -35,6 +35,14 @@ def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
         p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
         p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
         p.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + completion)")
+        p.add_argument(
+            "--quantize",
+            default="auto",
+            choices=["auto", "none", "int8", "int4", "bf16"],
+            help="linear weights on the CPU: auto keeps a GGUF's Q4_0/Q4_1/Q8_0 tensors quantized; "
+            "int8 / int4 / bf16 convert any checkpoint at load (Q8_0 / Q4_1 blocks, bfloat16); none keeps "
+            "float weights",
+        )
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -74,6 +82,7 @@ def _llm(args: argparse.Namespace, **kwargs):
         cpu=args.cpu,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
+        quantize=args.quantize,
         show_progress=sys.stderr.isatty(),
         **kwargs,
     )

@@ -226,3 +226,5 @@ class EngineConfig:
     num_kv_blocks: int = 0
     cache_memory_gib: float = 4.0
     max_waiting: int = 256
+    # CPU decode steps of pure-attention models run as one recorded kernel plan (engine/decode_plan.py).
+    fused_decode: bool = True

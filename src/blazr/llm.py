@@ -82,6 +82,7 @@ class LLM:
         cpu: bool = False,
         dtype: str = "auto",
         max_model_len: int | None = None,
+        quantize: str = "auto",
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
         max_waiting: int = 256,
@@ -108,7 +109,12 @@ class LLM:
             max_waiting=max_waiting,
         )
         self.model = load_model(
-            self.checkpoint, self.device, self.dtype, self.engine_config.max_model_len, show_progress
+            self.checkpoint,
+            self.device,
+            self.dtype,
+            self.engine_config.max_model_len,
+            show_progress,
+            quantize=quantize,
         )
         self.runner = ModelRunner(self.model, self.engine_config, self.device, self.dtype)
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config)

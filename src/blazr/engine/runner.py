@@ -4,6 +4,11 @@ and returns the logit rows to sample from.
 Layout per step: decodes first (one token each), then prefill chunks. For each sequence the new tokens are
 positions [num_computed, num_computed + num_new); their cache slots come from the block table, and the
 keys it may attend to are positions [0, num_computed + num_new).
+
+The decodes of a step run as one recorded kernel plan when the model allows it (`DecodePlan`: CPU float32
+pure-attention models), else — with quantized layers — the eager model inside `use_kernels()`; then the
+prefill chunks, if any, run the eager model. A decode token therefore takes the same path whatever else
+shares its step (quantized layers compute differently in the decode kernels than in the prefill GEMMs).
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from blazr.config import EngineConfig, ModelConfig
+from blazr.engine.decode_plan import DecodePlan
 from blazr.engine.scheduler import ScheduledBatch
 from blazr.engine.sequence import Sequence
 from blazr.model.model import CausalLM
+from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.allocator import BlockAllocator, SlotAllocator
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import ModelCache, bytes_per_token
@@ -65,6 +72,12 @@ class ModelRunner:
         self.cache = ModelCache(self.cfg, num_blocks * self.block_size, num_state_slots, dtype, device)
         self.blocks = BlockAllocator(num_blocks, self.block_size) if self.cache.has_paged else None
         self.slots = SlotAllocator(num_state_slots) if self.cache.has_state else None
+        self.has_quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
+        self.decode_plan = DecodePlan.create(model, self.cache, engine_cfg, device, dtype)
+        if self.decode_plan is not None:
+            lmax = self.decode_plan.max_len
+            self._pos_block = torch.arange(lmax) // self.block_size  # [Lmax] block of each position
+            self._pos_offset = torch.arange(lmax) % self.block_size  # [Lmax] offset within its block
 
     # ------------------------------------------------------------------------------------ batch build
 
@@ -128,8 +141,56 @@ class ModelRunner:
 
     # -------------------------------------------------------------------------------------------- run
 
+    @staticmethod
+    def _are_plain_decodes(sched: ScheduledBatch, max_len: int) -> bool:
+        """Each of the first num_decodes sequences adds its last token: one sampled row each and no
+        prompt-logprob rows (those only score positions before the prompt's last). The scheduler's decodes
+        always are; hand-driven batches (tests) may mark 1-token prompt chunks as decodes."""
+        nd = sched.num_decodes
+        return all(
+            n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens <= max_len
+            for seq, n in zip(sched.seqs[:nd], sched.num_new_tokens[:nd], strict=True)
+        )
+
+    def _run_decode_plan(self, plan: DecodePlan, seqs: list[Sequence]) -> StepLogits:
+        """The decode-only batch build (ids, positions, slots, block tables → kv_indices [B, L]) and the
+        plan's step."""
+        bs = self.block_size
+        positions = [seq.num_computed_tokens for seq in seqs]
+        max_len = max(positions) + 1
+        num_blocks = -(-max_len // bs)
+        tables = [seq.block_table[:num_blocks] for seq in seqs]
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
+        table = torch.tensor([t + [0] * (num_blocks - len(t)) for t in tables], dtype=torch.long)  # [B, nb]
+        kv_indices = table[:, self._pos_block[:max_len]] * bs + self._pos_offset[:max_len]  # [B, L]
+        logits = plan.run(
+            torch.tensor([seq.token_at(p) for seq, p in zip(seqs, positions, strict=True)]),
+            torch.tensor(positions),
+            torch.tensor(slots),
+            kv_indices,
+            torch.tensor([p + 1 for p in positions]),
+        )
+        return StepLogits(list(seqs), logits, {})
+
     @torch.inference_mode()
     def run(self, sched: ScheduledBatch) -> StepLogits:
+        plan, nd, seqs = self.decode_plan, sched.num_decodes, sched.seqs
+        if nd == 0:
+            return self._run_eager(sched)
+        if plan is not None and self._are_plain_decodes(sched, plan.max_len):
+            decoded = self._run_decode_plan(plan, seqs[:nd])
+        elif self.has_quantized:  # decode tokens on the quantized kernels, never on the dense copies
+            with use_kernels():
+                decoded = self._run_eager(ScheduledBatch(seqs[:nd], sched.num_new_tokens[:nd], nd))
+        else:
+            return self._run_eager(sched)
+        if nd == len(seqs):
+            return decoded
+        rest = self._run_eager(ScheduledBatch(seqs[nd:], sched.num_new_tokens[nd:], 0))
+        sample = torch.cat([decoded.sample, rest.sample])
+        return StepLogits(decoded.sample_seqs + rest.sample_seqs, sample, {**decoded.prompt, **rest.prompt})
+
+    def _run_eager(self, sched: ScheduledBatch) -> StepLogits:
         ids, batch, sample_seqs, prompt_rows = self.build(sched)
         hidden = self.model(ids, batch, self.cache)
         logits = self.model.compute_logits(hidden[batch.logits_indices])

@@ -58,7 +58,7 @@ def _sources() -> list[Path]:
     return sorted([*CSRC.glob("*.c"), *CSRC.glob("*.h")])
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """The CPU feature list of /proc/cpuinfo ('' where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -85,7 +85,7 @@ def library_path(flags: tuple[str, ...] = DEFAULT_FLAGS, out_dir: Path | None = 
         h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
     h.update("\0".join((cc, _compiler_version(cc), *_BASE_FLAGS, *flags, platform.machine())).encode())
     if any(f.endswith("=native") for f in flags):
-        h.update(_cpu_flags().encode())
+        h.update(cpu_flags().encode())
     return (out_dir or cache_dir()) / f"kernels-{h.hexdigest()[:16]}.so"
 
 

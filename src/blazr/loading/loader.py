@@ -1,16 +1,24 @@
 """Build a model from a detected checkpoint: construct on the meta device, pull weights tensor by tensor
-(safetensors via mmap, GGUF dequantized per tensor), move to the target device."""
+(safetensors via mmap, GGUF dequantized per tensor), move to the target device, then keep or make
+quantized linear weights (loading/quantize.py) where the CPU kernels run them."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from blazr import kernels
 from blazr.detect import Checkpoint
+from blazr.kernels.build import cpu_flags
 from blazr.loading.gguf import GGUFFile, gguf_to_hf_name, unpermute_qk
 from blazr.loading.names import name_map_for
+from blazr.loading.quantize import check_mode, quantize_model
 from blazr.loading.safetensors import SafetensorsCheckpoint
 from blazr.loading.weights import TensorSource, load_weights
 from blazr.model.model import CausalLM
+
+log = logging.getLogger("blazr.loading")
 
 
 class GGUFSource:
@@ -36,6 +44,15 @@ class GGUFSource:
             t = unpermute_qk(t, self._heads[proj])
         return t
 
+    def load_raw(self, name: str) -> tuple[str, torch.Tensor]:
+        """(ggml type, stored bytes [rows, bytes per row]) of tensor `name`, q/k rows un-permuted."""
+        gname = self._by_hf[name]
+        raw = self.gguf.raw(gname)
+        proj = name.rsplit(".", 2)[-2]
+        if proj in self._heads:
+            raw = unpermute_qk(raw, self._heads[proj])
+        return self.gguf.tensor_type(gname), raw.contiguous()
+
     def file_of(self, name: str) -> object:
         return self.gguf.path
 
@@ -54,10 +71,27 @@ def load_model(
     dtype: torch.dtype,
     max_len: int | None = None,
     show_progress: bool = False,
+    quantize: str = "auto",
 ) -> CausalLM:
+    """Load `ckpt` for `device` / `dtype`. `quantize` ("auto" | "none" | "int8" | "int4", see
+    loading/quantize.py) applies on the CPU with float32 activations; elsewhere "auto" means "none"."""
+    check_mode(quantize, device, dtype)
     with torch.device("meta"):
         model = CausalLM(ckpt.config, max_len)
     source = open_source(ckpt)
     names = name_map_for(ckpt.format, ckpt.config)
     load_weights(model, ckpt.config, source, names, dtype, device, show_progress)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if quantize != "none" and device.type == "cpu" and dtype == torch.float32 and kernels.available():
+        made = quantize_model(model, source, names, quantize, dense_dtype=prefill_dtype())
+        if made:
+            log.info("quantized linear layers (%s): %s", quantize, dict(made))
+    return model
+
+
+def prefill_dtype() -> torch.dtype:
+    """The dtype of quantized layers' dense copies used by prefill GEMMs: bfloat16 where the CPU has
+    native bf16 matrix instructions (AMX / AVX512-BF16, which oneDNN uses), else float32
+    (benchmarks/NOTES.md has the measurements)."""
+    flags = set(cpu_flags().split())
+    return torch.bfloat16 if {"amx_bf16", "avx512_bf16"} & flags else torch.float32

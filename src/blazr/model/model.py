@@ -63,8 +63,10 @@ class CausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = torch.nn.functional.linear(hidden, weight).float()
+        if self.lm_head is None:
+            logits = torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
+        else:
+            logits = self.lm_head(hidden).float()
         if self.cfg.logits_scale != 1.0:
             logits = logits * self.cfg.logits_scale
         return logits

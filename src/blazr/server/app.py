@@ -61,6 +61,7 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
         vocab=cfg.vocab,
         cpu=cfg.cpu,
         dtype=cfg.dtype,
+        quantize=cfg.quantize,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,

@@ -22,6 +22,7 @@ class ServerConfig:
     vocab: str | None = None
     cpu: bool = False
     dtype: str = "auto"
+    quantize: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
@@ -41,6 +42,7 @@ class ServerConfig:
             vocab=args.vocab,
             cpu=args.cpu,
             dtype=args.dtype,
+            quantize=args.quantize,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,

@@ -38,7 +38,7 @@ class Part:
     shape: tuple[int, ...]
 
 
-def _cat0(ts: list[torch.Tensor]) -> torch.Tensor:
+def cat_rows(ts: list[torch.Tensor]) -> torch.Tensor:
     return ts[0] if len(ts) == 1 else torch.cat(ts, dim=0)
 
 
@@ -77,7 +77,7 @@ def unfuse(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[list[Pa
     e.g. Granite's 3-D experts) and only then for these parts."""
     m = _LAYER.fullmatch(name)
     if m is None:
-        return [Part(name, shape)], _cat0
+        return [Part(name, shape)], cat_rows
     i, rest = int(m.group(1)), m.group(2)
     p = f"layers.{i}."
     layer = cfg.layers[i]
@@ -88,7 +88,7 @@ def unfuse(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[list[Pa
         q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         return [
             Part(f"{p}attn.{x}_proj.{kind}", (n, *tail)) for x, n in (("q", q), ("k", kv), ("v", kv))
-        ], _cat0
+        ], cat_rows
     if rest == "moe.experts.gate_up_proj":
         E, two_i, D = shape
         parts = [
@@ -103,13 +103,13 @@ def unfuse(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[list[Pa
     if rest.endswith(".gate_up_proj.weight") or rest.endswith(".gate_up_proj.bias"):
         module = rest[: -len(".gate_up_proj.") - len(kind)]
         half = shape[0] // 2
-        return [Part(f"{p}{module}.{x}_proj.{kind}", (half, *tail)) for x in ("gate", "up")], _cat0
+        return [Part(f"{p}{module}.{x}_proj.{kind}", (half, *tail)) for x in ("gate", "up")], cat_rows
     if rest == "mla.kv_a_proj.weight" and layer.mla is not None:
         lkv, r = layer.mla.kv_lora_rank, layer.mla.qk_rope_head_dim
         return [
             Part(f"{p}mla.kv_a_proj.latent", (lkv, *tail)),
             Part(f"{p}mla.kv_a_proj.rope", (r, *tail)),
-        ], _cat0
+        ], cat_rows
     if rest == "mla.kv_b_proj.weight" and layer.mla is not None:
         m_ = layer.mla
         parts = [
@@ -117,7 +117,7 @@ def unfuse(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[list[Pa
             Part(f"{p}mla.kv_b_proj.v", (m_.num_heads * m_.v_head_dim, *tail)),
         ]
         return parts, _interleave_heads(m_.num_heads)
-    return [Part(name, shape)], _cat0
+    return [Part(name, shape)], cat_rows
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,139 @@
+"""Quantized linear weights at load time: keep a GGUF's Q4_0 / Q4_1 / Q8_0 tensors as stored, or quantize
+a float checkpoint in place (`--quantize int8|int4`, like mistral.rs' ISQ).
+
+Modes:
+- `auto` (default): GGUF block tensors of a supported type stay quantized (their bytes used as-is, fused
+  q|k|v and gate|up rows concatenated, q/k rows un-permuted as whole rows); every other weight stays float.
+- `none`: every weight dequantized to the compute dtype (the reference path).
+- `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
+  scale and minimum, 4-bit values); `bf16` → bfloat16 weights (the 16-bit path: half the bytes of fp32,
+  fp32 activations) — computed from the loaded float weights (a GGUF's dequantized ones).
+
+Targets: every linear called only through its forward — attention qkv/o, dense MLP, Mamba2 in/out
+projections, MLA q/kv_a/o projections — and the lm_head (tied embeddings: a quantized copy of the
+embedding, the lookup table stays float). Not MLA's kv_b_proj (its weight is read directly by the absorbed
+decode), MoE experts (stacked tensors) or routers. Quantized layers run on blazr's C kernels on the CPU with
+float32 activations; `dense_dtype` adds a dequantized copy for prefill GEMMs (see model/qlinear.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from blazr.config import ModelConfig
+from blazr.errors import UnsupportedError
+from blazr.kernels.quant import GGML_KINDS, QuantizedWeight, dequantize, quantize
+from blazr.loading.names import NameMap, cat_rows, unfuse
+from blazr.loading.weights import TensorSource
+from blazr.model.model import CausalLM
+from blazr.model.qlinear import QuantizedLinear
+
+MODES = ("auto", "none", "int8", "int4", "bf16")
+_ISQ_KIND = {"int8": "q8_0", "int4": "q4_1", "bf16": "bf16"}
+_BLOCK_TYPES = {t for t, kind in GGML_KINDS.items() if kind.startswith("q")}  # Q4_0, Q4_1, Q8_0
+_TARGETS = (
+    "attn.qkv_proj",
+    "attn.o_proj",
+    "mlp.gate_up_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "mamba.in_proj",
+    "mamba.out_proj",
+    "mla.q_proj",
+    "mla.q_a_proj",
+    "mla.q_b_proj",
+    "mla.q_rope_proj",
+    "mla.kv_a_proj",
+    "mla.o_proj",
+)
+
+
+def check_mode(mode: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Reject a quantization request the kernels cannot run (one line, naming what is wrong)."""
+    if mode not in MODES:
+        raise UnsupportedError(f"unknown --quantize {mode!r}; choose one of {', '.join(MODES)}")
+    if mode in _ISQ_KIND and (device.type != "cpu" or dtype != torch.float32):
+        raise UnsupportedError(
+            f"--quantize {mode} runs on blazr's CPU kernels with float32 activations; found device "
+            f"{device.type}, dtype {str(dtype).removeprefix('torch.')} (use --cpu --dtype float32)"
+        )
+
+
+def _targets(model: CausalLM) -> list[tuple[str, nn.Linear]]:
+    found = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name.split(".", 2)[-1] in _TARGETS
+    ]
+    if model.lm_head is not None:
+        found.append(("lm_head", model.lm_head))
+    return [(n, m) for n, m in found if m.in_features % 32 == 0]
+
+
+def _gguf_blocks(
+    cfg: ModelConfig, source: TensorSource, names: NameMap, pname: str, shape: tuple[int, int]
+) -> QuantizedWeight | None:
+    """The stored block bytes of parameter `pname` (its parts' rows concatenated) when every part is one
+    supported block type and needs no transform; else None."""
+    load_raw = getattr(source, "load_raw", None)
+    if load_raw is None:
+        return None
+    whole = names.source(pname)
+    if whole is not None and whole[0] in source.names:
+        sources = [whole]
+    else:
+        parts, combine = unfuse(cfg, pname, shape)
+        if combine is not cat_rows:
+            return None
+        sources = [names.source(p.name) for p in parts]
+    if any(s is None or s[1] is not None or s[0] not in source.names for s in sources):
+        return None
+    raws = [load_raw(src) for src, _ in sources]
+    types = {t for t, _ in raws}
+    if len(types) != 1 or (ggml_type := types.pop()) not in _BLOCK_TYPES:
+        return None
+    data = raws[0][1] if len(raws) == 1 else torch.cat([r for _, r in raws])
+    return QuantizedWeight.from_ggml(ggml_type, data, shape[0], shape[1])
+
+
+def quantize_model(
+    model: CausalLM,
+    source: TensorSource,
+    names: NameMap,
+    mode: str,
+    dense_dtype: torch.dtype | None = None,
+) -> Counter[str]:
+    """Swap the target linears of a loaded CPU model for QuantizedLinear per `mode`; returns how many
+    layers of each kind were made (e.g. {"q4_1": 210, "q8_0": 1})."""
+    made: Counter[str] = Counter()
+    if mode == "none":
+        return made
+    cfg = model.cfg
+    targets = _targets(model)
+    if cfg.tie_word_embeddings and cfg.hidden_size % 32 == 0:
+        targets.append(("lm_head", None))  # a quantized copy of the embedding
+    for name, linear in targets:
+        weight = model.embed_tokens.weight if linear is None else linear.weight
+        bias = None if linear is None else linear.bias
+        if mode == "auto":
+            src_param = "embed_tokens.weight" if linear is None else f"{name}.weight"
+            qw = _gguf_blocks(cfg, source, names, src_param, tuple(weight.shape))
+            if qw is None:
+                continue
+        else:
+            qw = quantize(weight.detach().float(), _ISQ_KIND[mode])
+        if dense_dtype is None:
+            dense = None
+        elif qw.kind == "bf16" and dense_dtype == torch.bfloat16:
+            dense = qw.data  # the same tensor: no second copy
+        else:
+            dense = dequantize(qw).to(dense_dtype)
+        module = QuantizedLinear(qw, None if bias is None else bias.detach(), dense)
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, module)
+        made[qw.kind] += 1
+    return made

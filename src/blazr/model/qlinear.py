@@ -1,0 +1,86 @@
+"""QuantizedLinear: a linear layer whose weight stays in a kernel weight format (ggml Q4_0 / Q4_1 / Q8_0
+blocks, bf16 or f32 — see blazr.kernels.quant), so decode streams 4.5–8.5 bits per weight instead of 32.
+
+Two paths, chosen per forward, not per row count, so that a token's numerics never depend on what else
+is in its batch (batched == alone, chunked prefill == whole):
+- inside `use_kernels()` — the runner enters it for decode tokens — the C kernel runs on the quantized
+  bytes (activations quantized to 8 bits per block of 32, as llama.cpp does): bandwidth-bound work at small
+  M, where fewer bytes per weight win;
+- elsewhere (prefill), torch's GEMM runs on `dense`, a copy of the dequantized weight in a 16/32-bit dtype
+  made at load time: compute-bound work at large M, where the vendor GEMM (AMX / oneDNN) wins
+  (benchmarks/NOTES.md). The GEMM runs on fixed tiles of `DENSE_TILE` rows (the last one zero-padded):
+  oneDNN picks its bf16 kernel by M, and its rounding with it, so a fixed M keeps every row's result
+  independent of how many other rows share the call. A layer without a dense copy always runs the kernel.
+`weight` returns the dequantized float32 weight (the reference every path is tested against).
+
+Shapes: x [..., K] → [..., N]; qweight [N, K] in its kind's layout; dense [N, K].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blazr import kernels
+from blazr.kernels.quant import QuantizedWeight, dequantize
+
+DENSE_TILE = 128  # rows per dense GEMM call: ~1.25x the cost of one whole-M call, 3x faster than fp32
+_KERNELS: contextvars.ContextVar[bool] = contextvars.ContextVar("blazr_qlinear_kernels", default=False)
+
+
+@contextlib.contextmanager
+def use_kernels() -> Iterator[None]:
+    """Run QuantizedLinear layers on the quantized kernels in this block (decode tokens)."""
+    token = _KERNELS.set(True)
+    try:
+        yield
+    finally:
+        _KERNELS.reset(token)
+
+
+class QuantizedLinear(nn.Module):
+    def __init__(
+        self, qweight: QuantizedWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        self.qweight = qweight
+        self.in_features, self.out_features = qweight.in_features, qweight.out_features
+        self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), requires_grad=False)
+        self.register_buffer("dense", dense, persistent=False)
+
+    @property
+    def kind(self) -> str:
+        return self.qweight.kind
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized weight [N, K] float32."""
+        return dequantize(self.qweight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.dense is None or _KERNELS.get()) and x.dtype == torch.float32 and x.is_cpu:
+            return kernels.linear(x.contiguous(), self.qweight, self.bias)
+        if self.dense is None:
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return self._dense_tiles(x)
+
+    def _dense_tiles(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] → [..., N] through `dense` in tiles of DENSE_TILE rows; bias added in float32."""
+        w, K = self.dense, self.in_features
+        rows = x.reshape(-1, K).to(w.dtype)
+        M = rows.shape[0]
+        if pad := -M % DENSE_TILE:
+            rows = F.pad(rows, (0, 0, 0, pad))
+        y = torch.cat([F.linear(t, w) for t in rows.split(DENSE_TILE)])[:M].to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        dense = "none" if self.dense is None else str(self.dense.dtype).removeprefix("torch.")
+        return f"in={self.in_features}, out={self.out_features}, kind={self.kind}, dense={dense}"
