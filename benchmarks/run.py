@@ -203,18 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     ids = prompt_ids(args.prompt_len, 49152)
     results: list[Result] = []
     q4 = default_model_path()
-    n, r, t = args.gen, args.repeats, args.threads
+    n, reps, t = args.gen, args.repeats, args.threads
     jobs: list[tuple[str, Callable[[], Result]]] = [
-        ("llama.cpp", lambda: bench_llama_cpp(q4, "Q4_1 GGUF", "q4", ids, n, r, t)),
-        ("blazr", lambda: bench_blazr("Q4_1 GGUF kept quantized", "q4", ids, n, r)),
-        ("llama.cpp", lambda: bench_llama_cpp(f16_gguf(q4), "F16 GGUF", "16", ids, n, r, t)),
+        ("llama.cpp", lambda: bench_llama_cpp(q4, "Q4_1 GGUF", "q4", ids, n, reps, t)),
+        ("blazr", lambda: bench_blazr("Q4_1 GGUF kept quantized", "q4", ids, n, reps)),
+        ("llama.cpp", lambda: bench_llama_cpp(f16_gguf(q4), "F16 GGUF", "16", ids, n, reps, t)),
         (
             "blazr",
-            lambda: bench_blazr("F16 GGUF as bf16", "16", ids, n, r, f16_gguf(q4), quantize="bf16"),
+            lambda: bench_blazr("F16 GGUF as bf16", "16", ids, n, reps, f16_gguf(q4), quantize="bf16"),
         ),
-        ("blazr", lambda: bench_blazr("float32 (dequantized GGUF)", "32", ids, n, r, quantize="none")),
-        ("transformers", lambda: bench_transformers(torch.float32, ids, n, r)),
-        ("transformers", lambda: bench_transformers(torch.bfloat16, ids, n, r)),
+        ("blazr", lambda: bench_blazr("float32 (dequantized GGUF)", "32", ids, n, reps, quantize="none")),
+        ("transformers", lambda: bench_transformers(torch.float32, ids, n, reps)),
+        ("transformers", lambda: bench_transformers(torch.bfloat16, ids, n, reps)),
     ]
     for name, job in jobs:
         if name in args.skip:
