@@ -106,5 +106,5 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--num-threads",
         type=_positive,
         default=None,
-        help="CPU threads of the engine (default on CPU: one per core but one, kept for the HTTP side)",
+        help="CPU threads of the engine (default on CPU: one per core; above 2 cores, one is left to HTTP)",
     )
