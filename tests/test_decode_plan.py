@@ -35,7 +35,10 @@ from blazr.state.kv_cache import ModelCache
 from tests.drive import assert_logits_close
 from tests.tiny import build
 
-pytestmark = pytest.mark.skipif(not available(), reason="the C kernel library is unavailable")
+
+def test_kernel_library_is_available() -> None:
+    assert available(), "the C kernel library is unavailable (no C compiler, or BLAZR_KERNELS=0)"
+
 
 VARIANTS = {
     "llama": ("LlamaForCausalLM", {}),

