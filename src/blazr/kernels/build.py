@@ -48,10 +48,19 @@ def compiler() -> str:
 
 
 def cache_dir() -> Path:
+    """`$BLAZR_KERNEL_DIR`, else `$XDG_CACHE_HOME/blazr` (default `~/.cache/blazr`); a per-user directory
+    under the system temp dir when that one cannot be created or written (read-only home)."""
     if d := os.environ.get("BLAZR_KERNEL_DIR"):
         return Path(d)
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "blazr"
+    path = Path(base) / "blazr"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.access(path, os.W_OK):
+            return path
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"blazr-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"
 
 
 def _sources() -> list[Path]:
