@@ -15,7 +15,8 @@ B sequences, S cache slots, Lmax kv_indices width.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -73,6 +74,19 @@ def reset() -> None:
 # ---------------------------------------------------------------- dispatch
 
 
+def _dispatch(op: str, reference: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run kernel `op` when the library takes these inputs, else `reference` (same signature). While a
+    plan is being recorded an unsupported input is an error (the reference would run only once)."""
+    k = _default[0] if _default else kernels()
+    if k is not None:
+        try:
+            return getattr(k, op)(*args, **kwargs)
+        except UnsupportedInput:
+            if k.is_recording():
+                raise
+    return reference(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def record() -> Iterator[KernelPlan]:
     """Record the kernel calls made on this thread (through the functions below) into a KernelPlan for
@@ -89,14 +103,7 @@ def kv_write(
 ) -> None:
     """Store new keys/values k [T, Hkv, D], v [T, Hkv, Dv] (rows may be strided views into a fused qkv
     output) into cache slots slot_mapping [T] of k_pool [S, Hkv, D] / v_pool [S, Hkv, Dv] (fp32 or bf16)."""
-    kern = _default[0] if _default else kernels()
-    if kern is not None:
-        try:
-            return kern.kv_write(k, v, slot_mapping, k_pool, v_pool)
-        except UnsupportedInput:
-            if kern.is_recording():
-                raise
-    return kv_write_reference(k, v, slot_mapping, k_pool, v_pool)
+    return _dispatch("kv_write", kv_write_reference, k, v, slot_mapping, k_pool, v_pool)
 
 
 def linear(
@@ -111,28 +118,14 @@ def linear(
     """y = x · Wᵀ (+ bias), then SwiGLU (silu(gate) · up over the [gate; up] halves) or + residual; out may
     be residual itself (in-place residual add). x [..., K] → [..., N] (SwiGLU: [..., N/2]).
     Block kinds quantize x to 8 bits per block of 32 in the C kernel (error ≤ amax_block/254 per element)."""
-    k = _default[0] if _default else kernels()
-    if k is not None:
-        try:
-            return k.linear(x, qw, bias, residual, swiglu=swiglu, out=out)
-        except UnsupportedInput:
-            if k.is_recording():
-                raise
-    return linear_reference(x, qw, bias, residual, swiglu=swiglu, out=out)
+    return _dispatch("linear", linear_reference, x, qw, bias, residual, swiglu=swiglu, out=out)
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """out = weight · x / sqrt(mean(x²) + eps) over the last dim, x [..., D] (out may be x)."""
-    k = _default[0] if _default else kernels()
-    if k is not None:
-        try:
-            return k.rms_norm(x, weight, eps, out)
-        except UnsupportedInput:
-            if k.is_recording():
-                raise
-    return rms_norm_reference(x, weight, eps, out)
+    return _dispatch("rms_norm", rms_norm_reference, x, weight, eps, out)
 
 
 def rope_neox(
@@ -141,14 +134,7 @@ def rope_neox(
     """Rotate x [T, H, Dh] in place (NeoX half-split over the first rot_dim features) by the angles of
     rows `positions` [T] of the cos/sin tables [P, rot_dim/2]; returns x. x may be a token-strided view
     (e.g. the q and k heads of a fused qkv output: `qkv[:, :(H + Hkv) * Dh].view(T, H + Hkv, Dh)`)."""
-    k = _default[0] if _default else kernels()
-    if k is not None:
-        try:
-            return k.rope_neox(x, positions, cos, sin, rot_dim)
-        except UnsupportedInput:
-            if k.is_recording():
-                raise
-    return rope_neox_reference(x, positions, cos, sin, rot_dim)
+    return _dispatch("rope_neox", rope_neox_reference, x, positions, cos, sin, rot_dim)
 
 
 def paged_attention_decode(
@@ -167,15 +153,15 @@ def paged_attention_decode(
     h // (H/Hkv)); the last `window` keys only with a sliding window. Returns [B, H, Dv] fp32. q may be a
     row-strided view (the q heads of a fused qkv output); the pools may be fp32 or bf16 (computed in
     fp32)."""
-    k = _default[0] if _default else kernels()
-    if k is not None:
-        try:
-            return k.paged_attention_decode(
-                q, k_pool, v_pool, kv_indices, seq_lens, scale, window=window, out=out
-            )
-        except UnsupportedInput:
-            if k.is_recording():
-                raise
-    return paged_attention_decode_reference(
-        q, k_pool, v_pool, kv_indices, seq_lens, scale, window=window, out=out
+    return _dispatch(
+        "paged_attention_decode",
+        paged_attention_decode_reference,
+        q,
+        k_pool,
+        v_pool,
+        kv_indices,
+        seq_lens,
+        scale,
+        window=window,
+        out=out,
     )
