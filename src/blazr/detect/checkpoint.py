@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from blazr.config import ModelConfig
+from blazr.loading.gguf import GGUFFile
 from blazr.tokenizer import TokenizerSource
 
 Format = Literal["hf", "oxidizr", "gguf"]
@@ -27,3 +28,5 @@ class Checkpoint:
     tokenizer: TokenizerSource
     weights_dtype: torch.dtype
     name: str  # a display name (served model id)
+    # the GGUF file as opened (header parsed) by detection, so loading does not parse it a second time
+    gguf: GGUFFile | None = field(default=None, compare=False, repr=False)

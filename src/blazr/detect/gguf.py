@@ -65,4 +65,4 @@ def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoi
         add_bos_token=meta.get("tokenizer.ggml.add_bos_token"),
     )
     name = meta.get("general.name") or gguf.path.stem
-    return Checkpoint(path, "gguf", (gguf.path,), cfg, tok, torch.float32, str(name))
+    return Checkpoint(path, "gguf", (gguf.path,), cfg, tok, torch.float32, str(name), gguf)

@@ -61,7 +61,7 @@ def open_source(ckpt: Checkpoint) -> TensorSource:
     if ckpt.format == "gguf":
         attn = next((layer.attention for layer in ckpt.config.layers if layer.attention), None)
         heads = (attn.num_heads, attn.num_kv_heads) if attn else (1, 1)
-        return GGUFSource(GGUFFile(ckpt.weight_files[0]), *heads)
+        return GGUFSource(ckpt.gguf or GGUFFile(ckpt.weight_files[0]), *heads)
     return SafetensorsCheckpoint(list(ckpt.weight_files))
 
 
