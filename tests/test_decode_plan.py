@@ -192,6 +192,37 @@ def test_rows_do_not_depend_on_the_batch(pair):
             runner.blocks.free(seq.block_table)
 
 
+@pytest.mark.parametrize("kv", ["float16", "bfloat16"])
+def test_16bit_kv_cache(tmp_path, kv):
+    """A 16-bit K/V cache: the plan's kernels (write rounded, widen on read) and the eager model (casts on
+    write and read, a prefill chunk attending to its own keys as stored) see the same values: one decode
+    step's logits agree to fp32 precision and greedy tokens are identical, fused or eager."""
+    _build("LlamaForCausalLM", tmp_path)
+    cfg = EngineConfig(max_num_seqs=8, max_model_len=512, max_num_batched_tokens=16)
+    fused = LLM(tmp_path, cpu=True, dtype="float32", engine_config=cfg, kv_cache_dtype=kv)
+    eager_cfg = EngineConfig(max_num_seqs=8, max_model_len=512, max_num_batched_tokens=16, fused_decode=False)
+    eager = LLM(tmp_path, cpu=True, dtype="float32", engine_config=eager_cfg, kv_cache_dtype=kv)
+    assert fused.runner.cache.layer(0).k.dtype == getattr(torch, kv) and fused.runner.decode_plan is not None
+    got, want = _decode_step_logits(fused.runner, _prompts([5, 17, 40, 9], seed=4))
+    for g, w in zip(got, want, strict=True):
+        assert_logits_close(g, w, rel=1e-4)
+    prompts = _prompts([3, 21, 8, 30], seed=3)
+    assert _tokens(fused, prompts, GREEDY) == _tokens(eager, prompts, GREEDY)
+
+
+def test_kv_cache_dtype_choice(tmp_path):
+    """auto: float16 with block-quantized weights on the CPU (as llama.cpp), else the model dtype."""
+    from blazr.errors import BlazrError
+
+    _build("LlamaForCausalLM", tmp_path)
+    assert LLM(tmp_path, cpu=True, quantize="int8").kv_dtype == torch.float16
+    assert LLM(tmp_path, cpu=True, quantize="bf16").kv_dtype == torch.float32  # not block-quantized
+    assert LLM(tmp_path, cpu=True, quantize="none").kv_dtype == torch.float32
+    assert LLM(tmp_path, cpu=True, quantize="int8", kv_cache_dtype="float32").kv_dtype == torch.float32
+    with pytest.raises(BlazrError, match="unknown kv cache dtype 'fp8'"):
+        LLM(tmp_path, cpu=True, kv_cache_dtype="fp8")
+
+
 def _quantize_linears(model: CausalLM, kind: str) -> None:
     """Swap every nn.Linear of the model (projections and lm head) for a QuantizedLinear of `kind`."""
     for name, m in list(model.named_modules()):

@@ -43,6 +43,13 @@ def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
             "int8 / int4 / bf16 convert any checkpoint at load (Q8_0 / Q4_1 blocks, bfloat16); none keeps "
             "float weights",
         )
+        p.add_argument(
+            "--kv-cache-dtype",
+            default="auto",
+            choices=["auto", "float32", "bfloat16", "float16"],
+            help="attention K/V cache element type: auto is float16 on the CPU with quantized weights "
+            "(as llama.cpp), else the model dtype",
+        )
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -83,6 +90,7 @@ def _llm(args: argparse.Namespace, **kwargs):
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         quantize=args.quantize,
+        kv_cache_dtype=args.kv_cache_dtype,
         show_progress=sys.stderr.isatty(),
         **kwargs,
     )

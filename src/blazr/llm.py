@@ -71,6 +71,20 @@ def pick_dtype(name: str, device: torch.device, ckpt: Checkpoint) -> torch.dtype
     return torch.float16 if ckpt.weights_dtype == torch.float16 else torch.bfloat16
 
 
+def pick_kv_dtype(name: str, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """Element type of the attention K/V cache. `auto`: float16 on the CPU when the linear weights are
+    block-quantized (as llama.cpp's default cache; half the bytes each decode step reads, and with 8-bit
+    activations the model is not an fp32 reference anyway), else the model dtype (exact reference path)."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise BlazrError(f"unknown kv cache dtype {name!r}; expected auto, {', '.join(DTYPES)}")
+        return DTYPES[name]
+    from blazr.model.qlinear import QuantizedLinear
+
+    is_block = any(isinstance(m, QuantizedLinear) and m.qweight.is_block for m in model.modules())
+    return torch.float16 if device.type == "cpu" and is_block else dtype
+
+
 class LLM:
     """A loaded model with its tokenizer and engine."""
 
@@ -83,6 +97,7 @@ class LLM:
         dtype: str = "auto",
         max_model_len: int | None = None,
         quantize: str = "auto",
+        kv_cache_dtype: str = "auto",
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
         max_waiting: int = 256,
@@ -116,7 +131,8 @@ class LLM:
             show_progress,
             quantize=quantize,
         )
-        self.runner = ModelRunner(self.model, self.engine_config, self.device, self.dtype)
+        self.kv_dtype = pick_kv_dtype(kv_cache_dtype, self.model, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, self.engine_config, self.device, self.dtype, self.kv_dtype)
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config)
         self.load_seconds = time.perf_counter() - t0
         log.info(

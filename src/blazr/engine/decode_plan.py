@@ -13,10 +13,10 @@ copy, a `QuantizedLinear` gives its own. One plan is recorded per batch size B �
 [:B] views of the buffers (the kernels capture pointers, not values), and replayed every step with new
 ids, positions, slots, block tables and lengths. `create` returns None for what the kernels do not cover.
 
-A row's result does not depend on B, bit for bit, so a decode token is the same batched or alone: the
-row-wise kernels are, and attention is called once per sequence because the kernel splits a sequence's
-keys by the work of the whole batch. (Block-quantized linears quantize their input to 8 bits, which turns
-a last-bit difference into a visible one.)
+A row's result does not depend on B, bit for bit, so a decode token is the same batched or alone: every
+kernel computes a row by the same operations whatever else is in the call (attention splits a sequence's
+keys by its own length only). That matters: block-quantized linears quantize their input to 8 bits, which
+would turn a last-bit difference into a visible one.
 
 Shapes: B sequences (≤ Bmax = max_num_seqs), D hidden, H / Hkv heads, Dh head dim, W = (H + 2·Hkv)·Dh,
 I intermediate, V vocabulary, Lmax kv_indices width (max_model_len rounded up to blocks), S cache slots.
@@ -247,11 +247,9 @@ class DecodePlan:
                 ops.linear(x, layer.qkv.weight, layer.qkv.bias, out=qkv)
                 ops.rope_neox(qk, pos, layer.cos, layer.sin, layer.rot_dim)  # q and k heads in one call
                 ops.kv_write(k, v, slots, layer.k_pool, layer.v_pool)
-                for b in range(B):  # one call per sequence: see the module docstring
-                    ops.paged_attention_decode(
-                        q[b : b + 1], layer.k_pool, layer.v_pool, idx[b : b + 1], lens[b : b + 1],
-                        layer.scale, window=layer.window, out=attn[b : b + 1],
-                    )  # fmt: skip
+                ops.paged_attention_decode(
+                    q, layer.k_pool, layer.v_pool, idx, lens, layer.scale, window=layer.window, out=attn
+                )
                 ops.linear(attn.view(B, H * Dh), layer.o.weight, layer.o.bias, residual=h, out=h)
                 ops.rms_norm(h, layer.ffn_norm.weight.data, layer.ffn_norm.eps, out=x)
                 ops.linear(x, layer.gate_up.weight, layer.gate_up.bias, swiglu=True, out=act)

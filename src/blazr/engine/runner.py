@@ -40,10 +40,12 @@ class StepLogits:
     prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id → (first position predicted, [m, V])
 
 
-def plan_cache(cfg: ModelConfig, engine: EngineConfig, dtype: torch.dtype) -> tuple[int, int]:
+def plan_cache(
+    cfg: ModelConfig, engine: EngineConfig, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
+) -> tuple[int, int]:
     """(num_blocks, num_state_slots): enough blocks for every sequence at full length, capped by the
     engine's cache memory budget (preemption handles the rest)."""
-    per_token = bytes_per_token(cfg, dtype)
+    per_token = bytes_per_token(cfg, dtype, kv_dtype)
     if per_token == 0:
         return 0, engine.max_num_seqs
     if engine.num_kv_blocks:
@@ -61,15 +63,19 @@ class ModelRunner:
         engine_cfg: EngineConfig,
         device: torch.device,
         dtype: torch.dtype,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """`kv_dtype`: element type of the attention K/V pools (default: `dtype`)."""
         self.model = model
         self.cfg = model.cfg
         self.engine_cfg = engine_cfg
         self.device = device
         self.dtype = dtype
-        num_blocks, num_state_slots = plan_cache(self.cfg, engine_cfg, dtype)
+        num_blocks, num_state_slots = plan_cache(self.cfg, engine_cfg, dtype, kv_dtype)
         self.block_size = engine_cfg.block_size
-        self.cache = ModelCache(self.cfg, num_blocks * self.block_size, num_state_slots, dtype, device)
+        self.cache = ModelCache(
+            self.cfg, num_blocks * self.block_size, num_state_slots, dtype, device, kv_dtype=kv_dtype
+        )
         self.blocks = BlockAllocator(num_blocks, self.block_size) if self.cache.has_paged else None
         self.slots = SlotAllocator(num_state_slots) if self.cache.has_state else None
         self.has_quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())

@@ -61,15 +61,19 @@ def _rows_ptr(t: torch.Tensor, what: str) -> tuple[int, int]:
     return t.data_ptr(), t.stride(0)
 
 
-def _pool_ptrs(k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int, bool]:
-    """(k ptr, v ptr, is_bf16) of contiguous CPU KV pools, both fp32 or both bf16."""
+# Element types of the KV pools the kernels read and write (BLZ_KV_* in csrc/blazr_kernels.h).
+_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _pool_ptrs(k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int, int]:
+    """(k ptr, v ptr, element type code) of contiguous CPU KV pools of one dtype: fp32, bf16 or fp16."""
     dt = k_pool.dtype
-    if dt not in (_F32, torch.bfloat16) or v_pool.dtype is not dt:
-        raise UnsupportedInput(f"KV pools: expected both fp32 or both bf16, found {dt} and {v_pool.dtype}")
+    if dt not in _KV_TYPES or v_pool.dtype is not dt:
+        raise UnsupportedInput(f"KV pools: expected both fp32, bf16 or fp16, found {dt} and {v_pool.dtype}")
     for t in (k_pool, v_pool):
         if not t.is_cpu or not t.is_contiguous():
             raise UnsupportedInput("KV pools: expected contiguous CPU tensors")
-    return k_pool.data_ptr(), v_pool.data_ptr(), dt is torch.bfloat16
+    return k_pool.data_ptr(), v_pool.data_ptr(), _KV_TYPES[dt]
 
 
 def _i64_ptr(t: torch.Tensor, what: str) -> int:
@@ -272,7 +276,7 @@ class Kernels:
             raise ValueError(f"paged_attention_decode: out must have [{B}, {H}, {Dv}] elements")
         a, addr = self._args()
         a.op = _OP_PAGED_ATTENTION_DECODE
-        (qp, ldq), (kp, vp, bf16) = _rows_ptr(q, "attention q"), _pool_ptrs(k_pool, v_pool)
+        (qp, ldq), (kp, vp, kv_type) = _rows_ptr(q, "attention q"), _pool_ptrs(k_pool, v_pool)
         ip, lp = _i64_ptr(kv_indices, "kv_indices"), _i64_ptr(seq_lens, "seq_lens")
         op, nt = _f32_ptr(out, "attention out"), torch.get_num_threads()
         a.i[0:17] = (
@@ -280,7 +284,7 @@ class Kernels:
             ldq,
             kp,
             vp,
-            bf16,
+            kv_type,
             S,
             ip,
             kv_indices.shape[1],
@@ -316,7 +320,7 @@ class Kernels:
         if slot_mapping.numel() != T:
             raise ValueError(f"kv_write: slot_mapping has {slot_mapping.numel()} slots for {T} tokens")
         (kp, ldk), (vp, ldv) = _rows_ptr(k, "kv_write k"), _rows_ptr(v, "kv_write v")
-        kpool, vpool, bf16 = _pool_ptrs(k_pool, v_pool)
+        kpool, vpool, kv_type = _pool_ptrs(k_pool, v_pool)
         a, addr = self._args()
         a.op = _OP_KV_WRITE
         a.i[0:13] = (
@@ -331,7 +335,7 @@ class Kernels:
             Dv,
             kpool,
             vpool,
-            bf16,
+            kv_type,
             S,
         )
         self._run(a, addr, "kv_write", k, v, slot_mapping, k_pool, v_pool)

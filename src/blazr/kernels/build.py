@@ -28,9 +28,10 @@ from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
-# Always added: position-independent, C dialect, only BLZ_EXPORT symbols visible.
-_BASE_FLAGS = ("-fPIC", "-std=gnu11", "-fvisibility=hidden", "-Wall")
-ABI_VERSION = 1  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
+# Always added: position-independent, C dialect, only BLZ_EXPORT symbols visible, no implicit FMA
+# contraction (scalar and SIMD paths then round the same way).
+_BASE_FLAGS = ("-fPIC", "-std=gnu11", "-fvisibility=hidden", "-ffp-contract=off", "-Wall")
+ABI_VERSION = 2  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
 
 
 class BuildError(RuntimeError):

@@ -1,18 +1,22 @@
-"""Weight formats of the kernel library: `QuantizedWeight`, and the torch references `quantize` /
-`dequantize`.
+"""Weight formats of the kernel library: `QuantizedWeight`, the torch references `quantize` /
+`dequantize`, and the row-packed layout of the block kinds (`pack_blocks` / `unpack_blocks`).
 
-Block formats use ggml's exact byte layout, so a GGUF tensor is used as-is (its uint8 bytes viewed as
-[N, row_bytes]); 32 weights per block, row_bytes = K/32 · block_bytes:
+Block kinds hold ggml's values, 32 weights per block (row_bytes = K/32 · block_bytes):
 - q4_0 (18 B): f16 d, 16 B nibbles — w = d·(q − 8)
 - q4_1 (20 B): f16 d, f16 m, 16 B nibbles — w = d·q + m
 - q8_0 (34 B): f16 d, 32 int8 — w = d·q
-Nibble byte j holds element j (low half) and element j + 16 (high half). Float kinds keep a torch tensor:
-bf16 or f32 [N, K].
+In ggml's byte order nibble byte j holds element j (low half) and element j + 16 (high half). A
+QuantizedWeight stores them row-packed for the kernel (csrc/linear_q.c): rows in groups of 16 (the last
+group padded with zero rows), a group as K/32 tiles, tile b = block b of the 16 rows:
+[16 f16 d][16 f16 m, q4_1][quants: byte 4j + i of 64-byte chunk c = element 4c + i of row j] — for the
+4-bit kinds chunk p's bytes are ggml's nibble bytes 4p..4p+3 of each row (elements 4p+i low, 16+4p+i high),
+for q8_0 the int8 values + 128. The same bytes as ggml's, moved: `unpack_blocks` gives ggml's back
+exactly. Float kinds keep a torch tensor: bf16 or f32 [N, K].
 
 `quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
 quantizers) byte for byte; `dequantize` reproduces `gguf.quants.dequantize`.
 
-Shapes: N = out_features, K = in_features.
+Shapes: N = out_features, K = in_features, nb = K/32 blocks per row, G = ⌈N/16⌉ row groups.
 """
 
 from __future__ import annotations
@@ -30,12 +34,20 @@ KINDS = (*BLOCK_KINDS, *FLOAT_KINDS)
 GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "BF16": "bf16", "F32": "f32"}
 
 
+ROW_GROUP = 16  # rows per packed group
+
+
+def _group_bytes(kind: str, in_features: int) -> int:
+    return ROW_GROUP * in_features // QK * BLOCK_BYTES[kind]
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
     """A linear layer's weight [N, K] in one of `KINDS`.
 
-    `data` is uint8 [N, K/32 · block_bytes] for block kinds (ggml layout), else a bf16 / f32 tensor
-    [N, K]. It must be contiguous; the C kernels read it in place."""
+    `data` is uint8 [G, 16 · row_bytes] for block kinds (row-packed, see the module docstring; build one
+    from ggml-ordered blocks with `from_blocks`), else a bf16 / f32 tensor [N, K]. It must be contiguous;
+    the C kernels read it in place."""
 
     kind: str
     data: torch.Tensor
@@ -47,7 +59,7 @@ class QuantizedWeight:
         if self.kind in BLOCK_BYTES:
             if k % QK:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
-            want, dtype = (n, k // QK * BLOCK_BYTES[self.kind]), torch.uint8
+            want, dtype = (-(-n // ROW_GROUP), _group_bytes(self.kind, k)), torch.uint8
         elif self.kind in FLOAT_KINDS:
             want, dtype = (n, k), FLOAT_KINDS[self.kind]
         else:
@@ -69,16 +81,70 @@ class QuantizedWeight:
         return self.data.numel() * self.data.element_size()
 
     @classmethod
+    def from_blocks(cls, kind: str, blocks: torch.Tensor, out_features: int, in_features: int):
+        """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind."""
+        return cls(kind, pack_blocks(kind, blocks, out_features, in_features), out_features, in_features)
+
+    @classmethod
     def from_ggml(cls, type_name: str, raw: torch.Tensor, out_features: int, in_features: int):
-        """Wrap a GGUF tensor's raw bytes (any shape, uint8 or the float dtype) without copying."""
+        """A GGUF tensor's raw bytes (any shape, uint8 or the float dtype): block types are packed (a copy
+        of the same size), float types wrapped."""
         if type_name not in GGML_KINDS:
             raise ValueError(f"GGML type {type_name}: no kernel for it (supported: {sorted(GGML_KINDS)})")
         kind = GGML_KINDS[type_name]
         if kind in BLOCK_BYTES:
-            data = raw.view(torch.uint8).reshape(out_features, -1)
-        else:
-            data = raw.view(FLOAT_KINDS[kind]).reshape(out_features, in_features)
+            return cls.from_blocks(kind, raw.view(torch.uint8), out_features, in_features)
+        data = raw.view(FLOAT_KINDS[kind]).reshape(out_features, in_features)
         return cls(kind, data.contiguous(), out_features, in_features)
+
+    def ggml_blocks(self) -> torch.Tensor:
+        """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
+        return unpack_blocks(self)
+
+
+def _tile_fields(kind: str) -> tuple[int, int]:
+    """(header bytes, quant bytes) of one packed tile (16 rows × one block)."""
+    header = 64 if kind == "q4_1" else 32
+    return header, ROW_GROUP * BLOCK_BYTES[kind] - header
+
+
+def pack_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """ggml-ordered blocks (N · row_bytes uint8) → the row-packed layout [G, 16 · row_bytes]."""
+    n, nb, bs = out_features, in_features // QK, BLOCK_BYTES[kind]
+    if blocks.dtype != torch.uint8 or blocks.numel() != n * nb * bs or in_features % QK:
+        raise ValueError(
+            f"{kind} blocks of a [{n}, {in_features}] weight: expected {n * nb * bs} uint8 bytes, found "
+            f"{blocks.numel()} {blocks.dtype}"
+        )
+    g = -(-n // ROW_GROUP)
+    rows = torch.zeros(g * ROW_GROUP, nb, bs, dtype=torch.uint8)
+    rows[:n] = blocks.reshape(n, nb, bs)
+    t = rows.view(g, ROW_GROUP, nb, bs).transpose(1, 2)  # [G, nb, 16, bs]
+    header = 4 if kind == "q4_1" else 2  # per-row header bytes: d (and m)
+    parts = [t[..., 0:2].reshape(g, nb, 32)]
+    if kind == "q4_1":
+        parts.append(t[..., 2:4].reshape(g, nb, 32))
+    qs = t[..., header:]  # [G, nb, 16, 16 | 32]
+    if kind == "q8_0":
+        qs = qs ^ 0x80  # int8 + 128 as uint8 (vpdpbusd's unsigned operand)
+    chunks = qs.reshape(g, nb, ROW_GROUP, -1, 4).transpose(2, 3)  # [G, nb, chunk, 16 rows, 4]
+    parts.append(chunks.reshape(g, nb, -1))
+    return torch.cat(parts, dim=-1).reshape(g, -1).contiguous()
+
+
+def unpack_blocks(qw: QuantizedWeight) -> torch.Tensor:
+    """The inverse of `pack_blocks`: uint8 [N, row_bytes] in ggml order."""
+    kind, n, nb = qw.kind, qw.out_features, qw.in_features // QK
+    g = qw.data.shape[0]
+    header, qbytes = _tile_fields(kind)
+    tiles = qw.data.view(g, nb, header + qbytes)
+    parts = [tiles[..., 0:32].reshape(g, nb, ROW_GROUP, 2)]
+    if kind == "q4_1":
+        parts.append(tiles[..., 32:64].reshape(g, nb, ROW_GROUP, 2))
+    qs = tiles[..., header:].reshape(g, nb, -1, ROW_GROUP, 4).transpose(2, 3).reshape(g, nb, ROW_GROUP, -1)
+    parts.append(qs ^ 0x80 if kind == "q8_0" else qs)
+    rows = torch.cat(parts, dim=-1).transpose(1, 2)  # [G, 16, nb, bs]
+    return rows.reshape(g * ROW_GROUP, -1)[:n].contiguous()
 
 
 def _round_half_away(v: torch.Tensor) -> torch.Tensor:
@@ -127,15 +193,14 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
         d = (mx - mn) / 15
         q = ((blocks - mn) * _inverse(d) + 0.5).trunc().clamp(0, 15).to(torch.uint8)
         parts = [_f16_bytes(d), _f16_bytes(mn), _pack_nibbles(q)]
-    data = torch.cat(parts, dim=-1).reshape(n, -1)
-    return QuantizedWeight(kind, data, n, k)
+    return QuantizedWeight.from_blocks(kind, torch.cat(parts, dim=-1), n, k)
 
 
 def block_fields(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Split a block weight into (d [N, nb] f32, m [N, nb] f32 or None, q [N, nb, 32]) with q the stored
     integers: int8 for q8_0, 0..15 (uint8) for the 4-bit kinds — the offset −8 of q4_0 not applied."""
     n, nb = qw.out_features, qw.in_features // QK
-    blocks = qw.data.view(n, nb, BLOCK_BYTES[qw.kind])
+    blocks = unpack_blocks(qw).view(n, nb, BLOCK_BYTES[qw.kind])
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
     m = None
     if qw.kind == "q8_0":

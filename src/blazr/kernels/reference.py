@@ -49,16 +49,17 @@ def linear_reference(
 
 
 def quantize_act_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Activation quantization of the block linear kernel, per row and block of 32 (fp32 arithmetic):
-    d = amax/127, q = round_half_even(x · (1/d)) (0 where d = 0), s = d · Σ q.
-    x [M, K] → q int8 [M, K], d [M, K/32], s [M, K/32]."""
+    """Activation quantization of the block linear kernel — ggml's x86 quantize_row_q8_0 / q8_1 — per row
+    and block of 32, in fp32: amax = max|x|, d = fp16(amax/127), q = round_half_even(x · (127/amax))
+    (0 where amax = 0), s = fp16(amax/127 · Σq). x [M, K] → q int8 [M, K], d [M, K/32], s [M, K/32]."""
     M, K = x.shape
     xb = x.float().reshape(M, K // QK, QK)
-    d = xb.abs().amax(-1) / 127
-    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-    q = torch.round(xb * inv.unsqueeze(-1)).clamp(-127, 127)
-    s = d * q.sum(-1)
-    return q.to(torch.int8).reshape(M, K), d, s
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax == 0, torch.zeros_like(amax), 127 / amax)
+    q = torch.round(xb * inv.unsqueeze(-1)).clamp(-128, 127)
+    d = amax / 127
+    s = (d * q.sum(-1)).half().float()
+    return q.to(torch.int8).reshape(M, K), d.half().float(), s
 
 
 def int8_dot_reference(x: torch.Tensor, qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:

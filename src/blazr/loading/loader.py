@@ -10,6 +10,7 @@ import torch
 
 from blazr import kernels
 from blazr.detect import Checkpoint
+from blazr.kernels import ops
 from blazr.kernels.build import cpu_flags
 from blazr.loading.gguf import GGUFFile, gguf_to_hf_name, unpermute_qk
 from blazr.loading.names import name_map_for
@@ -89,9 +90,16 @@ def load_model(
     return model
 
 
-def prefill_dtype() -> torch.dtype:
-    """The dtype of quantized layers' dense copies used by prefill GEMMs: bfloat16 where the CPU has
-    native bf16 matrix instructions (AMX / AVX512-BF16, which oneDNN uses), else float32
-    (benchmarks/NOTES.md has the measurements)."""
+def prefill_dtype() -> torch.dtype | None:
+    """The dtype of quantized layers' dense copies for prefill GEMMs, or None for none (prefill then runs
+    the same int8 kernels as decode). Measured (benchmarks/NOTES.md): where the kernels have AVX512-VNNI
+    they prefill faster than oneDNN's bf16 GEMM on a dense copy (Zen 4: 820-920 vs 660-760 tok/s on
+    SmolLM2) with no second copy of the weights; AMX's bf16 tiles beat both, so AMX CPUs keep a bf16 copy;
+    without VNNI a bf16 (AVX512-BF16) or float32 copy beats the scalar kernels."""
     flags = set(cpu_flags().split())
-    return torch.bfloat16 if {"amx_bf16", "avx512_bf16"} & flags else torch.float32
+    if "amx_bf16" in flags:
+        return torch.bfloat16
+    lib = ops.kernels()
+    if lib is not None and "avx512_vnni" in lib.features:
+        return None
+    return torch.bfloat16 if "avx512_bf16" in flags else torch.float32

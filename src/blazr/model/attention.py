@@ -57,16 +57,20 @@ def causal_attention(
     window: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, Dk]; k, v [T, Hkv, D*] for the new tokens (already written to the pools, if any);
-    k_pool / v_pool [S, Hkv, D*]. Returns [T, H, Dv]."""
+    k_pool / v_pool [S, Hkv, D*], possibly of a narrower dtype than q: keys and values are then read back
+    as stored (also a chunk's own new ones), so a prompt attends to the same values chunked or whole and
+    as its later decode steps do. Returns [T, H, Dv]."""
     T, H, _ = q.shape
+    if k_pool is not None and k_pool.dtype != q.dtype:
+        k, v = k.to(k_pool.dtype).to(q.dtype), v.to(k_pool.dtype).to(q.dtype)
     out = q.new_empty(T, H, v.shape[-1])
     nd = batch.num_decodes
     if nd:
         assert k_pool is not None and v_pool is not None and batch.kv_indices is not None
         mask = batch.decode_mask(window)  # [Bd, 1, 1, L]
         idx = batch.kv_indices[:nd, : mask.shape[-1]]  # [Bd, L]
-        kd = k_pool[idx].transpose(1, 2)  # [Bd, Hkv, L, Dk]
-        vd = v_pool[idx].transpose(1, 2)
+        kd = k_pool[idx].to(q.dtype).transpose(1, 2)  # [Bd, Hkv, L, Dk]
+        vd = v_pool[idx].to(q.dtype).transpose(1, 2)
         od = _sdpa(q[:nd].unsqueeze(2), kd, vd, scale, mask)  # [Bd, H, 1, Dv]
         out[:nd] = od.squeeze(2)
     starts = batch.query_starts
@@ -78,7 +82,7 @@ def causal_attention(
         else:
             assert k_pool is not None and v_pool is not None and batch.kv_indices is not None
             idx = batch.kv_indices[b, : ctx + n]
-            kb, vb = k_pool[idx], v_pool[idx]
+            kb, vb = k_pool[idx].to(q.dtype), v_pool[idx].to(q.dtype)
         kb = kb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, ctx + n, Dk]
         vb = vb.transpose(0, 1).unsqueeze(0)
         if ctx == 0 and window is None:
@@ -113,7 +117,7 @@ class Attention(nn.Module):
         k_pool = v_pool = None
         if cache is not None and batch.has_cache:
             k_pool, v_pool = cache.k, cache.v
-            k_pool.index_copy_(0, batch.slot_mapping, k)
-            v_pool.index_copy_(0, batch.slot_mapping, v)
+            k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
+            v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
         return self.o_proj(o.reshape(T, self.q_size))

@@ -62,6 +62,7 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
         cpu=cfg.cpu,
         dtype=cfg.dtype,
         quantize=cfg.quantize,
+        kv_cache_dtype=cfg.kv_cache_dtype,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -70,7 +71,8 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
     )
     engine = llm.engine
     names = list(cfg.served_model_names) or [cfg.model or llm.path.name.split(".")[0]]
-    desc = f"{llm.config.architecture}, {str(llm.dtype).removeprefix('torch.')}, {llm.device.type}"
+    dtype, kv = (str(t).removeprefix("torch.") for t in (llm.dtype, llm.kv_dtype))
+    desc = f"{llm.config.architecture}, {dtype}, kv cache {kv}, {llm.device.type}"
     return LoadedModel(engine, llm.tokenizer, names, str(llm.path), desc, llm.device.type == "cpu")
 
 

@@ -1,6 +1,7 @@
 """`blazr serve` flags and the typed `ServerConfig` built from them.
 
-cli.py adds the common flags (--model, --vocab, --cpu, --dtype, --max-model-len, --log-level); this module
+cli.py adds the common flags (--model, --vocab, --cpu, --dtype, --quantize, --kv-cache-dtype,
+--max-model-len, --log-level); this module
 adds the server's own. The API key comes from --api-key, else the BLAZR_API_KEY environment variable.
 """
 
@@ -23,6 +24,7 @@ class ServerConfig:
     cpu: bool = False
     dtype: str = "auto"
     quantize: str = "auto"
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
@@ -43,6 +45,7 @@ class ServerConfig:
             cpu=args.cpu,
             dtype=args.dtype,
             quantize=args.quantize,
+            kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,

@@ -1,6 +1,7 @@
 """Preallocated cache pools and the per-layer view the model receives.
 
-- GQA layers: paged K and V, per layer [num_slots, Hkv, D] (num_slots = num_blocks × block_size).
+- GQA layers: paged K and V, per layer [num_slots, Hkv, D] (num_slots = num_blocks × block_size), in the
+  cache's `kv_dtype` (default: the model dtype; 16-bit pools halve the bytes a decode step reads).
 - MLA layers: paged latent, per layer [num_slots, Lkv + R] — the normed c_kv followed by the rotated k_rope.
 - Mamba2 layers: one state slot per running sequence: conv [S, C, K-1] and SSM [S, H, P, N] (float32).
 
@@ -40,15 +41,17 @@ class ModelCache:
         num_state_slots: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.num_slots = num_slots
+        self.kv_dtype = kv_dtype or dtype
         self.num_state_slots = num_state_slots
         self.layers: list[LayerCache] = []
         for layer in cfg.layers:
             lc = LayerCache()
             if (a := layer.attention) is not None:
-                lc.k = torch.zeros(num_slots, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
-                lc.v = torch.zeros(num_slots, a.num_kv_heads, a.head_dim, dtype=dtype, device=device)
+                lc.k = torch.zeros(num_slots, a.num_kv_heads, a.head_dim, dtype=self.kv_dtype, device=device)
+                lc.v = torch.zeros(num_slots, a.num_kv_heads, a.head_dim, dtype=self.kv_dtype, device=device)
             if (m := layer.mla) is not None:
                 width = m.kv_lora_rank + m.qk_rope_head_dim
                 lc.latent = torch.zeros(num_slots, width, dtype=dtype, device=device)
@@ -100,13 +103,15 @@ class ModelCache:
         return total
 
 
-def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Paged cache bytes one token costs across all layers (K+V for GQA, latent + rope key for MLA)."""
+def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> int:
+    """Paged cache bytes one token costs across all layers (K+V for GQA in `kv_dtype`, default `dtype`;
+    latent + rope key for MLA in `dtype`)."""
     size = torch.empty((), dtype=dtype).element_size()
+    kv_size = torch.empty((), dtype=kv_dtype or dtype).element_size()
     total = 0
     for layer in cfg.layers:
         if (a := layer.attention) is not None:
-            total += 2 * a.num_kv_heads * a.head_dim * size
+            total += 2 * a.num_kv_heads * a.head_dim * kv_size
         if (m := layer.mla) is not None:
             total += (m.kv_lora_rank + m.qk_rope_head_dim) * size
     return total

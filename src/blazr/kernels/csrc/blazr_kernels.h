@@ -32,7 +32,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 1
+#define BLZ_ABI_VERSION 2
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -40,9 +40,13 @@
 #define BLZ_ERANGE (-2)  /* an index (position, cache slot) is out of range */
 #define BLZ_ENOMEM (-3)  /* scratch allocation failed */
 
-/* Weight kinds of the block-quantized linear kernel (ggml block layouts, 32 weights per block). */
+/* Weight kinds of the block-quantized linear kernel (ggml block values, 32 weights per block, in blazr's
+ * row-packed layout: see linear_q.c). */
 enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2 };
 #define BLZ_QK 32
+
+/* Element types of the KV-cache pools (attention and kv_write). */
+enum { BLZ_KV_F32 = 0, BLZ_KV_BF16 = 1, BLZ_KV_F16 = 2 };
 
 /* Exported kernels (documented where they are defined). */
 int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
@@ -56,11 +60,11 @@ int blz_rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps
 int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t ldx, const int64_t *pos,
                   const float *cos, const float *sin, int64_t P, int64_t R, int nthreads);
 int blz_paged_attention_decode(const float *q, int64_t ldq, const void *k_pool, const void *v_pool,
-                               int kv_bf16, int64_t S, const int64_t *kv_indices, int64_t idx_stride,
+                               int kv_type, int64_t S, const int64_t *kv_indices, int64_t idx_stride,
                                const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                                int64_t Dv, float scale, int64_t window, float *out, int nthreads);
 int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, const int64_t *slots, int64_t T,
-                 int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_bf16, int64_t S);
+                 int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_type, int64_t S);
 
 /* Packed call (see common.c): the arguments of one kernel, in order, as int64 (pointers and integers) and
  * double (float arguments). Python fills one preallocated struct per thread and passes its address, which
@@ -122,6 +126,27 @@ BLZ_INLINE float blz_fp16_to_fp32(uint16_t h) {
     return f;
 }
 
+/* float → IEEE half, round to nearest even (as F16C's vcvtps2ph and torch's `.half()`), portable:
+ * subnormal halves, overflow to ±inf, NaN kept quiet. */
+BLZ_INLINE uint16_t blz_fp32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* ≥ 65520 rounds to inf */
+    if (ax < 0x38800000u) {                                    /* below 2⁻¹⁴: a subnormal half or 0 */
+        if (ax < 0x33000000u) return (uint16_t)sign;           /* below 2⁻²⁵ (a tie at 2⁻²⁵ → 0) */
+        const int shift = 126 - (int)(ax >> 23);               /* value / 2⁻²⁴ = mant · 2^-shift */
+        const uint32_t mant = (ax & 0x7fffffu) | 0x800000u, half = 1u << (shift - 1);
+        uint32_t q = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1u);
+        if (rem > half || (rem == half && (q & 1u))) ++q;
+        return (uint16_t)(sign | q);
+    }
+    const uint32_t r = ax - 0x38000000u; /* rebias the exponent 127 → 15, then round 23 → 10 bits */
+    return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+}
+
 BLZ_INLINE float blz_bf16_to_fp32(uint16_t b) {
     const uint32_t bits = (uint32_t)b << 16;
     float f;
@@ -181,6 +206,29 @@ BLZ_INLINE __m512 blz_exp512(__m512 x) {
     const __m512 r2 = _mm512_mul_ps(r, r);
     const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(y, n);
+}
+#endif
+
+#ifdef BLZ_AVX512
+/* blz_epilogue for 16 consecutive outputs n0 .. n0+nn-1 (nn ≤ 16) of one row, r (and u, the SwiGLU up
+ * values) in lanes; same formulas, with silu's exp from blz_exp512 (≤ 2 ulp, where the scalar path uses
+ * libm's expf). */
+BLZ_INLINE void blz_epilogue16(__m512 r, __m512 u, int64_t row, int64_t n0, int nn, int64_t N, int64_t nout,
+                               const float *bias, const float *residual, float *out, int swiglu) {
+    const __mmask16 k = (__mmask16)((1u << nn) - 1u);
+    if (swiglu) {
+        if (bias) {
+            r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(k, bias + n0));
+            u = _mm512_add_ps(u, _mm512_maskz_loadu_ps(k, bias + nout + n0));
+        }
+        const __m512 e = blz_exp512(_mm512_sub_ps(_mm512_setzero_ps(), r));
+        const __m512 silu = _mm512_div_ps(r, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(out + row * nout + n0, k, _mm512_mul_ps(silu, u));
+    } else {
+        if (bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(k, bias + n0));
+        if (residual) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(k, residual + row * N + n0));
+        _mm512_mask_storeu_ps(out + row * N + n0, k, r);
+    }
 }
 #endif
 
