@@ -211,12 +211,12 @@ def test_16bit_kv_cache(tmp_path, kv):
 
 
 def test_kv_cache_dtype_choice(tmp_path):
-    """auto: float16 with block-quantized weights on the CPU (as llama.cpp), else the model dtype."""
+    """auto: float16 with quantized or 16-bit weights on the CPU (as llama.cpp), else the model dtype."""
     from blazr.errors import BlazrError
 
     _build("LlamaForCausalLM", tmp_path)
     assert LLM(tmp_path, cpu=True, quantize="int8").kv_dtype == torch.float16
-    assert LLM(tmp_path, cpu=True, quantize="bf16").kv_dtype == torch.float32  # not block-quantized
+    assert LLM(tmp_path, cpu=True, quantize="bf16").kv_dtype == torch.float16
     assert LLM(tmp_path, cpu=True, quantize="none").kv_dtype == torch.float32
     assert LLM(tmp_path, cpu=True, quantize="int8", kv_cache_dtype="float32").kv_dtype == torch.float32
     with pytest.raises(BlazrError, match="unknown kv cache dtype 'fp8'"):

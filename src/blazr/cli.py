@@ -47,8 +47,8 @@ def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
             "--kv-cache-dtype",
             default="auto",
             choices=["auto", "float32", "bfloat16", "float16"],
-            help="attention K/V cache element type: auto is float16 on the CPU with quantized weights "
-            "(as llama.cpp), else the model dtype",
+            help="attention K/V cache element type: auto is float16 on the CPU with quantized or 16-bit "
+            "weights (as llama.cpp), else the model dtype",
         )
 
 

@@ -73,16 +73,16 @@ def pick_dtype(name: str, device: torch.device, ckpt: Checkpoint) -> torch.dtype
 
 def pick_kv_dtype(name: str, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """Element type of the attention K/V cache. `auto`: float16 on the CPU when the linear weights are
-    block-quantized (as llama.cpp's default cache; half the bytes each decode step reads, and with 8-bit
-    activations the model is not an fp32 reference anyway), else the model dtype (exact reference path)."""
+    quantized or 16-bit (as llama.cpp's default cache: half the bytes each decode step reads, and such a
+    model is no fp32 reference anyway), else the model dtype (the exact reference path)."""
     if name != "auto":
         if name not in DTYPES:
             raise BlazrError(f"unknown kv cache dtype {name!r}; expected auto, {', '.join(DTYPES)}")
         return DTYPES[name]
     from blazr.model.qlinear import QuantizedLinear
 
-    is_block = any(isinstance(m, QuantizedLinear) and m.qweight.is_block for m in model.modules())
-    return torch.float16 if device.type == "cpu" and is_block else dtype
+    narrow = any(isinstance(m, QuantizedLinear) and m.kind != "f32" for m in model.modules())
+    return torch.float16 if device.type == "cpu" and narrow else dtype
 
 
 class LLM:

@@ -30,7 +30,9 @@
 #include "blazr_kernels.h"
 
 #define BLZ_RG 16 /* weight rows per packed group */
-#define BLZ_MT 8  /* activation rows per register tile */
+#ifndef BLZ_MT
+#define BLZ_MT 8 /* activation rows per register tile (≤ 16) */
+#endif
 #ifndef BLZ_PF_TILES
 #define BLZ_PF_TILES 4 /* software prefetch distance of the weight stream, in tiles (0: none) */
 #endif
@@ -190,17 +192,25 @@ static void group_dots(int kind, int mt, const uint8_t *wg, const act_t *a, int6
                        float acc[BLZ_MT][BLZ_RG]) {
 #ifdef BLZ_VNNI
 #define BLZ_CASE(K, MT)                          \
-    case (K) * BLZ_MT + (MT) - 1:                \
+    case (K) * 16 + (MT) - 1:                    \
         group_vnni((K), (MT), wg, a, m0, acc);  \
         return;
+#if BLZ_MT > 8
+#define BLZ_KIND_HI(K) \
+    BLZ_CASE(K, 9) BLZ_CASE(K, 10) BLZ_CASE(K, 11) BLZ_CASE(K, 12) BLZ_CASE(K, 13) BLZ_CASE(K, 14) BLZ_CASE(K, 15) BLZ_CASE(K, 16)
+#else
+#define BLZ_KIND_HI(K)
+#endif
 #define BLZ_KIND(K) \
-    BLZ_CASE(K, 1) BLZ_CASE(K, 2) BLZ_CASE(K, 3) BLZ_CASE(K, 4) BLZ_CASE(K, 5) BLZ_CASE(K, 6) BLZ_CASE(K, 7) BLZ_CASE(K, 8)
-    switch (kind * BLZ_MT + mt - 1) {
+    BLZ_CASE(K, 1) BLZ_CASE(K, 2) BLZ_CASE(K, 3) BLZ_CASE(K, 4) BLZ_CASE(K, 5) BLZ_CASE(K, 6) BLZ_CASE(K, 7) BLZ_CASE(K, 8) \
+    BLZ_KIND_HI(K)
+    switch (kind * 16 + mt - 1) {
         BLZ_KIND(BLZ_Q4_0)
         BLZ_KIND(BLZ_Q4_1)
         BLZ_KIND(BLZ_Q8_0)
     }
 #undef BLZ_KIND
+#undef BLZ_KIND_HI
 #undef BLZ_CASE
 #endif
     group_scalar(kind, mt, wg, a, m0, acc);
