@@ -228,3 +228,5 @@ class EngineConfig:
     max_waiting: int = 256
     # CPU decode steps of pure-attention models run as one recorded kernel plan (engine/decode_plan.py).
     fused_decode: bool = True
+    # CUDA decode steps of pure-attention models run as captured CUDA graphs (engine/cuda_graphs.py).
+    cuda_graphs: bool = True

@@ -6,8 +6,9 @@ positions [num_computed, num_computed + num_new); their cache slots come from th
 keys it may attend to are positions [0, num_computed + num_new).
 
 The decodes of a step run as one recorded kernel plan when the model allows it (`DecodePlan`: CPU float32
-pure-attention models), else — with quantized layers — the eager model inside `use_kernels()`; then the
-prefill chunks, if any, run the eager model. A decode token therefore takes the same path whatever else
+pure-attention models), as a captured CUDA graph on CUDA (`GraphDecoder`: pure-attention models), else —
+with quantized layers — the eager model inside `use_kernels()`; then the prefill chunks, if any, run the
+eager model. A decode token therefore takes the same path whatever else
 shares its step (quantized layers compute differently in the decode kernels than in the prefill GEMMs).
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from blazr.config import EngineConfig, ModelConfig
+from blazr.engine.cuda_graphs import GraphDecoder, is_supported
 from blazr.engine.decode_plan import DecodePlan
 from blazr.engine.scheduler import ScheduledBatch
 from blazr.engine.sequence import Sequence
@@ -80,10 +82,35 @@ class ModelRunner:
         self.slots = SlotAllocator(num_state_slots) if self.cache.has_state else None
         self.has_quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
         self.decode_plan = DecodePlan.create(model, self.cache, engine_cfg, device, dtype)
-        if self.decode_plan is not None:
-            lmax = self.decode_plan.max_len
+        self.graphs: GraphDecoder | None = None
+        if self.decode_plan is None and self.blocks is not None and is_supported(self.cfg):
+            self.graphs = GraphDecoder.create(model, self.cache, engine_cfg, self._pad_slot(), device)
+        fast = self.decode_plan or self.graphs
+        if fast is not None:
+            lmax = fast.max_len
             self._pos_block = torch.arange(lmax) // self.block_size  # [Lmax] block of each position
             self._pos_offset = torch.arange(lmax) % self.block_size  # [Lmax] offset within its block
+
+    def _pad_slot(self) -> int | None:
+        """A cache slot of a block reserved for the padding rows of graph-captured decode steps (None when
+        graphs cannot run here, so that no block is taken)."""
+        if not self.engine_cfg.cuda_graphs or self.device.type != "cuda" or self.blocks is None:
+            return None
+        return self.blocks.allocate(1)[0] * self.block_size
+
+    def enable_graphs(self, capture) -> GraphDecoder | None:
+        """Use graph-captured decode steps with this capture mechanism (tests: an eager stand-in on the CPU),
+        reserving a padding block; returns the decoder (None for an unsupported model)."""
+        assert self.blocks is not None
+        self.graphs = GraphDecoder.create(
+            self.model, self.cache, self.engine_cfg, self.blocks.allocate(1)[0] * self.block_size,
+            self.device, capture,
+        )  # fmt: skip
+        if self.graphs is not None:
+            lmax = self.graphs.max_len
+            self._pos_block = torch.arange(lmax) // self.block_size
+            self._pos_offset = torch.arange(lmax) % self.block_size
+        return self.graphs
 
     # ------------------------------------------------------------------------------------ batch build
 
@@ -158,9 +185,9 @@ class ModelRunner:
             for seq, n in zip(sched.seqs[:nd], sched.num_new_tokens[:nd], strict=True)
         )
 
-    def _run_decode_plan(self, plan: DecodePlan, seqs: list[Sequence]) -> StepLogits:
+    def _run_decode_plan(self, plan: DecodePlan | GraphDecoder, seqs: list[Sequence]) -> StepLogits:
         """The decode-only batch build (ids, positions, slots, block tables → kv_indices [B, L]) and the
-        plan's step."""
+        plan's (or graphs') step."""
         bs = self.block_size
         positions = [seq.num_computed_tokens for seq in seqs]
         max_len = max(positions) + 1
@@ -180,7 +207,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, sched: ScheduledBatch) -> StepLogits:
-        plan, nd, seqs = self.decode_plan, sched.num_decodes, sched.seqs
+        plan, nd, seqs = self.decode_plan or self.graphs, sched.num_decodes, sched.seqs
         if nd == 0:
             return self._run_eager(sched)
         if plan is not None and self._are_plain_decodes(sched, plan.max_len):

@@ -1,0 +1,184 @@
+"""GraphDecoder: the decode steps of a pure-attention model replayed as captured CUDA graphs — one launch per
+step instead of ~15 kernel launches per layer (small-batch decode on a GPU is launch-bound).
+
+A graph is captured lazily per (batch bucket, key bucket): the batch B rounded up to a power of two
+(≤ max_num_seqs rounded up), the longest sequence to a power of two ≥ MIN_KEYS (≤ the kv_indices width).
+Inside the graph each decode row attends to the bucket's keys with the positions past its own length (and
+outside its sliding window) masked off — the eager decode path's masked attention, the mask computed in
+the graph from the static `seq_lens` buffer. Padding rows (B below its bucket) decode token 0 at position 0
+into `pad_slot`, a cache slot the runner reserves, so they touch no real sequence's cache. Each replay
+copies the step's ids / positions / slots / block-table indices / lengths into static buffers and returns
+a view of the graph's logits buffer, valid until the next replay.
+
+The capture mechanism is a parameter: `torch.cuda.CUDAGraph` on CUDA; tests pass an eager stand-in that
+re-runs the captured function on replay, so bucketing, padding and masking are tested on the CPU.
+
+Shapes: B sequences, Bg its bucket, Lg key bucket, Lmax kv_indices width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from blazr.config import EngineConfig, ModelConfig
+from blazr.model.model import CausalLM
+from blazr.state.batch import ForwardBatch
+from blazr.state.kv_cache import ModelCache
+
+MIN_KEYS = 64  # smallest key bucket
+
+
+class Replay(Protocol):
+    def replay(self) -> None: ...
+
+
+Capture = Callable[[Callable[[], torch.Tensor]], tuple[Replay, torch.Tensor]]
+
+
+def cuda_capture(fn: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
+    """Capture `fn` as a CUDA graph (after warm-up runs on a side stream, as torch requires); returns the
+    graph and its output tensor, which every replay overwrites."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+def _bucket(n: int, lo: int = 1) -> int:
+    """The power of two ≥ max(n, lo)."""
+    return max(lo, 1 << (n - 1).bit_length())
+
+
+def is_supported(cfg: ModelConfig) -> bool:
+    """Every layer GQA attention + a dense MLP (no Mamba2 state, no MLA, no data-dependent MoE routing)."""
+    return all(
+        layer.attention is not None
+        and layer.mla is None
+        and layer.mamba is None
+        and layer.moe is None
+        and layer.mlp is not None
+        for layer in cfg.layers
+    )
+
+
+class GraphDecoder:
+    """Static input buffers for up to `max_seqs` decode rows and one captured graph per bucket."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: ModelCache,
+        max_seqs: int,
+        max_len: int,
+        pad_slot: int,
+        capture: Capture,
+        device: torch.device,
+    ) -> None:
+        self.model, self.cache, self.capture = model, cache, capture
+        self.max_len, self.pad_slot = max_len, pad_slot
+        self.max_bucket = _bucket(max_seqs)
+        Bm, dev = self.max_bucket, device
+        self.ids = torch.zeros(Bm, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(Bm, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((Bm,), pad_slot, dtype=torch.long, device=dev)
+        self.seq_lens = torch.ones(Bm, dtype=torch.long, device=dev)
+        self.kv_indices = torch.full((Bm, max_len), pad_slot, dtype=torch.long, device=dev)
+        self.cols = torch.arange(max_len, device=dev)
+        self.windows = sorted({layer.attention.sliding_window for layer in model.cfg.layers}, key=str)
+        self._graphs: dict[tuple[int, int], tuple[Replay, torch.Tensor]] = {}
+        self.num_runs = 0
+
+    @classmethod
+    def create(
+        cls,
+        model: CausalLM,
+        cache: ModelCache,
+        engine_cfg: EngineConfig,
+        pad_slot: int | None,
+        device: torch.device,
+        capture: Capture | None = None,
+    ) -> GraphDecoder | None:
+        """The decoder for `model`, or None when graphs are off (`engine_cfg.cuda_graphs`), there is no
+        padding slot, no capture mechanism (not CUDA) or the model is not pure attention."""
+        if capture is None and torch.device(device).type == "cuda":
+            capture = cuda_capture
+        if not engine_cfg.cuda_graphs or capture is None or pad_slot is None or not is_supported(model.cfg):
+            return None
+        bs = engine_cfg.block_size
+        max_len = -(-engine_cfg.max_model_len // bs) * bs
+        return cls(model, cache, engine_cfg.max_num_seqs, max_len, pad_slot, capture, device)
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The (batch, keys) buckets captured so far."""
+        return sorted(self._graphs)
+
+    def _step(self, Bg: int, Lg: int) -> torch.Tensor:
+        """One decode forward of the first Bg static rows over Lg keys (what the graph records)."""
+        lens = self.seq_lens[:Bg, None]  # [Bg, 1]
+        cols = self.cols[None, :Lg]  # [1, Lg]
+        masks = {}
+        for w in self.windows:
+            mask = cols < lens
+            if w is not None:
+                mask = mask & (cols > lens - 1 - w)
+            masks[(Bg, w)] = mask[:, None, None, :]  # [Bg, 1, 1, Lg]
+        batch = ForwardBatch(
+            positions=self.positions[:Bg],
+            query_lens=(1,) * Bg,
+            context_lens=(0,) * Bg,  # unused by decode rows: the masks above say which keys count
+            num_decodes=Bg,
+            logits_indices=torch.arange(Bg, device=self.ids.device),
+            slot_mapping=self.slot_mapping[:Bg],
+            kv_indices=self.kv_indices[:Bg, :Lg],
+            _masks=masks,
+        )
+        hidden = self.model(self.ids[:Bg], batch, self.cache)
+        return self.model.compute_logits(hidden)  # [Bg, V]
+
+    def _graph(self, Bg: int, Lg: int) -> tuple[Replay, torch.Tensor]:
+        entry = self._graphs.get((Bg, Lg))
+        if entry is None:
+            entry = self._graphs[(Bg, Lg)] = self.capture(lambda: self._step(Bg, Lg))
+        return entry
+
+    def run(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> torch.Tensor:
+        """One decode step of B sequences (same arguments as DecodePlan.run, CPU tensors). Returns the
+        logits [B, V] — a view of the graph's output, valid until the next run."""
+        B, width = kv_indices.shape
+        if not (0 < B <= self.max_bucket and width <= self.max_len):
+            raise ValueError(
+                f"graph decode: {B} sequences × {width} slots, at most {self.max_bucket} × {self.max_len}"
+            )
+        Bg, Lg = _bucket(B), min(self.max_len, _bucket(width, MIN_KEYS))
+        self.ids[:B].copy_(ids)
+        self.positions[:B].copy_(positions)
+        self.slot_mapping[:B].copy_(slot_mapping)
+        self.seq_lens[:B].copy_(seq_lens)
+        self.kv_indices[:B, :width].copy_(kv_indices)
+        if Bg > B:  # padding rows: token 0 at position 0, written to and reading only the padding slot
+            self.ids[B:Bg] = 0
+            self.positions[B:Bg] = 0
+            self.slot_mapping[B:Bg] = self.pad_slot
+            self.seq_lens[B:Bg] = 1
+            self.kv_indices[B:Bg, :Lg] = self.pad_slot
+        graph, out = self._graph(Bg, Lg)
+        graph.replay()
+        self.num_runs += 1
+        return out[:B]
