@@ -12,7 +12,7 @@ warm-up, with the same prompts for every engine:
 Also checked (printed): blazr's greedy tokens with graphs against its eager ones, and its bf16 logits
 against transformers' on the same weights. Not part of `make test`; run on a CUDA machine:
 
-    python benchmarks/cuda.py [--model PATH] [--prompt-len 512] [--gen 128] [--batches 1,4,16,64]
+    python benchmarks/gpu.py [--model PATH] [--prompt-len 512] [--gen 128] [--batches 1,4,16,64]
 """
 
 from __future__ import annotations
