@@ -1,53 +1,70 @@
-"""Side-by-side speed table: blazr vs transformers vs llama.cpp (llama-cpp-python) on the embedded
-SmolLM2-135M-Instruct, batch 1, same prompt, same thread count, one run of this script.
+"""Speed report (what `make bench` runs): blazr vs llama.cpp (llama-cpp-python) vs transformers on the CPU.
 
-Matched weight precision: blazr keeping the GGUF's Q4_1 blocks vs llama.cpp on the same Q4_1 file; blazr's
-16-bit path (bf16 weights) vs llama.cpp on an F16 GGUF made from the same file by llama.cpp's own
-quantizer (`llama_model_quantize`, F16, requantize allowed); float32 rows for reference. Ratios are
-against the llama.cpp row of the same precision.
+    python benchmarks/run.py [--prompt-len 512] [--batch-prompt-len 128] [--gen 64] [--rounds 5]
+                             [--threads N] [--skip NAME]... [--quick]
 
-    prefill tok/s  — a 512-token prompt processed once (time to first token)
-    decode tok/s   — tokens 2..N generated after that prompt (context ≈ 512)
+Prints progress to stderr and a markdown report to stdout (`python benchmarks/run.py > table.md`):
 
-Each figure is the median of --repeats runs after a warm-up. Peers that are not installed are listed as
-missing (`make bench` installs them). Not part of `make test`: speed is measured here, never asserted.
+Table 1 — one sequence, SmolLM2-135M-Instruct (the embedded Q4_1 GGUF), batch 1, one fixed random prompt of
+--prompt-len tokens, --gen greedy tokens, the same --threads for every engine:
+    prefill tok/s  = prompt_len / time to the first token
+    decode tok/s   = (gen - 1) / time from the first token to the last (context ≈ prompt_len)
+Matched weight precision: blazr keeping the GGUF's Q4_1 blocks vs llama.cpp on the same file; blazr's 16-bit
+path (bf16 weights) vs llama.cpp on an F16 GGUF made from the same file by llama.cpp's own quantizer;
+float32 rows and transformers (dequantized GGUF, float32 and bfloat16; greedy with its KV cache and the
+last position's logits only, as `generate` does) for reference. "× llama.cpp" is against the llama.cpp row
+of the same precision (the Q4_1 row for rows without one), "× transformers" against the best transformers
+decode.
+
+Table 2 — continuous batching, blazr Q4_1 in one engine: 1, 4, 8, 16 concurrent sequences, each its own
+random prompt of --batch-prompt-len tokens and --gen greedy tokens (ignore_eos). All requests are added,
+the engine steps until every sequence has its first token (prefill, not timed), then the remaining steps
+are timed: aggregate decode tok/s = tokens generated in those steps / their time.
+
+Table 3 — hybrid models (benchmarks/hybrid.py): random oxidizr-nano-shaped checkpoints (Mamba2 + MLA/MoE,
+Mamba2 only) and a tiny GraniteMoeHybrid, prefill tok/s and decode ms/token versus context, MoE cost
+versus number of experts. --quick shrinks its contexts (64 / 256 / 1024 instead of 128 / 512 / 4096).
+
+Noise handling (the machine may be shared): in tables 1 and 2 every engine (concurrency level) is loaded
+once and then measured in --rounds interleaved rounds, each running every engine (level) once, after one
+warm-up round (in table 2 a short one: 8 tokens per level); the figure reported is the median over rounds,
+and the spread over rounds, (max - min) / median, is shown with each table. A slow period thus hits all
+engines alike, and ratios within one run are what to compare. The order within a round rotates from round
+to round. All engines live in one process (llama.cpp's threads were
+measured not to slow blazr's); each is loaded when first needed and freed after its table. Table 3 runs its
+models one after another (medians of --rounds runs after a warm-up). Peers that are not installed are
+listed as missing (`make bench` installs them). Speed is reported here, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import gc
 import importlib.metadata as md
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+Timing = tuple[float, float]  # (seconds to the first token, seconds from the first token to the last)
+Runner = Callable[[], Timing]  # one generation of --gen tokens after the prompt
 
-@dataclass
-class Result:
-    engine: str
-    weights: str
-    prefill_tok_s: float
-    decode_tok_s: float
-    precision: str = ""  # rows of one precision are compared with llama.cpp's row of it
+SMOLLM2_VOCAB = 49152
+BATCH_LEVELS = (1, 4, 8, 16)
+SKIP_NAMES = ("llama.cpp", "blazr", "transformers", "batching", "hybrid")
 
 
-def _median_rates(
-    run: Callable[[], tuple[float, float]], repeats: int, prompt_len: int, gen: int
-) -> tuple[float, float]:
-    run()  # warm-up
-    prefill, decode = [], []
-    for _ in range(repeats):
-        t_prefill, t_decode = run()
-        prefill.append(prompt_len / t_prefill)
-        decode.append((gen - 1) / t_decode)
-    return statistics.median(prefill), statistics.median(decode)
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def prompt_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
@@ -55,52 +72,57 @@ def prompt_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
     return torch.randint(100, vocab - 100, (n,), generator=g).tolist()
 
 
-# ----------------------------------------------------------------------------------------- engines
+def spread(values: list[float]) -> float:
+    """(max - min) / median: how much the rounds disagreed."""
+    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
 
 
-def bench_blazr(
-    label: str, precision: str, ids: list[int], gen: int, repeats: int, model: Path | None = None, **kw
-) -> Result:
+# ---------------------------------------------------------------------------------- table 1: engines
+
+
+def load_blazr(ids: list[int], gen: int, model: Path | None = None, **kw: Any) -> Runner:
     from blazr import LLM, SamplingParams
 
     llm = LLM(model, cpu=True, max_model_len=len(ids) + gen + 8, **kw)
     params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
 
-    def run() -> tuple[float, float]:
+    def run() -> Timing:
         t0 = time.perf_counter()
         first = None
         for _ in llm.stream_ids(ids, params):
             if first is None:
                 first = time.perf_counter()
         end = time.perf_counter()
+        assert first is not None
         return first - t0, end - first
 
-    p, d = _median_rates(run, repeats, len(ids), gen)
-    return Result("blazr", label, p, d, precision)
+    return run
 
 
-def bench_transformers(dtype: torch.dtype, ids: list[int], gen: int, repeats: int) -> Result:
+def load_transformers(dtype: torch.dtype, ids: list[int], gen: int) -> Runner:
+    """Greedy decoding with the model's KV cache, logits of the last position only (as `generate` does)."""
     from transformers import AutoModelForCausalLM
 
     from blazr.detect import default_model_path
 
     path = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    linear = model.get_submodule("model.layers.0.mlp.down_proj")  # transformers may warn it stays packed
+    log(f"# transformers: {type(linear).__name__} weights in {linear.weight.dtype} (dequantized at load)")
     x = torch.tensor([ids])
 
     @torch.inference_mode()
-    def run() -> tuple[float, float]:
+    def run() -> Timing:
         t0 = time.perf_counter()
-        out = model(input_ids=x, use_cache=True)
+        out = model(input_ids=x, use_cache=True, logits_to_keep=1)
         t1 = time.perf_counter()
         past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
         for _ in range(gen - 1):
-            out = model(input_ids=tok, past_key_values=past, use_cache=True)
+            out = model(input_ids=tok, past_key_values=past, use_cache=True, logits_to_keep=1)
             past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
         return t1 - t0, time.perf_counter() - t1
 
-    p, d = _median_rates(run, repeats, len(ids), gen)
-    return Result("transformers", f"{str(dtype).removeprefix('torch.')} (dequantized GGUF)", p, d)
+    return run
 
 
 def f16_gguf(q4_path: Path) -> Path:
@@ -119,9 +141,7 @@ def f16_gguf(q4_path: Path) -> Path:
     return out
 
 
-def bench_llama_cpp(
-    path: Path, label: str, precision: str, ids: list[int], gen: int, repeats: int, threads: int
-) -> Result:
+def load_llama_cpp(path: Path, ids: list[int], gen: int, threads: int) -> Runner:
     from llama_cpp import Llama
 
     llm = Llama(
@@ -133,7 +153,7 @@ def bench_llama_cpp(
         verbose=False,
     )
 
-    def run() -> tuple[float, float]:
+    def run() -> Timing:
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(ids)
@@ -143,11 +163,191 @@ def bench_llama_cpp(
             llm.eval([tok])
         return t1 - t0, time.perf_counter() - t1
 
-    p, d = _median_rates(run, repeats, len(ids), gen)
-    return Result("llama.cpp", label, p, d, precision)
+    return run
 
 
-# ------------------------------------------------------------------------------------------ report
+@dataclass
+class Row:
+    """One engine of table 1: how to load it, and its rates per round."""
+
+    engine: str
+    weights: str
+    precision: str  # rows of one precision are compared with llama.cpp's row of it ("q4" when it has none)
+    load: Callable[[], Runner]
+    run: Runner | None = None
+    missing: str = ""
+    prefill: list[float] = field(default_factory=list)
+    decode: list[float] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine} {self.weights}"
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return statistics.median(self.prefill)
+
+    @property
+    def decode_tok_s(self) -> float:
+        return statistics.median(self.decode)
+
+
+def single_rows(ids: list[int], gen: int, threads: int) -> list[Row]:
+    from blazr.detect import default_model_path
+
+    q4 = default_model_path()
+    f32, bf16 = torch.float32, torch.bfloat16
+    return [
+        Row("llama.cpp", "Q4_1 GGUF", "q4", lambda: load_llama_cpp(q4, ids, gen, threads)),
+        Row("blazr", "Q4_1 GGUF kept quantized", "q4", lambda: load_blazr(ids, gen)),
+        Row("llama.cpp", "F16 GGUF", "16", lambda: load_llama_cpp(f16_gguf(q4), ids, gen, threads)),
+        Row("blazr", "F16 GGUF as bf16", "16", lambda: load_blazr(ids, gen, f16_gguf(q4), quantize="bf16")),
+        Row("blazr", "float32 (dequantized GGUF)", "32", lambda: load_blazr(ids, gen, quantize="none")),
+        Row("transformers", "float32 (dequantized GGUF)", "", lambda: load_transformers(f32, ids, gen)),
+        Row("transformers", "bfloat16 (dequantized GGUF)", "", lambda: load_transformers(bf16, ids, gen)),
+    ]
+
+
+def measure_single(rows: list[Row], rounds: int, prompt_len: int, gen: int) -> list[Row]:
+    """A warm-up round (loading each engine before its first run), then `rounds` interleaved rounds.
+
+    Returns the rows measured (not those whose peer is missing)."""
+    for r in range(rounds + 1):
+        live = [row for row in rows if not row.missing]
+        shift = r % len(live) if live else 0
+        for row in live[shift:] + live[:shift]:
+            if row.run is None:
+                log(f"# loading {row.name}")
+                t0 = time.perf_counter()
+                try:
+                    row.run = row.load()
+                except ImportError as e:
+                    row.missing = e.name or str(e)
+                    log(f"# {row.engine}: not installed ({row.missing}); run `make bench`")
+                    continue
+                log(f"# loaded in {time.perf_counter() - t0:.1f} s")
+            t_prefill, t_decode = row.run()
+            p, d = prompt_len / t_prefill, (gen - 1) / t_decode
+            if r:
+                row.prefill.append(p)
+                row.decode.append(d)
+            what = f"round {r}/{rounds}" if r else "warm-up"
+            log(f"# {what}: {row.name}: prefill {p:.0f} tok/s, decode {d:.1f} tok/s")
+    for row in rows:
+        row.run = None  # frees the engine
+    gc.collect()
+    return [row for row in rows if row.prefill]
+
+
+def single_table(rows: list[Row]) -> str:
+    """Ratios against llama.cpp's row of the same precision (the Q4 row for the fp32 / transformers rows) and
+    against the best transformers decode."""
+    bases = {r.precision: r for r in rows if r.engine == "llama.cpp"}
+    hf = max((r.decode_tok_s for r in rows if r.engine == "transformers"), default=None)
+    lines = [
+        "| engine | weights | prefill tok/s | decode tok/s | prefill × llama.cpp | decode × llama.cpp "
+        "| decode × transformers |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        base = bases.get(r.precision) or bases.get("q4")
+        rp = f"{r.prefill_tok_s / base.prefill_tok_s:.2f}" if base else "–"
+        rd = f"{r.decode_tok_s / base.decode_tok_s:.2f}" if base else "–"
+        rt = f"{r.decode_tok_s / hf:.2f}" if hf else "–"
+        rates = f"{r.prefill_tok_s:.0f} | {r.decode_tok_s:.1f}"
+        lines.append(f"| {r.engine} | {r.weights} | {rates} | {rp} | {rd} | {rt} |")
+    return "\n".join(lines)
+
+
+def spread_note(rows: list[Row]) -> str:
+    if not rows or len(rows[0].decode) < 2:
+        return ""
+    parts = [
+        f"{r.engine} {r.weights.split(' (')[0]} {spread(r.prefill):.0%} / {spread(r.decode):.0%}"
+        for r in rows
+    ]
+    return "Spread over rounds, (max − min) / median, prefill / decode: " + "; ".join(parts) + "."
+
+
+# -------------------------------------------------------------------------- table 2: continuous batching
+
+
+class Batching:
+    """blazr Q4_1 in one engine, driven step by step: aggregate decode tok/s of n concurrent sequences."""
+
+    def __init__(self, prompt_len: int, gen: int) -> None:
+        from blazr import LLM, SamplingParams
+
+        self.llm = LLM(
+            None,
+            cpu=True,
+            max_num_seqs=max(BATCH_LEVELS),
+            max_num_batched_tokens=2048,
+            max_model_len=prompt_len + gen + 8,
+        )
+        self.prompts = [prompt_ids(prompt_len, SMOLLM2_VOCAB, seed=1 + i) for i in range(max(BATCH_LEVELS))]
+        self.params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
+        self.warm = SamplingParams(temperature=0, max_tokens=min(gen, 8), ignore_eos=True)
+        self.count = 0
+
+    def run(self, n: int, warm_up: bool = False) -> tuple[float, int]:
+        """(aggregate decode tok/s, tokens counted): prefill untimed, then the remaining steps timed."""
+        eng = self.llm.engine
+        for i in range(n):
+            self.count += 1
+            eng.add_request(f"bench-{self.count}", self.prompts[i], self.warm if warm_up else self.params)
+        while any(not s.output_ids for req in eng.requests.values() for s in req.seqs):
+            eng.step()
+        t0 = time.perf_counter()
+        tokens = 0
+        while eng.has_unfinished():
+            tokens += sum(len(out.token_ids) for out in eng.step())
+        return tokens / (time.perf_counter() - t0), tokens
+
+
+def measure_batching(prompt_len: int, gen: int, rounds: int) -> dict[int, list[float]]:
+    log("# loading blazr Q4_1 GGUF for continuous batching")
+    bench = Batching(prompt_len, gen)
+    for n in BATCH_LEVELS:  # warm-up: records the decode plan of each batch size
+        bench.run(n, warm_up=True)
+    rates: dict[int, list[float]] = {n: [] for n in BATCH_LEVELS}
+    for r in range(rounds):
+        shift = r % len(BATCH_LEVELS)
+        for n in BATCH_LEVELS[shift:] + BATCH_LEVELS[:shift]:
+            rate, tokens = bench.run(n)
+            expected = n * (gen - 1)
+            note = "" if tokens == expected else f" (expected {expected}: some decode ran during prefill)"
+            log(f"# round {r + 1}/{rounds}: {n} sequences: {rate:.1f} tok/s, {tokens} tokens{note}")
+            rates[n].append(rate)
+    del bench
+    gc.collect()
+    return rates
+
+
+def batching_table(rates: dict[int, list[float]]) -> str:
+    one = statistics.median(rates[1])
+    lines = [
+        "| sequences | aggregate decode tok/s | ms / decode step | × one sequence | spread over rounds |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n, values in rates.items():
+        agg = statistics.median(values)
+        noise = f"{spread(values):.0%}" if len(values) > 1 else "–"
+        lines.append(f"| {n} | {agg:.1f} | {n / agg * 1e3:.1f} | {agg / one:.2f} | {noise} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- header
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def machine() -> str:
@@ -159,85 +359,131 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    flags = cpu_flags()
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+    have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in wanted)
+    return (
+        f"{cpu}, {os.cpu_count()} cores ({usable} usable), torch threads {torch.get_num_threads()}, "
+        f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; flags: {have}"
+    )
+
+
+def llama_cpp_build() -> str:
+    try:
+        import llama_cpp
+    except ImportError:
+        return "not installed"
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    on = [kv.split("=")[0].strip() for kv in info.split("|") if kv.strip().endswith("= 1")]
+    return " ".join(on) or info.strip()
 
 
 def versions() -> str:
-    out = []
+    out = [f"python {platform.python_version()}"]
     for pkg in ("blazr", "torch", "transformers", "llama-cpp-python"):
         try:
             out.append(f"{pkg} {md.version(pkg)}")
         except md.PackageNotFoundError:
             out.append(f"{pkg} (not installed)")
+    try:
+        repo = Path(__file__).resolve().parents[1]
+        git = ["git", "-C", str(repo)]
+        rev = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+        out[1] += f" (git {rev.stdout.strip()}{', modified' if dirty.stdout.strip() else ''})"
+    except (OSError, subprocess.CalledProcessError):
+        pass
     return ", ".join(out)
 
 
-def table(results: list[Result]) -> str:
-    """Ratios against llama.cpp's row of the same precision (the Q4 row for the fp32 / transformers rows)."""
-    bases = {r.precision: r for r in results if r.engine == "llama.cpp"}
-    rows = [
-        "| engine | weights | prefill tok/s | decode tok/s | prefill × llama.cpp | decode × llama.cpp |",
-        "|---|---|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        base = bases.get(r.precision) or bases.get("q4")
-        rp = f"{r.prefill_tok_s / base.prefill_tok_s:.2f}" if base else "–"
-        rd = f"{r.decode_tok_s / base.decode_tok_s:.2f}" if base else "–"
-        rows.append(
-            f"| {r.engine} | {r.weights} | {r.prefill_tok_s:.0f} | {r.decode_tok_s:.1f} | {rp} | {rd} |"
-        )
-    return "\n".join(rows)
+# --------------------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=512, help="table 1 prompt length (default 512)")
+    ap.add_argument("--batch-prompt-len", type=int, default=128, help="table 2 prompt length (default 128)")
+    ap.add_argument("--gen", type=int, default=64, help="tokens generated per sequence (default 64)")
+    ap.add_argument("--rounds", type=int, default=5, help="measured rounds; medians reported (default 5)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--skip", action="append", default=[], help="blazr | transformers | llama.cpp")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    from blazr.detect import default_model_path
-
-    ids = prompt_ids(args.prompt_len, 49152)
-    results: list[Result] = []
-    q4 = default_model_path()
-    n, reps, t = args.gen, args.repeats, args.threads
-    jobs: list[tuple[str, Callable[[], Result]]] = [
-        ("llama.cpp", lambda: bench_llama_cpp(q4, "Q4_1 GGUF", "q4", ids, n, reps, t)),
-        ("blazr", lambda: bench_blazr("Q4_1 GGUF kept quantized", "q4", ids, n, reps)),
-        ("llama.cpp", lambda: bench_llama_cpp(f16_gguf(q4), "F16 GGUF", "16", ids, n, reps, t)),
-        (
-            "blazr",
-            lambda: bench_blazr("F16 GGUF as bf16", "16", ids, n, reps, f16_gguf(q4), quantize="bf16"),
-        ),
-        ("blazr", lambda: bench_blazr("float32 (dequantized GGUF)", "32", ids, n, reps, quantize="none")),
-        ("transformers", lambda: bench_transformers(torch.float32, ids, n, reps)),
-        ("transformers", lambda: bench_transformers(torch.bfloat16, ids, n, reps)),
-    ]
-    for name, job in jobs:
-        if name in args.skip:
-            continue
-        try:
-            r = job()
-        except ImportError as e:
-            print(f"# {name}: not installed ({e.name}); run `make bench`", file=sys.stderr)
-            continue
-        results.append(r)
-        print(
-            f"# {r.engine} {r.weights}: prefill {r.prefill_tok_s:.0f} tok/s, "
-            f"decode {r.decode_tok_s:.1f} tok/s",
-            file=sys.stderr,
-            flush=True,
-        )
-    print(
-        f"SmolLM2-135M-Instruct, batch 1, prompt {args.prompt_len} tokens, {args.gen} generated, "
-        f"median of {args.repeats}"
+    ap.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=SKIP_NAMES,
+        help="leave out table 1's rows of an engine (llama.cpp, blazr, transformers), or table 2 (batching) "
+        "or 3 (hybrid); may be repeated",
     )
-    print(f"machine: {machine()}")
-    print(f"versions: {versions()}\n")
-    print(table(results))
+    ap.add_argument("--quick", action="store_true", help="table 3 at shorter contexts")
+    args = ap.parse_args(argv)
+    if args.gen < 2 or args.rounds < 1:
+        ap.error("--gen must be ≥ 2 and --rounds ≥ 1")
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    n, rounds = args.gen, args.rounds
+    how = f"median of {rounds} interleaved round{'s' if rounds > 1 else ''} after a warm-up round"
+    report = [
+        "# blazr speed report",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {machine()}",
+        f"- versions: {versions()}",
+        f"- llama.cpp build: {llama_cpp_build()}",
+        f"- threads: {args.threads} for every engine",
+    ]
+
+    ids = prompt_ids(args.prompt_len, SMOLLM2_VOCAB)
+    rows = [r for r in single_rows(ids, n, args.threads) if r.engine not in args.skip]
+    if rows:
+        t0 = time.perf_counter()
+        measured = measure_single(rows, rounds, args.prompt_len, n)
+        log(f"# table 1 done in {time.perf_counter() - t0:.0f} s")
+        report += [
+            "",
+            "## 1. One sequence: SmolLM2-135M-Instruct, batch 1",
+            "",
+            f"Prompt {args.prompt_len} random tokens, {n} greedy tokens generated; {how}.",
+            "",
+            single_table(measured),
+            "",
+            "× llama.cpp: against llama.cpp's row of the same precision (Q4_1 for the float32 and "
+            "transformers rows); × transformers: against the best transformers decode.",
+        ]
+        if note := spread_note(measured):
+            report += ["", note]
+        missing = sorted({r.engine for r in rows if r.missing})
+        if missing:
+            report += ["", f"Not installed (run `make bench`): {', '.join(missing)}."]
+
+    if "batching" not in args.skip:
+        t0 = time.perf_counter()
+        rates = measure_batching(args.batch_prompt_len, n, rounds)
+        log(f"# table 2 done in {time.perf_counter() - t0:.0f} s")
+        report += [
+            "",
+            "## 2. Continuous batching: blazr, SmolLM2-135M-Instruct Q4_1",
+            "",
+            f"Each sequence: its own random prompt of {args.batch_prompt_len} tokens, {n} greedy tokens "
+            f"(ignore_eos); decode steps only (timed after every sequence has its first token); {how}.",
+            "",
+            batching_table(rates),
+        ]
+
+    if "hybrid" not in args.skip:
+        import hybrid  # benchmarks/hybrid.py: this script's folder is first on the import path
+
+        contexts = hybrid.QUICK_CONTEXTS if args.quick else hybrid.CONTEXTS
+        t0 = time.perf_counter()
+        report += ["", "## 3. Hybrid models (random weights)", "", hybrid.report(rounds, "float32", contexts)]
+        log(f"# table 3 done in {time.perf_counter() - t0:.0f} s")
+
+    print("\n".join(report))
+    log(f"# done in {time.perf_counter() - started:.0f} s")
     return 0
 
 
