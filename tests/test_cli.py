@@ -54,6 +54,18 @@ def test_generate_reads_the_prompt_from_stdin(tiny):
     assert blazr(*args, stdin="Hello there").stdout == blazr(*args, "--prompt", "Hello there").stdout
 
 
+def test_kv_cache_dtype_flag(tiny):
+    for kv in ("bfloat16", "float16"):
+        r = blazr(
+            "generate", "--model", str(tiny), "--prompt", "Hi", "--max-tokens", "3", "--temperature", "0",
+            "--cpu", "--kv-cache-dtype", kv, "--log-level", "info",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert f"kv cache {kv})" in r.stderr
+    r = blazr("generate", "--model", str(tiny), "--prompt", "Hi", "--kv-cache-dtype", "fp8")
+    assert r.returncode != 0 and "invalid choice: 'fp8'" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_info_reports_the_detected_model(tiny):
     r = blazr("info", "--model", str(tiny))
     assert r.returncode == 0, r.stderr

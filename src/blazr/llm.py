@@ -136,10 +136,11 @@ class LLM:
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config)
         self.load_seconds = time.perf_counter() - t0
         log.info(
-            "loaded %s (%s, %s) in %.1fs",
+            "loaded %s (%s, %s, kv cache %s) in %.1fs",
             self.checkpoint.name,
             self.config.architecture,
-            self.dtype,
+            str(self.dtype).removeprefix("torch."),
+            str(self.kv_dtype).removeprefix("torch."),
             self.load_seconds,
         )
 
