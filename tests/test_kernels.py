@@ -238,12 +238,14 @@ def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int,
 
 
 def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
-    """A batched call (M tiles of 4 rows + a tail) equals one call per row, bit for bit."""
-    x = torch.randn(7, 576)
+    """A batched call (tiles of 4 x rows + a tail; bf16 also 4 weight rows + a tail, and 128-row passes)
+    equals one call per row, bit for bit."""
+    x = torch.randn(131, 576)
     for kind in ("q4_1", "q8_0", "bf16", "f32"):
-        qw = quantize(_weights(40, 576), kind)
-        rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(7)])
+        qw = quantize(_weights(43, 576), kind)
+        rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
         torch.testing.assert_close(lib.linear(x, qw), rows, rtol=0, atol=0)
+        torch.testing.assert_close(lib.linear(x[5:12], qw), rows[5:12], rtol=0, atol=0)
 
 
 def test_linear_smollm2_gguf_tensor(native: ops.Kernels) -> None:

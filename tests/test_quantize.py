@@ -154,6 +154,25 @@ def test_in_situ_quantization_invariants(tiny_llama: Path) -> None:
     assert [r.outputs[0].token_ids for r in llm.generate(batch, params)] == alone
 
 
+def test_dense_prefill_copies(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the loader keeps dense copies for prefill GEMMs (AMX CPUs: bf16), every quantized layer gets
+    one except the lm_head, whose logits must stay fp32: the prompt's logits equal the kernel path's."""
+    import blazr.loading.loader as loader
+
+    plain = LLM(tiny_llama, cpu=True, dtype="float32", quantize="int8")
+    monkeypatch.setattr(loader, "prefill_dtype", lambda: torch.bfloat16)
+    dense = LLM(tiny_llama, cpu=True, dtype="float32", quantize="int8")
+    layers = quantized_layers(dense)
+    assert layers["lm_head"].dense is None
+    assert all(
+        m.dense is not None and m.dense.dtype == torch.bfloat16 for n, m in layers.items() if n != "lm_head"
+    )
+    hidden = torch.randn(3, dense.config.hidden_size)
+    torch.testing.assert_close(
+        dense.model.compute_logits(hidden), plain.model.compute_logits(hidden), rtol=0, atol=0
+    )
+
+
 def test_quantize_needs_cpu_float32(tiny_llama: Path) -> None:
     with pytest.raises(UnsupportedError, match="--quantize int8 runs on blazr's CPU kernels"):
         LLM(tiny_llama, cpu=True, dtype="bfloat16", quantize="int8")

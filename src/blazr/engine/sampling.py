@@ -179,11 +179,13 @@ def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:
     if any(r.params.logit_bias or r.params.has_penalties or r.params.min_tokens for r in rows):
         logits = apply_penalties(logits, rows)
     greedy = [b for b, r in enumerate(rows) if r.params.is_greedy]
-    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-    if greedy:
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
     rest = [b for b, r in enumerate(rows) if not r.params.is_greedy]
-    if rest:
+    if not rest:  # all greedy (the common case): no gathers
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        if greedy:
+            tokens[greedy] = logits[greedy].argmax(dim=-1)
         tokens[rest] = _filter_and_draw(logits[rest], [rows[b] for b in rest])
     result = SampleResult(tokens.tolist(), None, None, None)
     if raw_logprobs is not None:

@@ -125,8 +125,8 @@ def quantize_model(
                 continue
         else:
             qw = quantize(weight.detach().float(), _ISQ_KIND[mode])
-        if dense_dtype is None:
-            dense = None
+        if dense_dtype is None or name == "lm_head":
+            dense = None  # the lm_head sees a few rows per step, and its logits stay fp32 (no bf16 GEMM)
         elif qw.kind == "bf16" and dense_dtype == torch.bfloat16:
             dense = qw.data  # the same tensor: no second copy
         else:
