@@ -49,9 +49,10 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
 }
 
 /* bf16 tiles: BF16_NR weight rows × BF16_MR x rows, one fp32 accumulator per (row, x row) pair. */
-#define BF16_NR 4       /* = the lanes of bf16_hsum4 */
-#define BF16_MR 4       /* 16 accumulators; 5 or 6 measured no faster, 8 × 3 slower (Zen 4) */
+#define BF16_NR 4         /* = the lanes of bf16_hsum4 */
+#define BF16_MR 4         /* 16 accumulators; 5 or 6 measured no faster, 8 × 3 slower (Zen 4) */
 #define BF16_MCHUNK 128   /* x rows per pass over the weights: their bf16 copy stays in L2 */
+#define BF16_PF 4096      /* software prefetch distance of a weight row stream into L2, in weights (8 KB) */
 #define BF16_ROWWISE_M 8  /* up to 8 x rows: weight rows one at a time (bf16_row) */
 
 #ifdef BLZ_BF16
@@ -70,10 +71,12 @@ BLZ_INLINE __m128 bf16_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 /* res[n][m] = Σ_k w[n·K + k] · xb[m·ldx + k] for n < nt (≤ BF16_NR), m < mt (≤ BF16_MR, a compile-time
  * constant at each call): weight rows bf16 bits, x rows bf16 zero-padded to ldx (a multiple of 32).
+ * pf: prefetch the weight rows BF16_PF ahead (the first x tile of a pass, which reads them from memory;
+ * M = 16 decode: 27-29 vs 41 ms for SmolLM2's linears).
  * Products are exact (vdpbf16ps), sums fp32 in a fixed order: 32-element chunks in sequence per lane,
  * then bf16_hsum4. The scalar fallback sums in plain loops. */
 BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *restrict w, int64_t K,
-                          const uint16_t *restrict xb, int64_t ldx, float res[BF16_NR][BF16_MR]) {
+                          const uint16_t *restrict xb, int64_t ldx, float res[BF16_NR][BF16_MR], const int pf) {
 #ifdef BLZ_BF16
     const uint16_t *wr[BF16_NR];
     for (int n = 0; n < BF16_NR; ++n) wr[n] = w + (n < nt ? n : nt - 1) * K; /* spare rows: discarded */
@@ -84,6 +87,8 @@ BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *restrict w
     for (; k + 32 <= K; k += 32) {
         __m512i wv[BF16_NR];
         for (int n = 0; n < BF16_NR; ++n) wv[n] = _mm512_loadu_si512(wr[n] + k);
+        if (pf)
+            for (int n = 0; n < BF16_NR; ++n) _mm_prefetch((const char *)(wr[n] + k + BF16_PF), _MM_HINT_T1);
         for (int m = 0; m < mt; ++m) {
             const __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + m * ldx + k);
             for (int n = 0; n < BF16_NR; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, (__m512bh)wv[n]);
@@ -118,7 +123,9 @@ BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *restrict w
 /* bf16_tile for one weight row (nt = 1) walked alone: the same sums in the same order (bf16_hsum4 with
  * zero vectors beside), reading the weights as one sequential stream. Small M is bandwidth-bound, and
  * there the tile's four interleaved row streams prefetch badly (Zen 4, SmolLM2's linears at M = 1:
- * 14 GB/s in 4-row tiles, 25 GB/s row by row; M = 16: tiles 15% faster). */
+ * 14 GB/s in 4-row tiles, 25 GB/s row by row; M = 16: tiles 15% faster). From 2 rows on, the longer
+ * work per weight row lets the hardware prefetcher fall behind: fetching 8 KB ahead into L2 measured
+ * 1.8x faster at M = 4 (10.1 vs 18.5 ms for SmolLM2's linears) and no different at M = 1. */
 BLZ_INLINE void bf16_row(const int mt, const uint16_t *restrict w, int64_t K, const uint16_t *restrict xb,
                          int64_t ldx, float *restrict res) {
 #ifdef BLZ_BF16
@@ -126,6 +133,7 @@ BLZ_INLINE void bf16_row(const int mt, const uint16_t *restrict w, int64_t K, co
     for (int m = 0; m < BF16_MR; ++m) acc[m] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
+        if (mt >= 2) _mm_prefetch((const char *)(w + k + BF16_PF), _MM_HINT_T1);
         const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
         for (int m = 0; m < mt; ++m)
             acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_loadu_si512(xb + m * ldx + k), wv);
@@ -140,7 +148,7 @@ BLZ_INLINE void bf16_row(const int mt, const uint16_t *restrict w, int64_t K, co
     for (int m = 0; m < mt; ++m) res[m] = _mm_cvtss_f32(bf16_hsum4(acc[m], z, z, z));
 #else
     float r[BF16_NR][BF16_MR];
-    bf16_tile(mt, 1, w, K, xb, ldx, r);
+    bf16_tile(mt, 1, w, K, xb, ldx, r, 0);
     for (int m = 0; m < mt; ++m) res[m] = r[0][m];
 #endif
 }
@@ -230,8 +238,9 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
                 for (int64_t m0 = mc; m0 < mend; m0 += BF16_MR) {
                     const int mt = (int)blz_min(BF16_MR, mend - m0);
                     float r[BF16_NR][BF16_MR], g[BF16_NR][BF16_MR];
-                    BLZ_TILE_SWITCH(bf16_tile, mt, nn, w + n0 * K, K, xb + m0 * ldx, ldx, r);
-                    if (swiglu) BLZ_TILE_SWITCH(bf16_tile, mt, nn, w + (n0 + nout) * K, K, xb + m0 * ldx, ldx, g);
+                    const uint16_t *xt = xb + m0 * ldx;
+                    BLZ_TILE_SWITCH(bf16_tile, mt, nn, w + n0 * K, K, xt, ldx, r, m0 == mc);
+                    if (swiglu) BLZ_TILE_SWITCH(bf16_tile, mt, nn, w + (n0 + nout) * K, K, xt, ldx, g, m0 == mc);
                     for (int n = 0; n < nn; ++n)
                         blz_epilogue(r[n], g[n], mt, m0, n0 + n, N, nout, bias, residual, out, swiglu);
                 }
