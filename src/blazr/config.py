@@ -213,6 +213,11 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as users write it: torch.bfloat16 → "bfloat16" (the keys of DTYPES)."""
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from blazr.config import dtype_name
 from blazr.detect import Checkpoint
 from blazr.model.model import CausalLM
 from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
@@ -53,12 +54,12 @@ def describe(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> dict[str, 
         "format": ckpt.format,
         "architecture": cfg.architecture,
         "weight_files": [str(p) for p in ckpt.weight_files],
-        "weights_dtype": str(ckpt.weights_dtype).removeprefix("torch."),
+        "weights_dtype": dtype_name(ckpt.weights_dtype),
         "num_layers": cfg.num_layers,
         "layer_kinds": [layer.kind for layer in cfg.layers],
         "parameters": {"total": total, "active_per_token": active},
         "cache": {
-            "dtype": str(dtype).removeprefix("torch."),
+            "dtype": dtype_name(dtype),
             "kv_bytes_per_token": bytes_per_token(cfg, dtype),
             "state_bytes_per_sequence": state_bytes_per_sequence(cfg, dtype),
         },

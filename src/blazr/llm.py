@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from blazr.config import DTYPES, EngineConfig
+from blazr.config import DTYPES, EngineConfig, dtype_name
 from blazr.detect import Checkpoint, inspect_checkpoint, resolve_model_path
 from blazr.engine.engine import LLMEngine, SeqOutput
 from blazr.engine.runner import ModelRunner
@@ -139,8 +139,8 @@ class LLM:
             "loaded %s (%s, %s, kv cache %s) in %.1fs",
             self.checkpoint.name,
             self.config.architecture,
-            str(self.dtype).removeprefix("torch."),
-            str(self.kv_dtype).removeprefix("torch."),
+            dtype_name(self.dtype),
+            dtype_name(self.kv_dtype),
             self.load_seconds,
         )
 

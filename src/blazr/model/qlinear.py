@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr import kernels
+from blazr.config import dtype_name
 from blazr.kernels.quant import QuantizedWeight, dequantize
 
 DENSE_TILE = 128  # rows per dense GEMM call: ~1.25x the cost of one whole-M call, 3x faster than fp32
@@ -81,5 +82,5 @@ class QuantizedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        dense = "none" if self.dense is None else str(self.dense.dtype).removeprefix("torch.")
+        dense = "none" if self.dense is None else dtype_name(self.dense.dtype)
         return f"in={self.in_features}, out={self.out_features}, kind={self.kind}, dense={dense}"

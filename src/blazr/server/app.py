@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from blazr.config import dtype_name
 from blazr.engine.async_engine import AsyncEngine
 from blazr.engine.engine import LLMEngine
 from blazr.errors import BlazrError
@@ -71,7 +72,7 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
     )
     engine = llm.engine
     names = list(cfg.served_model_names) or [cfg.model or llm.path.name.split(".")[0]]
-    dtype, kv = (str(t).removeprefix("torch.") for t in (llm.dtype, llm.kv_dtype))
+    dtype, kv = dtype_name(llm.dtype), dtype_name(llm.kv_dtype)
     desc = f"{llm.config.architecture}, {dtype}, kv cache {kv}, {llm.device.type}"
     return LoadedModel(engine, llm.tokenizer, names, str(llm.path), desc, llm.device.type == "cpu")
 
