@@ -169,7 +169,7 @@ def report(repeats: int = 3, dtype: str = "float32", contexts: tuple[int, ...] =
         root = Path(tmp)
         models = model_table(root, repeats, dtype, contexts)
         moe = moe_table(root, repeats, dtype, mid)
-    long = f" ({max(1, repeats - 1)} and 16 tokens at contexts ≥ {LONG})" if max(contexts) >= LONG else ""
+    long = f" ({max(1, repeats - 1)} runs of 16 tokens at contexts ≥ {LONG})" if max(contexts) >= LONG else ""
     return (
         f"dtype {dtype}, torch threads {torch.get_num_threads()}, medians of {repeats} runs after a warm-up, "
         f"decode over 32 generated tokens{long}\n\n"

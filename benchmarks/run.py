@@ -340,17 +340,9 @@ def batching_table(rates: dict[int, list[float]]) -> str:
 # ------------------------------------------------------------------------------------------- header
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def machine() -> str:
+    from blazr.kernels.build import cpu_flags
+
     cpu = platform.processor() or "cpu"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -360,7 +352,7 @@ def machine() -> str:
     except OSError:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    flags = cpu_flags()
+    flags = set(cpu_flags().split())
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
     have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in wanted)
     return (
