@@ -314,13 +314,18 @@ def _paged_layout(lens: list[int], S: int, g: torch.Generator) -> torch.Tensor:
     return idx
 
 
-@pytest.mark.parametrize(("H", "Hkv", "D", "Dv"), [(9, 3, 64, 64), (4, 4, 32, 32), (6, 2, 40, 24)])
+# the SIMD path's instantiations (G ≤ 8 × D = Dv ∈ {64, 128}), its generic sizes (G = 1, D = 32 / 96;
+# G = 16), and the portable loop (D, Dv not multiples of 16)
+@pytest.mark.parametrize(
+    ("H", "Hkv", "D", "Dv"),
+    [(9, 3, 64, 64), (16, 2, 128, 128), (4, 4, 32, 32), (8, 4, 96, 96), (32, 2, 64, 64), (6, 2, 40, 24)],
+)
 @pytest.mark.parametrize("window", [None, 50])
 def test_paged_attention_decode(
     lib: ops.Kernels, H: int, Hkv: int, D: int, Dv: int, window: int | None
 ) -> None:
     g = torch.Generator().manual_seed(H * D)
-    lens = [1, 37, 300, 129, 16]
+    lens = [1, 37, 300, 129, 16, 0]  # chunk tails of 1..63 keys; an empty sequence gives zeros
     S = 1024
     k_pool, v_pool = torch.randn(S, Hkv, D, generator=g), torch.randn(S, Hkv, Dv, generator=g)
     q = torch.randn(len(lens), H, D, generator=g) * 2

@@ -8,21 +8,25 @@
  * widened exactly to fp32 on load, so 16-bit pools halve the cache bytes read — kv_indices [B, Lmax]
  * (row stride idx_stride), seq_lens [B], out [B, H, Dv] fp32; int64 indices.
  *
- * Work split (flash-decoding): items are (sequence, kv head, chunk of BLZ_CHUNK keys); a sequence's
+ * Work split (flash-decoding): items are (sequence, chunk of BLZ_CHUNK keys), all kv heads; a sequence's
  * chunks depend only on its own key range, never on the batch or the thread count, and a second pass
  * merges each head's chunks in order: out = Σ_c e^{m_c−M} acc_c / Σ_c e^{m_c−M} l_c. So a row's result
- * is the same bits whatever else shares the call and however many threads run it.
- * Inner loop (AVX-512, D and Dv multiples of 16, G ≤ BLZ_MAX_GROUP), per block of 16 keys of an item:
- * the K rows are widened once into an fp32 scratch block shared by the G query heads; per head, 16
- * partial-sum vectors reduced together by a transpose-add tree give 16 scores, then a masked online-
- * softmax update (running max m, sum l) with a polynomial exp; then acc += P·V one 16-wide slice of Dv
- * at a time, the G heads' accumulators in registers, each V slice loaded and widened once per key. K/V
- * rows are prefetched one block ahead (paged slots defeat the hardware prefetcher). Other shapes and
- * non-AVX-512 builds run the scalar loop (libm expf).
+ * is the same bits whatever else shares the call and however many threads run it. Items go round-robin
+ * to the threads, and each prefetches the K/V rows of its next item while it computes (paged slots and
+ * the weights streamed between layers leave them out of cache otherwise).
+ * Inner loop (AVX-512, D and Dv multiples of 16, G ≤ BLZ_MAX_GROUP), per item and kv head, three passes
+ * over the chunk: scores — each K row widened once into registers feeds the G heads' dot products (q in
+ * registers), and 16 keys' partial-sum vectors are reduced together by a transpose-add tree; softmax —
+ * the whole chunk's scores are known, so m = max, p = e^{s−m} (polynomial exp), l = Σ p with no running
+ * rescale; then acc = Σ p·v over the chunk with the G heads' accumulators in registers, each V slice
+ * widened once per key. Other shapes and non-AVX-512 builds run the scalar online-softmax loop (libm expf).
  */
 #include "blazr_kernels.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-#define BLZ_KEY_BLOCK 16  /* keys per softmax block */
+#define BLZ_KEY_BLOCK 16  /* keys per score block (one transpose-add tree) */
 #ifndef BLZ_CHUNK
 #define BLZ_CHUNK 64 /* keys per work item (a multiple of BLZ_KEY_BLOCK) */
 #endif
@@ -49,17 +53,26 @@ BLZ_INLINE void store1(char *row, int64_t i, float v, int kv_type) {
     else ((uint16_t *)row)[i] = kv_type == BLZ_KV_BF16 ? blz_fp32_to_bf16(v) : blz_fp32_to_fp16(v);
 }
 
-/* Prefetch the K and V rows of keys j0 .. j1-1; invalid slots are skipped here and reported by the
- * caller's loop. */
-static inline void prefetch_rows(const char *kb, const char *vb, int64_t kst, int64_t vst,
-                                 const int64_t *idx, int64_t j0, int64_t j1, int64_t S, int64_t kbytes,
-                                 int64_t vbytes) {
-    for (int64_t j = j0; j < j1; ++j) {
-        const int64_t slot = idx[j];
-        if (slot < 0 || slot >= S) continue;
-        const char *k = kb + slot * kst, *v = vb + slot * vst;
-        for (int64_t b = 0; b < kbytes; b += 64) __builtin_prefetch(k + b);
-        for (int64_t b = 0; b < vbytes; b += 64) __builtin_prefetch(v + b);
+/* Prefetch cursor over the K and V rows of the next work item this thread will run: each pf_next fetches
+ * the whole rows of the next `per` keys into L2, so the next item's rows arrive while this one computes —
+ * spread over its work, not in one burst that would fill the miss buffers. Paged slots defeat the hardware
+ * prefetcher between cache blocks, and the weights streamed between two layers' attention calls evict the
+ * cache, so without this every item would start cold. Invalid slots are skipped (the item reports them). */
+typedef struct {
+    const char *k_pool, *v_pool;
+    const int64_t *idx; /* the next item's slots */
+    int64_t n, S, kst, vst;
+    int64_t t;          /* cursor: the next key to fetch */
+    int per;            /* keys per call */
+} prefetcher_t;
+
+static inline void pf_next(prefetcher_t *pf) {
+    for (const int64_t t1 = blz_min(pf->n, pf->t + pf->per); pf->t < t1; ++pf->t) {
+        const int64_t slot = pf->idx[pf->t];
+        if (slot < 0 || slot >= pf->S) continue;
+        const char *k = pf->k_pool + slot * pf->kst, *v = pf->v_pool + slot * pf->vst;
+        for (int64_t b = 0; b < pf->kst; b += 64) __builtin_prefetch(k + b, 0, 2);
+        for (int64_t b = 0; b < pf->vst; b += 64) __builtin_prefetch(v + b, 0, 2);
     }
 }
 
@@ -92,18 +105,21 @@ BLZ_INLINE __m512 hsum16(const __m512 v[16]) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
 }
 
-/* acc[g][d0 .. d0+16·SL) += Σ_t p[g][t] · v_t[d0 ..] for the nk keys of a block (G, SL constants after
- * inlining, so the G·SL accumulators stay in registers). */
-BLZ_INLINE void pv_slices(const int64_t G, const int SL, const float *p, const char *const *vr, const int nk,
-                          const int64_t d0, const int kv_type, float *acc_mem, const int64_t Dv) {
+/* acc[g][d0 .. d0+16·SL) += Σ_t p[g·ldp + t] · v_t[d0 ..] for the nk keys vr[t] (G, SL constants after
+ * inlining, so the G·SL accumulators stay in registers; each V slice is loaded and widened once per key).
+ * pf (may be NULL) advances once per 16 keys. */
+BLZ_INLINE void pv_slices(const int64_t G, const int SL, const float *p, const int64_t ldp, const char *const *vr,
+                          const int nk, const int64_t d0, const int kv_type, float *acc_mem, const int64_t Dv,
+                          prefetcher_t *pf) {
     __m512 acc[BLZ_MAX_GROUP][4];
     for (int64_t g = 0; g < G; ++g)
         for (int s = 0; s < SL; ++s) acc[g][s] = _mm512_loadu_ps(acc_mem + g * Dv + d0 + 16 * s);
     for (int t = 0; t < nk; ++t) {
+        if (pf && t % BLZ_KEY_BLOCK == 0) pf_next(pf);
         __m512 v[4];
         for (int s = 0; s < SL; ++s) v[s] = load16(vr[t], d0 + 16 * s, kv_type);
         for (int64_t g = 0; g < G; ++g) {
-            const __m512 pg = _mm512_set1_ps(p[g * BLZ_KEY_BLOCK + t]);
+            const __m512 pg = _mm512_set1_ps(p[g * ldp + t]);
             for (int s = 0; s < SL; ++s) acc[g][s] = _mm512_fmadd_ps(pg, v[s], acc[g][s]);
         }
     }
@@ -111,56 +127,82 @@ BLZ_INLINE void pv_slices(const int64_t G, const int SL, const float *p, const c
         for (int s = 0; s < SL; ++s) _mm512_storeu_ps(acc_mem + g * Dv + d0 + 16 * s, acc[g][s]);
 }
 
-/* One block of nk ≤ 16 keys for the G query heads q[G][D] of one kv head: kr[t] / vr[t] point at key t's
- * K / V values for this kv head; updates the online-softmax state pt (see the file header). */
-BLZ_INLINE void block16(const float *restrict q, const int64_t G, const char *const *kr, const char *const *vr,
-                        const int nk, const int kv_type, const int64_t D, const int64_t Dv, const float scale,
-                        part_t pt) {
-    float kf[BLZ_KEY_BLOCK * BLZ_MAX_D] __attribute__((aligned(64)));      /* the block's K rows, fp32 */
-    float p[BLZ_MAX_GROUP * BLZ_KEY_BLOCK] __attribute__((aligned(64))); /* scores, then probabilities */
-    const __mmask16 mk = (__mmask16)((1u << nk) - 1u);
-    for (int t = 0; t < nk; ++t)
-        for (int64_t d = 0; d < D; d += 16) _mm512_store_ps(kf + t * D + d, load16(kr[t], d, kv_type));
-    /* scores: per head, 16 partial-sum vectors (one per key, two FMA chains each), reduced together */
-    for (int64_t g = 0; g < G; ++g) {
-        __m512 part[BLZ_KEY_BLOCK];
-        for (int t = 0; t < BLZ_KEY_BLOCK; ++t) {
-            __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
-            if (t < nk) {
-                int64_t d = 0;
-                for (; d + 32 <= D; d += 32) {
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), _mm512_load_ps(kf + t * D + d), a);
-                    b = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d + 16), _mm512_load_ps(kf + t * D + d + 16), b);
-                }
-                if (d < D) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), _mm512_load_ps(kf + t * D + d), a);
+/* s[g·lds + t] = scale · q_g·k_t for the nk ≤ 16 keys kr[t] of one kv head and its G query heads q[G][D]:
+ * each K row is widened once into registers and feeds the G dot products (one FMA chain each, D/16
+ * long); the 16 keys' partial-sum vectors of a head are then reduced together by hsum16. */
+BLZ_INLINE void qk16(const __m512 qv[BLZ_MAX_GROUP][BLZ_MAX_D / 16], const int64_t G, const char *const *kr,
+                     const int nk, const int kv_type, const int64_t D, const float scale, float *s,
+                     const int64_t lds) {
+    __m512 part[BLZ_MAX_GROUP][BLZ_KEY_BLOCK];
+    for (int t = 0; t < BLZ_KEY_BLOCK; ++t) {
+        if (t < nk) {
+            __m512 k[BLZ_MAX_D / 16];
+            for (int64_t i = 0; i < D / 16; ++i) k[i] = load16(kr[t], 16 * i, kv_type);
+            for (int64_t g = 0; g < G; ++g) {
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t i = 0; i < D / 16; ++i) a = _mm512_fmadd_ps(qv[g][i], k[i], a);
+                part[g][t] = a;
             }
-            part[t] = _mm512_add_ps(a, b);
+        } else {
+            for (int64_t g = 0; g < G; ++g) part[g][t] = _mm512_setzero_ps();
         }
-        _mm512_store_ps(p + g * BLZ_KEY_BLOCK, hsum16(part));
     }
-    /* online softmax update per head; p becomes the probabilities */
+    for (int64_t g = 0; g < G; ++g)
+        _mm512_storeu_ps(s + g * lds, _mm512_mul_ps(hsum16(part[g]), _mm512_set1_ps(scale)));
+}
+
+/* One kv head of a work item of n ≤ BLZ_CHUNK keys, in three passes over the chunk: all scores (qk16 per
+ * 16 keys), then per head m = max, p = e^{s−m}, l = Σ p (no running rescale: the whole chunk's scores are
+ * known), then acc = Σ_t p_t · v_t over all n keys with the G·SL accumulators in registers. kr / vr: the
+ * keys' K / V values for this kv head; q [G][D]; acc [G][Dv], m [G], l [G] are written. */
+BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char *const *kr, const char *const *vr,
+                           const int n, const int kv_type, const int64_t D, const int64_t Dv, const float scale,
+                           part_t pt, prefetcher_t *pf) {
+    float p[BLZ_MAX_GROUP * BLZ_CHUNK] __attribute__((aligned(64))); /* scores, then probabilities */
+    __m512 qv[BLZ_MAX_GROUP][BLZ_MAX_D / 16]; /* the G query rows, in registers where they fit */
+    for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < D / 16; ++i) qv[g][i] = _mm512_loadu_ps(q + g * D + 16 * i);
+    for (int j = 0; j < n; j += BLZ_KEY_BLOCK) {
+        pf_next(pf);
+        qk16(qv, G, kr + j, (int)blz_min(BLZ_KEY_BLOCK, n - j), kv_type, D, scale, p + j, BLZ_CHUNK);
+    }
+    const int nb = (n + BLZ_KEY_BLOCK - 1) / BLZ_KEY_BLOCK, tail = n - (nb - 1) * BLZ_KEY_BLOCK;
+    const __mmask16 mt = (__mmask16)((1u << tail) - 1u); /* valid lanes of the last block */
+    /* the G heads side by side, so their reductions and exponentials overlap */
+    __m512 mx[BLZ_MAX_GROUP], l[BLZ_MAX_GROUP];
+    float m[BLZ_MAX_GROUP];
+    for (int64_t g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-INFINITY);
+    for (int b = 0; b < nb; ++b) {
+        const __mmask16 mk = b == nb - 1 ? mt : (__mmask16)0xffff;
+        for (int64_t g = 0; g < G; ++g)
+            mx[g] = _mm512_mask_max_ps(mx[g], mk, mx[g], _mm512_load_ps(p + g * BLZ_CHUNK + b * BLZ_KEY_BLOCK));
+    }
     for (int64_t g = 0; g < G; ++g) {
-        const __m512 s = _mm512_mul_ps(_mm512_maskz_load_ps(mk, p + g * BLZ_KEY_BLOCK), _mm512_set1_ps(scale));
-        const float mold = pt.m[g], mnew = fmaxf(mold, _mm512_mask_reduce_max_ps(mk, s));
-        const __m512 e = _mm512_maskz_mov_ps(mk, blz_exp512(_mm512_sub_ps(s, _mm512_set1_ps(mnew))));
-        _mm512_store_ps(p + g * BLZ_KEY_BLOCK, e);
-        const float corr = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-        pt.l[g] = pt.l[g] * corr + _mm512_reduce_add_ps(e);
-        pt.m[g] = mnew;
-        if (corr != 1.0f) {
-            float *acc = pt.acc + g * Dv;
-            for (int64_t d = 0; d < Dv; d += 16)
-                _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(corr)));
+        m[g] = _mm512_reduce_max_ps(mx[g]);
+        l[g] = _mm512_setzero_ps();
+    }
+    for (int b = 0; b < nb; ++b) {
+        const __mmask16 mk = b == nb - 1 ? mt : (__mmask16)0xffff;
+        for (int64_t g = 0; g < G; ++g) {
+            float *pg = p + g * BLZ_CHUNK + b * BLZ_KEY_BLOCK;
+            const __m512 x = _mm512_sub_ps(_mm512_load_ps(pg), _mm512_set1_ps(m[g]));
+            const __m512 e = _mm512_maskz_mov_ps(mk, blz_exp512(x));
+            _mm512_store_ps(pg, e);
+            l[g] = _mm512_add_ps(l[g], e);
         }
     }
-    /* acc_g += Σ_t p[g][t] · v_t over SL 16-wide slices of Dv at a time (G·SL independent FMA chains in
-     * registers, enough to hide the FMA latency), then single slices for the rest */
-    int64_t d0 = 0;
+    for (int64_t g = 0; g < G; ++g) {
+        pt.m[g] = m[g];
+        pt.l[g] = _mm512_reduce_add_ps(l[g]);
+    }
+    memset(pt.acc, 0, (size_t)(G * Dv) * sizeof(float));
+    /* SL 16-wide slices of Dv at a time: G·SL independent FMA chains, enough to hide the FMA latency */
+    int64_t d0 = 0; /* the first call also walks the prefetcher */
     if (G <= 4)
-        for (; d0 + 64 <= Dv; d0 += 64) pv_slices(G, 4, p, vr, nk, d0, kv_type, pt.acc, Dv);
+        for (; d0 + 64 <= Dv; d0 += 64) pv_slices(G, 4, p, BLZ_CHUNK, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
     else
-        for (; d0 + 32 <= Dv; d0 += 32) pv_slices(G, 2, p, vr, nk, d0, kv_type, pt.acc, Dv);
-    for (; d0 < Dv; d0 += 16) pv_slices(G, 1, p, vr, nk, d0, kv_type, pt.acc, Dv);
+        for (; d0 + 32 <= Dv; d0 += 32) pv_slices(G, 2, p, BLZ_CHUNK, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
+    for (; d0 < Dv; d0 += 16) pv_slices(G, 1, p, BLZ_CHUNK, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
 }
 #endif
 
@@ -182,13 +224,14 @@ static void block_scalar(const float *restrict q, int64_t G, const char *const *
         }
 }
 
-/* One block step, dispatched to an instantiation per element type × group size ≤ 8 × head dim 64 / 128
- * (D = Dv), so that accumulators, query slices and partial sums live in registers; generic otherwise. */
-static void block_step(const float *q, int64_t G, const char *const *kr, const char *const *vr, int nk,
-                       int kv_type, int64_t D, int64_t Dv, float scale, part_t pt) {
+/* One kv head of a work item (n keys): the AVX-512 chunk pass instantiated per element type × group size
+ * ≤ 8 × head dim 64 / 128 (D = Dv), so that accumulators, key rows and partial sums live in registers
+ * (generic sizes otherwise); the portable one-key-at-a-time update for other shapes and builds. */
+static void head_step(const float *q, int64_t G, const char *const *kr, const char *const *vr, int n,
+                      int kv_type, int64_t D, int64_t Dv, float scale, part_t pt, prefetcher_t *pf) {
 #ifdef BLZ_AVX512
     if (D % 16 == 0 && Dv % 16 == 0 && D <= BLZ_MAX_D && G <= BLZ_MAX_GROUP) {
-#define BLZ_CALL(T, GG, DD, DV) block16(q, GG, kr, vr, nk, T, DD, DV, scale, pt)
+#define BLZ_CALL(T, GG, DD, DV) chunk_head(q, GG, kr, vr, n, T, DD, DV, scale, pt, pf)
 #define BLZ_G(T, GG)                                                 \
     case GG:                                                         \
         if (D == 64 && Dv == 64) BLZ_CALL(T, GG, 64, 64);            \
@@ -210,47 +253,69 @@ static void block_step(const float *q, int64_t G, const char *const *kr, const c
 #undef BLZ_CALL
     }
 #endif
-    block_scalar(q, G, kr, vr, nk, kv_type, D, Dv, scale, pt);
+    (void)pf;
+    for (int64_t g = 0; g < G; ++g) {
+        pt.m[g] = -INFINITY;
+        pt.l[g] = 0.0f;
+    }
+    memset(pt.acc, 0, (size_t)(G * Dv) * sizeof(float));
+    block_scalar(q, G, kr, vr, n, kv_type, D, Dv, scale, pt);
 }
 
-/* One work item: keys j0 .. j1-1 of a sequence, all Hkv kv heads (whole K / V rows are read in slot
- * order, so a thread streams contiguous memory within each cache block). Its states pts[kvh] start empty.
- * q [H][D]; idx the sequence's slots. Sets *err on an out-of-range slot (which then reads slot 0). */
+/* One work item: keys j0 .. j1-1 (at most BLZ_CHUNK) of a sequence, all Hkv kv heads, one kv head after
+ * the other; writes its states (acc, m, l per head; empty for no keys). q [H][D]; idx the sequence's
+ * slots. Sets *err on an out-of-range slot (which then reads slot 0). pf walks the next item's rows. */
 static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_pool, const char *v_pool,
                         int kv_type, const int64_t *idx, int64_t j0, int64_t j1, int64_t S, int64_t D,
-                        int64_t Dv, float scale, float *partial, int *err) {
+                        int64_t Dv, float scale, float *partial, int *err, prefetcher_t *pf) {
     const int64_t es = kv_elem_bytes(kv_type), kst = Hkv * D * es, vst = Hkv * Dv * es;
     const int64_t H = Hkv * G;
-    for (int64_t h = 0; h < H; ++h) {
-        partial[H * Dv + h] = -INFINITY; /* m */
-        partial[H * Dv + H + h] = 0.0f;  /* l */
-    }
-    memset(partial, 0, (size_t)(H * Dv) * sizeof(float));
-    prefetch_rows(k_pool, v_pool, kst, vst, idx, j0, blz_min(j0 + BLZ_KEY_BLOCK, j1), S, kst, vst);
-    for (int64_t j = j0; j < j1; j += BLZ_KEY_BLOCK) {
-        const int nk = (int)blz_min(BLZ_KEY_BLOCK, j1 - j);
-        const char *krow[BLZ_KEY_BLOCK], *vrow[BLZ_KEY_BLOCK], *kr[BLZ_KEY_BLOCK], *vr[BLZ_KEY_BLOCK];
-        for (int t = 0; t < nk; ++t) {
-            /* the next block's rows, one key at a time (a burst of them would fill the miss buffers) */
-            const int64_t jn = j + BLZ_KEY_BLOCK + t;
-            if (jn < j1) prefetch_rows(k_pool, v_pool, kst, vst, idx, jn, jn + 1, S, kst, vst);
-            int64_t slot = idx[j + t];
-            if (slot < 0 || slot >= S) {
-                *err = 1;
-                slot = 0;
-            }
-            krow[t] = k_pool + slot * kst;
-            vrow[t] = v_pool + slot * vst;
+    const int n = (int)(j1 - j0);
+    if (n == 0) {
+        for (int64_t h = 0; h < H; ++h) {
+            partial[H * Dv + h] = -INFINITY; /* m */
+            partial[H * Dv + H + h] = 0.0f;  /* l */
         }
-        for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-            for (int t = 0; t < nk; ++t) {
-                kr[t] = krow[t] + kvh * D * es;
-                vr[t] = vrow[t] + kvh * Dv * es;
-            }
-            const part_t pt = {partial + kvh * G * Dv, partial + H * Dv + kvh * G, partial + H * Dv + H + kvh * G};
-            block_step(q + kvh * G * D, G, kr, vr, nk, kv_type, D, Dv, scale, pt);
-        }
+        memset(partial, 0, (size_t)(H * Dv) * sizeof(float));
+        return;
     }
+    const char *krow[BLZ_CHUNK], *vrow[BLZ_CHUNK], *kr[BLZ_CHUNK], *vr[BLZ_CHUNK];
+    for (int t = 0; t < n; ++t) {
+        int64_t slot = idx[j0 + t];
+        if (slot < 0 || slot >= S) {
+            *err = 1;
+            slot = 0;
+        }
+        krow[t] = k_pool + slot * kst;
+        vrow[t] = v_pool + slot * vst;
+    }
+    /* one prefetch call per 16 keys of each pass (QK, PV) of each kv head: enough keys per call to cover the
+     * next item once */
+    const int64_t calls = 2 * Hkv * ((n + BLZ_KEY_BLOCK - 1) / BLZ_KEY_BLOCK);
+    pf->per = (int)((pf->n + calls - 1) / calls);
+    for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+        for (int t = 0; t < n; ++t) {
+            kr[t] = krow[t] + kvh * D * es;
+            vr[t] = vrow[t] + kvh * Dv * es;
+        }
+        const part_t pt = {partial + kvh * G * Dv, partial + H * Dv + kvh * G, partial + H * Dv + H + kvh * G};
+        head_step(q + kvh * G * D, G, kr, vr, n, kv_type, D, Dv, scale, pt, pf);
+    }
+}
+
+/* Work item i: its sequence b and key range [j0, j1) (item_off: first item of each sequence; start: the
+ * sequence's first key). */
+static void item_keys(int64_t i, int64_t B, const int64_t *item_off, const int64_t *start, const int64_t *seq_lens,
+                      int64_t *b, int64_t *j0, int64_t *j1) {
+    int64_t lo = 0, hi = B; /* find b with item_off[b] ≤ i < item_off[b+1] */
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (item_off[mid] <= i) lo = mid;
+        else hi = mid;
+    }
+    *b = lo;
+    *j0 = start[lo] + (i - item_off[lo]) * BLZ_CHUNK;
+    *j1 = blz_min(seq_lens[lo], *j0 + BLZ_CHUNK);
 }
 
 /* kv_write: store the new tokens' keys and values in their cache slots: k_pool[slots[t]] = k[t],
@@ -289,7 +354,7 @@ BLZ_EXPORT int blz_paged_attention_decode(const float *q, int64_t ldq, const voi
         return BLZ_EINVAL;
     if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
     if (B == 0) return BLZ_OK;
-    const int64_t G = H / Hkv;
+    const int64_t G = H / Hkv, es = kv_elem_bytes(kv_type);
     for (int64_t b = 0; b < B; ++b)
         if (seq_lens[b] < 0 || seq_lens[b] > idx_stride) return BLZ_ERANGE;
     /* scratch: item_off [B+1], ns [B], start [B] (int64), then the partial states [total][H·(Dv+2)] */
@@ -315,18 +380,26 @@ BLZ_EXPORT int blz_paged_attention_decode(const float *q, int64_t ldq, const voi
 #pragma omp parallel num_threads(nt)
     {
         int my_err = 0;
-#pragma omp for schedule(dynamic, 1)
+        /* items round-robin (static, 1), so each thread knows the next item it runs and prefetches it */
+#ifdef _OPENMP
+        const int64_t step = omp_get_num_threads();
+#else
+        const int64_t step = 1;
+#endif
+#pragma omp for schedule(static, 1)
         for (int64_t i = 0; i < total; ++i) {
-            int64_t lo = 0, hi = B; /* find b with item_off[b] ≤ i < item_off[b+1] */
-            while (hi - lo > 1) {
-                const int64_t mid = (lo + hi) / 2;
-                if (item_off[mid] <= i) lo = mid;
-                else hi = mid;
+            int64_t b, j0, j1;
+            item_keys(i, B, item_off, start, seq_lens, &b, &j0, &j1);
+            prefetcher_t pf = {(const char *)k_pool, (const char *)v_pool, NULL, 0, S, Hkv * D * es, Hkv * Dv * es,
+                               0, 0};
+            if (i + step < total) {
+                int64_t bn, j0n, j1n;
+                item_keys(i + step, B, item_off, start, seq_lens, &bn, &j0n, &j1n);
+                pf.idx = kv_indices + bn * idx_stride + j0n;
+                pf.n = j1n - j0n;
             }
-            const int64_t b = lo, c = i - item_off[b];
-            const int64_t j0 = start[b] + c * BLZ_CHUNK, j1 = blz_min(seq_lens[b], j0 + BLZ_CHUNK);
             attend_item(q + b * ldq, Hkv, G, (const char *)k_pool, (const char *)v_pool, kv_type,
-                        kv_indices + b * idx_stride, j0, j1, S, D, Dv, scale, partial + i * psz, &my_err);
+                        kv_indices + b * idx_stride, j0, j1, S, D, Dv, scale, partial + i * psz, &my_err, &pf);
         }
         if (my_err) {
 #pragma omp atomic write
