@@ -396,15 +396,25 @@ def test_paged_attention_bad_slot_raises(native: ops.Kernels) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_kv_write(lib: ops.Kernels, dtype: torch.dtype) -> None:
     """Keys/values taken straight from a fused qkv output land in their slots (16-bit: rounded like torch,
-    including fp16 subnormals and overflow to inf)."""
-    T, H, Hkv, D = 4, 6, 2, 32
+    including fp16 subnormals and overflow to inf; NaN stays NaN). Rows of 2·36 values: 16-wide vector
+    steps and a scalar tail."""
+    T, H, Hkv, D = 4, 6, 2, 36
     qkv = torch.randn(T, (H + 2 * Hkv) * D) * torch.logspace(-9, 5, (H + 2 * Hkv) * D)
+    # specials in the vector steps and in the scalar tail (column 64+ of a 72-value row): ±inf, quiet and
+    # signalling NaN, and exact ties of bf16 / fp16 rounding (1 + 2⁻⁸, 1 + 3·2⁻⁸, 1 + 2⁻¹¹, 1 + 3·2⁻¹¹)
+    bits = [0x7F800000, 0x7FC00000, 0xFF800000, 0x7F800001, 0x3F808000, 0x3F818000, 0x3F801000, 0x3F803000]
+    special = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    kv0, v0 = H * D, (H + Hkv) * D
+    for col in (kv0 + 40, v0 + 20, v0 + 64):
+        qkv[:, col : col + 8] = special
     k, v = qkv[:, H * D : (H + Hkv) * D].view(T, Hkv, D), qkv[:, (H + Hkv) * D :].view(T, Hkv, D)
     slots = torch.tensor([9, 2, 31, 17])
     pools = [torch.zeros(40, Hkv, D, dtype=dtype) for _ in range(4)]
     lib.kv_write(k, v, slots, pools[0], pools[1])
     ops.kv_write_reference(k, v, slots, pools[2], pools[3])
-    assert torch.equal(pools[0], pools[2]) and torch.equal(pools[1], pools[3])
+    for got, want in ((pools[0], pools[2]), (pools[1], pools[3])):
+        assert torch.equal(got.isnan(), want.isnan()) and want.isnan().any()
+        assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))  # every other value bit for bit
     with pytest.raises(RuntimeError, match="out of range"):
         lib.kv_write(k, v, torch.tensor([0, 1, 2, 40]), pools[0], pools[1])
 
