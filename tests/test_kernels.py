@@ -238,14 +238,16 @@ def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int,
 
 
 def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
-    """A batched call (tiles of 4 x rows + a tail; bf16 also 4 weight rows + a tail, and 128-row passes)
-    equals one call per row, bit for bit."""
+    """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
+    or one tile of up to 16 (short calls); bf16 tiles of 4 x rows × 4 weight rows + tails, 128-row passes,
+    and the row walk up to 8 rows."""
     x = torch.randn(131, 576)
     for kind in ("q4_1", "q8_0", "bf16", "f32"):
         qw = quantize(_weights(43, 576), kind)
         rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
         torch.testing.assert_close(lib.linear(x, qw), rows, rtol=0, atol=0)
-        torch.testing.assert_close(lib.linear(x[5:12], qw), rows[5:12], rtol=0, atol=0)
+        for lo, hi in ((5, 12), (3, 15), (0, 16), (0, 17)):
+            torch.testing.assert_close(lib.linear(x[lo:hi], qw), rows[lo:hi], rtol=0, atol=0)
 
 
 def test_linear_smollm2_gguf_tensor(native: ops.Kernels) -> None:
