@@ -154,7 +154,8 @@ BLZ_INLINE void qk16(const __m512 qv[BLZ_MAX_GROUP][BLZ_MAX_D / 16], const int64
 /* One kv head of a work item of n ≤ BLZ_CHUNK keys, in three passes over the chunk: all scores (qk16 per
  * 16 keys), then per head m = max, p = e^{s−m}, l = Σ p (no running rescale: the whole chunk's scores are
  * known), then acc = Σ_t p_t · v_t over all n keys with the G·SL accumulators in registers. kr / vr: the
- * keys' K / V values for this kv head; q [G][D]; acc [G][Dv], m [G], l [G] are written. */
+ * keys' K / V values for this kv head; q [G][D]; acc [G][Dv], m [G], l [G] are written (n = 0: zeros,
+ * m = −∞, l = 0, the empty state the merge skips). */
 BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char *const *kr, const char *const *vr,
                            const int n, const int kv_type, const int64_t D, const int64_t Dv, const float scale,
                            part_t pt, prefetcher_t *pf) {
@@ -270,15 +271,7 @@ static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_po
                         int64_t Dv, float scale, float *partial, int *err, prefetcher_t *pf) {
     const int64_t es = kv_elem_bytes(kv_type), kst = Hkv * D * es, vst = Hkv * Dv * es;
     const int64_t H = Hkv * G;
-    const int n = (int)(j1 - j0);
-    if (n == 0) {
-        for (int64_t h = 0; h < H; ++h) {
-            partial[H * Dv + h] = -INFINITY; /* m */
-            partial[H * Dv + H + h] = 0.0f;  /* l */
-        }
-        memset(partial, 0, (size_t)(H * Dv) * sizeof(float));
-        return;
-    }
+    const int n = (int)(j1 - j0); /* 0 for an empty sequence: each head_step then writes the empty state */
     const char *krow[BLZ_CHUNK], *vrow[BLZ_CHUNK], *kr[BLZ_CHUNK], *vr[BLZ_CHUNK];
     for (int t = 0; t < n; ++t) {
         int64_t slot = idx[j0 + t];
@@ -291,7 +284,7 @@ static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_po
     }
     /* one prefetch call per 16 keys of each pass (QK, PV) of each kv head: enough keys per call to cover the
      * next item once */
-    const int64_t calls = 2 * Hkv * ((n + BLZ_KEY_BLOCK - 1) / BLZ_KEY_BLOCK);
+    const int64_t calls = blz_max(1, 2 * Hkv * ((n + BLZ_KEY_BLOCK - 1) / BLZ_KEY_BLOCK));
     pf->per = (int)((pf->n + calls - 1) / calls);
     for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
         for (int t = 0; t < n; ++t) {
