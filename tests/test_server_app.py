@@ -1,6 +1,7 @@
 """The server app in-process with a scripted fake engine: loading states, load failure, an engine crash,
-the API-key guard, abort on early close and error formatting — the paths a real model cannot trigger on
-demand. (End-to-end behaviour with real models is in test_server.py.)"""
+a failed request, the API-key guard, the body limit, the OpenAPI document, abort on early close and error
+formatting — the paths a real model cannot trigger on demand. (End-to-end behaviour with real models is in
+test_server*.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from blazr.server.errors import validation_message
 from blazr.server.options import ServerConfig
 from blazr.server.schemas import CompletionRequest
 
-CRASH = 666  # a prompt holding this token id makes the fake engine's step raise
+CRASH = 666  # a prompt holding this token id makes the fake engine's step raise (the loop dies)
+FAIL = 667  # a prompt holding this token id makes the fake engine fail that request alone
 
 
 @dataclass
@@ -39,14 +41,13 @@ class FakeEngine:
         self.cfg = _Cfg()
         self.active: dict[str, tuple[list[int], SamplingParams, int]] = {}
         self.aborted: list[str] = []
+        self.stalled = False  # steps make no progress (requests stay unfinished)
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if len(prompt_ids) + params.max_tokens > self.cfg.max_model_len:
             raise BlazrError(f"too long: {len(prompt_ids)} + {params.max_tokens} > {self.cfg.max_model_len}")
 
     def add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        if len(self.active) >= self.cfg.max_waiting:
-            raise QueueFullError("full")
         self.active[rid] = (prompt_ids, params, 0)
 
     def abort_request(self, rid: str) -> list[SeqOutput]:
@@ -59,10 +60,17 @@ class FakeEngine:
         return bool(self.active)
 
     def step(self) -> list[SeqOutput]:
+        if self.stalled:
+            threading.Event().wait(0.002)
+            return []
         outs = []
         for rid, (ids, params, done) in list(self.active.items()):
             if CRASH in ids:
-                raise RuntimeError("boom")
+                raise RuntimeError("boom /secret/path")
+            if FAIL in ids:
+                del self.active[rid]
+                outs.append(SeqOutput(rid, 0, [], "", [], True, "error", len(ids), 0, error=ValueError("x")))
+                continue
             done += 1
             finished = done >= params.max_tokens
             outs.append(
@@ -81,6 +89,9 @@ class FakeEngine:
 
 
 class FakeTokenizer:
+    def max_token_chars(self) -> int:
+        return 1
+
     def encode(self, text: str) -> list[int]:
         return [ord(c) % 256 for c in text]
 
@@ -99,7 +110,13 @@ class FakeTokenizer:
         return chr(token_id).encode()
 
 
-def _app(gate: threading.Event | None = None, fail: Exception | None = None, api_key: str | None = None):
+def _app(
+    gate: threading.Event | None = None,
+    fail: Exception | None = None,
+    api_key: str | None = None,
+    on_fatal: list[BaseException] | None = None,
+    **config: object,
+):
     engine = FakeEngine()
 
     def loader(cfg: ServerConfig) -> LoadedModel:
@@ -107,9 +124,10 @@ def _app(gate: threading.Event | None = None, fail: Exception | None = None, api
             gate.wait(30)
         if fail is not None:
             raise fail
-        return LoadedModel(engine, FakeTokenizer(), ["fake"], "/nowhere")  # type: ignore[arg-type]
+        return LoadedModel(engine, FakeTokenizer(), ["fake"], "fake-model")  # type: ignore[arg-type]
 
-    return build_app(ServerConfig(api_key=api_key), loader), engine
+    fatal = on_fatal.append if on_fatal is not None else None
+    return build_app(ServerConfig(api_key=api_key, **config), loader, on_engine_fatal=fatal), engine
 
 
 def _wait_ready(client: TestClient) -> None:
@@ -137,7 +155,7 @@ def test_health_503_while_loading_then_200():
 
 
 def test_load_failure_is_reported():
-    app, _ = _app(fail=BlazrError("no such checkpoint"))
+    app, _ = _app(fail=BlazrError("no such checkpoint /home/me/model"))
     failures: list[str] = []
     app.state.blazr.on_load_failed.append(failures.append)
     with TestClient(app) as client:
@@ -146,31 +164,52 @@ def test_load_failure_is_reported():
                 break
             threading.Event().wait(0.01)
         r = client.get("/health")
-        assert r.status_code == 503 and r.json() == {"status": "error", "error": "no such checkpoint"}
+        assert r.status_code == 503 and r.json()["status"] == "error"
         r = client.post("/v1/completions", json={"prompt": "hi"})
-        assert r.status_code == 500 and "no such checkpoint" in r.json()["error"]["message"]
-    assert failures == ["no such checkpoint"]
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+        assert "/home/me" not in client.get("/health").text + r.text  # no path reaches clients
+    assert failures == ["no such checkpoint /home/me/model"]  # the serve loop prints it and exits
 
 
-def test_engine_crash_is_500_json_never_a_hang():
-    app, _ = _app()
+def test_engine_crash_fails_open_streams_and_calls_on_fatal():
+    fatal: list[BaseException] = []
+    app, _ = _app(on_fatal=fatal)
     with TestClient(app) as client:
         _wait_ready(client)
         stream = client.post("/v1/completions", json={"prompt": [1, CRASH], "max_tokens": 5, "stream": True})
         events = [e for e in stream.text.split("\n\n") if e]
         assert '"engine_error"' in events[-2] and events[-1] == "data: [DONE]"
+        assert "boom" not in stream.text and "/secret" not in stream.text  # no internal text
+        assert [type(e) for e in fatal] == [RuntimeError]  # serve() exits non-zero on this
         r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
-        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
-        assert "traceback" not in r.text.lower()
+        assert r.status_code == 503 and "boom" not in r.text
         assert client.get("/health").status_code == 503
 
 
-def test_api_key_guards_v1_only():
+def test_a_failed_request_is_500_with_its_id_and_the_rest_go_on():
+    app, _ = _app()
+    with TestClient(app) as client:
+        _wait_ready(client)
+        r = client.post("/v1/completions", json={"prompt": [1, FAIL], "max_tokens": 5})
+        rid = r.headers["x-request-id"]
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+        assert rid in r.json()["error"]["message"]
+        stream = client.post("/v1/completions", json={"prompt": [FAIL], "max_tokens": 5, "stream": True})
+        events = [e for e in stream.text.split("\n\n") if e]
+        assert '"internal_error"' in events[-2] and events[-1] == "data: [DONE]"
+        ok = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "xxx"
+        assert client.get("/health").status_code == 200
+
+
+def test_api_key_guards_v1_and_docs_only():
     app, _ = _app(api_key="secret")
     with TestClient(app) as client:
         _wait_ready(client)
         assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
-        assert client.get("/v1/models").status_code == 401
+        for path in ("/v1/models", "/docs", "/openapi.json", "/redoc"):
+            assert client.get(path).status_code == 401, path
+        assert client.get("/openapi.json", headers={"Authorization": "Bearer secret"}).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Basic secret"}).status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Bearer secret"}).status_code == 200
@@ -245,3 +284,89 @@ def test_serve_flags_and_env_key(monkeypatch):
     assert (cfg.api_key, cfg.served_model_names, cfg.max_waiting, cfg.port) == ("flag", ("a", "b"), 2, 9)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--max-num-seqs", "0"])
+
+
+def test_body_limit_413_before_and_while_reading():
+    app, _ = _app(max_request_bytes=1000)
+    with TestClient(app) as client:
+        _wait_ready(client)
+        big = {"prompt": "x" * 2000, "max_tokens": 1}
+        r = client.post("/v1/completions", json=big)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert "1000" in r.json()["error"]["message"]
+
+        def chunks():  # no Content-Length: counted while reading
+            yield b'{"prompt": "'
+            for _ in range(30):
+                yield b"y" * 100
+            yield b'", "max_tokens": 1}'
+
+        r = client.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        ok = client.post("/v1/completions", json={"prompt": "x" * 50, "max_tokens": 1})
+        assert ok.status_code == 200
+
+
+def test_unknown_and_unsupported_fields_are_400_naming_them():
+    app, _ = _app()
+    with TestClient(app) as client:
+        _wait_ready(client)
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        cases = [
+            ("/v1/completions", {"prompt": "hi", "guided_json": {}}, "guided_json"),
+            ("/v1/completions", {"prompt": "hi", "response_format": {"type": "text"}}, "response_format"),
+            ("/v1/completions", {"prompt": "hi", "stream_options": {"continuous_usage_stats": True}}, None),
+            ("/v1/chat/completions", {**chat, "functions": []}, "functions"),
+            ("/v1/chat/completions", {**chat, "structured_outputs": {"json": {}}}, "structured_outputs"),
+            ("/v1/chat/completions", {**chat, "response_format": {"type": "json_object"}}, "response_format"),
+            ("/v1/chat/completions", {**chat, "tools": [{"type": "function"}]}, "tools"),
+            ("/v1/chat/completions", {**chat, "store": True}, "store"),
+            ("/v1/chat/completions", {**chat, "reasoning_effort": "low"}, "reasoning_effort"),
+            ("/v1/chat/completions", {**chat, "temperature": 2.5}, "temperature"),
+            ("/v1/chat/completions", {**chat, "stop": ["a"] * 17}, "stop"),
+        ]
+        for path, body, param in cases:
+            r = client.post(path, json=body)
+            assert r.status_code == 400, (body, r.text)
+            if param is not None:
+                assert r.json()["error"]["param"] == param, (body, r.json())
+        assert client.post("/v1/completions", content=b'{"prompt": "a", "top_p": NaN}').status_code == 400
+        accepted = {**chat, "store": False, "user": "u1", "metadata": {"k": "v"}, "service_tier": "auto",
+                    "tool_choice": "none", "response_format": {"type": "text"}, "parallel_tool_calls": True}  # fmt: skip
+        assert client.post("/v1/chat/completions", json=accepted).status_code == 200
+
+
+def test_admission_counts_sequences_against_running_plus_waiting():
+    app, engine = _app()  # fake engine: max_num_seqs 4 + max_waiting 4 = 8 sequences at once
+
+    async def go() -> None:
+        async_engine = app.state.blazr.serving.engine
+        engine.stalled = True
+        params = SamplingParams(max_tokens=5)
+        streams = [await async_engine.generate([EngineRequest(f"r{i}", [1], params)]) for i in range(8)]
+        with pytest.raises(QueueFullError):
+            await async_engine.generate([EngineRequest("r8", [1], params)])
+        for st in streams:
+            st.abort()
+        with pytest.raises(BlazrError, match="at most 8"):
+            await async_engine.generate([EngineRequest("big", [1], SamplingParams(max_tokens=2, n=9))])
+
+    with TestClient(app) as client:
+        _wait_ready(client)
+        asyncio.run(go())
+
+
+def test_openapi_documents_bodies_and_statuses():
+    app, _ = _app()
+    with TestClient(app) as client:
+        doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    assert "HTTPValidationError" not in schemas and "CompletionRequest" in schemas
+    assert schemas["CompletionRequest"]["properties"]["temperature"]["anyOf"][0]["maximum"] == 2
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        op = doc["paths"][path]["post"]
+        assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("Request")
+        assert set(op["responses"]) == {"200", "400", "401", "404", "413", "500", "503"}
+        assert "text/event-stream" in op["responses"]["200"]["content"]
+    assert "text/plain" in doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert set(doc["paths"]["/health"]["get"]["responses"]) == {"200", "503"}

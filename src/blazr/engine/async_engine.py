@@ -4,7 +4,13 @@ Callers (HTTP handlers) `await generate(requests)`: a group of requests (one per
 handed to the engine thread, which adds them between two steps and acknowledges. Errors a request can meet
 when it is added (`BlazrError` → HTTP 400, `QueueFullError` → 503, `EngineDeadError` → 500) are raised by
 `generate` itself, before any byte is streamed. It then returns a `RequestStream` that yields every
-`SeqOutput` of the group (deltas of all prompts and all n samples, interleaved as the engine produces them).
+`SeqOutput` of the group (deltas of all prompts and all n samples, interleaved as the engine produces them)
+and raises `RequestFailedError` if the engine failed one of them (the rest of the group is aborted), or
+`RequestCancelledError` when the server cancels it (shutdown).
+
+Admission is counted in sequences (n per request): the engine holds at most `max_num_seqs` running plus
+`max_waiting` waiting, so a burst is refused (QueueFullError) only when it truly exceeds both, and a call
+that needs more than that at once can never run (BlazrError).
 
 The engine thread applies queued adds/aborts between steps, runs `step()` while there is work and sleeps
 on a condition when idle. Outputs go to the group's asyncio.Queue through `call_soon_threadsafe`. Leaving a
@@ -13,6 +19,9 @@ their cache blocks and state slots at the next step boundary.
 
 Metrics: an optional `EngineObserver` sees, on the engine thread, every token batch (with time to first
 token and inter-token gaps measured from submission) and every finished request.
+
+If the loop itself raises (a bug, a broken device, see engine.py), every open stream fails with
+`EngineDeadError` and `on_fatal(error)` is called (the server exits non-zero on it).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,6 +46,18 @@ log = logging.getLogger("blazr.engine")
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped (a bug or shutdown); requests fail with HTTP 500 instead of hanging."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this request (an exception while serving it, logged under `request_id`)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request {request_id} failed")
+        self.request_id = request_id
+
+
+class RequestCancelledError(RuntimeError):
+    """The server cancelled the request before it finished (shutdown)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +102,7 @@ class _Live:
     group: _Group
     submitted: float
     num_prompt_tokens: int
-    num_seqs: int  # sequences not finished yet
+    num_seqs: int  # sequences not finished yet (of n)
     first_token: float | None = None
     last_token: dict[int, float] = field(default_factory=dict)  # sequence index → time of its last token
     num_generated: int = 0
@@ -136,15 +157,22 @@ class AsyncEngine:
     """Owns the engine thread. `start()` it once; `generate()` from any asyncio loop; `shutdown()`."""
 
     def __init__(
-        self, engine: LLMEngine, observer: EngineObserver | None = None, num_threads: int | None = None
+        self,
+        engine: LLMEngine,
+        observer: EngineObserver | None = None,
+        num_threads: int | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
         self.observer = observer
         self.num_threads = num_threads  # torch intra-op threads of the engine thread (None: torch's default)
+        self.on_fatal = on_fatal  # called on the engine thread when the loop cannot go on
         self._cv = threading.Condition()
         self._adds: list[_Group] = []
         self._aborts: list[str] = []
+        self._cancel: BaseException | None = None  # cancel_all() asked: fail every request with this
         self._live: dict[str, _Live] = {}  # request id → its state (engine thread only)
+        self._num_seqs = 0  # sequences (Σ n) of the requests accepted and not finished (under _cv)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="blazr-engine", daemon=True)
         self.error: BaseException | None = None
@@ -175,6 +203,16 @@ class AsyncEngine:
         return self.engine.num_waiting + sum(len(g.requests) for g in list(self._adds))
 
     @property
+    def num_unfinished_seqs(self) -> int:
+        """Sequences (Σ n) of the requests accepted and not finished yet."""
+        return self._num_seqs
+
+    @property
+    def capacity(self) -> int:
+        """Sequences admitted at once: a full running batch plus the waiting queue."""
+        return self.engine.cfg.max_num_seqs + self.engine.cfg.max_waiting
+
+    @property
     def cache_usage(self) -> float:
         return self.engine.cache_usage
 
@@ -199,13 +237,23 @@ class AsyncEngine:
             raise BlazrError("no prompt given")
         for r in requests:
             self.engine.validate(r.prompt_ids, r.params)
+        need = sum(r.params.n for r in requests)
+        if need > self.capacity:
+            raise BlazrError(
+                f"this request needs {need} sequences (prompts × n) but the server holds at most "
+                f"{self.capacity} at once (max_num_seqs {self.engine.cfg.max_num_seqs} + max_waiting "
+                f"{self.engine.cfg.max_waiting})"
+            )
         group = _Group(list(requests), asyncio.Queue(), asyncio.get_running_loop(), time.monotonic())
         with self._cv:
             if self.error is not None or self._stop:
-                raise EngineDeadError(f"the engine has stopped: {self.error or 'shutting down'}")
-            bound = self.engine.cfg.max_waiting
-            if self.num_waiting + len(requests) > bound:
-                raise QueueFullError(f"the server is busy: the waiting queue is full ({bound} requests)")
+                raise EngineDeadError("the engine has stopped")
+            if self._num_seqs + need > self.capacity:
+                raise QueueFullError(
+                    f"the server is busy: {self._num_seqs} sequences are running or waiting, the most it "
+                    f"holds is {self.capacity}"
+                )
+            self._num_seqs += need
             self._adds.append(group)
             self._cv.notify()
         stream = RequestStream(self, group)
@@ -224,6 +272,12 @@ class AsyncEngine:
             self._aborts.extend(request_ids)
             self._cv.notify()
 
+    def cancel_all(self, error: BaseException) -> None:
+        """Fail every accepted request with `error` (at the next step boundary); the engine goes on."""
+        with self._cv:
+            self._cancel = error
+            self._cv.notify()
+
     # ------------------------------------------------------------------------------------ engine side
 
     def _loop(self) -> None:
@@ -232,32 +286,55 @@ class AsyncEngine:
                 torch.set_num_threads(self.num_threads)
             while True:
                 with self._cv:
-                    while not (self._stop or self._adds or self._aborts or self.engine.has_unfinished()):
+                    while not (
+                        self._stop
+                        or self._adds
+                        or self._aborts
+                        or self._cancel
+                        or self.engine.has_unfinished()
+                    ):
                         self._cv.wait()
                     if self._stop:
                         break
                     adds, self._adds = self._adds, []
                     aborts, self._aborts = self._aborts, []
+                    cancel, self._cancel = self._cancel, None
                 for group in adds:
                     self._apply(group)
                 for rid in aborts:
                     self._abort(rid)
+                if cancel is not None:
+                    self._cancel_live(cancel)
                 for out in self.engine.step():
                     self._deliver(out)
             self._fail_all(EngineDeadError("the server is shutting down"))
-        except BaseException as e:  # a bug: fail every stream instead of hanging it
-            log.exception("engine loop crashed")
+        except BaseException as e:  # the loop cannot go on: fail every stream instead of hanging it
+            log.critical("the engine loop stopped", exc_info=e)
             with self._cv:
                 self.error = e
-            self._fail_all(EngineDeadError(f"engine failure: {type(e).__name__}: {e}"))
+            self._fail_all(EngineDeadError("the engine stopped after an internal error"))
+            if self.on_fatal is not None:
+                self.on_fatal(e)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:
             pending, self._adds = self._adds, []
+            self._num_seqs = 0
         groups = {id(g): g for g in [*(live.group for live in self._live.values()), *pending]}
         for g in groups.values():
             _put(g, error)
         self._live.clear()
+
+    def _cancel_live(self, error: BaseException) -> None:
+        """Abort every live request (its cache freed) and fail its stream with `error`."""
+        for rid in list(self._live):
+            live = self._live[rid]
+            self._abort(rid)
+            _put(live.group, error)
+
+    def _release(self, live: _Live, num_seqs: int) -> None:
+        with self._cv:
+            self._num_seqs -= num_seqs
 
     def _apply(self, group: _Group) -> None:
         added: list[str] = []
@@ -265,9 +342,11 @@ class AsyncEngine:
             for r in group.requests:
                 self.engine.add_request(r.request_id, r.prompt_ids, r.params)
                 added.append(r.request_id)
-        except Exception as e:  # validated already: the queue bound raced, n > max_num_seqs, a duplicate id
+        except Exception as e:  # validated already: n > max_num_seqs, a duplicate id
             for rid in added:
                 self.engine.abort_request(rid)
+            with self._cv:
+                self._num_seqs -= sum(r.params.n for r in group.requests)
             _put(group, e)
             return
         for r in group.requests:
@@ -277,13 +356,24 @@ class AsyncEngine:
     def _abort(self, request_id: str) -> None:
         outs = self.engine.abort_request(request_id)  # not delivered: nobody is listening any more
         live = self._live.pop(request_id, None)
-        if outs and live is not None and self.observer is not None:
+        if live is None:
+            return
+        self._release(live, live.num_seqs)
+        if outs and self.observer is not None:
             e2e = time.monotonic() - live.submitted
             self.observer.on_finished("abort", e2e, live.num_prompt_tokens, live.num_generated)
 
     def _deliver(self, out: SeqOutput) -> None:
         live = self._live.get(out.request_id)
         if live is None:
+            return
+        if out.finish_reason == "error":  # the engine logged why; the client gets the request id
+            del self._live[out.request_id]
+            self._release(live, live.num_seqs)
+            _put(live.group, RequestFailedError(out.request_id))
+            if self.observer is not None:
+                e2e = time.monotonic() - live.submitted
+                self.observer.on_finished("error", e2e, live.num_prompt_tokens, live.num_generated)
             return
         _put(live.group, out)
         now = time.monotonic()
@@ -304,6 +394,7 @@ class AsyncEngine:
         if out.finished:
             live.reasons.add(out.finish_reason or "abort")
             live.num_seqs -= 1
+            self._release(live, 1)
             if live.num_seqs <= 0:
                 del self._live[out.request_id]
                 if obs is not None:

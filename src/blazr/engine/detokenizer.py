@@ -3,7 +3,8 @@
 Text is produced token by token through the tokenizer's UTF-8-safe streaming decoder. With stop strings,
 the last `len(longest stop) - 1` characters are held back until they can no longer begin a stop string, so
 a client never receives text that is later cut. On a match the text is truncated at the stop (or just after
-it with `include_stop`), and the sequence finishes.
+it with `include_stop`), and the sequence finishes. Tokens added with `check_stop=False` (the first
+`min_tokens`) are emitted at once and never searched: a later match must begin after them.
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ class Detokenizer:
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.text = ""
         self.emitted = 0  # characters of `text` already handed out
+        self.unsearched = 0  # characters of `text` a stop string may begin at or after
 
-    def add(self, token_id: int) -> tuple[str, bool]:
+    def add(self, token_id: int, check_stop: bool = True) -> tuple[str, bool]:
         """Feed one generated token; returns (new text to emit, whether a stop string matched)."""
         piece = self.decoder.add(token_id)
         if not piece:
             return "", False
-        start = max(0, len(self.text) - self.hold)
+        start = max(self.unsearched, len(self.text) - self.hold)
         self.text += piece
+        if not check_stop:
+            self.unsearched = len(self.text)
+            return self._take(len(self.text)), False
         if self.stop:
             hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
             if hits:

@@ -3,27 +3,60 @@
 Synchronous and single-threaded: the offline API (`blazr.LLM`) drives it in a loop, and the server runs the
 same loop on its own thread (engine/async_engine.py). A request with n > 1 is prefilled once and forked
 into n sequences when its prompt is done.
+
+Failures are contained to the request that caused them. An exception while sampling, detokenizing, scoring
+prompt logprobs or forking one request finishes that request with `finish_reason="error"` (its `SeqOutput`
+carries the exception for the log; clients only ever see a request id). An exception in the forward of a
+step that held one request fails that request; one that held several cannot be attributed, so the
+scheduler quarantines them (each re-run alone from a fresh cache) and the one that fails again alone is
+failed. What cannot be contained is raised from `step()`: an error outside these regions (a bug in the
+bookkeeping), an error that leaves the device unusable, or `MAX_CONSECUTIVE_FAILURES` failed forwards in a
+row (the engine is broken, not a request) — the server then exits so that a supervisor restarts it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from blazr.config import EngineConfig
 from blazr.engine.detokenizer import Detokenizer
 from blazr.engine.runner import ModelRunner, StepLogits
-from blazr.engine.sampling import SampleRequest, SamplingParams, sample
-from blazr.engine.scheduler import Scheduler
+from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
+from blazr.engine.scheduler import ScheduledBatch, Scheduler
 from blazr.engine.sequence import Sequence, Status, TokenLogprob
 from blazr.errors import BlazrError
 from blazr.tokenizer import Tokenizer
 
+log = logging.getLogger("blazr.engine")
+T = TypeVar("T")
+
+MAX_CONSECUTIVE_FAILURES = 8  # failed forwards in a row (no success between) before the engine gives up
+
 
 class QueueFullError(BlazrError):
-    """The waiting queue is at its bound; the client should retry later (HTTP 503)."""
+    """The server holds as many requests as it admits; the client should retry later (HTTP 503)."""
+
+
+class EngineBrokenError(RuntimeError):
+    """The engine cannot go on (the device failed, or every forward fails): the process should exit."""
+
+
+def is_fatal(error: BaseException) -> bool:
+    """Errors that leave the engine unusable whatever request comes next: a failed CUDA context (every
+    later kernel launch fails too) or a non-Exception (KeyboardInterrupt, SystemExit)."""
+    if not isinstance(error, Exception):
+        return True
+    accelerator_error = getattr(torch, "AcceleratorError", ())
+    if accelerator_error and isinstance(error, accelerator_error):
+        return True
+    text = str(error)
+    return "CUDA error" in text or "device-side assert" in text
 
 
 @dataclass
@@ -42,6 +75,7 @@ class SeqOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     first_token_time: float | None = None
     arrival_time: float = 0.0
+    error: BaseException | None = None  # finish_reason "error": what failed (for the log, not for clients)
 
 
 @dataclass
@@ -62,6 +96,7 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg, runner.blocks, runner.slots)
         self.requests: dict[str, _Request] = {}
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.num_consecutive_failures = 0  # failed forwards since the last successful one
 
     # --------------------------------------------------------------------------------------- requests
 
@@ -84,8 +119,6 @@ class LLMEngine:
         self.validate(prompt_ids, params)
         if request_id in self.requests:
             raise BlazrError(f"duplicate request id {request_id}")
-        if self.scheduler.num_waiting >= self.cfg.max_waiting:
-            raise QueueFullError(f"the waiting queue is full ({self.cfg.max_waiting} requests)")
         if params.n > self.cfg.max_num_seqs:
             raise BlazrError(f"n={params.n} exceeds max_num_seqs={self.cfg.max_num_seqs}")
         req = _Request(request_id, list(prompt_ids), params)
@@ -125,86 +158,176 @@ class LLMEngine:
     # ------------------------------------------------------------------------------------------- step
 
     def step(self) -> list[SeqOutput]:
+        """One engine step: the outputs (token deltas, finished and failed sequences) it produced. Raises
+        only what cannot be contained (see the module docstring)."""
+        with torch.inference_mode():  # the runner's logits are inference tensors; sampling edits copies
+            return self._step()
+
+    def _step(self) -> list[SeqOutput]:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        step = self.runner.run(sched)
+        try:
+            step = self.runner.run(sched)
+        except Exception as e:
+            return self._forward_failed(sched, e)
+        self.num_consecutive_failures = 0
         for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
         outputs: list[SeqOutput] = []
-        prompt_lps = self._prompt_logprobs(step, sched.seqs)
-        seqs, rows = self._expand_forks(step)
+        prompt_lps = self._prompt_logprobs(step, sched.seqs, outputs)
+        seqs, rows = self._expand_forks(step, outputs)
         if not seqs:
             return outputs
         logits = step.sample if len(seqs) == len(step.sample_seqs) else step.sample[rows]
-        requests = [
-            SampleRequest(s.params, s.prompt_ids, s.output_ids, s.generator, s.stop_ids) for s in seqs
-        ]
-        result = sample(logits, requests)
+        results = self._sample(logits, seqs, outputs)
         now = time.monotonic()
-        for b, (seq, token) in enumerate(zip(seqs, result.token_ids, strict=True)):
+        for seq, (result, b) in zip(seqs, results, strict=True):
             req = self.requests.get(seq.request_id)
-            if req is None or seq.is_finished:
+            if req is None or seq.is_finished or result is None:
                 continue
-            seq.output_ids.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.last_token_time = now
-            lp: list[TokenLogprob] = []
-            if result.logprobs is not None and seq.params.logprobs is not None:
-                k = seq.params.logprobs
-                top = []
-                if k:
-                    ids, vals = result.top_ids[b, :k].tolist(), result.top_logprobs[b, :k].tolist()
-                    top = list(zip(ids, vals, strict=True))
-                lp = [TokenLogprob(token, float(result.logprobs[b]), top)]
-                seq.logprobs.extend(lp)
-            detok = req.detoks[seq.seq_id]
-            text, finish = "", None
-            if token in seq.stop_ids:
-                finish = "stop"
-            else:
-                text, hit_stop = detok.add(token)
-                if hit_stop:
-                    finish = "stop"
-                elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.cfg.max_model_len:
-                    finish = "length"
-            if finish is not None:
-                if finish != "stop" or token in seq.stop_ids:
-                    text += detok.finish()
-                self.scheduler.finish(seq, finish)
-            out = self._output(req, seq, [token], text, lp)
+            try:
+                out = self._append(req, seq, result, b, now)
+            except Exception as e:
+                outputs += self._fail(req, e, "processing its output")
+                continue
             if seq.seq_id in prompt_lps:
                 out.prompt_logprobs = prompt_lps[seq.seq_id]
             outputs.append(out)
-            if finish is not None and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
+            if out.finished and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
                 self.requests.pop(req.request_id, None)
         return outputs
+
+    def _append(self, req: _Request, seq: Sequence, result: SampleResult, b: int, now: float) -> SeqOutput:
+        """Add row `b` of `result` to `seq`: its token, logprobs, text, and whether it finished."""
+        token = result.token_ids[b]
+        seq.output_ids.append(token)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        lp: list[TokenLogprob] = []
+        if result.logprobs is not None and seq.params.logprobs is not None:
+            k = seq.params.logprobs
+            top = []
+            if k:
+                ids, vals = result.top_ids[b, :k].tolist(), result.top_logprobs[b, :k].tolist()
+                top = list(zip(ids, vals, strict=True))
+            lp = [TokenLogprob(token, float(result.logprobs[b]), top)]
+            seq.logprobs.extend(lp)
+        detok = req.detoks[seq.seq_id]
+        text, finish = "", None
+        if token in seq.stop_ids:  # never sampled before min_tokens: the sampler masks them
+            finish = "stop"
+        else:
+            # stop strings count from min_tokens on too (as vLLM's detokenizer)
+            text, hit_stop = detok.add(token, check_stop=len(seq.output_ids) > seq.params.min_tokens)
+            if hit_stop:
+                finish = "stop"
+            elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.cfg.max_model_len:
+                finish = "length"
+        if finish is not None:
+            if finish != "stop" or token in seq.stop_ids:
+                text += detok.finish()
+            self.scheduler.finish(seq, finish)
+        return self._output(req, seq, [token], text, lp)
+
+    # ------------------------------------------------------------------------------------- failures
+
+    def _forward_failed(self, sched: ScheduledBatch, error: Exception) -> list[SeqOutput]:
+        """The forward of `sched` raised: fail its request if it held one, else quarantine them all."""
+        self.num_consecutive_failures += 1
+        if is_fatal(error) or self.num_consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+            raise EngineBrokenError(
+                f"the forward failed {self.num_consecutive_failures} time(s) in a row: {type(error).__name__}"
+            ) from error
+        request_ids = list(dict.fromkeys(seq.request_id for seq in sched.seqs))
+        if len(request_ids) == 1:
+            req = self.requests.get(request_ids[0])
+            return self._fail(req, error, "the forward") if req is not None else []
+        log.warning(
+            "a step of %d requests failed (%s); re-running each alone to find the cause",
+            len(request_ids),
+            type(error).__name__,
+        )
+        self.scheduler.quarantine(sched)
+        return []
+
+    def _fail(self, req: _Request, error: BaseException, stage: str) -> list[SeqOutput]:
+        """Finish every sequence of `req` with reason "error"; log the traceback under its request id."""
+        log.error("request %s failed in %s", req.request_id, stage, exc_info=error)
+        self.requests.pop(req.request_id, None)
+        outs = []
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "error")
+                out = self._output(req, seq, [], "", [])
+                out.error = error
+                outs.append(out)
+        return outs
+
+    def _contain(
+        self, seq: Sequence, outputs: list[SeqOutput], stage: str, fn: Callable[..., T], *args: object
+    ) -> tuple[bool, T | None]:
+        """`fn(*args)` for one sequence's request: (True, its result), or (False, None) when it raised —
+        then that request is failed (its outputs go to `outputs`) and the others go on."""
+        try:
+            return True, fn(*args)
+        except Exception as e:
+            req = self.requests.get(seq.request_id)
+            if req is not None:
+                outputs += self._fail(req, e, stage)
+            return False, None
+
+    def _sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], outputs: list[SeqOutput]
+    ) -> list[tuple[SampleResult, int] | tuple[None, int]]:
+        """Sample one token per row: (result, row in it) per sequence. If the batch fails, each row is
+        sampled alone, and a row that fails alone fails its request (result None)."""
+        requests = [
+            SampleRequest(s.params, s.prompt_ids, s.output_ids, s.generator, s.stop_ids) for s in seqs
+        ]
+        try:
+            result = sample(logits, requests)
+            return [(result, b) for b in range(len(seqs))]
+        except Exception:
+            log.warning("sampling a batch of %d failed; sampling each row alone", len(seqs))
+        out: list[tuple[SampleResult, int] | tuple[None, int]] = []
+        for b, (seq, request) in enumerate(zip(seqs, requests, strict=True)):
+            _, alone = self._contain(seq, outputs, "sampling", sample, logits[b : b + 1], [request])
+            out.append((alone, 0))
+        return out
 
     def _pending_fork(self, req: _Request) -> bool:
         return any(s.fork_pending for s in req.seqs)
 
-    def _expand_forks(self, step: StepLogits) -> tuple[list[Sequence], list[int]]:
+    def _expand_forks(self, step: StepLogits, outputs: list[SeqOutput]) -> tuple[list[Sequence], list[int]]:
         """Sequences to sample and the logits row of each; n > 1 parents whose prefill just completed are
         forked here so that every child samples its own first token from the shared prompt logits."""
         seqs: list[Sequence] = []
         rows: list[int] = []
         for row, seq in enumerate(step.sample_seqs):
-            seqs.append(seq)
-            rows.append(row)
+            if seq.request_id not in self.requests or seq.is_finished:
+                continue
+            forked: list[Sequence] | None = []
             if seq.fork_pending and not seq.output_ids:
-                req = self.requests[seq.request_id]
-                children = [self._new_sequence(req, len(req.seqs)) for _ in range(seq.fork_pending)]
-                fork = self.scheduler.fork(seq, children)
-                self.runner.copy_blocks(fork.block_copies)
-                self.runner.copy_states(fork.state_copies)
-                for child in fork.children:
-                    seqs.append(child)
-                    rows.append(row)
+                ok, forked = self._contain(seq, outputs, "forking its n samples", self._fork, seq)
+                if not ok:
+                    continue
+            for s in (seq, *(forked or ())):
+                seqs.append(s)
+                rows.append(row)
         return seqs, rows
 
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        req = self.requests[parent.request_id]
+        children = [self._new_sequence(req, len(req.seqs)) for _ in range(parent.fork_pending)]
+        fork = self.scheduler.fork(parent, children)
+        self.runner.copy_blocks(fork.block_copies)
+        self.runner.copy_states(fork.state_copies)
+        return fork.children
+
     def _prompt_logprobs(
-        self, step: StepLogits, scheduled: list[Sequence]
+        self, step: StepLogits, scheduled: list[Sequence], outputs: list[SeqOutput]
     ) -> dict[int, list[TokenLogprob | None]]:
         """Accumulate prompt logprobs chunk by chunk; returned complete with the first sampled token."""
         done: dict[int, list[TokenLogprob | None]] = {}
@@ -213,21 +336,11 @@ class LLMEngine:
         by_id = {s.seq_id: s for s in scheduled}
         for seq_id, (first, logits) in step.prompt.items():
             seq = by_id.get(seq_id)
-            if seq is None:
-                continue
-            if not seq.prompt_logprobs:
-                seq.prompt_logprobs = [None]  # the first prompt token has no prediction
-            lps = torch.log_softmax(logits, dim=-1)
-            targets = torch.tensor(seq.prompt_ids[first : first + logits.shape[0]], dtype=torch.long)
-            chosen = lps.gather(1, targets[:, None].to(lps.device)).squeeze(1).tolist()
-            k = seq.params.prompt_logprobs or 0
-            tops = lps.topk(k, dim=-1) if k else None
-            for i, (t, v) in enumerate(zip(targets.tolist(), chosen, strict=True)):
-                top = (
-                    list(zip(tops.indices[i].tolist(), tops.values[i].tolist(), strict=True)) if tops else []
-                )
-                seq.prompt_logprobs.append(TokenLogprob(t, v, top))
+            if seq is not None:
+                self._contain(seq, outputs, "scoring its prompt", _score, seq, first, logits)
         for seq in step.sample_seqs:
+            if seq.is_finished:
+                continue
             if seq.params.prompt_logprobs is not None and not seq.output_ids:
                 done[seq.seq_id] = seq.prompt_logprobs or [None]
         return done
@@ -262,3 +375,17 @@ class LLMEngine:
     @property
     def cache_usage(self) -> float:
         return self.runner.blocks.usage if self.runner.blocks is not None else 0.0
+
+
+def _score(seq: Sequence, first: int, logits: torch.Tensor) -> None:
+    """Append the logprobs of prompt tokens first … first + m - 1 (logits [m, V] predict them)."""
+    if not seq.prompt_logprobs:
+        seq.prompt_logprobs = [None]  # the first prompt token has no prediction
+    lps = torch.log_softmax(logits, dim=-1)
+    targets = torch.tensor(seq.prompt_ids[first : first + logits.shape[0]], dtype=torch.long)
+    chosen = lps.gather(1, targets[:, None].to(lps.device)).squeeze(1).tolist()
+    k = seq.params.prompt_logprobs or 0
+    tops = lps.topk(k, dim=-1) if k else None
+    for i, (t, v) in enumerate(zip(targets.tolist(), chosen, strict=True)):
+        top = list(zip(tops.indices[i].tolist(), tops.values[i].tolist(), strict=True)) if tops else []
+        seq.prompt_logprobs.append(TokenLogprob(t, v, top))

@@ -6,7 +6,7 @@ batch of logit rows into token ids, row by row parameters vectorised where it ma
     raw logprobs (returned to the user) ← log_softmax(logits)
     logits ← + logit_bias; repetition / presence / frequency penalties; min_tokens masks stop ids
     greedy rows (temperature 0) → argmax
-    other rows → / temperature → top-k → top-p → min-p → draw (per-request torch.Generator when seeded)
+    other rows → / temperature → min-p → top-k → top-p → draw (per-request torch.Generator when seeded)
 
 Shapes: B rows, V vocabulary, K candidates kept after top-k.
 """
@@ -107,7 +107,9 @@ class SampleResult:
 
 
 def apply_penalties(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Tensor:
-    """logit_bias, repetition (HF: over prompt + output), presence/frequency (OpenAI: over output)."""
+    """In place, in vLLM's order: logit_bias; repetition (over prompt + output tokens: positive logits
+    divided, others multiplied); frequency and presence (OpenAI's, over output tokens:
+    `- frequency · count - presence · [count > 0]`); stop ids masked while output < min_tokens."""
     V = logits.shape[-1]
     for b, r in enumerate(rows):
         p = r.params
@@ -134,7 +136,8 @@ def apply_penalties(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Ten
 
 
 def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Tensor:
-    """Temperature, top-k, top-p, min-p, then a draw for every (non-greedy) row. logits [B, V]."""
+    """Temperature, then min-p, top-k and top-p (vLLM's order: top-p sees the distribution the other two
+    left), then a draw for every (non-greedy) row. logits [B, V]."""
     V = logits.shape[-1]
     device = logits.device
     temps = torch.tensor([r.params.temperature for r in rows], device=device, dtype=logits.dtype)
@@ -147,6 +150,9 @@ def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Te
         values, indices = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(K, device=device)
     keep = ranks[None, :] < torch.tensor(ks, device=device)[:, None]
+    min_p = torch.tensor([r.params.min_p for r in rows], device=device, dtype=values.dtype)
+    if bool((min_p > 0).any()):  # p_i >= min_p · p_max  ⇔  logit_i >= logit_max + log(min_p)
+        keep &= values >= values[:, :1] + torch.log(min_p)[:, None]
     values = values.masked_fill(~keep, float("-inf"))
     probs = values.softmax(dim=-1)  # [B, K]
     top_p = torch.tensor([r.params.top_p for r in rows], device=device, dtype=probs.dtype)
@@ -154,9 +160,6 @@ def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Te
         cum = probs.cumsum(dim=-1)
         drop = (cum - probs) >= top_p[:, None]  # keep the smallest prefix whose mass reaches top_p
         probs = probs.masked_fill(drop, 0.0)
-    min_p = torch.tensor([r.params.min_p for r in rows], device=device, dtype=probs.dtype)
-    if bool((min_p > 0).any()):
-        probs = probs.masked_fill(probs < min_p[:, None] * probs[:, :1], 0.0)
     # Exponential-race draw: argmax(p / E) with E ~ Exp(1) is a sample from p (normalisation not needed).
     noise = torch.empty_like(probs)
     shared = [b for b, r in enumerate(rows) if r.generator is None]
@@ -173,11 +176,11 @@ def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Te
 
 
 def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:
-    """logits [B, V] float32 (modified in place) → one token per row, plus raw logprobs when asked."""
+    """logits [B, V] float32 (left untouched) → one token per row, plus raw logprobs when asked."""
     want = [r.params.logprobs for r in rows if r.params.logprobs is not None]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want else None
     if any(r.params.logit_bias or r.params.has_penalties or r.params.min_tokens for r in rows):
-        logits = apply_penalties(logits, rows)
+        logits = apply_penalties(logits.clone(), rows)
     greedy = [b for b, r in enumerate(rows) if r.params.is_greedy]
     rest = [b for b, r in enumerate(rows) if not r.params.is_greedy]
     if not rest:  # all greedy (the common case): no gathers

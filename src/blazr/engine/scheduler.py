@@ -6,6 +6,12 @@ keep flowing while a long prompt is chunked). New sequences join from the waitin
 the budget, a state slot and cache blocks allow. When blocks run out, the newest running sequence is
 preempted: its cache is freed and it is recomputed later (prompt + what it generated so far).
 
+Quarantine: when a step that held several requests fails, the engine cannot tell which request caused it,
+and the step may have half-written their caches. `quarantine(batch)` preempts every sequence of that step
+and queues it to run alone — one sequence per step, nothing else admitted — until it is back where the
+failed step would have taken it. A sequence that fails again while alone is the cause (the engine fails
+its request); the others pass and rejoin the batch, so innocent requests only pay a recompute.
+
 Pure bookkeeping — no tensors — so it is tested with a fake runner.
 """
 
@@ -53,6 +59,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._reserved = 0  # sequences promised to pending forks (n > 1)
+        # (sequence, num_computed_tokens it must reach alone) after a failed multi-request step
+        self._quarantine: deque[tuple[Sequence, int]] = deque()
 
     # ------------------------------------------------------------------------------------------ queue
 
@@ -69,6 +77,10 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_quarantined(self) -> int:
+        return len(self._quarantine)
 
     # --------------------------------------------------------------------------------------- schedule
 
@@ -106,6 +118,9 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def schedule(self) -> ScheduledBatch:
+        quarantined = self._next_quarantined()
+        if quarantined is not None:
+            return self._schedule_alone(*quarantined)
         budget = self.cfg.max_num_batched_tokens
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []
@@ -139,22 +154,64 @@ class Scheduler:
     def _admit(self, budget: int, prefills: list[tuple[Sequence, int]]) -> None:
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            extra = 1 + seq.fork_pending
-            if len(self.running) + self._reserved + extra > self.cfg.max_num_seqs:
-                break
-            if self.slots is not None and self.slots.num_free < extra + self._reserved:
-                break
             num_new = min(seq.num_uncomputed, budget)
-            if not self._grow(seq, num_new):
+            if not self._try_admit(seq, num_new):
                 break
-            self.waiting.popleft()
-            if self.slots is not None:
-                seq.state_slot = self.slots.allocate()
-            self._reserved += seq.fork_pending
-            seq.status = Status.RUNNING
-            self.running.append(seq)
             prefills.append((seq, num_new))
             budget -= num_new
+
+    def _try_admit(self, seq: Sequence, num_new: int) -> bool:
+        """Move a waiting sequence to running with a state slot and blocks for `num_new` tokens."""
+        extra = 1 + seq.fork_pending
+        if len(self.running) + self._reserved + extra > self.cfg.max_num_seqs:
+            return False
+        if self.slots is not None and self.slots.num_free < extra + self._reserved:
+            return False
+        if not self._grow(seq, num_new):
+            return False
+        self.waiting.remove(seq)
+        if self.slots is not None:
+            seq.state_slot = self.slots.allocate()
+        self._reserved += seq.fork_pending
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        return True
+
+    # ------------------------------------------------------------------------------------- quarantine
+
+    def quarantine(self, batch: ScheduledBatch) -> None:
+        """A step holding several requests failed: preempt all of its sequences (their caches may be half
+        written) and run each alone until it has passed the point the failed step would have reached."""
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            target = seq.num_computed_tokens + n
+            if seq.status is Status.RUNNING:
+                self._preempt(seq)
+            self._quarantine.append((seq, target))
+
+    def _next_quarantined(self) -> tuple[Sequence, int] | None:
+        while self._quarantine:
+            seq, target = self._quarantine[0]
+            if seq.status is not Status.FINISHED and seq.num_computed_tokens < target:
+                return seq, target
+            self._quarantine.popleft()
+        return None
+
+    def _schedule_alone(self, seq: Sequence, target: int) -> ScheduledBatch:
+        """One step holding only `seq` (its next prefill chunk, or its decode), making room if needed."""
+        num_new = min(seq.num_uncomputed, self.cfg.max_num_batched_tokens)
+        preempted: list[Sequence] = []
+        if seq.status is Status.WAITING:
+            while not self._try_admit(seq, num_new):
+                victim = self.running[-1]  # room is always there once the others are out
+                self._preempt(victim)
+                preempted.append(victim)
+        else:
+            while not self._grow(seq, num_new):
+                victim = next(s for s in reversed(self.running) if s is not seq)
+                self._preempt(victim)
+                preempted.append(victim)
+        is_decode = num_new == 1 and bool(seq.output_ids) and seq.num_computed_tokens == seq.num_tokens - 1
+        return ScheduledBatch([seq], [num_new], int(is_decode), preempted)
 
     # ----------------------------------------------------------------------------------------- update
 

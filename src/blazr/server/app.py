@@ -2,14 +2,14 @@
 
 Startup: uvicorn binds at once and the lifespan starts a loader thread, so `/health` answers 503 while the
 model loads and 200 once the engine thread runs; a model that fails to load stops the server (exit 1,
-one-line error). Shutdown stops the engine thread. The API key (Bearer, compared in constant time) guards
-/v1/* only: /health, /metrics and /version stay open so probes and scrapers need no secret.
+one-line error). SIGTERM / SIGINT drain (lifecycle.py); an engine that dies ends the process with status 1.
+Middlewares (middleware.py), outermost first: request id + in-flight count, API key (/v1/* and the docs;
+/health, /metrics and /version stay open so probes and scrapers need no secret), body-size limit.
 """
 
 from __future__ import annotations
 
 import argparse
-import hmac
 import logging
 import os
 import sys
@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -27,8 +26,11 @@ from blazr.config import dtype_name
 from blazr.engine.async_engine import AsyncEngine
 from blazr.engine.engine import LLMEngine
 from blazr.errors import BlazrError
-from blazr.server.errors import error_response, install_error_handlers
+from blazr.server.errors import install_error_handlers
+from blazr.server.lifecycle import BlazrServer
 from blazr.server.metrics import Metrics
+from blazr.server.middleware import ApiKey, BodyLimit, RequestContext
+from blazr.server.openapi import install_openapi
 from blazr.server.options import ServerConfig
 from blazr.server.routes import router
 from blazr.server.serving import OpenAIServing
@@ -74,7 +76,8 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
     names = list(cfg.served_model_names) or [cfg.model or llm.path.name.split(".")[0]]
     dtype, kv = dtype_name(llm.dtype), dtype_name(llm.kv_dtype)
     desc = f"{llm.config.architecture}, {dtype}, kv cache {kv}, {llm.device.type}"
-    return LoadedModel(engine, llm.tokenizer, names, str(llm.path), desc, llm.device.type == "cpu")
+    # root: the checkpoint's name, not its path (no absolute path reaches clients)
+    return LoadedModel(engine, llm.tokenizer, names, llm.name, desc, llm.device.type == "cpu")
 
 
 def engine_threads(cfg: ServerConfig, is_cpu: bool) -> int | None:
@@ -88,28 +91,32 @@ def engine_threads(cfg: ServerConfig, is_cpu: bool) -> int | None:
     return cores if cores <= 2 else cores - 1
 
 
-def _load(state: ServerState, loader: Loader) -> None:
+def _load(
+    state: ServerState, loader: Loader, on_fatal: Callable[[BaseException], None] | None = None
+) -> None:
     t0 = time.perf_counter()
     try:
         loaded = loader(state.config)
         threads = engine_threads(state.config, loaded.is_cpu)
-        engine = AsyncEngine(loaded.engine, observer=state.metrics, num_threads=threads)
+        engine = AsyncEngine(loaded.engine, observer=state.metrics, num_threads=threads, on_fatal=on_fatal)
+        serving = OpenAIServing(engine, loaded.tokenizer, loaded.model_names, loaded.root)
         engine.start()
         state.metrics.bind_engine(
             lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.cache_usage
         )
-        state.serving = OpenAIServing(engine, loaded.tokenizer, loaded.model_names, loaded.root)
+        state.serving = serving
         state.load_seconds = time.perf_counter() - t0
-        state.status = "ready"
+        if state.status == "loading":  # (a drain may have begun while loading)
+            state.status = "ready"
     except Exception as e:
         if isinstance(e, BlazrError):
-            state.error = str(e)
+            print(f"blazr serve: error: {e}", file=sys.stderr, flush=True)
         else:
             log.exception("loading the model failed")
-            state.error = f"{type(e).__name__}: {e}"
+        state.error = "the model failed to load (see the server log)"
         state.status = "failed"
         for callback in state.on_load_failed:
-            callback(state.error)
+            callback(str(e))
         return
     threads = f", {engine.num_threads} threads" if engine.num_threads else ""
     print(
@@ -120,62 +127,38 @@ def _load(state: ServerState, loader: Loader) -> None:
     )
 
 
-class ApiKeyMiddleware:
-    """Pure ASGI: /v1/* requires `Authorization: Bearer <key>` (401 OpenAI error JSON otherwise)."""
-
-    def __init__(self, app: Any, api_key: str, on_reject: Callable[[int], None] | None = None) -> None:
-        self.app = app
-        self.key = api_key.encode()
-        self.on_reject = on_reject
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1") or scope["method"] == "OPTIONS":
-            await self.app(scope, receive, send)
-            return
-        auth = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                auth = value
-                break
-        scheme, _, token = auth.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
-            await self.app(scope, receive, send)
-            return
-        if self.on_reject is not None:
-            self.on_reject(401)
-        message = (
-            "Incorrect API key provided" if auth else "Missing API key: send `Authorization: Bearer <key>`"
-        )
-        response = error_response(
-            401,
-            message,
-            "invalid_request_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-        await response(scope, receive, send)
-
-
-def build_app(config: ServerConfig, loader: Loader = load_model) -> FastAPI:
-    """The app with its state, routes, error handlers and API-key guard; the lifespan loads the model."""
+def build_app(
+    config: ServerConfig,
+    loader: Loader = load_model,
+    on_engine_fatal: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The app with its state, routes, error handlers and middlewares; the lifespan loads the model.
+    `on_engine_fatal` is called (engine thread) if the engine loop stops; `serve` exits on it."""
     metrics = Metrics(config.max_model_len or 1 << 17)
     state = ServerState(config=config, metrics=metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        threading.Thread(target=_load, args=(state, loader), name="blazr-load", daemon=True).start()
+        threading.Thread(
+            target=_load, args=(state, loader, on_engine_fatal), name="blazr-load", daemon=True
+        ).start()
         try:
             yield
         finally:
             if state.serving is not None:
                 state.serving.engine.shutdown()
+                state.serving.close()
 
     app = FastAPI(title="blazr", version=_version(), lifespan=lifespan)
     app.state.blazr = state
     app.include_router(router)
     install_error_handlers(app, metrics.on_error)
+    install_openapi(app, has_api_key=bool(config.api_key))
+    # add_middleware wraps: the last added is the outermost
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes, on_reject=metrics.on_error)
     if config.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, on_reject=metrics.on_error)
+        app.add_middleware(ApiKey, api_key=config.api_key, on_reject=metrics.on_error)
+    app.add_middleware(RequestContext, on_in_flight=state.add_in_flight)
     return app
 
 
@@ -189,16 +172,18 @@ _UVICORN_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def serve(args: argparse.Namespace) -> None:
-    """`blazr serve`: run uvicorn until interrupted; raise BlazrError if the model cannot be loaded."""
+    """`blazr serve`: run uvicorn until drained after a signal; raise BlazrError if the model cannot be
+    loaded or the engine died (the CLI exits 1 on it)."""
     import uvicorn
 
     config = ServerConfig.from_args(args)
     if config.chat_template is not None and not Path(config.chat_template).is_file():
         raise BlazrError(f"--chat-template {config.chat_template}: no such file")
-    app = build_app(config)
+    fatal: list[Callable[[BaseException], None]] = []
+    app = build_app(config, on_engine_fatal=lambda e: fatal[0](e))
     state: ServerState = app.state.blazr
     level = config.log_level if config.log_level in _UVICORN_LEVELS else "warning"
-    server = uvicorn.Server(
+    server = BlazrServer(
         uvicorn.Config(
             app,
             host=config.host,
@@ -207,8 +192,11 @@ def serve(args: argparse.Namespace) -> None:
             access_log=level in ("info", "debug", "trace"),
             timeout_graceful_shutdown=5,
             lifespan="on",
-        )
+        ),
+        state,
+        config.shutdown_timeout,
     )
+    fatal.append(server.on_engine_fatal)
 
     def stop(_: str) -> None:
         server.should_exit = True
@@ -222,5 +210,7 @@ def serve(args: argparse.Namespace) -> None:
         flush=True,
     )
     server.run()
-    if state.status == "failed":
-        raise BlazrError(f"the model failed to load: {state.error}")
+    if state.serving is None and state.status == "failed":
+        raise BlazrError("the model failed to load")
+    if server.exit_code:
+        raise BlazrError("the engine stopped after an internal error (traceback above)")

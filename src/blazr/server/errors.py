@@ -1,8 +1,9 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the right HTTP status.
 
 `APIError` is what the serving code raises; `install_error_handlers` maps it, FastAPI's validation errors
-(malformed JSON, wrong types → 400), unknown paths (404) and anything unexpected (500, traceback logged on
-the server, never sent) onto that JSON.
+(malformed JSON, wrong types → 400), unknown paths (404) and anything unexpected (500: the traceback is
+logged under the request id, and only that id is sent) onto that JSON. A field the schema does not know
+is "unsupported field 'x'".
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def validation_message(errors: list[Any]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     err = errors[0]
+    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+    if extra:  # name the unknown field rather than a union branch's complaint about it
+        param = ".".join(_path(extra[0]))
+        return f"unsupported field '{param}': blazr does not implement it", param
     if err.get("type") == "json_invalid":
         detail = (err.get("ctx") or {}).get("error", "")
         return f"the request body is not valid JSON{': ' + detail if detail else ''}", None
@@ -121,5 +126,6 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         note(500)
-        log.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
+        rid = request.scope.get("state", {}).get("request_id", "-")
+        log.error("request %s: unhandled error in %s %s", rid, request.method, request.url.path, exc_info=exc)
+        return error_response(500, f"internal server error (request id {rid})", "server_error")

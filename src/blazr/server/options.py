@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8080
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20  # 8 MiB: a 128k-token prompt is ~1 MB of text or of token ids
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class ServerConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     log_level: str = "warning"
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -57,6 +61,8 @@ class ServerConfig:
             host=args.host,
             port=args.port,
             log_level=str(args.log_level).lower(),
+            max_request_bytes=args.max_request_bytes,
+            shutdown_timeout=args.shutdown_timeout,
         )
 
 
@@ -67,6 +73,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds ≥ 0, got {text}")
     return value
 
 
@@ -104,6 +120,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=256,
         help="requests allowed to wait for a slot; past it the server answers 503 (default 256)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=_positive,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help=f"largest request body accepted; larger ones get 413 (default {DEFAULT_MAX_REQUEST_BYTES})",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=_non_negative,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests in flight may run on before they are cancelled "
+        f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--num-threads",

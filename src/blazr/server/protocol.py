@@ -66,20 +66,38 @@ def completion_prompts(
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them; `developer` is OpenAI's new name for `system`."""
+    """Messages as the chat template expects them; `developer` is OpenAI's new name for `system`, `name`
+    is passed on to the template."""
     out = []
     for i, m in enumerate(req.messages):
         content: Any = m.content
         if isinstance(content, list):
-            for part in content:
-                if part.type != "text" or part.text is None:
+            parts = []
+            for j, part in enumerate(content):
+                kind = part.get("type")
+                if kind != "text":
                     raise bad_request(
-                        f"messages[{i}].content: parts of type {part.type!r} are not supported, only 'text'",
-                        f"messages.{i}.content",
+                        f"messages[{i}].content[{j}]: parts of type {kind!r} are not supported, only 'text'",
+                        f"messages.{i}.content.{j}.type",
                     )
-            content = [{"type": "text", "text": p.text} for p in content]
-        role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": content})
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise bad_request(
+                        f"messages[{i}].content[{j}]: a text part needs a string 'text'",
+                        f"messages.{i}.content.{j}.text",
+                    )
+                extra = sorted(set(part) - {"type", "text"})
+                if extra:
+                    raise bad_request(
+                        f"messages[{i}].content[{j}]: unsupported field {extra[0]!r}",
+                        f"messages.{i}.content.{j}.{extra[0]}",
+                    )
+                parts.append({"type": "text", "text": text})
+            content = parts
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        if m.name is not None:
+            message["name"] = m.name
+        out.append(message)
     return out
 
 
@@ -99,8 +117,22 @@ def encode_chat(req: ChatCompletionRequest, tok: Tokenizer) -> list[int]:
 
 
 def check_unsupported(req: SamplingFields) -> None:
+    """What the schema accepts but only together with other fields."""
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    if isinstance(req, ChatCompletionRequest):
+        if req.tools:
+            raise bad_request("tools are not supported yet", "tools")
+        if req.tool_choice not in (None, "none"):
+            raise bad_request("tool_choice is not supported yet (only 'none')", "tool_choice")
+        fmt = req.response_format
+        if fmt is not None and (fmt.get("type") != "text" or set(fmt) != {"type"}):
+            raise bad_request(
+                f"response_format {fmt.get('type')!r} is not supported yet (only {{'type': 'text'}})",
+                "response_format",
+            )
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
 
 def sampling_params(
@@ -113,6 +145,13 @@ def sampling_params(
 ) -> SamplingParams:
     """OpenAI's defaults where a field is absent: temperature 1, top_p 1, no top_k/min_p, no penalties."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if req.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({req.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
+    bad_ids = [t for t in req.stop_token_ids or () if t >= vocab_size]
+    if bad_ids:
+        raise bad_request(
+            f"stop_token_ids: token id {bad_ids[0]} is out of range [0, {vocab_size})", "stop_token_ids"
+        )
     bias: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
         try:
@@ -121,11 +160,7 @@ def sampling_params(
             raise bad_request(f"logit_bias: key {key!r} is not a token id", "logit_bias") from None
         if not 0 <= token < vocab_size:
             raise bad_request(f"logit_bias: token id {token} is out of range [0, {vocab_size})", "logit_bias")
-        if not -100 <= value <= 100:
-            raise bad_request(
-                f"logit_bias: value {value} for token {token} is outside [-100, 100]", "logit_bias"
-            )
-        bias[token] = float(value)
+        bias[token] = float(value)  # the schema bounds it to [-100, 100]
     try:
         return SamplingParams(
             max_tokens=max_tokens,

@@ -1,8 +1,10 @@
-"""HTTP routes — thin: parse (FastAPI + schemas.py), hand over to `OpenAIServing`, return.
+"""HTTP routes — thin: parse (off the event loop, schemas.py), hand over to `OpenAIServing`, return.
 
-Open:       GET /health (200 ready, 503 loading or failed), GET /metrics (Prometheus), GET /version.
-/v1/* (behind the API key when one is set; 503 + Retry-After while the model loads):
+Open:       GET /health (200 ready; 503 loading, draining or failed), GET /metrics (Prometheus text),
+            GET /version.
+/v1/* (behind the API key when one is set; 503 while the model loads or the server drains):
             GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions.
+Every status a route can answer is declared for /openapi.json (openapi.py).
 """
 
 from __future__ import annotations
@@ -10,12 +12,22 @@ from __future__ import annotations
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
 import blazr
 from blazr.server.errors import APIError, validation_message
-from blazr.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from blazr.server.openapi import documented, request_body
+from blazr.server.schemas import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    HealthStatus,
+    ModelCard,
+    ModelList,
+    VersionInfo,
+)
 from blazr.server.serving import OpenAIServing
 from blazr.server.state import ServerState
 
@@ -31,65 +43,82 @@ State = Annotated[ServerState, Depends(server_state)]
 
 
 def serving(state: State) -> OpenAIServing:
-    """The loaded model, or 503 while it loads (500 if loading failed or the engine stopped)."""
-    if state.serving is not None and state.serving.engine.is_alive:
+    """The loaded model, or 503: loading, draining (SIGTERM), failed (the process is exiting)."""
+    if state.status == "ready" and state.serving is not None and state.serving.engine.is_alive:
         return state.serving
     if state.status == "loading":
         raise APIError(503, "the model is still loading", code="loading", headers={"Retry-After": "2"})
-    raise APIError(500, f"the model is not available: {state.error or 'engine stopped'}", code="engine_error")
+    if state.status == "draining":
+        raise APIError(503, "the server is shutting down", code="shutting_down")
+    raise APIError(
+        503, f"the server is not available: {state.error or 'the engine stopped'}", code="unavailable"
+    )
 
 
 Serving = Annotated[OpenAIServing, Depends(serving)]
 
 
-@router.get("/health")
+@router.get("/health", responses=documented(HealthStatus, 503, model_503=HealthStatus))
 async def health(state: State) -> JSONResponse:
-    ok = state.serving is not None and state.serving.engine.is_alive
-    if ok:
+    if state.status == "ready" and state.serving is not None and state.serving.engine.is_alive:
         return JSONResponse({"status": "ok"})
-    status = "loading" if state.status == "loading" else "error"
-    body: dict[str, str] = {"status": status}
-    if status == "error":
-        body["error"] = state.error or "engine stopped"
-    return JSONResponse(body, status_code=503)
+    if state.status in ("loading", "draining"):
+        return JSONResponse({"status": state.status}, status_code=503)
+    return JSONResponse({"status": "error", "error": state.error or "the engine stopped"}, status_code=503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus"}},
+)
 async def metrics(state: State) -> Response:
     body, content_type = state.metrics.render()
     return Response(body, media_type=content_type)
 
 
-@router.get("/version")
+@router.get("/version", responses=documented(VersionInfo))
 async def version() -> JSONResponse:
     return JSONResponse({"version": blazr.__version__})
 
 
-@router.get("/v1/models")
-async def list_models(s: Serving) -> ModelList:
-    return s.models()
+@router.get("/v1/models", responses=documented(ModelList, 401, 503))
+async def list_models(s: Serving) -> JSONResponse:
+    return JSONResponse(s.models().model_dump())
 
 
-@router.get("/v1/models/{model_id:path}")
-async def get_model(model_id: str, s: Serving) -> ModelCard:
-    return s.model(model_id)
+@router.get("/v1/models/{model_id:path}", responses=documented(ModelCard, 401, 404, 503))
+async def get_model(model_id: str, s: Serving) -> JSONResponse:
+    return JSONResponse(s.model(model_id).model_dump())
 
 
-async def parse(raw: Request, schema: type[RequestT]) -> RequestT:
-    """The JSON body, whatever its Content-Type (curl -d sends a form type), validated strictly → 400."""
+async def parse(raw: Request, schema: type[RequestT], s: OpenAIServing) -> RequestT:
+    """The JSON body, whatever its Content-Type (curl -d sends a form type), validated strictly (off the
+    event loop) → 400 naming the field."""
     body = await raw.body()
     try:
-        return schema.model_validate_json(body or b"null")
+        return await s.off_loop(schema.model_validate_json, body or b"null")
     except ValidationError as e:
         message, param = validation_message(list(e.errors()))
         raise APIError(400, message, param=param) from None
 
 
-@router.post("/v1/completions")
+GENERATION_ERRORS = (400, 401, 404, 413, 500, 503)
+
+
+@router.post(
+    "/v1/completions",
+    openapi_extra=request_body(CompletionRequest),
+    responses=documented(CompletionResponse, *GENERATION_ERRORS, stream=True),
+)
 async def completions(raw: Request, s: Serving) -> Response:
-    return await s.completions(await parse(raw, CompletionRequest), raw)
+    return await s.completions(await parse(raw, CompletionRequest, s), raw)
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=request_body(ChatCompletionRequest),
+    responses=documented(ChatCompletionResponse, *GENERATION_ERRORS, stream=True),
+)
 async def chat_completions(raw: Request, s: Serving) -> Response:
-    return await s.chat(await parse(raw, ChatCompletionRequest), raw)
+    return await s.chat(await parse(raw, ChatCompletionRequest, s), raw)

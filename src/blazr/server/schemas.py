@@ -1,9 +1,18 @@
 """Pydantic shapes of the OpenAI API as blazr serves it: requests in, responses and stream chunks out.
 
-Requests validate strictly (a string where a number belongs is a 400, not a coercion) and ignore unknown
-fields, since OpenAI clients send extras. Besides OpenAI's fields they take vLLM's common sampling extras
-(top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids, skip_special_tokens,
-include_stop_str_in_output, return_tokens_as_token_ids), sent by `openai` clients through `extra_body`.
+Requests validate strictly (a string where a number belongs is a 400, not a coercion; NaN and Infinity are
+refused) and **refuse unknown fields**: a field blazr does not honour is a 400 that names it, never silently
+ignored. The accepted fields are exactly the ones declared here:
+  - OpenAI's, where blazr implements them; a few only in the value that asks for nothing blazr lacks
+    (`store: false`, `service_tier: auto|default`, `modalities: ["text"]`, `tool_choice: none`,
+    `response_format: {type: text}`, `parallel_tool_calls` without tools); `user`, `safety_identifier` and
+    `metadata` are labels, logged with the request id;
+  - vLLM's sampling extras, sent by `openai` clients through `extra_body`: top_k, min_p,
+    repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
+    include_stop_str_in_output, return_tokens_as_token_ids; for chat also add_generation_prompt and
+    chat_template_kwargs.
+Limits are part of the schema (and so of /openapi.json): temperature in OpenAI's [0, 2], at most
+`MAX_STOP_STRINGS` stop strings of at most `MAX_STOP_CHARS` characters, logprobs up to 20, …
 
 Defaults (OpenAI's, not blazr's SamplingParams'): temperature 1, top_p 1, top_k off; max_tokens 16 for
 completions, the rest of the context for chat.
@@ -11,13 +20,29 @@ completions, the rest of the context for chat.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 1024  # entries
+MAX_LOGPROBS = 20
+MAX_N = 128
+MAX_INT32 = 2**31 - 1
+MAX_LABEL_CHARS = 512  # user, safety_identifier, metadata values
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class _Response(BaseModel):
@@ -25,6 +50,10 @@ class _Response(BaseModel):
 
 
 # ------------------------------------------------------------------------------------------- requests
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 
 
 class StreamOptions(_Request):
@@ -35,25 +64,28 @@ class SamplingFields(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_INT32)
+    temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=128)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)]
+        | None
+    ) = None
+    user: Label | None = None
     # vLLM extras
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_INT32)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
-    min_tokens: int = Field(default=0, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=100)
+    min_tokens: int = Field(default=0, ge=0, le=MAX_INT32)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False
@@ -62,41 +94,54 @@ class SamplingFields(_Request):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions. `prompt`: a string, strings, token ids, or lists of token ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    )
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    best_of: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
     suffix: str | None = None
 
 
-class TextPart(_Request):
-    type: str
-    text: str | None = None
-
-
 class ChatMessage(_Request):
+    """A message; `content` is a string or a list of parts, of which blazr takes `{"type": "text", "text"}`
+    (protocol.py names any other part in its 400)."""
+
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-
-
-class ResponseFormat(_Request):
-    type: str
+    content: str | list[dict[str, Any]] | None = None
+    name: Label | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_INT32)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # accepted only as asking for nothing blazr lacks (checked in serving.py with a message naming it)
+    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: Annotated[dict[str, Label], Field(max_length=16)] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    modalities: list[Literal["text"]] | None = None
+    safety_identifier: Label | None = None
     # vLLM extras
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("store")
+    @classmethod
+    def _no_store(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("store=true is not supported: blazr keeps no completions")
+        return value
 
 
 # ------------------------------------------------------------------------------------------ responses
@@ -238,3 +283,14 @@ class ErrorInfo(_Response):
 
 class ErrorResponse(_Response):
     error: ErrorInfo
+
+
+class HealthStatus(_Response):
+    """GET /health: `ok` (200); `loading`, `draining` or `error` (503, with a one-line reason)."""
+
+    status: Literal["ok", "loading", "draining", "error"]
+    error: str | None = None
+
+
+class VersionInfo(_Response):
+    version: str

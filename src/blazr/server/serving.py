@@ -5,6 +5,14 @@ Choice indices: prompt i of a completions call with n samples owns choices i*n �
 vLLM number them); streamed chunks of different choices are interleaved as the engine produces them.
 Disconnects: a closed SSE stream cancels its generator, a non-streaming call races a disconnect watcher;
 either way the requests are aborted and their slots freed.
+
+Off the event loop: request parsing, tokenization and chat-template rendering run on a small thread pool,
+so a large prompt never stalls other connections or /health; a text prompt longer than the context could
+hold at the vocabulary's longest token is refused before it is tokenized at all.
+
+Errors: a request the engine fails → 500 naming the request id (the traceback is in the server log under
+that id, never sent); cancelled by shutdown → 503; on a stream, either becomes an SSE `error` event followed
+by `data: [DONE]`, so no stream is ever cut short.
 """
 
 from __future__ import annotations
@@ -13,21 +21,30 @@ import asyncio
 import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from blazr.engine.async_engine import AsyncEngine, EngineDeadError, EngineRequest, RequestStream
+from blazr.engine.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    EngineRequest,
+    RequestCancelledError,
+    RequestFailedError,
+    RequestStream,
+)
 from blazr.engine.engine import QueueFullError, SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.sequence import TokenLogprob
 from blazr.errors import BlazrError
 from blazr.server import protocol
 from blazr.server.errors import APIError
+from blazr.server.middleware import request_id
 from blazr.server.protocol import CompletionLogprobsWriter, PromptInput, bad_request
 from blazr.server.schemas import (
     AssistantMessage,
@@ -53,6 +70,23 @@ log = logging.getLogger("blazr.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 RETRY_AFTER_S = "1"
+NUM_PREPROCESS_THREADS = 2
+T = TypeVar("T")
+
+
+def engine_error(error: BaseException, rid: str) -> APIError | None:
+    """The API error for an exception the engine side raised into a request, None for any other."""
+    if isinstance(error, RequestFailedError):
+        return APIError(
+            500,
+            f"internal error while generating (request id {rid}); the server logged the details",
+            code="internal_error",
+        )
+    if isinstance(error, RequestCancelledError):
+        return APIError(503, "the server is shutting down", code="shutting_down")
+    if isinstance(error, EngineDeadError):
+        return APIError(500, f"the engine has stopped (request id {rid})", code="engine_error")
+    return None
 
 
 @dataclass
@@ -75,6 +109,16 @@ class OpenAIServing:
         self.model_names = model_names
         self.root = root
         self.created = int(time.time())
+        self.pool = ThreadPoolExecutor(NUM_PREPROCESS_THREADS, thread_name_prefix="blazr-preprocess")
+        # No prompt of more characters fits the context, whatever its tokens (bytes ≥ characters).
+        self.max_prompt_chars = engine.max_model_len * tokenizer.max_token_chars()
+
+    async def off_loop(self, fn: Callable[..., T], *args: object) -> T:
+        """Run `fn(*args)` on the preprocessing pool (parsing, tokenizing, templating)."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------------------------------- models
 
@@ -103,17 +147,28 @@ class OpenAIServing:
             return await self.engine.generate(requests)
         except QueueFullError as e:
             raise APIError(503, str(e), code="queue_full", headers={"Retry-After": RETRY_AFTER_S}) from None
-        except EngineDeadError as e:
-            raise APIError(500, str(e), code="engine_error") from None
+        except EngineDeadError:
+            raise APIError(500, "the engine has stopped", code="engine_error") from None
         except BlazrError as e:
             limit = self.engine.max_model_len
             over = any(len(r.prompt_ids) + r.params.max_tokens > limit for r in requests)
             raise bad_request(str(e), param, "context_length_exceeded" if over else None) from None
 
+    def _check_prompt_chars(self, num_chars: int, param: str) -> None:
+        if num_chars > self.max_prompt_chars:
+            limit = self.engine.max_model_len
+            raise bad_request(
+                f"the prompt has {num_chars} characters, more than this model's context of {limit} tokens "
+                "can hold",
+                param,
+                "context_length_exceeded",
+            )
+
     # ---------------------------------------------------------------------------------- completions
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         model = self.check_model(req.model)
+        rid = request_id(raw.scope)
         protocol.check_unsupported(req)
         if req.suffix:
             raise bad_request("suffix is not supported", "suffix")
@@ -123,7 +178,10 @@ class OpenAIServing:
         echo_only = max_tokens == 0  # score the prompt: echo + logprobs, nothing generated
         if echo_only and not req.echo:
             raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo)", "max_tokens")
-        prompts = protocol.completion_prompts(req.prompt, self.tokenizer)
+        texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        for text in texts:
+            if isinstance(text, str):
+                self._check_prompt_chars(len(text), "prompt")
         params = protocol.sampling_params(
             req,
             max_tokens=max(1, max_tokens),
@@ -131,44 +189,58 @@ class OpenAIServing:
             logprobs=req.logprobs,
             prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
         )
-        job = _CompletionJob(self, req, model, prompts, params, echo_only)
+        prompts = await self.off_loop(protocol.completion_prompts, req.prompt, self.tokenizer)
+        job = _CompletionJob(self, req, model, prompts, params, echo_only, rid)
+        _log_request(job.id, len(prompts), req.user, None)
         stream = await self._submit(job.engine_requests(), "prompt")
         if req.stream:
-            return sse_response(job.events(stream), stream)
-        return await run_until_disconnect(raw, job.collect(stream))
+            return sse_response(job.events(stream), stream, rid)
+        return await run_until_disconnect(raw, job.collect(stream), rid)
 
     # ----------------------------------------------------------------------------------------- chat
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         model = self.check_model(req.model)
+        rid = request_id(raw.scope)
         protocol.check_unsupported(req)
-        if req.tools:
-            raise bad_request("tools are not supported", "tools")
-        if req.tool_choice not in (None, "none"):
-            raise bad_request("tool_choice is not supported", "tool_choice")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request(
-                f"response_format {req.response_format.type!r} is not supported", "response_format"
-            )
-        if req.top_logprobs is not None and not req.logprobs:
-            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-        prompt_ids = protocol.encode_chat(req, self.tokenizer)
+        num_chars = sum(
+            len(m.content)
+            if isinstance(m.content, str)
+            else sum(len(str(p.get("text", ""))) for p in m.content)
+            for m in req.messages
+            if m.content is not None
+        )
+        self._check_prompt_chars(num_chars, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_tokens is None:  # the rest of the context, like vLLM
-            max_tokens = max(1, self.engine.max_model_len - len(prompt_ids))
-        elif max_tokens == 0:
+        if max_tokens == 0:
             raise bad_request("max_tokens must be at least 1", "max_tokens")
         params = protocol.sampling_params(
             req,
-            max_tokens=max_tokens,
+            max_tokens=max_tokens or self.engine.max_model_len,  # set below when absent
             vocab_size=self.engine.vocab_size,
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
-        job = _ChatJob(self, req, model, prompt_ids, params)
+        prompt_ids = await self.off_loop(protocol.encode_chat, req, self.tokenizer)
+        if max_tokens is None:  # the rest of the context, like vLLM
+            params.max_tokens = max(1, self.engine.max_model_len - len(prompt_ids))
+            if params.min_tokens > params.max_tokens:
+                raise bad_request(
+                    f"min_tokens ({params.min_tokens}) exceeds the {params.max_tokens} tokens the context "
+                    "leaves after the prompt",
+                    "min_tokens",
+                )
+        job = _ChatJob(self, req, model, prompt_ids, params, rid)
+        _log_request(job.id, 1, req.user, req.safety_identifier)
         stream = await self._submit([EngineRequest(job.id, prompt_ids, params)], "messages")
         if req.stream:
-            return sse_response(job.events(stream), stream)
-        return await run_until_disconnect(raw, job.collect(stream))
+            return sse_response(job.events(stream), stream, rid)
+        return await run_until_disconnect(raw, job.collect(stream), rid)
+
+
+def _log_request(job_id: str, num_prompts: int, user: str | None, safety_id: str | None) -> None:
+    if log.isEnabledFor(logging.INFO):
+        labels = "".join(f" {k}={v!r}" for k, v in (("user", user), ("safety_identifier", safety_id)) if v)
+        log.info("%s: %d prompt(s)%s", job_id, num_prompts, labels)
 
 
 # ------------------------------------------------------------------------------------------ completions
@@ -183,6 +255,7 @@ class _CompletionJob:
         prompts: list[PromptInput],
         params: SamplingParams,
         echo_only: bool,
+        rid: str,
     ) -> None:
         self.tok = serving.tokenizer
         self.req = req
@@ -190,7 +263,7 @@ class _CompletionJob:
         self.prompts = prompts
         self.params = params
         self.echo_only = echo_only
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.id = f"cmpl-{rid}"
         self.created = int(time.time())
         self.n = req.n
         self.prompt_of = {f"{self.id}-{i}": i for i in range(len(prompts))}
@@ -312,13 +385,14 @@ class _ChatJob:
         model: str,
         prompt_ids: list[int],
         params: SamplingParams,
+        rid: str,
     ) -> None:
         self.tok = serving.tokenizer
         self.req = req
         self.model = model
         self.prompt_ids = prompt_ids
         self.params = params
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = f"chatcmpl-{rid}"
         self.created = int(time.time())
 
     def usage(self, num_generated: int) -> Usage:
@@ -413,26 +487,33 @@ def _sse_data(event: BaseModel) -> bytes:
     return b"data: " + text.encode() + b"\n\n"
 
 
-async def _sse(events: AsyncIterator[BaseModel], stream: RequestStream) -> AsyncIterator[bytes]:
+async def _sse(events: AsyncIterator[BaseModel], stream: RequestStream, rid: str) -> AsyncIterator[bytes]:
     """SSE framing; an error after the stream started becomes an error event (the openai client raises
     it), then `[DONE]`. However this generator ends (done, cancelled, closed), unfinished requests abort."""
     try:
         async for event in events:
             yield _sse_data(event)
     except APIError as e:
-        yield b"data: " + json.dumps(e.payload()).encode() + b"\n\n"
-    except EngineDeadError as e:
-        err = APIError(500, str(e), code="engine_error")
-        yield b"data: " + json.dumps(err.payload()).encode() + b"\n\n"
+        yield _sse_error(e)
     except BlazrError as e:
-        yield b"data: " + json.dumps(bad_request(str(e)).payload()).encode() + b"\n\n"
+        yield _sse_error(bad_request(str(e)))
+    except Exception as e:
+        err = engine_error(e, rid)
+        if err is None:  # a bug in this module: logged, and the client still gets a well-formed end
+            log.exception("request %s: streaming failed", rid)
+            err = APIError(500, f"internal server error (request id {rid})", code="internal_error")
+        yield _sse_error(err)
     finally:
         stream.abort()
     yield b"data: [DONE]\n\n"
 
 
-def sse_response(events: AsyncIterator[BaseModel], stream: RequestStream) -> StreamingResponse:
-    return StreamingResponse(_sse(events, stream), media_type="text/event-stream", headers=SSE_HEADERS)
+def _sse_error(error: APIError) -> bytes:
+    return b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
+
+
+def sse_response(events: AsyncIterator[BaseModel], stream: RequestStream, rid: str) -> StreamingResponse:
+    return StreamingResponse(_sse(events, stream, rid), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -442,7 +523,7 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def run_until_disconnect(request: Request, work: Awaitable[BaseModel]) -> Response:
+async def run_until_disconnect(request: Request, work: Awaitable[BaseModel], rid: str) -> Response:
     """Await `work` (a whole response); if the client goes away first, cancel it (which aborts its
     requests) and answer nothing useful (499, nginx's 'client closed request')."""
     task = asyncio.ensure_future(work)
@@ -457,10 +538,13 @@ async def run_until_disconnect(request: Request, work: Awaitable[BaseModel]) -> 
         watcher.cancel()
         try:
             body = task.result()
-        except EngineDeadError as e:
-            raise APIError(500, str(e), code="engine_error") from None
+        except Exception as e:
+            err = engine_error(e, rid)
+            if err is None:
+                raise
+            raise err from None
         return Response(body.model_dump_json(), media_type="application/json")
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    log.info("client disconnected; request cancelled")
+    log.info("request %s: client disconnected; request cancelled", rid)
     return Response(status_code=499)

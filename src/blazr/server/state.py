@@ -1,4 +1,5 @@
-"""ServerState: what the routes read — load status, the serving object once ready, metrics."""
+"""ServerState: what the routes read — lifecycle status, the serving object once ready, metrics, and the
+count of /v1 requests in flight (what a drain waits on)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ from blazr.server.metrics import Metrics
 from blazr.server.options import ServerConfig
 from blazr.server.serving import OpenAIServing
 
+# loading → ready → draining (SIGTERM) ; loading → failed (load error) ; ready → failed (engine died)
+Status = Literal["loading", "ready", "draining", "failed"]
+
 
 @dataclass
 class ServerState:
     config: ServerConfig
     metrics: Metrics
-    status: Literal["loading", "ready", "failed"] = "loading"
-    error: str | None = None
+    status: Status = "loading"
+    error: str | None = None  # why `failed`: one line for /health, never internal exception text
     serving: OpenAIServing | None = None
     load_seconds: float = 0.0
+    num_in_flight: int = 0  # /v1 requests whose response is not complete (event-loop thread only)
     on_load_failed: list[Callable[[str], None]] = field(default_factory=list)
+
+    def add_in_flight(self, delta: int) -> None:
+        self.num_in_flight += delta
