@@ -330,12 +330,17 @@ def test_malformed_json_and_wrong_types_are_400(smol):
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
 
 
-def test_unknown_fields_are_ignored(smol):
+def test_unknown_fields_are_refused_naming_them(smol):
     r = smol.post(
         "/v1/completions",
-        json={"model": SMOL, "prompt": PROMPT, "max_tokens": 2, "frobnicate": {"x": 1}, "metadata": None},
+        json={"model": SMOL, "prompt": PROMPT, "max_tokens": 2, "frobnicate": {"x": 1}},
     )
-    assert r.status_code == 200, r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == "frobnicate", r.text
+    with pytest.raises(openai.BadRequestError) as err:
+        smol.client().chat.completions.create(
+            model=SMOL, messages=CHAT, max_tokens=2, extra_body={"guided_json": {"type": "object"}}
+        )
+    assert err.value.body["param"] == "guided_json"
 
 
 def test_over_context_names_both_numbers(smol):

@@ -263,6 +263,9 @@ class LLMEngine:
                 out = self._output(req, seq, [], "", [])
                 out.error = error
                 outs.append(out)
+        for index in range(len(req.seqs), req.params.n):  # samples never forked from the parent
+            n_prompt = len(req.prompt_ids)
+            outs.append(SeqOutput(req.request_id, index, [], "", [], True, "error", n_prompt, 0, error=error))
         return outs
 
     def _contain(

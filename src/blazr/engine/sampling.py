@@ -135,9 +135,11 @@ def apply_penalties(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Ten
     return logits
 
 
-def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Tensor:
+def filtered_distribution(
+    logits: torch.Tensor, rows: Seq[SampleRequest]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature, then min-p, top-k and top-p (vLLM's order: top-p sees the distribution the other two
-    left), then a draw for every (non-greedy) row. logits [B, V]."""
+    left). logits [B, V] → (probs [B, K] unnormalised after top-p, token ids [B, K]), K candidates."""
     V = logits.shape[-1]
     device = logits.device
     temps = torch.tensor([r.params.temperature for r in rows], device=device, dtype=logits.dtype)
@@ -160,6 +162,14 @@ def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Te
         cum = probs.cumsum(dim=-1)
         drop = (cum - probs) >= top_p[:, None]  # keep the smallest prefix whose mass reaches top_p
         probs = probs.masked_fill(drop, 0.0)
+    return probs, indices
+
+
+def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Tensor:
+    """A draw from `filtered_distribution` for every (non-greedy) row. logits [B, V] → token ids [B]."""
+    probs, indices = filtered_distribution(logits, rows)
+    K = probs.shape[-1]
+    device = logits.device
     # Exponential-race draw: argmax(p / E) with E ~ Exp(1) is a sample from p (normalisation not needed).
     noise = torch.empty_like(probs)
     shared = [b for b, r in enumerate(rows) if r.generator is None]

@@ -1,0 +1,191 @@
+"""The sampler against plain, loop-by-loop references of the formulas vLLM documents.
+
+Penalties (vLLM's order: logit_bias, then repetition over prompt ∪ output — positive logits divided, the
+rest multiplied — then OpenAI's frequency and presence over the output); stop ids masked before
+min_tokens; temperature → min-p → top-k → top-p filtering; seeded draws reproducible and batch-invariant;
+the exponential-race draw following the filtered distribution; the caller's logits never modified (also
+for inference tensors, the engine's case). The same formulas are checked through the server in
+test_server_sampling.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from blazr.engine.detokenizer import Detokenizer
+from blazr.engine.sampling import SampleRequest, SamplingParams, filtered_distribution, sample
+
+V = 40
+
+
+def reference_penalties(
+    logits: list[float], prompt: list[int], output: list[int], p: SamplingParams, stop_ids: set[int]
+) -> list[float]:
+    """vLLM's documented formulas, one token at a time."""
+    x = list(logits)
+    for token, bias in p.logit_bias.items():
+        x[token] += bias
+    if len(output) < p.min_tokens:
+        for token in stop_ids:
+            x[token] = -math.inf
+    for token in set(prompt) | set(output):
+        x[token] = x[token] / p.repetition_penalty if x[token] > 0 else x[token] * p.repetition_penalty
+    for token, count in Counter(output).items():
+        x[token] -= p.frequency_penalty * count + p.presence_penalty
+    return x
+
+
+def reference_distribution(logits: list[float], p: SamplingParams) -> dict[int, float]:
+    """temperature → min-p → top-k → top-p (smallest prefix reaching top_p), renormalised; token → prob."""
+    z = [v / p.temperature for v in logits]
+    top = max(z)
+    probs = {i: math.exp(v - top) for i, v in enumerate(z)}
+    total = sum(probs.values())
+    probs = {i: q / total for i, q in probs.items()}
+    biggest = max(probs.values())
+    keep = {i: q for i, q in probs.items() if q >= p.min_p * biggest}
+    order = sorted(keep, key=lambda i: -keep[i])
+    if p.top_k > 0:
+        order = order[: p.top_k]
+    mass = sum(keep[i] for i in order)
+    kept, cum = {}, 0.0
+    for i in order:
+        if cum >= p.top_p:
+            break
+        kept[i] = keep[i] / mass
+        cum += keep[i] / mass
+    total = sum(kept.values())
+    return {i: q / total for i, q in kept.items()}
+
+
+def _row(params: SamplingParams, prompt: list[int], output: list[int], stop: set[int], seed: int | None = None):
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return SampleRequest(params, prompt, output, gen, frozenset(stop))
+
+
+def test_penalties_match_the_reference_formula():
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    rows, refs = [], []
+    logits = torch.randn(24, V) * 3
+    for b in range(24):
+        params = SamplingParams(
+            temperature=0,
+            repetition_penalty=rng.choice([1.0, 0.7, 1.3, 2.0]),
+            presence_penalty=rng.choice([0.0, -1.0, 0.5, 2.0]),
+            frequency_penalty=rng.choice([0.0, 1.0, -0.5]),
+            logit_bias={rng.randrange(V): rng.uniform(-100, 100) for _ in range(rng.randrange(3))},
+            min_tokens=rng.choice([0, 0, 3]),
+        )
+        prompt = [rng.randrange(V) for _ in range(rng.randrange(1, 8))]
+        output = [rng.randrange(V) for _ in range(rng.randrange(0, 6))]
+        stop = {rng.randrange(V), rng.randrange(V)}
+        rows.append(_row(params, prompt, output, stop))
+        refs.append(reference_penalties(logits[b].tolist(), prompt, output, params, stop))
+    before = logits.clone()
+    result = sample(logits, rows)
+    assert torch.equal(logits, before), "sample() modified the caller's logits"
+    for b, ref in enumerate(refs):
+        best = max(range(V), key=lambda i: ref[i])
+        assert result.token_ids[b] == best, f"row {b}: {result.token_ids[b]} vs reference {best}"
+    from blazr.engine.sampling import apply_penalties
+
+    got = apply_penalties(logits.clone(), rows)
+    want = torch.tensor(refs, dtype=torch.float32)
+    finite = torch.isfinite(want)
+    assert torch.equal(finite, torch.isfinite(got))
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-6, atol=1e-5)
+
+
+def test_repetition_penalty_counts_the_prompt_and_frequency_only_the_output():
+    logits = torch.tensor([[2.0, -1.0, 1.0, 0.5]])
+    p = SamplingParams(temperature=0, repetition_penalty=4.0)
+    assert sample(logits, [_row(p, [0], [], set())]).token_ids == [2]  # 2/4 < 1: the prompt token dropped
+    p = SamplingParams(temperature=0, frequency_penalty=2.0)
+    assert sample(logits, [_row(p, [2], [], set())]).token_ids == [0]  # prompt tokens are not counted
+    assert sample(logits, [_row(p, [], [0], set())]).token_ids == [2]  # 2 - 2·1 = 0 < 1
+
+
+def test_min_tokens_masks_stop_ids_until_reached():
+    logits = torch.tensor([[5.0, 1.0, 0.0]])
+    p = SamplingParams(temperature=0, min_tokens=2)
+    assert sample(logits, [_row(p, [1], [1], {0})]).token_ids == [1]  # 1 output < 2: EOS masked
+    assert sample(logits, [_row(p, [1], [1, 1], {0})]).token_ids == [0]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=1.0, top_p=1.0, top_k=0),
+        dict(temperature=0.7, top_k=5, top_p=1.0),
+        dict(temperature=1.3, top_p=0.6, top_k=0),
+        dict(temperature=1.0, min_p=0.2, top_p=1.0, top_k=0),
+        dict(temperature=0.5, min_p=0.05, top_k=8, top_p=0.9),
+        dict(temperature=2.0, top_k=1, top_p=1.0),
+    ],
+)
+def test_filtered_distribution_matches_the_reference(kw):
+    torch.manual_seed(1)
+    logits = torch.randn(3, V) * 2
+    params = SamplingParams(**kw)
+    rows = [_row(params, [0], [], set()) for _ in range(3)]
+    probs, ids = filtered_distribution(logits, rows)
+    for b in range(3):
+        got: dict[int, float] = {}
+        total = float(probs[b].sum())
+        for q, i in zip(probs[b].tolist(), ids[b].tolist(), strict=True):
+            if q > 0:
+                got[i] = q / total
+        want = reference_distribution(logits[b].tolist(), params)
+        assert set(got) == set(want)
+        for i in want:
+            assert got[i] == pytest.approx(want[i], rel=1e-4, abs=1e-6)
+
+
+def test_seeded_draws_follow_the_distribution_and_are_batch_invariant():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * 4]))
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)
+    gen = torch.Generator().manual_seed(7)
+    counts = Counter(
+        sample(logits, [SampleRequest(params, [0], [], gen, frozenset())]).token_ids[0] for _ in range(4000)
+    )
+    for token, p in enumerate([0.5, 0.3, 0.15, 0.05]):
+        assert abs(counts[token] / 4000 - p) < 4 * math.sqrt(p * (1 - p) / 4000), counts
+    # the same seeded row gives the same token alone or beside others
+    wide = torch.randn(5, V)
+    seeded = [_row(params, [0], [], set(), seed=s) for s in range(5)]
+    together = sample(wide, seeded).token_ids
+    alone = [sample(wide[b : b + 1], [_row(params, [0], [], set(), seed=b)]).token_ids[0] for b in range(5)]
+    assert together == alone
+
+
+def test_inference_tensors_are_fine():
+    with torch.inference_mode():
+        logits = torch.randn(2, V)
+    p = SamplingParams(temperature=0, repetition_penalty=1.5, logit_bias={3: 5.0}, min_tokens=1)
+    rows = [_row(p, [1, 2], [], {0}), _row(SamplingParams(temperature=0.8, seed=1), [1], [], set())]
+    assert len(sample(logits, rows).token_ids) == 2
+
+
+class _Chars:
+    """A stream decoder where token id i is chr(i)."""
+
+    def add(self, token_id: int) -> str:
+        return chr(token_id)
+
+    def flush(self) -> str:
+        return ""
+
+
+def test_stop_strings_count_only_after_min_tokens():
+    detok = Detokenizer(_Chars(), ["ab"])
+    assert detok.add(ord("a"), check_stop=False) == ("a", False)  # emitted at once, never searched
+    assert detok.add(ord("b")) == ("", False)  # "ab" straddles emitted text: no stop (1 char held back)
+    assert detok.add(ord("a")) == ("b", False)
+    assert detok.add(ord("b")) == ("", True)
+    assert detok.text == "ab"  # cut at the stop
