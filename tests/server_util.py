@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import openai
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 _METRIC = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*(?:\{[^}]*\})?)\s+(\S+)$")
 
 
@@ -47,12 +48,18 @@ class ServerProcess:
     """A `blazr serve` subprocess. Use as a context manager, or start()/stop()."""
 
     def __init__(
-        self, args: Sequence[str] = (), api_key: str | None = None, env: dict[str, str] | None = None
+        self,
+        args: Sequence[str] = (),
+        api_key: str | None = None,
+        env: dict[str, str] | None = None,
+        module: str = "blazr",
     ):
+        """`module`: what `python -m` runs (tests.faults: blazr with fault injection)."""
         self.port = free_port()
         self.args = list(args)
         self.api_key = api_key
         self.env = env
+        self.module = module
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.url}/v1"
         self.health_seen: list[int] = []
@@ -67,7 +74,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "blazr",
+            self.module,
             "serve",
             "--host",
             "127.0.0.1",
@@ -79,9 +86,27 @@ class ServerProcess:
             cmd += ["--api-key", self.api_key]
         env = {k: v for k, v in os.environ.items() if k != "BLAZR_API_KEY"}
         env.update(self.env or {})
-        self.proc = subprocess.Popen(cmd + self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            cmd + self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
+        )
         self.wait_ready(timeout)
         return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        """The exit status once the process has ended (raises if it has not within `timeout`)."""
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def rss_bytes(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

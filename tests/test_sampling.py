@@ -19,51 +19,14 @@ import torch
 
 from blazr.engine.detokenizer import Detokenizer
 from blazr.engine.sampling import SampleRequest, SamplingParams, filtered_distribution, sample
+from tests.sampling_reference import reference_distribution, reference_penalties
 
 V = 40
 
 
-def reference_penalties(
-    logits: list[float], prompt: list[int], output: list[int], p: SamplingParams, stop_ids: set[int]
-) -> list[float]:
-    """vLLM's documented formulas, one token at a time."""
-    x = list(logits)
-    for token, bias in p.logit_bias.items():
-        x[token] += bias
-    if len(output) < p.min_tokens:
-        for token in stop_ids:
-            x[token] = -math.inf
-    for token in set(prompt) | set(output):
-        x[token] = x[token] / p.repetition_penalty if x[token] > 0 else x[token] * p.repetition_penalty
-    for token, count in Counter(output).items():
-        x[token] -= p.frequency_penalty * count + p.presence_penalty
-    return x
-
-
-def reference_distribution(logits: list[float], p: SamplingParams) -> dict[int, float]:
-    """temperature → min-p → top-k → top-p (smallest prefix reaching top_p), renormalised; token → prob."""
-    z = [v / p.temperature for v in logits]
-    top = max(z)
-    probs = {i: math.exp(v - top) for i, v in enumerate(z)}
-    total = sum(probs.values())
-    probs = {i: q / total for i, q in probs.items()}
-    biggest = max(probs.values())
-    keep = {i: q for i, q in probs.items() if q >= p.min_p * biggest}
-    order = sorted(keep, key=lambda i: -keep[i])
-    if p.top_k > 0:
-        order = order[: p.top_k]
-    mass = sum(keep[i] for i in order)
-    kept, cum = {}, 0.0
-    for i in order:
-        if cum >= p.top_p:
-            break
-        kept[i] = keep[i] / mass
-        cum += keep[i] / mass
-    total = sum(kept.values())
-    return {i: q / total for i, q in kept.items()}
-
-
-def _row(params: SamplingParams, prompt: list[int], output: list[int], stop: set[int], seed: int | None = None):
+def _row(
+    params: SamplingParams, prompt: list[int], output: list[int], stop: set[int], seed: int | None = None
+):
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     return SampleRequest(params, prompt, output, gen, frozenset(stop))
 
@@ -156,12 +119,20 @@ def test_seeded_draws_follow_the_distribution_and_are_batch_invariant():
     )
     for token, p in enumerate([0.5, 0.3, 0.15, 0.05]):
         assert abs(counts[token] / 4000 - p) < 4 * math.sqrt(p * (1 - p) / 4000), counts
-    # the same seeded row gives the same token alone or beside others
-    wide = torch.randn(5, V)
-    seeded = [_row(params, [0], [], set(), seed=s) for s in range(5)]
-    together = sample(wide, seeded).token_ids
-    alone = [sample(wide[b : b + 1], [_row(params, [0], [], set(), seed=b)]).token_ids[0] for b in range(5)]
-    assert together == alone
+    # a seeded row gives the same tokens alone or beside rows with other top-k (its random stream is its
+    # own), over several steps
+    wide = torch.randn(6, V)
+    mixed = [SamplingParams(temperature=1.0, top_k=k, top_p=1.0) for k in (3, 0, 7, 1, 0, 12)]
+    gens = [torch.Generator().manual_seed(s) for s in range(6)]
+    solo = [torch.Generator().manual_seed(s) for s in range(6)]
+    for _ in range(20):
+        rows = [SampleRequest(p, [0], [], g, frozenset()) for p, g in zip(mixed, gens, strict=True)]
+        together = sample(wide, rows).token_ids
+        alone = [
+            sample(wide[b : b + 1], [SampleRequest(mixed[b], [0], [], solo[b], frozenset())]).token_ids[0]
+            for b in range(6)
+        ]
+        assert together == alone
 
 
 def test_inference_tensors_are_fine():

@@ -331,8 +331,16 @@ def test_unknown_and_unsupported_fields_are_400_naming_them():
             if param is not None:
                 assert r.json()["error"]["param"] == param, (body, r.json())
         assert client.post("/v1/completions", content=b'{"prompt": "a", "top_p": NaN}').status_code == 400
-        accepted = {**chat, "store": False, "user": "u1", "metadata": {"k": "v"}, "service_tier": "auto",
-                    "tool_choice": "none", "response_format": {"type": "text"}, "parallel_tool_calls": True}  # fmt: skip
+        accepted = {
+            **chat,
+            "store": False,
+            "user": "u1",
+            "metadata": {"k": "v"},
+            "service_tier": "auto",
+            "tool_choice": "none",
+            "response_format": {"type": "text"},
+            "parallel_tool_calls": True,
+        }
         assert client.post("/v1/chat/completions", json=accepted).status_code == 200
 
 

@@ -140,11 +140,11 @@ def filtered_distribution(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Temperature, then min-p, top-k and top-p (vLLM's order: top-p sees the distribution the other two
     left). logits [B, V] → (probs [B, K] unnormalised after top-p, token ids [B, K]), K candidates."""
-    V = logits.shape[-1]
     device = logits.device
     temps = torch.tensor([r.params.temperature for r in rows], device=device, dtype=logits.dtype)
     logits = logits / temps[:, None]
-    ks = [r.params.top_k if 0 < r.params.top_k < V else V for r in rows]
+    V = logits.shape[-1]
+    ks = _num_candidates(rows, V)
     K = max(ks)
     if K < V:
         values, indices = logits.topk(K, dim=-1)  # sorted descending
@@ -165,22 +165,31 @@ def filtered_distribution(
     return probs, indices
 
 
+def _num_candidates(rows: Seq[SampleRequest], V: int) -> list[int]:
+    """Tokens each row keeps after top-k (its own k, or the whole vocabulary)."""
+    return [r.params.top_k if 0 < r.params.top_k < V else V for r in rows]
+
+
 def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Tensor:
-    """A draw from `filtered_distribution` for every (non-greedy) row. logits [B, V] → token ids [B]."""
+    """A draw from `filtered_distribution` for every (non-greedy) row. logits [B, V] → token ids [B].
+
+    Exponential race: argmax(p / E) with E ~ Exp(1) is a sample from p (no normalisation needed). A seeded
+    row draws exactly as many E as it has candidates, so its random stream — and its tokens — do not
+    depend on what else shares the batch."""
     probs, indices = filtered_distribution(logits, rows)
     K = probs.shape[-1]
     device = logits.device
-    # Exponential-race draw: argmax(p / E) with E ~ Exp(1) is a sample from p (normalisation not needed).
     noise = torch.empty_like(probs)
     shared = [b for b, r in enumerate(rows) if r.generator is None]
     if shared:
         noise[shared] = torch.empty(len(shared), K, device=device, dtype=probs.dtype).exponential_()
-    for b, r in enumerate(rows):
+    for b, (r, k) in enumerate(zip(rows, _num_candidates(rows, logits.shape[-1]), strict=True)):
         if r.generator is not None:
-            e = torch.empty(K, dtype=probs.dtype, device=r.generator.device).exponential_(
+            e = torch.empty(k, dtype=probs.dtype, device=r.generator.device).exponential_(
                 generator=r.generator
             )
-            noise[b] = e.to(device)
+            noise[b, :k] = e.to(device)
+            noise[b, k:] = 1.0  # beyond its top-k: probability 0 anyway
     choice = (probs / noise).argmax(dim=-1)  # [B]
     return indices.gather(1, choice[:, None]).squeeze(1)
 
