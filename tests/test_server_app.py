@@ -378,3 +378,38 @@ def test_openapi_documents_bodies_and_statuses():
         assert "text/event-stream" in op["responses"]["200"]["content"]
     assert "text/plain" in doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert set(doc["paths"]["/health"]["get"]["responses"]) == {"200", "503"}
+
+
+def test_tokenizing_runs_off_the_event_loop():
+    """While one request's prompt is being tokenized (here: blocked until released), /health answers."""
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowTokenizer(FakeTokenizer):
+        def encode(self, text: str) -> list[int]:
+            entered.set()
+            release.wait(5)
+            returned.set()
+            return super().encode(text)
+
+    engine = FakeEngine()
+
+    def loader(cfg: ServerConfig) -> LoadedModel:
+        return LoadedModel(engine, SlowTokenizer(), ["fake"], "fake-model")  # type: ignore[arg-type]
+
+    with TestClient(build_app(ServerConfig(), loader)) as client:
+        _wait_ready(client)
+        result: dict[str, int] = {}
+
+        def slow() -> None:
+            result["status"] = client.post(
+                "/v1/completions", json={"prompt": "hi", "max_tokens": 2}
+            ).status_code
+
+        worker = threading.Thread(target=slow)
+        worker.start()
+        assert entered.wait(20)
+        health = client.get("/health")  # would wait for encode to return if it held the event loop
+        assert health.status_code == 200 and not returned.is_set()
+        release.set()
+        worker.join(20)
+        assert result["status"] == 200
