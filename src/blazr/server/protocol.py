@@ -44,6 +44,11 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def _short(value: str, limit: int = 64) -> str:
+    """A client's value quoted back in an error, cut to `limit` characters."""
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
 # -------------------------------------------------------------------------------------------- prompts
 
 
@@ -71,6 +76,8 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(req.messages):
         content: Any = m.content
+        if content is None and m.role != "assistant":
+            raise bad_request(f"messages[{i}]: a {m.role} message needs content", f"messages.{i}.content")
         if isinstance(content, list):
             parts = []
             for j, part in enumerate(content):
@@ -154,10 +161,9 @@ def sampling_params(
         )
     bias: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise bad_request(f"logit_bias: key {key!r} is not a token id", "logit_bias") from None
+        if not (key.isascii() and key.isdigit()):
+            raise bad_request(f"logit_bias: key {_short(key)!r} is not a token id", "logit_bias")
+        token = int(key)
         if not 0 <= token < vocab_size:
             raise bad_request(f"logit_bias: token id {token} is out of range [0, {vocab_size})", "logit_bias")
         bias[token] = float(value)  # the schema bounds it to [-100, 100]
