@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fuzz_requests import generate, run  # noqa: E402
-from tests.server_util import ServerProcess  # noqa: E402
+from tests.fuzz_requests import generate, run
+from tests.server_util import ServerProcess
 
 
 def main() -> int:
