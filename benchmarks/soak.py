@@ -1,0 +1,166 @@
+"""Soak `blazr serve`: many concurrent streaming clients for several rounds, then clients that walk away.
+
+    python benchmarks/soak.py [--clients 64] [--rounds 3] [--max-tokens 64] [--disconnects 40]
+                              [-- blazr serve flags…]   (default: the embedded SmolLM2)
+
+1. Warm-up: every client's prompt once, not streamed, all at once (greedy): the reference texts. RSS after.
+2. --rounds rounds of --clients concurrent streaming clients with the same prompts: every stream must end
+   with [DONE], carry no error and equal its reference text; after each round the running / waiting gauges
+   and the KV-cache usage must be back to 0.
+3. --disconnects clients start long streams and close the connection after a few chunks: their slots must
+   be freed (gauges back to 0, the abort counter up by as many).
+Prints a markdown table (errors, mismatches, RSS after warm-up / after the rounds / growth, gauges, time);
+exit status 1 if anything fails. The server runs with a per-step budget that holds every prompt at once, so
+no prompt is prefilled in chunks and greedy output does not depend on batch composition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.server_util import ServerProcess
+
+WORDS = ["the", "fox", "river", "light", "stone", "winter", "garden", "city", "music", "ocean", "story",
+         "bright", "quiet", "ancient", "machine", "market", "morning", "forest", "letter"]  # fmt: skip
+
+
+def _prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24))) for _ in range(n)]
+
+
+async def _whole(http: httpx.AsyncClient, prompt: str, max_tokens: int) -> str:
+    body = {"model": "soak", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    r = await http.post("/v1/completions", json=body)
+    r.raise_for_status()
+    return r.json()["choices"][0]["text"]
+
+
+async def _stream(http: httpx.AsyncClient, prompt: str, max_tokens: int) -> tuple[str, str | None]:
+    """(text, problem or None)."""
+    body = {"model": "soak", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    text, events = "", []
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            return "", f"status {r.status_code}"
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    if not events or events[-1] != "[DONE]":
+        return text, "stream not ended with [DONE]"
+    for e in events[:-1]:
+        chunk: dict[str, Any] = json.loads(e)
+        if "error" in chunk:
+            return text, f"error event: {chunk['error']}"
+        text += "".join(c["text"] for c in chunk["choices"])
+    return text, None
+
+
+async def _walk_away(http: httpx.AsyncClient, prompt: str, max_tokens: int) -> bool:
+    """Start a long stream and close the connection after 3 chunks; False if it did not start."""
+    body = {"model": "soak", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            return False
+        seen = 0
+        async for line in r.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 3:
+                return True  # leaving the block closes the connection mid-stream
+    return False
+
+
+def _gauges(server: ServerProcess) -> tuple[float, float, float]:
+    m = server.metrics()
+    return m["blazr:num_requests_running"], m["blazr:num_requests_waiting"], m["blazr:kv_cache_usage_perc"]
+
+
+def _settle(server: ServerProcess, timeout: float = 60.0) -> tuple[float, float, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        g = _gauges(server)
+        if g == (0, 0, 0) or time.monotonic() > deadline:
+            return g
+        time.sleep(0.1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--disconnects", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    args, flags = p.parse_known_args()
+    flags = [f for f in flags if f != "--"]
+    flags = ["--served-model-name", "soak", "--max-num-batched-tokens", "4096", *flags]
+    prompts = _prompts(args.clients, args.seed)
+    rows: list[tuple[str, str]] = []
+    ok = True
+    with ServerProcess(flags) as server:
+
+        async def go() -> None:
+            nonlocal ok
+            limits = httpx.Limits(max_connections=args.clients + args.disconnects)
+            async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as http:
+                t0 = time.perf_counter()
+                refs = await asyncio.gather(*(_whole(http, q, args.max_tokens) for q in prompts))
+                rows.append(("warm-up (non-streamed references)", f"{time.perf_counter() - t0:.1f}s"))
+                rss0 = server.rss_bytes()
+                for k in range(args.rounds):
+                    t0 = time.perf_counter()
+                    results = await asyncio.gather(*(_stream(http, q, args.max_tokens) for q in prompts))
+                    errors = sum(problem is not None for _, problem in results)
+                    mismatches = sum(
+                        problem is None and t != r for (t, problem), r in zip(results, refs, strict=True)
+                    )
+                    gauges = _settle(server)
+                    ok &= errors == 0 and mismatches == 0 and gauges == (0, 0, 0)
+                    rows.append((
+                        f"round {k + 1}: {args.clients} streams",
+                        f"errors {errors}, != reference {mismatches}, gauges after {gauges}, "
+                        f"{time.perf_counter() - t0:.1f}s",
+                    ))  # fmt: skip
+                rss1 = server.rss_bytes()
+                growth = (rss1 - rss0) / rss0
+                ok &= growth < 0.05
+                rss = f"{rss0 / 2**20:.0f} → {rss1 / 2**20:.0f} MiB ({growth * 100:+.1f}%)"
+                rows.append(("RSS after warm-up → after rounds", rss))
+                aborted0 = server.metrics()['blazr:request_success_total{finished_reason="abort"}']
+                t0 = time.perf_counter()
+                long = (await http.get("/v1/models")).json()["data"][0]["max_model_len"] - 64
+                started = await asyncio.gather(
+                    *(_walk_away(http, q, long) for q in prompts[: args.disconnects])
+                )
+                ok &= all(started)
+                gauges = _settle(server)
+                aborted = server.metrics()['blazr:request_success_total{finished_reason="abort"}'] - aborted0
+                ok &= gauges == (0, 0, 0) and aborted == args.disconnects
+                rows.append((
+                    f"{args.disconnects} clients leave mid-stream",
+                    f"aborted {aborted:.0f}, gauges after {gauges}, {time.perf_counter() - t0:.1f}s",
+                ))  # fmt: skip
+
+        asyncio.run(go())
+        alive = server.proc is not None and server.proc.poll() is None
+    ok &= alive
+    print(f"| soak ({' '.join(flags)}) | result |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    print(f"| server alive throughout | {alive} |\n\n{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
