@@ -280,7 +280,7 @@ def test_what_the_drain_cannot_finish_is_cancelled_cleanly(tiny, how):
 def test_a_burst_up_to_running_plus_waiting_is_served_in_full(tiny):
     args = ["--model", str(tiny), *BASE, "--max-num-seqs", "16", "--max-waiting", "4"]
     with ServerProcess(args) as server:
-        burst = [("/v1/completions", _completion([9, i], 300)) for i in range(20)]
+        burst = [("/v1/completions", _completion([9, i], 120)) for i in range(20)]
         assert [r["status"] for r in _gather(server, burst)] == [200] * 20
 
         async def over() -> list[httpx.Response]:

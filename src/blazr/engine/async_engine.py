@@ -332,7 +332,8 @@ class AsyncEngine:
             self._abort(rid)
             _put(live.group, error)
 
-    def _release(self, live: _Live, num_seqs: int) -> None:
+    def _release(self, num_seqs: int) -> None:
+        """`num_seqs` accepted sequences finished (or were aborted): room for as many new ones."""
         with self._cv:
             self._num_seqs -= num_seqs
 
@@ -358,7 +359,7 @@ class AsyncEngine:
         live = self._live.pop(request_id, None)
         if live is None:
             return
-        self._release(live, live.num_seqs)
+        self._release(live.num_seqs)
         if outs and self.observer is not None:
             e2e = time.monotonic() - live.submitted
             self.observer.on_finished("abort", e2e, live.num_prompt_tokens, live.num_generated)
@@ -369,7 +370,7 @@ class AsyncEngine:
             return
         if out.finish_reason == "error":  # the engine logged why; the client gets the request id
             del self._live[out.request_id]
-            self._release(live, live.num_seqs)
+            self._release(live.num_seqs)
             _put(live.group, RequestFailedError(out.request_id))
             if self.observer is not None:
                 e2e = time.monotonic() - live.submitted
@@ -394,7 +395,7 @@ class AsyncEngine:
         if out.finished:
             live.reasons.add(out.finish_reason or "abort")
             live.num_seqs -= 1
-            self._release(live, 1)
+            self._release(1)
             if live.num_seqs <= 0:
                 del self._live[out.request_id]
                 if obs is not None:

@@ -120,7 +120,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         quarantined = self._next_quarantined()
         if quarantined is not None:
-            return self._schedule_alone(*quarantined)
+            return self._schedule_alone(quarantined)
         budget = self.cfg.max_num_batched_tokens
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []
@@ -188,15 +188,16 @@ class Scheduler:
                 self._preempt(seq)
             self._quarantine.append((seq, target))
 
-    def _next_quarantined(self) -> tuple[Sequence, int] | None:
+    def _next_quarantined(self) -> Sequence | None:
+        """The first quarantined sequence still short of its target (those past it are released)."""
         while self._quarantine:
             seq, target = self._quarantine[0]
             if seq.status is not Status.FINISHED and seq.num_computed_tokens < target:
-                return seq, target
+                return seq
             self._quarantine.popleft()
         return None
 
-    def _schedule_alone(self, seq: Sequence, target: int) -> ScheduledBatch:
+    def _schedule_alone(self, seq: Sequence) -> ScheduledBatch:
         """One step holding only `seq` (its next prefill chunk, or its decode), making room if needed."""
         num_new = min(seq.num_uncomputed, self.cfg.max_num_batched_tokens)
         preempted: list[Sequence] = []

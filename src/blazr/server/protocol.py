@@ -44,7 +44,7 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
-def _short(value: str, limit: int = 64) -> str:
+def shorten(value: str, limit: int = 64) -> str:
     """A client's value quoted back in an error, cut to `limit` characters."""
     return value if len(value) <= limit else value[:limit] + "…"
 
@@ -162,7 +162,7 @@ def sampling_params(
     bias: dict[int, float] = {}
     for key, value in (req.logit_bias or {}).items():
         if not (key.isascii() and key.isdigit()):
-            raise bad_request(f"logit_bias: key {_short(key)!r} is not a token id", "logit_bias")
+            raise bad_request(f"logit_bias: key {shorten(key)!r} is not a token id", "logit_bias")
         token = int(key)
         if not 0 <= token < vocab_size:
             raise bad_request(f"logit_bias: token id {token} is out of range [0, {vocab_size})", "logit_bias")

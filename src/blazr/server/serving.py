@@ -137,8 +137,8 @@ class OpenAIServing:
     def check_model(self, name: str | None) -> str:
         """The name reported in responses; 404 for a model this server does not serve."""
         if name and name not in self.model_names:
-            shown = name if len(name) <= 64 else name[:64] + "…"
-            raise APIError(404, f"The model `{shown}` does not exist.", param="model", code="model_not_found")
+            message = f"The model `{protocol.shorten(name)}` does not exist."
+            raise APIError(404, message, param="model", code="model_not_found")
         return self.model_names[0]
 
     # ----------------------------------------------------------------------------------- submission
