@@ -44,7 +44,8 @@ class FuzzReport:
 
     @property
     def num_5xx(self) -> int:
-        """Server errors (a 503 queue-full answer to overload is counted apart, in `statuses`)."""
+        """Server errors (a 503 queue-full answer to overload is counted apart, in `statuses`; 599 marks a
+        transport error on the client's side — a dropped connection or a timeout — and counts as one)."""
         return sum(n for status, n in self.statuses.items() if status >= 500 and status != 503)
 
     def summary(self) -> str:
@@ -296,15 +297,20 @@ async def _health(http: httpx.AsyncClient, report: FuzzReport, stop: asyncio.Eve
 
 
 async def run(
-    url: str, requests: list[FuzzRequest], concurrency: int = 8, headers: dict[str, str] | None = None
+    url: str,
+    requests: list[FuzzRequest],
+    concurrency: int = 8,
+    headers: dict[str, str] | None = None,
+    timeout: float = 1800.0,
 ) -> FuzzReport:
-    """Send `requests` with `concurrency` in flight, /health polled meanwhile; the verdict."""
+    """Send `requests` with `concurrency` in flight, /health polled meanwhile; the verdict. `timeout`
+    per request: a chat request without max_tokens generates to the end of the context (as vLLM)."""
     report = FuzzReport()
     queue: asyncio.Queue[FuzzRequest] = asyncio.Queue()
     for r in requests:
         queue.put_nowait(r)
     stop = asyncio.Event()
-    async with httpx.AsyncClient(base_url=url, timeout=300, headers=headers or {}) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, headers=headers or {}) as http:
 
         async def worker() -> None:
             while not queue.empty():
