@@ -19,10 +19,24 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.fuzz_requests import generate, run
-from tests.server_util import ServerProcess
+from tests.server_util import ServerProcess, parse_metrics
+
+
+def _settled_gauges(url: str, timeout: float = 120.0) -> str:
+    """Running, waiting and KV-cache usage once the server is idle (or after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text)
+        values = [m.get(f"blazr:{k}", -1) for k in ("num_requests_running", "num_requests_waiting")]
+        values.append(m.get("blazr:kv_cache_usage_perc", -1))
+        if values == [0, 0, 0] or time.monotonic() > deadline:
+            return "running, waiting, cache usage after: " + ", ".join(f"{v:g}" for v in values)
+        time.sleep(0.2)
 
 
 def main() -> int:
@@ -50,13 +64,15 @@ def main() -> int:
         report = asyncio.run(run(args.url, requests, args.concurrency, headers))
         elapsed = time.perf_counter() - t0
         alive = server is None or (server.proc is not None and server.proc.poll() is None)
+        gauges = _settled_gauges(args.url)
     finally:
         if server is not None:
             server.stop()
-    print(f"{report.summary()}; {elapsed:.0f}s; server alive afterwards: {alive}")
+    print(f"{report.summary()}; {elapsed:.0f}s; server alive afterwards: {alive}; {gauges}")
     for failure in report.failures[:20]:
         print("  -", failure)
-    return 0 if (not report.failures and report.num_5xx == 0 and report.health_failures == 0 and alive) else 1
+    clean = not report.failures and report.num_5xx == 0 and report.health_failures == 0
+    return 0 if clean and alive and gauges.endswith("0, 0, 0") else 1
 
 
 if __name__ == "__main__":
