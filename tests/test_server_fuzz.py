@@ -1,7 +1,8 @@
 """A bounded fuzz of the live server (tests/fuzz_requests.py): 400 malformed, adversarial and valid
 requests, 8 at a time, against a tiny Llama — no 5xx, every error OpenAI JSON, every stream ended with
 [DONE], /health 200 throughout, and afterwards nothing left running and the whole admission capacity free
-(one call of max_num_seqs + max_waiting sequences is served). (benchmarks/fuzz.py runs the same at any size and reports the counts.)"""
+(one call of max_num_seqs + max_waiting sequences is served). benchmarks/fuzz.py runs the same at any
+size and reports the counts."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ refused) and **refuse unknown fields**: a field blazr does not honour is a 400 t
 ignored. The accepted fields are exactly the ones declared here:
   - OpenAI's, where blazr implements them; a few only in the value that asks for nothing blazr lacks
     (`store: false`, `service_tier: auto|default`, `modalities: ["text"]`, `tool_choice: none`,
-    `response_format: {type: text}`, `parallel_tool_calls` without tools); `user`, `safety_identifier` and
-    `metadata` are labels, logged with the request id;
+    `response_format: {type: text}`, `parallel_tool_calls` without tools); `user` and `safety_identifier`
+    are logged with the request id, `metadata` is taken as a label (blazr stores nothing);
   - vLLM's sampling extras, sent by `openai` clients through `extra_body`: top_k, min_p,
     repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
     include_stop_str_in_output, return_tokens_as_token_ids; for chat also add_generation_prompt and
