@@ -71,6 +71,7 @@ def test_native_build_uses_the_cpu_simd(native: ops.Kernels) -> None:
         assert "avx512" in native.features
         assert ("avx512_vnni" in native.features) == ("avx512_vnni" in flags)
         assert ("avx512_bf16" in native.features) == ("avx512_bf16" in flags)
+    assert ("avx2" in native.features) == {"avx2", "fma", "f16c"}.issubset(flags)
 
 
 def test_build_is_cached_by_hash(tmp_path) -> None:
@@ -208,6 +209,23 @@ def test_linear_block_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int)
             _check_linear(
                 ops.linear_reference(x, qn), ref[:, :rows], ref_err[:, :rows] + 1e-30, None, None, False
             )
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+def test_block_kinds_give_the_same_bits_on_every_build(
+    native: ops.Kernels, generic: ops.Kernels, kind: str
+) -> None:
+    """The block-quantized kernels compute an exact integer dot per block and then the same fp32 operations
+    in every build (VNNI, AVX2, scalar), so their outputs are equal bit for bit — a model gives the same
+    tokens on any x86 CPU. Awkward activations included: a zero block, ties at ±amax, huge and tiny values."""
+    g = torch.Generator().manual_seed(7)
+    qw = quantize(_weights(53, 576), kind)
+    for M in (1, 5, 17):
+        x = torch.randn(M, 576, generator=g) * torch.logspace(-3, 2, 576)
+        x[0, :32] = 0
+        x[-1, 32:64] = torch.tensor([3.0, -3.0] * 16)
+        bias = torch.randn(53, generator=g)
+        assert torch.equal(native.linear(x, qw, bias), generic.linear(x, qw, bias))
 
 
 # every batch size without epilogue; the epilogues at two batch sizes (keeps the test short)
@@ -419,6 +437,81 @@ def test_kv_write(lib: ops.Kernels, dtype: torch.dtype) -> None:
         assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))  # every other value bit for bit
     with pytest.raises(RuntimeError, match="out of range"):
         lib.kv_write(k, v, torch.tensor([0, 1, 2, 40]), pools[0], pools[1])
+
+
+# ---------------------------------------------------------------- Mamba2 decode step
+
+
+def _mamba2_inputs(H: int, P: int, G: int, N: int, K: int, B: int, S: int, bias: bool, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    Di, Cd = H * P, H * P + 2 * G * N
+    zxbcdt = torch.randn(B, Di + Cd + H, generator=g)  # an in_proj output: xbc and dt_raw are column views
+    zxbcdt[:, Di + Cd :] *= 3  # dt reaches both clamps, and softplus' linear branch (> 20 with dt_bias 25)
+    return {
+        "xbc": zxbcdt[:, Di : Di + Cd],
+        "dt_raw": zxbcdt[:, Di + Cd :],
+        "slots": torch.randperm(S, generator=g)[:B],
+        "conv_weight": torch.randn(Cd, K, generator=g) * 0.5,
+        "conv_bias": torch.randn(Cd, generator=g) if bias else None,
+        "conv_state": torch.randn(S, Cd, K - 1, generator=g),
+        "dt_bias": torch.cat([torch.randn(H - 1, generator=g), torch.tensor([25.0])]),
+        "A": -torch.rand(H, generator=g) * 4,
+        "D": torch.randn(H, generator=g),
+        "ssm_state": torch.randn(S, H, P, N, generator=g),
+        "n_groups": G,
+        "dt_min": 1e-3,
+        "dt_max": 2.0 if bias else float("inf"),
+    }
+
+
+def _mamba2_run(fn, inp: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
+    return fn(**a), a["conv_state"], a["ssm_state"]
+
+
+# (H, P, G, N, K): AVX2's 16-wide state steps with a scalar tail (N = 20), groups, kernel widths 2-4
+MAMBA2_SHAPES = [(4, 16, 1, 64, 4), (6, 8, 2, 20, 3), (3, 4, 3, 128, 2)]
+
+
+@pytest.mark.parametrize(("H", "P", "G", "N", "K"), MAMBA2_SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_mamba2_step(lib: ops.Kernels, H: int, P: int, G: int, N: int, K: int, bias: bool) -> None:
+    """The fused decode step against its torch reference: output, both states in place at their slots,
+    every other slot untouched."""
+    inp = _mamba2_inputs(H, P, G, N, K, B=3, S=7, bias=bias, seed=H * N + K)
+    y, conv, ssm = _mamba2_run(lib.mamba2_step, inp)
+    y_ref, conv_ref, ssm_ref = _mamba2_run(ops.mamba2_step_reference, inp)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5 * float(y_ref.abs().max()))
+    torch.testing.assert_close(ssm, ssm_ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(conv, conv_ref)  # a shift of stored values: exact
+    others = [s for s in range(7) if s not in inp["slots"].tolist()]
+    assert torch.equal(ssm[others], inp["ssm_state"][others])
+
+
+def test_mamba2_step_rows_are_independent(lib: ops.Kernels) -> None:
+    """A sequence's step is the same bits alone or in a batch, and twice in a row continues its state."""
+    inp = _mamba2_inputs(8, 16, 2, 64, 4, B=5, S=9, bias=True, seed=1)
+    y, conv, ssm = _mamba2_run(lib.mamba2_step, inp)
+    for b in range(5):
+        one = dict(
+            inp, xbc=inp["xbc"][b : b + 1], dt_raw=inp["dt_raw"][b : b + 1], slots=inp["slots"][b : b + 1]
+        )
+        y1, conv1, ssm1 = _mamba2_run(lib.mamba2_step, one)
+        s = int(inp["slots"][b])
+        assert torch.equal(y1[0], y[b]) and torch.equal(ssm1[s], ssm[s]) and torch.equal(conv1[s], conv[s])
+    y2, _, _ = _mamba2_run(lib.mamba2_step, dict(inp, conv_state=conv, ssm_state=ssm))
+    y2_ref, _, _ = _mamba2_run(ops.mamba2_step_reference, dict(inp, conv_state=conv, ssm_state=ssm))
+    torch.testing.assert_close(y2, y2_ref, rtol=1e-5, atol=1e-5 * float(y2_ref.abs().max()))
+
+
+def test_mamba2_step_checks_inputs(native: ops.Kernels) -> None:
+    inp = _mamba2_inputs(4, 16, 1, 64, 4, B=2, S=3, bias=False, seed=0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.mamba2_step(**dict(inp, slots=torch.tensor([0, 3])))
+    with pytest.raises(ValueError, match="inconsistent"):
+        native.mamba2_step(**dict(inp, n_groups=2))
+    with pytest.raises(ops.UnsupportedInput):  # not views of one buffer: the dispatcher takes the reference
+        native.mamba2_step(**dict(inp, xbc=inp["xbc"].clone()))
 
 
 def _decode_layers(lib: ops.Kernels, st: dict, layers: list[dict]) -> torch.Tensor:

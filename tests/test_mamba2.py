@@ -17,9 +17,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from blazr.config import Mamba2Config
+from blazr.kernels.ops import ssd_step_reference
 from blazr.model import ssd
 from blazr.model.mamba2 import Mamba2
-from blazr.model.ssd import ssd_chunked, ssd_reference, ssd_step
+from blazr.model.ssd import ssd_chunked, ssd_reference
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import SSM_STATE_DTYPE, LayerCache
 
@@ -168,7 +169,7 @@ def test_ssd_step_matches_reference(G: int) -> None:
     y_ref, final_ref = ssd_reference(x, dt, A, B, C, 0, h0)
     state = h0.clone()
     for t in range(6):
-        y_t, state = ssd_step(state, x[:, t], dt[:, t], A, B[:, t], C[:, t])
+        y_t, state = ssd_step_reference(state, x[:, t], dt[:, t], A, B[:, t], C[:, t])
         torch.testing.assert_close(y_t, y_ref[:, t], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state, final_ref, atol=1e-5, rtol=1e-5)
 

@@ -23,7 +23,7 @@ _F32 = torch.float32
 _ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of memory"}
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "f32": 2, "bf16": 3}
-_OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
+_OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE, _OP_MAMBA2_STEP = 4, 5, 6, 7, 8
 _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "f32": 0, "bf16": 0}
 
 
@@ -339,6 +339,86 @@ class Kernels:
             S,
         )
         self._run(a, addr, "kv_write", k, v, slot_mapping, k_pool, v_pool)
+
+    def mamba2_step(
+        self,
+        xbc: torch.Tensor,
+        dt_raw: torch.Tensor,
+        slots: torch.Tensor,
+        conv_weight: torch.Tensor,
+        conv_bias: torch.Tensor | None,
+        conv_state: torch.Tensor,
+        dt_bias: torch.Tensor,
+        A: torch.Tensor,
+        D: torch.Tensor,
+        ssm_state: torch.Tensor,
+        n_groups: int,
+        dt_min: float,
+        dt_max: float,
+    ) -> torch.Tensor:
+        Bsz, H = dt_raw.shape
+        S, _, P, N = ssm_state.shape
+        Cd, K = conv_weight.shape
+        if (
+            ssm_state.shape[1] != H
+            or xbc.shape != (Bsz, Cd)
+            or Cd != H * P + 2 * n_groups * N
+            or conv_state.shape != (S, Cd, K - 1)
+            or slots.numel() != Bsz
+        ):
+            raise ValueError(
+                f"mamba2_step: xbc {list(xbc.shape)}, dt_raw {list(dt_raw.shape)}, conv_weight "
+                f"{list(conv_weight.shape)}, conv_state {list(conv_state.shape)}, ssm_state "
+                f"{list(ssm_state.shape)} with {n_groups} groups are inconsistent"
+            )
+        ld = xbc.stride(0)
+        if xbc.stride(1) != 1 or dt_raw.stride(1) != 1 or dt_raw.stride(0) != ld or not xbc.is_cpu:
+            raise UnsupportedInput("mamba2_step: xbc and dt_raw must be column views of one row-major buffer")
+        if xbc.dtype is not _F32 or dt_raw.dtype is not _F32:
+            raise UnsupportedInput(f"mamba2_step: expected fp32 inputs, found {xbc.dtype}")
+        y = torch.empty(Bsz, H, P, dtype=_F32)
+        a, addr = self._args()
+        a.op = _OP_MAMBA2_STEP
+        a.i[0:20] = (
+            xbc.data_ptr(),
+            dt_raw.data_ptr(),
+            ld,
+            _i64_ptr(slots, "mamba2_step slots"),
+            Bsz,
+            _f32_ptr(conv_weight, "mamba2_step conv_weight"),
+            _f32_ptr(conv_bias, "mamba2_step conv_bias"),
+            _f32_ptr(conv_state, "mamba2_step conv_state"),
+            K,
+            _f32_ptr(dt_bias, "mamba2_step dt_bias"),
+            _f32_ptr(A, "mamba2_step A"),
+            _f32_ptr(D, "mamba2_step D"),
+            _f32_ptr(ssm_state, "mamba2_step ssm_state"),
+            S,
+            H,
+            P,
+            n_groups,
+            N,
+            y.data_ptr(),
+            torch.get_num_threads(),
+        )
+        a.f[0], a.f[1] = dt_min, dt_max
+        self._run(
+            a,
+            addr,
+            "mamba2_step",
+            xbc,
+            dt_raw,
+            slots,
+            conv_weight,
+            conv_bias,
+            conv_state,
+            dt_bias,
+            A,
+            D,
+            ssm_state,
+            y,
+        )
+        return y
 
 
 class KernelPlan:

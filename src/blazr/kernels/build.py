@@ -31,7 +31,7 @@ DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
 # Always added: position-independent, C dialect, only BLZ_EXPORT symbols visible, no implicit FMA
 # contraction (scalar and SIMD paths then round the same way).
 _BASE_FLAGS = ("-fPIC", "-std=gnu11", "-fvisibility=hidden", "-ffp-contract=off", "-Wall")
-ABI_VERSION = 2  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
+ABI_VERSION = 3  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
 
 
 class BuildError(RuntimeError):
@@ -195,7 +195,11 @@ def features(lib: ctypes.CDLL) -> list[str]:
     """The SIMD paths compiled into a library."""
     lib.blz_features.restype = ctypes.c_int
     bits = lib.blz_features()
-    return [name for bit, name in ((1, "avx512"), (2, "avx512_vnni"), (4, "avx512_bf16")) if bits & bit]
+    return [
+        name
+        for bit, name in ((1, "avx512"), (2, "avx512_vnni"), (4, "avx512_bf16"), (8, "avx2"))
+        if bits & bit
+    ]
 
 
 def main() -> int:

@@ -1,9 +1,10 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
 (`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
 
-Each public op (`linear`, `rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`) runs the C kernel
-when the library is available and the inputs are CPU tensors of the supported dtypes and layouts (fp32
-activations, int64 indices, fp32 or bf16 KV pools), else its `*_reference` twin with the same signature.
+Each public op (`linear`, `rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`)
+runs the C kernel when the library is available and the inputs are CPU tensors of the supported dtypes and
+layouts (fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else its `*_reference` twin
+with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -27,10 +28,12 @@ from blazr.kernels.reference import (
     int8_dot_reference,
     kv_write_reference,
     linear_reference,
+    mamba2_step_reference,
     paged_attention_decode_reference,
     quantize_act_reference,
     rms_norm_reference,
     rope_neox_reference,
+    ssd_step_reference,
 )
 
 __all__ = [
@@ -43,6 +46,8 @@ __all__ = [
     "kv_write_reference",
     "linear",
     "linear_reference",
+    "mamba2_step",
+    "mamba2_step_reference",
     "paged_attention_decode",
     "paged_attention_decode_reference",
     "quantize_act_reference",
@@ -52,6 +57,7 @@ __all__ = [
     "rms_norm_reference",
     "rope_neox",
     "rope_neox_reference",
+    "ssd_step_reference",
 ]
 
 _default: list[Kernels | None] = []
@@ -164,4 +170,42 @@ def paged_attention_decode(
         scale,
         window=window,
         out=out,
+    )
+
+
+def mamba2_step(
+    xbc: torch.Tensor,
+    dt_raw: torch.Tensor,
+    slots: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    ssm_state: torch.Tensor,
+    n_groups: int,
+    dt_min: float,
+    dt_max: float,
+) -> torch.Tensor:
+    """One Mamba2 decode token for B sequences: conv step + SiLU, dt, the SSD state update and the D skip,
+    with conv_state [S, Cd, K-1] and ssm_state [S, H, P, N] advanced in place at `slots` [B]. xbc [B, Cd]
+    and dt_raw [B, H] (column views of the in_proj output); conv_weight [Cd, K]; dt_bias, A, D [H].
+    Returns y [B, H, P] float32 (see mamba2_step_reference)."""
+    return _dispatch(
+        "mamba2_step",
+        mamba2_step_reference,
+        xbc,
+        dt_raw,
+        slots,
+        conv_weight,
+        conv_bias,
+        conv_state,
+        dt_bias,
+        A,
+        D,
+        ssm_state,
+        n_groups,
+        dt_min,
+        dt_max,
     )

@@ -136,3 +136,65 @@ def kv_write_reference(
     """k_pool[slot_mapping[t]] = k[t], v_pool[slot_mapping[t]] = v[t] (cast to the pools' dtype)."""
     k_pool.index_copy_(0, slot_mapping, k.to(k_pool.dtype))
     v_pool.index_copy_(0, slot_mapping, v.to(v_pool.dtype))
+
+
+def ssd_step_reference(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SSD token for a batch of sequences: state [B, H, P, N]; x [B, H, P]; dt [B, H]; A [H]; B, C
+    [B, G, N] (head h reads group h // (H / G)). Returns y [B, H, P] and the new state [B, H, P, N]
+    (float32; the input state is not modified): h' = exp(dt·A)·h + dt·x ⊗ B, y = h'·C."""
+    Bsz, H, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    f32 = torch.float32
+    dt = dt.to(f32)
+    decay = torch.exp(dt * A.to(f32))[:, :, None, None]  # [B, H, 1, 1]
+    Bh = B.to(f32)[:, :, None, :].expand(Bsz, G, H // G, N).reshape(Bsz, H, 1, N)  # group → its heads
+    Ch = C.to(f32)[:, :, None, :].expand(Bsz, G, H // G, N).reshape(Bsz * H, N, 1)
+    new_state = decay * state.to(f32) + (x.to(f32) * dt[..., None])[..., None] * Bh  # [B, H, P, N]
+    y = torch.bmm(new_state.view(Bsz * H, P, N), Ch)  # [B·H, P, 1]
+    return y.view(Bsz, H, P), new_state
+
+
+def mamba2_step_reference(
+    xbc: torch.Tensor,
+    dt_raw: torch.Tensor,
+    slots: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    ssm_state: torch.Tensor,
+    n_groups: int,
+    dt_min: float,
+    dt_max: float,
+) -> torch.Tensor:
+    """One Mamba2 decode token for B sequences (see csrc/mamba2.c): xbc [B, Cd] pre-conv [x | B | C];
+    dt_raw [B, H]; slots [B]; conv_weight [Cd, K] (+ conv_bias [Cd]); conv_state [S, Cd, K-1] and ssm_state
+    [S, H, P, N] advanced in place at `slots`; dt_bias, A (= −exp(A_log)), D [H]. Returns y [B, H, P] float32
+    = SSM output + D·x. The conv's K taps accumulate in float32, then round to the weights' dtype for SiLU
+    (as HF's decode); dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) and the scan in float32."""
+    Bsz, H = dt_raw.shape
+    P, N = ssm_state.shape[2:]
+    GN = n_groups * N
+    window = torch.cat([conv_state.index_select(0, slots), xbc[:, :, None].to(conv_state.dtype)], dim=-1)
+    conv_state.index_copy_(0, slots, window[:, :, 1:])  # drop the oldest column
+    conv = (window.float() * conv_weight.float()).sum(-1)  # [B, Cd]
+    if conv_bias is not None:
+        conv = conv + conv_bias.float()
+    u = F.silu(conv.to(conv_weight.dtype)).float()
+    x, Bm, Cm = u.split([H * P, GN, GN], dim=-1)
+    x = x.reshape(Bsz, H, P)
+    dt = F.softplus(dt_raw.float() + dt_bias.float()).clamp(dt_min, dt_max)
+    y, new = ssd_step_reference(
+        ssm_state.index_select(0, slots), x, dt, A, Bm.reshape(Bsz, n_groups, N), Cm.reshape(Bsz, n_groups, N)
+    )
+    ssm_state.index_copy_(0, slots, new.to(ssm_state.dtype))
+    return y + x * D.float()[:, None]

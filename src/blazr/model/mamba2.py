@@ -4,8 +4,9 @@ dt clamp, full-width or grouped gated norm) selected by `Mamba2Config`.
 
 One step's flat layout (see `ForwardBatch`):
 - no cache (reference forward): every sequence runs from zero state and nothing is stored;
-- decode rows (the first Bd sequences, one token each): one batched recurrent step; conv and SSM state are
-  gathered from `cache.conv` / `cache.ssm` at `state_slots`, advanced, and scattered back (index_copy_);
+- decode rows (the first Bd sequences, one token each): one batched recurrent step, the kernel op
+  `mamba2_step` (conv step, dt, state update and D skip; `cache.conv` / `cache.ssm` advanced in place at
+  `state_slots`; its torch reference `mamba2_step_reference` where the C kernels do not apply);
 - prefill rows: per sequence, chunked SSD starting from the slot's state when `context_len > 0` (a chunked
   prefill continues) or from zeros when it is 0 (the slot may hold a previous owner's state); the final
   conv and SSM states are written back.
@@ -30,8 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import Mamba2Config
+from blazr.kernels import ops
 from blazr.model.norm import GatedRMSNorm
-from blazr.model.ssd import ssd_chunked, ssd_step
+from blazr.model.ssd import ssd_chunked
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 
@@ -62,15 +64,17 @@ class Mamba2(nn.Module):
         H, P, Di = cfg.num_heads, cfg.head_dim, cfg.d_inner
         T = x.shape[0]
         z, xBC, dt_raw = self.in_proj(x).split([Di, cfg.conv_dim, H], dim=-1)
-        dt = F.softplus(dt_raw.float() + self.dt_bias.float()).clamp(cfg.dt_min, cfg.dt_max)  # [T, H]
         A = -torch.exp(self.A_log.float())  # [H]
 
         is_cached = cache is not None and batch.state_slots is not None
         nd = batch.num_decodes if is_cached else 0
         y = x.new_empty(T, H, P, dtype=torch.float32)
-        xs = x.new_empty(T, H, P, dtype=torch.float32)  # post-conv x, for the D skip
-        if nd:
-            y[:nd], xs[:nd] = self._decode(xBC[:nd], dt[:nd], A, batch.state_slots[:nd], cache)
+        if nd:  # one token per sequence: the fused step (kernel op), D skip included
+            w = self.conv1d.weight
+            y[:nd] = ops.mamba2_step(
+                xBC[:nd], dt_raw[:nd], batch.state_slots[:nd], w[:, 0], self.conv1d.bias, cache.conv,
+                self.dt_bias, A, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
+            )  # fmt: skip
 
         slots, conv_states, ssm_states = [], [], []
         for b, start in enumerate(batch.query_starts[nd:], start=nd):
@@ -79,7 +83,11 @@ class Mamba2(nn.Module):
             conv0 = ssm0 = None
             if slot is not None and batch.context_lens[b] > 0:  # continue; context 0 = fresh, ignore the slot
                 conv0, ssm0 = cache.conv.index_select(0, slot)[0], cache.ssm.index_select(0, slot)[0]
-            y[rows], xs[rows], conv1, ssm1 = self._prefill(xBC[rows], dt[rows], A, conv0, ssm0)
+            dt = F.softplus(dt_raw[rows].float() + self.dt_bias.float()).clamp(
+                cfg.dt_min, cfg.dt_max
+            )  # [n, H]
+            ys, xs, conv1, ssm1 = self._prefill(xBC[rows], dt, A, conv0, ssm0)
+            y[rows] = ys + xs * self.D.float()[:, None]  # D skip with the un-scaled x
             if slot is not None:
                 slots.append(slot)
                 conv_states.append(conv1)
@@ -89,7 +97,7 @@ class Mamba2(nn.Module):
             cache.conv.index_copy_(0, idx, torch.stack(conv_states).to(cache.conv.dtype))
             cache.ssm.index_copy_(0, idx, torch.stack(ssm_states).to(cache.ssm.dtype))
 
-        y = (y + xs * self.D.float()[:, None]).view(T, Di)  # D skip with the un-scaled x
+        y = y.view(T, Di)
         y = self.norm(y, z) if self.norm is not None else y * F.silu(z.float())  # float32 [T, Di]
         return self.out_proj(y.to(x.dtype))
 
@@ -110,24 +118,6 @@ class Mamba2(nn.Module):
             B.reshape(*lead, cfg.n_groups, cfg.state_size),
             C.reshape(*lead, cfg.n_groups, cfg.state_size),
         )
-
-    def _decode(
-        self, xBC: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, slots: torch.Tensor, cache: LayerCache
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token for each of Bd sequences: xBC [Bd, Cd]; dt [Bd, H]; slots [Bd].
-        Reads and writes `cache.conv[slots]` [Bd, Cd, K-1] and `cache.ssm[slots]` [Bd, H, P, N].
-        Returns y [Bd, H, P] (without D) and the post-conv x [Bd, H, P]."""
-        window = torch.cat([cache.conv.index_select(0, slots), xBC[:, :, None].to(cache.conv.dtype)], dim=-1)
-        cache.conv.index_copy_(0, slots, window[:, :, 1:])  # [Bd, Cd, K-1]: drop the oldest column
-        # One output column: a K-tap dot product per channel (F.conv1d costs ~10x more at this size).
-        w, bias = self.conv1d.weight, self.conv1d.bias
-        conv = (window.float() * w[:, 0].float()).sum(-1)  # [Bd, Cd]
-        if bias is not None:
-            conv = conv + bias.float()
-        xs, B, C = self._split_xbc(F.silu(conv.to(w.dtype)))
-        y, ssm = ssd_step(cache.ssm.index_select(0, slots), xs, dt, A, B, C)
-        cache.ssm.index_copy_(0, slots, ssm.to(cache.ssm.dtype))
-        return y, xs
 
     def _prefill(
         self,

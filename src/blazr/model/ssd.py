@@ -1,5 +1,6 @@
-"""The SSD scan of Mamba2 (state-space duality): a chunked form for prefill, a one-token step for decode, and
-the plain sequential recurrence that ties both in tests.
+"""The SSD scan of Mamba2 (state-space duality): a chunked form for prefill and the plain sequential
+recurrence that ties it in tests (the one-token decode step is the kernel op `mamba2_step`, with its torch
+reference `ssd_step_reference` in blazr.kernels.reference).
 
 The recurrence, per head h (head h reads group g = h // (H / G) of B and C):
 
@@ -167,25 +168,3 @@ def ssd_reference(
         h = decay * h + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
         y[:, t] = torch.einsum("bhpn,bhn->bhp", h, Ch[:, t])
     return y, h
-
-
-def ssd_step(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token for a batch of sequences: state [B, H, P, N]; x [B, H, P]; dt [B, H]; A [H]; B, C [B, G, N].
-    Returns y [B, H, P] and the new state [B, H, P, N] (float32; the input state is not modified)."""
-    Bsz, H, P = x.shape
-    G, N = B.shape[1], B.shape[2]
-    f32 = torch.float32
-    dt = dt.to(f32)
-    decay = torch.exp(dt * A.to(f32))[:, :, None, None]  # [B, H, 1, 1]
-    Bh = B.to(f32)[:, :, None, :].expand(Bsz, G, H // G, N).reshape(Bsz, H, 1, N)  # group → its heads
-    Ch = C.to(f32)[:, :, None, :].expand(Bsz, G, H // G, N).reshape(Bsz * H, N, 1)
-    new_state = decay * state.to(f32) + (x.to(f32) * dt[..., None])[..., None] * Bh  # [B, H, P, N]
-    y = torch.bmm(new_state.view(Bsz * H, P, N), Ch)  # [B·H, P, 1]
-    return y.view(Bsz, H, P), new_state

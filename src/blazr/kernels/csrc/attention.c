@@ -19,7 +19,8 @@
  * registers), and 16 keys' partial-sum vectors are reduced together by a transpose-add tree; softmax —
  * the whole chunk's scores are known, so m = max, p = e^{s−m} (polynomial exp), l = Σ p with no running
  * rescale; then acc = Σ p·v over the chunk with the G heads' accumulators in registers, each V slice
- * widened once per key. Other shapes and non-AVX-512 builds run the scalar online-softmax loop (libm expf).
+ * widened once per key. AVX2 builds (no AVX-512) run the same three passes on 8-lane vectors (D and Dv
+ * multiples of 8; chunk_head_avx2). Other shapes and builds run the scalar online-softmax loop (libm expf).
  */
 #include "blazr_kernels.h"
 #ifdef _OPENMP
@@ -207,6 +208,84 @@ BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char 
 }
 #endif
 
+#if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
+/* Elements i .. i+7 of a cache row as fp32 (exact widening, as load16). */
+BLZ_INLINE __m256 load8(const char *row, int64_t i, int kv_type) {
+    if (kv_type == BLZ_KV_F32) return _mm256_loadu_ps((const float *)row + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (kv_type == BLZ_KV_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* acc[g][d0 .. d0+8·SL) += Σ_t p[g·BLZ_CHUNK + t] · v_t[d0 ..] (as pv_slices, 8 lanes). */
+BLZ_INLINE void pv_slices8(const int64_t G, const int SL, const float *p, const char *const *vr, const int nk,
+                           const int64_t d0, const int kv_type, float *acc_mem, const int64_t Dv,
+                           prefetcher_t *pf) {
+    __m256 acc[BLZ_MAX_GROUP][4];
+    for (int64_t g = 0; g < G; ++g)
+        for (int s = 0; s < SL; ++s) acc[g][s] = _mm256_loadu_ps(acc_mem + g * Dv + d0 + 8 * s);
+    for (int t = 0; t < nk; ++t) {
+        if (pf && t % BLZ_KEY_BLOCK == 0) pf_next(pf);
+        __m256 v[4];
+        for (int s = 0; s < SL; ++s) v[s] = load8(vr[t], d0 + 8 * s, kv_type);
+        for (int64_t g = 0; g < G; ++g) {
+            const __m256 pg = _mm256_set1_ps(p[g * BLZ_CHUNK + t]);
+            for (int s = 0; s < SL; ++s) acc[g][s] = _mm256_fmadd_ps(pg, v[s], acc[g][s]);
+        }
+    }
+    for (int64_t g = 0; g < G; ++g)
+        for (int s = 0; s < SL; ++s) _mm256_storeu_ps(acc_mem + g * Dv + d0 + 8 * s, acc[g][s]);
+}
+
+/* AVX2 chunk_head (D, Dv multiples of 8): the same three passes. Scores one key at a time — its K row
+ * widened once into registers, two FMA chains per head, one horizontal sum per (head, key); softmax 8
+ * lanes at a time with blz_exp256 (lanes past n zeroed); then pv_slices8. */
+BLZ_INLINE void chunk_head_avx2(const float *restrict q, const int64_t G, const char *const *kr,
+                                const char *const *vr, const int n, const int kv_type, const int64_t D,
+                                const int64_t Dv, const float scale, part_t pt, prefetcher_t *pf) {
+    float p[BLZ_MAX_GROUP * BLZ_CHUNK] __attribute__((aligned(32))); /* scores, then probabilities */
+    for (int t = 0; t < n; ++t) {
+        if (t % BLZ_KEY_BLOCK == 0) pf_next(pf);
+        __m256 k[BLZ_MAX_D / 8];
+        for (int64_t i = 0; i < D / 8; ++i) k[i] = load8(kr[t], 8 * i, kv_type);
+        for (int64_t g = 0; g < G; ++g) {
+            const float *qg = q + g * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int64_t i = 0;
+            for (; i + 2 <= D / 8; i += 2) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i), k[i], a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i + 8), k[i + 1], a1);
+            }
+            if (i < D / 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i), k[i], a0);
+            p[g * BLZ_CHUNK + t] = blz_hsum256(_mm256_add_ps(a0, a1)) * scale;
+        }
+    }
+    const int nv = (n + 7) / 8;
+    const __m256i tail = blz_mask256(n - 8 * (nv - 1)); /* valid lanes of the last vector */
+    for (int64_t g = 0; g < G; ++g) {
+        float *pg = p + g * BLZ_CHUNK;
+        float m = -INFINITY;
+        for (int t = 0; t < n; ++t) m = fmaxf(m, pg[t]);
+        __m256 l = _mm256_setzero_ps();
+        for (int b = 0; b < nv; ++b) {
+            __m256 e = blz_exp256(_mm256_sub_ps(_mm256_load_ps(pg + 8 * b), _mm256_set1_ps(m)));
+            if (b == nv - 1) e = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
+            _mm256_store_ps(pg + 8 * b, e);
+            l = _mm256_add_ps(l, e);
+        }
+        pt.m[g] = n ? m : -INFINITY;
+        pt.l[g] = n ? blz_hsum256(l) : 0.0f;
+    }
+    memset(pt.acc, 0, (size_t)(G * Dv) * sizeof(float));
+    int64_t d0 = 0; /* the first call also walks the prefetcher */
+    if (G <= 2)
+        for (; d0 + 32 <= Dv; d0 += 32) pv_slices8(G, 4, p, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
+    else if (G <= 4)
+        for (; d0 + 16 <= Dv; d0 += 16) pv_slices8(G, 2, p, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
+    for (; d0 < Dv; d0 += 8) pv_slices8(G, 1, p, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
+}
+#endif
+
 /* Portable block step: the same online-softmax update, one key at a time (libm expf). */
 static void block_scalar(const float *restrict q, int64_t G, const char *const *kr, const char *const *vr,
                          int nk, int kv_type, int64_t D, int64_t Dv, float scale, part_t pt) {
@@ -230,9 +309,16 @@ static void block_scalar(const float *restrict q, int64_t G, const char *const *
  * (generic sizes otherwise); the portable one-key-at-a-time update for other shapes and builds. */
 static void head_step(const float *q, int64_t G, const char *const *kr, const char *const *vr, int n,
                       int kv_type, int64_t D, int64_t Dv, float scale, part_t pt, prefetcher_t *pf) {
+#if defined(BLZ_AVX512) || defined(BLZ_AVX2)
 #ifdef BLZ_AVX512
-    if (D % 16 == 0 && Dv % 16 == 0 && D <= BLZ_MAX_D && G <= BLZ_MAX_GROUP) {
-#define BLZ_CALL(T, GG, DD, DV) chunk_head(q, GG, kr, vr, n, T, DD, DV, scale, pt, pf)
+#define BLZ_LANES 16
+#define BLZ_CHUNK_HEAD chunk_head
+#else
+#define BLZ_LANES 8
+#define BLZ_CHUNK_HEAD chunk_head_avx2
+#endif
+    if (D % BLZ_LANES == 0 && Dv % BLZ_LANES == 0 && D <= BLZ_MAX_D && G <= BLZ_MAX_GROUP) {
+#define BLZ_CALL(T, GG, DD, DV) BLZ_CHUNK_HEAD(q, GG, kr, vr, n, T, DD, DV, scale, pt, pf)
 #define BLZ_G(T, GG)                                                 \
     case GG:                                                         \
         if (D == 64 && Dv == 64) BLZ_CALL(T, GG, 64, 64);            \
@@ -253,6 +339,8 @@ static void head_step(const float *q, int64_t G, const char *const *kr, const ch
 #undef BLZ_G
 #undef BLZ_CALL
     }
+#undef BLZ_LANES
+#undef BLZ_CHUNK_HEAD
 #endif
     (void)pf;
     for (int64_t g = 0; g < G; ++g) {

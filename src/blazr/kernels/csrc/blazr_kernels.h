@@ -4,9 +4,11 @@
  *   BLZ_AVX512  AVX-512 F + BW (+VL): attention, f32 linear, activation quantization
  *   BLZ_VNNI    + AVX512_VNNI: int8 dot products for the q4_0 / q4_1 / q8_0 linear kernels
  *   BLZ_BF16    + AVX512_BF16: bf16 dot products for the bf16 linear kernel
+ *   BLZ_AVX2    AVX2 + FMA + F16C (every x86-64 CPU since Haswell / Zen 1): the linear kernels and
+ *               activation quantization where the AVX-512 paths above are not compiled in
  * Every SIMD path has a portable scalar fallback (plain C that the compiler may auto-vectorise for the
  * host ISA), so `-march=x86-64` or a non-x86 target still builds and gives the same results to fp32
- * rounding. Tensors are row-major and contiguous; sizes are int64_t; functions return 0 on success and a
+ * rounding (the block-quantized kernels: the same bits). Tensors are row-major and contiguous; sizes are int64_t; functions return 0 on success and a
  * negative code on bad input (checked cheaply, outside hot loops).
  */
 #ifndef BLAZR_KERNELS_H
@@ -27,12 +29,16 @@
 #define BLZ_BF16 1
 #endif
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define BLZ_AVX2 1
+#endif
 
 #define BLZ_EXPORT __attribute__((visibility("default")))
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 2
+#define BLZ_ABI_VERSION 3
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -65,6 +71,10 @@ int blz_paged_attention_decode(const float *q, int64_t ldq, const void *k_pool, 
                                int64_t Dv, float scale, int64_t window, float *out, int nthreads);
 int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, const int64_t *slots, int64_t T,
                  int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_type, int64_t S);
+int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
+                    const float *conv_w, const float *conv_b, float *conv_pool, int64_t K, const float *dt_bias,
+                    const float *A, const float *dskip, float *ssm_pool, int64_t S, int64_t H, int64_t P, int64_t G,
+                    int64_t N, float dt_min, float dt_max, float *y, int nthreads);
 
 /* Packed call (see common.c): the arguments of one kernel, in order, as int64 (pointers and integers) and
  * double (float arguments). Python fills one preallocated struct per thread and passes its address, which
@@ -77,6 +87,7 @@ enum {
     BLZ_OP_ROPE_NEOX = 5,
     BLZ_OP_PAGED_ATTENTION_DECODE = 6,
     BLZ_OP_KV_WRITE = 7,
+    BLZ_OP_MAMBA2_STEP = 8,
 };
 typedef struct {
     int64_t op;
@@ -185,6 +196,41 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
         }
     }
 }
+
+#ifdef BLZ_AVX2
+/* The 8-lane sum of v by one fixed tree (halves of 256, then of 128, then of 64 bits). */
+BLZ_INLINE float blz_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp(x) for 8 lanes, as blz_exp512 (the same reduction and Cephes polynomial; ·2^n through the exponent
+ * bits). Inputs are clamped to [−87.3, 88.3]: below gives ~1e-38 (callers mask those lanes). */
+BLZ_INLINE __m256 blz_exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* Lanes 0 .. n-1 set (n ≤ 8): a mask for vmaskmovps. */
+BLZ_INLINE __m256i blz_mask256(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
 
 #ifdef BLZ_AVX512
 /* exp(x) for 16 lanes: x = n·ln2 + r, |r| ≤ ln2/2, e^r by the Cephes degree-6 polynomial, then ·2^n with

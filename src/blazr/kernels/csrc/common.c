@@ -7,7 +7,8 @@
 /* ABI version of this library; ops.py checks it before binding. */
 BLZ_EXPORT int blz_abi_version(void) { return BLZ_ABI_VERSION; }
 
-/* Bit mask of the SIMD paths compiled in: 1 = AVX-512 (F/BW/VL), 2 = AVX512_VNNI, 4 = AVX512_BF16. */
+/* Bit mask of the SIMD paths compiled in: 1 = AVX-512 (F/BW/VL), 2 = AVX512_VNNI, 4 = AVX512_BF16,
+ * 8 = AVX2 (+ FMA, F16C). */
 BLZ_EXPORT int blz_features(void) {
     int f = 0;
 #ifdef BLZ_AVX512
@@ -18,6 +19,9 @@ BLZ_EXPORT int blz_features(void) {
 #endif
 #ifdef BLZ_BF16
     f |= 4;
+#endif
+#ifdef BLZ_AVX2
+    f |= 8;
 #endif
     return f;
 }
@@ -69,6 +73,12 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_KV_WRITE:
             return blz_kv_write(P(const float *, 0), i[1], P(const float *, 2), i[3], P(const int64_t *, 4),
                                 i[5], i[6], i[7], i[8], P(void *, 9), P(void *, 10), (int)i[11], i[12]);
+        case BLZ_OP_MAMBA2_STEP:
+            return blz_mamba2_step(P(const float *, 0), P(const float *, 1), i[2], P(const int64_t *, 3), i[4],
+                                   P(const float *, 5), P(const float *, 6), P(float *, 7), i[8],
+                                   P(const float *, 9), P(const float *, 10), P(const float *, 11), P(float *, 12),
+                                   i[13], i[14], i[15], i[16], i[17], (float)a->f[0], (float)a->f[1],
+                                   P(float *, 18), (int)i[19]);
     }
     return BLZ_EINVAL;
 }

@@ -13,6 +13,8 @@
  * summed in one fixed order whatever the tile, so a row's output never depends on the batch it is in
  * (prefill == decode bit for bit). Both split the N output rows over OpenMP threads. Scalar fallbacks
  * compute the same sums in plain loops.
+ * AVX2 (no AVX-512): f32 as above with 8-float vectors; bf16 widens 16 bf16 at a time to even / odd fp32
+ * lanes by shifts (see bf16x16_fma) and computes 2 × 2 (weight row, x row) pairs per pass.
  */
 #include "blazr_kernels.h"
 
@@ -37,6 +39,24 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
             acc[m][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mk, x + m * ldx + k), acc[m][0]);
     }
     for (int m = 0; m < mt; ++m) res[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
+#elif defined(BLZ_AVX2)
+    __m256 acc[4][2];
+    for (int m = 0; m < 4; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
+        for (int m = 0; m < mt; ++m) {
+            acc[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * ldx + k), acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * ldx + k + 8), acc[m][1]);
+        }
+    }
+    for (; k < K; k += 8) {
+        const __m256i mk = blz_mask256(K - k);
+        const __m256 w0 = _mm256_maskload_ps(w + k, mk);
+        for (int m = 0; m < mt; ++m)
+            acc[m][0] = _mm256_fmadd_ps(w0, _mm256_maskload_ps(x + m * ldx + k, mk), acc[m][0]);
+    }
+    for (int m = 0; m < mt; ++m) res[m] = blz_hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
 #else
     for (int m = 0; m < mt; ++m) {
         const float *xm = x + m * ldx;
@@ -54,6 +74,62 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
 #define BF16_MCHUNK 128   /* x rows per pass over the weights: their bf16 copy stays in L2 */
 #define BF16_PF 4096      /* software prefetch distance of a weight row stream into L2, in weights (8 KB) */
 #define BF16_ROWWISE_M 8  /* up to 8 x rows: weight rows one at a time (bf16_row) */
+
+#if defined(BLZ_AVX2) && !defined(BLZ_BF16)
+/* AVX2 bf16 (no vdpbf16ps): 16 bf16 of a row are one 256-bit load; shifting each 32-bit lane left by 16
+ * gives the even elements as fp32, masking off its low half the odd ones. A (weight row, x row) pair keeps
+ * two fp32 accumulators, even and odd elements, fed 16 elements at a time in order (products of bf16 are
+ * exact in fp32); the tail of a weight row goes through a zero-padded copy (x rows are zero-padded to
+ * ldx); the result is blz_hsum256(even + odd). The row and tile paths below both follow exactly this, so
+ * a result depends on its own pair only, never on M or the tile. */
+#define BF16_AVX2 1
+BLZ_INLINE void bf16x16_fma(__m256i wv, __m256i xv, __m256 *ae, __m256 *ao) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    *ae = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16)), *ae);
+    *ao = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(wv, hi)),
+                          _mm256_castsi256_ps(_mm256_and_si256(xv, hi)), *ao);
+}
+
+/* The last K % 16 weights of a row, zero-padded to 16. */
+BLZ_INLINE __m256i bf16_tail(const uint16_t *w, int64_t n) {
+    uint16_t t[16] = {0};
+    memcpy(t, w, (size_t)n * sizeof(uint16_t));
+    return _mm256_loadu_si256((const __m256i *)t);
+}
+
+/* res[n][m] for 2 weight rows × 2 x rows (w1 / x1 may repeat w0 / x0; those results are discarded). */
+BLZ_INLINE void bf16_pairs_avx2(const uint16_t *restrict w0, const uint16_t *restrict w1, int64_t K,
+                                const uint16_t *restrict x0, const uint16_t *restrict x1, float res[2][2],
+                                const int pf) {
+    __m256 ae[2][2], ao[2][2];
+    for (int n = 0; n < 2; ++n)
+        for (int m = 0; m < 2; ++m) ae[n][m] = ao[n][m] = _mm256_setzero_ps();
+    const uint16_t *wr[2] = {w0, w1}, *xr[2] = {x0, x1};
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (pf)
+            for (int n = 0; n < 2; ++n) _mm_prefetch((const char *)(wr[n] + k + BF16_PF), _MM_HINT_T1);
+        const __m256i wv0 = _mm256_loadu_si256((const __m256i *)(w0 + k));
+        const __m256i wv1 = _mm256_loadu_si256((const __m256i *)(w1 + k));
+        for (int m = 0; m < 2; ++m) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr[m] + k));
+            bf16x16_fma(wv0, xv, &ae[0][m], &ao[0][m]);
+            bf16x16_fma(wv1, xv, &ae[1][m], &ao[1][m]);
+        }
+    }
+    if (k < K) {
+        const __m256i wv0 = bf16_tail(w0 + k, K - k), wv1 = bf16_tail(w1 + k, K - k);
+        for (int m = 0; m < 2; ++m) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr[m] + k));
+            bf16x16_fma(wv0, xv, &ae[0][m], &ao[0][m]);
+            bf16x16_fma(wv1, xv, &ae[1][m], &ao[1][m]);
+        }
+    }
+    for (int n = 0; n < 2; ++n)
+        for (int m = 0; m < 2; ++m) res[n][m] = blz_hsum256(_mm256_add_ps(ae[n][m], ao[n][m]));
+}
+#endif
 
 #ifdef BLZ_BF16
 /* The 16-lane sums of a, b, c, d → lanes 0..3, by one fixed tree: halves of 256, then of 128 bits (across
@@ -108,6 +184,17 @@ BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *restrict w
         _mm_storeu_ps(s, bf16_hsum4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]));
         for (int n = 0; n < nt; ++n) res[n][m] = s[n];
     }
+#elif defined(BF16_AVX2)
+    for (int n = 0; n < nt; n += 2)
+        for (int m = 0; m < mt; m += 2) {
+            float r[2][2];
+            const int n1 = n + 1 < nt ? n + 1 : n, m1 = m + 1 < mt ? m + 1 : m;
+            bf16_pairs_avx2(w + n * K, w + n1 * K, K, xb + m * ldx, xb + m1 * ldx, r, pf && m == 0);
+            res[n][m] = r[0][0];
+            res[n1][m] = r[1][0];
+            res[n][m1] = r[0][1];
+            res[n1][m1] = r[1][1];
+        }
 #else
     for (int n = 0; n < nt; ++n)
         for (int m = 0; m < mt; ++m) {
@@ -146,6 +233,22 @@ BLZ_INLINE void bf16_row(const int mt, const uint16_t *restrict w, int64_t K, co
     }
     const __m512 z = _mm512_setzero_ps();
     for (int m = 0; m < mt; ++m) res[m] = _mm_cvtss_f32(bf16_hsum4(acc[m], z, z, z));
+#elif defined(BF16_AVX2)
+    __m256 ae[BF16_MR], ao[BF16_MR];
+    for (int m = 0; m < BF16_MR; ++m) ae[m] = ao[m] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (mt >= 2) _mm_prefetch((const char *)(w + k + BF16_PF), _MM_HINT_T1);
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + k));
+        for (int m = 0; m < mt; ++m)
+            bf16x16_fma(wv, _mm256_loadu_si256((const __m256i *)(xb + m * ldx + k)), &ae[m], &ao[m]);
+    }
+    if (k < K) {
+        const __m256i wv = bf16_tail(w + k, K - k);
+        for (int m = 0; m < mt; ++m)
+            bf16x16_fma(wv, _mm256_loadu_si256((const __m256i *)(xb + m * ldx + k)), &ae[m], &ao[m]);
+    }
+    for (int m = 0; m < mt; ++m) res[m] = blz_hsum256(_mm256_add_ps(ae[m], ao[m]));
 #else
     float r[BF16_NR][BF16_MR];
     bf16_tile(mt, 1, w, K, xb, ldx, r, 0);

@@ -75,6 +75,27 @@ static void quantize_act_row(const float *restrict x, int64_t K, int32_t offset,
         _mm_storeu_si128((__m128i *)qb, _mm512_cvtsepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(qb + 16), _mm512_cvtsepi32_epi8(i1));
         sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+#elif defined(BLZ_AVX2)
+        const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 v[4];
+        for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+        __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absm), _mm256_and_ps(v[1], absm)),
+                                  _mm256_max_ps(_mm256_and_ps(v[2], absm), _mm256_and_ps(v[3], absm)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+        __m256i iv[4]; /* round half to even: the default MXCSR mode, as nearbyintf */
+        for (int i = 0; i < 4; ++i) iv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+        /* packs interleave 128-bit lanes: bytes come out as dwords 0,4,1,5,2,6,3,7 of the natural order */
+        const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+        _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        sum = _mm_cvtsi128_si32(s4);
 #else
         float amax = 0.0f;
         for (int i = 0; i < BLZ_QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
@@ -191,13 +212,94 @@ BLZ_INLINE void group_vnni(const int kind, const int mt, const uint8_t *restrict
 }
 #endif
 
+#if defined(BLZ_AVX2) && !defined(BLZ_VNNI)
+BLZ_INLINE __m256i bcast4_256(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Lane j (int32) = Σ of the 4 products u8 × s8 of bytes 4j..4j+3. vpmaddubsw sums pairs into int16 with
+ * saturation, so the caller keeps every pair sum within ±32767 (see group_avx2). */
+BLZ_INLINE __m256i maddubs_pairs(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
+
+/* AVX2 path of group_scalar (no VNNI): the 64-byte chunks hold rows 0-7 in their first 32 bytes and rows
+ * 8-15 in the last 32, so each half of the group is one pass of 8-lane accumulators (the second pass
+ * reads the group from L1/L2). The integer block dot is exact, as in the scalar path, and then the same
+ * two fmas per block, so the bits equal the scalar and VNNI builds':
+ *   Q4_*: weights are nibbles 0..15 and activations −127..127, so a vpmaddubsw pair sum is at most
+ *         2·15·127 in magnitude and the 8 of a block (one per chunk half) add up to < 2^15 in int16;
+ *         one vpmaddwd against ones then widens to int32.
+ *   Q8_0: the stored byte is q + 128; with the signed weight q (byte ^ 0x80) the product is taken as
+ *         |q| · (x · sign q) (vpsignb), whose pair sums stay within 2·128·127; widened per chunk. The
+ *         −128·Σx offset term is then not needed (the dot starts at 0). */
+BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict wg, const act_t *restrict a,
+                           const int64_t m0, float acc_out[BLZ_MT][BLZ_RG]) {
+    const int64_t tb = tile_bytes(kind), hdr = tile_header(kind), nb = a->nb;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int h = 0; h < 2; ++h) {
+        __m256 acc[BLZ_MT];
+        for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t *t = wg + b * tb;
+            if (BLZ_PF_TILES && mt >= 6 && h == 0)
+                for (int64_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)t + BLZ_PF_TILES * tb + o, _MM_HINT_T0);
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16 * h)));
+            const __m256 mw =
+                kind == BLZ_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32 + 16 * h))) : dw;
+            __m256i w[8]; /* w[c]: elements 4c..4c+3 of the 8 rows of this half */
+            if (kind == BLZ_Q8_0) {
+                for (int c = 0; c < 8; ++c)
+                    w[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(t + hdr + 64 * c + 32 * h)), flip);
+            } else {
+                for (int p = 0; p < 4; ++p) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(t + hdr + 64 * p + 32 * h));
+                    w[p] = _mm256_and_si256(v, lo4);
+                    w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                }
+            }
+            for (int m = 0; m < mt; ++m) {
+                const int64_t r = (m0 + m) * nb + b;
+                const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
+                __m256i dot;
+                if (kind == BLZ_Q8_0) {
+                    dot = _mm256_setzero_si256();
+                    for (int c = 0; c < 8; ++c) {
+                        const __m256i xs = _mm256_sign_epi8(bcast4_256(xq + 4 * c), w[c]);
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w[c]), xs), ones));
+                    }
+                } else {
+                    __m256i p16 = maddubs_pairs(w[0], bcast4_256(xq));
+                    p16 = _mm256_add_epi16(p16, maddubs_pairs(w[4], bcast4_256(xq + 16)));
+                    for (int c = 1; c < 4; ++c) {
+                        p16 = _mm256_add_epi16(p16, maddubs_pairs(w[c], bcast4_256(xq + 4 * c)));
+                        p16 = _mm256_add_epi16(p16, maddubs_pairs(w[c + 4], bcast4_256(xq + 16 + 4 * c)));
+                    }
+                    dot = _mm256_madd_epi16(p16, ones);
+                    if (kind == BLZ_Q4_0) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(a->off[r]));
+                }
+                const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[r]));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[m]);
+                if (kind == BLZ_Q4_1) acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s[r]), acc[m]);
+            }
+        }
+        for (int m = 0; m < mt; ++m) _mm256_storeu_ps(acc_out[m] + 8 * h, acc[m]);
+    }
+}
+#endif
+
 /* acc[m][j] = dot products of group wg's 16 rows with activation rows m0 .. m0+mt-1 (mt ≤ BLZ_MT). */
 static void group_dots(int kind, int mt, const uint8_t *wg, const act_t *a, int64_t m0,
                        float acc[BLZ_MT][BLZ_RG]) {
+#if defined(BLZ_VNNI) || defined(BLZ_AVX2)
 #ifdef BLZ_VNNI
+#define BLZ_GROUP group_vnni
+#else
+#define BLZ_GROUP group_avx2
+#endif
 #define BLZ_CASE(K, MT)                          \
     case (K) * 16 + (MT) - 1:                    \
-        group_vnni((K), (MT), wg, a, m0, acc);  \
+        BLZ_GROUP((K), (MT), wg, a, m0, acc);    \
         return;
 #if BLZ_MT > 8
 #define BLZ_KIND_HI(K) \
@@ -216,6 +318,7 @@ static void group_dots(int kind, int mt, const uint8_t *wg, const act_t *a, int6
 #undef BLZ_KIND
 #undef BLZ_KIND_HI
 #undef BLZ_CASE
+#undef BLZ_GROUP
 #endif
     group_scalar(kind, mt, wg, a, m0, acc);
 }

@@ -1,0 +1,112 @@
+/* blazr kernels — the Mamba2 (SSD) decode step: one new token for each of B sequences of one layer, with
+ * the conv and SSM states advanced in place in their pools.
+ *
+ * Per sequence b (state slot s = slots[b]), conv channel c < Cd (Cd = H·P + 2·G·N), kernel width K:
+ *   conv_c = bias_c + Σ_{k<K-1} w[c,k]·conv[s,c,k] + w[c,K-1]·xbc[b,c];  conv[s,c,:] shifts left and
+ *   takes xbc[b,c];  u_c = silu(conv_c), read as u = [x (H·P) | B (G·N) | C (G·N)];
+ * per head h (its group g = h / (H/G)):
+ *   dt = clamp(softplus(dt_raw[b,h] + dt_bias[h]), dt_min, dt_max)  (softplus(v) = v above 20, as torch)
+ *   a = exp(dt·A[h])  (A = −exp(A_log), negative)
+ *   per p < P:  ssm[s,h,p,:] = a·ssm[s,h,p,:] + (dt·x[h,p])·B_g;   y[b,h,p] = ssm[s,h,p,:]·C_g + Dskip[h]·x[h,p]
+ * Layouts (fp32, row-major, contiguous unless said): xbc [B, Cd] and dt_raw [B, H] with row strides ld
+ * (both may be column views of one in_proj output), conv_w [Cd, K], conv_b [Cd] or NULL, conv_pool
+ * [S, Cd, K-1], dt_bias / A / Dskip [H], ssm_pool [S, H, P, N], slots [B] int64 (distinct), y [B, H·P].
+ *
+ * Every SSM state row is read and written once, in place (the torch path gathers the states, builds
+ * full-size temporaries and scatters them back). Work: the conv of every sequence first (OpenMP over
+ * sequences), then OpenMP over (sequence, head) pairs. A sequence's results depend on its own inputs and
+ * state only, never on the batch or the thread count. The state update is a·s + d·B by one fma each
+ * (the torch reference rounds the product a·s and the sum separately: differences at fp32 rounding).
+ */
+#include "blazr_kernels.h"
+
+/* st[P][N] ← a·st + (dt·x[p])·Bv; y[p] = st[p]·Cv + dskip·x[p]. */
+static void head_step(float *restrict st, const float *restrict x, const float *restrict Bv,
+                      const float *restrict Cv, float a, float dt, float dskip, int64_t P, int64_t N,
+                      float *restrict y) {
+    for (int64_t p = 0; p < P; ++p) {
+        float *s = st + p * N;
+        const float xd = dt * x[p];
+        float acc = 0.0f;
+        int64_t n = 0;
+#if defined(BLZ_AVX512)
+        __m512 va = _mm512_setzero_ps();
+        const __m512 av = _mm512_set1_ps(a), xv = _mm512_set1_ps(xd);
+        for (; n + 16 <= N; n += 16) {
+            const __m512 v = _mm512_fmadd_ps(av, _mm512_loadu_ps(s + n), _mm512_mul_ps(xv, _mm512_loadu_ps(Bv + n)));
+            _mm512_storeu_ps(s + n, v);
+            va = _mm512_fmadd_ps(v, _mm512_loadu_ps(Cv + n), va);
+        }
+        acc = _mm512_reduce_add_ps(va);
+#elif defined(BLZ_AVX2)
+        __m256 va = _mm256_setzero_ps(), vb = _mm256_setzero_ps();
+        const __m256 av = _mm256_set1_ps(a), xv = _mm256_set1_ps(xd);
+        for (; n + 16 <= N; n += 16) {
+            const __m256 v0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(s + n), _mm256_mul_ps(xv, _mm256_loadu_ps(Bv + n)));
+            const __m256 v1 =
+                _mm256_fmadd_ps(av, _mm256_loadu_ps(s + n + 8), _mm256_mul_ps(xv, _mm256_loadu_ps(Bv + n + 8)));
+            _mm256_storeu_ps(s + n, v0);
+            _mm256_storeu_ps(s + n + 8, v1);
+            va = _mm256_fmadd_ps(v0, _mm256_loadu_ps(Cv + n), va);
+            vb = _mm256_fmadd_ps(v1, _mm256_loadu_ps(Cv + n + 8), vb);
+        }
+        acc = blz_hsum256(_mm256_add_ps(va, vb));
+#endif
+        for (; n < N; ++n) {
+            const float v = fmaf(a, s[n], xd * Bv[n]);
+            s[n] = v;
+            acc = fmaf(v, Cv[n], acc);
+        }
+        y[p] = fmaf(dskip, x[p], acc);
+    }
+}
+
+BLZ_INLINE float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
+                               const float *conv_w, const float *conv_b, float *conv_pool, int64_t K,
+                               const float *dt_bias, const float *A, const float *dskip, float *ssm_pool, int64_t S,
+                               int64_t H, int64_t P, int64_t G, int64_t N, float dt_min, float dt_max, float *y,
+                               int nthreads) {
+    if (B < 0 || K < 2 || H <= 0 || P <= 0 || G <= 0 || N <= 0 || H % G || S < 0) return BLZ_EINVAL;
+    const int64_t Di = H * P, Cd = Di + 2 * G * N;
+    if (ld < Cd) return BLZ_EINVAL;
+    for (int64_t b = 0; b < B; ++b)
+        if (slots[b] < 0 || slots[b] >= S) return BLZ_ERANGE;
+    if (B == 0) return BLZ_OK;
+    float *u = blz_scratch((size_t)(B * Cd + B * H) * sizeof(float)); /* post-conv rows, then dt */
+    if (!u) return BLZ_ENOMEM;
+    float *dts = u + B * Cd;
+    const int nt = blz_threads(nthreads, B * H * P * N, 1 << 14);
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; ++b) {
+            const float *xr = xbc + b * ld;
+            float *cs = conv_pool + slots[b] * Cd * (K - 1), *ur = u + b * Cd;
+            for (int64_t c = 0; c < Cd; ++c) {
+                const float *w = conv_w + c * K;
+                float *st = cs + c * (K - 1);
+                float acc = conv_b ? conv_b[c] : 0.0f;
+                for (int64_t k = 0; k < K - 1; ++k) acc = fmaf(w[k], st[k], acc);
+                acc = fmaf(w[K - 1], xr[c], acc);
+                for (int64_t k = 0; k < K - 2; ++k) st[k] = st[k + 1];
+                st[K - 2] = xr[c];
+                ur[c] = blz_silu(acc);
+            }
+            for (int64_t h = 0; h < H; ++h) {
+                float dt = softplus(dt_raw[b * ld + h] + dt_bias[h]);
+                dts[b * H + h] = fminf(fmaxf(dt, dt_min), dt_max);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * H; ++bh) {
+            const int64_t b = bh / H, h = bh % H, g = h / (H / G);
+            const float *ur = u + b * Cd;
+            const float dt = dts[bh];
+            head_step(ssm_pool + (slots[b] * H + h) * P * N, ur + h * P, ur + Di + g * N, ur + Di + G * N + g * N,
+                      expf(dt * A[h]), dt, dskip[h], P, N, y + b * Di + h * P);
+        }
+    }
+    return BLZ_OK;
+}
