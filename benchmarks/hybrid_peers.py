@@ -1,0 +1,193 @@
+"""Hybrid models at published shapes, blazr vs llama.cpp on the same weights (random: speed only).
+
+    python benchmarks/hybrid_peers.py [--models granite-4.0-h-350m,mamba2-130m] [--precisions f32,16,q8,q4]
+                                      [--prompt-len 500] [--gen 128] [--rounds 3] [--threads N]
+
+For each model: transformers builds the HF checkpoint at the published config (random weights, seeded,
+cached under benchmarks/.cache/hybrid/), a tokenizer llama.cpp's converter accepts is saved beside it
+(SmolLM2's, exported from the embedded GGUF), and llama.cpp's own `convert_hf_to_gguf.py` — from the
+llama-cpp-python sdist, fetched with `pip download` into the cache unless LLAMA_CPP_SDIST points at an
+unpacked one — writes F32, F16 and Q8_0 GGUFs; Q4_0 comes from llama.cpp's quantizer. blazr loads the
+safetensors directory with the matching --quantize (none / bf16 / int8 / int4).
+
+Each row: a prompt of --prompt-len random tokens then --gen greedy tokens; prefill tok/s = prompt / time to
+the first token, decode tok/s = (gen − 1) / the rest (as benchmarks/run.py). Medians of --rounds rounds
+after a warm-up round, engines interleaved within a round. Peak RSS of a whole load is not comparable in
+one process, so load time only is printed beside each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.run import Row, load_blazr, load_llama_cpp, log, machine, measure_single, prompt_ids  # noqa: I001
+from benchmarks.run import single_table, spread_note, versions
+
+CACHE = Path(__file__).parent / ".cache" / "hybrid"
+SDIST = "llama-cpp-python==0.3.36"
+
+# Published configs (config.json of each repository), sizes only.
+MODELS: dict[str, tuple[str, dict]] = {
+    "granite-4.0-h-350m": (
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            vocab_size=100352,
+            hidden_size=768,
+            num_hidden_layers=32,
+            layer_types=["full_attention" if i in (10, 13, 17, 27) else "linear_attention" for i in range(32)],
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            intermediate_size=2048,
+            shared_intermediate_size=2048,
+            num_local_experts=0,
+            num_experts_per_tok=0,
+            mamba_n_heads=48,
+            mamba_d_head=32,
+            mamba_n_groups=1,
+            mamba_d_state=128,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_chunk_size=256,
+            position_embedding_type="nope",
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.246,
+            attention_multiplier=0.015625,
+            logits_scaling=3.0,
+        ),
+    ),
+    "mamba2-130m": (
+        "Mamba2ForCausalLM",
+        dict(
+            vocab_size=50288,
+            hidden_size=768,
+            num_hidden_layers=24,
+            state_size=128,
+            expand=2,
+            head_dim=64,
+            num_heads=24,
+            n_groups=1,
+            conv_kernel=4,
+            chunk_size=256,
+            tie_word_embeddings=True,
+        ),
+    ),
+}
+
+# precision → (blazr --quantize, llama.cpp GGUF type)
+PRECISIONS = {"f32": ("none", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_0"), "q4": ("int4", "Q4_0")}
+
+
+def checkpoint(name: str) -> Path:
+    """The HF safetensors directory of `name` (built once), with a converter-friendly tokenizer."""
+    arch, cfg = MODELS[name]
+    out = CACHE / name / "hf"
+    if (out / "config.json").exists():
+        return out
+    import transformers
+
+    from blazr.detect import default_model_path
+
+    log(f"# building {name} with transformers (random weights)")
+    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**cfg)
+    torch.manual_seed(0)
+    model = getattr(transformers, arch)(config).float().eval()
+    with torch.no_grad():  # transformers leaves norms at 1 and A_log/D constant: give them spread
+        for pname, p in model.named_parameters():
+            if p.dim() == 1 and pname.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+    gguf = default_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok.save_pretrained(out)
+    return out
+
+
+def converter() -> Path:
+    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist."""
+    if env := os.environ.get("LLAMA_CPP_SDIST"):
+        return Path(env) / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    root = CACHE / "sdist"
+    script = root / SDIST.replace("==", "-").replace("-python", "_python") / "vendor/llama.cpp/convert_hf_to_gguf.py"
+    if not script.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        log(f"# pip download {SDIST} (the sdist carries llama.cpp's converter)")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", SDIST]
+        subprocess.run([*cmd, "-d", str(root)], check=True)
+        with tarfile.open(next(root.glob("*.tar.gz"))) as tf:
+            tf.extractall(root, filter="data")
+    return script
+
+
+def gguf(name: str, kind: str) -> Path:
+    """A GGUF of `name` in F32 / F16 / Q8_0 (llama.cpp's converter) or Q4_0 (its quantizer, from F32)."""
+    out = CACHE / name / f"{name}-{kind}.gguf"
+    if out.exists():
+        return out
+    if kind == "Q4_0":
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+        rc = llama_cpp.llama_model_quantize(str(gguf(name, "F32")).encode(), str(out).encode(), params)
+        if rc != 0:
+            raise RuntimeError(f"llama_model_quantize failed ({rc})")
+        return out
+    script = converter()
+    env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
+    log(f"# converting {name} to {kind} with {script.name}")
+    cmd = [sys.executable, str(script), str(checkpoint(name)), "--outtype", kind.lower(), "--outfile", str(out)]
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return out
+
+
+def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: int) -> list[Row]:
+    out = []
+    for p in precisions:
+        quantize, kind = PRECISIONS[p]
+        path = gguf(name, kind)
+        out.append(Row("llama.cpp", f"{name} {kind} GGUF", p, lambda path=path: load_llama_cpp(path, ids, gen, threads)))
+        hf = checkpoint(name)
+        out.append(Row("blazr", f"{name} --quantize {quantize}", p, lambda q=quantize: load_blazr(ids, gen, hf, quantize=q)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    ap.add_argument("--prompt-len", type=int, default=500)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print("# blazr vs llama.cpp: hybrid models at published shapes\n")
+    print(f"- machine: {machine()}\n- versions: {versions()}\n- threads: {args.threads} for every engine\n")
+    for name in args.models.split(","):
+        vocab = json.loads((checkpoint(name) / "config.json").read_text())["vocab_size"]
+        ids = prompt_ids(args.prompt_len, min(vocab, 49152))
+        t0 = time.perf_counter()
+        measured = measure_single(rows(name, args.precisions.split(","), ids, args.gen, args.threads),
+                                  args.rounds, args.prompt_len, args.gen)  # fmt: skip
+        log(f"# {name} done in {time.perf_counter() - t0:.0f} s")
+        print(f"## {name}\n\nPrompt {args.prompt_len} random tokens, {args.gen} greedy tokens; median of "
+              f"{args.rounds} interleaved rounds after a warm-up round.\n")  # fmt: skip
+        print(single_table(measured) + "\n\n" + spread_note(measured) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
