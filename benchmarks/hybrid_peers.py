@@ -45,7 +45,9 @@ MODELS: dict[str, tuple[str, dict]] = {
             vocab_size=100352,
             hidden_size=768,
             num_hidden_layers=32,
-            layer_types=["full_attention" if i in (10, 13, 17, 27) else "linear_attention" for i in range(32)],
+            layer_types=[
+                "full_attention" if i in (10, 13, 17, 27) else "linear_attention" for i in range(32)
+            ],
             num_attention_heads=12,
             num_key_value_heads=4,
             intermediate_size=2048,
@@ -109,6 +111,12 @@ def checkpoint(name: str) -> Path:
             if p.dim() == 1 and pname.endswith("weight"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
     model.save_pretrained(out)
+    cfg_path = out / "config.json"
+    saved = json.loads(cfg_path.read_text())
+    if "layer_types" in saved and arch.startswith("GraniteMoeHybrid"):  # the published files' names, which
+        legacy = {"full_attention": "attention", "linear_attention": "mamba"}  # llama.cpp's converter reads
+        saved["layer_types"] = [legacy.get(t, t) for t in saved["layer_types"]]
+        cfg_path.write_text(json.dumps(saved, indent=2))
     gguf = default_model_path()
     tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok.save_pretrained(out)
@@ -120,7 +128,11 @@ def converter() -> Path:
     if env := os.environ.get("LLAMA_CPP_SDIST"):
         return Path(env) / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
     root = CACHE / "sdist"
-    script = root / SDIST.replace("==", "-").replace("-python", "_python") / "vendor/llama.cpp/convert_hf_to_gguf.py"
+    script = (
+        root
+        / SDIST.replace("==", "-").replace("-python", "_python")
+        / "vendor/llama.cpp/convert_hf_to_gguf.py"
+    )
     if not script.exists():
         root.mkdir(parents=True, exist_ok=True)
         log(f"# pip download {SDIST} (the sdist carries llama.cpp's converter)")
@@ -148,19 +160,33 @@ def gguf(name: str, kind: str) -> Path:
     script = converter()
     env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
     log(f"# converting {name} to {kind} with {script.name}")
-    cmd = [sys.executable, str(script), str(checkpoint(name)), "--outtype", kind.lower(), "--outfile", str(out)]
+    cmd = [
+        sys.executable,
+        str(script),
+        str(checkpoint(name)),
+        "--outtype",
+        kind.lower(),
+        "--outfile",
+        str(out),
+    ]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return out
 
 
 def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: int) -> list[Row]:
-    out = []
+    """Per precision: llama.cpp on its GGUF, then blazr on the safetensors with the matching --quantize."""
+    hf, out = checkpoint(name), []
     for p in precisions:
         quantize, kind = PRECISIONS[p]
         path = gguf(name, kind)
-        out.append(Row("llama.cpp", f"{name} {kind} GGUF", p, lambda path=path: load_llama_cpp(path, ids, gen, threads)))
-        hf = checkpoint(name)
-        out.append(Row("blazr", f"{name} --quantize {quantize}", p, lambda q=quantize: load_blazr(ids, gen, hf, quantize=q)))
+        peer = Row("llama.cpp", f"{name} {kind} GGUF", p, lambda g=path: load_llama_cpp(g, ids, gen, threads))
+        ours = Row(
+            "blazr",
+            f"{name} --quantize {quantize}",
+            p,
+            lambda q=quantize: load_blazr(ids, gen, hf, quantize=q),
+        )
+        out += [peer, ours]
     return out
 
 

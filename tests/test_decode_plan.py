@@ -224,9 +224,10 @@ def test_kv_cache_dtype_choice(tmp_path):
 
 
 def _quantize_linears(model: CausalLM, kind: str) -> None:
-    """Swap every nn.Linear of the model (projections and lm head) for a QuantizedLinear of `kind`."""
+    """Swap every float linear of the model (projections and lm head: nn.Linear, or the f32 QuantizedLinear
+    a float model loads with) for a QuantizedLinear of `kind`."""
     for name, m in list(model.named_modules()):
-        if type(m) is nn.Linear:
+        if type(m) is nn.Linear or (isinstance(m, QuantizedLinear) and m.kind == "f32"):
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             bias = None if m.bias is None else m.bias.detach()

@@ -178,7 +178,9 @@ def test_as_faithful_as_llama_cpp_and_greedy_equal_up_to_near_ties(
         # decode plan, the teacher-forced rows above the eager model, on the same prefix up to `split`; the
         # 8-bit activation rounding turns their last-bit differences into ~0.1 logit ones
         own = torch.log_softmax(torch.from_numpy(logits[: split + 1]), -1)
-        own_spread = max(abs(lp - float(own[i, t])) for i in range(split + 1) for t, lp in out.logprobs[i].top)
+        own_spread = max(
+            abs(lp - float(own[i, t])) for i in range(split + 1) for t, lp in out.logprobs[i].top
+        )
         print(
             f"free-running split at token {split}: margins llama.cpp {margin:.3f}, blazr {ours_margin:.3f} "
             f"(blazr plan vs eager: max |Δ logprob| {own_spread:.3f})"

@@ -24,7 +24,8 @@ from tests.tiny import build
 
 
 def quantized_layers(llm: LLM) -> dict[str, QuantizedLinear]:
-    return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
+    """The layers whose weights are stored in a kernel format other than the float32 they load in."""
+    return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear) and m.kind != "f32"}
 
 
 # ------------------------------------------------------------------------------------------ GGUF blocks
@@ -56,6 +57,30 @@ def test_gguf_float_tensors_stay_float(tmp_path: Path) -> None:
         tmp_path / "m.gguf", tiny_state_dict(), TINY, "F16", [f"t{i}" for i in range(40)]
     )
     assert not quantized_layers(LLM(path, vocab="cl100k_base", cpu=True, dtype="float32"))
+
+
+def test_float_linears_decode_on_the_f32_kernel_without_a_copy(tmp_path: Path) -> None:
+    """A float32 model on the CPU: every target linear (and the tied lm_head) becomes an f32 QuantizedLinear
+    over the very tensor it loaded — no second copy — whose decode tokens run the C kernel and prefill
+    torch's GEMM; both agree with the plain layer to fp32 rounding."""
+    state = tiny_state_dict(seed=5)
+    del state["lm_head.weight"]
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, {**TINY, "tie_word_embeddings": True}, "F32")
+    llm = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32")
+    wrapped = {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert len(wrapped) == 2 * 4 + 1 and all(m.kind == "f32" for m in wrapped.values())
+    lm_head = wrapped.pop("lm_head")
+    assert (
+        lm_head.qweight.data.data_ptr() == llm.model.embed_tokens.weight.data_ptr() and lm_head.dense is None
+    )
+    for layer in wrapped.values():
+        assert layer.dense is layer.qweight.data
+    layer = wrapped["layers.0.mlp.down_proj"]
+    x = torch.randn(3, layer.in_features)
+    want = x.double() @ layer.qweight.data.double().T
+    with use_kernels():
+        torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------- QuantizedLinear

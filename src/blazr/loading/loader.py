@@ -14,7 +14,7 @@ from blazr.kernels import ops
 from blazr.kernels.build import cpu_flags
 from blazr.loading.gguf import GGUFFile, gguf_to_hf_name, unpermute_qk
 from blazr.loading.names import name_map_for
-from blazr.loading.quantize import check_mode, quantize_model
+from blazr.loading.quantize import check_mode, quantize_model, wrap_float_linears
 from blazr.loading.safetensors import SafetensorsCheckpoint
 from blazr.loading.weights import TensorSource, load_weights
 from blazr.model.model import CausalLM
@@ -83,10 +83,12 @@ def load_model(
     names = name_map_for(ckpt.format, ckpt.config)
     load_weights(model, ckpt.config, source, names, dtype, device, show_progress)
     model = model.to(device).eval()
-    if quantize != "none" and device.type == "cpu" and dtype == torch.float32 and kernels.available():
+    if device.type == "cpu" and dtype == torch.float32 and kernels.available():
         made = quantize_model(model, source, names, quantize, dense_dtype=prefill_dtype())
         if made:
             log.info("quantized linear layers (%s): %s", quantize, dict(made))
+        if wrapped := wrap_float_linears(model):
+            log.info("float32 linear layers on the f32 decode kernel: %d", wrapped)
     return model
 
 

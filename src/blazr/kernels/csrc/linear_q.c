@@ -237,6 +237,58 @@ BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict
                            const int64_t m0, float acc_out[BLZ_MT][BLZ_RG]) {
     const int64_t tb = tile_bytes(kind), hdr = tile_header(kind), nb = a->nb;
     const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    if (mt == 1) { /* one row (single-sequence decode): both halves in one pass, each activation broadcast
+                    * feeding both; the same integer dots and fmas as below, so the same bits */
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t *t = wg + b * tb, *qs = t + hdr;
+            const int64_t r = m0 * nb + b;
+            const int8_t *xq = a->q + m0 * a->K + b * BLZ_QK;
+            __m256i d0, d1;
+            if (kind == BLZ_Q8_0) {
+                d0 = d1 = _mm256_setzero_si256();
+                for (int c = 0; c < 8; ++c) {
+                    const __m256i xb = bcast4_256(xq + 4 * c);
+                    const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c)), flip);
+                    const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32)), flip);
+                    d0 = _mm256_add_epi32(
+                        d0, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w0), _mm256_sign_epi8(xb, w0)), ones));
+                    d1 = _mm256_add_epi32(
+                        d1, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w1), _mm256_sign_epi8(xb, w1)), ones));
+                }
+            } else {
+                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+                for (int p = 0; p < 4; ++p) {
+                    const __m256i xl = bcast4_256(xq + 4 * p), xh = bcast4_256(xq + 16 + 4 * p);
+                    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p));
+                    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p + 32));
+                    p0 = _mm256_add_epi16(p0, maddubs_pairs(_mm256_and_si256(v0, lo4), xl));
+                    p1 = _mm256_add_epi16(p1, maddubs_pairs(_mm256_and_si256(v1, lo4), xl));
+                    p0 = _mm256_add_epi16(p0, maddubs_pairs(_mm256_and_si256(_mm256_srli_epi16(v0, 4), lo4), xh));
+                    p1 = _mm256_add_epi16(p1, maddubs_pairs(_mm256_and_si256(_mm256_srli_epi16(v1, 4), lo4), xh));
+                }
+                d0 = _mm256_madd_epi16(p0, ones);
+                d1 = _mm256_madd_epi16(p1, ones);
+                if (kind == BLZ_Q4_0) {
+                    d0 = _mm256_add_epi32(d0, _mm256_set1_epi32(a->off[r]));
+                    d1 = _mm256_add_epi32(d1, _mm256_set1_epi32(a->off[r]));
+                }
+            }
+            const __m256 dx = _mm256_set1_ps(a->d[r]);
+            const __m256 sc0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t)), dx);
+            const __m256 sc1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16))), dx);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), sc0, acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), sc1, acc1);
+            if (kind == BLZ_Q4_1) {
+                const __m256 sx = _mm256_set1_ps(a->s[r]);
+                acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32))), sx, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 48))), sx, acc1);
+            }
+        }
+        _mm256_storeu_ps(acc_out[0], acc0);
+        _mm256_storeu_ps(acc_out[0] + 8, acc1);
+        return;
+    }
     for (int h = 0; h < 2; ++h) {
         __m256 acc[BLZ_MT];
         for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
