@@ -25,6 +25,11 @@ Table 3 — hybrid models (benchmarks/hybrid.py): random oxidizr-nano-shaped che
 Mamba2 only) and a tiny GraniteMoeHybrid, prefill tok/s and decode ms/token versus context, MoE cost
 versus number of experts. --quick shrinks its contexts (64 / 256 / 1024 instead of 128 / 512 / 4096).
 
+Table 4 — hybrids at published shapes (benchmarks/hybrid_peers.py): granite-4.0-h-350m and mamba2-130m
+built with transformers (random weights), llama.cpp on GGUFs its own converter made from the same directory
+(F32, F16, Q8_0, Q4_0), blazr on the safetensors with --quantize none / bf16 / int8 / int4; 500-token
+prompt, 2 × --gen tokens.
+
 Noise handling (the machine may be shared): in tables 1 and 2 every engine (concurrency level) is loaded
 once and then measured in --rounds interleaved rounds, each running every engine (level) once, after one
 warm-up round (in table 2 a short one: 8 tokens per level); the figure reported is the median over rounds,
@@ -60,7 +65,7 @@ Runner = Callable[[], Timing]  # one generation of --gen tokens after the prompt
 
 SMOLLM2_VOCAB = 49152
 BATCH_LEVELS = (1, 4, 8, 16)
-SKIP_NAMES = ("llama.cpp", "blazr", "transformers", "batching", "hybrid")
+SKIP_NAMES = ("llama.cpp", "blazr", "transformers", "batching", "hybrid", "hybrid-peers")
 
 
 def log(line: str) -> None:
@@ -408,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         choices=SKIP_NAMES,
-        help="leave out table 1's rows of an engine (llama.cpp, blazr, transformers), or table 2 (batching) "
-        "or 3 (hybrid); may be repeated",
+        help="leave out table 1's rows of an engine (llama.cpp, blazr, transformers), or table 2 (batching), "
+        "3 (hybrid) or 4 (hybrid-peers); may be repeated",
     )
     ap.add_argument("--quick", action="store_true", help="table 3 at shorter contexts")
     args = ap.parse_args(argv)
@@ -473,6 +478,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         report += ["", "## 3. Hybrid models (random weights)", "", hybrid.report(rounds, "float32", contexts)]
         log(f"# table 3 done in {time.perf_counter() - t0:.0f} s")
+
+    if "hybrid-peers" not in args.skip:
+        import hybrid_peers  # benchmarks/hybrid_peers.py
+
+        t0 = time.perf_counter()
+        models, precisions = list(hybrid_peers.MODELS), list(hybrid_peers.PRECISIONS)
+        tables = hybrid_peers.report(models, precisions, 500, 2 * n, rounds, args.threads)
+        report += ["", "## 4. Hybrid models at published shapes vs llama.cpp (random weights)", "", tables]
+        log(f"# table 4 done in {time.perf_counter() - t0:.0f} s")
 
     print("\n".join(report))
     log(f"# done in {time.perf_counter() - started:.0f} s")
