@@ -311,7 +311,11 @@ def test_every_parameter_alone_mixed_streamed_and_not(served):
     for (name, endpoint, stream), a, t in zip(names, alone, together, strict=True):
         sampled = cases[name]["temperature"] > 0
         if served.is_batch_invariant or not sampled:
-            tol = 1e-4 if served.is_batch_invariant else 5e-3
+            # the hybrid is not batch-invariant: its MoE experts run float GEMMs whose height is the number
+            # of tokens routed to them, and their last-bit differences reach the logits; on the quantized
+            # path the next layer's 8-bit activation rounding can turn one into ~1e-2 (one rounding flip:
+            # up to amax/254 of a block), a real fault (a row mixed up) moves logprobs by whole units
+            tol = 1e-4 if served.is_batch_invariant else 5e-3 if served.hf is not None else 5e-2
             assert _same(a, t, tol), (
                 f"{name} via {endpoint} (stream={stream}) differs when batched:\n{a}\n{t}"
             )
