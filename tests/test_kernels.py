@@ -439,6 +439,27 @@ def test_kv_write(lib: ops.Kernels, dtype: torch.dtype) -> None:
         lib.kv_write(k, v, torch.tensor([0, 1, 2, 40]), pools[0], pools[1])
 
 
+@pytest.mark.parametrize(("D", "group"), [(96, 96), (128, 32), (20, 5)])
+@pytest.mark.parametrize("before_gate", [False, True])
+def test_gated_rms_norm(lib: ops.Kernels, D: int, group: int, before_gate: bool) -> None:
+    """Mamba2's gated norm against its reference, z a strided view into an in_proj-like output."""
+    g = torch.Generator().manual_seed(D + group)
+    y = torch.randn(5, D, generator=g) * torch.logspace(-2, 2, 5).unsqueeze(1)
+    zbuf = torch.randn(5, 2 * D + 3, generator=g) * 4
+    z, w = zbuf[:, D : 2 * D], torch.randn(D, generator=g)
+    got = lib.gated_rms_norm(y, z, w, group, 1e-5, before_gate)
+    want = ops.gated_rms_norm_reference(y, z, w, group, 1e-5, before_gate)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    rows = torch.cat(
+        [lib.gated_rms_norm(y[i : i + 1], z[i : i + 1], w, group, 1e-5, before_gate) for i in range(5)]
+    )
+    assert torch.equal(rows, got)  # a row does not depend on the others
+    with pytest.raises(ops.UnsupportedInput):  # 3-D or half precision: the dispatcher takes the reference
+        lib.gated_rms_norm(y[None], z[None], w, group, 1e-5, before_gate)
+    half = ops.gated_rms_norm(y.bfloat16(), z.bfloat16(), w.bfloat16(), group, 1e-5, before_gate)
+    assert half.dtype == torch.bfloat16
+
+
 # ---------------------------------------------------------------- Mamba2 decode step
 
 

@@ -24,6 +24,7 @@ _ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of mem
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "f32": 2, "bf16": 3}
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE, _OP_MAMBA2_STEP = 4, 5, 6, 7, 8
+_OP_GATED_RMS_NORM = 9
 _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "f32": 0, "bf16": 0}
 
 
@@ -219,6 +220,44 @@ class Kernels:
                     torch.get_num_threads())  # fmt: skip
         a.f[0] = eps
         self._run(a, addr, "rms_norm", x, weight, out)
+        return out
+
+    def gated_rms_norm(
+        self,
+        y: torch.Tensor,
+        z: torch.Tensor,
+        weight: torch.Tensor,
+        group_size: int,
+        eps: float,
+        norm_before_gate: bool,
+    ) -> torch.Tensor:
+        if y.dim() != 2:
+            raise UnsupportedInput(f"gated_rms_norm: expected y [M, D], found {list(y.shape)}")
+        if z.shape != y.shape or weight.numel() != y.shape[1] or y.shape[1] % group_size:
+            raise ValueError(
+                f"gated_rms_norm: y {list(y.shape)}, z {list(z.shape)}, weight {list(weight.shape)}, groups "
+                f"of {group_size}: expected y, z [M, D], weight [D], D a multiple of the group size"
+            )
+        if z.dtype is not _F32 or not z.is_cpu or z.stride(1) != 1:
+            raise UnsupportedInput(f"gated_rms_norm z: expected fp32 CPU rows, found {z.dtype} on {z.device}")
+        M, D = y.shape
+        out = torch.empty_like(y)
+        a, addr = self._args()
+        a.op = _OP_GATED_RMS_NORM
+        a.i[0:10] = (
+            _f32_ptr(y, "gated_rms_norm y"),
+            z.data_ptr(),
+            z.stride(0),
+            _f32_ptr(weight, "gated_rms_norm weight"),
+            M,
+            D,
+            group_size,
+            int(norm_before_gate),
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
+        a.f[0] = eps
+        self._run(a, addr, "gated_rms_norm", y, z, weight, out)
         return out
 
     def rope_neox(

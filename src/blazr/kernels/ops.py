@@ -1,10 +1,10 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
 (`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
 
-Each public op (`linear`, `rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`)
-runs the C kernel when the library is available and the inputs are CPU tensors of the supported dtypes and
-layouts (fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else its `*_reference` twin
-with the same signature.
+Each public op (`linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`,
+`mamba2_step`) runs the C kernel when the library is available and the inputs are CPU tensors of the
+supported dtypes and layouts (fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else
+its `*_reference` twin with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -25,6 +25,7 @@ from blazr.kernels import build
 from blazr.kernels.bindings import KernelPlan, Kernels, UnsupportedInput
 from blazr.kernels.quant import QuantizedWeight
 from blazr.kernels.reference import (
+    gated_rms_norm_reference,
     int8_dot_reference,
     kv_write_reference,
     linear_reference,
@@ -40,6 +41,8 @@ __all__ = [
     "KernelPlan",
     "Kernels",
     "UnsupportedInput",
+    "gated_rms_norm",
+    "gated_rms_norm_reference",
     "int8_dot_reference",
     "kernels",
     "kv_write",
@@ -132,6 +135,21 @@ def rms_norm(
 ) -> torch.Tensor:
     """out = weight · x / sqrt(mean(x²) + eps) over the last dim, x [..., D] (out may be x)."""
     return _dispatch("rms_norm", rms_norm_reference, x, weight, eps, out)
+
+
+def gated_rms_norm(
+    y: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    group_size: int,
+    eps: float,
+    norm_before_gate: bool,
+) -> torch.Tensor:
+    """Mamba2's gated RMSNorm (see gated_rms_norm_reference): y [M, D] contiguous, z [M, D] (rows may be
+    strided: a view into the in_proj output), weight [D]; normalised in groups of `group_size`."""
+    return _dispatch(
+        "gated_rms_norm", gated_rms_norm_reference, y, z, weight, group_size, eps, norm_before_gate
+    )
 
 
 def rope_neox(

@@ -89,6 +89,29 @@ def rms_norm_reference(
     return y if out is None else out.copy_(y)
 
 
+def gated_rms_norm_reference(
+    y: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    group_size: int,
+    eps: float,
+    norm_before_gate: bool,
+) -> torch.Tensor:
+    """Mamba2's gated RMSNorm over groups of `group_size` features: weight · RMSNorm(y · silu(z)), or
+    weight · RMSNorm(y) · silu(z) when `norm_before_gate`. Statistics in float32, cast back to y's dtype
+    before the weight (as HF's MambaRMSNormGated). y, z [..., D]; weight [D]."""
+    dtype = y.dtype
+    yf = y.float()
+    if not norm_before_gate:
+        yf = yf * F.silu(z.float())
+    g = yf.unflatten(-1, (-1, group_size))  # [..., G, D/G]
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    yf = g.flatten(-2)
+    if norm_before_gate:
+        yf = yf * F.silu(z.float())
+    return weight * yf.to(dtype)
+
+
 def rope_neox_reference(
     x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int
 ) -> torch.Tensor:

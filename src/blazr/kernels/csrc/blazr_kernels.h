@@ -63,6 +63,8 @@ int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int
                     const float *residual, float *out, int swiglu, int nthreads);
 int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);
 int blz_rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out, int nthreads);
+int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, const float *w, int64_t M, int64_t D,
+                       int64_t group, float eps, int norm_before_gate, float *out, int nthreads);
 int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t ldx, const int64_t *pos,
                   const float *cos, const float *sin, int64_t P, int64_t R, int nthreads);
 int blz_paged_attention_decode(const float *q, int64_t ldq, const void *k_pool, const void *v_pool,
@@ -88,6 +90,7 @@ enum {
     BLZ_OP_PAGED_ATTENTION_DECODE = 6,
     BLZ_OP_KV_WRITE = 7,
     BLZ_OP_MAMBA2_STEP = 8,
+    BLZ_OP_GATED_RMS_NORM = 9,
 };
 typedef struct {
     int64_t op;

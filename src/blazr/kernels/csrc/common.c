@@ -73,6 +73,9 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_KV_WRITE:
             return blz_kv_write(P(const float *, 0), i[1], P(const float *, 2), i[3], P(const int64_t *, 4),
                                 i[5], i[6], i[7], i[8], P(void *, 9), P(void *, 10), (int)i[11], i[12]);
+        case BLZ_OP_GATED_RMS_NORM:
+            return blz_gated_rms_norm(P(const float *, 0), P(const float *, 1), i[2], P(const float *, 3), i[4], i[5],
+                                      i[6], (float)a->f[0], (int)i[7], P(float *, 8), (int)i[9]);
         case BLZ_OP_MAMBA2_STEP:
             return blz_mamba2_step(P(const float *, 0), P(const float *, 1), i[2], P(const int64_t *, 3), i[4],
                                    P(const float *, 5), P(const float *, 6), P(float *, 7), i[8],

@@ -14,7 +14,7 @@
  * (prefill == decode bit for bit). Both split the N output rows over OpenMP threads. Scalar fallbacks
  * compute the same sums in plain loops.
  * AVX2 (no AVX-512): f32 as above with 8-float vectors; bf16 widens 16 bf16 at a time to even / odd fp32
- * lanes by shifts (see bf16x16_fma) and computes 2 × 2 (weight row, x row) pairs per pass.
+ * lanes by shifts (see bf16x16_fma) and walks one weight row against up to two x rows per pass.
  */
 #include "blazr_kernels.h"
 
@@ -77,11 +77,12 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
 
 #if defined(BLZ_AVX2) && !defined(BLZ_BF16)
 /* AVX2 bf16 (no vdpbf16ps): 16 bf16 of a row are one 256-bit load; shifting each 32-bit lane left by 16
- * gives the even elements as fp32, masking off its low half the odd ones. A (weight row, x row) pair keeps
- * two fp32 accumulators, even and odd elements, fed 16 elements at a time in order (products of bf16 are
- * exact in fp32); the tail of a weight row goes through a zero-padded copy (x rows are zero-padded to
- * ldx); the result is blz_hsum256(even + odd). The row and tile paths below both follow exactly this, so
- * a result depends on its own pair only, never on M or the tile. */
+ * gives the even elements as fp32, masking off its low half the odd ones (products of bf16 are exact in
+ * fp32). A (weight row, x row) pair keeps four fp32 accumulators — even / odd elements of even-numbered
+ * 16-element chunks, then of odd-numbered ones — so a single row runs four independent FMA chains (two
+ * were latency-bound: ~20 GB/s hot on Zen 1); the tail of a weight row goes through a zero-padded copy (x
+ * rows are zero-padded to ldx); the result is blz_hsum256((a0 + a1) + (a2 + a3)). The row and tile paths
+ * both call bf16_rows_avx2, so a result depends on its own pair only, never on M or the tile. */
 #define BF16_AVX2 1
 BLZ_INLINE void bf16x16_fma(__m256i wv, __m256i xv, __m256 *ae, __m256 *ao) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
@@ -98,36 +99,41 @@ BLZ_INLINE __m256i bf16_tail(const uint16_t *w, int64_t n) {
     return _mm256_loadu_si256((const __m256i *)t);
 }
 
-/* res[n][m] for 2 weight rows × 2 x rows (w1 / x1 may repeat w0 / x0; those results are discarded). */
-BLZ_INLINE void bf16_pairs_avx2(const uint16_t *restrict w0, const uint16_t *restrict w1, int64_t K,
-                                const uint16_t *restrict x0, const uint16_t *restrict x1, float res[2][2],
-                                const int pf) {
-    __m256 ae[2][2], ao[2][2];
-    for (int n = 0; n < 2; ++n)
-        for (int m = 0; m < 2; ++m) ae[n][m] = ao[n][m] = _mm256_setzero_ps();
-    const uint16_t *wr[2] = {w0, w1}, *xr[2] = {x0, x1};
+/* res[m] = weight row w · x row xr[m] for m < nx (1 or 2, a constant after inlining). pf: prefetch the
+ * weight stream BF16_PF ahead. */
+BLZ_INLINE void bf16_rows_avx2(const int nx, const uint16_t *restrict w, int64_t K, const uint16_t *const *xr,
+                               float *res, const int pf) {
+    __m256 a[2][4];
+    for (int m = 0; m < 2; ++m)
+        for (int i = 0; i < 4; ++i) a[m][i] = _mm256_setzero_ps();
     int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        if (pf)
-            for (int n = 0; n < 2; ++n) _mm_prefetch((const char *)(wr[n] + k + BF16_PF), _MM_HINT_T1);
-        const __m256i wv0 = _mm256_loadu_si256((const __m256i *)(w0 + k));
-        const __m256i wv1 = _mm256_loadu_si256((const __m256i *)(w1 + k));
-        for (int m = 0; m < 2; ++m) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr[m] + k));
-            bf16x16_fma(wv0, xv, &ae[0][m], &ao[0][m]);
-            bf16x16_fma(wv1, xv, &ae[1][m], &ao[1][m]);
+    for (; k + 32 <= K; k += 32) {
+        if (pf) _mm_prefetch((const char *)(w + k + BF16_PF), _MM_HINT_T1);
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + k));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + k + 16));
+        for (int m = 0; m < nx; ++m) {
+            bf16x16_fma(w0, _mm256_loadu_si256((const __m256i *)(xr[m] + k)), &a[m][0], &a[m][1]);
+            bf16x16_fma(w1, _mm256_loadu_si256((const __m256i *)(xr[m] + k + 16)), &a[m][2], &a[m][3]);
         }
     }
-    if (k < K) {
-        const __m256i wv0 = bf16_tail(w0 + k, K - k), wv1 = bf16_tail(w1 + k, K - k);
-        for (int m = 0; m < 2; ++m) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr[m] + k));
-            bf16x16_fma(wv0, xv, &ae[0][m], &ao[0][m]);
-            bf16x16_fma(wv1, xv, &ae[1][m], &ao[1][m]);
-        }
+    for (; k < K; k += 16) { /* at most one full chunk (even-numbered) and the tail */
+        const int h = (int)((k / 16) & 1) * 2;
+        const __m256i wv = K - k >= 16 ? _mm256_loadu_si256((const __m256i *)(w + k)) : bf16_tail(w + k, K - k);
+        for (int m = 0; m < nx; ++m)
+            bf16x16_fma(wv, _mm256_loadu_si256((const __m256i *)(xr[m] + k)), &a[m][h], &a[m][h + 1]);
     }
-    for (int n = 0; n < 2; ++n)
-        for (int m = 0; m < 2; ++m) res[n][m] = blz_hsum256(_mm256_add_ps(ae[n][m], ao[n][m]));
+    for (int m = 0; m < nx; ++m)
+        res[m] = blz_hsum256(_mm256_add_ps(_mm256_add_ps(a[m][0], a[m][1]), _mm256_add_ps(a[m][2], a[m][3])));
+}
+
+/* res[m] for x rows xb + m·ldx, m < mt (≤ BF16_MR), two at a time. */
+BLZ_INLINE void bf16_row_avx2(const int mt, const uint16_t *restrict w, int64_t K, const uint16_t *restrict xb,
+                              int64_t ldx, float *res, const int pf) {
+    for (int m = 0; m < mt; m += 2) {
+        const uint16_t *xr[2] = {xb + m * ldx, xb + (m + 1) * ldx};
+        if (m + 1 < mt) bf16_rows_avx2(2, w, K, xr, res + m, pf && m == 0);
+        else bf16_rows_avx2(1, w, K, xr, res + m, pf && m == 0);
+    }
 }
 #endif
 
@@ -185,16 +191,7 @@ BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *restrict w
         for (int n = 0; n < nt; ++n) res[n][m] = s[n];
     }
 #elif defined(BF16_AVX2)
-    for (int n = 0; n < nt; n += 2)
-        for (int m = 0; m < mt; m += 2) {
-            float r[2][2];
-            const int n1 = n + 1 < nt ? n + 1 : n, m1 = m + 1 < mt ? m + 1 : m;
-            bf16_pairs_avx2(w + n * K, w + n1 * K, K, xb + m * ldx, xb + m1 * ldx, r, pf && m == 0);
-            res[n][m] = r[0][0];
-            res[n1][m] = r[1][0];
-            res[n][m1] = r[0][1];
-            res[n1][m1] = r[1][1];
-        }
+    for (int n = 0; n < nt; ++n) bf16_row_avx2(mt, w + n * K, K, xb, ldx, res[n], pf);
 #else
     for (int n = 0; n < nt; ++n)
         for (int m = 0; m < mt; ++m) {
@@ -234,21 +231,7 @@ BLZ_INLINE void bf16_row(const int mt, const uint16_t *restrict w, int64_t K, co
     const __m512 z = _mm512_setzero_ps();
     for (int m = 0; m < mt; ++m) res[m] = _mm_cvtss_f32(bf16_hsum4(acc[m], z, z, z));
 #elif defined(BF16_AVX2)
-    __m256 ae[BF16_MR], ao[BF16_MR];
-    for (int m = 0; m < BF16_MR; ++m) ae[m] = ao[m] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        if (mt >= 2) _mm_prefetch((const char *)(w + k + BF16_PF), _MM_HINT_T1);
-        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + k));
-        for (int m = 0; m < mt; ++m)
-            bf16x16_fma(wv, _mm256_loadu_si256((const __m256i *)(xb + m * ldx + k)), &ae[m], &ao[m]);
-    }
-    if (k < K) {
-        const __m256i wv = bf16_tail(w + k, K - k);
-        for (int m = 0; m < mt; ++m)
-            bf16x16_fma(wv, _mm256_loadu_si256((const __m256i *)(xb + m * ldx + k)), &ae[m], &ao[m]);
-    }
-    for (int m = 0; m < mt; ++m) res[m] = blz_hsum256(_mm256_add_ps(ae[m], ao[m]));
+    bf16_row_avx2(mt, w, K, xb, ldx, res, mt >= 2);
 #else
     float r[BF16_NR][BF16_MR];
     bf16_tile(mt, 1, w, K, xb, ldx, r, 0);

@@ -1,4 +1,4 @@
-/* blazr kernels — RMSNorm and NeoX (half-split) rotary embedding.
+/* blazr kernels — RMSNorm, Mamba2's gated RMSNorm and NeoX (half-split) rotary embedding.
  *
  * Both are short elementwise loops written in plain C; `#pragma omp simd` lets the compiler vectorise them
  * for the host ISA (AVX-512 with -march=native, SSE2 in the fallback build), so there is no separate
@@ -52,6 +52,38 @@ BLZ_EXPORT int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t
                 const float a = x1[i], b = x2[i];
                 x1[i] = a * c[i] - b * s[i];
                 x2[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+    return BLZ_OK;
+}
+
+/* gated_rms_norm (Mamba2's output norm), rows of D split in groups of `group` features:
+ *   norm_before_gate = 0:  v = y · silu(z);  out = w · v / sqrt(mean_group(v²) + eps)
+ *   norm_before_gate = 1:  out = w · (y / sqrt(mean_group(y²) + eps)) · silu(z)
+ * y and out [M, D] (out may equal y), z rows at z + m·ldz (a view into the in_proj output), w [D]; fp32. */
+BLZ_EXPORT int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, const float *w, int64_t M, int64_t D,
+                                  int64_t group, float eps, int norm_before_gate, float *out, int nthreads) {
+    if (M < 0 || D <= 0 || group <= 0 || D % group || ldz < D) return BLZ_EINVAL;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
+    if (M * D >= BLZ_PARALLEL_MIN && M > 1)
+    for (int64_t m = 0; m < M; ++m) {
+        const float *ym = y + m * D, *zm = z + m * ldz;
+        float *om = out + m * D;
+        for (int64_t g0 = 0; g0 < D; g0 += group) {
+            float ss = 0.0f;
+            if (norm_before_gate) {
+#pragma omp simd reduction(+ : ss)
+                for (int64_t i = g0; i < g0 + group; ++i) ss += ym[i] * ym[i];
+                const float r = 1.0f / sqrtf(ss / (float)group + eps);
+                for (int64_t i = g0; i < g0 + group; ++i) om[i] = w[i] * ((ym[i] * r) * blz_silu(zm[i]));
+            } else {
+                for (int64_t i = g0; i < g0 + group; ++i) om[i] = ym[i] * blz_silu(zm[i]);
+#pragma omp simd reduction(+ : ss)
+                for (int64_t i = g0; i < g0 + group; ++i) ss += om[i] * om[i];
+                const float r = 1.0f / sqrtf(ss / (float)group + eps);
+#pragma omp simd
+                for (int64_t i = g0; i < g0 + group; ++i) om[i] = w[i] * (om[i] * r);
             }
         }
     }
