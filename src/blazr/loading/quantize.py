@@ -143,8 +143,9 @@ def wrap_float_linears(model: CausalLM) -> int:
     """Put the float32 target linears left after `quantize_model` on the C kernels for decode tokens: each
     becomes a QuantizedLinear of kind f32 whose weight *is* the loaded tensor and whose dense copy is that
     same tensor (no copy), so prefill keeps torch's GEMM and decode (`use_kernels`) streams the weight
-    through blz_linear_f32 — ~1.6x torch's GEMV on a cold weight (benchmarks/NOTES.md §16). A tied
-    lm_head wraps the embedding table itself. Returns how many layers were wrapped."""
+    through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18 GB/s
+    against torch's 10–13). A tied lm_head wraps the embedding table itself. Returns how many layers were
+    wrapped."""
     cfg = model.cfg
     targets: list[tuple[str, nn.Linear | None]] = [(n, m) for n, m in _targets(model) if type(m) is nn.Linear]
     if model.lm_head is None and cfg.tie_word_embeddings and cfg.hidden_size % 32 == 0:

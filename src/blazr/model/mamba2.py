@@ -76,6 +76,8 @@ class Mamba2(nn.Module):
                 self.dt_bias, A, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
 
+        if nd < T:  # prefill rows
+            dt = F.softplus(dt_raw.float() + self.dt_bias.float()).clamp(cfg.dt_min, cfg.dt_max)  # [T, H]
         slots, conv_states, ssm_states = [], [], []
         for b, start in enumerate(batch.query_starts[nd:], start=nd):
             rows = slice(start, start + batch.query_lens[b])
@@ -83,10 +85,7 @@ class Mamba2(nn.Module):
             conv0 = ssm0 = None
             if slot is not None and batch.context_lens[b] > 0:  # continue; context 0 = fresh, ignore the slot
                 conv0, ssm0 = cache.conv.index_select(0, slot)[0], cache.ssm.index_select(0, slot)[0]
-            dt = F.softplus(dt_raw[rows].float() + self.dt_bias.float()).clamp(
-                cfg.dt_min, cfg.dt_max
-            )  # [n, H]
-            ys, xs, conv1, ssm1 = self._prefill(xBC[rows], dt, A, conv0, ssm0)
+            ys, xs, conv1, ssm1 = self._prefill(xBC[rows], dt[rows], A, conv0, ssm0)
             y[rows] = ys + xs * self.D.float()[:, None]  # D skip with the un-scaled x
             if slot is not None:
                 slots.append(slot)
