@@ -21,7 +21,8 @@
  *     acc = fma((float)dot, dw·dx, acc)      [Q4_1: then acc = fma(m, s, acc)]
  * in fp32, blocks in order. Every output is computed by exactly this sequence whatever M is and wherever
  * its row falls in a tile, so a row's result never depends on its batch; the portable scalar path follows
- * the same sequence (explicit fmaf), so both builds give the same bits.
+ * the same sequence (explicit fmaf), and so does the AVX2 path (group_avx2: vpmaddubsw pair sums, exact),
+ * so every build gives the same bits.
  *
  * Parallel strategy: OpenMP splits the row groups; inside, a tile of activation rows (up to 16 for a decode
  * batch, 8 for longer calls) shares each unpacked weight register, and each row keeps one 16-lane fp32
