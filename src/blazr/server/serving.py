@@ -4,7 +4,7 @@ AsyncEngine, and answer — one JSON body, or Server-Sent Events (`data: {chunk}
 Choice indices: prompt i of a completions call with n samples owns choices i*n … i*n+n-1 (as OpenAI and
 vLLM number them); streamed chunks of different choices are interleaved as the engine produces them.
 Disconnects: a closed SSE stream cancels its generator, a non-streaming call races a disconnect watcher;
-either way the requests are aborted and their slots freed.
+either way the requests are aborted and their slots freed (transport.py).
 
 Off the event loop: request parsing, tokenization and chat-template rendering run on a small thread pool,
 so a large prompt never stalls other connections or /health; a text prompt longer than the context could
@@ -18,24 +18,21 @@ by `data: [DONE]`, so no stream is ever cut short.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
 
 from blazr.engine.async_engine import (
     AsyncEngine,
     EngineDeadError,
     EngineRequest,
-    RequestCancelledError,
-    RequestFailedError,
     RequestStream,
 )
 from blazr.engine.engine import QueueFullError, SeqOutput
@@ -64,29 +61,14 @@ from blazr.server.schemas import (
     ModelList,
     Usage,
 )
+from blazr.server.transport import run_until_disconnect, sse_response, without_usage
 from blazr.tokenizer import Tokenizer
 
 log = logging.getLogger("blazr.server")
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 RETRY_AFTER_S = "1"
 NUM_PREPROCESS_THREADS = 2
 T = TypeVar("T")
-
-
-def engine_error(error: BaseException, rid: str) -> APIError | None:
-    """The API error for an exception the engine side raised into a request, None for any other."""
-    if isinstance(error, RequestFailedError):
-        return APIError(
-            500,
-            f"internal error while generating (request id {rid}); the server logged the details",
-            code="internal_error",
-        )
-    if isinstance(error, RequestCancelledError):
-        return APIError(503, "the server is shutting down", code="shutting_down")
-    if isinstance(error, EngineDeadError):
-        return APIError(500, f"the engine has stopped (request id {rid})", code="engine_error")
-    return None
 
 
 @dataclass
@@ -362,7 +344,7 @@ class _CompletionJob:
                 reason = ("length" if self.echo_only else out.finish_reason) if out.finished else None
                 choice = CompletionChoice(index=index, text=text, logprobs=lps, finish_reason=reason)  # type: ignore[arg-type]
                 chunk = CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
-                yield _without_usage(chunk, include_usage)
+                yield without_usage(chunk, include_usage)
         finally:
             stream.abort()
         if include_usage:
@@ -436,7 +418,7 @@ class _ChatJob:
 
     def _chunk(self, choices: list[ChatChunkChoice], include_usage: bool) -> BaseModel:
         chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices)
-        return _without_usage(chunk, include_usage)
+        return without_usage(chunk, include_usage)
 
     async def events(self, stream: RequestStream) -> AsyncIterator[BaseModel]:
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
@@ -464,88 +446,3 @@ class _ChatJob:
                 choices=[],
                 usage=self.usage(num_generated),
             )
-
-
-# ---------------------------------------------------------------------------------------------- transport
-
-
-def _without_usage(chunk: BaseModel, include_usage: bool) -> BaseModel:
-    """OpenAI sends `usage: null` on every chunk only when stream_options.include_usage is set."""
-    return chunk if include_usage else _NoUsage.model_construct(inner=chunk)
-
-
-class _NoUsage(BaseModel):
-    """Marker wrapper: serialise the inner chunk without its `usage` key."""
-
-    inner: BaseModel
-
-
-def _sse_data(event: BaseModel) -> bytes:
-    if isinstance(event, _NoUsage):
-        text = event.inner.model_dump_json(exclude={"usage"})
-    else:
-        text = event.model_dump_json()
-    return b"data: " + text.encode() + b"\n\n"
-
-
-async def _sse(events: AsyncIterator[BaseModel], stream: RequestStream, rid: str) -> AsyncIterator[bytes]:
-    """SSE framing; an error after the stream started becomes an error event (the openai client raises
-    it), then `[DONE]`. However this generator ends (done, cancelled, closed), unfinished requests abort."""
-    try:
-        async for event in events:
-            yield _sse_data(event)
-    except APIError as e:
-        yield _sse_error(e)
-    except BlazrError as e:
-        yield _sse_error(bad_request(str(e)))
-    except Exception as e:
-        err = engine_error(e, rid)
-        if err is None:  # a bug in this module: logged, and the client still gets a well-formed end
-            log.exception("request %s: streaming failed", rid)
-            err = APIError(500, f"internal server error (request id {rid})", code="internal_error")
-        yield _sse_error(err)
-    finally:
-        stream.abort()
-    yield b"data: [DONE]\n\n"
-
-
-def _sse_error(error: APIError) -> bytes:
-    return b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
-
-
-def sse_response(events: AsyncIterator[BaseModel], stream: RequestStream, rid: str) -> StreamingResponse:
-    return StreamingResponse(_sse(events, stream, rid), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def run_until_disconnect(request: Request, work: Awaitable[BaseModel], rid: str) -> Response:
-    """Await `work` (a whole response); if the client goes away first, cancel it (which aborts its
-    requests) and answer nothing useful (499, nginx's 'client closed request')."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        try:
-            body = task.result()
-        except Exception as e:
-            err = engine_error(e, rid)
-            if err is None:
-                raise
-            raise err from None
-        return Response(body.model_dump_json(), media_type="application/json")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    log.info("request %s: client disconnected; request cancelled", rid)
-    return Response(status_code=499)
