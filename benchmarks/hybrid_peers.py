@@ -2,6 +2,7 @@
 
     python benchmarks/hybrid_peers.py [--models granite-4.0-h-350m,mamba2-130m] [--precisions f32,16,q8,q4]
                                       [--prompt-len 500] [--gen 128] [--rounds 3] [--threads N]
+                                      [--batched int8]   (--precisions "" for the batched table alone)
 
 For each model: transformers builds the HF checkpoint at the published config (random weights, seeded,
 cached under benchmarks/.cache/hybrid/), a tokenizer llama.cpp's converter accepts is saved beside it
@@ -13,7 +14,9 @@ safetensors directory with the matching --quantize (none / bf16 / int8 / int4).
 Each row: a prompt of --prompt-len random tokens then --gen greedy tokens; prefill tok/s = prompt / time to
 the first token, decode tok/s = (gen − 1) / the rest (as benchmarks/run.py). Medians of --rounds rounds
 after a warm-up round, engines interleaved within a round. Peak RSS of a whole load is not comparable in
-one process, so load time only is printed beside each row.
+one process, so load time only is printed beside each row. --batched QUANTIZE adds blazr's continuous
+batching table per model (aggregate decode tok/s at 1 / 4 / 8 / 16 sequences, as benchmarks/run.py's
+table 2; llama-cpp-python has no batched decode to set beside it).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.run import Row, load_blazr, load_llama_cpp, log, machine, measure_single, prompt_ids  # noqa: I001
-from benchmarks.run import single_table, spread_note, versions
+from benchmarks.run import batching_table, measure_batching, single_table, spread_note, versions
 
 CACHE = Path(__file__).parent / ".cache" / "hybrid"
 SDIST = "llama-cpp-python==0.3.36"
@@ -215,6 +218,22 @@ def report(
     return "\n".join(parts)
 
 
+def batched_report(models: list[str], quantize: str, rounds: int) -> str:
+    """blazr's aggregate decode tok/s at 1 / 4 / 8 / 16 sequences (128-token prompts, 32 tokens each)."""
+    parts = []
+    for name in models:
+        hf = checkpoint(name)
+        vocab = min(json.loads((hf / "config.json").read_text())["vocab_size"], 49152)
+        rates = measure_batching(128, 32, rounds, hf, vocab=vocab, quantize=quantize)
+        parts += [
+            f"### {name}, blazr --quantize {quantize}: continuous batching",
+            "",
+            batching_table(rates),
+            "",
+        ]
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -223,12 +242,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--batched", metavar="QUANTIZE", help="also blazr's batched decode table (e.g. int8)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print("# blazr vs llama.cpp: hybrid models at published shapes\n")
     print(f"- machine: {machine()}\n- versions: {versions()}\n- threads: {args.threads} for every engine\n")
     models, precisions = args.models.split(","), args.precisions.split(",")
-    print(report(models, precisions, args.prompt_len, args.gen, args.rounds, args.threads))
+    if precisions != [""]:
+        print(report(models, precisions, args.prompt_len, args.gen, args.rounds, args.threads))
+    if args.batched:
+        print(batched_report(models, args.batched, args.rounds))
     return 0
 
 

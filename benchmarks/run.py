@@ -280,17 +280,20 @@ def spread_note(rows: list[Row]) -> str:
 class Batching:
     """blazr Q4_1 in one engine, driven step by step: aggregate decode tok/s of n concurrent sequences."""
 
-    def __init__(self, prompt_len: int, gen: int) -> None:
+    def __init__(
+        self, prompt_len: int, gen: int, model: Path | None = None, vocab: int = SMOLLM2_VOCAB, **kw: Any
+    ) -> None:
         from blazr import LLM, SamplingParams
 
         self.llm = LLM(
-            None,
+            model,
             cpu=True,
             max_num_seqs=max(BATCH_LEVELS),
             max_num_batched_tokens=2048,
             max_model_len=prompt_len + gen + 8,
+            **kw,
         )
-        self.prompts = [prompt_ids(prompt_len, SMOLLM2_VOCAB, seed=1 + i) for i in range(max(BATCH_LEVELS))]
+        self.prompts = [prompt_ids(prompt_len, vocab, seed=1 + i) for i in range(max(BATCH_LEVELS))]
         self.params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
         self.warm = SamplingParams(temperature=0, max_tokens=min(gen, 8), ignore_eos=True)
         self.count = 0
@@ -310,9 +313,13 @@ class Batching:
         return tokens / (time.perf_counter() - t0), tokens
 
 
-def measure_batching(prompt_len: int, gen: int, rounds: int) -> dict[int, list[float]]:
-    log("# loading blazr Q4_1 GGUF for continuous batching")
-    bench = Batching(prompt_len, gen)
+def measure_batching(
+    prompt_len: int, gen: int, rounds: int, model: Path | None = None, **kw: Any
+) -> dict[int, list[float]]:
+    """Aggregate decode tok/s per batch level, interleaved rounds; the embedded SmolLM2 unless `model`
+    (then `kw`: vocab for the prompts, and LLM options such as quantize)."""
+    log(f"# loading blazr {model or 'Q4_1 GGUF'} {kw} for continuous batching")
+    bench = Batching(prompt_len, gen, model, **kw)
     for n in BATCH_LEVELS:  # warm-up: records the decode plan of each batch size
         bench.run(n, warm_up=True)
     rates: dict[int, list[float]] = {n: [] for n in BATCH_LEVELS}
