@@ -62,15 +62,25 @@ def check_mode(mode: str, device: torch.device, dtype: torch.dtype) -> None:
         )
 
 
-def _targets(model: CausalLM) -> list[tuple[str, nn.Linear]]:
-    found = [
+def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
+    """The float linears to swap, by module name; ("lm_head", None) stands for a tied head (a new layer made
+    from the embedding table, which itself stays as it is)."""
+    found: list[tuple[str, nn.Linear | None]] = [
         (name, m)
         for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and name.split(".", 2)[-1] in _TARGETS
+        if type(m) is nn.Linear and name.split(".", 2)[-1] in _TARGETS
     ]
-    if model.lm_head is not None:
+    if type(model.lm_head) is nn.Linear:
         found.append(("lm_head", model.lm_head))
-    return [(n, m) for n, m in found if m.in_features % 32 == 0]
+    elif model.lm_head is None and model.cfg.tie_word_embeddings:
+        found.append(("lm_head", None))
+    in_features = model.cfg.hidden_size  # of the tied head
+    return [(n, m) for n, m in found if (in_features if m is None else m.in_features) % 32 == 0]
+
+
+def _set_module(model: CausalLM, name: str, module: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
 
 
 def _gguf_blocks(
@@ -112,10 +122,7 @@ def quantize_model(
     if mode == "none":
         return made
     cfg = model.cfg
-    targets = _targets(model)
-    if cfg.tie_word_embeddings and cfg.hidden_size % 32 == 0:
-        targets.append(("lm_head", None))  # a quantized copy of the embedding
-    for name, linear in targets:
+    for name, linear in _targets(model):  # a tied lm_head: a quantized copy of the embedding
         weight = model.embed_tokens.weight if linear is None else linear.weight
         bias = None if linear is None else linear.bias
         if mode == "auto":
@@ -131,10 +138,7 @@ def quantize_model(
             dense = qw.data  # the same tensor: no second copy
         else:
             dense = dequantize(qw).to(dense_dtype)
-        module = QuantizedLinear(qw, None if bias is None else bias.detach(), dense)
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, module)
+        _set_module(model, name, QuantizedLinear(qw, None if bias is None else bias.detach(), dense))
         made[qw.kind] += 1
     return made
 
@@ -146,21 +150,14 @@ def wrap_float_linears(model: CausalLM) -> int:
     through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18 GB/s
     against torch's 10–13). A tied lm_head wraps the embedding table itself. Returns how many layers were
     wrapped."""
-    cfg = model.cfg
-    targets: list[tuple[str, nn.Linear | None]] = [(n, m) for n, m in _targets(model) if type(m) is nn.Linear]
-    if model.lm_head is None and cfg.tie_word_embeddings and cfg.hidden_size % 32 == 0:
-        targets.append(("lm_head", None))
     wrapped = 0
-    for name, linear in targets:
+    for name, linear in _targets(model):  # after quantize_model: the float linears it left
         weight = model.embed_tokens.weight if linear is None else linear.weight
         if weight.dtype != torch.float32 or not weight.is_cpu:
             continue
         qw = quantize(weight.detach(), "f32")  # a view of the same storage
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         dense = None if linear is None else qw.data  # the lm_head sees few rows: the kernel for all
-        parent_name, _, attr = name.rpartition(".")
-        setattr(
-            model.get_submodule(parent_name) if parent_name else model, attr, QuantizedLinear(qw, bias, dense)
-        )
+        _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
     return wrapped
