@@ -476,7 +476,7 @@ def _mamba2_inputs(H: int, P: int, G: int, N: int, K: int, B: int, S: int, bias:
         "conv_bias": torch.randn(Cd, generator=g) if bias else None,
         "conv_state": torch.randn(S, Cd, K - 1, generator=g),
         "dt_bias": torch.cat([torch.randn(H - 1, generator=g), torch.tensor([25.0])]),
-        "A": -torch.rand(H, generator=g) * 4,
+        "A_log": torch.log(torch.rand(H, generator=g) * 4 + 1e-3),  # A = −exp(A_log) in (−4, 0)
         "D": torch.randn(H, generator=g),
         "ssm_state": torch.randn(S, H, P, N, generator=g),
         "n_groups": G,
@@ -631,3 +631,24 @@ def test_kernels_disabled_uses_references(monkeypatch: pytest.MonkeyPatch) -> No
     finally:
         monkeypatch.undo()
         ops.reset()
+
+
+def test_embedding(lib: ops.Kernels) -> None:
+    """Rows gathered bit for bit (times a scale, as torch multiplies); an id out of range is an error."""
+    g = torch.Generator().manual_seed(0)
+    table, ids = torch.randn(50, 96, generator=g), torch.tensor([3, 0, 49, 3])
+    for scale in (1.0, 2.5):
+        assert torch.equal(lib.embedding(ids, table, scale), ops.embedding_reference(ids, table, scale))
+    with pytest.raises(RuntimeError, match="out of range"):
+        lib.embedding(torch.tensor([50]), table)
+
+
+def test_add(lib: ops.Kernels) -> None:
+    """alpha·x + beta·y with each product rounded before the sum, as torch: the same bits; in place too."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(3, 77, generator=g), torch.randn(3, 77, generator=g)
+    for alpha, beta in [(1.0, 1.0), (1.0, 0.5), (2.0, -3.0)]:
+        assert torch.equal(lib.add(x, y, alpha, beta), ops.add_reference(x, y, alpha, beta))
+    assert torch.equal(lib.add(x, None, 0.25), x * 0.25)
+    out = x.clone()
+    assert lib.add(out, y, beta=0.5, out=out) is out and torch.equal(out, x + y * 0.5)

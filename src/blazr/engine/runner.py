@@ -5,8 +5,9 @@ Layout per step: decodes first (one token each), then prefill chunks. For each s
 positions [num_computed, num_computed + num_new); their cache slots come from the block table, and the
 keys it may attend to are positions [0, num_computed + num_new).
 
-The decodes of a step run as one recorded kernel plan when the model allows it (`DecodePlan`: CPU float32
-pure-attention models), as a captured CUDA graph on CUDA (`GraphDecoder`: pure-attention models), else —
+The decodes of a step run as one recorded kernel plan when the model allows it (`DecodePlan`: the model's
+own forward captured on CPU float32 — attention, Mamba2 and their hybrids), as a captured CUDA graph on
+CUDA (`GraphDecoder`: pure-attention models), else —
 with quantized layers — the eager model inside `use_kernels()`; then the prefill chunks, if any, run the
 eager model. A decode token therefore takes the same path whatever else
 shares its step (quantized layers compute differently in the decode kernels than in the prefill GEMMs).
@@ -154,6 +155,7 @@ class ModelRunner:
             batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
             seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
             batch.kv_indices = self._kv_indices(sched.seqs, seq_lens)
+            batch.decode_lens = torch.tensor(seq_lens[: sched.num_decodes], dtype=torch.long, device=dev)
         if self.slots is not None:
             batch.state_slots = torch.tensor([s.state_slot for s in sched.seqs], dtype=torch.long, device=dev)
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
@@ -186,23 +188,26 @@ class ModelRunner:
         )
 
     def _run_decode_plan(self, plan: DecodePlan | GraphDecoder, seqs: list[Sequence]) -> StepLogits:
-        """The decode-only batch build (ids, positions, slots, block tables → kv_indices [B, L]) and the
-        plan's (or graphs') step."""
+        """The decode-only batch build (ids, positions, slots, block tables → kv_indices [B, L], state
+        slots) and the plan's (or graphs') step."""
         bs = self.block_size
         positions = [seq.num_computed_tokens for seq in seqs]
-        max_len = max(positions) + 1
-        num_blocks = -(-max_len // bs)
-        tables = [seq.block_table[:num_blocks] for seq in seqs]
-        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
-        table = torch.tensor([t + [0] * (num_blocks - len(t)) for t in tables], dtype=torch.long)  # [B, nb]
-        kv_indices = table[:, self._pos_block[:max_len]] * bs + self._pos_offset[:max_len]  # [B, L]
-        logits = plan.run(
-            torch.tensor([seq.token_at(p) for seq, p in zip(seqs, positions, strict=True)]),
-            torch.tensor(positions),
-            torch.tensor(slots),
-            kv_indices,
-            torch.tensor([p + 1 for p in positions]),
-        )
+        ids = torch.tensor([seq.token_at(p) for seq, p in zip(seqs, positions, strict=True)])
+        if self.blocks is not None:
+            max_len = max(positions) + 1
+            num_blocks = -(-max_len // bs)
+            tables = [seq.block_table[:num_blocks] for seq in seqs]
+            slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
+            table = torch.tensor([t + [0] * (num_blocks - len(t)) for t in tables], dtype=torch.long)
+            kv_indices = table[:, self._pos_block[:max_len]] * bs + self._pos_offset[:max_len]  # [B, L]
+        else:
+            slots, kv_indices = [], torch.zeros(len(seqs), 0, dtype=torch.long)
+        seq_lens = torch.tensor([p + 1 for p in positions])
+        if isinstance(plan, DecodePlan):
+            state = torch.tensor([s.state_slot for s in seqs]) if self.slots is not None else None
+            logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
+        else:
+            logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens)
         return StepLogits(list(seqs), logits, {})
 
     @torch.inference_mode()

@@ -24,7 +24,7 @@ _ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of mem
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "f32": 2, "bf16": 3}
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE, _OP_MAMBA2_STEP = 4, 5, 6, 7, 8
-_OP_GATED_RMS_NORM = 9
+_OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY = 9, 10, 11
 _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "f32": 0, "bf16": 0}
 
 
@@ -260,6 +260,48 @@ class Kernels:
         self._run(a, addr, "gated_rms_norm", y, z, weight, out)
         return out
 
+    def embedding(
+        self, ids: torch.Tensor, table: torch.Tensor, scale: float = 1.0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if table.dim() != 2 or ids.dim() != 1:
+            raise ValueError(f"embedding: ids [T] and table [V, D] expected, found {list(ids.shape)}, "
+                             f"{list(table.shape)}")  # fmt: skip
+        (T,), (V, D) = ids.shape, table.shape
+        if out is None:
+            out = torch.empty(T, D, dtype=_F32)
+        elif out.numel() != T * D:
+            raise ValueError(f"embedding: out has {out.numel()} elements, expected [{T}, {D}]")
+        a, addr = self._args()
+        a.op = _OP_EMBEDDING
+        a.i[0:6] = (
+            _i64_ptr(ids, "embedding ids"), T, _f32_ptr(table, "embedding table"), V, D,
+            _f32_ptr(out, "embedding out"),
+        )  # fmt: skip
+        a.f[0] = scale
+        self._run(a, addr, "embedding", ids, table, out)
+        return out
+
+    def add(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        alpha: float = 1.0,
+        beta: float = 1.0,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if y is not None and y.shape != x.shape:
+            raise ValueError(f"add: x {list(x.shape)} and y {list(y.shape)} differ")
+        if out is None:
+            out = torch.empty_like(x)
+        elif out.numel() != x.numel():
+            raise ValueError(f"add: out has {out.numel()} elements, x {x.numel()}")
+        a, addr = self._args()
+        a.op = _OP_AXPBY
+        a.i[0:4] = (_f32_ptr(x, "add x"), _f32_ptr(y, "add y"), x.numel(), _f32_ptr(out, "add out"))
+        a.f[0], a.f[1] = alpha, beta
+        self._run(a, addr, "add", x, y, out)
+        return out
+
     def rope_neox(
         self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int
     ) -> torch.Tensor:
@@ -388,7 +430,7 @@ class Kernels:
         conv_bias: torch.Tensor | None,
         conv_state: torch.Tensor,
         dt_bias: torch.Tensor,
-        A: torch.Tensor,
+        A_log: torch.Tensor,
         D: torch.Tensor,
         ssm_state: torch.Tensor,
         n_groups: int,
@@ -429,7 +471,7 @@ class Kernels:
             _f32_ptr(conv_state, "mamba2_step conv_state"),
             K,
             _f32_ptr(dt_bias, "mamba2_step dt_bias"),
-            _f32_ptr(A, "mamba2_step A"),
+            _f32_ptr(A_log, "mamba2_step A_log"),
             _f32_ptr(D, "mamba2_step D"),
             _f32_ptr(ssm_state, "mamba2_step ssm_state"),
             S,
@@ -452,7 +494,7 @@ class Kernels:
             conv_bias,
             conv_state,
             dt_bias,
-            A,
+            A_log,
             D,
             ssm_state,
             y,
@@ -474,14 +516,30 @@ class KernelPlan:
         self._kernels = kernels
         self._calls: list[_Args] = []
         self._names: list[str] = []
-        self._keep: list[torch.Tensor] = []
+        self._tensors: list[tuple[torch.Tensor, ...]] = []  # what each call touches, kept alive
         self._array: ctypes.Array | None = None
 
     def _add(self, args: _Args, name: str, tensors: tuple[torch.Tensor | None, ...]) -> None:
         self._calls.append(args)
         self._names.append(name)
-        self._keep.extend(t for t in tensors if t is not None)
+        self._tensors.append(tuple(t for t in tensors if t is not None))
         self._array = None
+
+    def _call_tensors(self) -> list[tuple[torch.Tensor, ...]]:
+        """The tensors each recorded call reads or writes (for capture.py's live ranges)."""
+        return self._tensors
+
+    def _set_args(self, values: list[tuple[int, int, int]]) -> None:
+        """Set integer argument `f` of call `k` to `v` for each (k, f, v) (capture.py's relocation)."""
+        for k, f, v in values:
+            self._calls[k].i[f] = v
+        self._array = None
+
+    def _drop(self, storages: set[int]) -> None:
+        """Stop keeping the tensors on these storages (by data_ptr) alive: capture.py moved them."""
+        self._tensors = [
+            tuple(t for t in ts if t.untyped_storage().data_ptr() not in storages) for ts in self._tensors
+        ]
 
     def __len__(self) -> int:
         return len(self._calls)

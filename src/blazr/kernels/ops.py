@@ -1,10 +1,10 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
 (`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
 
-Each public op (`linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`,
-`mamba2_step`) runs the C kernel when the library is available and the inputs are CPU tensors of the
-supported dtypes and layouts (fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else
-its `*_reference` twin with the same signature.
+Each public op (`embedding`, `add`, `linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`, `kv_write`,
+`paged_attention_decode`, `mamba2_step`) runs the C kernel when the library is available and the inputs
+are CPU tensors of the supported dtypes and layouts (fp32 activations and states, int64 indices, fp32 or
+16-bit KV pools), else its `*_reference` twin with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -25,6 +25,8 @@ from blazr.kernels import build
 from blazr.kernels.bindings import KernelPlan, Kernels, UnsupportedInput
 from blazr.kernels.quant import QuantizedWeight
 from blazr.kernels.reference import (
+    add_reference,
+    embedding_reference,
     gated_rms_norm_reference,
     int8_dot_reference,
     kv_write_reference,
@@ -41,6 +43,11 @@ __all__ = [
     "KernelPlan",
     "Kernels",
     "UnsupportedInput",
+    "add",
+    "add_reference",
+    "cpu_f32",
+    "embedding",
+    "embedding_reference",
     "gated_rms_norm",
     "gated_rms_norm_reference",
     "int8_dot_reference",
@@ -81,6 +88,12 @@ def reset() -> None:
 
 
 # ---------------------------------------------------------------- dispatch
+
+
+def cpu_f32(x: torch.Tensor) -> bool:
+    """x is a float32 CPU tensor: the activations the layers route through these ops (a recordable
+    decode step); other dtypes and devices keep the layers' torch code."""
+    return x.dtype is torch.float32 and x.is_cpu
 
 
 def _dispatch(op: str, reference: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -128,6 +141,25 @@ def linear(
     be residual itself (in-place residual add). x [..., K] → [..., N] (SwiGLU: [..., N/2]).
     Block kinds quantize x to 8 bits per block of 32 in the C kernel (error ≤ amax_block/254 per element)."""
     return _dispatch("linear", linear_reference, x, qw, bias, residual, swiglu=swiglu, out=out)
+
+
+def embedding(
+    ids: torch.Tensor, table: torch.Tensor, scale: float = 1.0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows `ids` [T] (int64) of table [V, D], times `scale` → [T, D] (an id outside [0, V) is an error)."""
+    return _dispatch("embedding", embedding_reference, ids, table, scale, out)
+
+
+def add(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """alpha · x + beta · y elementwise (y None: alpha · x), contiguous tensors of one shape; out may be x
+    or y. The residual add `x + r · mixer(x)` is add(x, y, beta=r)."""
+    return _dispatch("add", add_reference, x, y, alpha, beta, out)
 
 
 def rms_norm(
@@ -199,7 +231,7 @@ def mamba2_step(
     conv_bias: torch.Tensor | None,
     conv_state: torch.Tensor,
     dt_bias: torch.Tensor,
-    A: torch.Tensor,
+    A_log: torch.Tensor,
     D: torch.Tensor,
     ssm_state: torch.Tensor,
     n_groups: int,
@@ -208,7 +240,7 @@ def mamba2_step(
 ) -> torch.Tensor:
     """One Mamba2 decode token for B sequences: conv step + SiLU, dt, the SSD state update and the D skip,
     with conv_state [S, Cd, K-1] and ssm_state [S, H, P, N] advanced in place at `slots` [B]. xbc [B, Cd]
-    and dt_raw [B, H] (column views of the in_proj output); conv_weight [Cd, K]; dt_bias, A, D [H].
+    and dt_raw [B, H] (column views of the in_proj output); conv_weight [Cd, K]; dt_bias, A_log, D [H].
     Returns y [B, H, P] float32 (see mamba2_step_reference)."""
     return _dispatch(
         "mamba2_step",
@@ -220,7 +252,7 @@ def mamba2_step(
         conv_bias,
         conv_state,
         dt_bias,
-        A,
+        A_log,
         D,
         ssm_state,
         n_groups,

@@ -112,6 +112,30 @@ def gated_rms_norm_reference(
     return weight * yf.to(dtype)
 
 
+def embedding_reference(
+    ids: torch.Tensor, table: torch.Tensor, scale: float = 1.0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows `ids` [T] of table [V, D], times scale: [T, D]."""
+    y = table[ids]
+    if scale != 1.0:
+        y = y * scale
+    return y if out is None else out.copy_(y)
+
+
+def add_reference(
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """alpha · x + beta · y (y None: alpha · x), same shapes; the residual add is alpha = 1."""
+    r = x if alpha == 1.0 else x * alpha
+    if y is not None:
+        r = r + (y if beta == 1.0 else y * beta)
+    return r if out is None else out.copy_(r)
+
+
 def rope_neox_reference(
     x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int
 ) -> torch.Tensor:
@@ -192,7 +216,7 @@ def mamba2_step_reference(
     conv_bias: torch.Tensor | None,
     conv_state: torch.Tensor,
     dt_bias: torch.Tensor,
-    A: torch.Tensor,
+    A_log: torch.Tensor,
     D: torch.Tensor,
     ssm_state: torch.Tensor,
     n_groups: int,
@@ -201,9 +225,9 @@ def mamba2_step_reference(
 ) -> torch.Tensor:
     """One Mamba2 decode token for B sequences (see csrc/mamba2.c): xbc [B, Cd] pre-conv [x | B | C];
     dt_raw [B, H]; slots [B]; conv_weight [Cd, K] (+ conv_bias [Cd]); conv_state [S, Cd, K-1] and ssm_state
-    [S, H, P, N] advanced in place at `slots`; dt_bias, A (= −exp(A_log)), D [H]. Returns y [B, H, P] float32
-    = SSM output + D·x. The conv's K taps accumulate in float32, then round to the weights' dtype for SiLU
-    (as HF's decode); dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) and the scan in float32."""
+    [S, H, P, N] advanced in place at `slots`; dt_bias, A_log (A = −exp(A_log)), D [H]. Returns y [B, H, P]
+    float32 = SSM output + D·x. The conv's K taps accumulate in float32, then round to the weights' dtype for
+    SiLU (as HF's decode); dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) and the scan in float32."""
     Bsz, H = dt_raw.shape
     P, N = ssm_state.shape[2:]
     GN = n_groups * N
@@ -217,7 +241,12 @@ def mamba2_step_reference(
     x = x.reshape(Bsz, H, P)
     dt = F.softplus(dt_raw.float() + dt_bias.float()).clamp(dt_min, dt_max)
     y, new = ssd_step_reference(
-        ssm_state.index_select(0, slots), x, dt, A, Bm.reshape(Bsz, n_groups, N), Cm.reshape(Bsz, n_groups, N)
+        ssm_state.index_select(0, slots),
+        x,
+        dt,
+        -torch.exp(A_log.float()),
+        Bm.reshape(Bsz, n_groups, N),
+        Cm.reshape(Bsz, n_groups, N),
     )
     ssm_state.index_copy_(0, slots, new.to(ssm_state.dtype))
     return y + x * D.float()[:, None]

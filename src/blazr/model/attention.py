@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import AttentionConfig
+from blazr.kernels import ops
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -106,6 +107,8 @@ class Attention(nn.Module):
         self.rope = rope
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
+        if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
+            return self._decode(x, batch, cache)
         cfg, T = self.cfg, x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, cfg.num_heads, cfg.head_dim)
@@ -121,3 +124,28 @@ class Attention(nn.Module):
             v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
         return self.o_proj(o.reshape(T, self.q_size))
+
+    def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
+        """One token per sequence, float32 on the CPU, as kernel ops: RoPE on the q and k heads of the fused
+        qkv output in place, keys / values into the pools, paged decode attention. x [B, D] → [B, D]."""
+        cfg, B = self.cfg, x.shape[0]
+        H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        assert cache.k is not None and cache.v is not None and batch.slot_mapping is not None
+        qkv = self.qkv_proj(x)  # [B, (H + 2·Hkv)·Dh]
+        if self.rope is not None:
+            qk = qkv[:, : (H + Hkv) * Dh].view(B, H + Hkv, Dh)
+            ops.rope_neox(qk, batch.positions, self.rope.cos, self.rope.sin, self.rope.dim)
+        k = qkv[:, H * Dh : (H + Hkv) * Dh].view(B, Hkv, Dh)
+        v = qkv[:, (H + Hkv) * Dh :].view(B, Hkv, Dh)
+        ops.kv_write(k, v, batch.slot_mapping, cache.k, cache.v)
+        q = qkv[:, : H * Dh].view(B, H, Dh)
+        o = ops.paged_attention_decode(
+            q,
+            cache.k,
+            cache.v,
+            batch.kv_indices,
+            batch.decode_lens,
+            cfg.softmax_scale,
+            window=cfg.sliding_window,
+        )
+        return self.o_proj(o.view(B, H * Dh))

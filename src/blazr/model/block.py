@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from blazr.config import LayerConfig
+from blazr.kernels import ops
 from blazr.model.attention import Attention
 from blazr.model.mamba2 import Mamba2
 from blazr.model.mla import MLA
@@ -53,10 +54,16 @@ class Block(nn.Module):
             for mixer in (self.attn, self.mla, self.mamba):
                 if mixer is not None:
                     y = mixer(h, batch, cache)
-                    out = y if out is None else out + y
-            x = x + out * r if r != 1.0 else x + out
+                    out = y if out is None else _add(out, y)
+            x = _add(x, out, r)
         ffn = self.mlp if self.mlp is not None else self.moe
         if ffn is not None:
-            out = ffn(self.ffn_norm(x))
-            x = x + out * r if r != 1.0 else x + out
+            x = _add(x, ffn(self.ffn_norm(x)), r)
         return x
+
+
+def _add(x: torch.Tensor, y: torch.Tensor, r: float = 1.0) -> torch.Tensor:
+    """x + r · y: the kernel op on float32 CPU rows, torch elsewhere."""
+    if ops.cpu_f32(x):
+        return ops.add(x, y, beta=r)
+    return x + y * r if r != 1.0 else x + y

@@ -64,20 +64,21 @@ class Mamba2(nn.Module):
         H, P, Di = cfg.num_heads, cfg.head_dim, cfg.d_inner
         T = x.shape[0]
         z, xBC, dt_raw = self.in_proj(x).split([Di, cfg.conv_dim, H], dim=-1)
-        A = -torch.exp(self.A_log.float())  # [H]
 
         is_cached = cache is not None and batch.state_slots is not None
         nd = batch.num_decodes if is_cached else 0
-        y = x.new_empty(T, H, P, dtype=torch.float32)
         if nd:  # one token per sequence: the fused step (kernel op), D skip included
-            w = self.conv1d.weight
-            y[:nd] = ops.mamba2_step(
-                xBC[:nd], dt_raw[:nd], batch.state_slots[:nd], w[:, 0], self.conv1d.bias, cache.conv,
-                self.dt_bias, A, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
+            yd = ops.mamba2_step(
+                xBC[:nd], dt_raw[:nd], batch.state_slots[:nd], self.conv1d.weight[:, 0], self.conv1d.bias,
+                cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
-
-        if nd < T:  # prefill rows
-            dt = F.softplus(dt_raw.float() + self.dt_bias.float()).clamp(cfg.dt_min, cfg.dt_max)  # [T, H]
+        if nd and nd == T:  # decode only
+            return self._output(yd.view(T, Di), z, x.dtype)
+        y = x.new_empty(T, H, P, dtype=torch.float32)
+        if nd:
+            y[:nd] = yd
+        A = -torch.exp(self.A_log.float())  # [H]
+        dt = F.softplus(dt_raw.float() + self.dt_bias.float()).clamp(cfg.dt_min, cfg.dt_max)  # [T, H]
         slots, conv_states, ssm_states = [], [], []
         for b, start in enumerate(batch.query_starts[nd:], start=nd):
             rows = slice(start, start + batch.query_lens[b])
@@ -96,9 +97,12 @@ class Mamba2(nn.Module):
             cache.conv.index_copy_(0, idx, torch.stack(conv_states).to(cache.conv.dtype))
             cache.ssm.index_copy_(0, idx, torch.stack(ssm_states).to(cache.ssm.dtype))
 
-        y = y.view(T, Di)
+        return self._output(y.view(T, Di), z, x.dtype)
+
+    def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Gate (gated RMSNorm, or plain SiLU gating) and out_proj: y, z [T, Di] → [T, D] in `dtype`."""
         y = self.norm(y, z) if self.norm is not None else y * F.silu(z.float())  # float32 [T, Di]
-        return self.out_proj(y.to(x.dtype))
+        return self.out_proj(y.to(dtype))
 
     def _conv(self, window: torch.Tensor) -> torch.Tensor:
         """window [B, Cd, K-1 + n] (context, new tokens) → SiLU(conv) [B, Cd, n] in the weights' dtype."""

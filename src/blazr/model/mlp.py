@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import Activation, MLPConfig
+from blazr.model.qlinear import QuantizedLinear
 
 
 def activate(x: torch.Tensor, kind: Activation) -> torch.Tensor:
@@ -31,9 +32,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, hidden_size, bias=cfg.has_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cfg.is_gated:
+        cfg = self.cfg
+        if cfg.is_gated and cfg.activation == "silu" and isinstance(self.gate_up_proj, QuantizedLinear):
+            h = self.gate_up_proj(x, swiglu=True)  # fused in the kernel's epilogue on its path
+        elif cfg.is_gated:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            h = activate(gate, self.cfg.activation) * up
+            h = activate(gate, cfg.activation) * up
         else:
-            h = activate(self.up_proj(x), self.cfg.activation)
+            h = activate(self.up_proj(x), cfg.activation)
         return self.down_proj(h)

@@ -4,6 +4,10 @@ Parameters carry blazr's internal names (see loading/names.py for the renames fr
 `embed_tokens.weight`, `layers.{i}.{mixer_norm,attn,mla,mamba,ffn_norm,mlp,moe}.…`, `norm.weight`,
 `lm_head.weight` (absent when tied). The math is pure: `forward(input_ids, batch, cache)`.
 
+On float32 CPU activations every step of a decode-only batch is a kernel op (`kernels/ops.py`: embedding,
+norms, linears, attention / Mamba2 steps, residual adds), so that `engine/decode_plan.py` can record this
+very forward as one replayable plan; other steps, dtypes and devices run the torch code beside them.
+
 Shapes: input_ids [T]; hidden [T, D]; logits [n, V] float32.
 """
 
@@ -13,6 +17,7 @@ import torch
 from torch import nn
 
 from blazr.config import LayerConfig, ModelConfig, RopeConfig
+from blazr.kernels import ops
 from blazr.model.block import Block
 from blazr.model.norm import make_norm
 from blazr.model.rope import RotaryEmbedding
@@ -55,9 +60,13 @@ class CausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, batch: ForwardBatch, cache: ModelCache | None = None
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        if self.cfg.embedding_multiplier != 1.0:
-            x = x * self.cfg.embedding_multiplier
+        table, scale = self.embed_tokens.weight, self.cfg.embedding_multiplier
+        if ops.cpu_f32(table):
+            x = ops.embedding(input_ids, table, scale)
+        else:
+            x = self.embed_tokens(input_ids)
+            if scale != 1.0:
+                x = x * scale
         for i, layer in enumerate(self.layers):
             x = layer(x, batch, cache.layer(i) if cache is not None else None)
         return self.norm(x)
@@ -67,6 +76,7 @@ class CausalLM(nn.Module):
             logits = torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
         else:
             logits = self.lm_head(hidden).float()
-        if self.cfg.logits_scale != 1.0:
-            logits = logits * self.cfg.logits_scale
+        scale = self.cfg.logits_scale
+        if scale != 1.0:
+            logits = ops.add(logits, None, scale) if logits.is_cpu else logits * scale
         return logits

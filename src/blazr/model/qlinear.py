@@ -64,14 +64,20 @@ class QuantizedLinear(nn.Module):
         """The dequantized weight [N, K] float32."""
         return dequantize(self.qweight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        """x [..., K] → [..., N]; with `swiglu`, silu(gate) · up of the [gate; up] halves → [..., N/2]."""
         if (self.dense is None or _KERNELS.get()) and x.dtype == torch.float32 and x.is_cpu:
-            return kernels.linear(x.contiguous(), self.qweight, self.bias)
+            return kernels.linear(x.contiguous(), self.qweight, self.bias, swiglu=swiglu)
         if self.dense is None:
-            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        if self.dense is self.qweight.data and self.dense.dtype == torch.float32:  # f32: the weight itself
-            return F.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        return self._dense_tiles(x)
+            y = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        elif self.dense is self.qweight.data and self.dense.dtype == torch.float32:  # f32: the weight itself
+            y = F.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        else:
+            y = self._dense_tiles(x)
+        if swiglu:
+            gate, up = y.chunk(2, dim=-1)
+            y = F.silu(gate) * up
+        return y
 
     def _dense_tiles(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] → [..., N] through `dense` in tiles of DENSE_TILE rows; bias added in float32."""

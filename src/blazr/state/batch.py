@@ -3,7 +3,8 @@
 Tokens of all sequences are laid out flat (T = Σ query_lens), decodes first, then prefills (or prefill
 chunks). Each sequence has `context_lens[b]` tokens already in the cache and adds `query_lens[b]` new ones.
 Cache addressing is by flat slot: new token t is written at `slot_mapping[t]`; the keys of sequence b live at
-`kv_indices[b, :seq_lens[b]]`. Recurrent (Mamba2) state lives in `state_slots[b]`.
+`kv_indices[b, :seq_lens[b]]` (for the decode rows also as a tensor, `decode_lens`, which the kernels read).
+Recurrent (Mamba2) state lives in `state_slots[b]`.
 
 Shapes: T tokens, B sequences, Bd = num_decodes, Lmax = max seq_len.
 """
@@ -25,6 +26,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor | None = None  # [T] flat cache slot of each new token
     kv_indices: torch.Tensor | None = None  # [B, Lmax] flat cache slot of each position (padding: 0)
     state_slots: torch.Tensor | None = None  # [B] recurrent-state slot of each sequence
+    decode_lens: torch.Tensor | None = None  # [Bd] long seq_lens of the decode rows (for the kernels)
     _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -50,6 +52,11 @@ class ForwardBatch:
     @property
     def has_cache(self) -> bool:
         return self.slot_mapping is not None
+
+    @property
+    def is_decode_only(self) -> bool:
+        """Every sequence adds one token (the layers' kernel decode paths apply)."""
+        return self.num_decodes == self.num_seqs > 0
 
     def decode_mask(self, window: int | None = None) -> torch.Tensor:
         """Boolean mask [Bd, 1, 1, Lmax_d]: True where decode row b may attend key position j
@@ -79,15 +86,17 @@ class ForwardBatch:
         starts = self.query_starts
         end = starts[b1] if b1 < self.num_seqs else self.num_tokens
         tokens = slice(starts[b0] if b0 < self.num_seqs else end, end)
+        nd = max(0, min(b1, self.num_decodes) - b0)
         return ForwardBatch(
             positions=self.positions[tokens],
             query_lens=self.query_lens[b0:b1],
             context_lens=self.context_lens[b0:b1],
-            num_decodes=max(0, min(b1, self.num_decodes) - b0),
+            num_decodes=nd,
             logits_indices=self.logits_indices[:0],
             slot_mapping=None if self.slot_mapping is None else self.slot_mapping[tokens],
             kv_indices=None if self.kv_indices is None else self.kv_indices[b0:b1],
             state_slots=None if self.state_slots is None else self.state_slots[b0:b1],
+            decode_lens=None if self.decode_lens is None else self.decode_lens[b0 : b0 + nd],
         )
 
     @staticmethod

@@ -38,7 +38,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 3
+#define BLZ_ABI_VERSION 4
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -75,8 +75,11 @@ int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, const
                  int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_type, int64_t S);
 int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
                     const float *conv_w, const float *conv_b, float *conv_pool, int64_t K, const float *dt_bias,
-                    const float *A, const float *dskip, float *ssm_pool, int64_t S, int64_t H, int64_t P, int64_t G,
+                    const float *A_log, const float *dskip, float *ssm_pool, int64_t S, int64_t H, int64_t P, int64_t G,
                     int64_t N, float dt_min, float dt_max, float *y, int nthreads);
+int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, int64_t D, float scale,
+                  float *out);
+int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
 
 /* Packed call (see common.c): the arguments of one kernel, in order, as int64 (pointers and integers) and
  * double (float arguments). Python fills one preallocated struct per thread and passes its address, which
@@ -91,6 +94,8 @@ enum {
     BLZ_OP_KV_WRITE = 7,
     BLZ_OP_MAMBA2_STEP = 8,
     BLZ_OP_GATED_RMS_NORM = 9,
+    BLZ_OP_EMBEDDING = 10,
+    BLZ_OP_AXPBY = 11,
 };
 typedef struct {
     int64_t op;

@@ -82,6 +82,12 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                    P(const float *, 9), P(const float *, 10), P(const float *, 11), P(float *, 12),
                                    i[13], i[14], i[15], i[16], i[17], (float)a->f[0], (float)a->f[1],
                                    P(float *, 18), (int)i[19]);
+        case BLZ_OP_EMBEDDING:
+            return blz_embedding(P(const int64_t *, 0), i[1], P(const float *, 2), i[3], i[4], (float)a->f[0],
+                                 P(float *, 5));
+        case BLZ_OP_AXPBY:
+            return blz_axpby(P(const float *, 0), (float)a->f[0], P(const float *, 1), (float)a->f[1], i[2],
+                             P(float *, 3));
     }
     return BLZ_EINVAL;
 }

@@ -6,11 +6,11 @@
  *   takes xbc[b,c];  u_c = silu(conv_c), read as u = [x (H·P) | B (G·N) | C (G·N)];
  * per head h (its group g = h / (H/G)):
  *   dt = clamp(softplus(dt_raw[b,h] + dt_bias[h]), dt_min, dt_max)  (softplus(v) = v above 20, as torch)
- *   a = exp(dt·A[h])  (A = −exp(A_log), negative)
+ *   a = exp(dt·A)  with A = −exp(A_log[h]) (negative)
  *   per p < P:  ssm[s,h,p,:] = a·ssm[s,h,p,:] + (dt·x[h,p])·B_g;   y[b,h,p] = ssm[s,h,p,:]·C_g + Dskip[h]·x[h,p]
  * Layouts (fp32, row-major, contiguous unless said): xbc [B, Cd] and dt_raw [B, H] with row strides ld
  * (both may be column views of one in_proj output), conv_w [Cd, K], conv_b [Cd] or NULL, conv_pool
- * [S, Cd, K-1], dt_bias / A / Dskip [H], ssm_pool [S, H, P, N], slots [B] int64 (distinct), y [B, H·P].
+ * [S, Cd, K-1], dt_bias / A_log / Dskip [H], ssm_pool [S, H, P, N], slots [B] int64 (distinct), y [B, H·P].
  *
  * Every SSM state row is read and written once, in place (the torch path gathers the states, builds
  * full-size temporaries and scatters them back). Work: the conv of every sequence first (OpenMP over
@@ -65,7 +65,7 @@ BLZ_INLINE float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
 BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
                                const float *conv_w, const float *conv_b, float *conv_pool, int64_t K,
-                               const float *dt_bias, const float *A, const float *dskip, float *ssm_pool, int64_t S,
+                               const float *dt_bias, const float *A_log, const float *dskip, float *ssm_pool, int64_t S,
                                int64_t H, int64_t P, int64_t G, int64_t N, float dt_min, float dt_max, float *y,
                                int nthreads) {
     if (B < 0 || K < 2 || H <= 0 || P <= 0 || G <= 0 || N <= 0 || H % G || S < 0) return BLZ_EINVAL;
@@ -105,7 +105,7 @@ BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld
             const float *ur = u + b * Cd;
             const float dt = dts[bh];
             head_step(ssm_pool + (slots[b] * H + h) * P * N, ur + h * P, ur + Di + g * N, ur + Di + G * N + g * N,
-                      expf(dt * A[h]), dt, dskip[h], P, N, y + b * Di + h * P);
+                      expf(dt * -expf(A_log[h])), dt, dskip[h], P, N, y + b * Di + h * P);
         }
     }
     return BLZ_OK;

@@ -1,0 +1,43 @@
+/* blazr kernels — the small glue of a forward: the embedding row gather and the scaled add (residual
+ * adds, Granite's embedding / residual / logits multipliers), so that a whole decode step is kernel calls
+ * and can be recorded as one plan. Plain C loops, vectorised by the compiler (`#pragma omp simd`). */
+#include <string.h>
+
+#include "blazr_kernels.h"
+
+/* embedding: out[t, :] = scale · table[ids[t], :] for t < T; table [V, D], out [T, D] fp32. An id outside
+ * [0, V) returns BLZ_ERANGE before anything is written. scale == 1 copies the rows bit for bit. */
+BLZ_EXPORT int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, int64_t D,
+                             float scale, float *out) {
+    if (T < 0 || V <= 0 || D <= 0) return BLZ_EINVAL;
+    for (int64_t t = 0; t < T; ++t)
+        if (ids[t] < 0 || ids[t] >= V) return BLZ_ERANGE;
+    for (int64_t t = 0; t < T; ++t) {
+        const float *row = table + ids[t] * D;
+        float *o = out + t * D;
+        if (scale == 1.0f) {
+            memcpy(o, row, (size_t)D * sizeof(float));
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < D; ++i) o[i] = scale * row[i];
+        }
+    }
+    return BLZ_OK;
+}
+
+/* axpby: out[i] = a·x[i] + b·y[i] for i < n (y may be NULL: out = a·x); out may alias x or y. Products
+ * are rounded before the sum (the library builds with -ffp-contract=off), as torch's `x + b * y`. */
+BLZ_EXPORT int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out) {
+    if (n < 0) return BLZ_EINVAL;
+    if (y == NULL) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) out[i] = a * x[i];
+    } else if (a == 1.0f) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) out[i] = x[i] + b * y[i];
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] + b * y[i];
+    }
+    return BLZ_OK;
+}
