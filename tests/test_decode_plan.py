@@ -72,6 +72,38 @@ VARIANTS = {
             attention_multiplier=0.2,
         ),
     ),
+    # Attention beside Mamba2 in every block, the gate without a Mamba norm, µP multipliers folded at load.
+    "falcon-h1": (
+        "FalconH1ForCausalLM",
+        dict(
+            mamba_n_heads=8,
+            mamba_d_state=16,
+            mamba_expand=2,
+            num_hidden_layers=2,
+            mamba_rms_norm=False,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            embedding_multiplier=1.5,
+            lm_head_multiplier=0.7,
+            ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.7],
+            mlp_multipliers=[1.3, 0.6],
+        ),
+    ),
+    # Mamba2, attention and ungated ReLU² MLP blocks.
+    "nemotron-h": (
+        "NemotronHForCausalLM",
+        dict(
+            hybrid_override_pattern="M*-M-",
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=64,
+            mamba_num_heads=8,
+            mamba_head_dim=32,
+            ssm_state_size=16,
+            n_groups=2,
+            intermediate_size=96,
+        ),
+    ),
 }
 OVERRIDES = dict(VARIANTS.values())  # arch → its overrides
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -359,8 +391,10 @@ def _cfg(*layers: LayerConfig, **changes: object) -> ModelConfig:
         _cfg(LayerConfig(attention=AttentionConfig(4, 2, 32, None, 0.1), mlp=MLP)),
         _cfg(ATTN_LAYER, residual_multiplier=0.5, embedding_multiplier=2.0, logits_scale=0.5),
         _cfg(LayerConfig(attention=ATTN, mamba=MAMBA, mlp=MLP)),  # FalconH1: two mixers side by side
+        _cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, activation="gelu"))),
+        _cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, is_gated=False, activation="relu2"))),
     ],
-    ids=["attention", "mamba-hybrid", "nope", "multipliers", "parallel-mixers"],
+    ids=["attention", "mamba-hybrid", "nope", "multipliers", "parallel-mixers", "gelu", "relu2"],
 )
 def test_create_accepts(cfg):
     plan = _create(cfg)
@@ -371,18 +405,12 @@ def test_create_accepts(cfg):
     "cfg, engine, why",
     [
         (_cfg(ATTN_LAYER), dict(fused_decode=False), None),
-        (_cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, activation="gelu"))), {}, "model/mlp.py"),
-        (
-            _cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, is_gated=False, activation="relu2"))),
-            {},
-            "mlp",
-        ),
         (_cfg(LayerConfig(attention=ATTN, moe=MOE)), {}, "model/moe.py"),
         (_cfg(LayerConfig(mla=MLA, mlp=MLP)), {}, "model/mla.py"),
         (_cfg(LayerConfig(mamba=MAMBA, norm=NormConfig("layer"))), {}, "model/norm.py"),
         (_cfg(ATTN_LAYER), dict(max_model_len=4096), "rope table"),  # positions past the rope table
     ],
-    ids=["fused-off", "gelu", "ungated", "moe", "mla", "layernorm", "rope-len"],
+    ids=["fused-off", "moe", "mla", "layernorm", "rope-len"],
 )
 def test_create_refuses_and_says_why(cfg, engine, why, caplog):
     with caplog.at_level(logging.INFO, logger="blazr"):

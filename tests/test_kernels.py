@@ -652,3 +652,15 @@ def test_add(lib: ops.Kernels) -> None:
     assert torch.equal(lib.add(x, None, 0.25), x * 0.25)
     out = x.clone()
     assert lib.add(out, y, beta=0.5, out=out) is out and torch.equal(out, x + y * 0.5)
+
+
+@pytest.mark.parametrize("kind", ["silu", "gelu", "relu2"])
+@pytest.mark.parametrize("gated", [False, True])
+def test_activation(lib: ops.Kernels, kind: str, gated: bool) -> None:
+    """The MLP activations against torch's (relu² the same bits; SiLU / GELU to fp32 rounding)."""
+    x = torch.randn(3, 2 * 80, generator=torch.Generator().manual_seed(2)) * 4
+    got, want = lib.activation(x, kind, gated), ops.activation_reference(x, kind, gated)
+    assert got.shape == want.shape == (3, 80 if gated else 160)
+    if kind == "relu2":
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)

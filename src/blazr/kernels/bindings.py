@@ -17,14 +17,14 @@ import torch
 
 from blazr.kernels import build
 from blazr.kernels.quant import QK, QuantizedWeight
-from blazr.kernels.reference import linear_out_features
+from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
 _F32 = torch.float32
 _ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of memory"}
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "f32": 2, "bf16": 3}
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE, _OP_MAMBA2_STEP = 4, 5, 6, 7, 8
-_OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY = 9, 10, 11
+_OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
 _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "f32": 0, "bf16": 0}
 
 
@@ -226,16 +226,17 @@ class Kernels:
         self,
         y: torch.Tensor,
         z: torch.Tensor,
-        weight: torch.Tensor,
+        weight: torch.Tensor | None,
         group_size: int,
         eps: float,
         norm_before_gate: bool,
     ) -> torch.Tensor:
         if y.dim() != 2:
             raise UnsupportedInput(f"gated_rms_norm: expected y [M, D], found {list(y.shape)}")
-        if z.shape != y.shape or weight.numel() != y.shape[1] or y.shape[1] % group_size:
+        wn = y.shape[1] if weight is None else weight.numel()
+        if z.shape != y.shape or wn != y.shape[1] or y.shape[1] % group_size:
             raise ValueError(
-                f"gated_rms_norm: y {list(y.shape)}, z {list(z.shape)}, weight {list(weight.shape)}, groups "
+                f"gated_rms_norm: y {list(y.shape)}, z {list(z.shape)}, weight [{wn}], groups "
                 f"of {group_size}: expected y, z [M, D], weight [D], D a multiple of the group size"
             )
         if z.dtype is not _F32 or not z.is_cpu or z.stride(1) != 1:
@@ -300,6 +301,20 @@ class Kernels:
         a.i[0:4] = (_f32_ptr(x, "add x"), _f32_ptr(y, "add y"), x.numel(), _f32_ptr(out, "add out"))
         a.f[0], a.f[1] = alpha, beta
         self._run(a, addr, "add", x, y, out)
+        return out
+
+    def activation(self, x: torch.Tensor, kind: str, gated: bool) -> torch.Tensor:
+        if kind not in ACTIVATIONS:
+            raise ValueError(f"activation: unknown kind {kind!r}")
+        N = x.shape[-1]
+        if gated and N % 2:
+            raise ValueError(f"activation: gated needs an even width, found {N}")
+        out = torch.empty((*x.shape[:-1], N // 2 if gated else N), dtype=_F32)
+        a, addr = self._args()
+        a.op = _OP_ACTIVATION
+        xp = _f32_ptr(x, "activation x")
+        a.i[0:6] = (xp, x.numel() // N, N, ACTIVATIONS.index(kind), int(gated), out.data_ptr())
+        self._run(a, addr, "activation", x, out)
         return out
 
     def rope_neox(

@@ -1,10 +1,10 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
 (`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
 
-Each public op (`embedding`, `add`, `linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`, `kv_write`,
-`paged_attention_decode`, `mamba2_step`) runs the C kernel when the library is available and the inputs
-are CPU tensors of the supported dtypes and layouts (fp32 activations and states, int64 indices, fp32 or
-16-bit KV pools), else its `*_reference` twin with the same signature.
+Each public op (`embedding`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`,
+`kv_write`, `paged_attention_decode`, `mamba2_step`) runs the C kernel when the library is available and
+the inputs are CPU tensors of the supported dtypes and layouts (fp32 activations and states, int64
+indices, fp32 or 16-bit KV pools), else its `*_reference` twin with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -25,6 +25,7 @@ from blazr.kernels import build
 from blazr.kernels.bindings import KernelPlan, Kernels, UnsupportedInput
 from blazr.kernels.quant import QuantizedWeight
 from blazr.kernels.reference import (
+    activation_reference,
     add_reference,
     embedding_reference,
     gated_rms_norm_reference,
@@ -43,6 +44,8 @@ __all__ = [
     "KernelPlan",
     "Kernels",
     "UnsupportedInput",
+    "activation",
+    "activation_reference",
     "add",
     "add_reference",
     "cpu_f32",
@@ -150,6 +153,12 @@ def embedding(
     return _dispatch("embedding", embedding_reference, ids, table, scale, out)
 
 
+def activation(x: torch.Tensor, kind: str, gated: bool = False) -> torch.Tensor:
+    """An MLP activation (`silu`, `gelu` (tanh), `relu2`) of x [..., N]; gated: act(first half) · second
+    half → [..., N/2] (see activation_reference)."""
+    return _dispatch("activation", activation_reference, x, kind, gated)
+
+
 def add(
     x: torch.Tensor,
     y: torch.Tensor | None,
@@ -172,13 +181,14 @@ def rms_norm(
 def gated_rms_norm(
     y: torch.Tensor,
     z: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     group_size: int,
     eps: float,
     norm_before_gate: bool,
 ) -> torch.Tensor:
     """Mamba2's gated RMSNorm (see gated_rms_norm_reference): y [M, D] contiguous, z [M, D] (rows may be
-    strided: a view into the in_proj output), weight [D]; normalised in groups of `group_size`."""
+    strided: a view into the in_proj output), weight [D]; normalised in groups of `group_size`. weight
+    None: the gate alone, y · silu(z)."""
     return _dispatch(
         "gated_rms_norm", gated_rms_norm_reference, y, z, weight, group_size, eps, norm_before_gate
     )

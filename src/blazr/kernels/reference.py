@@ -92,14 +92,17 @@ def rms_norm_reference(
 def gated_rms_norm_reference(
     y: torch.Tensor,
     z: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     group_size: int,
     eps: float,
     norm_before_gate: bool,
 ) -> torch.Tensor:
     """Mamba2's gated RMSNorm over groups of `group_size` features: weight · RMSNorm(y · silu(z)), or
     weight · RMSNorm(y) · silu(z) when `norm_before_gate`. Statistics in float32, cast back to y's dtype
-    before the weight (as HF's MambaRMSNormGated). y, z [..., D]; weight [D]."""
+    before the weight (as HF's MambaRMSNormGated). y, z [..., D]; weight [D], or None for the gate alone:
+    y · silu(z) in float32 (FalconH1 without its Mamba norm)."""
+    if weight is None:
+        return y.float() * F.silu(z.float())
     dtype = y.dtype
     yf = y.float()
     if not norm_before_gate:
@@ -120,6 +123,24 @@ def embedding_reference(
     if scale != 1.0:
         y = y * scale
     return y if out is None else out.copy_(y)
+
+
+ACTIVATIONS = ("silu", "gelu", "relu2")  # kernel codes 0, 1, 2
+
+
+def activation_reference(x: torch.Tensor, kind: str, gated: bool) -> torch.Tensor:
+    """An MLP activation (silu, gelu = tanh approximation, relu2 = relu(x)²) of x [..., N]; gated: of the
+    first half, times the second (the [gate; up] halves of a fused projection) → [..., N/2]."""
+    h = x.chunk(2, dim=-1)[0] if gated else x
+    if kind == "silu":
+        a = F.silu(h)
+    elif kind == "gelu":
+        a = F.gelu(h, approximate="tanh")
+    elif kind == "relu2":
+        a = torch.square(F.relu(h))
+    else:
+        raise ValueError(f"unknown activation {kind!r}")
+    return a * x.chunk(2, dim=-1)[1] if gated else a
 
 
 def add_reference(

@@ -101,7 +101,10 @@ class Mamba2(nn.Module):
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Gate (gated RMSNorm, or plain SiLU gating) and out_proj: y, z [T, Di] → [T, D] in `dtype`."""
-        y = self.norm(y, z) if self.norm is not None else y * F.silu(z.float())  # float32 [T, Di]
+        if self.norm is not None:
+            y = self.norm(y, z)  # float32 [T, Di]
+        else:  # the gate alone
+            y = ops.gated_rms_norm(y, z, None, y.shape[-1], 0.0, False)
         return self.out_proj(y.to(dtype))
 
     def _conv(self, window: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,6 @@
 """Dense feed-forward: gated SwiGLU/GeGLU with fused gate+up projection, or ungated (relu², NemotronH).
+The activation is the kernel op `ops.activation` (SwiGLU fused in the linear kernel's epilogue when the
+projection runs on the kernels), so a decode step stays recordable.
 
 Shapes: x [T, D] → [T, D]; gate_up_proj [2I, D] (or up_proj [I, D]); down_proj [D, I].
 """
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import Activation, MLPConfig
+from blazr.kernels import ops
 from blazr.model.qlinear import QuantizedLinear
 
 
@@ -36,8 +39,7 @@ class MLP(nn.Module):
         if cfg.is_gated and cfg.activation == "silu" and isinstance(self.gate_up_proj, QuantizedLinear):
             h = self.gate_up_proj(x, swiglu=True)  # fused in the kernel's epilogue on its path
         elif cfg.is_gated:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            h = activate(gate, cfg.activation) * up
+            h = ops.activation(self.gate_up_proj(x), cfg.activation, gated=True)
         else:
-            h = activate(self.up_proj(x), cfg.activation)
+            h = ops.activation(self.up_proj(x), cfg.activation)
         return self.down_proj(h)

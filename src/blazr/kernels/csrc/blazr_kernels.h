@@ -80,6 +80,7 @@ int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int
 int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, int64_t D, float scale,
                   float *out);
 int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
+int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out);
 
 /* Packed call (see common.c): the arguments of one kernel, in order, as int64 (pointers and integers) and
  * double (float arguments). Python fills one preallocated struct per thread and passes its address, which
@@ -96,6 +97,7 @@ enum {
     BLZ_OP_GATED_RMS_NORM = 9,
     BLZ_OP_EMBEDDING = 10,
     BLZ_OP_AXPBY = 11,
+    BLZ_OP_ACTIVATION = 12,
 };
 typedef struct {
     int64_t op;

@@ -85,6 +85,8 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_EMBEDDING:
             return blz_embedding(P(const int64_t *, 0), i[1], P(const float *, 2), i[3], i[4], (float)a->f[0],
                                  P(float *, 5));
+        case BLZ_OP_ACTIVATION:
+            return blz_activation(P(const float *, 0), i[1], i[2], (int)i[3], (int)i[4], P(float *, 5));
         case BLZ_OP_AXPBY:
             return blz_axpby(P(const float *, 0), (float)a->f[0], P(const float *, 1), (float)a->f[1], i[2],
                              P(float *, 3));

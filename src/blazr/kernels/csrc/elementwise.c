@@ -1,6 +1,7 @@
-/* blazr kernels — the small glue of a forward: the embedding row gather and the scaled add (residual
- * adds, Granite's embedding / residual / logits multipliers), so that a whole decode step is kernel calls
- * and can be recorded as one plan. Plain C loops, vectorised by the compiler (`#pragma omp simd`). */
+/* blazr kernels — the small glue of a forward: the embedding row gather, the scaled add (residual
+ * adds, Granite's embedding / residual / logits multipliers) and the MLP activations that the linear
+ * epilogue does not fuse (GELU, ReLU², gated or not), so that a whole decode step is kernel calls and can
+ * be recorded as one plan. Plain C loops, vectorised by the compiler (`#pragma omp simd`). */
 #include <string.h>
 
 #include "blazr_kernels.h"
@@ -38,6 +39,31 @@ BLZ_EXPORT int blz_axpby(const float *x, float a, const float *y, float b, int64
     } else {
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] + b * y[i];
+    }
+    return BLZ_OK;
+}
+
+/* The MLP activations, by code: 0 SiLU, 1 GELU (tanh approximation), 2 ReLU². */
+BLZ_INLINE float activate(float v, int kind) {
+    if (kind == 0) return blz_silu(v);
+    if (kind == 1) return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    const float r = v > 0.0f ? v : 0.0f;
+    return r * r;
+}
+
+/* activation over rows of x [M, N]: gated → out [M, N/2] = act(x[:, :N/2]) · x[:, N/2:] (the [gate; up]
+ * halves of a fused projection); else out [M, N] = act(x). out may equal x when not gated. */
+BLZ_EXPORT int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out) {
+    if (M < 0 || N <= 0 || kind < 0 || kind > 2 || (gated && N % 2)) return BLZ_EINVAL;
+    const int64_t nout = gated ? N / 2 : N;
+    for (int64_t m = 0; m < M; ++m) {
+        const float *xm = x + m * N;
+        float *om = out + m * nout;
+        if (gated) {
+            for (int64_t i = 0; i < nout; ++i) om[i] = activate(xm[i], kind) * xm[nout + i];
+        } else {
+            for (int64_t i = 0; i < nout; ++i) om[i] = activate(xm[i], kind);
+        }
     }
     return BLZ_OK;
 }

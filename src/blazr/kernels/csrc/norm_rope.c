@@ -61,6 +61,7 @@ BLZ_EXPORT int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t
 /* gated_rms_norm (Mamba2's output norm), rows of D split in groups of `group` features:
  *   norm_before_gate = 0:  v = y · silu(z);  out = w · v / sqrt(mean_group(v²) + eps)
  *   norm_before_gate = 1:  out = w · (y / sqrt(mean_group(y²) + eps)) · silu(z)
+ *   w = NULL:              out = y · silu(z)  (no norm: FalconH1 without its Mamba norm)
  * y and out [M, D] (out may equal y), z rows at z + m·ldz (a view into the in_proj output), w [D]; fp32. */
 BLZ_EXPORT int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, const float *w, int64_t M, int64_t D,
                                   int64_t group, float eps, int norm_before_gate, float *out, int nthreads) {
@@ -70,6 +71,10 @@ BLZ_EXPORT int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, c
     for (int64_t m = 0; m < M; ++m) {
         const float *ym = y + m * D, *zm = z + m * ldz;
         float *om = out + m * D;
+        if (!w) { /* the gate alone */
+            for (int64_t i = 0; i < D; ++i) om[i] = ym[i] * blz_silu(zm[i]);
+            continue;
+        }
         for (int64_t g0 = 0; g0 < D; g0 += group) {
             float ss = 0.0f;
             if (norm_before_gate) {
