@@ -158,9 +158,12 @@ class GraphDecoder:
         slot_mapping: torch.Tensor,
         kv_indices: torch.Tensor,
         seq_lens: torch.Tensor,
+        state_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One decode step of B sequences (same arguments as DecodePlan.run, CPU tensors). Returns the
-        logits [B, V] — a view of the graph's output, valid until the next run."""
+        """One decode step of B sequences (same arguments as DecodePlan.run, CPU tensors; no state slots:
+        graphs capture pure-attention models). Returns the logits [B, V] — a view of the graph's output,
+        valid until the next run."""
+        assert state_slots is None, "graph decode covers pure-attention models (no recurrent state)"
         B, width = kv_indices.shape
         if not (0 < B <= self.max_bucket and width <= self.max_len):
             raise ValueError(

@@ -29,7 +29,7 @@ import torch
 
 from blazr import kernels
 from blazr.config import EngineConfig
-from blazr.kernels.bindings import UnsupportedInput
+from blazr.kernels.calls import UnsupportedInput
 from blazr.kernels.capture import Arena, CapturedPlan, capture
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import use_kernels

@@ -203,11 +203,8 @@ class ModelRunner:
         else:
             slots, kv_indices = [], torch.zeros(len(seqs), 0, dtype=torch.long)
         seq_lens = torch.tensor([p + 1 for p in positions])
-        if isinstance(plan, DecodePlan):
-            state = torch.tensor([s.state_slot for s in seqs]) if self.slots is not None else None
-            logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
-        else:
-            logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens)
+        state = torch.tensor([s.state_slot for s in seqs]) if self.slots is not None else None
+        logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
         return StepLogits(list(seqs), logits, {})
 
     @torch.inference_mode()

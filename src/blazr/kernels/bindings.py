@@ -1,6 +1,6 @@
-"""ctypes bindings of one built kernel library: `Kernels` (one method per kernel, validating shapes and
-raising UnsupportedInput for dtypes / layouts the kernels do not take) and `KernelPlan` (recorded calls
-replayed by one C call).
+"""ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
+raising UnsupportedInput for dtypes / layouts the kernels do not take; inside `record()` the calls go to a
+`KernelPlan` (calls.py) instead of running.
 
 Calls pass their arguments through `blz_call` in a per-thread preallocated `blz_args_t` struct (~1 µs
 through ctypes, instead of ~0.3 µs per separately converted argument). Shapes as in `ops.py`.
@@ -16,73 +16,25 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from blazr.kernels import build
+from blazr.kernels.calls import (
+    _F32,
+    KernelPlan,
+    UnsupportedInput,
+    _Args,
+    _check,
+    _f32_ptr,
+    _i64_ptr,
+    _pool_ptrs,
+    _rows_ptr,
+)
 from blazr.kernels.quant import QK, QuantizedWeight
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
-_F32 = torch.float32
-_ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of memory"}
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "f32": 2, "bf16": 3}
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE, _OP_MAMBA2_STEP = 4, 5, 6, 7, 8
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
 _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "f32": 0, "bf16": 0}
-
-
-class UnsupportedInput(ValueError):
-    """An input the C kernels do not take (dtype, device, layout); the dispatchers use the reference."""
-
-
-class _Args(ctypes.Structure):
-    """blz_args_t: one kernel's arguments, packed (see blz_call in csrc/common.c)."""
-
-    _fields_ = [("op", ctypes.c_int64), ("i", ctypes.c_int64 * 20), ("f", ctypes.c_double * 2)]
-
-
-def _check(rc: int, name: str) -> None:
-    if rc != 0:
-        raise RuntimeError(f"kernel {name} failed: {_ERRORS.get(rc, f'error {rc}')}")
-
-
-def _f32_ptr(t: torch.Tensor | None, what: str) -> int:
-    """data_ptr of a contiguous fp32 CPU tensor (0 for None), else UnsupportedInput."""
-    if t is None:
-        return 0
-    if t.dtype is not _F32 or not t.is_cpu or not t.is_contiguous():
-        raise UnsupportedInput(
-            f"{what}: expected a contiguous fp32 CPU tensor, found {t.dtype} on {t.device}"
-        )
-    return t.data_ptr()
-
-
-def _rows_ptr(t: torch.Tensor, what: str) -> tuple[int, int]:
-    """(data_ptr, row stride) of an fp32 CPU tensor [R, A, B] whose rows may be strided (a view into a
-    wider buffer, e.g. q or k inside a fused qkv output) but whose [A, B] part is contiguous."""
-    if t.dtype is not _F32 or not t.is_cpu or t.stride(2) != 1 or t.stride(1) != t.shape[2]:
-        raise UnsupportedInput(f"{what}: expected fp32 CPU [R, A, B] with contiguous rows, found {t.dtype}")
-    return t.data_ptr(), t.stride(0)
-
-
-# Element types of the KV pools the kernels read and write (BLZ_KV_* in csrc/blazr_kernels.h).
-_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-
-
-def _pool_ptrs(k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int, int]:
-    """(k ptr, v ptr, element type code) of contiguous CPU KV pools of one dtype: fp32, bf16 or fp16."""
-    dt = k_pool.dtype
-    if dt not in _KV_TYPES or v_pool.dtype is not dt:
-        raise UnsupportedInput(f"KV pools: expected both fp32, bf16 or fp16, found {dt} and {v_pool.dtype}")
-    for t in (k_pool, v_pool):
-        if not t.is_cpu or not t.is_contiguous():
-            raise UnsupportedInput("KV pools: expected contiguous CPU tensors")
-    return k_pool.data_ptr(), v_pool.data_ptr(), _KV_TYPES[dt]
-
-
-def _i64_ptr(t: torch.Tensor, what: str) -> int:
-    if t.dtype is not torch.int64 or not t.is_cpu or not t.is_contiguous():
-        raise UnsupportedInput(
-            f"{what}: expected a contiguous int64 CPU tensor, found {t.dtype} on {t.device}"
-        )
-    return t.data_ptr()
 
 
 class Kernels:
@@ -114,7 +66,7 @@ class Kernels:
         """Record this thread's kernel calls (without running them) into a KernelPlan."""
         if getattr(self._tls, "plan", None) is not None:
             raise RuntimeError("kernel recording does not nest")
-        plan = KernelPlan(self)
+        plan = KernelPlan(self._call_many)
         self._tls.plan = plan
         try:
             yield plan
@@ -515,57 +467,3 @@ class Kernels:
             y,
         )
         return y
-
-
-class KernelPlan:
-    """Kernel calls recorded by `Kernels.record()`, replayed in order by one C call (`blz_call_many`).
-
-    Like a CUDA graph it captures data pointers and sizes, not values: every tensor a recorded call
-    touches must stay allocated, in place and the same shape (the plan keeps references so they cannot
-    be freed), while their contents may change between runs — new activations, positions, slot mappings,
-    sequence lengths, block tables (sized for the longest context). Only kernel calls are recorded; a
-    torch op inside `record()` runs once, at recording time, and is not replayed. The OpenMP thread
-    count is the one at recording time."""
-
-    def __init__(self, kernels: Kernels) -> None:
-        self._kernels = kernels
-        self._calls: list[_Args] = []
-        self._names: list[str] = []
-        self._tensors: list[tuple[torch.Tensor, ...]] = []  # what each call touches, kept alive
-        self._array: ctypes.Array | None = None
-
-    def _add(self, args: _Args, name: str, tensors: tuple[torch.Tensor | None, ...]) -> None:
-        self._calls.append(args)
-        self._names.append(name)
-        self._tensors.append(tuple(t for t in tensors if t is not None))
-        self._array = None
-
-    def _call_tensors(self) -> list[tuple[torch.Tensor, ...]]:
-        """The tensors each recorded call reads or writes (for capture.py's live ranges)."""
-        return self._tensors
-
-    def _set_args(self, values: list[tuple[int, int, int]]) -> None:
-        """Set integer argument `f` of call `k` to `v` for each (k, f, v) (capture.py's relocation)."""
-        for k, f, v in values:
-            self._calls[k].i[f] = v
-        self._array = None
-
-    def _drop(self, storages: set[int]) -> None:
-        """Stop keeping the tensors on these storages (by data_ptr) alive: capture.py moved them."""
-        self._tensors = [
-            tuple(t for t in ts if t.untyped_storage().data_ptr() not in storages) for ts in self._tensors
-        ]
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def run(self) -> None:
-        """Run every recorded call in order; raises on the first failure, naming the call."""
-        if self._array is None:
-            self._array = (_Args * len(self._calls))(*self._calls)
-        failed = ctypes.c_int64(-1)
-        rc = self._kernels._call_many(
-            ctypes.addressof(self._array), len(self._calls), ctypes.addressof(failed)
-        )
-        if rc != 0:
-            _check(rc, f"{self._names[failed.value]} (plan call {failed.value})")

@@ -29,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from blazr.kernels import ops
-from blazr.kernels.bindings import KernelPlan, UnsupportedInput
+from blazr.kernels.calls import KernelPlan, UnsupportedInput
 
 _aten = torch.ops.aten
 _ALLOCATIONS = {

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from blazr.kernels import build
-from blazr.kernels.bindings import KernelPlan, Kernels, UnsupportedInput
+from blazr.kernels.bindings import Kernels
+from blazr.kernels.calls import KernelPlan, UnsupportedInput
 from blazr.kernels.quant import QuantizedWeight
 from blazr.kernels.reference import (
     activation_reference,
