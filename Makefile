@@ -30,9 +30,15 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m blazr.kernels.build
 	touch $(STAMP)
 
-# Test set-up: the references (transformers, llama-cpp-python, the openai client) and ruff.
+# Test set-up: the references (transformers, llama-cpp-python, the openai client) and ruff; the sdist of the
+# installed llama-cpp-python, unpacked, for llama.cpp's own convert_hf_to_gguf.py (tests/llama_cpp_convert.py).
+SDIST_DIR := $(VENV)/llama-cpp-sdist
 $(TEST_STAMP): $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[test]"
+	rm -rf $(SDIST_DIR) && mkdir -p $(SDIST_DIR)
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(SDIST_DIR) \
+		"llama-cpp-python==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')"
+	tar -xzf $(SDIST_DIR)/llama_cpp_python-*.tar.gz -C $(SDIST_DIR)
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 import blazr.loading.gguf as gguf_module
 from blazr.errors import CheckpointError, UnsupportedError
-from blazr.loading.gguf import SUPPORTED_TYPES, GGUFFile, dequantize, gguf_to_hf_name, unpermute_qk
+from blazr.loading.gguf import SUPPORTED_TYPES, GGUFFile, dequantize, unpermute_qk
+from blazr.loading.gguf_hf import GGUFView
 from tests.gguf_fixtures import (
     encode,
     hf_to_gguf_name,
@@ -79,6 +80,12 @@ def tiny_state_dict(
     return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
 
 
+def hf_names(f: GGUFFile) -> dict[str, str]:
+    """GGUF tensor name → the HF name blazr's GGUF view gives it (llama: one tensor each)."""
+    view = GGUFView(f)
+    return {view.sources(hf)[0]: hf for hf in view.names}
+
+
 def load_as_hf(f: GGUFFile, name: str, dtype: torch.dtype = torch.float32) -> tuple[str, torch.Tensor]:
     """(HF name, tensor) with llama.cpp's q/k permutation undone, as a blazr loader would do it."""
     w = f.load(name, dtype)
@@ -86,9 +93,7 @@ def load_as_hf(f: GGUFFile, name: str, dtype: torch.dtype = torch.float32) -> tu
         w = unpermute_qk(w, f.metadata["llama.attention.head_count"])
     elif ".attn_k." in name:
         w = unpermute_qk(w, f.metadata["llama.attention.head_count_kv"])
-    hf_name = gguf_to_hf_name(name)
-    assert hf_name is not None, name
-    return hf_name, w
+    return hf_names(f)[name], w
 
 
 @pytest.fixture(scope="module")
@@ -150,14 +155,15 @@ def test_dequantize_rejects_bad_input() -> None:
 # ---------------------------------------------------------------------------------------------- names, q/k
 
 
-def test_gguf_to_hf_name_inverts_gguf_tensor_map() -> None:
-    hf_names = list(tiny_state_dict(has_qkv_bias=True))
-    for hf_name in hf_names:
-        assert gguf_to_hf_name(hf_to_gguf_name(hf_name, TINY["num_hidden_layers"])) == hf_name
-    assert gguf_to_hf_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
-    assert gguf_to_hf_name("blk.12.ffn_down.weight") == "model.layers.12.mlp.down_proj.weight"
-    for unknown in ("rope_freqs.weight", "blk.0.attn_q_norm.weight", "blk.0.ffn_gate_exps.weight", "x"):
-        assert gguf_to_hf_name(unknown) is None
+def test_gguf_view_names_invert_gguf_tensor_map(tmp_path: Path) -> None:
+    state = tiny_state_dict(has_qkv_bias=True)
+    f = GGUFFile(write_tiny_llama_gguf(tmp_path / "m.gguf", state, TINY))
+    names = hf_names(f)
+    assert set(names.values()) == set(state)  # every tensor named, none twice
+    for hf_name in state:
+        assert names[hf_to_gguf_name(hf_name, TINY["num_hidden_layers"])] == hf_name
+    assert names["blk.1.attn_q.weight"] == "model.layers.1.self_attn.q_proj.weight"
+    assert names["blk.1.ffn_down.weight"] == "model.layers.1.mlp.down_proj.weight"
 
 
 @pytest.mark.parametrize(("num_heads", "rows"), [(9, 576), (3, 192), (4, 16)])
@@ -197,8 +203,7 @@ def test_tiny_llama_quantized_names_shapes_values(qtype: str, tmp_path: Path) ->
     f = GGUFFile(write_tiny_llama_gguf(tmp_path / "m.gguf", state, TINY, qtype=qtype))
     block_size, type_size = type_sizes(qtype)
     for name in f.tensor_names:
-        hf_name = gguf_to_hf_name(name)
-        assert hf_name is not None
+        hf_name = hf_names(f)[name]
         expected_shape = tuple(state[hf_name].shape)
         assert f.tensor_shape(name) == expected_shape
         assert f.tensor_type(name) == (qtype if len(expected_shape) == 2 else "F32")
@@ -320,7 +325,7 @@ def test_smollm2_metadata_and_listing(smollm2_file: GGUFFile) -> None:
     assert f.tensor_shape("blk.0.attn_k.weight") == (192, 576)
     assert f.tensor_shape("output_norm.weight") == (576,)
     assert "output.weight" not in f.tensor_names  # tied embeddings
-    assert all(gguf_to_hf_name(name) is not None for name in f.tensor_names)
+    assert set(hf_names(f)) == set(f.tensor_names)
 
 
 def test_smollm2_values_match_gguf_reader(smollm2: Path, smollm2_file: GGUFFile) -> None:

@@ -1,62 +1,244 @@
-"""GGUF detection: `general.architecture` + `{arch}.*` metadata keys → the same config an HF checkpoint
-would give; the tokenizer comes from the file's own vocabulary."""
+"""GGUF detection: `general.architecture` + `{arch}.*` metadata keys → the config.json keys of the HF model
+llama.cpp's converter read, then that HF architecture's own builder over the file's tensors seen under HF
+names and shapes (loading/gguf_hf.py). The tokenizer comes from the file's own vocabulary.
+
+Per architecture (keys without the `{arch}.` prefix):
+- llama: head counts, rope (base, linear / YaRN scaling, partial rotary), eps, context.
+- mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
+- granitehybrid: as mamba2, plus per-layer `attention.head_count_kv` (0 = a Mamba2 layer), experts,
+  `embedding_scale` / `residual_scale` / `logit_scale` / `attention.scale`; RoPE only where
+  `rope.scaling.finetuned` (llama.cpp's switch: the hybrids are NoPE).
+- nemotron_h: block kinds from per-layer `attention.head_count_kv` (attention) and `feed_forward_length`
+  (ReLU² MLP), else Mamba2.
+- falcon-h1: its µP multipliers are folded into the weights by the converter (so 1 here); the Mamba2 norm,
+  where present, follows the gate (llama.cpp's only order).
+- deepseek2: MLA ranks, experts, `expert_gating_func` (1 softmax = V2 routing, 2 sigmoid = V3),
+  `expert_weights_{norm,scale}`, groups, YaRN (`rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from blazr.detect.checkpoint import Checkpoint
-from blazr.detect.llama import llama_like
 from blazr.detect.raw import Raw, int_or_none
-from blazr.errors import UnsupportedError
-from blazr.loading.gguf import GGUFFile, gguf_to_hf_name
+from blazr.errors import CheckpointError
+from blazr.loading.gguf import GGUFFile
+from blazr.loading.gguf_hf import GGUFView
 from blazr.tokenizer import TokenizerSource
 
+Meta = Callable[[str], Any]  # `{arch}.key` → value (None when absent)
 
-def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoint:
-    meta = gguf.metadata
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise UnsupportedError(f"{gguf.path}: GGUF architecture {arch!r} is not supported (supported: llama)")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name in gguf.tensor_names:
-        hf = gguf_to_hf_name(name)
-        if hf is not None:
-            shapes[hf] = gguf.tensor_shape(name)
 
-    def key(k: str) -> Any:
-        return meta.get(f"{arch}.{k}")
+def _per_layer(value: Any, num_layers: int) -> list[int]:
+    """A per-layer metadata value (one number for every layer, or a list of them) as a list."""
+    if isinstance(value, list):
+        if len(value) != num_layers:
+            raise CheckpointError(f"per-layer metadata lists {len(value)} values for {num_layers} layers")
+        return [int(v) for v in value]
+    return [int(value or 0)] * num_layers
 
-    num_heads = key("attention.head_count")
-    hidden = key("embedding_length")
-    rope_dim = key("rope.dimension_count")
-    raw = {
-        "hidden_size": hidden,
-        "num_hidden_layers": key("block_count"),
-        "intermediate_size": key("feed_forward_length"),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": key("attention.head_count_kv"),
-        "head_dim": key("attention.key_length") or (hidden // num_heads if hidden and num_heads else None),
-        "max_position_embeddings": key("context_length"),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
-        "rope_theta": key("rope.freq_base"),
-        "vocab_size": key("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []) or []) or None,
-    }
-    scaling_type = key("rope.scaling.type")
-    if scaling_type == "linear":
+
+def _rope(key: Meta, head_dim: int | None) -> dict[str, Any]:
+    raw: dict[str, Any] = {"rope_theta": key("rope.freq_base")}
+    scaling = key("rope.scaling.type")
+    if scaling == "linear":
         raw["rope_scaling"] = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
-    elif scaling_type == "yarn":
+    elif scaling == "yarn":
         raw["rope_scaling"] = {
             "rope_type": "yarn",
             "factor": key("rope.scaling.factor"),
             "original_max_position_embeddings": key("rope.scaling.original_context_length"),
         }
-    if rope_dim and raw["head_dim"] and rope_dim != raw["head_dim"]:
-        raw["partial_rotary_factor"] = rope_dim / raw["head_dim"]
-    cfg = llama_like(Raw(raw, gguf.path), shapes, "model.", "LlamaForCausalLM")
+    rope_dim = key("rope.dimension_count")
+    if rope_dim and head_dim and rope_dim != head_dim:
+        raw["partial_rotary_factor"] = rope_dim / head_dim
+    return raw
+
+
+def _llama(key: Meta, num_layers: int) -> dict[str, Any]:
+    num_heads, hidden = key("attention.head_count"), key("embedding_length")
+    head_dim = key("attention.key_length") or (hidden // num_heads if hidden and num_heads else None)
+    return {
+        "intermediate_size": key("feed_forward_length"),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": key("attention.head_count_kv"),
+        "head_dim": head_dim,
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        **_rope(key, head_dim),
+    }
+
+
+def _ssm(key: Meta) -> dict[str, Any]:
+    """Mamba2 sizes under Mamba2ForCausalLM's config keys (`_prefixed` renames them per family)."""
+    heads = key("ssm.time_step_rank")
+    inner = key("ssm.inner_size")
+    return {
+        "num_heads": heads,
+        "head_dim": inner // heads if heads else None,
+        "state_size": key("ssm.state_size"),
+        "n_groups": key("ssm.group_count"),
+        "conv_kernel": key("ssm.conv_kernel"),
+    }
+
+
+def _prefixed(ssm: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {names[k]: v for k, v in ssm.items() if k in names}
+
+
+_GRANITE_SSM = {
+    "num_heads": "mamba_n_heads",
+    "head_dim": "mamba_d_head",
+    "state_size": "mamba_d_state",
+    "n_groups": "mamba_n_groups",
+    "conv_kernel": "mamba_d_conv",
+}
+
+
+def _mamba2(key: Meta, num_layers: int) -> dict[str, Any]:
+    return {**_ssm(key), "layer_norm_epsilon": key("attention.layer_norm_rms_epsilon")}
+
+
+def _granite(key: Meta, num_layers: int) -> dict[str, Any]:
+    kv = _per_layer(key("attention.head_count_kv"), num_layers)
+    return {
+        **_prefixed(_ssm(key), _GRANITE_SSM),
+        "layer_types": ["attention" if n else "mamba" for n in kv],
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": max(kv) or None,
+        "num_local_experts": key("expert_count") or 0,
+        "num_experts_per_tok": key("expert_used_count"),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "embedding_multiplier": key("embedding_scale"),
+        "residual_multiplier": key("residual_scale"),
+        "logits_scaling": key("logit_scale"),
+        "attention_multiplier": key("attention.scale"),
+        "position_embedding_type": "rope" if key("rope.scaling.finetuned") else "nope",
+        "rope_theta": key("rope.freq_base"),
+    }
+
+
+def _nemotron_h(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Block kinds come from the tensors each block holds (the HF builder's rule without a pattern): some
+    converter versions write every `feed_forward_length` as 0."""
+    kv = _per_layer(key("attention.head_count_kv"), num_layers)
+    ssm = _prefixed(_ssm(key), {"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim"})
+    return {
+        **ssm,
+        "ssm_state_size": key("ssm.state_size"),
+        "n_groups": key("ssm.group_count"),
+        "conv_kernel": key("ssm.conv_kernel"),
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": max(kv) or None,
+        "head_dim": key("attention.key_length"),
+        "layer_norm_epsilon": key("attention.layer_norm_epsilon"),
+        "n_routed_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "norm_topk_prob": key("expert_weights_norm"),
+        "routed_scaling_factor": key("expert_weights_scale"),
+        "n_group": key("expert_group_count"),
+        "topk_group": key("expert_group_used_count"),
+    }
+
+
+def _falcon_h1(key: Meta, num_layers: int, has_ssm_norm: bool) -> dict[str, Any]:
+    return {
+        **_prefixed(_ssm(key), _GRANITE_SSM),
+        "mamba_d_ssm": key("ssm.inner_size"),
+        "mamba_rms_norm": has_ssm_norm,
+        "mamba_norm_before_gate": False,
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": key("attention.head_count_kv"),
+        "head_dim": key("attention.key_length"),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "rope_theta": key("rope.freq_base"),
+    }
+
+
+def _deepseek2(key: Meta, num_layers: int) -> dict[str, Any]:
+    sigmoid = key("expert_gating_func") == 2
+    raw: dict[str, Any] = {
+        "architectures": ["DeepseekV3ForCausalLM" if sigmoid else "DeepseekV2ForCausalLM"],
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": key("attention.head_count"),
+        "kv_lora_rank": key("attention.kv_lora_rank"),
+        "q_lora_rank": key("attention.q_lora_rank"),
+        "qk_rope_head_dim": key("rope.dimension_count"),
+        "first_k_dense_replace": key("leading_dense_block_count"),
+        "n_routed_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "n_shared_experts": key("expert_shared_count"),
+        "routed_scaling_factor": key("expert_weights_scale") or 1.0,
+        "norm_topk_prob": bool(key("expert_weights_norm")),
+        "n_group": key("expert_group_count") or 1,
+        "topk_group": key("expert_group_used_count") or 1,
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "rope_theta": key("rope.freq_base"),
+    }
+    if (key("expert_group_count") or 1) > 1 and not sigmoid:
+        raw["topk_method"] = "group_limited_greedy"
+    if key("rope.scaling.type") == "yarn":
+        raw["rope_scaling"] = {
+            "type": "yarn",
+            "factor": key("rope.scaling.factor"),
+            "original_max_position_embeddings": key("rope.scaling.original_context_length"),
+            "mscale": 1.0,
+            "mscale_all_dim": (key("rope.scaling.yarn_log_multiplier") or 0.0) / 0.1,
+            "beta_fast": key("rope.scaling.yarn_beta_fast") or 32.0,
+            "beta_slow": key("rope.scaling.yarn_beta_slow") or 1.0,
+        }
+    return raw
+
+
+def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoint:
+    from blazr.detect import BUILDERS  # the HF builders (this module is imported by blazr.detect)
+
+    meta = gguf.metadata
+    arch = str(meta.get("general.architecture"))
+
+    def key(k: str) -> Any:
+        value = meta.get(f"{arch}.{k}")
+        # GGUF floats are float32: the shortest decimal that is the same float32 gives back config.json's
+        # number (1e-05, not 9.999999747378752e-06)
+        return float(str(np.float32(value))) if isinstance(value, float) else value
+
+    num_layers = int(key("block_count") or 0)
+    heads = key("attention.head_count")
+    q_heads = _per_layer(heads, num_layers)
+    kv_heads = _per_layer(
+        key("attention.head_count_kv") if key("attention.head_count_kv") is not None else heads, num_layers
+    )
+    view = GGUFView(gguf, q_heads, kv_heads)  # rejects an architecture it cannot name
+    shapes = {n: view.shape(n) for n in view.names}
+    specific = {
+        "llama": _llama,
+        "mamba2": _mamba2,
+        "granitehybrid": _granite,
+        "nemotron_h": _nemotron_h,
+        "nemotron_h_moe": _nemotron_h,
+        "falcon-h1": lambda k, n: _falcon_h1(
+            k, n, any(t.endswith("ssm_norm.weight") for t in gguf.tensor_names)
+        ),
+        "deepseek2": _deepseek2,
+    }[arch](key, num_layers)
+    context = key("context_length")
+    raw: dict[str, Any] = {
+        "architectures": [view.hf_architecture],
+        "hidden_size": key("embedding_length"),
+        "num_hidden_layers": num_layers,
+        "max_position_embeddings": context if context and context < 1 << 20 else None,  # 2^20: "unset"
+        "vocab_size": key("vocab_size") or len(meta.get("tokenizer.ggml.tokens", []) or []) or None,
+        "tie_word_embeddings": "output.weight" not in gguf.tensor_names,
+        **specific,
+    }
+    raw = {k: v for k, v in raw.items() if v is not None}
+    hf_arch = raw["architectures"][0]
+    cfg = BUILDERS[hf_arch](Raw(raw, gguf.path), shapes)
     tok = TokenizerSource(
         vocab_name=vocab_name,
         gguf_metadata=meta,

@@ -2,8 +2,8 @@
 
 Owns: parsing a `.gguf` file through `gguf.GGUFReader` (memory-mapped), the checks that turn a missing,
 foreign, truncated or inconsistent file into one-line `CheckpointError`s, zero-copy access to each tensor's
-quantized bytes (`GGUFFile.raw`), block dequantization for the ggml types in `SUPPORTED_TYPES`, the llama
-GGUF→HF tensor renames, and undoing llama.cpp's q/k row permutation.
+quantized bytes (`GGUFFile.raw`), block dequantization for the ggml types in `SUPPORTED_TYPES`, and undoing
+llama.cpp's q/k row permutation (the HF names of GGUF tensors: loading/gguf_hf.py).
 
 In: a path. Out: `metadata` (plain Python values), tensor names/types/shapes, and float tensors in torch
 order (`[out, in]` for matrices: GGUF lists dims fastest-first, so its `ne` is reversed here).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,40 +258,8 @@ def dequantize(raw: torch.Tensor, ggml_type: str, shape: tuple[int, ...]) -> tor
 
 
 # --------------------------------------------------------------------------------------------------------
-# Names and the q/k permutation (llama architecture).
+# The q/k permutation (llama.cpp stores rotary pairs interleaved).
 # --------------------------------------------------------------------------------------------------------
-
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
-
-
-def gguf_to_hf_name(name: str) -> str | None:
-    """The HF llama parameter name of GGUF tensor `name`, or None when it has none (e.g. `rope_freqs`)."""
-    if m := _BLOCK_RE.fullmatch(name):
-        layer, part, kind = m.groups()
-        hf_part = _BLOCK_NAMES.get(part)
-        return None if hf_part is None else f"model.layers.{layer}.{hf_part}.{kind}"
-    if m := _GLOBAL_RE.fullmatch(name):
-        part, kind = m.groups()
-        hf_part = _GLOBAL_NAMES.get(part)
-        return None if hf_part is None else f"{hf_part}.{kind}"
-    return None
 
 
 def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Build a model from a detected checkpoint: construct on the meta device, pull weights tensor by tensor
-(safetensors via mmap, GGUF dequantized per tensor), move to the target device, then keep or make
-quantized linear weights (loading/quantize.py) where the CPU kernels run them."""
+(safetensors via mmap, GGUF through its HF view: loading/gguf_hf.py), move to the target device, then keep
+or make quantized linear weights (loading/quantize.py) where the CPU kernels run them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from blazr import kernels
 from blazr.detect import Checkpoint
 from blazr.kernels import ops
 from blazr.kernels.build import cpu_flags
-from blazr.loading.gguf import GGUFFile, gguf_to_hf_name, unpermute_qk
+from blazr.loading.gguf import GGUFFile
+from blazr.loading.gguf_hf import GGUFView
 from blazr.loading.names import name_map_for
 from blazr.loading.quantize import check_mode, quantize_model, wrap_float_linears
 from blazr.loading.safetensors import SafetensorsCheckpoint
@@ -22,47 +23,12 @@ from blazr.model.model import CausalLM
 log = logging.getLogger("blazr.loading")
 
 
-class GGUFSource:
-    """A GGUF file seen through HF tensor names, q/k rows un-permuted back to the HF layout."""
-
-    def __init__(self, gguf: GGUFFile, num_heads: int, num_kv_heads: int) -> None:
-        self.gguf = gguf
-        self.path = gguf.path
-        self._by_hf = {hf: name for name in gguf.tensor_names if (hf := gguf_to_hf_name(name)) is not None}
-        self._heads = {"q_proj": num_heads, "k_proj": num_kv_heads}
-
-    @property
-    def names(self) -> set[str]:
-        return set(self._by_hf)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.gguf.tensor_shape(self._by_hf[name])
-
-    def load(self, name: str) -> torch.Tensor:
-        t = self.gguf.load(self._by_hf[name], torch.float32)
-        proj = name.rsplit(".", 2)[-2]
-        if proj in self._heads:
-            t = unpermute_qk(t, self._heads[proj])
-        return t
-
-    def load_raw(self, name: str) -> tuple[str, torch.Tensor]:
-        """(ggml type, stored bytes [rows, bytes per row]) of tensor `name`, q/k rows un-permuted."""
-        gname = self._by_hf[name]
-        raw = self.gguf.raw(gname)
-        proj = name.rsplit(".", 2)[-2]
-        if proj in self._heads:
-            raw = unpermute_qk(raw, self._heads[proj])
-        return self.gguf.tensor_type(gname), raw.contiguous()
-
-    def file_of(self, name: str) -> object:
-        return self.gguf.path
-
-
 def open_source(ckpt: Checkpoint) -> TensorSource:
     if ckpt.format == "gguf":
-        attn = next((layer.attention for layer in ckpt.config.layers if layer.attention), None)
-        heads = (attn.num_heads, attn.num_kv_heads) if attn else (1, 1)
-        return GGUFSource(ckpt.gguf or GGUFFile(ckpt.weight_files[0]), *heads)
+        layers = ckpt.config.layers
+        q_heads = [layer.attention.num_heads if layer.attention else 0 for layer in layers]
+        kv_heads = [layer.attention.num_kv_heads if layer.attention else 0 for layer in layers]
+        return GGUFView(ckpt.gguf or GGUFFile(ckpt.weight_files[0]), q_heads, kv_heads)
     return SafetensorsCheckpoint(list(ckpt.weight_files))
 
 

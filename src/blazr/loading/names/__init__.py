@@ -167,9 +167,9 @@ def _collect() -> dict[str, NameMapBuilder]:
 
 
 def name_map_for(fmt: str, cfg: ModelConfig) -> NameMap:
-    """The renames of a checkpoint format / architecture (GGUF tensors arrive under HF Llama names)."""
+    """The renames of a checkpoint format / architecture (GGUF tensors arrive under their HF names)."""
     maps = _collect()
-    key = "oxidizr" if fmt == "oxidizr" else "LlamaForCausalLM" if fmt == "gguf" else cfg.architecture
+    key = "oxidizr" if fmt == "oxidizr" else cfg.architecture
     if key not in maps:
         raise UnsupportedError(f"no tensor-name map for architecture {key}")
     return maps[key](cfg)

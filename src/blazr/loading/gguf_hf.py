@@ -1,0 +1,387 @@
+"""A GGUF file seen as the HuggingFace checkpoint llama.cpp's converter made it from.
+
+Owns, per llama.cpp architecture (`general.architecture`), which GGUF tensors make each HF tensor and how:
+the inverse of `convert_hf_to_gguf.py`. Names (`blk.N.ssm_in.weight` → `backbone.layers.N.mixer.in_proj.
+weight`), q/k rows un-permuted (llama.cpp's interleaved rotary pairs → HF's halves), `A = -exp(A_log)` back
+to A_log, Mamba's `[H, 1]` / `[G, Di/G]` / `[C, K]` reshapes undone, split tensors joined (gate | up rows,
+Granite's experts, DeepSeek's per-head k_b / v_b into kv_b_proj) and stacked experts sliced per expert.
+With that, detection runs the HF builders and loading the HF name maps unchanged, and quantized linear
+weights pass through as stored bytes (`load_raw`: only row-wise ops, so ggml blocks stay whole).
+
+Multipliers the converter folds into weights (Falcon-H1's µP) stay folded: detection then sets them to 1.
+
+Shape letters: E experts, H heads, L latent (kv_lora_rank), Dn / Dv MLA nope / value head dims, C channels,
+K conv kernel, G groups, R rows, Q block bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from blazr.errors import CheckpointError, UnsupportedError
+from blazr.loading.gguf import GGUFFile, dequantize, unpermute_qk
+
+log = logging.getLogger("blazr.loading")
+
+# How a recipe makes its HF tensor from its GGUF sources.
+SAME = "same"  # one tensor as stored
+QK = "qk"  # one tensor, rows un-permuted per head (arg: heads)
+A_LOG = "a_log"  # ssm_a [H, 1] = -exp(A_log) → A_log [H]
+FLAT = "flat"  # one tensor reshaped to `shape` (values unchanged)
+CAT = "cat"  # rows of several tensors concatenated (gate | up)
+CAT_EXPERTS = "cat_experts"  # [E, I, C] × 2 → [E, 2I, C] (Granite's fused expert input)
+EXPERT = "expert"  # expert `arg` of a stacked [E, R, C] tensor → [R, C]
+KV_B = "kv_b"  # k_b [H, L, Dn], v_b [H, Dv, L] → kv_b_proj [H·(Dn + Dv), L], per head [k_bᵀ; v_b]
+_ROWWISE = (SAME, QK, CAT, EXPERT)  # ops whose stored bytes are whole rows: quantized blocks pass through
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One HF tensor: its GGUF sources, its HF shape, and the op that joins them."""
+
+    sources: tuple[str, ...]
+    shape: tuple[int, ...]
+    op: str = SAME
+    arg: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-architecture names. A rule is (HF tail, GGUF tails, op); `{a}` is the attention module's HF prefix,
+# `{m}` the Mamba2 mixer's, `{f}` the feed-forward's. Rules whose GGUF tensors are all present apply.
+# ---------------------------------------------------------------------------------------------------------
+
+_Rule = tuple[str, tuple[str, ...], str]
+
+_MAMBA: list[_Rule] = [
+    ("{m}in_proj.weight", ("ssm_in.weight",), SAME),
+    ("{m}in_proj.bias", ("ssm_in.bias",), SAME),
+    ("{m}conv1d.weight", ("ssm_conv1d.weight",), FLAT),  # [C, K] → [C, 1, K]
+    ("{m}conv1d.bias", ("ssm_conv1d.bias",), SAME),
+    ("{m}dt_bias", ("ssm_dt.bias",), SAME),
+    ("{m}A_log", ("ssm_a",), A_LOG),
+    ("{m}D", ("ssm_d",), FLAT),  # [H, 1] → [H]
+    ("{m}norm.weight", ("ssm_norm.weight",), FLAT),  # [G, Di/G] → [Di]
+    ("{m}out_proj.weight", ("ssm_out.weight",), SAME),
+    ("{m}out_proj.bias", ("ssm_out.bias",), SAME),
+]
+_ATTENTION: list[_Rule] = [
+    *[(f"{{a}}{x}_proj.{k}", (f"attn_{x}.{k}",), QK) for x in "qk" for k in ("weight", "bias")],
+    *[(f"{{a}}v_proj.{k}", (f"attn_v.{k}",), SAME) for k in ("weight", "bias")],
+    *[(f"{{a}}o_proj.{k}", (f"attn_output.{k}",), SAME) for k in ("weight", "bias")],
+]
+_SWIGLU: list[_Rule] = [
+    (f"{{f}}{x}_proj.{k}", (f"ffn_{x}.{k}",), SAME)
+    for x in ("gate", "up", "down")
+    for k in ("weight", "bias")
+]
+_RELU2: list[_Rule] = [  # NemotronH's ungated MLP
+    (f"{{f}}{x}_proj.{k}", (f"ffn_{x}.{k}",), SAME) for x in ("up", "down") for k in ("weight", "bias")
+]
+_MLA: list[_Rule] = [
+    ("{a}q_proj.weight", ("attn_q.weight",), SAME),
+    ("{a}q_a_proj.weight", ("attn_q_a.weight",), SAME),
+    ("{a}q_a_layernorm.weight", ("attn_q_a_norm.weight",), SAME),
+    ("{a}q_b_proj.weight", ("attn_q_b.weight",), SAME),
+    ("{a}kv_a_proj_with_mqa.weight", ("attn_kv_a_mqa.weight",), SAME),
+    ("{a}kv_a_layernorm.weight", ("attn_kv_a_norm.weight",), SAME),
+    ("{a}kv_b_proj.weight", ("attn_k_b.weight", "attn_v_b.weight"), KV_B),
+    ("{a}kv_b_proj.weight", ("attn_kv_b.weight",), SAME),  # older files keep kv_b whole
+    ("{a}o_proj.weight", ("attn_output.weight",), SAME),
+]
+
+
+@dataclass(frozen=True)
+class _Arch:
+    hf_architecture: str
+    layer: str  # HF prefix of layer N
+    globals: dict[str, str]  # GGUF global tensor → HF name
+    rules: list[_Rule]
+    experts: list[tuple[str, str]]  # (HF per-expert tail with {e}, GGUF stacked tail) → EXPERT recipes
+    modules: dict[str, str]  # the {a} / {m} / {f} prefixes
+    permuted: bool  # q/k rows permuted by the converter (LlamaModel's undo_permute)
+
+
+_MODEL = {
+    "token_embd": "model.embed_tokens.weight",
+    "output_norm": "model.norm.weight",
+    "output": "lm_head.weight",
+}
+_BACKBONE = {
+    "token_embd": "backbone.embeddings.weight",
+    "output_norm": "backbone.norm_f.weight",
+    "output": "lm_head.weight",
+}
+_GRANITE_FFN: list[_Rule] = [
+    ("block_sparse_moe.router.layer.weight", ("ffn_gate_inp.weight",), SAME),
+    ("block_sparse_moe.input_linear.weight", ("ffn_gate_exps.weight", "ffn_up_exps.weight"), CAT_EXPERTS),
+    ("block_sparse_moe.output_linear.weight", ("ffn_down_exps.weight",), SAME),
+    ("shared_mlp.input_linear.weight", ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), CAT),
+    ("shared_mlp.output_linear.weight", ("ffn_down_shexp.weight",), SAME),
+    ("shared_mlp.input_linear.weight", ("ffn_gate.weight", "ffn_up.weight"), CAT),  # no experts
+    ("shared_mlp.output_linear.weight", ("ffn_down.weight",), SAME),
+]
+_NORMS: list[_Rule] = [
+    ("input_layernorm.weight", ("attn_norm.weight",), SAME),
+    ("post_attention_layernorm.weight", ("ffn_norm.weight",), SAME),
+]
+
+ARCHES: dict[str, _Arch] = {
+    "llama": _Arch(
+        "LlamaForCausalLM",
+        "model.layers.{i}.",
+        _MODEL,
+        [*_NORMS, *_ATTENTION, *_SWIGLU],
+        [],
+        {"a": "self_attn.", "f": "mlp."},
+        permuted=True,
+    ),
+    "mamba2": _Arch(
+        "Mamba2ForCausalLM",
+        "backbone.layers.{i}.",
+        _BACKBONE,
+        [("norm.weight", ("attn_norm.weight",), SAME), *_MAMBA],
+        [],
+        {"m": "mixer."},
+        permuted=False,
+    ),
+    "granitehybrid": _Arch(
+        "GraniteMoeHybridForCausalLM",
+        "model.layers.{i}.",
+        _MODEL,
+        [*_NORMS, *_MAMBA, *_ATTENTION, *_GRANITE_FFN],
+        [],
+        {"a": "self_attn.", "m": "mamba."},
+        permuted=True,
+    ),
+    "nemotron_h": _Arch(
+        "NemotronHForCausalLM",
+        "backbone.layers.{i}.",
+        _BACKBONE,
+        [("norm.weight", ("attn_norm.weight",), SAME), *_MAMBA, *_ATTENTION, *_RELU2],
+        [],
+        {"a": "mixer.", "m": "mixer.", "f": "mixer."},
+        permuted=True,
+    ),
+    "nemotron_h_moe": _Arch(
+        "NemotronHForCausalLM",
+        "backbone.layers.{i}.",
+        _BACKBONE,
+        [
+            ("norm.weight", ("attn_norm.weight",), SAME),
+            *_MAMBA,
+            *_ATTENTION,
+            *_RELU2,
+            ("mixer.gate.weight", ("ffn_gate_inp.weight",), SAME),
+            ("mixer.gate.e_score_correction_bias", ("exp_probs_b.bias",), SAME),
+            *[
+                (f"mixer.shared_experts.{x}_proj.weight", (f"ffn_{x}_shexp.weight",), SAME)
+                for x in ("up", "down")
+            ],
+        ],
+        [(f"mixer.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("up", "down")],
+        {"a": "mixer.", "m": "mixer.", "f": "mixer."},
+        permuted=True,
+    ),
+    "falcon-h1": _Arch(
+        "FalconH1ForCausalLM",
+        "model.layers.{i}.",
+        {**_MODEL, "output_norm": "model.final_layernorm.weight"},
+        [
+            ("input_layernorm.weight", ("attn_norm.weight",), SAME),
+            ("pre_ff_layernorm.weight", ("ffn_norm",), SAME),  # the converter writes it without ".weight"
+            ("pre_ff_layernorm.weight", ("ffn_norm.weight",), SAME),
+            *_MAMBA,
+            *[(a, g, SAME if op == QK else op) for a, g, op in _ATTENTION],  # not permuted: NEOX rope
+            *_SWIGLU,
+        ],
+        [],
+        {"a": "self_attn.", "m": "mamba.", "f": "feed_forward."},
+        permuted=False,
+    ),
+    "deepseek2": _Arch(
+        "DeepseekV2ForCausalLM",  # V3 differs only in routing, which detection reads from metadata
+        "model.layers.{i}.",
+        _MODEL,
+        [
+            *_NORMS,
+            *_MLA,
+            *_SWIGLU,
+            ("mlp.gate.weight", ("ffn_gate_inp.weight",), SAME),
+            ("mlp.gate.e_score_correction_bias", ("exp_probs_b.bias",), SAME),
+            *[
+                (f"mlp.shared_experts.{x}_proj.weight", (f"ffn_{x}_shexp.weight",), SAME)
+                for x in ("gate", "up", "down")
+            ],
+        ],
+        [(f"mlp.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")],
+        {"a": "self_attn.", "f": "mlp."},
+        permuted=False,
+    ),
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+_IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
+
+
+def supported_architectures() -> list[str]:
+    return sorted(ARCHES)
+
+
+class GGUFView:
+    """The tensors of `gguf` under the HF names and shapes its converter read them from.
+
+    `q_heads` / `kv_heads`: per layer, the attention heads of the layers whose q/k rows were permuted (0 for
+    layers without attention); other layers and architectures ignore them.
+    """
+
+    def __init__(self, gguf: GGUFFile, q_heads: Sequence[int] = (), kv_heads: Sequence[int] = ()) -> None:
+        arch_name = gguf.metadata.get("general.architecture")
+        arch = ARCHES.get(str(arch_name))
+        if arch is None:
+            raise UnsupportedError(
+                f"{gguf.path}: GGUF architecture {arch_name!r} is not supported "
+                f"(supported: {', '.join(supported_architectures())})"
+            )
+        self.gguf = gguf
+        self.path = gguf.path
+        self.arch = arch
+        self.hf_architecture = arch.hf_architecture
+        self._recipes: dict[str, Recipe] = {}
+        used: set[str] = set()
+        for name, hf in arch.globals.items():
+            if f"{name}.weight" in gguf.tensor_names:
+                self._recipes[hf] = Recipe((f"{name}.weight",), gguf.tensor_shape(f"{name}.weight"))
+                used.add(f"{name}.weight")
+        by_layer: dict[int, set[str]] = {}
+        for name in gguf.tensor_names:
+            if m := _BLOCK.fullmatch(name):
+                by_layer.setdefault(int(m.group(1)), set()).add(m.group(2))
+        for i, tails in sorted(by_layer.items()):
+            prefix = arch.layer.format(i=i)
+            for hf_tail, gguf_tails, op in arch.rules:
+                hf = prefix + hf_tail.format(**{k: arch.modules.get(k, "") for k in "amf"})
+                if hf in self._recipes or not all(t in tails for t in gguf_tails):
+                    continue
+                sources = tuple(f"blk.{i}.{t}" for t in gguf_tails)
+                heads = 0
+                if op == QK:
+                    heads = _at(q_heads if ".q_proj." in hf else kv_heads, i)
+                    if not arch.permuted or heads == 0:
+                        op = SAME
+                self._recipes[hf] = self._recipe(sources, op, heads)
+                used.update(sources)
+            for hf_tail, gguf_tail in arch.experts:
+                if gguf_tail not in tails:
+                    continue
+                src = f"blk.{i}.{gguf_tail}"
+                E, R, C = self._shape3(src)
+                for e in range(E):
+                    self._recipes[prefix + hf_tail.format(e=e)] = Recipe((src,), (R, C), EXPERT, e)
+                used.add(src)
+        left = sorted(n for n in gguf.tensor_names if n not in used and not n.endswith(_IGNORED))
+        if left:
+            more = f" (+{len(left) - 5} more)" if len(left) > 5 else ""
+            log.warning(
+                "%s: %d GGUF tensors have no HF name and are ignored: %s%s",
+                gguf.path,
+                len(left),
+                left[:5],
+                more,
+            )
+
+    def _shape3(self, name: str) -> tuple[int, int, int]:
+        shape = self.gguf.tensor_shape(name)
+        if len(shape) != 3:
+            raise CheckpointError(
+                f"{self.path}: tensor {name!r}: expected 3 dims [E, R, C], found {list(shape)}"
+            )
+        return shape[0], shape[1], shape[2]
+
+    def _recipe(self, sources: tuple[str, ...], op: str, heads: int) -> Recipe:
+        shapes = [self.gguf.tensor_shape(s) for s in sources]
+        first = shapes[0]
+        if op == A_LOG or (op == FLAT and sources[0].endswith("ssm_d")):
+            return Recipe(sources, (math.prod(first),), op)
+        if op == FLAT and sources[0].endswith("ssm_conv1d.weight"):
+            return Recipe(sources, (first[0], 1, first[-1]), op)
+        if op == FLAT:  # ssm_norm [G, Di/G]
+            return Recipe(sources, (math.prod(first),), op)
+        if op == CAT:
+            return Recipe(sources, (sum(s[0] for s in shapes), *first[1:]), op)
+        if op == CAT_EXPERTS:
+            (E, R, C), (_, R2, _) = self._shape3(sources[0]), self._shape3(sources[1])
+            return Recipe(sources, (E, R + R2, C), op)
+        if op == KV_B:
+            (H, L, Dn), (_, Dv, _) = self._shape3(sources[0]), self._shape3(sources[1])
+            return Recipe(sources, (H * (Dn + Dv), L), op)
+        return Recipe(sources, first, op, heads)
+
+    @property
+    def names(self) -> set[str]:
+        return set(self._recipes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._recipes[name].shape
+
+    def sources(self, name: str) -> tuple[str, ...]:
+        """The GGUF tensors HF tensor `name` is made from."""
+        return self._recipes[name].sources
+
+    def file_of(self, name: str) -> object:
+        return f"{self.path} ({', '.join(self._recipes[name].sources)})"
+
+    def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of GGUF tensor `name` flattened to [R, C], as float32."""
+        shape = self.gguf.tensor_shape(name)
+        raw = self.gguf.raw(name)[start:stop]
+        return dequantize(raw, self.gguf.tensor_type(name), (stop - start, shape[-1]))
+
+    def load(self, name: str) -> torch.Tensor:
+        """HF tensor `name` as float32, in HF layout."""
+        r = self._recipes[name]
+        if r.op == EXPERT:
+            _, R, _ = self._shape3(r.sources[0])
+            return self._rows(r.sources[0], r.arg * R, (r.arg + 1) * R)
+        ts = [self.gguf.load(s, torch.float32) for s in r.sources]
+        if r.op == SAME:
+            return ts[0]
+        if r.op == QK:
+            return unpermute_qk(ts[0], r.arg)
+        if r.op == A_LOG:
+            return torch.log(-ts[0]).reshape(r.shape)
+        if r.op == FLAT:
+            return ts[0].reshape(r.shape)
+        if r.op == CAT:
+            return torch.cat(ts)
+        if r.op == CAT_EXPERTS:
+            return torch.cat(ts, dim=1)
+        k_b, v_b = ts  # KV_B: [H, L, Dn], [H, Dv, L] → per head [Dn + Dv, L]
+        return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(r.shape)
+
+    def load_raw(self, name: str) -> tuple[str, torch.Tensor]:
+        """(ggml type, stored bytes [rows, bytes per row]) of HF tensor `name` when it is whole rows of GGUF
+        tensors of one type (q/k rows un-permuted); else ("F32", its float32 bytes), which no quantized path
+        takes as blocks."""
+        r = self._recipes[name]
+        types = {self.gguf.tensor_type(s) for s in r.sources}
+        if r.op not in _ROWWISE or len(types) != 1:
+            t = self.load(name)
+            return "F32", t.reshape(-1, t.shape[-1]).view(torch.uint8)
+        raws = [self.gguf.raw(s) for s in r.sources]
+        if r.op == EXPERT:
+            _, R, _ = self._shape3(r.sources[0])
+            raw = raws[0][r.arg * R : (r.arg + 1) * R]
+        elif r.op == QK:
+            raw = unpermute_qk(raws[0], r.arg)
+        else:
+            raw = raws[0] if len(raws) == 1 else torch.cat(raws)
+        return types.pop(), raw.contiguous()
+
+
+def _at(values: Sequence[int], i: int) -> int:
+    return int(values[i]) if i < len(values) else 0

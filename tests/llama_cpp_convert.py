@@ -1,0 +1,69 @@
+"""GGUF files made the way users get them: llama.cpp's own `convert_hf_to_gguf.py` (from the
+llama-cpp-python sdist that `make test` unpacks into .venv/llama-cpp-sdist, or $LLAMA_CPP_SDIST) run on a
+tiny transformers checkpoint, and llama.cpp's quantizer (`llama_model_quantize`) for the block types.
+
+The converter needs a tokenizer it recognises: SmolLM2's, exported from the embedded GGUF (so checkpoints
+that go through it have SmolLM2's 49152-token vocabulary)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SDIST_DIR = Path(__file__).resolve().parent.parent / ".venv" / "llama-cpp-sdist"
+VOCAB = 49152  # SmolLM2's tokenizer, which the converter's pre-tokenizer table knows
+
+
+def converter() -> Path:
+    """convert_hf_to_gguf.py of the llama-cpp-python sdist matching the installed llama_cpp."""
+    root = Path(os.environ["LLAMA_CPP_SDIST"]) if "LLAMA_CPP_SDIST" in os.environ else None
+    if root is None:
+        found = sorted(SDIST_DIR.glob("llama_cpp_python-*/"))
+        root = found[-1] if found else SDIST_DIR / "llama_cpp_python-<version>"
+    script = root / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"{script} not found: `make test` unpacks the llama-cpp-python sdist into {SDIST_DIR} "
+            "(or point LLAMA_CPP_SDIST at an unpacked sdist)"
+        )
+    return script
+
+
+def export_tokenizer(dst: Path) -> Path:
+    """SmolLM2's tokenizer files (tokenizer.json, tokenizer_config.json, chat template) under `dst`."""
+    import transformers
+
+    from blazr.detect import default_model_path
+
+    if not (dst / "tokenizer.json").is_file():
+        gguf = default_model_path()
+        transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(dst)
+    return dst
+
+
+def convert(hf_dir: Path, tokenizer_dir: Path, out: Path, outtype: str = "f32") -> Path:
+    """`hf_dir` (a saved transformers checkpoint) → a GGUF at `out`, by llama.cpp's converter."""
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, hf_dir / f.name)
+    script = converter()
+    env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
+    cmd = [sys.executable, str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return out
+
+
+def quantize(src: Path, out: Path, ftype: str) -> Path:
+    """llama.cpp's quantizer: `src` (F32/F16 GGUF) → `out` with LLAMA_FTYPE_MOSTLY_{ftype} (Q8_0, Q4_0…)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src.name} → {ftype}) failed ({rc})")
+    return out
