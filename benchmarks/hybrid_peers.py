@@ -9,7 +9,8 @@ cached under benchmarks/.cache/hybrid/), a tokenizer llama.cpp's converter accep
 (SmolLM2's, exported from the embedded GGUF), and llama.cpp's own `convert_hf_to_gguf.py` — from the
 llama-cpp-python sdist, fetched with `pip download` into the cache unless LLAMA_CPP_SDIST points at an
 unpacked one — writes F32, F16 and Q8_0 GGUFs; Q4_0 comes from llama.cpp's quantizer. blazr loads the
-safetensors directory with the matching --quantize (none / bf16 / int8 / int4).
+safetensors directory with the matching --quantize (none / bf16 / int8 / int4), and the Q8_0 / Q4_0 GGUFs
+themselves (blocks kept as stored).
 
 Each row: a prompt of --prompt-len random tokens then --gen greedy tokens; prefill tok/s = prompt / time to
 the first token, decode tok/s = (gen − 1) / the rest (as benchmarks/run.py). Medians of --rounds rounds
@@ -127,9 +128,17 @@ def checkpoint(name: str) -> Path:
 
 
 def converter() -> Path:
-    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist."""
+    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist (the one `make test` unpacks, else
+    fetched into the cache)."""
     if env := os.environ.get("LLAMA_CPP_SDIST"):
         return Path(env) / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    unpacked = Path(__file__).resolve().parents[1] / ".venv" / "llama-cpp-sdist" / SDIST.replace("==", "-")
+    script = (
+        unpacked.with_name(unpacked.name.replace("-python", "_python"))
+        / "vendor/llama.cpp/convert_hf_to_gguf.py"
+    )
+    if script.exists():
+        return script
     root = CACHE / "sdist"
     script = (
         root
@@ -177,7 +186,8 @@ def gguf(name: str, kind: str) -> Path:
 
 
 def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: int) -> list[Row]:
-    """Per precision: llama.cpp on its GGUF, then blazr on the safetensors with the matching --quantize."""
+    """Per precision: llama.cpp on its GGUF, blazr on the safetensors with the matching --quantize, and for
+    the block types blazr on llama.cpp's very GGUF (kept quantized, loading/gguf_hf.py)."""
     hf, out = checkpoint(name), []
     for p in precisions:
         quantize, kind = PRECISIONS[p]
@@ -190,6 +200,8 @@ def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: in
             lambda q=quantize: load_blazr(ids, gen, hf, quantize=q),
         )
         out += [peer, ours]
+        if kind.startswith("Q"):
+            out.append(Row("blazr", f"{name} {kind} GGUF", p, lambda g=path: load_blazr(ids, gen, g)))
     return out
 
 
