@@ -37,29 +37,19 @@ from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 from tests.hf_parity import check_greedy, check_logits, prompts
 from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer, quantize
-from tests.ssm_fixtures import map_layers, randomise, single_thread
+from tests.ssm_fixtures import HEADS, map_layers, randomise, single_thread
+from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_falcon_h1 import MAMBA as FALCON_MAMBA
+from tests.test_hf_falcon_h1 import MUP
+from tests.test_hf_granite import MAMBA as GRANITE_MAMBA
 from tests.tiny import build
 
 Edit = Callable[[dict[str, Any]], None]
-MAMBA_P = dict(mamba_n_heads=8, mamba_d_head=32, mamba_d_state=16, mamba_chunk_size=8, mamba_expand=2)
-HEADS = dict(num_attention_heads=2, num_key_value_heads=1)
+# the sizes of the safetensors parity tests of each family
 NEMOTRON = dict(
     **HEADS, head_dim=64, mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16, chunk_size=8, n_groups=2
 )
-MLA = dict(
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    kv_lora_rank=32,
-    qk_nope_head_dim=16,
-    qk_rope_head_dim=8,
-    v_head_dim=24,
-    num_hidden_layers=3,
-    first_k_dense_replace=1,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=64,
-    n_shared_experts=2,
-)
+MLA = dict(MLA_SIZES, **MOE_SIZES)
 _NEMOTRON_MOE_KEYS = [
     "num_experts_per_tok",
     "n_routed_experts",
@@ -106,7 +96,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], Edit | None, bool]] = {
     "granitehybrid-moe-mup": (
         "GraniteMoeHybridForCausalLM",
         dict(
-            MAMBA_P,
+            GRANITE_MAMBA,
             **HEADS,
             num_hidden_layers=3,
             layer_types=["mamba", "attention", "mamba"],
@@ -126,7 +116,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], Edit | None, bool]] = {
     "granitehybrid-dense-tied": (
         "GraniteMoeHybridForCausalLM",
         dict(
-            MAMBA_P,
+            GRANITE_MAMBA,
             **HEADS,
             layer_types=["mamba", "attention"],
             num_local_experts=0,
@@ -163,26 +153,14 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], Edit | None, bool]] = {
     "falcon-h1-mup": (
         "FalconH1ForCausalLM",
         dict(
+            FALCON_MAMBA,
             **HEADS,
             head_dim=64,
-            mamba_n_heads=8,
-            mamba_d_state=16,
-            mamba_chunk_size=8,
-            mamba_expand=2,
-            num_hidden_layers=2,
             mamba_d_ssm=192,
             mamba_n_groups=2,
             mamba_rms_norm=True,
             mamba_norm_before_gate=False,
-            embedding_multiplier=1.5,
-            lm_head_multiplier=0.7,
-            attention_in_multiplier=0.8,
-            attention_out_multiplier=1.3,
-            key_multiplier=0.6,
-            ssm_in_multiplier=1.2,
-            ssm_out_multiplier=0.9,
-            ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.7],
-            mlp_multipliers=[1.3, 0.6],
+            **MUP,
         ),
         None,
         True,

@@ -88,7 +88,8 @@ def _ssm(key: Meta) -> dict[str, Any]:
 
 
 def _prefixed(ssm: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    return {names[k]: v for k, v in ssm.items() if k in names}
+    """`_ssm`'s sizes under one family's config keys."""
+    return {names[k]: v for k, v in ssm.items()}
 
 
 _GRANITE_SSM = {
@@ -97,6 +98,13 @@ _GRANITE_SSM = {
     "state_size": "mamba_d_state",
     "n_groups": "mamba_n_groups",
     "conv_kernel": "mamba_d_conv",
+}
+_NEMOTRON_SSM = {
+    "num_heads": "mamba_num_heads",
+    "head_dim": "mamba_head_dim",
+    "state_size": "ssm_state_size",
+    "n_groups": "n_groups",
+    "conv_kernel": "conv_kernel",
 }
 
 
@@ -127,12 +135,8 @@ def _nemotron_h(key: Meta, num_layers: int) -> dict[str, Any]:
     """Block kinds come from the tensors each block holds (the HF builder's rule without a pattern): some
     converter versions write every `feed_forward_length` as 0."""
     kv = _per_layer(key("attention.head_count_kv"), num_layers)
-    ssm = _prefixed(_ssm(key), {"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim"})
     return {
-        **ssm,
-        "ssm_state_size": key("ssm.state_size"),
-        "n_groups": key("ssm.group_count"),
-        "conv_kernel": key("ssm.conv_kernel"),
+        **_prefixed(_ssm(key), _NEMOTRON_SSM),
         "num_attention_heads": key("attention.head_count"),
         "num_key_value_heads": max(kv) or None,
         "head_dim": key("attention.key_length"),
@@ -146,11 +150,11 @@ def _nemotron_h(key: Meta, num_layers: int) -> dict[str, Any]:
     }
 
 
-def _falcon_h1(key: Meta, num_layers: int, has_ssm_norm: bool) -> dict[str, Any]:
+def _falcon_h1(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Whether the Mamba2 norm exists, the builder reads from the tensors (`ssm_norm` present or not)."""
     return {
         **_prefixed(_ssm(key), _GRANITE_SSM),
         "mamba_d_ssm": key("ssm.inner_size"),
-        "mamba_rms_norm": has_ssm_norm,
         "mamba_norm_before_gate": False,
         "num_attention_heads": key("attention.head_count"),
         "num_key_value_heads": key("attention.head_count_kv"),
@@ -195,6 +199,18 @@ def _deepseek2(key: Meta, num_layers: int) -> dict[str, Any]:
     return raw
 
 
+# llama.cpp architecture → its metadata as the HF config keys (every name loading/gguf_hf.ARCHES knows)
+_CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
+    "llama": _llama,
+    "mamba2": _mamba2,
+    "granitehybrid": _granite,
+    "nemotron_h": _nemotron_h,
+    "nemotron_h_moe": _nemotron_h,
+    "falcon-h1": _falcon_h1,
+    "deepseek2": _deepseek2,
+}
+
+
 def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoint:
     from blazr.detect import BUILDERS  # the HF builders (this module is imported by blazr.detect)
 
@@ -208,24 +224,12 @@ def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoi
         return float(str(np.float32(value))) if isinstance(value, float) else value
 
     num_layers = int(key("block_count") or 0)
-    heads = key("attention.head_count")
+    heads, kv = key("attention.head_count"), key("attention.head_count_kv")
     q_heads = _per_layer(heads, num_layers)
-    kv_heads = _per_layer(
-        key("attention.head_count_kv") if key("attention.head_count_kv") is not None else heads, num_layers
-    )
+    kv_heads = _per_layer(heads if kv is None else kv, num_layers)
     view = GGUFView(gguf, q_heads, kv_heads)  # rejects an architecture it cannot name
     shapes = {n: view.shape(n) for n in view.names}
-    specific = {
-        "llama": _llama,
-        "mamba2": _mamba2,
-        "granitehybrid": _granite,
-        "nemotron_h": _nemotron_h,
-        "nemotron_h_moe": _nemotron_h,
-        "falcon-h1": lambda k, n: _falcon_h1(
-            k, n, any(t.endswith("ssm_norm.weight") for t in gguf.tensor_names)
-        ),
-        "deepseek2": _deepseek2,
-    }[arch](key, num_layers)
+    specific = _CONFIG_KEYS[arch](key, num_layers)
     context = key("context_length")
     raw: dict[str, Any] = {
         "architectures": [view.hf_architecture],

@@ -33,7 +33,8 @@ log = logging.getLogger("blazr.loading")
 SAME = "same"  # one tensor as stored
 QK = "qk"  # one tensor, rows un-permuted per head (arg: heads)
 A_LOG = "a_log"  # ssm_a [H, 1] = -exp(A_log) → A_log [H]
-FLAT = "flat"  # one tensor reshaped to `shape` (values unchanged)
+FLAT = "flat"  # one tensor flattened to 1-D: ssm_d [H, 1] → D [H], ssm_norm [G, Di/G] → [Di]
+CONV = "conv"  # ssm_conv1d [C, K] → conv1d.weight [C, 1, K]
 CAT = "cat"  # rows of several tensors concatenated (gate | up)
 CAT_EXPERTS = "cat_experts"  # [E, I, C] × 2 → [E, 2I, C] (Granite's fused expert input)
 EXPERT = "expert"  # expert `arg` of a stacked [E, R, C] tensor → [R, C]
@@ -61,12 +62,12 @@ _Rule = tuple[str, tuple[str, ...], str]
 _MAMBA: list[_Rule] = [
     ("{m}in_proj.weight", ("ssm_in.weight",), SAME),
     ("{m}in_proj.bias", ("ssm_in.bias",), SAME),
-    ("{m}conv1d.weight", ("ssm_conv1d.weight",), FLAT),  # [C, K] → [C, 1, K]
+    ("{m}conv1d.weight", ("ssm_conv1d.weight",), CONV),
     ("{m}conv1d.bias", ("ssm_conv1d.bias",), SAME),
     ("{m}dt_bias", ("ssm_dt.bias",), SAME),
     ("{m}A_log", ("ssm_a",), A_LOG),
-    ("{m}D", ("ssm_d",), FLAT),  # [H, 1] → [H]
-    ("{m}norm.weight", ("ssm_norm.weight",), FLAT),  # [G, Di/G] → [Di]
+    ("{m}D", ("ssm_d",), FLAT),
+    ("{m}norm.weight", ("ssm_norm.weight",), FLAT),
     ("{m}out_proj.weight", ("ssm_out.weight",), SAME),
     ("{m}out_proj.bias", ("ssm_out.bias",), SAME),
 ]
@@ -197,12 +198,12 @@ ARCHES: dict[str, _Arch] = {
             ("pre_ff_layernorm.weight", ("ffn_norm",), SAME),  # the converter writes it without ".weight"
             ("pre_ff_layernorm.weight", ("ffn_norm.weight",), SAME),
             *_MAMBA,
-            *[(a, g, SAME if op == QK else op) for a, g, op in _ATTENTION],  # not permuted: NEOX rope
+            *_ATTENTION,
             *_SWIGLU,
         ],
         [],
         {"a": "self_attn.", "m": "mamba.", "f": "feed_forward."},
-        permuted=False,
+        permuted=False,  # NEOX rope: q/k rows as HF keeps them
     ),
     "deepseek2": _Arch(
         "DeepseekV2ForCausalLM",  # V3 differs only in routing, which detection reads from metadata
@@ -249,7 +250,6 @@ class GGUFView:
             )
         self.gguf = gguf
         self.path = gguf.path
-        self.arch = arch
         self.hf_architecture = arch.hf_architecture
         self._recipes: dict[str, Recipe] = {}
         used: set[str] = set()
@@ -261,10 +261,11 @@ class GGUFView:
         for name in gguf.tensor_names:
             if m := _BLOCK.fullmatch(name):
                 by_layer.setdefault(int(m.group(1)), set()).add(m.group(2))
+        modules = {k: arch.modules.get(k, "") for k in "amf"}
         for i, tails in sorted(by_layer.items()):
             prefix = arch.layer.format(i=i)
             for hf_tail, gguf_tails, op in arch.rules:
-                hf = prefix + hf_tail.format(**{k: arch.modules.get(k, "") for k in "amf"})
+                hf = prefix + hf_tail.format(**modules)
                 if hf in self._recipes or not all(t in tails for t in gguf_tails):
                     continue
                 sources = tuple(f"blk.{i}.{t}" for t in gguf_tails)
@@ -305,12 +306,10 @@ class GGUFView:
     def _recipe(self, sources: tuple[str, ...], op: str, heads: int) -> Recipe:
         shapes = [self.gguf.tensor_shape(s) for s in sources]
         first = shapes[0]
-        if op == A_LOG or (op == FLAT and sources[0].endswith("ssm_d")):
+        if op in (A_LOG, FLAT):
             return Recipe(sources, (math.prod(first),), op)
-        if op == FLAT and sources[0].endswith("ssm_conv1d.weight"):
+        if op == CONV:
             return Recipe(sources, (first[0], 1, first[-1]), op)
-        if op == FLAT:  # ssm_norm [G, Di/G]
-            return Recipe(sources, (math.prod(first),), op)
         if op == CAT:
             return Recipe(sources, (sum(s[0] for s in shapes), *first[1:]), op)
         if op == CAT_EXPERTS:
@@ -335,18 +334,16 @@ class GGUFView:
     def file_of(self, name: str) -> object:
         return f"{self.path} ({', '.join(self._recipes[name].sources)})"
 
-    def _rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows [start, stop) of GGUF tensor `name` flattened to [R, C], as float32."""
-        shape = self.gguf.tensor_shape(name)
-        raw = self.gguf.raw(name)[start:stop]
-        return dequantize(raw, self.gguf.tensor_type(name), (stop - start, shape[-1]))
+    def _expert_rows(self, r: Recipe) -> torch.Tensor:
+        """The stored bytes of expert `r.arg`: its R rows of the stacked [E·R, bytes per row]."""
+        R = r.shape[0]
+        return self.gguf.raw(r.sources[0])[r.arg * R : (r.arg + 1) * R]
 
     def load(self, name: str) -> torch.Tensor:
-        """HF tensor `name` as float32, in HF layout."""
+        """HF tensor `name` as float32, in HF layout (an expert dequantizes only its own rows)."""
         r = self._recipes[name]
         if r.op == EXPERT:
-            _, R, _ = self._shape3(r.sources[0])
-            return self._rows(r.sources[0], r.arg * R, (r.arg + 1) * R)
+            return dequantize(self._expert_rows(r), self.gguf.tensor_type(r.sources[0]), r.shape)
         ts = [self.gguf.load(s, torch.float32) for s in r.sources]
         if r.op == SAME:
             return ts[0]
@@ -354,7 +351,7 @@ class GGUFView:
             return unpermute_qk(ts[0], r.arg)
         if r.op == A_LOG:
             return torch.log(-ts[0]).reshape(r.shape)
-        if r.op == FLAT:
+        if r.op in (FLAT, CONV):
             return ts[0].reshape(r.shape)
         if r.op == CAT:
             return torch.cat(ts)
@@ -372,13 +369,12 @@ class GGUFView:
         if r.op not in _ROWWISE or len(types) != 1:
             t = self.load(name)
             return "F32", t.reshape(-1, t.shape[-1]).view(torch.uint8)
-        raws = [self.gguf.raw(s) for s in r.sources]
         if r.op == EXPERT:
-            _, R, _ = self._shape3(r.sources[0])
-            raw = raws[0][r.arg * R : (r.arg + 1) * R]
+            raw = self._expert_rows(r)
         elif r.op == QK:
-            raw = unpermute_qk(raws[0], r.arg)
-        else:
+            raw = unpermute_qk(self.gguf.raw(r.sources[0]), r.arg)
+        else:  # one tensor: a view of the file, no copy
+            raws = [self.gguf.raw(s) for s in r.sources]
             raw = raws[0] if len(raws) == 1 else torch.cat(raws)
         return types.pop(), raw.contiguous()
 
