@@ -1,6 +1,6 @@
 """Hybrid models at published shapes, blazr vs llama.cpp on the same weights (random: speed only).
 
-    python benchmarks/hybrid_peers.py [--models granite-4.0-h-350m,mamba2-130m] [--precisions f32,16,q8,q4]
+    python benchmarks/hybrid_peers.py [--models NAME,...] [--precisions f32,16,q8,q4]
                                       [--prompt-len 500] [--gen 128] [--rounds 3] [--threads N]
                                       [--batched int8]   (--precisions "" for the batched table alone)
 
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,8 +42,36 @@ from benchmarks.run import batching_table, measure_batching, single_table, sprea
 CACHE = Path(__file__).parent / ".cache" / "hybrid"
 SDIST = "llama-cpp-python==0.3.36"
 
-# Published configs (config.json of each repository), sizes only.
-MODELS: dict[str, tuple[str, dict]] = {
+# The 52-block pattern of nvidia/Nemotron-H-4B-Base-8K: M = Mamba2, - = MLP, * = attention.
+NEMOTRON_H_4B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+_NEMOTRON_MOE_KEYS = (  # NemotronHConfig's MoE fields, absent from the dense models' published config.json
+    "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+    "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok", "routed_scaling_factor",
+    "n_group", "topk_group", "norm_topk_prob", "mtp_layers_block_type", "num_nextn_predict_layers",
+)  # fmt: skip
+
+
+def _granite_as_published(raw: dict) -> None:
+    """The published granite-4.0-h files name layer types `attention` / `mamba` (llama.cpp's converter
+    reads those), transformers v5 writes `full_attention` / `linear_attention`."""
+    legacy = {"full_attention": "attention", "linear_attention": "mamba"}
+    raw["layer_types"] = [legacy.get(t, t) for t in raw["layer_types"]]
+
+
+def _nemotron_as_published(raw: dict) -> None:
+    """The published dense Nemotron-H config.json: `hybrid_override_pattern`, no MoE fields, and no
+    model_type that transformers' AutoConfig would rewrite for the converter."""
+    for key in (*_NEMOTRON_MOE_KEYS, "model_type", "layers_block_type"):
+        raw.pop(key, None)
+    raw["hybrid_override_pattern"] = NEMOTRON_H_4B_PATTERN
+    raw["num_hidden_layers"] = len(NEMOTRON_H_4B_PATTERN)
+
+
+# name → (transformers architecture, config (sizes only), edit of the saved config.json for the converter).
+# Published configs (config.json of each repository) where one of similar size exists; Nemotron-H's
+# smallest is 4B, so its row keeps the 4B's block pattern, vocabulary, head / state sizes and width ratios
+# at granite-350m's width (768; ~445M parameters).
+MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
     "granite-4.0-h-350m": (
         "GraniteMoeHybridForCausalLM",
         dict(
@@ -73,6 +102,7 @@ MODELS: dict[str, tuple[str, dict]] = {
             attention_multiplier=0.015625,
             logits_scaling=3.0,
         ),
+        _granite_as_published,
     ),
     "mamba2-130m": (
         "Mamba2ForCausalLM",
@@ -89,6 +119,53 @@ MODELS: dict[str, tuple[str, dict]] = {
             chunk_size=256,
             tie_word_embeddings=True,
         ),
+        None,
+    ),
+    "nemotron-h-4b-pattern-768": (
+        "NemotronHForCausalLM",
+        dict(
+            vocab_size=131072,
+            hidden_size=768,
+            hybrid_override_pattern=NEMOTRON_H_4B_PATTERN,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=128,
+            intermediate_size=3072,
+            mlp_hidden_act="relu2",
+            mamba_num_heads=24,
+            mamba_head_dim=64,
+            n_groups=8,
+            ssm_state_size=128,
+            conv_kernel=4,
+            chunk_size=128,
+            tie_word_embeddings=False,
+            max_position_embeddings=8192,
+        ),
+        _nemotron_as_published,
+    ),
+    "falcon-h1-0.5b": (
+        "FalconH1ForCausalLM",
+        dict(
+            vocab_size=32784,
+            hidden_size=1024,
+            num_hidden_layers=36,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+            intermediate_size=2048,
+            mamba_d_ssm=1536,
+            mamba_n_heads=24,
+            mamba_d_head=64,
+            mamba_n_groups=1,
+            mamba_d_state=128,
+            mamba_d_conv=4,
+            mamba_chunk_size=128,
+            mamba_rms_norm=False,
+            mamba_norm_before_gate=False,
+            tie_word_embeddings=False,
+            max_position_embeddings=16384,
+        ),
+        None,
     ),
 }
 
@@ -98,7 +175,7 @@ PRECISIONS = {"f32": ("none", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_
 
 def checkpoint(name: str) -> Path:
     """The HF safetensors directory of `name` (built once), with a converter-friendly tokenizer."""
-    arch, cfg = MODELS[name]
+    arch, cfg, edit = MODELS[name]
     out = CACHE / name / "hf"
     if (out / "config.json").exists():
         return out
@@ -115,11 +192,10 @@ def checkpoint(name: str) -> Path:
             if p.dim() == 1 and pname.endswith("weight"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
     model.save_pretrained(out)
-    cfg_path = out / "config.json"
-    saved = json.loads(cfg_path.read_text())
-    if "layer_types" in saved and arch.startswith("GraniteMoeHybrid"):  # the published files' names, which
-        legacy = {"full_attention": "attention", "linear_attention": "mamba"}  # llama.cpp's converter reads
-        saved["layer_types"] = [legacy.get(t, t) for t in saved["layer_types"]]
+    if edit is not None:
+        cfg_path = out / "config.json"
+        saved = json.loads(cfg_path.read_text())
+        edit(saved)
         cfg_path.write_text(json.dumps(saved, indent=2))
     gguf = default_model_path()
     tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -132,19 +208,13 @@ def converter() -> Path:
     fetched into the cache)."""
     if env := os.environ.get("LLAMA_CPP_SDIST"):
         return Path(env) / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
-    unpacked = Path(__file__).resolve().parents[1] / ".venv" / "llama-cpp-sdist" / SDIST.replace("==", "-")
-    script = (
-        unpacked.with_name(unpacked.name.replace("-python", "_python"))
-        / "vendor/llama.cpp/convert_hf_to_gguf.py"
-    )
-    if script.exists():
-        return script
+    package, version = SDIST.split("==")
+    inner = Path(f"{package.replace('-', '_')}-{version}") / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    unpacked = Path(__file__).resolve().parents[1] / ".venv" / "llama-cpp-sdist" / inner
+    if unpacked.exists():
+        return unpacked
     root = CACHE / "sdist"
-    script = (
-        root
-        / SDIST.replace("==", "-").replace("-python", "_python")
-        / "vendor/llama.cpp/convert_hf_to_gguf.py"
-    )
+    script = root / inner
     if not script.exists():
         root.mkdir(parents=True, exist_ok=True)
         log(f"# pip download {SDIST} (the sdist carries llama.cpp's converter)")

@@ -535,6 +535,89 @@ def test_mamba2_step_checks_inputs(native: ops.Kernels) -> None:
         native.mamba2_step(**dict(inp, xbc=inp["xbc"].clone()))
 
 
+def _prefill_inputs(lens: list[int], fresh: list[bool], H: int, P: int, G: int, N: int, K: int, seed: int):
+    """Inputs of mamba2_prefill for sequences of `lens` rows (and the same slots / weights / states as a
+    _mamba2_inputs dict for the decode step)."""
+    inp = _mamba2_inputs(H, P, G, N, K, B=len(lens), S=len(lens) + 3, bias=True, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    Di, Cd = H * P, H * P + 2 * G * N
+    zxbcdt = torch.randn(sum(lens), Di + Cd + H, generator=g)
+    zxbcdt[:, Di + Cd :] *= 3
+    return dict(inp, xbc=zxbcdt[:, Di : Di + Cd], dt_raw=zxbcdt[:, Di + Cd :], query_lens=lens, fresh=fresh)
+
+
+def _prefill_run(fn, inp: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
+    return fn(**a), a["conv_state"], a["ssm_state"]
+
+
+@pytest.mark.parametrize(("H", "P", "G", "N", "K"), MAMBA2_SHAPES)
+def test_mamba2_prefill_matches_the_chunked_scan(
+    lib: ops.Kernels, H: int, P: int, G: int, N: int, K: int
+) -> None:
+    """The scan kernel against its reference, the chunked SSD (300 rows: two 256-token chunks), for fresh
+    and continued sequences, one shorter than the conv window: output, both states at their slots, every
+    other slot untouched."""
+    lens, fresh = [300, 1, 7, 2], [True, False, False, True]
+    inp = _prefill_inputs(lens, fresh, H, P, G, N, K, seed=H * N + K)
+    y, conv, ssm = _prefill_run(lib.mamba2_prefill, inp)
+    y_ref, conv_ref, ssm_ref = _prefill_run(ops.mamba2_prefill_reference, inp)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4 * float(y_ref.abs().max()))
+    torch.testing.assert_close(ssm, ssm_ref, rtol=1e-4, atol=1e-4 * float(ssm_ref.abs().max()))
+    assert torch.equal(conv, conv_ref)  # stored inputs (or the old state's tail): exact
+    others = [s for s in range(len(lens) + 3) if s not in inp["slots"].tolist()]
+    assert torch.equal(ssm[others], inp["ssm_state"][others]) and torch.equal(
+        conv[others], inp["conv_state"][others]
+    )
+
+
+def test_mamba2_prefill_is_decode_steps_in_a_row(lib: ops.Kernels) -> None:
+    """n prefill rows give the same bits as n decode steps (and so does splitting a prefill in two chunks);
+    a sequence's results do not depend on the others in its call."""
+    lens = [9, 5, 12]
+    inp = _prefill_inputs(lens, [False, True, False], 6, 8, 2, 20, 4, seed=3)
+    y, conv, ssm = _prefill_run(lib.mamba2_prefill, inp)
+    steps = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
+    steps["conv_state"][inp["slots"][1]] = 0  # the fresh sequence starts from zeros
+    steps["ssm_state"][inp["slots"][1]] = 0
+    start = 0
+    for b, n in enumerate(lens):
+        slot = inp["slots"][b : b + 1]
+        for t in range(start, start + n):
+            one = {k: v for k, v in steps.items() if k not in ("query_lens", "fresh")}
+            one.update(xbc=inp["xbc"][t : t + 1], dt_raw=inp["dt_raw"][t : t + 1], slots=slot)
+            assert torch.equal(lib.mamba2_step(**one)[0], y[t])
+        alone, conv1, ssm1 = _prefill_run(
+            lib.mamba2_prefill,
+            dict(inp, xbc=inp["xbc"][start : start + n], dt_raw=inp["dt_raw"][start : start + n],
+                 query_lens=[n], slots=slot, fresh=inp["fresh"][b : b + 1]),
+        )  # fmt: skip
+        assert torch.equal(alone, y[start : start + n])
+        s = int(slot)
+        assert torch.equal(ssm1[s], ssm[s]) and torch.equal(conv1[s], conv[s])
+        start += n
+    assert torch.equal(steps["ssm_state"], ssm) and torch.equal(steps["conv_state"], conv)
+    half = dict(inp, xbc=inp["xbc"][:4], dt_raw=inp["dt_raw"][:4], query_lens=[4], slots=inp["slots"][:1])
+    y1, conv1, ssm1 = _prefill_run(lib.mamba2_prefill, dict(half, fresh=[False]))
+    rest = dict(half, xbc=inp["xbc"][4:9], dt_raw=inp["dt_raw"][4:9], query_lens=[5], fresh=[False])
+    y2, conv2, ssm2 = _prefill_run(lib.mamba2_prefill, dict(rest, conv_state=conv1, ssm_state=ssm1))
+    s0 = int(inp["slots"][0])
+    assert torch.equal(torch.cat([y1, y2]), y[:9])
+    assert torch.equal(ssm2[s0], ssm[s0]) and torch.equal(conv2[s0], conv[s0])
+
+
+def test_mamba2_prefill_checks_inputs(native: ops.Kernels) -> None:
+    inp = _prefill_inputs([3, 2], [True, True], 4, 16, 1, 64, 4, seed=0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.mamba2_prefill(**dict(inp, slots=torch.tensor([0, 5])))
+    with pytest.raises(RuntimeError):  # two sequences in one slot would race
+        native.mamba2_prefill(**dict(inp, slots=torch.tensor([1, 1])))
+    with pytest.raises(ValueError, match="inconsistent"):
+        native.mamba2_prefill(**dict(inp, query_lens=[3, 3]))
+    with pytest.raises(ops.UnsupportedInput):
+        native.mamba2_prefill(**dict(inp, xbc=inp["xbc"].clone()))
+
+
 def _decode_layers(lib: ops.Kernels, st: dict, layers: list[dict]) -> torch.Tensor:
     """A small decode step through the kernel methods, on the static buffers in st; returns the logits."""
     B, H, Hkv, D = st["B"], st["H"], st["Hkv"], st["D"]

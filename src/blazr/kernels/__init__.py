@@ -1,8 +1,8 @@
 """blazr's CPU kernel library: fused C kernels (block-quantized / bf16 / fp32 linear with bias, residual and
 SwiGLU epilogues; RMSNorm and Mamba2's gated norm; NeoX RoPE; KV-cache write; paged decode attention; the
-Mamba2 decode step; embedding, scaled add, activations) called through ctypes, each with a plain torch
-reference beside it, and `record()` to replay a recorded sequence of kernel calls (a whole decode step)
-with one C call.
+Mamba2 decode step and prefill scan; embedding, scaled add, activations) called through ctypes, each with a
+plain torch reference beside it, and `record()` to replay a recorded sequence of kernel calls (a whole
+decode step) with one C call.
 
 `build.py` compiles `csrc/*.c` for the host (cached, `BLAZR_KERNELS=0` disables it); `quant.py` holds the
 weight formats (ggml block layouts); `bindings.py` the ctypes bindings, `calls.py` how a call's arguments

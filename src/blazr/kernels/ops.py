@@ -2,9 +2,9 @@
 (`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
 
 Each public op (`embedding`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`,
-`kv_write`, `paged_attention_decode`, `mamba2_step`) runs the C kernel when the library is available and
-the inputs are CPU tensors of the supported dtypes and layouts (fp32 activations and states, int64
-indices, fp32 or 16-bit KV pools), else its `*_reference` twin with the same signature.
+`kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`) runs the C kernel when the library
+is available and the inputs are CPU tensors of the supported dtypes and layouts (fp32 activations and
+states, int64 indices, fp32 or 16-bit KV pools), else its `*_reference` twin with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -33,6 +33,7 @@ from blazr.kernels.reference import (
     int8_dot_reference,
     kv_write_reference,
     linear_reference,
+    mamba2_prefill_reference,
     mamba2_step_reference,
     paged_attention_decode_reference,
     quantize_act_reference,
@@ -60,6 +61,8 @@ __all__ = [
     "kv_write_reference",
     "linear",
     "linear_reference",
+    "mamba2_prefill",
+    "mamba2_prefill_reference",
     "mamba2_step",
     "mamba2_step_reference",
     "paged_attention_decode",
@@ -259,6 +262,50 @@ def mamba2_step(
         xbc,
         dt_raw,
         slots,
+        conv_weight,
+        conv_bias,
+        conv_state,
+        dt_bias,
+        A_log,
+        D,
+        ssm_state,
+        n_groups,
+        dt_min,
+        dt_max,
+    )
+
+
+def mamba2_prefill(
+    xbc: torch.Tensor,
+    dt_raw: torch.Tensor,
+    query_lens: Sequence[int],
+    slots: torch.Tensor,
+    fresh: Sequence[bool],
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    D: torch.Tensor,
+    ssm_state: torch.Tensor,
+    n_groups: int,
+    dt_min: float,
+    dt_max: float,
+) -> torch.Tensor:
+    """The prefill of one Mamba2 layer for B sequences laid out one after another (query_lens [B] rows
+    each): conv + SiLU, dt, the SSD scan and the D skip, starting from zero states where fresh[b] (else
+    from slot slots[b]'s) and leaving each sequence's final conv [Cd, K-1] / SSM [H, P, N] states at its
+    slot. xbc [T, Cd], dt_raw [T, H] (column views of the in_proj output), the rest as mamba2_step.
+    Returns y [T, H, P] float32. The C kernel runs the recurrence token by token; the reference is the
+    chunked SSD scan — the same function, equal to fp32 rounding (see mamba2_prefill_reference)."""
+    return _dispatch(
+        "mamba2_prefill",
+        mamba2_prefill_reference,
+        xbc,
+        dt_raw,
+        query_lens,
+        slots,
+        fresh,
         conv_weight,
         conv_bias,
         conv_state,

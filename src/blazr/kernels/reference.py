@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels.quant import QK, QuantizedWeight, block_fields, dequantize
+from blazr.model.ssd import ssd_chunked
 
 
 def linear_out_features(qw: QuantizedWeight, swiglu: bool) -> int:
@@ -271,3 +272,54 @@ def mamba2_step_reference(
     )
     ssm_state.index_copy_(0, slots, new.to(ssm_state.dtype))
     return y + x * D.float()[:, None]
+
+
+def mamba2_prefill_reference(
+    xbc: torch.Tensor,
+    dt_raw: torch.Tensor,
+    query_lens: Sequence[int],
+    slots: torch.Tensor,
+    fresh: Sequence[bool],
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    D: torch.Tensor,
+    ssm_state: torch.Tensor,
+    n_groups: int,
+    dt_min: float,
+    dt_max: float,
+) -> torch.Tensor:
+    """The prefill of one Mamba2 layer for B sequences (see csrc/mamba2.c): sequence b owns the next
+    query_lens[b] rows of xbc [T, Cd] (pre-conv [x | B | C]) and dt_raw [T, H], and state slot slots[b] of
+    conv_state [S, Cd, K-1] / ssm_state [S, H, P, N], starting from zeros when fresh[b] (else continuing
+    from the slot's states) and leaving its final states there. Returns y [T, H, P] float32 = SSM output +
+    D·x. Per sequence: the causal conv + SiLU in the weights' dtype (as HF), then the chunked SSD scan
+    (`blazr.model.ssd.ssd_chunked`, float32) in chunks of 256."""
+    T, H = dt_raw.shape
+    P, N = ssm_state.shape[2:]
+    K, GN = conv_weight.shape[-1], n_groups * N
+    w = conv_weight.reshape(-1, 1, K)
+    A = -torch.exp(A_log.float())
+    dt = F.softplus(dt_raw.float() + dt_bias.float()).clamp(dt_min, dt_max)  # [T, H]
+    y = torch.empty(T, H, P, dtype=torch.float32, device=xbc.device)
+    start = 0
+    for b, n in enumerate(query_lens):
+        rows, slot = slice(start, start + n), slots[b : b + 1]
+        start += n
+        cols = xbc[rows].t()  # [Cd, n]
+        if fresh[b]:
+            window = F.pad(cols, (K - 1, 0))  # zero left context
+        else:
+            window = torch.cat([conv_state.index_select(0, slot)[0].to(cols.dtype), cols], dim=-1)
+        u = F.silu(F.conv1d(window[None].to(w.dtype), w, conv_bias, groups=w.shape[0]))[0].t()  # [n, Cd]
+        x, Bm, Cm = u.float().split([H * P, GN, GN], dim=-1)
+        x = x.reshape(n, H, P)
+        ssm0 = None if fresh[b] else ssm_state.index_select(0, slot).float()
+        Bm, Cm = Bm.reshape(1, n, n_groups, N), Cm.reshape(1, n, n_groups, N)
+        ys, ssm1 = ssd_chunked(x[None], dt[rows][None], A, Bm, Cm, 256, ssm0)
+        y[rows] = ys[0] + x * D.float()[:, None]
+        conv_state.index_copy_(0, slot, window[None, :, window.shape[1] - (K - 1) :].to(conv_state.dtype))
+        ssm_state.index_copy_(0, slot, ssm1.to(ssm_state.dtype))
+    return y

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blazr import kernels
 from blazr.config import dtype_name
+from blazr.kernels import ops
 from blazr.kernels.quant import QuantizedWeight, dequantize
 
 DENSE_TILE = 128  # rows per dense GEMM call: ~1.25x the cost of one whole-M call, 3x faster than fp32
@@ -67,16 +67,15 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
         """x [..., K] → [..., N]; with `swiglu`, silu(gate) · up of the [gate; up] halves → [..., N/2]."""
         if (self.dense is None or _KERNELS.get()) and x.dtype == torch.float32 and x.is_cpu:
-            return kernels.linear(x.contiguous(), self.qweight, self.bias, swiglu=swiglu)
+            return ops.linear(x.contiguous(), self.qweight, self.bias, swiglu=swiglu)
         if self.dense is None:
             y = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         elif self.dense is self.qweight.data and self.dense.dtype == torch.float32:  # f32: the weight itself
             y = F.linear(x, self.dense.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         else:
             y = self._dense_tiles(x)
-        if swiglu:
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up
+        if swiglu:  # one pass in the kernel op (torch's silu · mul: three)
+            y = ops.activation(y.contiguous(), "silu", gated=True)
         return y
 
     def _dense_tiles(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 4
+#define BLZ_ABI_VERSION 5
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -77,6 +77,10 @@ int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int
                     const float *conv_w, const float *conv_b, float *conv_pool, int64_t K, const float *dt_bias,
                     const float *A_log, const float *dskip, float *ssm_pool, int64_t S, int64_t H, int64_t P, int64_t G,
                     int64_t N, float dt_min, float dt_max, float *y, int nthreads);
+int blz_mamba2_prefill(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *seqs, int64_t B,
+                       const float *conv_w, const float *conv_b, float *conv_pool, int64_t K, const float *dt_bias,
+                       const float *A_log, const float *dskip, float *ssm_pool, int64_t S, int64_t H, int64_t P,
+                       int64_t G, int64_t N, float dt_min, float dt_max, float *y, int nthreads);
 int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, int64_t D, float scale,
                   float *out);
 int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
@@ -98,6 +102,7 @@ enum {
     BLZ_OP_EMBEDDING = 10,
     BLZ_OP_AXPBY = 11,
     BLZ_OP_ACTIVATION = 12,
+    BLZ_OP_MAMBA2_PREFILL = 13,
 };
 typedef struct {
     int64_t op;

@@ -82,6 +82,12 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                    P(const float *, 9), P(const float *, 10), P(const float *, 11), P(float *, 12),
                                    i[13], i[14], i[15], i[16], i[17], (float)a->f[0], (float)a->f[1],
                                    P(float *, 18), (int)i[19]);
+        case BLZ_OP_MAMBA2_PREFILL:
+            return blz_mamba2_prefill(P(const float *, 0), P(const float *, 1), i[2], P(const int64_t *, 3), i[4],
+                                      P(const float *, 5), P(const float *, 6), P(float *, 7), i[8],
+                                      P(const float *, 9), P(const float *, 10), P(const float *, 11),
+                                      P(float *, 12), i[13], i[14], i[15], i[16], i[17], (float)a->f[0],
+                                      (float)a->f[1], P(float *, 18), (int)i[19]);
         case BLZ_OP_EMBEDDING:
             return blz_embedding(P(const int64_t *, 0), i[1], P(const float *, 2), i[3], i[4], (float)a->f[0],
                                  P(float *, 5));

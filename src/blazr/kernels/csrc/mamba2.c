@@ -1,5 +1,6 @@
-/* blazr kernels — the Mamba2 (SSD) decode step: one new token for each of B sequences of one layer, with
- * the conv and SSM states advanced in place in their pools.
+/* blazr kernels — Mamba2 (SSD) with the conv and SSM states advanced in place in their pools: the decode
+ * step (one new token for each of B sequences of one layer) and the prefill scan (n new tokens of each of
+ * B sequences, `blz_mamba2_prefill` below).
  *
  * Per sequence b (state slot s = slots[b]), conv channel c < Cd (Cd = H·P + 2·G·N), kernel width K:
  *   conv_c = bias_c + Σ_{k<K-1} w[c,k]·conv[s,c,k] + w[c,K-1]·xbc[b,c];  conv[s,c,:] shifts left and
@@ -106,6 +107,104 @@ BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld
             const float dt = dts[bh];
             head_step(ssm_pool + (slots[b] * H + h) * P * N, ur + h * P, ur + Di + g * N, ur + Di + G * N + g * N,
                       expf(dt * -expf(A_log[h])), dt, dskip[h], P, N, y + b * Di + h * P);
+        }
+    }
+    return BLZ_OK;
+}
+
+/* The prefill of one layer: n_b new tokens of each of B sequences, the same math as n_b decode steps in a row
+ * (conv + SiLU, dt, state update, D skip per token, in fp32), computed as a sequential scan.
+ *
+ * seqs [B, 4] int64, per sequence: (row0, n, slot, fresh): its tokens are rows row0 .. row0+n-1 of xbc /
+ * dt_raw (row stride ld, column views of one in_proj output as in the decode step) and of y [T, H·P]; its
+ * states live at `slot` of conv_pool [S, Cd, K-1] and ssm_pool [S, H, P, N]; fresh = 1 starts from zero
+ * states (a new sequence: the slot may hold a previous owner's), 0 continues from them (a chunked prefill's
+ * later chunk). Slots must be distinct. Other arguments as blz_mamba2_step.
+ *
+ * Why a scan and not the chunked SSD form: per token and head the recurrence does P·N multiply-adds for the
+ * state and P·N for the output, while the chunked form adds a Q×Q quadratic piece per head (Q = 256: ~4×
+ * the flops) built from memory-bound elementwise passes. One head's state ([P, N] fp32, 16-32 KiB) stays
+ * in L1/L2 for all of its tokens. Work: the conv (OpenMP over the rows of each sequence, vectorised over
+ * channels with the taps transposed to [K, Cd]), then the scan (OpenMP over (sequence, head) pairs). A
+ * sequence's results depend on its own rows and state only, never on the batch or the thread count.
+ */
+#define BLZ_MAMBA2_MAX_K 16
+
+BLZ_EXPORT int blz_mamba2_prefill(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *seqs,
+                                  int64_t B, const float *conv_w, const float *conv_b, float *conv_pool,
+                                  int64_t K, const float *dt_bias, const float *A_log, const float *dskip,
+                                  float *ssm_pool, int64_t S, int64_t H, int64_t P, int64_t G, int64_t N,
+                                  float dt_min, float dt_max, float *y, int nthreads) {
+    if (B < 0 || K < 2 || K > BLZ_MAMBA2_MAX_K || H <= 0 || P <= 0 || G <= 0 || N <= 0 || H % G || S < 0)
+        return BLZ_EINVAL;
+    const int64_t Di = H * P, Cd = Di + 2 * G * N;
+    if (ld < Cd) return BLZ_EINVAL;
+    int64_t T = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t *q = seqs + 4 * b;
+        if (q[0] < 0 || q[1] < 0) return BLZ_EINVAL;
+        if (q[2] < 0 || q[2] >= S) return BLZ_ERANGE;
+        for (int64_t c = 0; c < b; ++c)
+            if (seqs[4 * c + 2] == q[2]) return BLZ_EINVAL;
+        T = blz_max(T, q[0] + q[1]);
+    }
+    if (T == 0) return BLZ_OK;
+    float *u = blz_scratch((size_t)(T * Cd + T * H + K * Cd) * sizeof(float)); /* post-conv, dt, taps */
+    if (!u) return BLZ_ENOMEM;
+    float *dts = u + T * Cd, *wt = dts + T * H;
+    for (int64_t c = 0; c < Cd; ++c)
+        for (int64_t k = 0; k < K; ++k) wt[k * Cd + c] = conv_w[c * K + k];
+    const int nt = blz_threads(nthreads, T * Cd * K + T * H * P * N, 1 << 14);
+#pragma omp parallel num_threads(nt)
+    {
+        for (int64_t b = 0; b < B; ++b) {
+            const int64_t row0 = seqs[4 * b], n = seqs[4 * b + 1], fresh = seqs[4 * b + 3];
+            const float *cs = conv_pool + seqs[4 * b + 2] * Cd * (K - 1);
+            /* conv + SiLU: u[t, c] = silu(bias_c + Σ_k w[c,k]·v(t - (K-1) + k, c)), v(r < 0) from the state */
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < n; ++t) {
+                float *ur = u + (row0 + t) * Cd;
+                for (int64_t c = 0; c < Cd; ++c) ur[c] = conv_b ? conv_b[c] : 0.0f;
+                for (int64_t k = 0; k < K; ++k) {
+                    const int64_t r = t - (K - 1) + k;
+                    const float *w = wt + k * Cd;
+                    if (r >= 0) {
+                        const float *src = xbc + (row0 + r) * ld;
+                        for (int64_t c = 0; c < Cd; ++c) ur[c] = fmaf(w[c], src[c], ur[c]);
+                    } else if (!fresh) {
+                        for (int64_t c = 0; c < Cd; ++c) ur[c] = fmaf(w[c], cs[c * (K - 1) + (K - 1) + r], ur[c]);
+                    }
+                }
+                for (int64_t c = 0; c < Cd; ++c) ur[c] = blz_silu(ur[c]);
+                const float *dr = dt_raw + (row0 + t) * ld;
+                for (int64_t h = 0; h < H; ++h) {
+                    const float dt = softplus(dr[h] + dt_bias[h]);
+                    dts[(row0 + t) * H + h] = fminf(fmaxf(dt, dt_min), dt_max);
+                }
+            }
+            /* (implicit barrier) the conv state: the last K-1 inputs, reaching into the old state when n < K-1 */
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < Cd; ++c) {
+                float *st = conv_pool + seqs[4 * b + 2] * Cd * (K - 1) + c * (K - 1), next[BLZ_MAMBA2_MAX_K];
+                for (int64_t j = 0; j < K - 1; ++j) {
+                    const int64_t r = n - (K - 1) + j;
+                    next[j] = r >= 0 ? xbc[(row0 + r) * ld + c] : fresh ? 0.0f : st[(K - 1) + r];
+                }
+                memcpy(st, next, (size_t)(K - 1) * sizeof(float));
+            }
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bh = 0; bh < B * H; ++bh) {
+            const int64_t b = bh / H, h = bh % H, g = h / (H / G);
+            const int64_t row0 = seqs[4 * b], n = seqs[4 * b + 1];
+            float *st = ssm_pool + (seqs[4 * b + 2] * H + h) * P * N;
+            if (seqs[4 * b + 3]) memset(st, 0, (size_t)(P * N) * sizeof(float));
+            const float A = -expf(A_log[h]);
+            for (int64_t t = row0; t < row0 + n; ++t) {
+                const float *ur = u + t * Cd, dt = dts[t * H + h];
+                head_step(st, ur + h * P, ur + Di + g * N, ur + Di + G * N + g * N, expf(dt * A), dt, dskip[h], P,
+                          N, y + t * Di + h * P);
+            }
         }
     }
     return BLZ_OK;
