@@ -70,7 +70,8 @@ def _nemotron_as_published(raw: dict) -> None:
 # name → (transformers architecture, config (sizes only), edit of the saved config.json for the converter).
 # Published configs (config.json of each repository) where one of similar size exists; Nemotron-H's
 # smallest is 4B, so its row keeps the 4B's block pattern, vocabulary, head / state sizes and width ratios
-# at granite-350m's width (768; ~445M parameters).
+# at granite-350m's width (768; ~445M parameters). Falcon-H1-0.5B's vocabulary grows to the exported
+# tokenizer's 49152 ids (llama.cpp's converter refuses a tokenizer larger than the embedding).
 MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
     "granite-4.0-h-350m": (
         "GraniteMoeHybridForCausalLM",
@@ -146,7 +147,7 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
     "falcon-h1-0.5b": (
         "FalconH1ForCausalLM",
         dict(
-            vocab_size=32784,
+            vocab_size=49152,  # published: 32784, under the converter-friendly tokenizer's 49152 ids
             hidden_size=1024,
             num_hidden_layers=36,
             num_attention_heads=8,
