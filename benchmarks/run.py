@@ -25,10 +25,10 @@ Table 3 — hybrid models (benchmarks/hybrid.py): random oxidizr-nano-shaped che
 Mamba2 only) and a tiny GraniteMoeHybrid, prefill tok/s and decode ms/token versus context, MoE cost
 versus number of experts. --quick shrinks its contexts (64 / 256 / 1024 instead of 128 / 512 / 4096).
 
-Table 4 — hybrids at published shapes (benchmarks/hybrid_peers.py): granite-4.0-h-350m and mamba2-130m
-built with transformers (random weights), llama.cpp on GGUFs its own converter made from the same directory
-(F32, F16, Q8_0, Q4_0), blazr on the safetensors with --quantize none / bf16 / int8 / int4; 500-token
-prompt, 2 × --gen tokens.
+Table 4 — hybrids at published shapes (benchmarks/hybrid_peers.py): granite-4.0-h-350m, mamba2-130m, a
+Nemotron-H (the 4B's block pattern at 768 wide) and Falcon-H1-0.5B built with transformers (random
+weights), llama.cpp on GGUFs its own converter made from the same directory (F32, F16, Q8_0, Q4_0), blazr
+on the safetensors with --quantize none / bf16 / int8 / int4; 500-token prompt, 2 × --gen tokens.
 
 Noise handling (the machine may be shared): in tables 1 and 2 every engine (concurrency level) is loaded
 once and then measured in --rounds interleaved rounds, each running every engine (level) once, after one

@@ -106,6 +106,20 @@ def test_quantized_linear_paths_match_dequantized_reference(kind: str) -> None:
     torch.testing.assert_close(no_dense(x), got, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dense_dtype", [torch.float32, torch.bfloat16])
+def test_dense_prefill_rows_do_not_depend_on_the_call(dense_dtype: torch.dtype) -> None:
+    """The dense GEMM path gives every row the same bits whatever else shares the call — 1 row or 300, at
+    any offset — so a prompt's prefill does not depend on the batch it is scheduled in."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(200, 256, generator=g) * 0.1
+    qw = quantize(w, "q8_0")
+    layer = QuantizedLinear(qw, torch.randn(200, generator=g), dense=dequantize(qw).to(dense_dtype))
+    x = torch.randn(300, 256, generator=g)
+    whole = layer(x)
+    for lo, hi in [(0, 1), (5, 6), (3, 7), (10, 21), (0, 16), (17, 150), (200, 300)]:
+        assert torch.equal(layer(x[lo:hi]), whole[lo:hi]), (lo, hi)
+
+
 # --------------------------------------------------------------------------------- in-situ quantization
 
 
