@@ -463,10 +463,14 @@ def test_gated_rms_norm(lib: ops.Kernels, D: int, group: int, before_gate: bool)
 # ---------------------------------------------------------------- Mamba2 decode step
 
 
-def _mamba2_inputs(H: int, P: int, G: int, N: int, K: int, B: int, S: int, bias: bool, seed: int) -> dict:
+def _mamba2_inputs(
+    H: int, P: int, G: int, N: int, K: int, B: int, S: int, bias: bool, seed: int, rows: int | None = None
+) -> dict:
+    """Decode-step inputs for B sequences (`rows` rows of xbc / dt_raw: B, or a prefill's total)."""
     g = torch.Generator().manual_seed(seed)
     Di, Cd = H * P, H * P + 2 * G * N
-    zxbcdt = torch.randn(B, Di + Cd + H, generator=g)  # an in_proj output: xbc and dt_raw are column views
+    # an in_proj output: xbc and dt_raw are column views
+    zxbcdt = torch.randn(B if rows is None else rows, Di + Cd + H, generator=g)
     zxbcdt[:, Di + Cd :] *= 3  # dt reaches both clamps, and softplus' linear branch (> 20 with dt_bias 25)
     return {
         "xbc": zxbcdt[:, Di : Di + Cd],
@@ -536,19 +540,9 @@ def test_mamba2_step_checks_inputs(native: ops.Kernels) -> None:
 
 
 def _prefill_inputs(lens: list[int], fresh: list[bool], H: int, P: int, G: int, N: int, K: int, seed: int):
-    """Inputs of mamba2_prefill for sequences of `lens` rows (and the same slots / weights / states as a
-    _mamba2_inputs dict for the decode step)."""
-    inp = _mamba2_inputs(H, P, G, N, K, B=len(lens), S=len(lens) + 3, bias=True, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    Di, Cd = H * P, H * P + 2 * G * N
-    zxbcdt = torch.randn(sum(lens), Di + Cd + H, generator=g)
-    zxbcdt[:, Di + Cd :] *= 3
-    return dict(inp, xbc=zxbcdt[:, Di : Di + Cd], dt_raw=zxbcdt[:, Di + Cd :], query_lens=lens, fresh=fresh)
-
-
-def _prefill_run(fn, inp: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    a = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
-    return fn(**a), a["conv_state"], a["ssm_state"]
+    """Inputs of mamba2_prefill for sequences of `lens` rows, slots and states as for the decode step."""
+    inp = _mamba2_inputs(H, P, G, N, K, B=len(lens), S=len(lens) + 3, bias=True, seed=seed, rows=sum(lens))
+    return dict(inp, query_lens=lens, fresh=fresh)
 
 
 @pytest.mark.parametrize(("H", "P", "G", "N", "K"), MAMBA2_SHAPES)
@@ -560,8 +554,8 @@ def test_mamba2_prefill_matches_the_chunked_scan(
     other slot untouched."""
     lens, fresh = [300, 1, 7, 2], [True, False, False, True]
     inp = _prefill_inputs(lens, fresh, H, P, G, N, K, seed=H * N + K)
-    y, conv, ssm = _prefill_run(lib.mamba2_prefill, inp)
-    y_ref, conv_ref, ssm_ref = _prefill_run(ops.mamba2_prefill_reference, inp)
+    y, conv, ssm = _mamba2_run(lib.mamba2_prefill, inp)
+    y_ref, conv_ref, ssm_ref = _mamba2_run(ops.mamba2_prefill_reference, inp)
     torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4 * float(y_ref.abs().max()))
     torch.testing.assert_close(ssm, ssm_ref, rtol=1e-4, atol=1e-4 * float(ssm_ref.abs().max()))
     assert torch.equal(conv, conv_ref)  # stored inputs (or the old state's tail): exact
@@ -576,7 +570,7 @@ def test_mamba2_prefill_is_decode_steps_in_a_row(lib: ops.Kernels) -> None:
     a sequence's results do not depend on the others in its call."""
     lens = [9, 5, 12]
     inp = _prefill_inputs(lens, [False, True, False], 6, 8, 2, 20, 4, seed=3)
-    y, conv, ssm = _prefill_run(lib.mamba2_prefill, inp)
+    y, conv, ssm = _mamba2_run(lib.mamba2_prefill, inp)
     steps = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
     steps["conv_state"][inp["slots"][1]] = 0  # the fresh sequence starts from zeros
     steps["ssm_state"][inp["slots"][1]] = 0
@@ -587,7 +581,7 @@ def test_mamba2_prefill_is_decode_steps_in_a_row(lib: ops.Kernels) -> None:
             one = {k: v for k, v in steps.items() if k not in ("query_lens", "fresh")}
             one.update(xbc=inp["xbc"][t : t + 1], dt_raw=inp["dt_raw"][t : t + 1], slots=slot)
             assert torch.equal(lib.mamba2_step(**one)[0], y[t])
-        alone, conv1, ssm1 = _prefill_run(
+        alone, conv1, ssm1 = _mamba2_run(
             lib.mamba2_prefill,
             dict(inp, xbc=inp["xbc"][start : start + n], dt_raw=inp["dt_raw"][start : start + n],
                  query_lens=[n], slots=slot, fresh=inp["fresh"][b : b + 1]),
@@ -598,9 +592,9 @@ def test_mamba2_prefill_is_decode_steps_in_a_row(lib: ops.Kernels) -> None:
         start += n
     assert torch.equal(steps["ssm_state"], ssm) and torch.equal(steps["conv_state"], conv)
     half = dict(inp, xbc=inp["xbc"][:4], dt_raw=inp["dt_raw"][:4], query_lens=[4], slots=inp["slots"][:1])
-    y1, conv1, ssm1 = _prefill_run(lib.mamba2_prefill, dict(half, fresh=[False]))
+    y1, conv1, ssm1 = _mamba2_run(lib.mamba2_prefill, dict(half, fresh=[False]))
     rest = dict(half, xbc=inp["xbc"][4:9], dt_raw=inp["dt_raw"][4:9], query_lens=[5], fresh=[False])
-    y2, conv2, ssm2 = _prefill_run(lib.mamba2_prefill, dict(rest, conv_state=conv1, ssm_state=ssm1))
+    y2, conv2, ssm2 = _mamba2_run(lib.mamba2_prefill, dict(rest, conv_state=conv1, ssm_state=ssm1))
     s0 = int(inp["slots"][0])
     assert torch.equal(torch.cat([y1, y2]), y[:9])
     assert torch.equal(ssm2[s0], ssm[s0]) and torch.equal(conv2[s0], conv[s0])
