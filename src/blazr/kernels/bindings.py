@@ -1,6 +1,6 @@
 """ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
-raising UnsupportedInput for dtypes / layouts the kernels do not take; inside `record()` the calls go to a
-`KernelPlan` (calls.py) instead of running.
+raising UnsupportedInput for dtypes / layouts the kernels do not take (the Mamba2 ones in
+bindings_mamba2.py); inside `record()` the calls go to a `KernelPlan` (calls.py) instead of running.
 
 Calls pass their arguments through `blz_call` in a per-thread preallocated `blz_args_t` struct (~1 µs
 through ctypes, instead of ~0.3 µs per separately converted argument). Shapes as in `ops.py`.
@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from blazr.kernels import build
+from blazr.kernels.bindings_mamba2 import Mamba2Bindings
 from blazr.kernels.calls import (
     _F32,
     KernelPlan,
@@ -32,12 +33,12 @@ from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "f32": 2, "bf16": 3}
-_OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE, _OP_MAMBA2_STEP = 4, 5, 6, 7, 8
-_OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION, _OP_MAMBA2_PREFILL = 9, 10, 11, 12, 13
+_OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
+_OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
 _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "f32": 0, "bf16": 0}
 
 
-class Kernels:
+class Kernels(Mamba2Bindings):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
     contiguous, not on the CPU) and ValueError for inconsistent shapes.
@@ -387,136 +388,3 @@ class Kernels:
             S,
         )
         self._run(a, addr, "kv_write", k, v, slot_mapping, k_pool, v_pool)
-
-    def mamba2_step(
-        self,
-        xbc: torch.Tensor,
-        dt_raw: torch.Tensor,
-        slots: torch.Tensor,
-        conv_weight: torch.Tensor,
-        conv_bias: torch.Tensor | None,
-        conv_state: torch.Tensor,
-        dt_bias: torch.Tensor,
-        A_log: torch.Tensor,
-        D: torch.Tensor,
-        ssm_state: torch.Tensor,
-        n_groups: int,
-        dt_min: float,
-        dt_max: float,
-    ) -> torch.Tensor:
-        if slots.numel() != xbc.shape[0]:
-            raise ValueError(f"mamba2_step: {slots.numel()} slots for {xbc.shape[0]} rows")
-        y = self._mamba2(
-            _OP_MAMBA2_STEP, "mamba2_step", xbc, dt_raw, slots, slots.numel(), conv_weight, conv_bias,
-            conv_state, dt_bias, A_log, D, ssm_state, n_groups, dt_min, dt_max,
-        )  # fmt: skip
-        return y
-
-    def mamba2_prefill(
-        self,
-        xbc: torch.Tensor,
-        dt_raw: torch.Tensor,
-        query_lens: Sequence[int],
-        slots: torch.Tensor,
-        fresh: Sequence[bool],
-        conv_weight: torch.Tensor,
-        conv_bias: torch.Tensor | None,
-        conv_state: torch.Tensor,
-        dt_bias: torch.Tensor,
-        A_log: torch.Tensor,
-        D: torch.Tensor,
-        ssm_state: torch.Tensor,
-        n_groups: int,
-        dt_min: float,
-        dt_max: float,
-    ) -> torch.Tensor:
-        Bsz = len(query_lens)
-        if not (xbc.is_cpu and slots.is_cpu):
-            raise UnsupportedInput("mamba2_prefill: CPU tensors only")
-        if slots.numel() != Bsz or len(fresh) != Bsz or sum(query_lens) != xbc.shape[0]:
-            raise ValueError(
-                f"mamba2_prefill: {xbc.shape[0]} rows, query_lens {list(query_lens)}, {slots.numel()} slots "
-                f"and {len(fresh)} fresh flags are inconsistent"
-            )
-        starts = [0]
-        for n in query_lens[:-1]:
-            starts.append(starts[-1] + n)
-        seqs = torch.tensor(
-            list(zip(starts, query_lens, slots.tolist(), (int(f) for f in fresh), strict=True)),
-            dtype=torch.int64,
-        ).reshape(Bsz, 4)
-        y = self._mamba2(
-            _OP_MAMBA2_PREFILL, "mamba2_prefill", xbc, dt_raw, seqs, Bsz, conv_weight, conv_bias,
-            conv_state, dt_bias, A_log, D, ssm_state, n_groups, dt_min, dt_max,
-        )  # fmt: skip
-        return y
-
-    def _mamba2(
-        self,
-        op: int,
-        name: str,
-        xbc: torch.Tensor,
-        dt_raw: torch.Tensor,
-        index: torch.Tensor,
-        Bsz: int,
-        conv_weight: torch.Tensor,
-        conv_bias: torch.Tensor | None,
-        conv_state: torch.Tensor,
-        dt_bias: torch.Tensor,
-        A_log: torch.Tensor,
-        D: torch.Tensor,
-        ssm_state: torch.Tensor,
-        n_groups: int,
-        dt_min: float,
-        dt_max: float,
-    ) -> torch.Tensor:
-        """The call both Mamba2 kernels share: `index` is the decode step's slots [B] or the prefill's
-        per-sequence (row0, n, slot, fresh) [B, 4]; y [rows, H, P] is returned."""
-        T, H = dt_raw.shape
-        S, _, P, N = ssm_state.shape
-        Cd, K = conv_weight.shape
-        if (
-            ssm_state.shape[1] != H
-            or xbc.shape != (T, Cd)
-            or Cd != H * P + 2 * n_groups * N
-            or conv_state.shape != (S, Cd, K - 1)
-        ):
-            raise ValueError(
-                f"{name}: xbc {list(xbc.shape)}, dt_raw {list(dt_raw.shape)}, conv_weight "
-                f"{list(conv_weight.shape)}, conv_state {list(conv_state.shape)}, ssm_state "
-                f"{list(ssm_state.shape)} with {n_groups} groups are inconsistent"
-            )
-        ld = xbc.stride(0)
-        if xbc.stride(1) != 1 or dt_raw.stride(1) != 1 or dt_raw.stride(0) != ld or not xbc.is_cpu:
-            raise UnsupportedInput(f"{name}: xbc and dt_raw must be column views of one row-major buffer")
-        if xbc.dtype is not _F32 or dt_raw.dtype is not _F32:
-            raise UnsupportedInput(f"{name}: expected fp32 inputs, found {xbc.dtype}")
-        y = torch.empty(T, H, P, dtype=_F32)
-        a, addr = self._args()
-        a.op = op
-        a.i[0:20] = (
-            xbc.data_ptr(),
-            dt_raw.data_ptr(),
-            ld,
-            _i64_ptr(index, f"{name} slots"),
-            Bsz,
-            _f32_ptr(conv_weight, f"{name} conv_weight"),
-            _f32_ptr(conv_bias, f"{name} conv_bias"),
-            _f32_ptr(conv_state, f"{name} conv_state"),
-            K,
-            _f32_ptr(dt_bias, f"{name} dt_bias"),
-            _f32_ptr(A_log, f"{name} A_log"),
-            _f32_ptr(D, f"{name} D"),
-            _f32_ptr(ssm_state, f"{name} ssm_state"),
-            S,
-            H,
-            P,
-            n_groups,
-            N,
-            y.data_ptr(),
-            torch.get_num_threads(),
-        )
-        a.f[0], a.f[1] = dt_min, dt_max
-        kept = (xbc, dt_raw, index, conv_weight, conv_bias, conv_state, dt_bias, A_log, D, ssm_state, y)
-        self._run(a, addr, name, *kept)
-        return y
