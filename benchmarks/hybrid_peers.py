@@ -7,8 +7,8 @@
 For each model: transformers builds the HF checkpoint at the published config (random weights, seeded,
 cached under benchmarks/.cache/hybrid/), a tokenizer llama.cpp's converter accepts is saved beside it
 (SmolLM2's, exported from the embedded GGUF), and llama.cpp's own `convert_hf_to_gguf.py` — from the
-llama-cpp-python sdist, fetched with `pip download` into the cache unless LLAMA_CPP_SDIST points at an
-unpacked one — writes F32, F16 and Q8_0 GGUFs; Q4_0 comes from llama.cpp's quantizer. blazr loads the
+llama-cpp-python sdist that `make test` unpacks (or LLAMA_CPP_SDIST; else fetched into the cache) —
+writes F32, F16 and Q8_0 GGUFs; Q4_0 comes from llama.cpp's quantizer. blazr loads the
 safetensors directory with the matching --quantize (none / bf16 / int8 / int4), and the Q8_0 / Q4_0 GGUFs
 themselves (blocks kept as stored).
 
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tarfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -38,33 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.run import Row, load_blazr, load_llama_cpp, log, machine, measure_single, prompt_ids  # noqa: I001
 from benchmarks.run import batching_table, measure_batching, single_table, spread_note, versions
+from tests import llama_cpp_convert
+from tests.llama_cpp_convert import export_tokenizer, granite_as_published, nemotron_as_published
 
 CACHE = Path(__file__).parent / ".cache" / "hybrid"
 SDIST = "llama-cpp-python==0.3.36"
 
 # The 52-block pattern of nvidia/Nemotron-H-4B-Base-8K: M = Mamba2, - = MLP, * = attention.
 NEMOTRON_H_4B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-_NEMOTRON_MOE_KEYS = (  # NemotronHConfig's MoE fields, absent from the dense models' published config.json
-    "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
-    "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok", "routed_scaling_factor",
-    "n_group", "topk_group", "norm_topk_prob", "mtp_layers_block_type", "num_nextn_predict_layers",
-)  # fmt: skip
-
-
-def _granite_as_published(raw: dict) -> None:
-    """The published granite-4.0-h files name layer types `attention` / `mamba` (llama.cpp's converter
-    reads those), transformers v5 writes `full_attention` / `linear_attention`."""
-    legacy = {"full_attention": "attention", "linear_attention": "mamba"}
-    raw["layer_types"] = [legacy.get(t, t) for t in raw["layer_types"]]
-
-
-def _nemotron_as_published(raw: dict) -> None:
-    """The published dense Nemotron-H config.json: `hybrid_override_pattern`, no MoE fields, and no
-    model_type that transformers' AutoConfig would rewrite for the converter."""
-    for key in (*_NEMOTRON_MOE_KEYS, "model_type", "layers_block_type"):
-        raw.pop(key, None)
-    raw["hybrid_override_pattern"] = NEMOTRON_H_4B_PATTERN
-    raw["num_hidden_layers"] = len(NEMOTRON_H_4B_PATTERN)
 
 
 # name → (transformers architecture, config (sizes only), edit of the saved config.json for the converter).
@@ -103,7 +84,7 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
             attention_multiplier=0.015625,
             logits_scaling=3.0,
         ),
-        _granite_as_published,
+        granite_as_published,
     ),
     "mamba2-130m": (
         "Mamba2ForCausalLM",
@@ -142,7 +123,7 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
             tie_word_embeddings=False,
             max_position_embeddings=8192,
         ),
-        _nemotron_as_published,
+        partial(nemotron_as_published, pattern=NEMOTRON_H_4B_PATTERN),
     ),
     "falcon-h1-0.5b": (
         "FalconH1ForCausalLM",
@@ -182,8 +163,6 @@ def checkpoint(name: str) -> Path:
         return out
     import transformers
 
-    from blazr.detect import default_model_path
-
     log(f"# building {name} with transformers (random weights)")
     config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**cfg)
     torch.manual_seed(0)
@@ -198,24 +177,21 @@ def checkpoint(name: str) -> Path:
         saved = json.loads(cfg_path.read_text())
         edit(saved)
         cfg_path.write_text(json.dumps(saved, indent=2))
-    gguf = default_model_path()
-    tok = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tok.save_pretrained(out)
+    export_tokenizer(out)
     return out
 
 
 def converter() -> Path:
-    """llama.cpp's convert_hf_to_gguf.py from the llama-cpp-python sdist (the one `make test` unpacks, else
-    fetched into the cache)."""
-    if env := os.environ.get("LLAMA_CPP_SDIST"):
-        return Path(env) / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    """llama.cpp's convert_hf_to_gguf.py: the sdist `make test` unpacks (tests/llama_cpp_convert.py), else
+    one fetched with `pip download` into the cache (`make bench` alone does not unpack it)."""
+    try:
+        return llama_cpp_convert.converter()
+    except FileNotFoundError:
+        pass
     package, version = SDIST.split("==")
-    inner = Path(f"{package.replace('-', '_')}-{version}") / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
-    unpacked = Path(__file__).resolve().parents[1] / ".venv" / "llama-cpp-sdist" / inner
-    if unpacked.exists():
-        return unpacked
     root = CACHE / "sdist"
-    script = root / inner
+    unpacked = root / f"{package.replace('-', '_')}-{version}"
+    script = unpacked / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
     if not script.exists():
         root.mkdir(parents=True, exist_ok=True)
         log(f"# pip download {SDIST} (the sdist carries llama.cpp's converter)")
@@ -232,28 +208,9 @@ def gguf(name: str, kind: str) -> Path:
     if out.exists():
         return out
     if kind == "Q4_0":
-        import llama_cpp
-
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
-        rc = llama_cpp.llama_model_quantize(str(gguf(name, "F32")).encode(), str(out).encode(), params)
-        if rc != 0:
-            raise RuntimeError(f"llama_model_quantize failed ({rc})")
-        return out
-    script = converter()
-    env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
-    log(f"# converting {name} to {kind} with {script.name}")
-    cmd = [
-        sys.executable,
-        str(script),
-        str(checkpoint(name)),
-        "--outtype",
-        kind.lower(),
-        "--outfile",
-        str(out),
-    ]
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    return out
+        return llama_cpp_convert.quantize(gguf(name, "F32"), out, kind)
+    log(f"# converting {name} to {kind} with llama.cpp's convert_hf_to_gguf.py")
+    return llama_cpp_convert.convert(checkpoint(name), None, out, kind.lower(), converter())
 
 
 def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: int) -> list[Row]:

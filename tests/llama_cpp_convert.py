@@ -44,11 +44,14 @@ def export_tokenizer(dst: Path) -> Path:
     return dst
 
 
-def convert(hf_dir: Path, tokenizer_dir: Path, out: Path, outtype: str = "f32") -> Path:
-    """`hf_dir` (a saved transformers checkpoint) → a GGUF at `out`, by llama.cpp's converter."""
-    for f in tokenizer_dir.iterdir():
+def convert(
+    hf_dir: Path, tokenizer_dir: Path | None, out: Path, outtype: str = "f32", script: Path | None = None
+) -> Path:
+    """`hf_dir` (a saved transformers checkpoint; its tokenizer copied in from `tokenizer_dir` unless None)
+    → a GGUF at `out`, by llama.cpp's converter (`script`, default `converter()`)."""
+    for f in tokenizer_dir.iterdir() if tokenizer_dir is not None else ():
         shutil.copy(f, hf_dir / f.name)
-    script = converter()
+    script = script or converter()
     env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
     cmd = [sys.executable, str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -67,3 +70,27 @@ def quantize(src: Path, out: Path, ftype: str) -> Path:
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({src.name} → {ftype}) failed ({rc})")
     return out
+
+
+# config.json edits that make a transformers-v5 save look like the published files llama.cpp's converter reads
+NEMOTRON_MOE_KEYS = (  # NemotronHConfig's MoE fields, absent from the dense models' published config.json
+    "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+    "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok", "routed_scaling_factor",
+    "n_group", "topk_group", "norm_topk_prob", "mtp_layers_block_type", "num_nextn_predict_layers",
+)  # fmt: skip
+
+
+def granite_as_published(raw: dict) -> None:
+    """Hybrid Granite layer types as the published files name them (`attention` / `mamba`; transformers v5
+    writes `full_attention` / `linear_attention`)."""
+    legacy = {"full_attention": "attention", "linear_attention": "mamba"}
+    raw["layer_types"] = [legacy.get(t, t) for t in raw["layer_types"]]
+
+
+def nemotron_as_published(raw: dict, pattern: str) -> None:
+    """A dense Nemotron-H config.json as published: `hybrid_override_pattern`, no MoE fields, and no
+    model_type (with one, the converter lets transformers' AutoConfig rewrite the config)."""
+    for key in (*NEMOTRON_MOE_KEYS, "model_type", "layers_block_type"):
+        raw.pop(key, None)
+    raw["hybrid_override_pattern"] = pattern
+    raw["num_hidden_layers"] = len(pattern)

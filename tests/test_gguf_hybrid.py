@@ -36,7 +36,14 @@ from blazr.detect import inspect_checkpoint
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 from tests.hf_parity import check_greedy, check_logits, prompts
-from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer, quantize
+from tests.llama_cpp_convert import (
+    VOCAB,
+    convert,
+    export_tokenizer,
+    granite_as_published,
+    nemotron_as_published,
+    quantize,
+)
 from tests.ssm_fixtures import HEADS, map_layers, randomise, single_thread
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.test_hf_falcon_h1 import MAMBA as FALCON_MAMBA
@@ -50,32 +57,10 @@ NEMOTRON = dict(
     **HEADS, head_dim=64, mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=16, chunk_size=8, n_groups=2
 )
 MLA = dict(MLA_SIZES, **MOE_SIZES)
-_NEMOTRON_MOE_KEYS = [
-    "num_experts_per_tok",
-    "n_routed_experts",
-    "moe_intermediate_size",
-    "moe_shared_expert_intermediate_size",
-    "n_group",
-    "topk_group",
-    "norm_topk_prob",
-    "routed_scaling_factor",
-    "n_shared_experts",
-    "moe_latent_size",
-]
-
-
-def _legacy_granite_types(raw: dict[str, Any]) -> None:
-    legacy = {"full_attention": "attention", "linear_attention": "mamba"}  # the published files' names
-    raw["layer_types"] = [legacy.get(t, t) for t in raw["layer_types"]]
 
 
 def _dense_nemotron(raw: dict[str, Any]) -> None:
-    for key in _NEMOTRON_MOE_KEYS:
-        raw.pop(key, None)
-    raw.pop("model_type")  # AutoConfig fails → the converter reads config.json as published
-    raw.pop("layers_block_type", None)
-    raw["hybrid_override_pattern"] = "M*M-"
-    raw["num_hidden_layers"] = 4
+    nemotron_as_published(raw, "M*M-")
 
 
 def _v3_scoring(raw: dict[str, Any]) -> None:
@@ -110,7 +95,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], Edit | None, bool]] = {
             attention_multiplier=0.05,
             logits_scaling=2.0,
         ),
-        _legacy_granite_types,
+        granite_as_published,
         True,
     ),
     "granitehybrid-dense-tied": (
@@ -125,7 +110,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], Edit | None, bool]] = {
             shared_intermediate_size=96,
             tie_word_embeddings=True,
         ),
-        _legacy_granite_types,
+        granite_as_published,
         True,
     ),
     "nemotron_h": (
