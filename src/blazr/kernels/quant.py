@@ -13,10 +13,27 @@ group padded with zero rows), a group as K/32 tiles, tile b = block b of the 16 
 for q8_0 the int8 values + 128. The same bytes as ggml's, moved: `unpack_blocks` gives ggml's back
 exactly. Float kinds keep a torch tensor: bf16 or f32 [N, K].
 
-`quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
-quantizers) byte for byte; `dequantize` reproduces `gguf.quants.dequantize`.
+K-quant kinds (GGUF Q4_K / Q5_K / Q6_K, 256 weights per super-block; csrc/linear_k.c) keep ggml's bytes
+exactly as a GGUF file stores them, uint8 [N, row_bytes] with row_bytes = K/256 · block_bytes — no repack,
+so a view of an mmap'd file can be used in place and `ggml_blocks` is `data` itself:
+- q4_k (144 B): f16 d, f16 dmin, 12 B of 6-bit scales / mins, 128 B nibbles — w = d·sc·q − dmin·m per 32
+- q5_k (176 B): as q4_k plus 32 B of 5th bits — q in 0..31
+- q6_k (210 B): 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, f16 d — w = d·sc·(q − 32) per 16
+Why not row-interleaved like the 32-block kinds: their interleave lets a dot with one weight row per lane
+leave 16 rows' sums in 16 lanes without horizontal adds. A K-quant super-block carries its own scale per
+sub-block of 16 / 32, which the AVX2 kernel applies inside the integer dot (vpmaddwd against the scale),
+so each (row, super-block) ends as an 8-lane int32 vector to reduce anyway — batched 8 rows at a time
+into 6 vphaddd, a few % of the dot's instructions. An interleave would save only that, and cost a copy
+of every K-quant tensor at load (and the in-place use of a mapped file).
 
-Shapes: N = out_features, K = in_features, nb = K/32 blocks per row, G = ⌈N/16⌉ row groups.
+`quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
+quantizers) byte for byte for the 32-block kinds (ggml's K-quant quantizers search scales iteratively; the
+tests take K-quant weights from llama.cpp's own quantizer, or `random_kquant`); `dequantize` reproduces
+`gguf.quants.dequantize` for every kind. `quantize_q8_k` is the K-quant kernels' activation rounding (ggml's
+Q8_K), in torch.
+
+Shapes: N = out_features, K = in_features, nb = K/32 blocks per row, G = ⌈N/16⌉ row groups; K-quants:
+K/256 super-blocks per row.
 """
 
 from __future__ import annotations
@@ -28,10 +45,14 @@ import torch
 QK = 32  # weights per block
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 BLOCK_KINDS = tuple(BLOCK_BYTES)
+QK_K = 256  # weights per K-quant super-block
+KQUANT_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+K_KINDS = tuple(KQUANT_BYTES)
 FLOAT_KINDS = {"bf16": torch.bfloat16, "f32": torch.float32}
-KINDS = (*BLOCK_KINDS, *FLOAT_KINDS)
+KINDS = (*BLOCK_KINDS, *K_KINDS, *FLOAT_KINDS)
 # GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind.
-GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "BF16": "bf16", "F32": "f32"}
+GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
+              "BF16": "bf16", "F32": "f32"}  # fmt: skip
 
 
 ROW_GROUP = 16  # rows per packed group
@@ -46,8 +67,8 @@ class QuantizedWeight:
     """A linear layer's weight [N, K] in one of `KINDS`.
 
     `data` is uint8 [G, 16 · row_bytes] for block kinds (row-packed, see the module docstring; build one
-    from ggml-ordered blocks with `from_blocks`), else a bf16 / f32 tensor [N, K]. It must be contiguous;
-    the C kernels read it in place."""
+    from ggml-ordered blocks with `from_blocks`), uint8 [N, K/256 · block_bytes] in ggml's own layout for
+    K-quant kinds, else a bf16 / f32 tensor [N, K]. It must be contiguous; the C kernels read it in place."""
 
     kind: str
     data: torch.Tensor
@@ -60,6 +81,10 @@ class QuantizedWeight:
             if k % QK:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
             want, dtype = (-(-n // ROW_GROUP), _group_bytes(self.kind, k)), torch.uint8
+        elif self.kind in KQUANT_BYTES:
+            if k % QK_K:
+                raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK_K}")
+            want, dtype = (n, k // QK_K * KQUANT_BYTES[self.kind]), torch.uint8
         elif self.kind in FLOAT_KINDS:
             want, dtype = (n, k), FLOAT_KINDS[self.kind]
         else:
@@ -76,13 +101,26 @@ class QuantizedWeight:
         return self.kind in BLOCK_BYTES
 
     @property
+    def is_kquant(self) -> bool:
+        return self.kind in KQUANT_BYTES
+
+    @property
     def nbytes(self) -> int:
         """Bytes streamed by one matmul with this weight."""
         return self.data.numel() * self.data.element_size()
 
     @classmethod
     def from_blocks(cls, kind: str, blocks: torch.Tensor, out_features: int, in_features: int):
-        """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind."""
+        """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind; a K-quant
+        kind keeps them as they are ([N, row_bytes], a view when `blocks` is contiguous)."""
+        if kind in KQUANT_BYTES:
+            row_bytes = in_features // QK_K * KQUANT_BYTES[kind]
+            if blocks.dtype != torch.uint8 or blocks.numel() != out_features * row_bytes:
+                raise ValueError(
+                    f"{kind} blocks of a [{out_features}, {in_features}] weight: expected "
+                    f"{out_features * row_bytes} uint8 bytes, found {blocks.numel()} {blocks.dtype}"
+                )
+            return cls(kind, blocks.reshape(out_features, row_bytes).contiguous(), out_features, in_features)
         return cls(kind, pack_blocks(kind, blocks, out_features, in_features), out_features, in_features)
 
     @classmethod
@@ -92,14 +130,14 @@ class QuantizedWeight:
         if type_name not in GGML_KINDS:
             raise ValueError(f"GGML type {type_name}: no kernel for it (supported: {sorted(GGML_KINDS)})")
         kind = GGML_KINDS[type_name]
-        if kind in BLOCK_BYTES:
+        if kind in BLOCK_BYTES or kind in KQUANT_BYTES:
             return cls.from_blocks(kind, raw.view(torch.uint8), out_features, in_features)
         data = raw.view(FLOAT_KINDS[kind]).reshape(out_features, in_features)
         return cls(kind, data.contiguous(), out_features, in_features)
 
     def ggml_blocks(self) -> torch.Tensor:
         """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
-        return unpack_blocks(self)
+        return self.data if self.is_kquant else unpack_blocks(self)
 
 
 def _tile_fields(kind: str) -> tuple[int, int]:
@@ -175,7 +213,10 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     if kind in FLOAT_KINDS:
         return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
     if kind not in BLOCK_BYTES:
-        raise ValueError(f"quantize: kind {kind!r}, expected one of {KINDS}")
+        raise ValueError(
+            f"quantize: kind {kind!r}, expected one of {(*BLOCK_KINDS, *FLOAT_KINDS)} (K-quant weights come "
+            "from GGUF files, or random_kquant)"
+        )
     if k % QK:
         raise ValueError(f"quantize {kind}: in_features {k} is not a multiple of {QK}")
     blocks = w.detach().to("cpu", torch.float32).reshape(-1, QK)  # [n·K/32, 32]
@@ -213,6 +254,8 @@ def block_fields(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """float32 [N, K] (the reference every kernel is tested against); matches gguf.quants.dequantize."""
+    if qw.is_kquant:
+        return _dequantize_kquant(qw)
     if not qw.is_block:
         return qw.data.float()
     d, m, q = block_fields(qw)
@@ -224,3 +267,101 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     else:
         w = d * q.float()
     return w.reshape(qw.out_features, qw.in_features)
+
+
+# ------------------------------------------------------------------------------------------------ K-quants
+
+
+def _f16_field(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """The f16 field at byte `at` of every super-block [n, bytes] as float32 [n, 1]."""
+    return blocks[:, at : at + 2].contiguous().view(torch.float16).float()
+
+
+def k4_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K's 12-byte field [n, 12] → 6-bit scales and mins, uint8 [n, 8] each. Bytes 0-3: scales
+    0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7: the same for the mins; bytes 8-11: the
+    low 4 bits of scales 4-7 (low nibble) and of mins 4-7 (high nibble)."""
+    d, m, md = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = torch.cat((d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
+    mn = torch.cat((m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
+    return sc, mn
+
+
+def kquant_fields(
+    qw: QuantizedWeight,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """A K-quant weight's values as integers and per-super-block floats: (q [N, nb, 256] int16 in element
+    order — Q6_K with its −32 applied —, scales [N, nb, S] int16 per sub-block of 256/S (S = 8, Q6_K 16),
+    d [N, nb] f32, and for Q4_K / Q5_K (mins [N, nb, 8] int16, dmin [N, nb] f32) stacked as
+    (mins, dmin), else None). w = d·scale·q − dmin·min."""
+    n, nb = qw.out_features, qw.in_features // QK_K
+    blocks = qw.data.reshape(n * nb, KQUANT_BYTES[qw.kind])
+    if qw.kind == "q6_k":
+        # ql: 2 halves × (low nibbles of bytes 0-63, then their high nibbles); qh: 2 halves × 4 bit pairs
+        ql_shifts = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
+        ql = ((blocks[:, 0:128].reshape(-1, 2, 1, 64) >> ql_shifts) & 0x0F).reshape(-1, 8, 32)
+        qh_shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+        qh = ((blocks[:, 128:192].reshape(-1, 2, 1, 32) >> qh_shifts) & 3).reshape(-1, 8, 32)
+        q = (ql | (qh << 4)).to(torch.int16) - 32
+        sc = blocks[:, 192:208].view(torch.int8).to(torch.int16)
+        d = _f16_field(blocks, 208)
+        return q.reshape(n, nb, QK_K), sc.reshape(n, nb, 16), d.reshape(n, nb), None
+    sc, mn = k4_scale_min(blocks[:, 4:16])
+    qs = blocks[:, 16:144] if qw.kind == "q4_k" else blocks[:, 48:176]
+    q = torch.stack((qs.reshape(-1, 4, 32) & 0x0F, qs.reshape(-1, 4, 32) >> 4), dim=2).reshape(-1, 8, 32)
+    if qw.kind == "q5_k":
+        shifts = torch.arange(8, dtype=torch.uint8).view(1, 8, 1)
+        q = q | (((blocks[:, 16:48].reshape(-1, 1, 32) >> shifts) & 1) << 4)
+    d, dmin = _f16_field(blocks, 0).reshape(n, nb), _f16_field(blocks, 2).reshape(n, nb)
+    mins = (mn.to(torch.int16).reshape(n, nb, 8), dmin)
+    return q.to(torch.int16).reshape(n, nb, QK_K), sc.to(torch.int16).reshape(n, nb, 8), d, mins
+
+
+def _dequantize_kquant(qw: QuantizedWeight) -> torch.Tensor:
+    """gguf.quants' float32 order: d·scale (fp32), times q, minus dmin·min — separate ops, no fma."""
+    q, sc, d, mins = kquant_fields(qw)
+    n, nb = d.shape
+    S = sc.shape[-1]
+    dl = (d.unsqueeze(-1) * sc.float()).unsqueeze(-1)  # [N, nb, S, 1]
+    w = q.float().view(n, nb, S, QK_K // S) * dl
+    if mins is not None:
+        mn, dmin = mins
+        w = w - (dmin.unsqueeze(-1) * mn.float()).unsqueeze(-1)
+    return w.reshape(n, qw.in_features)
+
+
+def random_kquant(
+    kind: str, out_features: int, in_features: int, generator: torch.Generator, d: float = 2e-4
+) -> QuantizedWeight:
+    """A K-quant weight of random bytes — every quant, scale and min over its whole range — with f16 d
+    (and dmin) drawn from [d/2, 3d/2) (for tests and benchmarks; any bytes but non-finite f16 fields make a
+    valid super-block)."""
+    if kind not in KQUANT_BYTES:
+        raise ValueError(f"random_kquant: kind {kind!r}, expected one of {K_KINDS}")
+    n, bs = out_features * (in_features // QK_K), KQUANT_BYTES[kind]
+    blocks = torch.randint(0, 256, (n, bs), dtype=torch.uint8, generator=generator)
+    scale = (torch.rand(n, 2, generator=generator) + 0.5) * d
+    f16 = scale.half().view(torch.uint8)  # [n, 4]
+    if kind == "q6_k":
+        blocks[:, 208:210] = f16[:, 0:2]
+    else:
+        blocks[:, 0:4] = f16
+    return QuantizedWeight.from_blocks(kind, blocks, out_features, in_features)
+
+
+def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The K-quant kernels' activation rounding (ggml's quantize_row_q8_K_ref, Q8_K), per row and block of
+    256 in fp32: max = the first element of largest |x|, iscale = −127/max, q = round_half_even(iscale·x)
+    (±127), d = 1/iscale (0 and q = 0 where max = 0), bsums = Σ q per 16.
+    x [M, K] → q int8 [M, K], d [M, K/256] f32, bsums [M, K/16] int32. Then x ≈ d·q with
+    |x − d·q| ≤ |d|·(½ + 2⁻¹⁴) per element."""
+    M, K = x.shape
+    xb = x.float().reshape(M, K // QK_K, QK_K)
+    imax = xb.abs().argmax(-1, keepdim=True)  # first occurrence of the largest |x|
+    mx = xb.gather(-1, imax)
+    # true divisions (a python number over a tensor is a reciprocal times the number in torch: other bits)
+    iscale = torch.where(mx == 0, torch.zeros_like(mx), torch.full_like(mx, -127.0).div(mx))
+    q = torch.round(xb * iscale).clamp(-127, 127)
+    d = torch.where(mx == 0, torch.zeros_like(mx), torch.ones_like(mx).div(iscale)).squeeze(-1)
+    bsums = q.reshape(M, -1, 16).sum(-1).to(torch.int32)
+    return q.to(torch.int8).reshape(M, K), d, bsums.reshape(M, K // 16)

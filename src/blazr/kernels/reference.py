@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from blazr.kernels.quant import QK, QuantizedWeight, block_fields, dequantize
+from blazr.kernels.quant import QK, QK_K, QuantizedWeight, block_fields, dequantize, quantize_q8_k
 from blazr.model.ssd import ssd_chunked
 
 
@@ -36,8 +36,17 @@ def linear_reference(
     swiglu: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """fp32 matmul with the dequantized weight, then the epilogue (bias, SwiGLU or residual)."""
+    """fp32 matmul with the dequantized weight, then the epilogue (bias, SwiGLU or residual).
+
+    K-quant weights (q4_k / q5_k / q6_k) see x rounded as their kernel rounds it (`quantize_q8_k`: 8 bits
+    per 256, an f32 scale): x̂ = d·q. The kernel then differs from this reference only by fp32 rounding —
+    of the dequantized weight and x̂ here (≤ 2u·|w|, u·|x̂| per element), of its per-super-block scales and
+    sums there — within γ_{K/256·2+8}·Σ|x̂|·(|d·sc·q| + |dmin·m|) + γ_K·Σ|x̂·w|; against the unrounded x
+    add Σ_blocks |d|·(½ + 2⁻¹⁴)·Σ_block |w|."""
     linear_out_features(qw, swiglu)
+    if qw.is_kquant:
+        q, d, _ = quantize_q8_k(x.reshape(-1, qw.in_features))
+        x = (q.float().unflatten(-1, (-1, QK_K)) * d.unsqueeze(-1)).reshape(x.shape)
     y = F.linear(x.float(), dequantize(qw), bias)
     if swiglu:
         gate, up = y.chunk(2, dim=-1)

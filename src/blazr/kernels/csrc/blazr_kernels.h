@@ -47,8 +47,9 @@
 #define BLZ_ENOMEM (-3)  /* scratch allocation failed */
 
 /* Weight kinds of the block-quantized linear kernel (ggml block values, 32 weights per block, in blazr's
- * row-packed layout: see linear_q.c). */
-enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2 };
+ * row-packed layout: see linear_q.c), and the GGUF K-quants (256 weights per super-block, ggml's own bytes:
+ * see linear_k.c, reached through blz_linear_q). */
+enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ_Q6_K = 5 };
 #define BLZ_QK 32
 
 /* Element types of the KV-cache pools (attention and kv_write). */
@@ -62,6 +63,7 @@ int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t
 int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                     const float *residual, float *out, int swiglu, int nthreads);
 int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);
+int blz_quantize_q8k(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int16_t *bsums);
 int blz_rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out, int nthreads);
 int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, const float *w, int64_t M, int64_t D,
                        int64_t group, float eps, int norm_before_gate, float *out, int nthreads);
@@ -85,6 +87,10 @@ int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, 
                   float *out);
 int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
 int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out);
+
+/* Internal: the K-quant linear kernel (linear_k.c), blz_linear_q's signature. */
+int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                 const float *residual, float *out, int swiglu, int nthreads);
 
 /* Packed call (see common.c): the arguments of one kernel, in order, as int64 (pointers and integers) and
  * double (float arguments). Python fills one preallocated struct per thread and passes its address, which

@@ -1,0 +1,424 @@
+/* blazr kernels — linear layers with GGUF K-quant weights (ggml Q4_K, Q5_K, Q6_K), run as stored.
+ *
+ * Computes out[M, N] = x[M, K] · Wᵀ (+ bias[N]) (+ residual[M, N]), or in SwiGLU mode, for a fused
+ * [gate; up] weight of N = 2·I rows, out[M, I] = silu(x·W_gateᵀ + b_gate) * (x·W_upᵀ + b_up). Reached through
+ * blz_linear_q (kind codes BLZ_Q4_K, BLZ_Q5_K, BLZ_Q6_K).
+ *
+ * Weights are ggml's bytes as a GGUF file stores them, row after row (row_bytes = K/256 · block bytes), no
+ * repacking — a view of an mmap'd file can be used in place. One super-block holds 256 weights:
+ *   Q4_K (144 B): f16 d, f16 dmin, 12 B of 6-bit scales sc[8] and mins m[8], 128 B nibbles;
+ *                 w = d·sc[j]·q − dmin·m[j] for the 32-weight sub-block j, q in 0..15; nibble byte 32c + l
+ *                 holds element 64c + l (low) and 64c + 32 + l (high)
+ *   Q5_K (176 B): as Q4_K plus qh[32] after the scales (bit j of qh[l] = the 5th bit of element 32j + l),
+ *                 q in 0..31
+ *   Q6_K (210 B): ql[128] low 4 bits, qh[64] high 2 bits, int8 sc[16], f16 d; w = d·sc[e/16]·(q − 32),
+ *                 q in 0..63 (element layout: see unpack_q6k)
+ *
+ * Activations are quantized as ggml's quantize_row_q8_K_ref (Q8_K), per row and super-block of 256:
+ * max = the first element of largest |x|, iscale = −127/max, q = round_half_even(iscale·x) (int8, ±127),
+ * dx = 1/iscale (fp32, unrounded), bsums = sums of q per 16; all zero when max = 0.
+ *
+ * Per (output row n, activation row m, super-block b) the integer dot is exact in int32:
+ *   Q4_K / Q5_K: sumi = Σ_j sc[j]·Σ_{32 e} q·qx,   summ = Σ_j m[j]·(bsums[2j] + bsums[2j+1])
+ *   Q6_K:        sumi = Σ_j sc[j]·(Σ_{16 e} q·qx − 32·bsums[j])
+ * (|sumi| < 2^29), then in fp32, super-blocks in order:
+ *   acc = fma((float)sumi, d·dx, acc);   Q4_K / Q5_K: acc = fma(−(float)summ, dmin·dx, acc)
+ * Every output is computed by exactly this sequence whatever M is and wherever its row falls in a tile,
+ * so a row's result never depends on its batch; the AVX2 path (vpmaddubsw pair sums, which cannot
+ * saturate: q ≤ 63, |qx| ≤ 127) and the portable scalar path (explicit fmaf) give the same bits.
+ *
+ * Parallel strategy: OpenMP splits the output rows in tiles of 8; a tile walks the super-blocks once per
+ * group of up to 8 activation rows, unpacking each weight row's super-block into registers once for the
+ * group. The AVX2 path keeps an 8-lane int32 partial sum per (weight row, activation row) and reduces 8 of
+ * them at once with vphaddd into one vector whose lane r is row r's sumi, so the fp32 step is one 8-lane
+ * fma per activation row and super-block, and a tile's 8 outputs of a row are contiguous.
+ */
+#include "blazr_kernels.h"
+
+#define QK_K 256
+#define KR 8 /* weight rows per tile (the fp32 lanes) */
+#define KT 8 /* activation rows per tile, at most */
+#ifndef BLZ_K_PF
+#define BLZ_K_PF 0 /* software prefetch distance of each weight row, in super-blocks (0: none) */
+#endif
+
+BLZ_INLINE int64_t kblock_bytes(int kind) { return kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210; }
+BLZ_INLINE int has_mins(int kind) { return kind != BLZ_Q6_K; }
+
+/* Q8_K activations of one call. */
+typedef struct {
+    int8_t *q;      /* [M][K] */
+    float *d;       /* [M][nb] dx */
+    int16_t *bs;    /* [M][nb][16] sums of q per 16 */
+    int16_t *xs;    /* [M][nb][8] sums of q per 32 (bs[2j] + bs[2j+1]) */
+    int64_t K, nb;
+} actk_t;
+
+/* Quantize one row x[K] to Q8_K (see the header comment). Plain C in every build: the work is M·K, small
+ * next to the M·N·K of the dots, and the first-occurrence rule for the signed max is kept as written. */
+static void quantize_q8k_row(const float *restrict x, int64_t nb, int8_t *restrict q, float *restrict d,
+                             int16_t *restrict bs, int16_t *restrict xs) {
+    for (int64_t b = 0; b < nb; ++b) {
+        const float *xb = x + b * QK_K;
+        int8_t *qb = q + b * QK_K;
+        float amax = 0.0f, mx = 0.0f;
+        for (int j = 0; j < QK_K; ++j) {
+            const float ax = fabsf(xb[j]);
+            if (ax > amax) {
+                amax = ax;
+                mx = xb[j];
+            }
+        }
+        if (amax == 0.0f) {
+            memset(qb, 0, QK_K);
+            memset(bs + 16 * b, 0, 16 * sizeof(int16_t));
+            memset(xs + 8 * b, 0, 8 * sizeof(int16_t));
+            d[b] = 0.0f;
+            continue;
+        }
+        const float iscale = -127.0f / mx;
+        for (int j = 0; j < QK_K; ++j) {
+            const float v = nearbyintf(iscale * xb[j]); /* round half to even, as ggml's nearest_int */
+            qb[j] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+        for (int j = 0; j < 16; ++j) {
+            int s = 0;
+            for (int i = 0; i < 16; ++i) s += qb[16 * j + i];
+            bs[16 * b + j] = (int16_t)s;
+        }
+        for (int j = 0; j < 8; ++j) xs[8 * b + j] = (int16_t)(bs[16 * b + 2 * j] + bs[16 * b + 2 * j + 1]);
+        d[b] = 1.0f / iscale;
+    }
+}
+
+/* Q4_K / Q5_K: the 12-byte field → 8 six-bit scales (bytes of sc[0..1]) and 8 six-bit mins (mn[0..1]),
+ * four bytes at a time: bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7, bytes 4-7
+ * the same for the mins, bytes 8-11 the low 4 bits of scales 4-7 (low nibbles) and mins 4-7 (high). */
+BLZ_INLINE void k4_scales(const uint8_t *restrict p, uint32_t sc[2], uint32_t mn[2]) {
+    uint32_t w[3];
+    memcpy(w, p, 12);
+    sc[0] = w[0] & 0x3f3f3f3fu;
+    mn[0] = w[1] & 0x3f3f3f3fu;
+    sc[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    mn[1] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+}
+
+BLZ_INLINE float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return blz_fp16_to_fp32(h);
+}
+
+/* The unsigned quants u[256] of one super-block, in element order (Q6_K: q + 32 stored as 0..63). */
+static void unpack_scalar(int kind, const uint8_t *restrict blk, uint8_t u[QK_K]) {
+    if (kind == BLZ_Q6_K) {
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+            uint8_t *o = u + 128 * h;
+            for (int l = 0; l < 32; ++l) {
+                o[l] = (uint8_t)((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4));
+                o[l + 32] = (uint8_t)((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+                o[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                o[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        return;
+    }
+    const uint8_t *qs = blk + (kind == BLZ_Q4_K ? 16 : 48), *qh = blk + 16;
+    for (int c = 0; c < 4; ++c)
+        for (int l = 0; l < 32; ++l) {
+            u[64 * c + l] = qs[32 * c + l] & 15;
+            u[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+        }
+    if (kind == BLZ_Q5_K)
+        for (int j = 0; j < 8; ++j)
+            for (int l = 0; l < 32; ++l) u[32 * j + l] |= (uint8_t)(((qh[l] >> j) & 1) << 4);
+}
+
+/* Portable path: acc[m][r] = the dot products of weight rows rows[0..nr-1] with activation rows
+ * m0 .. m0+mt-1, by the operations of the header comment. */
+__attribute__((unused)) static void tile_scalar(int kind, const uint8_t *const rows[KR], int nr,
+                                                const actk_t *restrict a, int64_t m0, int mt, float acc[KT][KR]) {
+    const int64_t bb = kblock_bytes(kind), nb = a->nb;
+    for (int m = 0; m < mt; ++m)
+        for (int r = 0; r < KR; ++r) acc[m][r] = 0.0f;
+    uint8_t u[QK_K];
+    for (int64_t b = 0; b < nb; ++b)
+        for (int r = 0; r < nr; ++r) {
+            const uint8_t *blk = rows[r] + b * bb;
+            unpack_scalar(kind, blk, u);
+            uint8_t sc[8], mn[8];
+            float dw, dmin = 0.0f;
+            if (kind == BLZ_Q6_K) {
+                dw = f16_at(blk + 208);
+            } else {
+                uint32_t s4[2], m4[2];
+                k4_scales(blk + 4, s4, m4);
+                memcpy(sc, s4, 8);
+                memcpy(mn, m4, 8);
+                dw = f16_at(blk);
+                dmin = f16_at(blk + 2);
+            }
+            for (int m = 0; m < mt; ++m) {
+                const int64_t row = (m0 + m) * nb + b;
+                const int8_t *xq = a->q + (m0 + m) * a->K + b * QK_K;
+                int32_t sumi = 0, summ = 0;
+                if (kind == BLZ_Q6_K) {
+                    const int8_t *s6 = (const int8_t *)(blk + 192);
+                    for (int j = 0; j < 16; ++j) {
+                        int32_t dot = 0;
+                        for (int e = 0; e < 16; ++e) dot += (int32_t)u[16 * j + e] * xq[16 * j + e];
+                        sumi += s6[j] * (dot - 32 * a->bs[16 * row + j]);
+                    }
+                } else {
+                    for (int j = 0; j < 8; ++j) {
+                        int32_t dot = 0;
+                        for (int e = 0; e < 32; ++e) dot += (int32_t)u[32 * j + e] * xq[32 * j + e];
+                        sumi += sc[j] * dot;
+                        summ += mn[j] * a->xs[8 * row + j];
+                    }
+                }
+                const float dx = a->d[row];
+                acc[m][r] = fmaf((float)sumi, dw * dx, acc[m][r]);
+                if (has_mins(kind)) acc[m][r] = fmaf(-(float)summ, dmin * dx, acc[m][r]);
+            }
+        }
+}
+
+#ifdef BLZ_AVX2
+/* vpshufb masks: int16 lane pair of scale j broadcast to all 16 lanes (Q4_K / Q5_K, scales as int16 in
+ * bytes 2j, 2j+1), and for Q6_K [scale 2j'] in the low 128 bits, [scale 2j'+1] in the high (j' = j mod 4). */
+static const uint8_t k4_shuffle[8][32] __attribute__((aligned(32))) = {
+#define S2(a) a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1
+    {S2(0), S2(0)},   {S2(2), S2(2)},   {S2(4), S2(4)},   {S2(6), S2(6)},
+    {S2(8), S2(8)},   {S2(10), S2(10)}, {S2(12), S2(12)}, {S2(14), S2(14)},
+};
+static const uint8_t k6_shuffle[4][32] __attribute__((aligned(32))) = {
+    {S2(0), S2(2)}, {S2(4), S2(6)}, {S2(8), S2(10)}, {S2(12), S2(14)},
+#undef S2
+};
+
+/* The 8 int32 vectors v[r] → one vector whose lane r is Σ lanes of v[r] (exact integer adds). */
+BLZ_INLINE __m256i hsum8x8(const __m256i v[KR]) {
+    const __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+/* The mins of 8 rows, mn[r] = 8 int16 (4 pairs p of 32 bits each) → mp[p] with lane r = row r's pair p, so
+ * that Σ_p vpmaddwd(mp[p], the activation's pair p broadcast) leaves row r's Σ_j m[j]·xs[j] in lane r. */
+BLZ_INLINE void transpose_mins(const __m128i mn[KR], __m256i mp[4]) {
+    __m256i y[4];
+    for (int i = 0; i < 4; ++i) y[i] = _mm256_set_m128i(mn[i + 4], mn[i]); /* rows i | i + 4 */
+    const __m256i t0 = _mm256_unpacklo_epi32(y[0], y[1]), t1 = _mm256_unpacklo_epi32(y[2], y[3]);
+    const __m256i t2 = _mm256_unpackhi_epi32(y[0], y[1]), t3 = _mm256_unpackhi_epi32(y[2], y[3]);
+    mp[0] = _mm256_unpacklo_epi64(t0, t1);
+    mp[1] = _mm256_unpackhi_epi64(t0, t1);
+    mp[2] = _mm256_unpacklo_epi64(t2, t3);
+    mp[3] = _mm256_unpackhi_epi64(t2, t3);
+}
+
+BLZ_INLINE __m256i bcast_pair(const int16_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* AVX2 path of tile_scalar. Per super-block and weight row: the 256 quants unpacked to 8 registers of 32
+ * unsigned bytes (sub-block j = elements 32j..32j+31) and 8 int16 scale vectors; per activation row,
+ * Σ_j vpmaddwd(vpmaddubsw(W_j, X_j), S_j) — every partial an exact int32 — left in v[m][r] for the
+ * reduction; Q6_K's −32·Σ sc·bsums joins the same vector, the Q4_K / Q5_K mins a 4-lane one. */
+BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[KR], const actk_t *restrict a,
+                          const int64_t m0, const int mt, float acc_out[KT][KR]) {
+    const int64_t bb = kblock_bytes(kind), nb = a->nb;
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b30 = _mm256_set1_epi8(0x30);
+    __m256 acc[KT];
+    for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i v[KT][KR];
+        __m128i mn[KR];
+        uint16_t dh[KR], mh[KR]; /* f16 d and dmin of the 8 rows, widened together (F16C: exact) */
+        for (int r = 0; r < KR; ++r) {
+            const uint8_t *blk = rows[r] + b * bb;
+#if BLZ_K_PF
+            for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)blk + BLZ_K_PF * bb + o, _MM_HINT_T0);
+#endif
+            __m256i W[8], S[8], sc16 = _mm256_setzero_si256();
+            if (kind == BLZ_Q6_K) {
+                memcpy(&dh[r], blk + 208, 2);
+                for (int h = 0; h < 2; ++h) {
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+                    const __m256i hh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                    W[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), b30));
+                    W[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), b30));
+                    W[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hh, b30));
+                    W[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                                                   _mm256_and_si256(_mm256_srli_epi16(hh, 2), b30));
+                }
+                sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+                const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+                const __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i sh = _mm256_load_si256((const __m256i *)k6_shuffle[j]);
+                    S[j] = _mm256_shuffle_epi8(lo, sh);
+                    S[j + 4] = _mm256_shuffle_epi8(hi, sh);
+                }
+            } else {
+                uint32_t sc[2], m6[2];
+                k4_scales(blk + 4, sc, m6);
+                memcpy(&dh[r], blk, 2);
+                memcpy(&mh[r], blk + 2, 2);
+                const __m128i s8 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
+                mn[r] = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)m6[1], (int)m6[0]));
+                const __m256i s2 = _mm256_set_m128i(s8, s8);
+                for (int j = 0; j < 8; ++j) S[j] = _mm256_shuffle_epi8(s2, _mm256_load_si256((const __m256i *)k4_shuffle[j]));
+                const uint8_t *qs = blk + (kind == BLZ_Q4_K ? 16 : 48);
+                for (int c = 0; c < 4; ++c) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                    W[2 * c] = _mm256_and_si256(q, lo4);
+                    W[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+                }
+                if (kind == BLZ_Q5_K) {
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+                    for (int j = 0; j < 8; ++j) {
+                        const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+                        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+                        W[j] = _mm256_or_si256(W[j], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                    }
+                }
+            }
+            for (int m = 0; m < mt; ++m) {
+                const int64_t row = (m0 + m) * nb + b;
+                const int8_t *xq = a->q + (m0 + m) * a->K + b * QK_K;
+                __m256i s = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i p = _mm256_maddubs_epi16(W[j], _mm256_loadu_si256((const __m256i *)(xq + 32 * j)));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, S[j]));
+                }
+                if (kind == BLZ_Q6_K) {
+                    const __m256i bsv = _mm256_loadu_si256((const __m256i *)(a->bs + 16 * row));
+                    s = _mm256_sub_epi32(s, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsv), 5));
+                }
+                v[m][r] = s;
+            }
+        }
+        const __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        __m256 dmv = dwv;
+        __m256i mp[4];
+        if (has_mins(kind)) {
+            dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
+            transpose_mins(mn, mp);
+        }
+        for (int m = 0; m < mt; ++m) {
+            const int64_t row = (m0 + m) * nb + b;
+            const __m256 dx = _mm256_set1_ps(a->d[row]);
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(v[m])), _mm256_mul_ps(dwv, dx), acc[m]);
+            if (has_mins(kind)) {
+                const int16_t *xs = a->xs + 8 * row;
+                __m256i summ = _mm256_madd_epi16(mp[0], bcast_pair(xs));
+                for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[p], bcast_pair(xs + 2 * p)));
+                acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmv, dx), acc[m]);
+            }
+        }
+    }
+    for (int m = 0; m < mt; ++m) _mm256_storeu_ps(acc_out[m], acc[m]);
+}
+#endif
+
+/* acc[m][r] = dot products of weight rows rows[0..KR-1] (the first nr real, the rest repeats) with
+ * activation rows m0 .. m0+mt-1. */
+static void tile_dots(int kind, const uint8_t *const rows[KR], int nr, const actk_t *a, int64_t m0, int mt,
+                      float acc[KT][KR]) {
+#ifdef BLZ_AVX2
+    (void)nr;
+    switch (kind * 2 + (mt == 1)) { /* one activation row (decode) compiled on its own */
+        case BLZ_Q4_K * 2 + 1:
+            tile_avx2(BLZ_Q4_K, rows, a, m0, 1, acc);
+            return;
+        case BLZ_Q4_K * 2:
+            tile_avx2(BLZ_Q4_K, rows, a, m0, mt, acc);
+            return;
+        case BLZ_Q5_K * 2 + 1:
+            tile_avx2(BLZ_Q5_K, rows, a, m0, 1, acc);
+            return;
+        case BLZ_Q5_K * 2:
+            tile_avx2(BLZ_Q5_K, rows, a, m0, mt, acc);
+            return;
+        case BLZ_Q6_K * 2 + 1:
+            tile_avx2(BLZ_Q6_K, rows, a, m0, 1, acc);
+            return;
+        default:
+            tile_avx2(BLZ_Q6_K, rows, a, m0, mt, acc);
+            return;
+    }
+#else
+    tile_scalar(kind, rows, nr, a, m0, mt, acc);
+#endif
+}
+
+static int actk_alloc(actk_t *a, int64_t M, int64_t K) {
+    a->K = K;
+    a->nb = K / QK_K;
+    const size_t qb = (size_t)blz_round_up(M * K, 64), db = (size_t)blz_round_up(M * a->nb * 4, 64);
+    const size_t sb = (size_t)blz_round_up(M * a->nb * 32, 64), xb = (size_t)blz_round_up(M * a->nb * 16, 64);
+    uint8_t *buf = blz_scratch(qb + db + sb + xb);
+    if (!buf) return BLZ_ENOMEM;
+    a->q = (int8_t *)buf;
+    a->d = (float *)(buf + qb);
+    a->bs = (int16_t *)(buf + qb + db);
+    a->xs = (int16_t *)(buf + qb + db + sb);
+    return BLZ_OK;
+}
+
+/* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][row_bytes] in
+ * ggml's layout, bias [N] or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
+int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                 const float *residual, float *out, int swiglu, int nthreads) {
+    if (kind < BLZ_Q4_K || kind > BLZ_Q6_K || M < 0 || N < 0 || K <= 0 || K % QK_K) return BLZ_EINVAL;
+    if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
+    if (M == 0 || N == 0) return BLZ_OK;
+    actk_t a;
+    if (actk_alloc(&a, M, K)) return BLZ_ENOMEM;
+    const int64_t row_bytes = a.nb * kblock_bytes(kind), nout = swiglu ? N / 2 : N;
+    const int64_t ntiles = (nout + KR - 1) / KR;
+    const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m)
+            quantize_q8k_row(x + m * K, a.nb, a.q + m * K, a.d + m * a.nb, a.bs + m * a.nb * 16, a.xs + m * a.nb * 8);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < ntiles; ++t) {
+            float r[KT][KR] __attribute__((aligned(32))), u[KT][KR] __attribute__((aligned(32)));
+            const int64_t n0 = t * KR;
+            const int nn = (int)blz_min(KR, nout - n0);
+            const uint8_t *gate[KR], *up[KR];
+            for (int i = 0; i < KR; ++i) {
+                const int64_t n = n0 + blz_min(i, nn - 1); /* pad a short tile with its last row */
+                gate[i] = w + n * row_bytes;
+                up[i] = w + (nout + n) * row_bytes;
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += KT) {
+                const int mt = (int)blz_min(KT, M - m0);
+                tile_dots(kind, gate, nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(kind, up, nn, &a, m0, mt, u);
+                for (int m = 0; m < mt; ++m)
+                    for (int j = 0; j < nn; ++j)
+                        blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
+            }
+        }
+    }
+    return BLZ_OK;
+}
+
+/* The Q8_K activation quantization of blz_linear_k on its own (for tests): q [M, K] int8, d [M, K/256],
+ * bsums [M, K/16] int16. */
+BLZ_EXPORT int blz_quantize_q8k(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int16_t *bsums) {
+    if (M < 0 || K <= 0 || K % QK_K) return BLZ_EINVAL;
+    const int64_t nb = K / QK_K;
+    int16_t *xs = blz_scratch((size_t)nb * 8 * sizeof(int16_t));
+    if (!xs) return BLZ_ENOMEM;
+    for (int64_t m = 0; m < M; ++m) quantize_q8k_row(x + m * K, nb, q + m * K, d + m * nb, bsums + m * nb * 16, xs);
+    return BLZ_OK;
+}

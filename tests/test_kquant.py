@@ -1,0 +1,289 @@
+"""GGUF K-quant weights (Q4_K, Q5_K, Q6_K) run as stored: the format (`dequantize` equal to gguf-py's), the
+Q8_K activation rounding (C equal to the torch reference), the C kernel against an exact emulation of its
+integer algorithm and against dequantize-then-matmul, the same bits from the AVX2 and the portable scalar
+builds, batch invariance, epilogues, bad shapes; and a GGUF made by llama.cpp's own Q4_K_M quantizer loaded
+with its K-quant tensors kept as stored, against the same file dequantized and against llama.cpp.
+
+Tolerances, derived (u = 2⁻²⁴, γ_n = n·u/(1 − n·u)):
+- the kernel computes Σ_b fl(fl(d·dx)·sumi) (− fl(dmin·dx)·summ) with exact integers sumi / summ and fp32
+  fmas in a fixed order: within γ_{2·nb+8}·Σ_b |terms| of the exact value of that expression (nb = K/256);
+- against x̂·Wᵀ in exact arithmetic (x̂ = dx·q, ggml's Q8_K rounding of x, and W dequantized exactly):
+  γ_{K+2·nb+16}·Σ|x̂|·(|d·sc·q| + |dmin·m|) — the fp32 rounding of W, x̂ and the sums on either side;
+- against the unrounded x: + Σ_blocks |dx|·(½ + 2⁻¹⁴)·Σ_block |w| (`quantize_q8_k`'s bound).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from blazr.kernels import build, ops
+from blazr.kernels.quant import (
+    K_KINDS,
+    QK_K,
+    QuantizedWeight,
+    dequantize,
+    kquant_fields,
+    quantize,
+    quantize_q8_k,
+    random_kquant,
+)
+from tests.test_kernels import _check_linear, _epilogue, gamma
+
+GGML = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationType.Q5_K,
+        "q6_k": gguf.GGMLQuantizationType.Q6_K}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def native() -> ops.Kernels:
+    k = ops.kernels()
+    assert k is not None, "kernel library unavailable (no C compiler, or BLAZR_KERNELS=0)"
+    return k
+
+
+@pytest.fixture(scope="session")
+def scalar() -> ops.Kernels:
+    """The library built without SIMD paths (`-march=x86-64` on x86), cached like the native one."""
+    is_x86 = platform.machine().lower() in ("x86_64", "amd64")
+    flags = ("-O3", "-march=x86-64", "-fopenmp") if is_x86 else ("-O3", "-fopenmp")
+    k = ops.Kernels(build.open_library(build.build(flags)))
+    assert k.features == []
+    return k
+
+
+@pytest.fixture(params=["native", "scalar"])
+def lib(request: pytest.FixtureRequest) -> ops.Kernels:
+    return request.getfixturevalue(request.param)
+
+
+def _weight(kind: str, n: int, k: int, seed: int) -> QuantizedWeight:
+    """Random bytes (every quant, scale and min over its range) with a few extreme super-blocks: all quants
+    and scales at their maximum, and for Q6_K the most negative scale with q − 32 = −32."""
+    qw = random_kquant(kind, n, k, torch.Generator().manual_seed(seed), d=1e-3)
+    blocks = qw.data.view(n, k // QK_K, -1)
+    if kind == "q6_k":
+        blocks[0, 0, :192] = 0xFF  # q = 63
+        blocks[0, 0, 192:208] = 0x7F  # scales 127
+        blocks[1 % n, 0, :192] = 0  # q − 32 = −32
+        blocks[1 % n, 0, 192:208] = 0x80  # scales −128
+    else:
+        blocks[0, 0, 4:] = 0xFF  # scales and mins 63, quants 15 (31 for Q5_K)
+    return qw
+
+
+def _acts(m: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """Activations over 5 decades, with a zero super-block, one of constant sign at full scale (every q8 at
+    ±127, the integer sums' extreme) and ties for the largest |x| (the first one's sign sets the scale's)."""
+    x = torch.randn(m, k, generator=g) * torch.logspace(-2, 3, k)
+    x[0, :QK_K] = 0
+    if k > QK_K:
+        x[-1, QK_K : 2 * QK_K] = 5.0
+    x[-1, :QK_K] = torch.tensor([-2.0, 2.0] * (QK_K // 2))
+    return x
+
+
+def _q8k(lib: ops.Kernels, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The C library's Q8_K rounding (blz_quantize_q8k): q [M, K] int8, d [M, K/256], bsums [M, K/16]."""
+    M, K = x.shape
+    q, d = torch.empty(M, K, dtype=torch.int8), torch.empty(M, K // QK_K)
+    bsums = torch.empty(M, K // 16, dtype=torch.int16)
+    fn = lib.lib.blz_quantize_q8k
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3
+    fn.restype = ctypes.c_int
+    assert fn(x.data_ptr(), M, K, q.data_ptr(), d.data_ptr(), bsums.data_ptr()) == 0
+    return q, d, bsums.int()
+
+
+def _emulate(x: torch.Tensor, qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's algorithm in exact arithmetic: (y [M, N] float64, mag = Σ_b |terms|) with the per
+    super-block scale products rounded to fp32 as the kernel rounds them."""
+    M, K = x.shape
+    nb = K // QK_K
+    qx, dx, _ = quantize_q8_k(x)
+    qx = qx.double().reshape(M, nb, QK_K)
+    q, sc, d, mins = kquant_fields(qw)
+    per = QK_K // sc.shape[-1]
+    wq = q.double() * sc.double().repeat_interleave(per, -1)  # [N, nb, 256] exact integers
+    sumi = torch.einsum("mbk,nbk->mnb", qx, wq)
+    terms = sumi * (d.unsqueeze(0) * dx.unsqueeze(1)).double()  # fp32 product, as the kernel
+    y, mag = terms.sum(-1), terms.abs().sum(-1)
+    if mins is not None:
+        mn, dmin = mins
+        xs = qx.reshape(M, nb, 8, 32).sum(-1)
+        mscale = (dmin.unsqueeze(0) * dx.unsqueeze(1)).double()  # fp32 product, as the kernel
+        mterms = torch.einsum("mbj,nbj->mnb", xs, mn.double()) * mscale
+        y, mag = y - mterms.sum(-1), mag + mterms.abs().sum(-1)
+    return y, mag
+
+
+def _exact_weight(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W exactly, in float64 [N, K]; |d·sc·q| + |dmin·m| per element, the magnitude its rounding scales)."""
+    q, sc, d, mins = kquant_fields(qw)
+    n = q.shape[0]
+    per = QK_K // sc.shape[-1]
+    big = q.double() * (d.double().unsqueeze(-1) * sc.double()).repeat_interleave(per, -1)
+    w, size = big, big.abs()
+    if mins is not None:
+        mn, dmin = mins
+        off = (dmin.double().unsqueeze(-1) * mn.double()).repeat_interleave(32, -1)
+        w, size = w - off, size + off.abs()
+    return w.reshape(n, -1), size.reshape(n, -1)
+
+
+# ---------------------------------------------------------------- format
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+def test_dequantize_matches_gguf(kind: str) -> None:
+    qw = _weight(kind, 37, 512, seed=1)
+    ref = gguf.quants.dequantize(qw.data.numpy(), GGML[kind])
+    assert np.array_equal(dequantize(qw).numpy(), ref)
+    assert torch.equal(_exact_weight(qw)[0].float(), dequantize(qw))  # the float64 oracle, rounded once
+    raw = qw.data.clone().flatten()  # a GGUF tensor's bytes: kept as they are, no copy
+    again = QuantizedWeight.from_ggml(kind.upper(), raw, 37, 512)
+    assert again.data.data_ptr() == raw.data_ptr() and again.ggml_blocks() is again.data
+
+
+def test_kquant_weight_checks_shapes() -> None:
+    with pytest.raises(ValueError, match="multiple of 256"):
+        QuantizedWeight("q4_k", torch.zeros(2, 144, dtype=torch.uint8), 2, 128)
+    with pytest.raises(ValueError, match=r"expected torch\.uint8 \[2, 420\]"):
+        QuantizedWeight("q6_k", torch.zeros(2, 210, dtype=torch.uint8), 2, 512)
+    with pytest.raises(ValueError, match="expected 352 uint8 bytes"):
+        QuantizedWeight.from_blocks("q5_k", torch.zeros(351, dtype=torch.uint8), 2, 256)
+    with pytest.raises(ValueError, match="K-quant weights come from GGUF"):
+        quantize(torch.randn(4, 256), "q4_k")
+
+
+def test_q8k_activation_rounding_is_exact(lib: ops.Kernels) -> None:
+    """C and torch round activations identically (ggml's quantize_row_q8_K_ref), zero blocks and ties
+    included, and x ≈ d·q within the stated bound."""
+    g = torch.Generator().manual_seed(3)
+    x = _acts(4, 1024, g)
+    x[1, 256:512] = (torch.arange(256) - 127.5) / 8  # many exact .5 ties after scaling
+    got, want = _q8k(lib, x), quantize_q8_k(x)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    q, d, _ = want
+    err = (x - (q.float().reshape(4, 4, QK_K) * d.unsqueeze(-1)).reshape(4, -1)).abs()
+    assert (err <= (d.abs() * (0.5 + 2.0**-14)).repeat_interleave(QK_K, -1)).all()
+    assert d[-1, 0] > 0 and q[-1, 0] == -127  # the first of the ties (−2) sets the scale's sign
+
+
+# ---------------------------------------------------------------- linear
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+@pytest.mark.parametrize("M", [1, 3, 8, 19])
+@pytest.mark.parametrize(("N", "K"), [(37, 512), (64, 768), (5, 256)])
+def test_linear_kquant(lib: ops.Kernels, kind: str, M: int, N: int, K: int) -> None:
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    qw = _weight(kind, N, K, seed=N + K)
+    x = _acts(M, K, g)
+    emul, mag = _emulate(x, qw)
+    w_exact, w_size = _exact_weight(qw)
+    qx, dx, _ = quantize_q8_k(x)
+    xr = (qx.double().reshape(M, -1, QK_K) * dx.double().unsqueeze(-1)).reshape(M, K)  # x̂, exactly
+    exact = xr @ w_exact.T
+    round_err = gamma(K + 2 * (K // QK_K) + 16) * (xr.abs() @ w_size.T)
+    act = (dx.double().abs() * (0.5 + 2.0**-14)).repeat_interleave(QK_K, -1)  # bound on |x − x̂|
+    act_err = act @ w_exact.abs().T
+    for name in ("plain", "bias+residual", "swiglu"):
+        if name != "plain" and M not in (3, 8):
+            continue
+        rows = N - N % 2 if name == "swiglu" else N
+        qn = qw if rows == N else QuantizedWeight(kind, qw.data[:rows].contiguous(), rows, K)
+        bias, residual, swiglu = _epilogue(name, M, rows, g)
+        out = residual.clone() if residual is not None else None
+        y = lib.linear(x, qn, bias, out, swiglu=swiglu, out=out)
+        e, fe = emul[:, :rows], gamma(2 * (K // QK_K) + 8) * mag[:, :rows]
+        _check_linear(y, e, fe, bias, residual, swiglu)  # the exact integer algorithm, fp32 rounding
+        _check_linear(y, exact[:, :rows], round_err[:, :rows], bias, residual, swiglu)  # x̂ · W
+        full = x.double() @ w_exact[:rows].T  # the unrounded x
+        _check_linear(y, full, round_err[:, :rows] + act_err[:, :rows], bias, residual, swiglu)
+        if name == "plain":  # the torch reference (dequantize, x rounded the same way) within the same bound
+            ref = ops.linear_reference(x, qn)
+            _check_linear(ref, exact, round_err, None, None, False)
+
+
+@pytest.mark.parametrize("kind", K_KINDS)
+def test_scalar_and_simd_builds_give_the_same_bits(
+    native: ops.Kernels, scalar: ops.Kernels, kind: str
+) -> None:
+    """Exact integer dots, then the same fp32 operations in the same order in every build."""
+    g = torch.Generator().manual_seed(7)
+    qw = _weight(kind, 53, 768, seed=2)
+    bias = torch.randn(53, generator=g)
+    for M in (1, 5, 9, 17):
+        x = _acts(M, 768, g)
+        assert torch.equal(native.linear(x, qw, bias), scalar.linear(x, qw, bias)), M
+    gate_up = QuantizedWeight(kind, qw.data[:52].contiguous(), 52, 768)
+    x = _acts(3, 768, g)
+    assert torch.equal(native.linear(x, gate_up, swiglu=True), scalar.linear(x, gate_up, swiglu=True))
+
+
+def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
+    """A batched call equals one call per row, bit for bit, wherever the row falls in the 8-row tiles."""
+    g = torch.Generator().manual_seed(11)
+    x = _acts(37, 512, g)
+    for kind in K_KINDS:
+        qw = _weight(kind, 21, 512, seed=5)
+        rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
+        assert torch.equal(lib.linear(x, qw), rows), kind
+        for lo, hi in ((5, 12), (3, 15), (0, 16), (0, 17), (30, 37)):
+            assert torch.equal(lib.linear(x[lo:hi], qw), rows[lo:hi]), (kind, lo, hi)
+
+
+def test_linear_rejects_bad_inputs(native: ops.Kernels) -> None:
+    qw = _weight("q4_k", 8, 512, seed=0)
+    with pytest.raises(ValueError, match="x has 256 features, the weight 512"):
+        native.linear(torch.randn(2, 256), qw)
+    with pytest.raises(ValueError, match="residual"):
+        native.linear(torch.randn(2, 512), qw, residual=torch.randn(2, 7))
+    with pytest.raises(ValueError, match="SwiGLU"):
+        native.linear(torch.randn(2, 512), _weight("q6_k", 7, 512, seed=0), swiglu=True)
+    with pytest.raises(ValueError, match="bias has 3 elements"):
+        native.linear(torch.randn(2, 512), qw, torch.randn(3))
+
+
+def test_llama_cpp_q4_k_tensor(native: ops.Kernels, q4_k_m: Path) -> None:
+    """Tensors of llama.cpp's own quantizer, used as stored, against the dequantized reference."""
+    reader = gguf.GGUFReader(q4_k_m)
+    kinds = set()
+    for t in reader.tensors:
+        if t.tensor_type.name not in ("Q4_K", "Q5_K", "Q6_K"):
+            continue
+        n, k = int(t.shape[1]), int(t.shape[0])
+        raw = torch.from_numpy(np.array(t.data)).flatten()
+        qw = QuantizedWeight.from_ggml(t.tensor_type.name, raw, n, k)
+        assert np.array_equal(dequantize(qw).numpy(), gguf.quants.dequantize(np.array(t.data), t.tensor_type))
+        x = torch.randn(3, k)
+        emul, mag = _emulate(x, qw)
+        _check_linear(native.linear(x, qw), emul, gamma(2 * (k // QK_K) + 8) * mag, None, None, False)
+        kinds.add(qw.kind)
+    assert {"q4_k", "q6_k"} <= kinds, kinds
+
+
+# ---------------------------------------------------------------- a Q4_K_M GGUF from llama.cpp
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama (hidden 256, so every matrix's K is a whole number of super-blocks; tied embeddings)
+    converted by llama.cpp's converter to F32, then quantized by llama_model_quantize to Q4_K_M."""
+    from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer
+    from tests.llama_cpp_convert import quantize as llama_quantize
+    from tests.tiny import build as build_hf
+
+    root = tmp_path_factory.mktemp("q4_k_m")
+    tokenizer = export_tokenizer(root / "tokenizer")
+    sizes = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    build_hf("LlamaForCausalLM", root / "hf", seed=3, vocab_size=VOCAB, tie_word_embeddings=True, **sizes)
+    f32 = convert(root / "hf", tokenizer, root / "f32.gguf", "f32")
+    return llama_quantize(f32, root / "q4_k_m.gguf", "Q4_K_M")
