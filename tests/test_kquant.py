@@ -244,6 +244,36 @@ def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
             assert torch.equal(lib.linear(x[lo:hi], qw), rows[lo:hi]), (kind, lo, hi)
 
 
+def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
+    """A fused weight whose parts are different K-quant kinds (kmix: Q4_K_M's q|k in Q4_K, v in Q6_K) gives
+    each part's rows exactly as that part alone — segment boundaries off the 8-row tiles included, and a
+    SwiGLU whose gate and up halves differ in kind — and matches the reference within its bound."""
+    g = torch.Generator().manual_seed(13)
+    parts = [_weight("q4_k", 21, 512, 1), _weight("q4_k", 11, 512, 2), _weight("q6_k", 13, 512, 3)]
+    parts.append(_weight("q5_k", 7, 512, 4))
+    mixed = QuantizedWeight.from_parts(parts)
+    assert mixed.kind == "kmix" and [(p.kind, p.out_features) for p in mixed.parts()] == [
+        ("q4_k", 32), ("q6_k", 13), ("q5_k", 7)]  # fmt: skip
+    assert torch.equal(dequantize(mixed), torch.cat([dequantize(p) for p in parts]))
+    for M in (1, 5, 12):
+        x = _acts(M, 512, g)
+        bias = torch.randn(52, generator=g)
+        want = torch.cat([lib.linear(x, p) for p in parts], -1) + bias
+        assert torch.equal(lib.linear(x, mixed, bias), want), M
+    gate_up = QuantizedWeight.from_parts([_weight("q4_k", 19, 512, 5), _weight("q6_k", 19, 512, 6)])
+    x = _acts(3, 512, g)
+    y = lib.linear(x, gate_up, swiglu=True)
+    gate, up = (lib.linear(x, p) for p in gate_up.parts())
+    assert torch.equal(y, torch.nn.functional.silu(gate) * up)
+    ref = ops.linear_reference(x, gate_up, swiglu=True)
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    assert QuantizedWeight.from_parts(parts[:2]).kind == "q4_k"  # one kind: a plain weight
+    bad = mixed.data.clone()
+    bad[0] = 9  # 9 segments in the table
+    with pytest.raises(ValueError, match="bad segment table"):
+        QuantizedWeight("kmix", bad, 52, 512)
+
+
 def test_linear_rejects_bad_inputs(native: ops.Kernels) -> None:
     qw = _weight("q4_k", 8, 512, seed=0)
     with pytest.raises(ValueError, match="x has 256 features, the weight 512"):
@@ -320,6 +350,10 @@ def test_q4_k_m_gguf_runs_as_stored(q4_k_m: Path) -> None:
     file_types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(q4_k_m).tensors}
     assert kinds["layers.0.mlp.gate_up_proj"] == file_types["blk.0.ffn_gate.weight"].lower()
     assert kinds["layers.1.mlp.down_proj"] == file_types["blk.1.ffn_down.weight"].lower()
+    for i in range(2):  # q|k|v fused: one kind, or kmix where llama.cpp gave attn_v more bits
+        qkv = {file_types[f"blk.{i}.attn_{p}.weight"].lower() for p in "qkv"}
+        assert kinds[f"layers.{i}.attn.qkv_proj"] == (qkv.pop() if len(qkv) == 1 else "kmix")
+    assert "kmix" in kinds.values()  # this file's layer 1 has a Q6_K attn_v
     for name in kinds:
         if name != "lm_head":  # the same values as the dequantized model's float weight
             assert torch.equal(ours.model.get_submodule(name).weight, plain.model.get_submodule(name).weight)

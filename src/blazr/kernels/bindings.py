@@ -32,10 +32,12 @@ from blazr.kernels.quant import QK, QuantizedWeight
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
-_OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "f32": 2, "bf16": 3}
+_OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,
+              "f32": 2, "bf16": 3}  # fmt: skip
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
-_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "f32": 0, "bf16": 0}
+_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "kmix": 6,
+               "f32": 0, "bf16": 0}  # fmt: skip
 
 
 class Kernels(Mamba2Bindings):

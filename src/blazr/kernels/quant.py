@@ -48,8 +48,14 @@ BLOCK_KINDS = tuple(BLOCK_BYTES)
 QK_K = 256  # weights per K-quant super-block
 KQUANT_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 K_KINDS = tuple(KQUANT_BYTES)
+# A fused weight whose parts (row segments) are stored in different K-quant kinds — llama.cpp's Q4_K_M keeps
+# attn_v in Q6_K where attn_q / attn_k are Q4_K. Its bytes: a 64-byte table (int32 count ≤ 7, int32 kind
+# codes [7], int32 rows [7]), then each part's ggml bytes in order (csrc/linear_k.c).
+KMIX = "kmix"
+_KMIX_CODES = {"q4_k": 3, "q5_k": 4, "q6_k": 5}  # BLZ_Q4_K .. BLZ_Q6_K (csrc/blazr_kernels.h)
+_KMIX_HEADER, _KMIX_MAX = 64, 7
 FLOAT_KINDS = {"bf16": torch.bfloat16, "f32": torch.float32}
-KINDS = (*BLOCK_KINDS, *K_KINDS, *FLOAT_KINDS)
+KINDS = (*BLOCK_KINDS, *K_KINDS, KMIX, *FLOAT_KINDS)
 # GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind.
 GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
               "BF16": "bf16", "F32": "f32"}  # fmt: skip
@@ -81,10 +87,18 @@ class QuantizedWeight:
             if k % QK:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
             want, dtype = (-(-n // ROW_GROUP), _group_bytes(self.kind, k)), torch.uint8
-        elif self.kind in KQUANT_BYTES:
+        elif self.kind in KQUANT_BYTES or self.kind == KMIX:
             if k % QK_K:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK_K}")
-            want, dtype = (n, k // QK_K * KQUANT_BYTES[self.kind]), torch.uint8
+            if self.kind == KMIX:
+                segs = _kmix_segments(d)
+                if sum(rows for _, rows in segs) != n:
+                    found = [r for _, r in segs]
+                    raise ValueError(f"kmix weight: its parts have {found} rows, expected {n} in all")
+                want = (_KMIX_HEADER + sum(rows * k // QK_K * KQUANT_BYTES[kd] for kd, rows in segs),)
+            else:
+                want = (n, k // QK_K * KQUANT_BYTES[self.kind])
+            dtype = torch.uint8
         elif self.kind in FLOAT_KINDS:
             want, dtype = (n, k), FLOAT_KINDS[self.kind]
         else:
@@ -102,7 +116,42 @@ class QuantizedWeight:
 
     @property
     def is_kquant(self) -> bool:
-        return self.kind in KQUANT_BYTES
+        return self.kind in KQUANT_BYTES or self.kind == KMIX
+
+    def parts(self) -> list[QuantizedWeight]:
+        """A kmix weight's row segments (views of `data`), each of one K-quant kind; [self] otherwise."""
+        if self.kind != KMIX:
+            return [self]
+        out, at, k = [], _KMIX_HEADER, self.in_features
+        for kind, rows in _kmix_segments(self.data):
+            size = rows * k // QK_K * KQUANT_BYTES[kind]
+            out.append(QuantizedWeight(kind, self.data[at : at + size].view(rows, -1), rows, k))
+            at += size
+        return out
+
+    @classmethod
+    def from_parts(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
+        """The row concatenation of K-quant weights with one in_features (fused q|k|v, gate|up): one kind
+        when they share it, else a kmix weight (the segment table, then their bytes)."""
+        kinds, k = [p.kind for p in parts], parts[0].in_features
+        if any(kd not in KQUANT_BYTES for kd in kinds) or any(p.in_features != k for p in parts):
+            raise ValueError(f"from_parts: K-quant parts of one in_features expected, found {kinds}")
+        n = sum(p.out_features for p in parts)
+        if len(set(kinds)) == 1:
+            return cls(kinds[0], torch.cat([p.data for p in parts]), n, k)
+        segs = [(kd, p.out_features) for kd, p in zip(kinds, parts, strict=True)]
+        merged = [segs[0]]
+        for kd, rows in segs[1:]:  # neighbours of one kind share a segment
+            merged[-1:] = [(kd, merged[-1][1] + rows)] if merged[-1][0] == kd else [merged[-1], (kd, rows)]
+        if len(merged) > _KMIX_MAX:
+            raise ValueError(f"from_parts: {len(merged)} segments of different kinds, at most {_KMIX_MAX}")
+        table = torch.zeros(1 + 2 * _KMIX_MAX, dtype=torch.int32)
+        table[0] = len(merged)
+        for i, (kd, rows) in enumerate(merged):
+            table[1 + i], table[1 + _KMIX_MAX + i] = _KMIX_CODES[kd], rows
+        header = torch.zeros(_KMIX_HEADER, dtype=torch.uint8)
+        header[: table.numel() * 4] = table.view(torch.uint8)
+        return cls(KMIX, torch.cat([header, *[p.data.flatten() for p in parts]]), n, k)
 
     @property
     def nbytes(self) -> int:
@@ -137,6 +186,8 @@ class QuantizedWeight:
 
     def ggml_blocks(self) -> torch.Tensor:
         """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
+        if self.kind == KMIX:
+            raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
         return self.data if self.is_kquant else unpack_blocks(self)
 
 
@@ -317,8 +368,22 @@ def kquant_fields(
     return q.to(torch.int16).reshape(n, nb, QK_K), sc.to(torch.int16).reshape(n, nb, 8), d, mins
 
 
+def _kmix_segments(data: torch.Tensor) -> list[tuple[str, int]]:
+    """A kmix weight's (kind, rows) segments, from the table at the start of its bytes."""
+    names = {code: kind for kind, code in _KMIX_CODES.items()}
+    if data.dim() != 1 or data.dtype != torch.uint8 or data.numel() < _KMIX_HEADER:
+        raise ValueError(f"kmix weight data: expected 1-D uint8 with a {_KMIX_HEADER}-byte table first")
+    table = data[: 4 * (1 + 2 * _KMIX_MAX)].clone().view(torch.int32).tolist()
+    count, kinds, rows = table[0], table[1 : 1 + _KMIX_MAX], table[1 + _KMIX_MAX :]
+    if not 1 <= count <= _KMIX_MAX or any(c not in names for c in kinds[:count]) or min(rows[:count]) < 0:
+        raise ValueError(f"kmix weight: bad segment table {table}")
+    return [(names[c], r) for c, r in zip(kinds[:count], rows[:count], strict=True)]
+
+
 def _dequantize_kquant(qw: QuantizedWeight) -> torch.Tensor:
     """gguf.quants' float32 order: d·scale (fp32), times q, minus dmin·min — separate ops, no fma."""
+    if qw.kind == KMIX:
+        return torch.cat([_dequantize_kquant(p) for p in qw.parts()])
     q, sc, d, mins = kquant_fields(qw)
     n, nb = d.shape
     S = sc.shape[-1]

@@ -25,7 +25,7 @@ from torch import nn
 
 from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
-from blazr.kernels.quant import GGML_KINDS, QuantizedWeight, dequantize, quantize
+from blazr.kernels.quant import GGML_KINDS, K_KINDS, KQUANT_BYTES, QK_K, QuantizedWeight, dequantize, quantize
 from blazr.loading.names import NameMap, cat_rows, unfuse
 from blazr.loading.weights import TensorSource
 from blazr.model.model import CausalLM
@@ -33,7 +33,8 @@ from blazr.model.qlinear import QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
 _ISQ_KIND = {"int8": "q8_0", "int4": "q4_1", "bf16": "bf16"}
-_BLOCK_TYPES = {t for t, kind in GGML_KINDS.items() if kind.startswith("q")}  # Q4_0, Q4_1, Q8_0
+_BLOCK_TYPES = {t for t, kind in GGML_KINDS.items() if kind.startswith("q")}  # Q4_0 .. Q8_0, Q4_K .. Q6_K
+_KQUANT_TYPES = {t for t, kind in GGML_KINDS.items() if kind in K_KINDS}
 _TARGETS = (
     "attn.qkv_proj",
     "attn.o_proj",
@@ -103,10 +104,20 @@ def _gguf_blocks(
         return None
     raws = [load_raw(src) for src, _ in sources]
     types = {t for t, _ in raws}
+    if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
+        parts = [
+            QuantizedWeight.from_ggml(t, r, r.numel() // _kquant_row_bytes(t, shape[-1]), shape[-1])
+            for t, r in raws
+        ]
+        return QuantizedWeight.from_parts(parts)
     if len(types) != 1 or (ggml_type := types.pop()) not in _BLOCK_TYPES:
         return None
     data = raws[0][1] if len(raws) == 1 else torch.cat([r for _, r in raws])
     return QuantizedWeight.from_ggml(ggml_type, data, shape[0], shape[1])
+
+
+def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:
+    return in_features // QK_K * KQUANT_BYTES[GGML_KINDS[ggml_type]]
 
 
 def quantize_model(

@@ -47,9 +47,10 @@
 #define BLZ_ENOMEM (-3)  /* scratch allocation failed */
 
 /* Weight kinds of the block-quantized linear kernel (ggml block values, 32 weights per block, in blazr's
- * row-packed layout: see linear_q.c), and the GGUF K-quants (256 weights per super-block, ggml's own bytes:
- * see linear_k.c, reached through blz_linear_q). */
-enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ_Q6_K = 5 };
+ * row-packed layout: see linear_q.c), and the GGUF K-quants (256 weights per super-block, ggml's own bytes;
+ * BLZ_KMIX: a fused weight of K-quant segments of different kinds — see linear_k.c, reached through
+ * blz_linear_q). */
+enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ_Q6_K = 5, BLZ_KMIX = 6 };
 #define BLZ_QK 32
 
 /* Element types of the KV-cache pools (attention and kv_write). */

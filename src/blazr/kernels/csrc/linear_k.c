@@ -357,31 +357,101 @@ static void tile_dots(int kind, const uint8_t *const rows[KR], int nr, const act
 #endif
 }
 
-static int actk_alloc(actk_t *a, int64_t M, int64_t K) {
+/* Row segments of a weight: one for a plain kind; for BLZ_KMIX (a fused weight whose parts are stored in
+ * different K-quant kinds, e.g. q|k in Q4_K and v in Q6_K — llama.cpp's Q4_K_M mixes) the table at the start
+ * of the bytes: int32 count n ≤ KSEG_MAX, int32 kinds[KSEG_MAX], int32 rows[KSEG_MAX] (64 bytes), then each
+ * segment's rows in its own ggml layout, one after another. */
+#define KSEG_MAX 7
+typedef struct {
+    int n;
+    int kind[KSEG_MAX];
+    int64_t row0[KSEG_MAX + 1]; /* first row of each segment; row0[n] = N */
+    const uint8_t *base[KSEG_MAX];
+    int64_t row_bytes[KSEG_MAX];
+} ksegs_t;
+
+static int ksegs_parse(int kind, const uint8_t *w, int64_t N, int64_t nb, ksegs_t *sg) {
+    if (kind != BLZ_KMIX) {
+        *sg = (ksegs_t){.n = 1, .kind = {kind}, .row0 = {0, N}, .base = {w}, .row_bytes = {nb * kblock_bytes(kind)}};
+        return BLZ_OK;
+    }
+    int32_t hdr[1 + 2 * KSEG_MAX];
+    memcpy(hdr, w, sizeof(hdr));
+    sg->n = hdr[0];
+    if (sg->n < 1 || sg->n > KSEG_MAX) return BLZ_EINVAL;
+    const uint8_t *p = w + 64;
+    sg->row0[0] = 0;
+    for (int i = 0; i < sg->n; ++i) {
+        const int k = hdr[1 + i];
+        const int64_t rows = hdr[1 + KSEG_MAX + i];
+        if (k < BLZ_Q4_K || k > BLZ_Q6_K || rows < 0) return BLZ_EINVAL;
+        sg->kind[i] = k;
+        sg->base[i] = p;
+        sg->row_bytes[i] = nb * kblock_bytes(k);
+        sg->row0[i + 1] = sg->row0[i] + rows;
+        p += rows * sg->row_bytes[i];
+    }
+    return sg->row0[sg->n] == N ? BLZ_OK : BLZ_EINVAL;
+}
+
+/* The segment holding row n. */
+BLZ_INLINE int kseg_of(const ksegs_t *sg, int64_t n) {
+    int i = 0;
+    while (n >= sg->row0[i + 1]) ++i;
+    return i;
+}
+
+/* Tiles of output rows [start, start + len), len ≤ KR, none crossing a segment boundary — of the gate rows
+ * or, in SwiGLU mode, of the up rows (boundaries shifted by nout). Returns the count, tiles in `t` (2 each). */
+static int64_t ktiles(const ksegs_t *sg, int64_t nout, int swiglu, int64_t *t) {
+    int64_t count = 0, n = 0;
+    while (n < nout) {
+        int64_t end = blz_min(n + KR, nout);
+        for (int i = 1; i < sg->n; ++i) {
+            const int64_t b = sg->row0[i], bu = b - nout; /* a gate-row and an up-row boundary */
+            if (b > n && b < end) end = b;
+            if (swiglu && bu > n && bu < end) end = bu;
+        }
+        t[2 * count] = n;
+        t[2 * count + 1] = end - n;
+        ++count;
+        n = end;
+    }
+    return count;
+}
+
+/* The activation buffers of an M×K call and room for `ntiles` tiles, in the calling thread's scratch. */
+static int actk_alloc(actk_t *a, int64_t M, int64_t K, int64_t ntiles, int64_t **tiles) {
     a->K = K;
     a->nb = K / QK_K;
     const size_t qb = (size_t)blz_round_up(M * K, 64), db = (size_t)blz_round_up(M * a->nb * 4, 64);
     const size_t sb = (size_t)blz_round_up(M * a->nb * 32, 64), xb = (size_t)blz_round_up(M * a->nb * 16, 64);
-    uint8_t *buf = blz_scratch(qb + db + sb + xb);
+    const size_t tb = (size_t)blz_round_up(ntiles * 16, 64);
+    uint8_t *buf = blz_scratch(qb + db + sb + xb + tb);
     if (!buf) return BLZ_ENOMEM;
     a->q = (int8_t *)buf;
     a->d = (float *)(buf + qb);
     a->bs = (int16_t *)(buf + qb + db);
     a->xs = (int16_t *)(buf + qb + db + sb);
+    *tiles = (int64_t *)(buf + qb + db + sb + xb);
     return BLZ_OK;
 }
 
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][row_bytes] in
- * ggml's layout, bias [N] or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
+ * ggml's layout (BLZ_KMIX: the segment table, then the segments), bias [N] or NULL, residual [M, N] or NULL
+ * (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
 int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                  const float *residual, float *out, int swiglu, int nthreads) {
-    if (kind < BLZ_Q4_K || kind > BLZ_Q6_K || M < 0 || N < 0 || K <= 0 || K % QK_K) return BLZ_EINVAL;
+    if (kind < BLZ_Q4_K || kind > BLZ_KMIX || M < 0 || N < 0 || K <= 0 || K % QK_K) return BLZ_EINVAL;
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
+    ksegs_t sg;
+    if (ksegs_parse(kind, w, N, K / QK_K, &sg)) return BLZ_EINVAL;
+    const int64_t nout = swiglu ? N / 2 : N;
     actk_t a;
-    if (actk_alloc(&a, M, K)) return BLZ_ENOMEM;
-    const int64_t row_bytes = a.nb * kblock_bytes(kind), nout = swiglu ? N / 2 : N;
-    const int64_t ntiles = (nout + KR - 1) / KR;
+    int64_t *tiles;
+    if (actk_alloc(&a, M, K, nout / KR + 2 * KSEG_MAX + 1, &tiles)) return BLZ_ENOMEM;
+    const int64_t ntiles = ktiles(&sg, nout, swiglu, tiles);
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #pragma omp parallel num_threads(nt)
     {
@@ -391,18 +461,19 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < ntiles; ++t) {
             float r[KT][KR] __attribute__((aligned(32))), u[KT][KR] __attribute__((aligned(32)));
-            const int64_t n0 = t * KR;
-            const int nn = (int)blz_min(KR, nout - n0);
+            const int64_t n0 = tiles[2 * t];
+            const int nn = (int)tiles[2 * t + 1];
+            const int gs = kseg_of(&sg, n0), us = swiglu ? kseg_of(&sg, nout + n0) : 0;
             const uint8_t *gate[KR], *up[KR];
             for (int i = 0; i < KR; ++i) {
                 const int64_t n = n0 + blz_min(i, nn - 1); /* pad a short tile with its last row */
-                gate[i] = w + n * row_bytes;
-                up[i] = w + (nout + n) * row_bytes;
+                gate[i] = sg.base[gs] + (n - sg.row0[gs]) * sg.row_bytes[gs];
+                up[i] = sg.base[us] + (nout + n - sg.row0[us]) * sg.row_bytes[us];
             }
             for (int64_t m0 = 0; m0 < M; m0 += KT) {
                 const int mt = (int)blz_min(KT, M - m0);
-                tile_dots(kind, gate, nn, &a, m0, mt, r);
-                if (swiglu) tile_dots(kind, up, nn, &a, m0, mt, u);
+                tile_dots(sg.kind[gs], gate, nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(sg.kind[us], up, nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
                     for (int j = 0; j < nn; ++j)
                         blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
