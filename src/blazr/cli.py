@@ -36,6 +36,14 @@ def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
         p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
         p.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + completion)")
         p.add_argument(
+            "--cache-memory",
+            type=float,
+            default=None,
+            metavar="GIB",
+            help="memory for the KV / recurrent-state cache in GiB (default: half of the memory available "
+            "after loading the weights); it must hold one --max-model-len sequence",
+        )
+        p.add_argument(
             "--quantize",
             default="auto",
             choices=["auto", "none", "int8", "int4", "bf16"],
@@ -89,6 +97,7 @@ def _llm(args: argparse.Namespace, **kwargs):
         cpu=args.cpu,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
+        cache_memory=args.cache_memory,
         quantize=args.quantize,
         kv_cache_dtype=args.kv_cache_dtype,
         show_progress=sys.stderr.isatty(),
@@ -131,11 +140,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from blazr.config import EngineConfig
     from blazr.detect import inspect_checkpoint, resolve_model_path
     from blazr.info import describe
 
     ckpt = inspect_checkpoint(resolve_model_path(args.model), vocab_name=args.vocab)
-    print(json.dumps(describe(ckpt), indent=2))
+    limit = args.max_model_len or min(ckpt.config.max_position_embeddings, 4096)
+    engine = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_model_len=limit, cache_memory_gib=args.cache_memory
+    )
+    print(json.dumps(describe(ckpt, engine=engine), indent=2))
     return 0
 
 
@@ -225,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="print the detected format, architecture and sizes as JSON")
     _common(p, weights=False)
+    p.add_argument(
+        "--max-model-len", type=int, default=None, help="context limit the cache budget is shown for"
+    )
+    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences the cache budget is shown for")
+    p.add_argument("--cache-memory", type=float, default=None, metavar="GIB", help="cache budget in GiB")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("decode", help="decode token ids to text")

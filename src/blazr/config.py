@@ -221,15 +221,16 @@ def dtype_name(dtype: torch.dtype) -> str:
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;
-    `num_kv_blocks=0` sizes the paged pool for `max_num_seqs × max_model_len` tokens, capped at
-    `cache_memory_gib`; past that, sequences are preempted and recomputed."""
+    `num_kv_blocks=0` sizes the paged pool for `max_num_seqs × max_model_len` tokens, capped by the cache
+    memory budget (`cache_memory_gib`, None: a share of the memory available, state/budget.py); past that,
+    sequences are preempted and recomputed."""
 
     max_num_seqs: int = 16
     max_model_len: int = 4096
     max_num_batched_tokens: int = 512
     block_size: int = 16
     num_kv_blocks: int = 0
-    cache_memory_gib: float = 4.0
+    cache_memory_gib: float | None = None
     max_waiting: int = 256
     # CPU decode steps of pure-attention models run as one recorded kernel plan (engine/decode_plan.py).
     fused_decode: bool = True

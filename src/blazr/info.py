@@ -1,5 +1,6 @@
 """`blazr info`: a JSON description of a checkpoint computed from its detected config alone (the model is
-built on the meta device to count parameters; no weights are read)."""
+built on the meta device to count parameters; no weights are read), with the cache memory budget the
+engine would size its pools from on this machine now (state/budget.py) and what it holds."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import torch
 
-from blazr.config import dtype_name
+from blazr.config import EngineConfig, dtype_name
 from blazr.detect import Checkpoint
 from blazr.model.model import CausalLM
+from blazr.state.budget import DEFAULT_FRACTION, cache_budget
 from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
 from blazr.tokenizer import vocab_for_size
 
@@ -43,8 +45,33 @@ def _tokenizer_choice(ckpt: Checkpoint) -> dict[str, Any]:
     return {"source": source, "eos_token_ids": list(src.eos_token_ids)}
 
 
-def describe(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+def _budget(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> dict[str, Any]:
+    """The cache budget and what fits in it at `engine`'s limits."""
     cfg = ckpt.config
+    budget = cache_budget(engine)
+    per_token = bytes_per_token(cfg, dtype)
+    state = state_bytes_per_sequence(cfg, dtype)
+    room = max(0, budget - engine.max_num_seqs * state)
+    return {
+        "memory_gib": round(budget / 2**30, 3),
+        "source": "--cache-memory"
+        if engine.cache_memory_gib is not None
+        else f"{DEFAULT_FRACTION:g} of available",
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "tokens": room // per_token if per_token else None,
+        "full_length_sequences": room // (per_token * engine.max_model_len) if per_token else None,
+    }
+
+
+def describe(
+    ckpt: Checkpoint, dtype: torch.dtype = torch.float32, engine: EngineConfig | None = None
+) -> dict[str, Any]:
+    """The JSON of `blazr info`; `engine` gives the limits the cache budget is reported for (default: the
+    LLM's defaults for this checkpoint)."""
+    cfg = ckpt.config
+    if engine is None:
+        engine = EngineConfig(max_model_len=min(cfg.max_position_embeddings, 4096))
     with torch.device("meta"):
         model = CausalLM(cfg)
     total, active = count_parameters(model)
@@ -62,6 +89,7 @@ def describe(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> dict[str, 
             "dtype": dtype_name(dtype),
             "kv_bytes_per_token": bytes_per_token(cfg, dtype),
             "state_bytes_per_sequence": state_bytes_per_sequence(cfg, dtype),
+            "budget": _budget(ckpt, dtype, engine),
         },
         "tokenizer": _tokenizer_choice(ckpt),
         "config": config,

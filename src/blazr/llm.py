@@ -86,7 +86,8 @@ def pick_kv_dtype(name: str, model: torch.nn.Module, dtype: torch.dtype, device:
 
 
 class LLM:
-    """A loaded model with its tokenizer and engine."""
+    """A loaded model with its tokenizer and engine. `cache_memory`: GiB the KV / state pools may take
+    (default: a share of the memory available after loading, state/budget.py)."""
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class LLM:
         kv_cache_dtype: str = "auto",
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
+        cache_memory: float | None = None,
         max_waiting: int = 256,
         chat_template: str | os.PathLike[str] | None = None,
         engine_config: EngineConfig | None = None,
@@ -122,6 +124,7 @@ class LLM:
             max_model_len=limit,
             max_num_batched_tokens=max_num_batched_tokens,
             max_waiting=max_waiting,
+            cache_memory_gib=cache_memory,
         )
         self.model = load_model(
             self.checkpoint,
@@ -136,12 +139,13 @@ class LLM:
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config)
         self.load_seconds = time.perf_counter() - t0
         log.info(
-            "loaded %s (%s, %s, kv cache %s) in %.1fs",
+            "loaded %s (%s, %s, kv cache %s) in %.1fs; cache: %s",
             self.checkpoint.name,
             self.config.architecture,
             dtype_name(self.dtype),
             dtype_name(self.kv_dtype),
             self.load_seconds,
+            self.runner.cache_plan.describe(),
         )
 
     @property

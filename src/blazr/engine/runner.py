@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blazr.config import EngineConfig, ModelConfig
+from blazr.config import EngineConfig
 from blazr.engine.cuda_graphs import GraphDecoder, is_supported
 from blazr.engine.decode_plan import DecodePlan
 from blazr.engine.scheduler import ScheduledBatch
@@ -28,9 +28,8 @@ from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.allocator import BlockAllocator, SlotAllocator
 from blazr.state.batch import ForwardBatch
-from blazr.state.kv_cache import ModelCache, bytes_per_token
-
-_GiB = 1 << 30
+from blazr.state.budget import plan_cache
+from blazr.state.kv_cache import ModelCache
 
 
 @dataclass
@@ -41,22 +40,6 @@ class StepLogits:
     sample_seqs: list[Sequence]
     sample: torch.Tensor  # [n, V] float32
     prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id → (first position predicted, [m, V])
-
-
-def plan_cache(
-    cfg: ModelConfig, engine: EngineConfig, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
-) -> tuple[int, int]:
-    """(num_blocks, num_state_slots): enough blocks for every sequence at full length, capped by the
-    engine's cache memory budget (preemption handles the rest)."""
-    per_token = bytes_per_token(cfg, dtype, kv_dtype)
-    if per_token == 0:
-        return 0, engine.max_num_seqs
-    if engine.num_kv_blocks:
-        return engine.num_kv_blocks, engine.max_num_seqs
-    want = -(-engine.max_num_seqs * engine.max_model_len // engine.block_size)
-    cap = int(engine.cache_memory_gib * _GiB) // (per_token * engine.block_size)
-    min_blocks = -(-engine.max_model_len // engine.block_size)  # one full-length sequence always fits
-    return max(min(want, cap), min_blocks), engine.max_num_seqs
 
 
 class ModelRunner:
@@ -74,7 +57,8 @@ class ModelRunner:
         self.engine_cfg = engine_cfg
         self.device = device
         self.dtype = dtype
-        num_blocks, num_state_slots = plan_cache(self.cfg, engine_cfg, dtype, kv_dtype)
+        self.cache_plan = plan_cache(self.cfg, engine_cfg, dtype, kv_dtype, device)
+        num_blocks, num_state_slots = self.cache_plan.num_blocks, self.cache_plan.num_state_slots
         self.block_size = engine_cfg.block_size
         self.cache = ModelCache(
             self.cfg, num_blocks * self.block_size, num_state_slots, dtype, device, kv_dtype=kv_dtype
@@ -162,7 +146,8 @@ class ModelRunner:
         return ids, batch, sample_seqs, prompt_rows
 
     def _kv_indices(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
-        """[B, Lmax] flat slot of every position of every sequence (0 past its length)."""
+        """[B, Lmax] flat slot of every position of every sequence; past its length, the slot of its own
+        position 0 (written, so a masked read never meets uninitialised pool memory: state/kv_cache.py)."""
         bs = self.block_size
         max_len = max(seq_lens)
         max_blocks = -(-max_len // bs)
@@ -172,6 +157,8 @@ class ModelRunner:
             tables[b, : len(table)] = torch.tensor(table, dtype=torch.long)
         pos = torch.arange(max_len)
         idx = tables[:, pos // bs] * bs + pos % bs  # [B, Lmax]
+        is_past = pos[None, :] >= torch.tensor(seq_lens)[:, None]  # [B, Lmax]
+        idx = torch.where(is_past, idx[:, :1], idx)
         return idx.to(self.device)
 
     # -------------------------------------------------------------------------------------------- run

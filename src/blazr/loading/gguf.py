@@ -5,6 +5,11 @@ foreign, truncated or inconsistent file into one-line `CheckpointError`s, zero-c
 quantized bytes (`GGUFFile.raw`), block dequantization for the ggml types in `SUPPORTED_TYPES`, and undoing
 llama.cpp's q/k row permutation (the HF names of GGUF tensors: loading/gguf_hf.py).
 
+Memory: a tensor that is copied (dequantized by `load`, or repacked by the caller from `raw`) should not
+stay in this process's resident set as mapped file pages too. `load` reads with `pread` (the map is not
+touched); a caller that copied out of `raw` calls `release(name)`, which drops the tensor's whole pages
+from the map (`madvise(MADV_DONTNEED)`: clean copy-on-write pages, re-read from the file if touched again).
+
 In: a path. Out: `metadata` (plain Python values), tensor names/types/shapes, and float tensors in torch
 order (`[out, in]` for matrices: GGUF lists dims fastest-first, so its `ne` is reversed here).
 
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import mmap
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -367,6 +374,7 @@ class GGUFFile:
         self._check_ranges(file_size)
         self.tensor_names: list[str] = list(self._tensors)
         self._buf = torch.from_numpy(reader.data.view(np.ndarray))  # the whole file as uint8, zero-copy
+        self._mmap: mmap.mmap | None = getattr(reader.data, "_mmap", None)  # numpy's memmap keeps it here
 
     def _check_ranges(self, file_size: int) -> None:
         """Every tensor's bytes inside the file, and none running into the next one."""
@@ -412,6 +420,36 @@ class GGUFFile:
         data = self._buf[info.offset : info.offset + info.num_bytes]
         return data.view(num_rows, info.num_bytes // max(num_rows, 1))
 
+    def read(self, name: str) -> torch.Tensor:
+        """A new uint8 tensor [R, bytes per row] holding the stored bytes, read with `pread` (the memory map
+        is not touched, so the file's pages do not join this process's resident set)."""
+        info = self._info(name)
+        num_rows = math.prod(info.shape[:-1])
+        out = torch.empty(num_rows, info.num_bytes // max(num_rows, 1), dtype=torch.uint8)
+        view = memoryview(out.numpy()).cast("B")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            done = 0
+            while done < info.num_bytes:
+                n = os.preadv(fd, [view[done:]], info.offset + done)
+                if n <= 0:
+                    raise CheckpointError(f"{self.path}: file ended while reading tensor {name!r}")
+                done += n
+        finally:
+            os.close(fd)
+        return out
+
+    def release(self, name: str) -> None:
+        """Drop the whole pages of tensor `name` from this process's map of the file. Only for a tensor that
+        nothing views any more (its bytes were copied): the pages are clean copies of the file, so a later
+        `raw` reads them back from the file (page cache), but a write made through a view would be lost."""
+        info = self._info(name)
+        page = mmap.PAGESIZE
+        start = -(-info.offset // page) * page
+        end = (info.offset + info.num_bytes) // page * page
+        if self._mmap is not None and end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def load(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Tensor `name` dequantized to `dtype`, in torch order; a new tensor, never a view of the file."""
         info = self._info(name)
@@ -421,9 +459,9 @@ class GGUFFile:
                 f"dequantize; supported: {', '.join(SUPPORTED_TYPES)}"
             )
         native = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(info.ggml_type)
-        if native == dtype:  # stored as asked: one copy, no float32 round trip
-            return self.raw(name).view(native).reshape(info.shape).clone()
-        return dequantize(self.raw(name), info.ggml_type, info.shape).to(dtype)
+        if native == dtype:  # stored as asked: one read, no float32 round trip
+            return self.read(name).view(native).reshape(info.shape)
+        return dequantize(self.read(name), info.ggml_type, info.shape).to(dtype)
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, {len(self._tensors)} tensors)"

@@ -360,6 +360,12 @@ class GGUFView:
         k_b, v_b = ts  # KV_B: [H, L, Dn], [H, Dv, L] → per head [Dn + Dv, L]
         return torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(r.shape)
 
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of HF tensor `name`'s sources (`GGUFFile.release`): call only once its bytes
+        were copied (dequantized or repacked) and no view of them is kept."""
+        for src in self._recipes[name].sources:
+            self.gguf.release(src)
+
     def load_raw(self, name: str) -> tuple[str, torch.Tensor]:
         """(ggml type, stored bytes [rows, bytes per row]) of HF tensor `name` when it is whole rows of GGUF
         tensors of one type (q/k rows un-permuted); else ("F32", its float32 bytes), which no quantized path

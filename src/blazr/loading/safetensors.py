@@ -1,17 +1,31 @@
-"""Memory-mapped safetensors checkpoints: one file (any name) or HF shards with an index json.
+"""Safetensors checkpoints: one file (any name) or HF shards with an index json, read tensor by tensor.
 
-`SafetensorsCheckpoint` maps every tensor name to its file, validates every header up front (truncated or
-corrupt files fail here with one line naming the file), and loads tensors lazily one at a time from the
-mmap, so a checkpoint is never held in memory twice.
+`SafetensorsCheckpoint` parses every header up front (a truncated or corrupt file fails here with one line
+naming the file) and maps every tensor name to its file, dtype, shape and byte range. Tensors are then read
+one at a time, never the whole checkpoint at once:
+- `load(name)` returns a fresh tensor in the stored dtype, read with `pread` into memory the caller owns
+  (the file's pages stay in the page cache, not in this process's resident set);
+- `load(name, dtype)` converts while it reads (one conversion, the temporary freed with the call), or,
+  when the stored dtype already is `dtype`, hands out a view of a private copy-on-write memory map of the
+  file (`alias=True`): no copy at all. The map lives as long as any tensor that views it (each such tensor
+  holds a reference to it), so weights survive the checkpoint object; a write to a view changes this
+  process's copy of that page only, never the file.
+
+Format: 8 bytes little-endian header length n, n bytes of JSON {name: {dtype, shape, data_offsets: [begin,
+end)}, "__metadata__": {...}}, then the data; offsets are relative to the end of the header.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from blazr.errors import CheckpointError
 
@@ -26,7 +40,10 @@ _DTYPES = {
     "I8": torch.int8,
     "U8": torch.uint8,
     "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
+_MAX_HEADER = 100 << 20  # the reference implementation's limit
 
 
 def shard_files(index_path: Path) -> list[Path]:
@@ -46,36 +63,119 @@ def shard_files(index_path: Path) -> list[Path]:
     return files
 
 
+@dataclass(frozen=True)
+class _Entry:
+    path: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    num_bytes: int
+
+
+def _read_header(path: Path) -> dict[str, _Entry]:
+    """Every tensor of one file, each byte range checked against the file size and its dtype × shape."""
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: corrupt or truncated safetensors file ({why})")
+
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad(f"{size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, _MAX_HEADER):
+                raise bad(f"header length {n} does not fit in {size} bytes")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read safetensors file ({e})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"header is not valid JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    start = 8 + n
+    entries: dict[str, _Entry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            shape = tuple(int(s) for s in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad(f"tensor {name!r}: bad entry {info!r} ({type(e).__name__}: {e})") from None
+        want = math.prod(shape) * dtype.itemsize
+        if end - begin != want or begin < 0:
+            raise bad(
+                f"tensor {name!r}: {info['dtype']} {list(shape)} needs {want} bytes, found [{begin}, {end})"
+            )
+        if start + end > size:
+            raise bad(f"tensor {name!r} ends at byte {start + end} of a {size}-byte file")
+        entries[name] = _Entry(path, dtype, shape, start + begin, want)
+    return entries
+
+
 class SafetensorsCheckpoint:
-    """Tensor names → shapes/dtypes and lazy loads across one or more safetensors files."""
+    """Tensor names → shapes/dtypes and one-at-a-time reads across one or more safetensors files."""
 
     def __init__(self, files: list[Path]) -> None:
         self.files = files
-        self._handles = {}
-        self._where: dict[str, Path] = {}
+        self._entries: dict[str, _Entry] = {}
         for path in files:
-            try:
-                handle = safe_open(str(path), framework="pt")
-            except (SafetensorError, OSError) as e:
-                raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({e})") from None
-            self._handles[path] = handle
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if name in self._where:
-                    raise CheckpointError(f"{path}: tensor {name} also appears in {self._where[name]}")
-                self._where[name] = path
+            for name, entry in _read_header(Path(path)).items():
+                if name in self._entries:
+                    raise CheckpointError(f"{path}: tensor {name} also appears in {self._entries[name].path}")
+                self._entries[name] = entry
+        self._maps: dict[Path, mmap.mmap] = {}
 
     @property
     def names(self) -> set[str]:
-        return set(self._where)
+        return set(self._entries)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[self._where[name]].get_slice(name).get_shape())
+        return self._entries[name].shape
 
     def dtype(self, name: str) -> torch.dtype:
-        return _DTYPES[self._handles[self._where[name]].get_slice(name).get_dtype()]
-
-    def load(self, name: str) -> torch.Tensor:
-        return self._handles[self._where[name]].get_tensor(name)
+        return self._entries[name].dtype
 
     def file_of(self, name: str) -> Path:
-        return self._where[name]
+        return self._entries[name].path
+
+    def load(self, name: str, dtype: torch.dtype | None = None, alias: bool = False) -> torch.Tensor:
+        """Tensor `name` in `dtype` (default: as stored). A new tensor, unless `alias` and the stored dtype is
+        `dtype` already: then a view of the copy-on-write map of the file (see the module docstring)."""
+        e = self._entries[name]
+        want = dtype or e.dtype
+        if alias and want == e.dtype and e.offset % e.dtype.itemsize == 0 and e.num_bytes:
+            return self._map(e.path)[e.offset : e.offset + e.num_bytes].view(e.dtype).view(e.shape)
+        out = torch.empty(e.shape, dtype=e.dtype)
+        if e.num_bytes:
+            _pread_into(e.path, e.offset, out.view(-1).view(torch.uint8))
+        return out if want == e.dtype else out.to(want)
+
+    def _map(self, path: Path) -> torch.Tensor:
+        """The whole file as a uint8 tensor over a private (copy-on-write) memory map."""
+        if path not in self._maps:
+            with path.open("rb") as f:
+                self._maps[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return torch.frombuffer(self._maps[path], dtype=torch.uint8)
+
+    def close(self) -> None:
+        """Drop this object's references to the file maps; tensors that view a map keep it alive."""
+        self._maps.clear()
+
+
+def _pread_into(path: Path, offset: int, out: torch.Tensor) -> None:
+    """Fill the contiguous uint8 tensor `out` with the file's bytes at `offset`."""
+    view = memoryview(out.numpy()).cast("B")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise CheckpointError(f"{path}: file ended at byte {offset + done} while reading a tensor")
+            done += n
+    finally:
+        os.close(fd)

@@ -1,13 +1,19 @@
-"""Fill a model's parameters from a checkpoint, one tensor at a time.
+"""Fill a model's parameters from a checkpoint, one tensor at a time, each straight to its final dtype.
 
-The model is built on the meta device (no memory, no random init); each parameter is then pulled from the
-checkpoint through `names.unfuse` + the format's `NameMap`, shape-checked part by part, converted to the
-compute dtype and placed on the target device. Errors name the checkpoint tensor, the expected shape and the
-shape found; unexpected leftover tensors are reported in one warning line.
+The model is built on the meta device (no memory, no random init). `WeightLoader.parameter` pulls one
+parameter from the checkpoint through `names.unfuse` + the format's `NameMap`, shape-checked part by part
+and converted to the compute dtype on the target device; `load_weights` assigns every parameter still on
+meta (layers that loading/quantize.py already made from the file's bytes are no longer float parameters,
+so they are never materialised as float). A part read as stored, with no transform and nothing to
+combine, may be a view of the checkpoint's memory map (sources that offer `alias`): no copy at all.
+
+Errors name the checkpoint tensor, the expected shape and the shape found; unexpected leftover tensors are
+reported in one warning line.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Protocol
 
@@ -38,70 +44,101 @@ class TensorSource(Protocol):
     def file_of(self, name: str) -> object: ...
 
 
-def _set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
+def set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Replace parameter `name` (dotted) of `model` by `value`, frozen."""
     module_name, _, attr = name.rpartition(".")
     module = model.get_submodule(module_name) if module_name else model
     module._parameters[attr] = nn.Parameter(value, requires_grad=False)
 
 
-def load_weights(
-    model: nn.Module,
-    cfg: ModelConfig,
-    source: TensorSource,
-    names: NameMap,
-    dtype: torch.dtype,
-    device: torch.device | str = "cpu",
-    show_progress: bool = False,
-) -> None:
-    """Assign every parameter of `model` (built on meta) from `source`."""
-    available = source.names
-    used: set[str] = set()
-    params = list(model.named_parameters(remove_duplicate=True))
-    for pname, param in tqdm(params, desc="loading", unit="tensor", disable=not show_progress, leave=False):
-        whole = names.source(pname)
-        if whole is not None and whole[0] in available:
-            parts, combine = [Part(pname, tuple(param.shape))], None
+class WeightLoader:
+    """Reads parameters of `cfg`'s model from `source` in `dtype` on `device`, recording which checkpoint
+    tensors were used; `progress` (a tqdm bar or None) advances by one per parameter made."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        source: TensorSource,
+        names: NameMap,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        progress: tqdm | None = None,
+    ) -> None:
+        self.cfg, self.source, self.names = cfg, source, names
+        self.dtype, self.device = dtype, torch.device(device)
+        self.progress = progress
+        self.available = source.names
+        self.used: set[str] = set()
+        self._can_alias = "alias" in inspect.signature(source.load).parameters
+
+    def parameter(self, pname: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Parameter `pname` [*shape] in `dtype` (default: the loader's): its checkpoint part(s) read,
+        checked, transformed and combined. May be a read-only view of the file (see the module docstring)."""
+        dtype = dtype or self.dtype
+        whole = self.names.source(pname)
+        if whole is not None and whole[0] in self.available:
+            parts, combine = [Part(pname, shape)], None
         else:
-            parts, combine = unfuse(cfg, pname, tuple(param.shape))
-        target = torch.float32 if getattr(param, "keep_float32", False) else dtype
-        tensors = [_load_part(source, names, part, available, target, device, used) for part in parts]
+            parts, combine = unfuse(self.cfg, pname, shape)
+        alias = combine is None or len(parts) == 1
+        tensors = [self._part(part, dtype, alias) for part in parts]
         value = tensors[0] if combine is None else combine(tensors)
-        assert tuple(value.shape) == tuple(param.shape), (pname, value.shape, param.shape)
-        _set_parameter(model, pname, value.contiguous())
-    unused = sorted(n for n in available - used if not n.endswith(_IGNORED_SUFFIXES))
-    if unused:
-        more = f" (+{len(unused) - 5} more)" if len(unused) > 5 else ""
-        log.warning(
-            "ignored %d checkpoint tensors not used by the model: %s%s", len(unused), unused[:5], more
-        )
+        assert tuple(value.shape) == tuple(shape), (pname, value.shape, shape)
+        return value.contiguous()
+
+    def source_names(self, pname: str, shape: tuple[int, ...]) -> list[str]:
+        """The checkpoint tensors parameter `pname` is made from (for bookkeeping: `used`, `release`)."""
+        whole = self.names.source(pname)
+        if whole is not None and whole[0] in self.available:
+            return [whole[0]]
+        parts, _ = unfuse(self.cfg, pname, shape)
+        return [found[0] for p in parts if (found := self.names.source(p.name)) is not None]
+
+    def _part(self, part: Part, dtype: torch.dtype, alias: bool) -> torch.Tensor:
+        found = self.names.source(part.name)
+        if found is None:
+            raise CheckpointError(f"no checkpoint name is known for parameter {part.name}")
+        src, transform = found
+        if src not in self.available:
+            raise CheckpointError(
+                f"missing tensor {src} (expected shape {list(part.shape)}) in {_where(self.source)}"
+            )
+        src_shape = tuple(self.source.shape(src))
+        if src_shape != part.shape:
+            raise CheckpointError(
+                f"tensor {src} in {self.source.file_of(src)}: "
+                f"expected shape {list(part.shape)}, found {list(src_shape)}"
+            )
+        self.used.add(src)
+        if self._can_alias and self.device.type == "cpu":
+            t = self.source.load(src, dtype, alias=alias and transform is None)  # type: ignore[call-arg]
+        else:
+            t = self.source.load(src)
+        if transform is not None:
+            t = transform(t)
+        return t.to(device=self.device, dtype=dtype)
+
+    def tick(self) -> None:
+        if self.progress is not None:
+            self.progress.update(1)
+
+    def warn_unused(self) -> None:
+        unused = sorted(n for n in self.available - self.used if not n.endswith(_IGNORED_SUFFIXES))
+        if unused:
+            more = f" (+{len(unused) - 5} more)" if len(unused) > 5 else ""
+            log.warning(
+                "ignored %d checkpoint tensors not used by the model: %s%s", len(unused), unused[:5], more
+            )
 
 
-def _load_part(
-    source: TensorSource,
-    names: NameMap,
-    part: Part,
-    available: set[str],
-    dtype: torch.dtype,
-    device: torch.device | str,
-    used: set[str],
-) -> torch.Tensor:
-    found = names.source(part.name)
-    if found is None:
-        raise CheckpointError(f"no checkpoint name is known for parameter {part.name}")
-    src, transform = found
-    if src not in available:
-        raise CheckpointError(f"missing tensor {src} (expected shape {list(part.shape)}) in {_where(source)}")
-    src_shape = tuple(source.shape(src))
-    if src_shape != part.shape:
-        raise CheckpointError(
-            f"tensor {src} in {source.file_of(src)}: "
-            f"expected shape {list(part.shape)}, found {list(src_shape)}"
-        )
-    t = source.load(src)
-    if transform is not None:
-        t = transform(t)
-    used.add(src)
-    return t.to(device=device, dtype=dtype)
+def load_weights(model: nn.Module, loader: WeightLoader) -> None:
+    """Assign every parameter of `model` still on the meta device from the loader's checkpoint."""
+    for pname, param in list(model.named_parameters(remove_duplicate=True)):
+        if not param.is_meta:
+            continue
+        dtype = torch.float32 if getattr(param, "keep_float32", False) else None
+        set_parameter(model, pname, loader.parameter(pname, tuple(param.shape), dtype))
+        loader.tick()
 
 
 def _where(source: TensorSource) -> str:

@@ -67,6 +67,7 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
         quantize=cfg.quantize,
         kv_cache_dtype=cfg.kv_cache_dtype,
         max_model_len=cfg.max_model_len,
+        cache_memory=cfg.cache_memory,
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_waiting=cfg.max_waiting,

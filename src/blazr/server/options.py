@@ -1,7 +1,7 @@
 """`blazr serve` flags and the typed `ServerConfig` built from them.
 
 cli.py adds the common flags (--model, --vocab, --cpu, --dtype, --quantize, --kv-cache-dtype,
---max-model-len, --log-level); this module
+--max-model-len, --cache-memory, --log-level); this module
 adds the server's own. The API key comes from --api-key, else the BLAZR_API_KEY environment variable.
 """
 
@@ -28,6 +28,7 @@ class ServerConfig:
     quantize: str = "auto"
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
+    cache_memory: float | None = None  # GiB for the cache pools; None: a share of what is available
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
@@ -51,6 +52,7 @@ class ServerConfig:
             quantize=args.quantize,
             kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
+            cache_memory=args.cache_memory,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_waiting=args.max_waiting,

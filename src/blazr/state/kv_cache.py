@@ -7,6 +7,14 @@
 
 A sequence's block table (engine side) turns positions into flat slots; `ModelCache.layer(i)` hands layer i
 exactly the tensors it owns, so model code never indexes by layer.
+
+On the CPU the pools are allocated uninitialised (`torch.empty`): no time spent zero-filling gigabytes, and
+pages that no sequence reaches never become resident. That is correct because nothing reads a slot before
+it is written: attention reads positions [0, seq_len) of its own sequence (written by its prefill or an
+earlier step; the runner points the padding of `kv_indices` at the sequence's own first slot, never at a
+foreign or unwritten one), and a Mamba2 slot is reset when a sequence starts (`fresh`) or copied whole when
+it forks (tests/test_loading.py fills every pool with NaN first and compares outputs). Other devices keep
+zero-filled pools (the memset is free there, and the CUDA graph path pads through a reserved slot).
 """
 
 from __future__ import annotations
@@ -47,19 +55,18 @@ class ModelCache:
         self.kv_dtype = kv_dtype or dtype
         self.num_state_slots = num_state_slots
         self.layers: list[LayerCache] = []
+        new = torch.empty if torch.device(device).type == "cpu" else torch.zeros  # see the module docstring
         for layer in cfg.layers:
             lc = LayerCache()
             if (a := layer.attention) is not None:
-                lc.k = torch.zeros(num_slots, a.num_kv_heads, a.head_dim, dtype=self.kv_dtype, device=device)
-                lc.v = torch.zeros(num_slots, a.num_kv_heads, a.head_dim, dtype=self.kv_dtype, device=device)
+                lc.k = new(num_slots, a.num_kv_heads, a.head_dim, dtype=self.kv_dtype, device=device)
+                lc.v = new(num_slots, a.num_kv_heads, a.head_dim, dtype=self.kv_dtype, device=device)
             if (m := layer.mla) is not None:
                 width = m.kv_lora_rank + m.qk_rope_head_dim
-                lc.latent = torch.zeros(num_slots, width, dtype=dtype, device=device)
+                lc.latent = new(num_slots, width, dtype=dtype, device=device)
             if (s := layer.mamba) is not None:
-                lc.conv = torch.zeros(
-                    num_state_slots, s.conv_dim, s.conv_kernel - 1, dtype=dtype, device=device
-                )
-                lc.ssm = torch.zeros(
+                lc.conv = new(num_state_slots, s.conv_dim, s.conv_kernel - 1, dtype=dtype, device=device)
+                lc.ssm = new(
                     num_state_slots,
                     s.num_heads,
                     s.head_dim,

@@ -1,0 +1,112 @@
+"""How big the cache pools are: the memory budget and the plan that fits the engine's limits into it.
+
+The paged pool wants `max_num_seqs × max_model_len` token slots (every sequence at full length) and the
+recurrent-state pool one slot per sequence. The budget caps the two together: `cache_memory_gib` when set
+(`--cache-memory`), else `DEFAULT_FRACTION` of the memory the machine can spare once the weights are loaded
+(MemAvailable on the CPU, free device memory on CUDA). A budget below the full-length wish leaves fewer
+token slots (the scheduler then preempts and recomputes); a budget that cannot hold even one sequence of
+`max_model_len` tokens is an error, in one line naming the sizes and the flags that change them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from blazr.config import EngineConfig, ModelConfig
+from blazr.errors import BlazrError
+from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
+
+DEFAULT_FRACTION = 0.5  # of the available memory, when no budget is given
+_GiB = 1 << 30
+
+
+def available_memory(device: torch.device | str = "cpu") -> int:
+    """Bytes this process could still take: free device memory on CUDA; on the CPU Linux's MemAvailable
+    (free + reclaimable page cache), or the physical memory where /proc/meminfo is missing."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cache_budget(engine: EngineConfig, device: torch.device | str = "cpu") -> int:
+    """The cache memory budget in bytes: `engine.cache_memory_gib`, else DEFAULT_FRACTION of what is
+    available now."""
+    if engine.cache_memory_gib is not None:
+        return int(engine.cache_memory_gib * _GiB)
+    return int(available_memory(device) * DEFAULT_FRACTION)
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """Pool sizes: `num_blocks` paged blocks of `block_size` tokens, `num_state_slots` recurrent slots;
+    `bytes` is what they take, `budget` the budget they were fitted into (bytes)."""
+
+    num_blocks: int
+    block_size: int
+    num_state_slots: int
+    bytes: int
+    budget: int
+    is_auto_budget: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def describe(self) -> str:
+        """One line for the load log: tokens, GiB, and the budget they came from."""
+        origin = f"{DEFAULT_FRACTION:g} of available memory" if self.is_auto_budget else "--cache-memory"
+        return (
+            f"{self.num_tokens} token slots + {self.num_state_slots} state slots, "
+            f"{self.bytes / _GiB:.2f} GiB of a {self.budget / _GiB:.2f} GiB budget ({origin})"
+        )
+
+
+def plan_cache(
+    cfg: ModelConfig,
+    engine: EngineConfig,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+) -> CachePlan:
+    """Fit the pools into the budget (see the module docstring); `engine.num_kv_blocks` forces the block
+    count."""
+    per_token = bytes_per_token(cfg, dtype, kv_dtype)
+    bs = engine.block_size
+    state = engine.max_num_seqs * state_bytes_per_sequence(cfg, dtype)
+    budget = cache_budget(engine, device)
+    is_auto = engine.cache_memory_gib is None
+    if per_token == 0:
+        num_blocks = 0
+    elif engine.num_kv_blocks:
+        num_blocks = engine.num_kv_blocks
+    else:
+        want = -(-engine.max_num_seqs * engine.max_model_len // bs)
+        one = -(-engine.max_model_len // bs)  # one full-length sequence
+        fits = max(0, budget - state) // (per_token * bs)
+        if fits < one:
+            need = one * bs * per_token + state
+            raise BlazrError(
+                f"cache memory budget {budget / _GiB:.2f} GiB cannot hold one sequence of --max-model-len "
+                f"{engine.max_model_len} ({need / _GiB:.2f} GiB at {per_token} bytes per token"
+                f"{f' + {state / _GiB:.2f} GiB of state' if state else ''}); lower --max-model-len or raise "
+                "--cache-memory"
+            )
+        num_blocks = min(want, fits)
+    if per_token == 0 and not engine.num_kv_blocks and state > budget:
+        raise BlazrError(
+            f"cache memory budget {budget / _GiB:.2f} GiB cannot hold the recurrent state of --max-num-seqs "
+            f"{engine.max_num_seqs} ({state / _GiB:.2f} GiB); lower --max-num-seqs or raise --cache-memory"
+        )
+    total = num_blocks * bs * per_token + state
+    return CachePlan(num_blocks, bs, engine.max_num_seqs, total, budget, is_auto)

@@ -1,0 +1,210 @@
+"""Loading without extra copies and cache pools without zero-fill (issue 14): quantized GGUF tensors go from
+the file's bytes to the kernel layout without ever being dequantized, float32 safetensors weights are views
+of the file's memory map that outlive the checkpoint object, pools allocated uninitialised (here: filled
+with NaN) give the same logits bit for bit, and the cache memory budget sizes the pools, refuses a
+max-model-len it cannot hold in one line, and is shown by `blazr info`."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import blazr.loading.gguf as gguf_mod
+from blazr import LLM
+from blazr.cli import main
+from blazr.errors import BlazrError
+from blazr.loading.safetensors import SafetensorsCheckpoint
+from tests.drive import chunked, stepwise_logits
+from tests.gguf_fixtures import write_tiny_llama_gguf
+from tests.hf_parity import prompts
+from tests.test_gguf import TINY, tiny_state_dict
+from tests.test_quantize import quantized_layers
+from tests.tiny import build
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    build("LlamaForCausalLM", path, seed=2, tie_word_embeddings=False)
+    return path
+
+
+# ----------------------------------------------------------------------------------------- weights
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_gguf_blocks_are_never_dequantized(
+    qtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the float tensors (norms, the embedding table) pass through GGUF dequantization; every block
+    tensor of a linear reaches its QuantizedLinear as bytes, and the logits equal the dequantized model's."""
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(seed=4), TINY, qtype)
+    plain = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", quantize="none")
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    real = gguf_mod.dequantize
+
+    def spy(raw: torch.Tensor, ggml_type: str, shape: tuple[int, ...]) -> torch.Tensor:
+        seen.append((ggml_type, tuple(shape)))
+        return real(raw, ggml_type, shape)
+
+    monkeypatch.setattr(gguf_mod, "dequantize", spy)
+    kept = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32")
+    layers = quantized_layers(kept)
+    assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == {qtype.lower()}
+    embedding = (TINY["vocab_size"], TINY["hidden_size"])
+    assert {shape for t, shape in seen if t == qtype} == {embedding}  # the lookup table alone
+    for name, layer in layers.items():
+        assert torch.equal(layer.weight, plain.model.get_submodule(name).weight), name
+
+
+def test_float32_safetensors_alias_the_file(tiny_llama: Path) -> None:
+    """A float32 tensor loaded as float32 is a view of the file's private map: no copy; it stays valid
+    after the checkpoint object is closed and collected, and writing to it never reaches the file."""
+    files = [tiny_llama / "model.safetensors"]
+    ckpt = SafetensorsCheckpoint(files)
+    name = "model.embed_tokens.weight"
+    alias = ckpt.load(name, torch.float32, alias=True)
+    copy = ckpt.load(name, torch.float32)
+    assert _mapped_file(alias.data_ptr()) == str(files[0].resolve())
+    assert _mapped_file(copy.data_ptr()) != str(files[0].resolve())
+    ckpt.close()
+    del ckpt
+    gc.collect()
+    assert torch.equal(alias, copy)
+    alias[0, 0] = 123.0  # copy-on-write: this process's page only
+    assert SafetensorsCheckpoint(files).load(name)[0, 0] == copy[0, 0]
+
+
+def test_loaded_model_keeps_its_mapped_weights(tiny_llama: Path) -> None:
+    """The loaded float32 model's weights live in the file's map (the loader's source is gone by then) and
+    give the same logits as a second load."""
+    llm = LLM(tiny_llama, cpu=True, dtype="float32", quantize="none")
+    gc.collect()
+    file = str((tiny_llama / "model.safetensors").resolve())
+    assert _mapped_file(llm.model.embed_tokens.weight.data_ptr()) == file
+    batch = [[3, 1, 4, 1, 5, 9, 2, 6]]
+    first = stepwise_logits(llm.runner, batch, [[8]])[0]
+    again = LLM(tiny_llama, cpu=True, dtype="float32", quantize="none")
+    assert torch.equal(first, stepwise_logits(again.runner, batch, [[8]])[0])
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file mapped at `address` in this process (/proc/self/maps), or None for anonymous memory."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            return fields[5] if len(fields) == 6 and fields[5].startswith("/") else None
+    return None
+
+
+# ------------------------------------------------------------------------------------------- pools
+
+
+def _nan_fill(llm: LLM) -> None:
+    for lc in llm.runner.cache.layers:
+        for t in (lc.k, lc.v, lc.latent, lc.conv, lc.ssm):
+            if t is not None:
+                t.fill_(float("nan"))
+
+
+SCHEDULES = {
+    "whole": lambda n: [n],
+    "chunks of 5": lambda n: chunked(n, 5),
+    "6 decode steps": lambda n: [n - 6] + [1] * 6,
+}
+
+
+def _check_nan_pools(make: callable, vocab: int) -> None:
+    """Every schedule (prefill, chunked prefill, decode steps mixed with prefills) on NaN-filled pools
+    gives the logits of zero-filled pools, bit for bit."""
+    batch = prompts([23, 11, 17], seed=3, vocab=vocab)
+    zero, nan = make(), make()
+    for lc in zero.runner.cache.layers:
+        for t in (lc.k, lc.v, lc.latent, lc.conv, lc.ssm):
+            if t is not None:
+                t.zero_()
+    _nan_fill(nan)
+    for name, schedule in SCHEDULES.items():
+        plan = [schedule(len(p)) for p in batch]
+        plan[1] = [len(batch[1])]  # one whole prompt beside the others' decode steps
+        want = stepwise_logits(zero.runner, batch, plan)
+        got = stepwise_logits(nan.runner, batch, plan)
+        for g, w in zip(got, want, strict=True):
+            assert not g.isnan().any(), name
+            assert torch.equal(g, w), name
+
+
+def test_cpu_pools_are_not_zero_filled(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from blazr.detect import inspect_checkpoint
+    from blazr.state.kv_cache import ModelCache
+
+    cfg = inspect_checkpoint(tiny_llama).config
+
+    def no_zeros(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("a CPU cache pool was zero-filled")
+
+    monkeypatch.setattr(torch, "zeros", no_zeros)
+    cache = ModelCache(cfg, 4096, 2, torch.float32, "cpu")
+    assert cache.nbytes() == 2 * 2 * 4096 * 2 * 32 * 4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_nan_filled_pools_give_identical_logits(tiny_llama: Path, dtype: str) -> None:
+    """float32: the kernel decode path; bfloat16: torch attention over padded, masked kv_indices."""
+    _check_nan_pools(lambda: LLM(tiny_llama, cpu=True, dtype=dtype, max_num_seqs=4), 1024)
+
+
+def test_nan_filled_state_slots_give_identical_logits(tmp_path: Path) -> None:
+    """A hybrid (Mamba2 + attention): recurrent-state slots start from garbage too."""
+    from tests.test_hf_bamba import ARCH, VARIANTS
+
+    build(ARCH, tmp_path, seed=1, **VARIANTS["mamba-attn-mamba"])
+    _check_nan_pools(lambda: LLM(tmp_path, cpu=True, dtype="float32", max_num_seqs=4), 1024)
+
+
+# ------------------------------------------------------------------------------------------ budget
+
+
+def test_budget_sizes_the_pools(tiny_llama: Path) -> None:
+    from blazr.state.kv_cache import bytes_per_token
+
+    llm = LLM(tiny_llama, cpu=True, dtype="float32", max_model_len=256, max_num_seqs=8, cache_memory=0.001)
+    per_token = bytes_per_token(llm.config, torch.float32, llm.kv_dtype)
+    plan = llm.runner.cache_plan
+    assert plan.budget == int(0.001 * 2**30) and not plan.is_auto_budget
+    assert plan.num_tokens == plan.budget // (per_token * 16) * 16 < 8 * 256  # fewer than all at full length
+    assert llm.runner.cache.nbytes() == plan.bytes <= plan.budget
+    assert "of a 0.00 GiB budget (--cache-memory)" in plan.describe()
+    roomy = LLM(tiny_llama, cpu=True, dtype="float32", max_model_len=256, max_num_seqs=8)
+    assert roomy.runner.cache_plan.is_auto_budget and roomy.runner.cache_plan.num_tokens == 8 * 256
+
+
+def test_budget_too_small_for_one_sequence(tiny_llama: Path) -> None:
+    with pytest.raises(
+        BlazrError,
+        match=r"cache memory budget 0\.00 GiB cannot hold one sequence of --max-model-len 512 .*"
+        r"lower --max-model-len or raise --cache-memory",
+    ):
+        LLM(tiny_llama, cpu=True, dtype="float32", max_model_len=512, cache_memory=1e-5)
+
+
+def test_info_shows_the_budget(tiny_llama: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--model", str(tiny_llama), "--cache-memory", "2", "--max-model-len", "128"]) == 0
+    budget = json.loads(capsys.readouterr().out)["cache"]["budget"]
+    per_token = 2 * 2 * 2 * 32 * 4  # layers × (K, V) × kv heads × head dim × fp32
+    assert budget == {
+        "memory_gib": 2.0,
+        "source": "--cache-memory",
+        "max_model_len": 128,
+        "max_num_seqs": 16,
+        "tokens": 2 * 2**30 // per_token,
+        "full_length_sequences": 2 * 2**30 // (per_token * 128),
+    }
+    assert main(["info", "--model", str(tiny_llama)]) == 0
+    auto = json.loads(capsys.readouterr().out)["cache"]["budget"]
+    assert auto["source"] == "0.5 of available" and auto["memory_gib"] > 0
