@@ -1,9 +1,10 @@
 """The fused CPU decode step (engine/decode_plan.py: the model's own forward, captured) against the eager
 model: greedy tokens of batched generation identical with and without the plan (Llama, Qwen2 with q/k/v
 bias, Mistral with a sliding window shorter than the sequences, Mamba2, a Granite attention + Mamba2 hybrid
-with its multipliers), batch sizes changing as sequences finish, one decode step's logits equal to the eager
-model's bit for bit (float, Q8_0 weights, 16-bit KV), and `create` refusing — with the reason logged — what
-the kernels do not cover."""
+with its multipliers, FalconH1, NemotronH, DeepSeek-V3's MLA + MoE, Mixtral, Granite with routed experts),
+batch sizes changing as sequences finish, one decode step's logits equal to the eager model's bit for bit
+(float, Q8_0 weights, 16-bit KV), and `create` refusing — with the reason logged — what the kernels do not
+cover."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.kv_cache import ModelCache
 from tests.ssm_fixtures import randomise
+from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.tiny import build
 
 
@@ -87,6 +89,25 @@ VARIANTS = {
             lm_head_multiplier=0.7,
             ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.7],
             mlp_multipliers=[1.3, 0.6],
+        ),
+    ),
+    # MLA (q LoRA) with a dense first layer, then DeepSeek-V3's routed + shared experts.
+    "deepseek-v3": (
+        "DeepseekV3ForCausalLM",
+        dict(MLA_SIZES, **MOE_SIZES, q_lora_rank=48, n_group=2, topk_group=1),
+    ),
+    "mixtral": ("MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64)),
+    # Granite 4.0-H with routed experts beside its shared MLP in every block.
+    "granite-moe-hybrid": (
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            _SSM,
+            layer_types=["mamba", "attention"],
+            num_hidden_layers=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            intermediate_size=64,
+            shared_intermediate_size=96,
         ),
     ),
     # Mamba2, attention and ungated ReLU² MLP blocks.
@@ -366,6 +387,17 @@ ATTN_LAYER = LayerConfig(attention=ATTN, mlp=MLP)
 
 MOE = MoEConfig(num_experts=4, top_k=2, expert=MLPConfig(intermediate_size=32))
 MLA = MLAConfig(4, None, 32, 16, 8, 16, RopeConfig(dim=8), 0.1)
+MLA_LORA = MLAConfig(4, 24, 32, 16, 8, 16, RopeConfig(dim=8), 0.1)
+# DeepSeek-V3's routing (sigmoid + selection bias, top-two-sum groups, scaled) with a shared expert;
+# NemotronH's ungated ReLU² experts.
+MOE_V3 = MoEConfig(
+    num_experts=8, top_k=2, expert=MLPConfig(intermediate_size=32), scoring="sigmoid",
+    has_correction_bias=True, num_groups=4, topk_groups=2, group_score="top2_sum", routed_scaling_factor=2.5,
+    shared=MLPConfig(intermediate_size=64),
+)  # fmt: skip
+MOE_RELU2 = MoEConfig(
+    num_experts=4, top_k=2, expert=MLPConfig(intermediate_size=32, is_gated=False, activation="relu2")
+)
 
 
 def _create(cfg: ModelConfig, wrap: bool = True, **engine: object) -> DecodePlan | None:
@@ -393,8 +425,22 @@ def _cfg(*layers: LayerConfig, **changes: object) -> ModelConfig:
         _cfg(LayerConfig(attention=ATTN, mamba=MAMBA, mlp=MLP)),  # FalconH1: two mixers side by side
         _cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, activation="gelu"))),
         _cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, is_gated=False, activation="relu2"))),
+        _cfg(LayerConfig(attention=ATTN, moe=MOE)),
+        _cfg(LayerConfig(mla=MLA, mlp=MLP)),
+        _cfg(LayerConfig(mla=MLA_LORA, moe=MOE_V3), LayerConfig(mamba=MAMBA, moe=MOE_RELU2)),
     ],
-    ids=["attention", "mamba-hybrid", "nope", "multipliers", "parallel-mixers", "gelu", "relu2"],
+    ids=[
+        "attention",
+        "mamba-hybrid",
+        "nope",
+        "multipliers",
+        "parallel-mixers",
+        "gelu",
+        "relu2",
+        "moe",
+        "mla",
+        "mla-moe-groups",
+    ],
 )
 def test_create_accepts(cfg):
     plan = _create(cfg)
@@ -405,12 +451,10 @@ def test_create_accepts(cfg):
     "cfg, engine, why",
     [
         (_cfg(ATTN_LAYER), dict(fused_decode=False), None),
-        (_cfg(LayerConfig(attention=ATTN, moe=MOE)), {}, "model/moe.py"),
-        (_cfg(LayerConfig(mla=MLA, mlp=MLP)), {}, "model/mla.py"),
         (_cfg(LayerConfig(mamba=MAMBA, norm=NormConfig("layer"))), {}, "model/norm.py"),
         (_cfg(ATTN_LAYER), dict(max_model_len=4096), "rope table"),  # positions past the rope table
     ],
-    ids=["fused-off", "moe", "mla", "layernorm", "rope-len"],
+    ids=["fused-off", "layernorm", "rope-len"],
 )
 def test_create_refuses_and_says_why(cfg, engine, why, caplog):
     with caplog.at_level(logging.INFO, logger="blazr"):

@@ -16,7 +16,6 @@ without AVX-512). Tolerances are derived, not guessed:
 from __future__ import annotations
 
 import importlib.util
-import platform
 from pathlib import Path
 
 import gguf
@@ -37,32 +36,7 @@ def gamma(n: int) -> float:
     return n * U / (1 - n * U)
 
 
-# ---------------------------------------------------------------- libraries under test
-
-
-@pytest.fixture(scope="session")
-def native() -> ops.Kernels:
-    k = ops.kernels()
-    assert k is not None, "kernel library unavailable (no C compiler, or BLAZR_KERNELS=0)"
-    return k
-
-
-@pytest.fixture(scope="session")
-def generic(tmp_path_factory: pytest.TempPathFactory) -> ops.Kernels:
-    is_x86 = platform.machine().lower() in ("x86_64", "amd64")
-    flags = ("-O3", "-march=x86-64", "-fopenmp") if is_x86 else ("-O3", "-fopenmp")  # no SIMD paths
-    try:
-        path = build.build(flags, out_dir=tmp_path_factory.mktemp("kernels"))
-    except build.BuildError as e:
-        pytest.fail(f"no C compiler: {e}")
-    k = ops.Kernels(build.open_library(path))
-    assert k.features == [], "the x86-64 build must not contain AVX-512 paths"
-    return k
-
-
-@pytest.fixture(params=["native", "generic"])
-def lib(request: pytest.FixtureRequest) -> ops.Kernels:
-    return request.getfixturevalue(request.param)
+# The libraries under test (`native`, `generic`, and `lib`: each of them in turn) are tests/conftest.py's.
 
 
 def test_native_build_uses_the_cpu_simd(native: ops.Kernels) -> None:

@@ -5,6 +5,7 @@ fp32 reference, and the engine invariants on a quantized model."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,13 @@ from blazr import LLM, SamplingParams
 from blazr.errors import UnsupportedError
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
+from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from tests.drive import assert_logits_close, chunked, full_logits, stepwise_logits
 from tests.gguf_fixtures import write_tiny_llama_gguf
 from tests.hf_parity import prompts
 from tests.test_gguf import TINY, tiny_state_dict
+from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.tiny import build
 
 
@@ -210,6 +213,44 @@ def test_dense_prefill_copies(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch)
     torch.testing.assert_close(
         dense.model.compute_logits(hidden), plain.model.compute_logits(hidden), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize(
+    "arch, overrides",
+    [
+        ("MixtralForCausalLM", dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64)),
+        ("DeepseekV3ForCausalLM", dict(MLA_SIZES, **MOE_SIZES, q_lora_rank=48, n_group=2, topk_group=1)),
+    ],
+    ids=["mixtral", "deepseek-v3"],
+)
+def test_in_situ_quantized_experts(
+    tmp_path: Path, arch: str, overrides: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--quantize int8` stacks every layer's routed experts in Q8_0 (their shared experts are quantized
+    linears) and drops the float copies: decode runs the chosen experts' quantized rows in the recorded
+    plan; the logits are as close to the float model's as those of the same model with only its dense
+    layers quantized (tiny random MoE models flip routing at near-ties, so that is the yardstick, measured:
+    KL 0.023 vs 0.027 on the DeepSeek one); batched greedy decoding equals each sequence alone."""
+    import blazr.loading.quantize as isq
+
+    build(arch, tmp_path, seed=3, **overrides)
+    ref_llm = LLM(tmp_path, cpu=True, dtype="float32", quantize="none")
+    llm = LLM(tmp_path, cpu=True, dtype="float32", quantize="int8")
+    experts = [m for m in llm.model.modules() if isinstance(m, Experts)]
+    assert experts and all(e.w_up is not None and e.w_up.kind == "q8_0" for e in experts)
+    assert all(not hasattr(e, "down_proj") for e in experts)  # the float copies are gone
+    assert llm.runner.decode_plan is not None
+    monkeypatch.setattr(isq, "stack_experts", lambda *args: Counter())
+    dense_only = LLM(tmp_path, cpu=True, dtype="float32", quantize="int8")
+    assert all(e.w_up is None for e in dense_only.model.modules() if isinstance(e, Experts))
+    batch = prompts([40, 25], seed=6, vocab=llm.config.vocab_size)
+    want = torch.cat(full_logits(ref_llm.runner, batch))
+    top1, kl = _agreement_and_kl(torch.cat(full_logits(llm.runner, batch)), want)
+    top1_dense, kl_dense = _agreement_and_kl(torch.cat(full_logits(dense_only.runner, batch)), want)
+    assert top1 >= top1_dense - 0.05 and kl <= 1.5 * kl_dense + 1e-3, (top1, kl, top1_dense, kl_dense)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in batch]
+    assert [r.outputs[0].token_ids for r in llm.generate(batch, params)] == alone
 
 
 def test_quantize_needs_cpu_float32(tiny_llama: Path) -> None:

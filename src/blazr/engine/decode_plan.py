@@ -1,8 +1,8 @@
 """DecodePlan: one CPU decode step of the model — its own `forward` and `compute_logits`, recorded as a
 KernelPlan (`kernels/capture.py`) and replayed by one C call per step, for every architecture whose decode
-step the layers run as kernel ops (attention, Mamba2, hybrids of both; MLPs with SwiGLU; Granite's
-multipliers). There is no second copy of the forward: what the plan replays is what the eager model does
-with float32 CPU activations on a decode-only batch inside `use_kernels()`.
+step the layers run as kernel ops (attention, MLA, Mamba2 and their hybrids; MLPs and MoE, routed experts
+and shared; Granite's multipliers). There is no second copy of the forward: what the plan replays is what
+the eager model does with float32 CPU activations on a decode-only batch inside `use_kernels()`.
 
 The step reads static buffers: token ids, positions, cache slots, block tables (`kv_indices`, sized for
 `max_model_len`), decode lengths and recurrent-state slots, [Bmax] each. One plan is captured per batch
@@ -11,8 +11,8 @@ plans share one arena for their activations. Host-side lengths are unknown while
 `context_lens` is empty, so code that would read one fails the capture instead of baking in a value.
 
 `create` returns None — and logs why — when the model's step is not kernel ops only (a layer without a
-decode kernel yet, e.g. MLA or MoE, LayerNorm, a non-SwiGLU MLP, float nn.Linear weights): capture names
-the torch op and the line that ran it. The runner then runs the eager model.
+decode kernel yet, e.g. LayerNorm, or float nn.Linear weights): capture names the torch op and the line
+that ran it. The runner then runs the eager model.
 
 A row's result does not depend on B, bit for bit: every kernel computes a row by the same operations
 whatever else is in the call, so a decode token is the same batched or alone.

@@ -1,6 +1,7 @@
 """ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
 raising UnsupportedInput for dtypes / layouts the kernels do not take (the Mamba2 ones in
-bindings_mamba2.py); inside `record()` the calls go to a `KernelPlan` (calls.py) instead of running.
+bindings_mamba2.py, MoE and MLA in bindings_moe_mla.py); inside `record()` the calls go to a
+`KernelPlan` (calls.py) instead of running.
 
 Calls pass their arguments through `blz_call` in a per-thread preallocated `blz_args_t` struct (~1 µs
 through ctypes, instead of ~0.3 µs per separately converted argument). Shapes as in `ops.py`.
@@ -17,6 +18,7 @@ import torch
 
 from blazr.kernels import build
 from blazr.kernels.bindings_mamba2 import Mamba2Bindings
+from blazr.kernels.bindings_moe_mla import MoEMLABindings
 from blazr.kernels.calls import (
     _F32,
     KernelPlan,
@@ -40,7 +42,7 @@ _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5,
                "f32": 0, "bf16": 0}  # fmt: skip
 
 
-class Kernels(Mamba2Bindings):
+class Kernels(Mamba2Bindings, MoEMLABindings):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
     contiguous, not on the CPU) and ValueError for inconsistent shapes.
@@ -78,6 +80,11 @@ class Kernels(Mamba2Bindings):
 
     def is_recording(self) -> bool:
         return getattr(self._tls, "plan", None) is not None
+
+    @staticmethod
+    def weight_code(qw: QuantizedWeight) -> int:
+        """A weight's format for kernels that run linears inside (MoE experts): linear op · 16 + kind."""
+        return _OP_LINEAR[qw.kind] * 16 + _KIND_CODES[qw.kind]
 
     def _run(self, a: _Args, addr: int, name: str, *tensors: torch.Tensor | None) -> None:
         """Run the packed call, or append it to the plan being recorded (keeping its tensors alive)."""
@@ -285,7 +292,10 @@ class Kernels(Mamba2Bindings):
             raise ValueError(
                 f"rope_neox: cos/sin must be [P, {half}], found {list(cos.shape)}, {list(sin.shape)}"
             )
-        xp, ldx = _rows_ptr(x, "rope x")
+        if x.dtype is not _F32 or not x.is_cpu or x.stride(2) != 1 or (H > 1 and x.stride(1) < Dh):
+            raise UnsupportedInput(f"rope x: expected fp32 CPU [T, H, Dh] (rows of heads), found {x.dtype}")
+        hs = x.stride(1) if H > 1 else Dh  # head stride: a head's part of a wider row (MLA's q_rope) is fine
+        xp, ldx = x.data_ptr(), x.stride(0) if T > 1 else H * hs
         pp, cp, sp = (
             _i64_ptr(positions, "rope positions"),
             _f32_ptr(cos, "rope cos"),
@@ -293,7 +303,7 @@ class Kernels(Mamba2Bindings):
         )
         a, addr = self._args()
         a.op = _OP_ROPE_NEOX
-        a.i[0:11] = (xp, T, H, Dh, ldx, pp, cp, sp, cos.shape[0], rot_dim, torch.get_num_threads())
+        a.i[0:11] = (xp, T, H, hs, ldx, pp, cp, sp, cos.shape[0], rot_dim, torch.get_num_threads())
         self._run(a, addr, "rope_neox", x, positions, cos, sin)
         return x
 

@@ -18,7 +18,7 @@ _ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of mem
 class _Args(ctypes.Structure):
     """blz_args_t: one kernel's arguments, packed (see blz_call in csrc/common.c)."""
 
-    _fields_ = [("op", ctypes.c_int64), ("i", ctypes.c_int64 * 20), ("f", ctypes.c_double * 2)]
+    _fields_ = [("op", ctypes.c_int64), ("i", ctypes.c_int64 * 24), ("f", ctypes.c_double * 2)]
 
 
 def _check(rc: int, name: str) -> None:

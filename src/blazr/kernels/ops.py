@@ -2,7 +2,8 @@
 (`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
 
 Each public op (`embedding`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`,
-`kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`) runs the C kernel when the library
+`kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `moe_route`, `moe_experts`,
+`mla_cache_write`, `mla_decode`) runs the C kernel when the library
 is available and the inputs are CPU tensors of the supported dtypes and layouts (fp32 activations and
 states, int64 indices, fp32 or 16-bit KV pools), else its `*_reference` twin with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
@@ -10,7 +11,8 @@ a sequence of kernel calls on static buffers as a `KernelPlan` that replays them
 
 Shapes: M rows (tokens), K in features, N out features (SwiGLU: N = 2·I rows [gate; up] → I outputs);
 T tokens, H query heads, Hkv kv heads, G = H / Hkv, Dh / D / Dv head dims, R rotary dims, P table rows;
-B sequences, S cache slots, Lmax kv_indices width.
+B sequences, S cache slots, Lmax kv_indices width; E experts, k chosen per token, I expert width; MLA: Dn /
+R / Dv head dims, L latent rank.
 """
 
 from __future__ import annotations
@@ -35,11 +37,16 @@ from blazr.kernels.reference import (
     linear_reference,
     mamba2_prefill_reference,
     mamba2_step_reference,
+    mla_cache_write_reference,
+    mla_decode_reference,
+    moe_experts_reference,
+    moe_route_reference,
     paged_attention_decode_reference,
     quantize_act_reference,
     rms_norm_reference,
     rope_neox_reference,
     ssd_step_reference,
+    stacked_slice,
 )
 
 __all__ = [
@@ -65,6 +72,14 @@ __all__ = [
     "mamba2_prefill_reference",
     "mamba2_step",
     "mamba2_step_reference",
+    "mla_cache_write",
+    "mla_cache_write_reference",
+    "mla_decode",
+    "mla_decode_reference",
+    "moe_experts",
+    "moe_experts_reference",
+    "moe_route",
+    "moe_route_reference",
     "paged_attention_decode",
     "paged_attention_decode_reference",
     "quantize_act_reference",
@@ -75,6 +90,7 @@ __all__ = [
     "rope_neox",
     "rope_neox_reference",
     "ssd_step_reference",
+    "stacked_slice",
 ]
 
 _default: list[Kernels | None] = []
@@ -316,4 +332,75 @@ def mamba2_prefill(
         n_groups,
         dt_min,
         dt_max,
+    )
+
+
+def moe_route(
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    sigmoid: bool,
+    num_groups: int,
+    topk_groups: int,
+    group_top2: bool,
+    top_k: int,
+    renorm: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE router's choice: logits [T, E] (fp32) → (weights [T, k] fp32, ids [T, k] int64); see
+    moe_route_reference for the rule (softmax / sigmoid, bias for selection, group-limited top-k)."""
+    return _dispatch(
+        "moe_route", moe_route_reference, logits, bias, sigmoid, num_groups, topk_groups, group_top2, top_k,
+        renorm, scale,
+    )  # fmt: skip
+
+
+def moe_experts(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_up: QuantizedWeight,
+    w_down: QuantizedWeight,
+    num_experts: int,
+    activation: str,
+    gated: bool,
+) -> torch.Tensor:
+    """Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]) → [T, D] fp32, running only the chosen experts' rows of
+    the stacked weights w_up [E·N, D] (N = 2I gated, [gate; up], else I) and w_down [E·D, I] in any kernel
+    weight format; tokens routed to one expert share one read of its weights."""
+    return _dispatch(
+        "moe_experts", moe_experts_reference, x, ids, weights, w_up, w_down, num_experts, activation, gated
+    )
+
+
+def mla_cache_write(
+    kv: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    pool: torch.Tensor,
+) -> None:
+    """MLA's cache rows of the new tokens: kv [T, L + R] (the kv_a projection) → pool[slots] = [RMSNorm(c_kv)
+    | rotated k_rope] (pool [S, L + R], fp32 or 16-bit)."""
+    return _dispatch(
+        "mla_cache_write", mla_cache_write_reference, kv, norm_weight, eps, positions, cos, sin, slots, pool
+    )
+
+
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    pool: torch.Tensor,
+    kv_indices: torch.Tensor,
+    seq_lens: torch.Tensor | Sequence[int],
+    w_kv_b: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Absorbed MLA decode attention over the latent pool, one query per sequence: q_nope [B, H, Dn] and
+    rotated q_rope [B, H, R] (strided views allowed) → [B, H, Dv] fp32, W_UK / W_UV from kv_b_proj's weight
+    w_kv_b [H·(Dn + Dv), L]; see mla_decode_reference."""
+    return _dispatch(
+        "mla_decode", mla_decode_reference, q_nope, q_rope, pool, kv_indices, seq_lens, w_kv_b, scale
     )

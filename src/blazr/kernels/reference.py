@@ -332,3 +332,119 @@ def mamba2_prefill_reference(
         conv_state.index_copy_(0, slot, window[None, :, window.shape[1] - (K - 1) :].to(conv_state.dtype))
         ssm_state.index_copy_(0, slot, ssm1.to(ssm_state.dtype))
     return y
+
+
+def stacked_slice(qw: QuantizedWeight, e: int, num: int) -> QuantizedWeight:
+    """Expert e's rows of a stacked weight (`num` experts' [N, K] weights one after another, [num·N, K]),
+    as a view. Every expert must start on a whole first dimension of `data` (block kinds: N a multiple of
+    the row group)."""
+    rows, per = qw.out_features // num, qw.data.shape[0] // num
+    if qw.out_features % num or qw.data.shape[0] % num:
+        raise ValueError(f"stacked weight [{qw.out_features}, {qw.in_features}] does not split into {num}")
+    return QuantizedWeight(qw.kind, qw.data[e * per : (e + 1) * per], rows, qw.in_features)
+
+
+def moe_route_reference(
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    sigmoid: bool,
+    num_groups: int,
+    topk_groups: int,
+    group_top2: bool,
+    top_k: int,
+    renorm: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] → (weights [T, k] fp32, ids [T, k] int64): scores = softmax or sigmoid; choice =
+    scores (+ bias, selection only); group-limited when num_groups > 1 (keep the topk_groups groups with the
+    best max, or top-two sum when group_top2, choose inside them); ids = top-k of choice; weights = the
+    scores of ids, renormalised over the k when `renorm`, times `scale` (see model/moe.py)."""
+    logits = logits.float()
+    scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
+    choice = scores + bias.float() if bias is not None else scores
+    if num_groups > 1:
+        grouped = choice.unflatten(-1, (num_groups, -1))  # [T, G, E/G]
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1) if group_top2 else grouped.amax(dim=-1)
+        keep = group_scores.topk(topk_groups, dim=-1).indices  # [T, topk_groups]
+        is_kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+        choice = grouped.masked_fill(~is_kept[..., None], float("-inf")).flatten(1)
+    ids = choice.topk(top_k, dim=-1).indices  # [T, k]
+    weights = scores.gather(1, ids)
+    if renorm:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if scale != 1.0:
+        weights = weights * scale
+    return weights, ids
+
+
+def moe_experts_reference(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w_up: QuantizedWeight,
+    w_down: QuantizedWeight,
+    num_experts: int,
+    activation: str,
+    gated: bool,
+) -> torch.Tensor:
+    """Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]) → [T, D] fp32, each expert MLP = act(x · W_upᵀ) (gated:
+    act(gate) · up of the [gate; up] halves) · W_downᵀ with its rows of the stacked w_up [E·N, D] /
+    w_down [E·D, I] (see stacked_slice); only the chosen experts are dequantized."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e in ids.unique().tolist():
+        t, j = (ids == e).nonzero(as_tuple=True)
+        h = linear_reference(x[t].float(), stacked_slice(w_up, e, num_experts))
+        a = activation_reference(h, activation, gated)
+        y = linear_reference(a, stacked_slice(w_down, e, num_experts))
+        out.index_add_(0, t, y * weights[t, j, None].float())
+    return out
+
+
+def mla_cache_write_reference(
+    kv: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    pool: torch.Tensor,
+) -> None:
+    """MLA's new latent rows: kv [T, L + R] (the kv_a projection; rows may be strided) → pool[slots[t]] =
+    [RMSNorm(c_kv) | rotated k_rope] in the pool's dtype (no norm weight: c_kv as is; NeoX half-split
+    rotation by rows `positions` of cos / sin [P, R/2])."""
+    R = 2 * cos.shape[1]
+    c, k_rope = kv[:, :-R].float(), kv[:, -R:].float().clone()
+    if norm_weight is not None:
+        c = norm_weight * (c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps))
+    rope_neox_reference(k_rope.unsqueeze(1), positions, cos, sin, R)
+    pool.index_copy_(0, slots, torch.cat((c, k_rope), dim=-1).to(pool.dtype))
+
+
+def mla_decode_reference(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    pool: torch.Tensor,
+    kv_indices: torch.Tensor,
+    seq_lens: torch.Tensor | Sequence[int],
+    w_kv_b: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Absorbed MLA decode, one query per sequence: q_nope [B, H, Dn], q_rope [B, H, R] over the latent rows
+    pool[kv_indices[b, :seq_lens[b]]] ([S, L + R]: c_kv | k_rope), with W_UK / W_UV the per-head rows of
+    w_kv_b [H·(Dn + Dv), L] ([k_nope; v] per head) → [B, H, Dv] fp32 (no keys → zeros):
+    q_lat = q_nope · W_UK; p = softmax(scale · (q_lat · c_kv + q_rope · k_rope)); out = W_UV · (p · c_kv)."""
+    B, H, Dn = q_nope.shape
+    L = w_kv_b.shape[1]
+    w = w_kv_b.float().view(H, -1, L)
+    w_uk, w_uv = w[:, :Dn], w[:, Dn:]
+    out = torch.zeros(B, H, w_uv.shape[1], dtype=torch.float32)
+    for b in range(B):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        lat = pool[kv_indices[b, :n]].float()  # [n, L + R]
+        q_lat = torch.einsum("hd,hdl->hl", q_nope[b].float(), w_uk)
+        s = (q_lat @ lat[:, :L].T + q_rope[b].float() @ lat[:, L:].T) * scale  # [H, n]
+        out[b] = torch.einsum("hvl,hl->hv", w_uv, s.softmax(-1) @ lat[:, :L])
+    return out

@@ -10,14 +10,16 @@ Modes:
   fp32 activations) — computed from the loaded float weights (a GGUF's dequantized ones).
 
 Targets: every linear called only through its forward — attention qkv/o, dense MLP, Mamba2 in/out
-projections, MLA q/kv_a/o projections — and the lm_head (tied embeddings: a quantized copy of the
-embedding, the lookup table stays float). Not MLA's kv_b_proj (its weight is read directly by the absorbed
-decode), MoE experts (stacked tensors) or routers. Quantized layers run on blazr's C kernels on the CPU with
+projections, MLA q/kv_a/o projections, MoE shared experts — and the lm_head (tied embeddings: a quantized
+copy of the embedding, the lookup table stays float); and the routed MoE experts, stacked in one kernel
+weight per layer and projection (`stack_experts`). Not MLA's kv_b_proj (its weight is read directly by the
+absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU with
 float32 activations; `dense_dtype` adds a dequantized copy for prefill GEMMs (see model/qlinear.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import torch
@@ -29,6 +31,7 @@ from blazr.kernels.quant import GGML_KINDS, K_KINDS, KQUANT_BYTES, QK_K, Quantiz
 from blazr.loading.names import NameMap, cat_rows, unfuse
 from blazr.loading.weights import TensorSource
 from blazr.model.model import CausalLM
+from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
@@ -49,6 +52,9 @@ _TARGETS = (
     "mla.q_rope_proj",
     "mla.kv_a_proj",
     "mla.o_proj",
+    "moe.shared.gate_up_proj",
+    "moe.shared.up_proj",
+    "moe.shared.down_proj",
 )
 
 
@@ -75,8 +81,7 @@ def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
         found.append(("lm_head", model.lm_head))
     elif model.lm_head is None and model.cfg.tie_word_embeddings:
         found.append(("lm_head", None))
-    in_features = model.cfg.hidden_size  # of the tied head
-    return [(n, m) for n, m in found if (in_features if m is None else m.in_features) % 32 == 0]
+    return found
 
 
 def _set_module(model: CausalLM, name: str, module: nn.Module) -> None:
@@ -85,9 +90,15 @@ def _set_module(model: CausalLM, name: str, module: nn.Module) -> None:
 
 
 def _gguf_blocks(
-    cfg: ModelConfig, source: TensorSource, names: NameMap, pname: str, shape: tuple[int, int]
+    cfg: ModelConfig,
+    source: TensorSource,
+    names: NameMap,
+    pname: str,
+    shape: tuple[int, ...],
+    is_stacked: bool = False,
 ) -> QuantizedWeight | None:
-    """The stored block bytes of parameter `pname` (its parts' rows concatenated) when every part is one
+    """The stored block bytes of parameter `pname` [*, K] (its parts' rows concatenated: fused q|k|v or
+    gate|up, or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is one
     supported block type and needs no transform; else None."""
     load_raw = getattr(source, "load_raw", None)
     if load_raw is None:
@@ -97,7 +108,7 @@ def _gguf_blocks(
         sources = [whole]
     else:
         parts, combine = unfuse(cfg, pname, shape)
-        if combine is not cat_rows:
+        if combine is not cat_rows and not is_stacked:  # an expert stack: its parts' rows in order
             return None
         sources = [names.source(p.name) for p in parts]
     if any(s is None or s[1] is not None or s[0] not in source.names for s in sources):
@@ -112,8 +123,8 @@ def _gguf_blocks(
         return QuantizedWeight.from_parts(parts)
     if len(types) != 1 or (ggml_type := types.pop()) not in _BLOCK_TYPES:
         return None
-    data = raws[0][1] if len(raws) == 1 else torch.cat([r for _, r in raws])
-    return QuantizedWeight.from_ggml(ggml_type, data, shape[0], shape[1])
+    data = raws[0][1] if len(raws) == 1 else torch.cat([r.reshape(-1) for _, r in raws])
+    return QuantizedWeight.from_ggml(ggml_type, data, math.prod(shape[:-1]), shape[-1])
 
 
 def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:
@@ -127,8 +138,9 @@ def quantize_model(
     mode: str,
     dense_dtype: torch.dtype | None = None,
 ) -> Counter[str]:
-    """Swap the target linears of a loaded CPU model for QuantizedLinear per `mode`; returns how many
-    layers of each kind were made (e.g. {"q4_1": 210, "q8_0": 1})."""
+    """Swap the target linears of a loaded CPU model for QuantizedLinear per `mode`, and stack the MoE
+    experts (`stack_experts`); returns how many layers of each kind were made (e.g. {"q4_1": 210, "q8_0": 1,
+    "q4_1 experts": 24})."""
     made: Counter[str] = Counter()
     if mode == "none":
         return made
@@ -141,6 +153,8 @@ def quantize_model(
             qw = _gguf_blocks(cfg, source, names, src_param, tuple(weight.shape))
             if qw is None:
                 continue
+        elif weight.shape[1] % 32 and _ISQ_KIND[mode] != "bf16":  # block kinds quantize blocks of 32
+            continue
         else:
             qw = quantize(weight.detach().float(), _ISQ_KIND[mode])
         if dense_dtype is None or name == "lm_head":
@@ -151,6 +165,39 @@ def quantize_model(
             dense = dequantize(qw).to(dense_dtype)
         _set_module(model, name, QuantizedLinear(qw, None if bias is None else bias.detach(), dense))
         made[qw.kind] += 1
+    return made + stack_experts(model, source, names, mode)
+
+
+def stack_experts(model: CausalLM, source: TensorSource, names: NameMap, mode: str) -> Counter[str]:
+    """Put the MoE experts in a kernel weight format, stacked (`Experts.set_stacked`), so a token streams
+    only its chosen experts' quantized rows: a GGUF's block-quantized expert tensors as stored (`auto`), or
+    the float experts quantized (`int8` / `int4` / `bf16`). Experts whose rows do not split into whole row
+    groups stay float. Returns how many expert stacks of each kind were made."""
+    made: Counter[str] = Counter()
+    if mode == "none":
+        return made
+    for name, experts in model.named_modules():
+        if not isinstance(experts, Experts) or experts.w_up is not None:
+            continue
+        up_name = "gate_up_proj" if experts.cfg.is_gated else "up_proj"
+        up, down = getattr(experts, up_name), experts.down_proj
+        if mode == "auto":
+            args = (model.cfg, source, names)
+            w_up = _gguf_blocks(*args, f"{name}.{up_name}", tuple(up.shape), is_stacked=True)
+            w_down = _gguf_blocks(*args, f"{name}.down_proj", tuple(down.shape), is_stacked=True)
+            if w_up is None or w_down is None:
+                continue
+        elif any(d % 32 for d in (up.shape[2], down.shape[2])) and mode != "bf16":
+            continue
+        else:
+            kind = _ISQ_KIND[mode]
+            w_up = quantize(up.detach().float().flatten(0, 1), kind)
+            w_down = quantize(down.detach().float().flatten(0, 1), kind)
+        try:
+            experts.set_stacked(w_up, w_down)
+        except ValueError:  # an expert's rows straddle a row group: keep them float
+            continue
+        made[f"{w_up.kind} experts"] += 1
     return made
 
 

@@ -56,9 +56,10 @@ class Block(nn.Module):
                     y = mixer(h, batch, cache)
                     out = y if out is None else _add(out, y)
             x = _add(x, out, r)
-        ffn = self.mlp if self.mlp is not None else self.moe
-        if ffn is not None:
-            x = _add(x, ffn(self.ffn_norm(x)), r)
+        if self.mlp is not None:
+            x = _add(x, self.mlp(self.ffn_norm(x)), r)
+        elif self.moe is not None:
+            x = _add(x, self.moe(self.ffn_norm(x), batch), r)
         return x
 
 

@@ -14,7 +14,9 @@ otherwise; a fresh prompt is always naive. At DeepSeek sizes a chunk of 16 or 64
 absorbed, 512 is naive (measured on CPU: 48 vs 208 ms and 136 vs 263 ms for the 16 and 64 chunks).
 The naive form reads the cached positions [0, ctx) back from the pool and expands them once.
 Decode rows run `_latent_decode` (heads as the rows of one score matrix per sequence); absorbed prefill rows
-reuse `causal_attention` as MQA over the latent pool.
+reuse `causal_attention` as MQA over the latent pool. A decode-only batch with float32 CPU activations runs
+`_decode` instead: the same absorbed form as kernel ops (`ops.mla_cache_write`, `ops.mla_decode`, whose
+torch references are this math), so a decode step can be recorded (kernels/capture.py).
 
 Weights (all [out, in], no bias; H heads, Dn = qk_nope_head_dim, R = qk_rope_head_dim, Dv = v_head_dim):
 - q path: `q_proj` [H·Dq, D] when q_lora_rank is None, else `q_a_proj` [Lq, D] → `q_a_norm` (if
@@ -39,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import MLAConfig
+from blazr.kernels import ops
 from blazr.model.attention import causal_attention
 from blazr.model.norm import RMSNorm
 from blazr.model.rope import RotaryEmbedding
@@ -120,8 +123,8 @@ class MLA(nn.Module):
     # Projections.
     # ---------------------------------------------------------------------------------------------------
 
-    def _queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, D] → q_nope [T, H, Dn], rotated q_rope [T, H, R]."""
+    def _query_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] → q_nope [T, H, Dn], q_rope [T, H, R] before rotation (views of the projections)."""
         cfg, T = self.cfg, x.shape[0]
         if cfg.q_lora_rank is None:
             q = self.q_proj(x)
@@ -136,6 +139,11 @@ class MLA(nn.Module):
         else:
             q = q.view(T, cfg.num_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
             q_nope, q_rope = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
+        return q_nope, q_rope
+
+    def _queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] → q_nope [T, H, Dn], rotated q_rope [T, H, R]."""
+        q_nope, q_rope = self._query_parts(x)
         return q_nope, self.rope(q_rope, positions)
 
     def _latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -255,8 +263,29 @@ class MLA(nn.Module):
 
     # ---------------------------------------------------------------------------------------------------
 
+    def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
+        """One token per sequence, float32 on the CPU, as kernel ops (a recordable step): the q projections,
+        q_rope rotated in place, the latent row normed, rotated and written by `mla_cache_write`, then the
+        absorbed attention over the latent pool with W_UK / W_UV applied inside `mla_decode`. x [B, D]."""
+        cfg, B = self.cfg, x.shape[0]
+        assert cache.latent is not None and batch.slot_mapping is not None and batch.kv_indices is not None
+        q_nope, q_rope = self._query_parts(x)
+        cos, sin = self.rope.cos, self.rope.sin
+        ops.rope_neox(q_rope, batch.positions, cos, sin, cfg.qk_rope_head_dim)
+        norm = self.kv_a_norm.weight if cfg.has_latent_norms else None
+        ops.mla_cache_write(
+            self.kv_a_proj(x), norm, cfg.norm_eps, batch.positions, cos, sin, batch.slot_mapping, cache.latent
+        )
+        o = ops.mla_decode(
+            q_nope, q_rope, cache.latent, batch.kv_indices, batch.decode_lens, self.kv_b_proj.weight,
+            cfg.softmax_scale,
+        )  # fmt: skip
+        return self.o_proj(o.view(B, cfg.num_heads * cfg.v_head_dim))
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         """x [T, D] → [T, D]. Writes the new tokens' latent rows to `cache.latent` at `batch.slot_mapping`."""
+        if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
+            return self._decode(x, batch, cache)
         cfg, T = self.cfg, x.shape[0]
         q_nope, q_rope = self._queries(x, batch.positions)
         latent_new = self._latents(x, batch.positions)  # [T, Lkv + R]

@@ -11,14 +11,23 @@ Routing (all in float32, from `MoEConfig`):
 Mixtral / Granite / oxidizr: softmax, renormalised. DeepSeek-V2: softmax, not renormalised, scaled.
 DeepSeek-V3 / NemotronH: sigmoid + bias, top-2-sum groups, renormalised, scaled.
 
+The choice itself is the kernel op `ops.moe_route` (its reference `moe_route_reference` is the rule above).
+
 Expert compute (`Experts.forward`): the T·k (token, expert) assignments are sorted by expert id, each expert
 that received tokens runs one matmul pair on its contiguous rows, and the outputs are un-sorted and summed
 over k in a fixed order (no atomics, so the result does not depend on scheduling). Cost scales with the
-experts hit, never with E. `MoE.forward_reference` is the plain per-token loop the tests tie it to.
+experts hit, never with E. Experts kept in a kernel weight format (`Experts.set_stacked`: ggml blocks or
+bf16, stacked [E·N, D]) run the kernel op `ops.moe_experts`, which does the same on the quantized rows of
+the chosen experts only. `MoE.forward_reference` is the plain per-token loop the tests tie it to.
+
+Decode (a decode-only batch, float32 CPU activations): the whole layer is kernel ops, so a decode step can
+be recorded (kernels/capture.py) — router logits through the f32 linear kernel, `moe_route`,
+`moe_experts` (float32 experts as an f32 view of their parameters, no copy), the shared MLP, `add`.
 
 Weights: `router.weight` [E, D]; `router.correction_bias` [E] (float32; keep it so at load);
 `experts.gate_up_proj` [E, 2I, D] (gate rows first, then up) or `experts.up_proj` [E, I, D] (ungated,
-NemotronH relu²); `experts.down_proj` [E, D, I]; `shared.*` an `MLP` (blazr.model.mlp).
+NemotronH relu²); `experts.down_proj` [E, D, I] — or, stacked in a kernel format, `experts.w_up`
+[E·N, D] (N = 2I or I) and `experts.w_down` [E·D, I]; `shared.*` an `MLP` (blazr.model.mlp).
 
 Shapes: T tokens, D hidden, E experts, k experts per token, I expert width, G groups.
 """
@@ -31,7 +40,10 @@ from torch import nn
 
 from blazr.config import MLPConfig, MoEConfig
 from blazr.errors import UnsupportedError
+from blazr.kernels import ops
+from blazr.kernels.quant import QuantizedWeight
 from blazr.model.mlp import MLP, activate
+from blazr.state.batch import ForwardBatch
 
 
 class Router(nn.Module):
@@ -50,26 +62,16 @@ class Router(nn.Module):
             self.correction_bias.keep_float32 = True  # the loader keeps it in float32 whatever the dtype
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.route(F.linear(x.float(), self.weight.float()))
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits [T, E] float32 → (weights [T, k] float32, ids [T, k] long)."""
         cfg = self.cfg
-        logits = F.linear(x.float(), self.weight.float())  # [T, E]
-        scores = logits.softmax(dim=-1) if cfg.scoring == "softmax" else logits.sigmoid()
-        choice = scores + self.correction_bias.float() if cfg.has_correction_bias else scores
-        if cfg.num_groups > 1:
-            grouped = choice.unflatten(-1, (cfg.num_groups, -1))  # [T, G, E/G]
-            if cfg.group_score == "max":
-                group_scores = grouped.amax(dim=-1)
-            else:
-                group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-            keep = group_scores.topk(cfg.topk_groups, dim=-1).indices  # [T, topk_groups]
-            is_kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
-            choice = grouped.masked_fill(~is_kept[..., None], float("-inf")).flatten(1)
-        ids = choice.topk(cfg.top_k, dim=-1).indices  # [T, k]
-        weights = scores.gather(1, ids)
-        if cfg.is_renormalized:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        if cfg.routed_scaling_factor != 1.0:
-            weights = weights * cfg.routed_scaling_factor
-        return weights, ids
+        return ops.moe_route(
+            logits, self.correction_bias.float() if cfg.has_correction_bias else None,
+            cfg.scoring == "sigmoid", cfg.num_groups, cfg.topk_groups, cfg.group_score != "max", cfg.top_k,
+            cfg.is_renormalized, cfg.routed_scaling_factor,
+        )  # fmt: skip
 
 
 class Experts(nn.Module):
@@ -80,15 +82,58 @@ class Experts(nn.Module):
         if cfg.has_bias:
             raise UnsupportedError("MoE experts with biases are not supported")
         self.cfg = cfg
-        E, I = num_experts, cfg.intermediate_size
+        self.num_experts = E = num_experts
+        I = cfg.intermediate_size
         if cfg.is_gated:
             self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, hidden_size))
         else:
             self.up_proj = nn.Parameter(torch.empty(E, I, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(E, hidden_size, I))
+        self.w_up: QuantizedWeight | None = None  # the stacked kernel-format weights (set_stacked)
+        self.w_down: QuantizedWeight | None = None
+
+    def set_stacked(self, w_up: QuantizedWeight, w_down: QuantizedWeight) -> None:
+        """Keep the experts in a kernel weight format: w_up [E·N, D] (N = 2I [gate; up] rows, or I), w_down
+        [E·D, I], each expert's rows a whole slice of the data (block kinds: N and D multiples of the row
+        group). The float parameters are dropped."""
+        E, I, up = self.num_experts, self.cfg.intermediate_size, self._float_up()
+        N, D = up.shape[1], up.shape[2]
+        if (w_up.out_features, w_up.in_features, w_down.out_features, w_down.in_features) != (
+            E * N,
+            D,
+            E * D,
+            I,
+        ):
+            raise ValueError(f"stacked experts: expected w_up [{E * N}, {D}] and w_down [{E * D}, {I}]")
+        if w_up.data.shape[0] % E or w_down.data.shape[0] % E:
+            raise ValueError("stacked experts: an expert's rows do not start on a whole row group")
+        self.w_up, self.w_down = w_up, w_down
+        del self.down_proj
+        delattr(self, "gate_up_proj" if self.cfg.is_gated else "up_proj")
+
+    def _float_up(self) -> torch.Tensor:
+        return self.gate_up_proj if self.cfg.is_gated else self.up_proj
+
+    def stacked(self) -> tuple[QuantizedWeight, QuantizedWeight] | None:
+        """(w_up, w_down) for `ops.moe_experts`: the kernel-format weights, or float32 CPU parameters viewed
+        as f32 kernel weights (no copy); None for other dtypes / devices."""
+        if self.w_up is not None and self.w_down is not None:
+            return self.w_up, self.w_down
+        up, down = self._float_up(), self.down_proj
+        if up.dtype is not torch.float32 or not up.is_cpu:
+            return None
+        E, N, D = up.shape
+        return (
+            QuantizedWeight("f32", up.view(E * N, D), E * N, D),
+            QuantizedWeight("f32", down.view(E * D, -1), E * D, down.shape[2]),
+        )
 
     def expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
         """Expert e on rows h [n, D] → [n, D]."""
+        if self.w_up is not None and self.w_down is not None:
+            ids = torch.full((h.shape[0], 1), e, dtype=torch.long)
+            ones = torch.ones(h.shape[0], 1)
+            return self._kernel(h.float(), ones, ids, (self.w_up, self.w_down)).to(h.dtype)
         if self.cfg.is_gated:
             gate, up = F.linear(h, self.gate_up_proj[e]).chunk(2, dim=-1)
             a = activate(gate, self.cfg.activation) * up
@@ -96,13 +141,25 @@ class Experts(nn.Module):
             a = activate(F.linear(h, self.up_proj[e]), self.cfg.activation)
         return F.linear(a, self.down_proj[e])
 
+    def _kernel(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        stacked: tuple[QuantizedWeight, QuantizedWeight],
+    ) -> torch.Tensor:
+        w_up, w_down = stacked
+        cfg = self.cfg
+        return ops.moe_experts(x, ids, weights, w_up, w_down, self.num_experts, cfg.activation, cfg.is_gated)
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, D], weights [T, k] float32, ids [T, k] → Σ_k weight · expert(x) [T, D] (float32)."""
+        if self.w_up is not None and self.w_down is not None:  # the kernel format: the kernel op
+            return self._kernel(x.float().contiguous(), weights, ids, (self.w_up, self.w_down))
         T, k = ids.shape
-        E = self.down_proj.shape[0]
         flat_ids = ids.flatten()  # [T·k], assignment a = t·k + j
         order = flat_ids.argsort(stable=True)  # assignments grouped by expert
-        counts = torch.bincount(flat_ids, minlength=E).tolist()  # one host sync per layer
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()  # one host sync per layer
         xs = x[order // k]  # [T·k, D] token rows in expert order
         ys = torch.empty_like(xs)
         start = 0
@@ -112,6 +169,13 @@ class Experts(nn.Module):
                 start += n
         ys = ys[order.argsort()].view(T, k, x.shape[1])  # back to assignment order
         return (ys.float() * weights[..., None]).sum(dim=1)
+
+    def decode(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The decode rows' experts as one kernel op (float32 CPU rows, see the module docstring)."""
+        stacked = self.stacked()
+        if stacked is None:
+            return self(x, weights, ids)
+        return self._kernel(x, weights, ids, stacked)
 
 
 class MoE(nn.Module):
@@ -124,10 +188,20 @@ class MoE(nn.Module):
         self.experts = Experts(cfg.expert, cfg.num_experts, hidden_size)
         self.shared = MLP(cfg.shared, hidden_size) if cfg.shared is not None else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
+        if batch is not None and batch.is_decode_only and ops.cpu_f32(x):
+            return self._decode(x)
         weights, ids = self.router(x)
         out = self.experts(x, weights, ids).to(x.dtype)
         return out + self.shared(x) if self.shared is not None else out
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Decode rows x [B, D] float32 on the CPU, as kernel ops only (recordable)."""
+        router = self.router
+        logits = ops.linear(x, QuantizedWeight("f32", router.weight, *router.weight.shape))
+        weights, ids = router.route(logits)
+        out = self.experts.decode(x, weights, ids)
+        return ops.add(out, self.shared(x), out=out) if self.shared is not None else out
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same function as a plain loop over tokens and their k experts (for tests)."""

@@ -39,21 +39,6 @@ typedef struct {
     float *acc, *m, *l;
 } part_t;
 
-BLZ_INLINE int64_t kv_elem_bytes(int kv_type) { return kv_type == BLZ_KV_F32 ? 4 : 2; }
-
-/* Element i of a cache row as fp32. */
-BLZ_INLINE float load1(const char *row, int64_t i, int kv_type) {
-    if (kv_type == BLZ_KV_F32) return ((const float *)row)[i];
-    const uint16_t h = ((const uint16_t *)row)[i];
-    return kv_type == BLZ_KV_BF16 ? blz_bf16_to_fp32(h) : blz_fp16_to_fp32(h);
-}
-
-/* Store one fp32 value into a cache row (bf16 / f16: round to nearest even, as torch's casts). */
-BLZ_INLINE void store1(char *row, int64_t i, float v, int kv_type) {
-    if (kv_type == BLZ_KV_F32) ((float *)row)[i] = v;
-    else ((uint16_t *)row)[i] = kv_type == BLZ_KV_BF16 ? blz_fp32_to_bf16(v) : blz_fp32_to_fp16(v);
-}
-
 /* Prefetch cursor over the K and V rows of the next work item this thread will run: each pf_next fetches
  * the whole rows of the next `per` keys into L2, so the next item's rows arrive while this one computes —
  * spread over its work, not in one burst that would fill the miss buffers. Paged slots defeat the hardware
@@ -293,14 +278,14 @@ static void block_scalar(const float *restrict q, int64_t G, const char *const *
         for (int64_t g = 0; g < G; ++g) {
             const float *qg = q + g * D;
             float s = 0.0f;
-            for (int64_t d = 0; d < D; ++d) s += qg[d] * load1(kr[t], d, kv_type);
+            for (int64_t d = 0; d < D; ++d) s += qg[d] * blz_kv_load1(kr[t], d, kv_type);
             s *= scale;
             const float mold = pt.m[g], mnew = fmaxf(mold, s);
             const float corr = mold == -INFINITY ? 0.0f : expf(mold - mnew), e = expf(s - mnew);
             pt.l[g] = pt.l[g] * corr + e;
             pt.m[g] = mnew;
             float *acc = pt.acc + g * Dv;
-            for (int64_t d = 0; d < Dv; ++d) acc[d] = acc[d] * corr + e * load1(vr[t], d, kv_type);
+            for (int64_t d = 0; d < Dv; ++d) acc[d] = acc[d] * corr + e * blz_kv_load1(vr[t], d, kv_type);
         }
 }
 
@@ -357,7 +342,7 @@ static void head_step(const float *q, int64_t G, const char *const *kr, const ch
 static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_pool, const char *v_pool,
                         int kv_type, const int64_t *idx, int64_t j0, int64_t j1, int64_t S, int64_t D,
                         int64_t Dv, float scale, float *partial, int *err, prefetcher_t *pf) {
-    const int64_t es = kv_elem_bytes(kv_type), kst = Hkv * D * es, vst = Hkv * Dv * es;
+    const int64_t es = blz_kv_elem_bytes(kv_type), kst = Hkv * D * es, vst = Hkv * Dv * es;
     const int64_t H = Hkv * G;
     const int n = (int)(j1 - j0); /* 0 for an empty sequence: each head_step then writes the empty state */
     const char *krow[BLZ_CHUNK], *vrow[BLZ_CHUNK], *kr[BLZ_CHUNK], *vr[BLZ_CHUNK];
@@ -424,7 +409,7 @@ static void store_row16(char *dst, const float *src, int64_t n, int kv_type) {
         _mm256_storeu_si256((__m256i *)(d + i), h);
     }
 #endif
-    for (; i < n; ++i) store1(dst, i, src[i], kv_type);
+    for (; i < n; ++i) blz_kv_store1(dst, i, src[i], kv_type);
 }
 
 /* kv_write: store the new tokens' keys and values in their cache slots: k_pool[slots[t]] = k[t],
@@ -438,7 +423,7 @@ BLZ_EXPORT int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t
     if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
     for (int64_t t = 0; t < T; ++t)
         if (slots[t] < 0 || slots[t] >= S) return BLZ_ERANGE;
-    const int64_t nk = Hkv * D, nv = Hkv * Dv, es = kv_elem_bytes(kv_type);
+    const int64_t nk = Hkv * D, nv = Hkv * Dv, es = blz_kv_elem_bytes(kv_type);
     for (int64_t t = 0; t < T; ++t) {
         const float *kr = k + t * ldk, *vr = v + t * ldv;
         char *kd = (char *)k_pool + slots[t] * nk * es, *vd = (char *)v_pool + slots[t] * nv * es;
@@ -463,7 +448,7 @@ BLZ_EXPORT int blz_paged_attention_decode(const float *q, int64_t ldq, const voi
         return BLZ_EINVAL;
     if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
     if (B == 0) return BLZ_OK;
-    const int64_t G = H / Hkv, es = kv_elem_bytes(kv_type);
+    const int64_t G = H / Hkv, es = blz_kv_elem_bytes(kv_type);
     for (int64_t b = 0; b < B; ++b)
         if (seq_lens[b] < 0 || seq_lens[b] > idx_stride) return BLZ_ERANGE;
     /* scratch: item_off [B+1], ns [B], start [B] (int64), then the partial states [total][H·(Dv+2)] */

@@ -38,7 +38,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 5
+#define BLZ_ABI_VERSION 6
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -88,6 +88,20 @@ int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, 
                   float *out);
 int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
 int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out);
+int blz_moe_route(const float *logits, int64_t T, int64_t E, const float *bias, int sigmoid, int64_t G,
+                  int64_t topk_groups, int group_top2, int64_t k, int renorm, float scale, float *weights,
+                  int64_t *ids);
+int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64_t *ids, const float *weights, int64_t k,
+                    int64_t E, int code_up, const void *w_up, int64_t up_stride, int code_down,
+                    const void *w_down, int64_t down_stride, int64_t I, int act, int gated, float *out,
+                    int nthreads);
+int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int64_t L, int64_t R, const float *norm_w,
+                        float eps, const int64_t *pos, const float *cos, const float *sin, int64_t P,
+                        const int64_t *slots, void *pool, int kv_type, int64_t S);
+int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_nope, const float *q_rope, int64_t ld_rope,
+                   int64_t hs_rope, const void *pool, int kv_type, int64_t S, const int64_t *kv_indices,
+                   int64_t idx_stride, const int64_t *seq_lens, int64_t B, int64_t H, int64_t Dn, int64_t R,
+                   int64_t L, int64_t Dv, const float *w_kvb, float scale, float *out, int nthreads);
 
 /* Internal: the K-quant linear kernel (linear_k.c), blz_linear_q's signature. */
 int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
@@ -110,10 +124,14 @@ enum {
     BLZ_OP_AXPBY = 11,
     BLZ_OP_ACTIVATION = 12,
     BLZ_OP_MAMBA2_PREFILL = 13,
+    BLZ_OP_MOE_ROUTE = 14,
+    BLZ_OP_MOE_EXPERTS = 15,
+    BLZ_OP_MLA_CACHE_WRITE = 16,
+    BLZ_OP_MLA_DECODE = 17,
 };
 typedef struct {
     int64_t op;
-    int64_t i[20];
+    int64_t i[24];
     double f[2];
 } blz_args_t;
 
@@ -193,6 +211,22 @@ BLZ_INLINE uint16_t blz_fp32_to_bf16(float f) {
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Bytes per element of a KV pool of type kv_type. */
+BLZ_INLINE int64_t blz_kv_elem_bytes(int kv_type) { return kv_type == BLZ_KV_F32 ? 4 : 2; }
+
+/* Element i of a cache row as fp32. */
+BLZ_INLINE float blz_kv_load1(const char *row, int64_t i, int kv_type) {
+    if (kv_type == BLZ_KV_F32) return ((const float *)row)[i];
+    const uint16_t h = ((const uint16_t *)row)[i];
+    return kv_type == BLZ_KV_BF16 ? blz_bf16_to_fp32(h) : blz_fp16_to_fp32(h);
+}
+
+/* Store one fp32 value into a cache row (bf16 / f16: round to nearest even, as torch's casts). */
+BLZ_INLINE void blz_kv_store1(char *row, int64_t i, float v, int kv_type) {
+    if (kv_type == BLZ_KV_F32) ((float *)row)[i] = v;
+    else ((uint16_t *)row)[i] = kv_type == BLZ_KV_BF16 ? blz_fp32_to_bf16(v) : blz_fp32_to_fp16(v);
 }
 
 BLZ_INLINE float blz_silu(float x) { return x / (1.0f + expf(-x)); }

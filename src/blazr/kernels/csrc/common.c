@@ -93,6 +93,24 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                  P(float *, 5));
         case BLZ_OP_ACTIVATION:
             return blz_activation(P(const float *, 0), i[1], i[2], (int)i[3], (int)i[4], P(float *, 5));
+        case BLZ_OP_MOE_ROUTE:
+            return blz_moe_route(P(const float *, 0), i[1], i[2], P(const float *, 3), (int)i[4], i[5], i[6],
+                                 (int)i[7], i[8], (int)i[9], (float)a->f[0], P(float *, 10), P(int64_t *, 11));
+        case BLZ_OP_MOE_EXPERTS:
+            return blz_moe_experts(P(const float *, 0), i[1], i[2], P(const int64_t *, 3), P(const float *, 4),
+                                   i[5], i[6], (int)i[7], P(const void *, 8), i[9], (int)i[10],
+                                   P(const void *, 11), i[12], i[13], (int)i[14], (int)i[15], P(float *, 16),
+                                   (int)i[17]);
+        case BLZ_OP_MLA_CACHE_WRITE:
+            return blz_mla_cache_write(P(const float *, 0), i[1], i[2], i[3], i[4], P(const float *, 5),
+                                       (float)a->f[0], P(const int64_t *, 6), P(const float *, 7),
+                                       P(const float *, 8), i[9], P(const int64_t *, 10), P(void *, 11),
+                                       (int)i[12], i[13]);
+        case BLZ_OP_MLA_DECODE:
+            return blz_mla_decode(P(const float *, 0), i[1], i[2], P(const float *, 3), i[4], i[5],
+                                  P(const void *, 6), (int)i[7], i[8], P(const int64_t *, 9), i[10],
+                                  P(const int64_t *, 11), i[12], i[13], i[14], i[15], i[16], i[17],
+                                  P(const float *, 18), (float)a->f[0], P(float *, 19), (int)i[20]);
         case BLZ_OP_AXPBY:
             return blz_axpby(P(const float *, 0), (float)a->f[0], P(const float *, 1), (float)a->f[1], i[2],
                              P(float *, 3));

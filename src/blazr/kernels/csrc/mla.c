@@ -1,0 +1,147 @@
+/* blazr kernels — Multi-head Latent Attention for decode, over the latent cache (model/mla.py).
+ *
+ * Each cached token is one latent row [c_kv | k_rope] (L + R values) shared by all heads, in a pool
+ * [S, L + R] of fp32, bf16 or f16 (BLZ_KV_*).
+ *
+ * blz_mla_cache_write: the new tokens' rows from the kv_a projection kv [T, L + R] (row stride ldkv):
+ * c_kv = w · c / sqrt(mean(c²) + eps) (RMSNorm; no weight: copied as is), k_rope rotated (NeoX half split,
+ * cos/sin rows pos[t] of tables [P, R/2], as blz_rope_neox), stored at pool row slots[t].
+ *
+ * blz_mla_decode, the absorbed form, one query per sequence: for sequence b and head h, with W_UK[h] [Dn, L]
+ * and W_UV[h] [Dv, L] the rows of kv_b_proj [H·(Dn + Dv), L] (per head [k_nope rows; v rows]):
+ *   q_lat = q_nope[b, h] · W_UK[h]                                  [L]
+ *   s_t   = scale · (q_lat · c_kv_t + q_rope[b, h] · k_rope_t)       t < seq_lens[b], row kv_indices[b, t]
+ *   o     = W_UV[h] · Σ_t softmax(s)_t · c_kv_t                      [Dv] → out [B, H, Dv]
+ * so the cache is never expanded per head. q_nope [B, H, Dn] and q_rope [B, H, R] are strided views (row b
+ * at + b·ld, head h at + h·hs, features contiguous): the parts of each head of a fused q projection. Work items are (sequence, block
+ * of BLZ_MLA_HEADS heads): every latent row read feeds the block's heads; a head's numbers do not depend
+ * on its block, the batch or the thread count. Scores and softmax in fp32 (libm expf).
+ *
+ * Shapes: T tokens, B sequences, H heads, Dn / R / Dv head dims, L = kv_lora_rank, S pool rows, P table rows.
+ */
+#include <stdlib.h>
+
+#include "blazr_kernels.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define BLZ_MLA_HEADS 4 /* heads per work item */
+
+BLZ_EXPORT int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int64_t L, int64_t R,
+                                   const float *norm_w, float eps, const int64_t *pos, const float *cos,
+                                   const float *sin, int64_t P, const int64_t *slots, void *pool, int kv_type,
+                                   int64_t S) {
+    if (T < 0 || L <= 0 || R <= 0 || R % 2 || ldkv < L + R) return BLZ_EINVAL;
+    if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
+    for (int64_t t = 0; t < T; ++t)
+        if (slots[t] < 0 || slots[t] >= S || pos[t] < 0 || pos[t] >= P) return BLZ_ERANGE;
+    const int64_t half = R / 2, es = blz_kv_elem_bytes(kv_type);
+    for (int64_t t = 0; t < T; ++t) {
+        const float *c = kv + t * ldkv, *kr = c + L, *ct = cos + pos[t] * half, *st = sin + pos[t] * half;
+        char *row = (char *)pool + slots[t] * (L + R) * es;
+        float r = 1.0f;
+        if (norm_w) {
+            float ss = 0.0f;
+            for (int64_t i = 0; i < L; ++i) ss += c[i] * c[i];
+            r = 1.0f / sqrtf(ss / (float)L + eps);
+        }
+        for (int64_t i = 0; i < L; ++i) blz_kv_store1(row, i, norm_w ? norm_w[i] * (c[i] * r) : c[i], kv_type);
+        for (int64_t i = 0; i < half; ++i) {
+            const float x1 = kr[i], x2 = kr[i + half];
+            blz_kv_store1(row, L + i, x1 * ct[i] - x2 * st[i], kv_type);
+            blz_kv_store1(row, L + half + i, x2 * ct[i] + x1 * st[i], kv_type);
+        }
+    }
+    return BLZ_OK;
+}
+
+/* a · b over n fp32 values. */
+BLZ_INLINE float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+/* A latent row as fp32: the row itself for an fp32 pool, else widened into buf. */
+BLZ_INLINE const float *latent_row(const char *pool, int64_t slot, int64_t W, int kv_type, float *buf) {
+    if (kv_type == BLZ_KV_F32) return (const float *)pool + slot * W;
+    const char *row = pool + slot * W * 2;
+    for (int64_t i = 0; i < W; ++i) buf[i] = blz_kv_load1(row, i, kv_type);
+    return buf;
+}
+
+BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_nope, const float *q_rope,
+                              int64_t ld_rope, int64_t hs_rope, const void *pool, int kv_type, int64_t S, const int64_t *kv_indices,
+                              int64_t idx_stride, const int64_t *seq_lens, int64_t B, int64_t H, int64_t Dn,
+                              int64_t R, int64_t L, int64_t Dv, const float *w_kvb, float scale, float *out,
+                              int nthreads) {
+    if (B < 0 || H <= 0 || Dn <= 0 || R <= 0 || L <= 0 || Dv <= 0 || hs_nope < Dn || hs_rope < R ||
+        ld_nope < (H - 1) * hs_nope + Dn || ld_rope < (H - 1) * hs_rope + R)
+        return BLZ_EINVAL;
+    if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
+    int64_t nmax = 1;
+    for (int64_t b = 0; b < B; ++b) {
+        if (seq_lens[b] < 0 || seq_lens[b] > idx_stride) return BLZ_ERANGE;
+        for (int64_t t = 0; t < seq_lens[b]; ++t)
+            if (kv_indices[b * idx_stride + t] < 0 || kv_indices[b * idx_stride + t] >= S) return BLZ_ERANGE;
+        nmax = blz_max(nmax, seq_lens[b]);
+    }
+    const int64_t W = L + R, HB = BLZ_MLA_HEADS, blocks = (H + HB - 1) / HB, items = B * blocks;
+    const int nt = blz_threads(nthreads, items * nmax * W * HB, 1 << 15);
+    /* per thread: q_lat [HB][L], o_lat [HB][L], scores [HB][nmax], one widened row [W] */
+    const int64_t per = blz_round_up(HB * (2 * L + nmax) + W, 16);
+    float *scratch = blz_scratch((size_t)(per * nt) * sizeof(float));
+    if (!scratch) return BLZ_ENOMEM;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t item = 0; item < items; ++item) {
+#ifdef _OPENMP
+        float *buf = scratch + per * omp_get_thread_num();
+#else
+        float *buf = scratch;
+#endif
+        const int64_t b = item / blocks, h0 = item % blocks * HB, nh = blz_min(HB, H - h0), n = seq_lens[b];
+        float *q_lat = buf, *o_lat = q_lat + HB * L, *s = o_lat + HB * L, *wide = s + HB * nmax;
+        const int64_t *idx = kv_indices + b * idx_stride;
+        for (int64_t j = 0; j < nh; ++j) { /* q_lat = q_nope · W_UK */
+            const float *qn = q_nope + b * ld_nope + (h0 + j) * hs_nope, *wk = w_kvb + (h0 + j) * (Dn + Dv) * L;
+            float *ql = q_lat + j * L;
+            memset(ql, 0, (size_t)L * sizeof(float));
+            for (int64_t d = 0; d < Dn; ++d) {
+                const float qd = qn[d], *wr = wk + d * L;
+#pragma omp simd
+                for (int64_t l = 0; l < L; ++l) ql[l] += qd * wr[l];
+            }
+        }
+        for (int64_t t = 0; t < n; ++t) { /* scores: each row read once for the block's heads */
+            const float *row = latent_row(pool, idx[t], W, kv_type, wide);
+            for (int64_t j = 0; j < nh; ++j) {
+                const float *qr = q_rope + b * ld_rope + (h0 + j) * hs_rope;
+                s[j * nmax + t] = scale * (dot(q_lat + j * L, row, L) + dot(qr, row + L, R));
+            }
+        }
+        for (int64_t j = 0; j < nh; ++j) { /* softmax */
+            float *sj = s + j * nmax, m = -INFINITY, sum = 0.0f;
+            for (int64_t t = 0; t < n; ++t) m = sj[t] > m ? sj[t] : m;
+            for (int64_t t = 0; t < n; ++t) sum += sj[t] = expf(sj[t] - m);
+            for (int64_t t = 0; t < n; ++t) sj[t] /= sum;
+        }
+        memset(o_lat, 0, (size_t)(HB * L) * sizeof(float));
+        for (int64_t t = 0; t < n; ++t) { /* o_lat = Σ p · c_kv */
+            const float *row = latent_row(pool, idx[t], W, kv_type, wide);
+            for (int64_t j = 0; j < nh; ++j) {
+                const float p = s[j * nmax + t];
+                float *ol = o_lat + j * L;
+#pragma omp simd
+                for (int64_t l = 0; l < L; ++l) ol[l] += p * row[l];
+            }
+        }
+        for (int64_t j = 0; j < nh; ++j) { /* out = W_UV · o_lat (zeros for an empty sequence) */
+            const float *wv = w_kvb + ((h0 + j) * (Dn + Dv) + Dn) * L;
+            float *o = out + (b * H + h0 + j) * Dv;
+            for (int64_t v = 0; v < Dv; ++v) o[v] = dot(wv + v * L, o_lat + j * L, L);
+        }
+    }
+    return BLZ_OK;
+}

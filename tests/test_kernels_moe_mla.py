@@ -1,0 +1,207 @@
+"""The MoE and MLA decode kernels (csrc/moe.c, csrc/mla.c) against their torch references, on the native
+and the portable (`-march=x86-64`) builds.
+
+- `moe_route`: the same experts as the reference (random logits: no ties) and weights to fp32 rounding, for
+  softmax / sigmoid scoring, a selection bias, group-limited choice (group max, top-two sum), renormalised
+  or scaled weights.
+- `moe_experts`: equal, bit for bit, to composing the linear kernels per token and expert (the same calls on
+  the same rows: every linear kernel computes a row the same whatever else is in the call) for every weight
+  format; so a token's output alone equals its output in any batch. Against the dequantized reference only
+  the formats' own activation rounding remains (checked at the linear kernels' tests; here loosely).
+- `mla_cache_write` / `mla_decode`: the references to fp32 rounding, fp32 and 16-bit pools, q parts as
+  strided views of a fused projection, head counts that are not a multiple of the kernel's head block, an
+  empty sequence; out-of-range slots are errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blazr.kernels import ops
+from blazr.kernels.quant import quantize
+
+KINDS = ["f32", "bf16", "q8_0", "q4_0", "q4_1"]
+
+
+def _logits(T: int, E: int, seed: int) -> torch.Tensor:
+    return torch.randn(T, E, generator=torch.Generator().manual_seed(seed))
+
+
+# (bias, sigmoid, groups, topk_groups, group_top2, k, renorm, scale): Mixtral / Granite; DeepSeek-V2 (group
+# max, not renormalised, scaled); DeepSeek-V3 / NemotronH (sigmoid + bias, top-two-sum groups, scaled)
+ROUTES = {
+    "softmax-renorm": (False, False, 1, 1, False, 2, True, 1.0),
+    "v2-groups": (False, False, 4, 2, False, 3, False, 1.5),
+    "v3-sigmoid-bias": (True, True, 4, 2, True, 4, True, 2.5),
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_moe_route(lib: ops.Kernels, route: str) -> None:
+    has_bias, *args = ROUTES[route]
+    logits = _logits(33, 16, 1)
+    bias = 0.3 * _logits(1, 16, 2)[0] if has_bias else None
+    w, ids = lib.moe_route(logits, bias, *args)
+    w_ref, ids_ref = ops.moe_route_reference(logits, bias, *args)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref, rtol=1e-6, atol=1e-7)
+    if args[1] > 1:  # group-limited: every choice falls inside topk_groups groups
+        groups = ids // (16 // args[1])
+        assert all(len(set(row)) <= args[2] for row in groups.tolist())
+
+
+def test_moe_route_rejects_bad_sizes(native: ops.Kernels) -> None:
+    with pytest.raises(RuntimeError, match="invalid size"):  # k > the experts in the kept groups
+        native.moe_route(_logits(2, 16, 1), None, False, 4, 1, False, 5, True, 1.0)
+
+
+def _experts(kind: str, E: int, D: int, I: int, gated: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    n_up = 2 * I if gated else I
+    w_up = quantize(0.2 * torch.randn(E * n_up, D, generator=g), kind)
+    w_down = quantize(0.2 * torch.randn(E * D, I, generator=g), kind)
+    return w_up, w_down
+
+
+def _routed(T: int, E: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return ops.moe_route_reference(_logits(T, E, seed), None, False, 1, 1, False, k, True, 1.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("act, gated", [("silu", True), ("gelu", True), ("relu2", False)])
+def test_moe_experts_equal_the_linear_kernels(lib: ops.Kernels, kind: str, act: str, gated: bool) -> None:
+    E, D, I, T, k = 8, 64, 32, 6, 3
+    w_up, w_down = _experts(kind, E, D, I, gated, seed=3)
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(4))
+    weights, ids = _routed(T, E, k, seed=5)
+    got = lib.moe_experts(x, ids, weights, w_up, w_down, E, act, gated)
+    want = torch.zeros(T, D)
+    for t in range(T):
+        for j in range(k):
+            e = int(ids[t, j])
+            up = ops.stacked_slice(w_up, e, E)
+            if gated and act == "silu":
+                h = lib.linear(x[t : t + 1], up, swiglu=True)
+            else:
+                h = lib.activation(lib.linear(x[t : t + 1], up), act, gated)
+            y = lib.linear(h, ops.stacked_slice(w_down, e, E))
+            want[t] += weights[t, j] * y[0]
+    assert torch.equal(got, want)
+    ref = ops.moe_experts_reference(x, ids, weights, w_up, w_down, E, act, gated)
+    tol = 1e-5 if kind == "f32" else 0.05  # bf16 / 8-bit activation rounding (see test_kernels.py)
+    assert (got - ref).abs().max() <= tol * ref.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_moe_experts_rows_do_not_depend_on_the_batch(native: ops.Kernels, kind: str) -> None:
+    E, D, I, T, k = 8, 64, 32, 9, 2
+    w_up, w_down = _experts(kind, E, D, I, True, seed=6)
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(7))
+    weights, ids = _routed(T, E, k, seed=8)  # 18 assignments over 8 experts: experts shared by tokens
+    together = native.moe_experts(x, ids, weights, w_up, w_down, E, "silu", True)
+    for t in range(T):
+        alone = native.moe_experts(
+            x[t : t + 1], ids[t : t + 1], weights[t : t + 1], w_up, w_down, E, "silu", True
+        )
+        assert torch.equal(alone[0], together[t])
+
+
+def test_moe_experts_native_equals_generic(native: ops.Kernels, generic: ops.Kernels) -> None:
+    """Block-quantized experts: exact integer dots in every build, so the same bits."""
+    w_up, w_down = _experts("q4_0", 8, 64, 32, True, seed=9)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(10))
+    weights, ids = _routed(5, 8, 2, seed=11)
+    args = (x, ids, weights, w_up, w_down, 8, "silu", True)
+    assert torch.equal(native.moe_experts(*args), generic.moe_experts(*args))
+
+
+def test_moe_experts_bad_input(native: ops.Kernels) -> None:
+    w_up, w_down = _experts("f32", 4, 32, 16, True, seed=1)
+    x, weights = torch.randn(2, 32), torch.ones(2, 2)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.moe_experts(x, torch.tensor([[0, 4], [1, 2]]), weights, w_up, w_down, 4, "silu", True)
+    with pytest.raises(ValueError, match="inconsistent"):
+        native.moe_experts(x, torch.tensor([[0, 1], [1, 2]]), weights, w_up, w_down, 3, "silu", True)
+
+
+# ------------------------------------------------------------------------------------------------- MLA
+
+
+def _mla_inputs(B: int, H: int, Dn: int, R: int, L: int, Dv: int, S: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Dn + R, generator=g)  # a fused q projection: per head [q_nope | q_rope]
+    pool = torch.randn(S, L + R, generator=g)
+    w_kv_b = 0.2 * torch.randn(H * (Dn + Dv), L, generator=g)
+    return q, pool, w_kv_b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("H", [1, 5, 16])
+def test_mla_decode(lib: ops.Kernels, dtype: torch.dtype, H: int) -> None:
+    B, Dn, R, L, Dv, S = 4, 16, 8, 64, 24, 300
+    q, pool, w_kv_b = _mla_inputs(B, H, Dn, R, L, Dv, S, seed=H)
+    pool = pool.to(dtype)
+    lens = torch.tensor([1, 200, 0, 37])  # one empty sequence: zeros
+    g = torch.Generator().manual_seed(2)
+    idx = torch.stack([torch.randperm(S, generator=g)[:200] for _ in range(B)])  # [B, 200] slots
+    q_nope, q_rope = q[..., :Dn], q[..., Dn:]
+    assert not q_nope.is_contiguous()
+    got = lib.mla_decode(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.2)
+    want = ops.mla_decode_reference(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.2)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert not got[2].any()
+
+
+def test_mla_decode_separate_q_parts(native: ops.Kernels) -> None:
+    """oxidizr's form: q_nope and q_rope from two projections (two buffers, head strides Dn and R)."""
+    B, H, Dn, R, L, Dv, S = 3, 4, 16, 8, 32, 16, 64
+    _, pool, w_kv_b = _mla_inputs(B, H, Dn, R, L, Dv, S, seed=3)
+    q_nope, q_rope = torch.randn(B, H, Dn), torch.randn(B, H, R)
+    lens, idx = torch.tensor([5, 64, 20]), torch.arange(64).repeat(3, 1)
+    got = native.mla_decode(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.3)
+    want = ops.mla_decode_reference(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.3)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_mla_decode_rows_do_not_depend_on_the_batch(native: ops.Kernels) -> None:
+    B, H, Dn, R, L, Dv, S = 3, 6, 16, 8, 32, 16, 128
+    q, pool, w_kv_b = _mla_inputs(B, H, Dn, R, L, Dv, S, seed=4)
+    lens, idx = torch.tensor([100, 7, 128]), torch.arange(128).flip(0).repeat(3, 1)
+    together = native.mla_decode(q[..., :Dn], q[..., Dn:], pool, idx, lens, w_kv_b, 0.25)
+    for b in range(B):
+        qb = q[b : b + 1]
+        alone = native.mla_decode(
+            qb[..., :Dn], qb[..., Dn:], pool, idx[b : b + 1], lens[b : b + 1], w_kv_b, 0.25
+        )
+        assert torch.equal(alone[0], together[b])
+
+
+def test_mla_decode_bad_slot(native: ops.Kernels) -> None:
+    q, pool, w_kv_b = _mla_inputs(1, 2, 16, 8, 32, 16, 8, seed=5)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.mla_decode(
+            q[..., :16], q[..., 16:], pool, torch.tensor([[0, 9]]), torch.tensor([2]), w_kv_b, 0.1
+        )
+    with pytest.raises(ValueError, match="inconsistent"):
+        native.mla_decode(
+            q[..., :16], q[..., 16:], pool, torch.tensor([[0, 1]]), torch.tensor([2]), w_kv_b[:-1], 0.1
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("has_norm", [True, False])
+def test_mla_cache_write(lib: ops.Kernels, dtype: torch.dtype, has_norm: bool) -> None:
+    L, R, T, S, P = 64, 16, 5, 40, 100
+    g = torch.Generator().manual_seed(6)
+    kv = torch.randn(T, L + R + 7, generator=g)[:, : L + R]  # rows strided: a view
+    norm = torch.rand(L, generator=g) + 0.5 if has_norm else None
+    cos, sin = torch.randn(P, R // 2, generator=g), torch.randn(P, R // 2, generator=g)
+    pos, slots = torch.tensor([0, 99, 3, 50, 7]), torch.tensor([39, 0, 5, 6, 20])
+    got, want = torch.zeros(S, L + R, dtype=dtype), torch.zeros(S, L + R, dtype=dtype)
+    lib.mla_cache_write(kv, norm, 1e-6, pos, cos, sin, slots, got)
+    ops.mla_cache_write_reference(kv, norm, 1e-6, pos, cos, sin, slots, want)
+    tol = 1e-6 if dtype is torch.float32 else 1e-2  # one 16-bit rounding apart at most
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    with pytest.raises(RuntimeError, match="out of range"):
+        lib.mla_cache_write(kv, norm, 1e-6, pos, cos, sin, torch.tensor([0, 1, 2, 3, S]), got)
