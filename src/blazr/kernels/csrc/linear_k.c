@@ -39,7 +39,10 @@
 #define KR 8 /* weight rows per tile (the fp32 lanes) */
 #define KT 8 /* activation rows per tile, at most */
 #ifndef BLZ_K_PF
-#define BLZ_K_PF 0 /* software prefetch distance of each weight row, in super-blocks (0: none) */
+/* Software prefetch: 1 = while a tile walks its 8 rows' super-blocks (8 interleaved streams, which the
+ * hardware prefetcher follows poorly), fetch the bytes of the rows that follow in memory (the next tile's,
+ * one linear stream) a super-block column at a time; 0 = none. */
+#define BLZ_K_PF 1
 #endif
 
 BLZ_INLINE int64_t kblock_bytes(int kind) { return kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210; }
@@ -238,11 +241,14 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[KR], const a
         __m256i v[KT][KR];
         __m128i mn[KR];
         uint16_t dh[KR], mh[KR]; /* f16 d and dmin of the 8 rows, widened together (F16C: exact) */
+#if BLZ_K_PF
+        if (m0 == 0) { /* rows[0] + 8 rows onward: the next tile (a short last tile reads past: prefetches only) */
+            const char *next = (const char *)(rows[0] + KR * nb * bb) + b * KR * bb;
+            for (int64_t o = 0; o < KR * bb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        }
+#endif
         for (int r = 0; r < KR; ++r) {
             const uint8_t *blk = rows[r] + b * bb;
-#if BLZ_K_PF
-            for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)blk + BLZ_K_PF * bb + o, _MM_HINT_T0);
-#endif
             __m256i W[8], S[8], sc16 = _mm256_setzero_si256();
             if (kind == BLZ_Q6_K) {
                 memcpy(&dh[r], blk + 208, 2);
