@@ -15,6 +15,7 @@ In: a `Checkpoint` (detect/). Out: a `CausalLM` on `device`, in eval mode.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 from blazr import kernels
 from blazr.detect import Checkpoint
-from blazr.kernels import ops
+from blazr.errors import UnsupportedError
 from blazr.kernels.build import cpu_flags
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize
 from blazr.loading.gguf import GGUFFile
@@ -166,14 +167,18 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def prefill_dtype() -> torch.dtype | None:
     """The dtype of quantized layers' dense copies for prefill GEMMs, or None for none (prefill then runs
-    the same int8 kernels as decode). Measured (benchmarks/NOTES.md): where the kernels have AVX512-VNNI
-    they prefill faster than oneDNN's bf16 GEMM on a dense copy (Zen 4: 820-920 vs 660-760 tok/s on
-    SmolLM2) with no second copy of the weights; AMX's bf16 tiles beat both, so AMX CPUs keep a bf16 copy;
-    without VNNI a bf16 (AVX512-BF16) or float32 copy beats the scalar kernels."""
-    flags = set(cpu_flags().split())
-    if "amx_bf16" in flags:
-        return torch.bfloat16
-    lib = ops.kernels()
-    if lib is not None and "avx512_vnni" in lib.features:
-        return None
-    return torch.bfloat16 if "avx512_bf16" in flags else torch.float32
+    the same kernels as decode, and the weights are held once).
+
+    Default: a bf16 copy on AMX CPUs only (its bf16 tiles beat the int8 kernels); everywhere else none.
+    Measured (benchmarks/NOTES.md §20, Zen 3 AVX2 without VNNI, 500-token prefill, 2 threads): the AVX2
+    kernels prefill as fast as or faster than a float32 copy through MKL's sgemm — SmolLM2 Q4_1 94 vs 73
+    tok/s, 1B Q8_0 17.5 vs 14.9, 1B Q4_0 25.1 vs 20.5 (a busy shared machine: the ratios, not the rates)
+    — while the copy costs 4 bytes per weight (1B: 5.6 vs 2.0 GiB resident, and ~40 s of dequantization
+    at load). With AVX512-VNNI the kernels win too (Zen 4: 820-920 vs 660-760 tok/s on SmolLM2 against
+    oneDNN's bf16 GEMM). `BLAZR_PREFILL_DENSE=float32|bfloat16` opts in to a copy (`none` opts out on AMX)."""
+    choice = os.environ.get("BLAZR_PREFILL_DENSE", "").strip().lower()
+    if choice:
+        if choice not in ("none", "float32", "bfloat16"):
+            raise UnsupportedError(f"BLAZR_PREFILL_DENSE={choice!r}: expected none, float32 or bfloat16")
+        return None if choice == "none" else getattr(torch, choice)
+    return torch.bfloat16 if "amx_bf16" in set(cpu_flags().split()) else None
