@@ -13,7 +13,7 @@ pages that no sequence reaches never become resident. That is correct because no
 it is written: attention reads positions [0, seq_len) of its own sequence (written by its prefill or an
 earlier step; the runner points the padding of `kv_indices` at the sequence's own first slot, never at a
 foreign or unwritten one), and a Mamba2 slot is reset when a sequence starts (`fresh`) or copied whole when
-it forks (tests/test_loading.py fills every pool with NaN first and compares outputs). Other devices keep
+it forks (tests/test_load_memory.py fills every pool with NaN first and compares outputs). Other devices keep
 zero-filled pools (the memset is free there, and the CUDA graph path pads through a reserved slot).
 """
 
