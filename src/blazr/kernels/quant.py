@@ -24,7 +24,10 @@ leave 16 rows' sums in 16 lanes without horizontal adds. A K-quant super-block c
 sub-block of 16 / 32, which the AVX2 kernel applies inside the integer dot (vpmaddwd against the scale),
 so each (row, super-block) ends as an 8-lane int32 vector to reduce anyway — batched 8 rows at a time
 into 6 vphaddd, a few % of the dot's instructions. An interleave would save only that, and cost a copy
-of every K-quant tensor at load (and the in-place use of a mapped file).
+of every K-quant tensor at load (and the in-place use of a mapped file). Measured on the stored layout
+(benchmarks/kernels.py --kquant, Zen 3 AVX2, one thread, 1B-class shapes): decode 8-11 GB/s cold, as
+q4_0's row-packed 9.5-12 (once the kernel prefetches the rows after its tile: the 8 rows a tile walks are
+8 interleaved streams), and 512-row prefill 64-100 GFLOP/s against torch's float32 sgemm at 52-62.
 
 `quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
 quantizers) byte for byte for the 32-block kinds (ggml's K-quant quantizers search scales iteratively; the
