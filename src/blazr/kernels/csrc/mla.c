@@ -13,9 +13,10 @@
  *   s_t   = scale · (q_lat · c_kv_t + q_rope[b, h] · k_rope_t)       t < seq_lens[b], row kv_indices[b, t]
  *   o     = W_UV[h] · Σ_t softmax(s)_t · c_kv_t                      [Dv] → out [B, H, Dv]
  * so the cache is never expanded per head. q_nope [B, H, Dn] and q_rope [B, H, R] are strided views (row b
- * at + b·ld, head h at + h·hs, features contiguous): the parts of each head of a fused q projection. Work items are (sequence, block
- * of BLZ_MLA_HEADS heads): every latent row read feeds the block's heads; a head's numbers do not depend
- * on its block, the batch or the thread count. Scores and softmax in fp32 (libm expf).
+ * at + b·ld, head h at + h·hs, features contiguous): the parts of each head of a fused q projection.
+ * Work items are (sequence, block of heads), the blocks as large as keeps every thread busy: every latent
+ * row read feeds the block's heads. A head's numbers do not depend on its block, the batch or the thread
+ * count. Scores and softmax in fp32 (libm expf); dot products in four vector accumulators (AVX2).
  *
  * Shapes: T tokens, B sequences, H heads, Dn / R / Dv head dims, L = kv_lora_rank, S pool rows, P table rows.
  */
@@ -26,7 +27,7 @@
 #include <omp.h>
 #endif
 
-#define BLZ_MLA_HEADS 4 /* heads per work item */
+#define BLZ_MLA_MAX_HEADS 16 /* heads per work item, at most */
 
 BLZ_EXPORT int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int64_t L, int64_t R,
                                    const float *norm_w, float eps, const int64_t *pos, const float *cos,
@@ -56,12 +57,43 @@ BLZ_EXPORT int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int
     return BLZ_OK;
 }
 
-/* a · b over n fp32 values. */
+/* a · b over n fp32 values, in four interleaved vector accumulators on AVX2 (eight lanes each), eight
+ * scalar partial sums otherwise: independent chains, so the adds do not wait on each other. */
 BLZ_INLINE float dot(const float *restrict a, const float *restrict b, int64_t n) {
+    int64_t i = 0;
     float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+#ifdef BLZ_AVX2
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    s = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+#else
+    float p[8] = {0};
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) p[j] += a[i + j] * b[i + j];
+    s = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+#endif
+    for (; i < n; ++i) s += a[i] * b[i];
     return s;
+}
+
+/* y += c · x over n fp32 values. */
+BLZ_INLINE void axpy(float *restrict y, float c, const float *restrict x, int64_t n) {
+    int64_t i = 0;
+#ifdef BLZ_AVX2
+    const __m256 cv = _mm256_set1_ps(c);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(cv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+    for (; i < n; ++i) y[i] += c * x[i];
 }
 
 /* A latent row as fp32: the row itself for an fp32 pool, else widened into buf. */
@@ -88,7 +120,11 @@ BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_n
             if (kv_indices[b * idx_stride + t] < 0 || kv_indices[b * idx_stride + t] >= S) return BLZ_ERANGE;
         nmax = blz_max(nmax, seq_lens[b]);
     }
-    const int64_t W = L + R, HB = BLZ_MLA_HEADS, blocks = (H + HB - 1) / HB, items = B * blocks;
+    /* heads per item: as many as keep every thread busy (a head's numbers do not depend on its block) */
+    const int nt0 = nthreads > 0 ? nthreads : 1;
+    const int64_t per_seq = blz_min(H, (nt0 + B - 1) / blz_max(B, 1));
+    const int64_t HB = blz_min(BLZ_MLA_MAX_HEADS, (H + per_seq - 1) / per_seq), W = L + R;
+    const int64_t blocks = (H + HB - 1) / HB, items = B * blocks;
     const int nt = blz_threads(nthreads, items * nmax * W * HB, 1 << 15);
     /* per thread: q_lat [HB][L], o_lat [HB][L], scores [HB][nmax], one widened row [W] */
     const int64_t per = blz_round_up(HB * (2 * L + nmax) + W, 16);
@@ -108,11 +144,7 @@ BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_n
             const float *qn = q_nope + b * ld_nope + (h0 + j) * hs_nope, *wk = w_kvb + (h0 + j) * (Dn + Dv) * L;
             float *ql = q_lat + j * L;
             memset(ql, 0, (size_t)L * sizeof(float));
-            for (int64_t d = 0; d < Dn; ++d) {
-                const float qd = qn[d], *wr = wk + d * L;
-#pragma omp simd
-                for (int64_t l = 0; l < L; ++l) ql[l] += qd * wr[l];
-            }
+            for (int64_t d = 0; d < Dn; ++d) axpy(ql, qn[d], wk + d * L, L);
         }
         for (int64_t t = 0; t < n; ++t) { /* scores: each row read once for the block's heads */
             const float *row = latent_row(pool, idx[t], W, kv_type, wide);
@@ -130,12 +162,7 @@ BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_n
         memset(o_lat, 0, (size_t)(HB * L) * sizeof(float));
         for (int64_t t = 0; t < n; ++t) { /* o_lat = Σ p · c_kv */
             const float *row = latent_row(pool, idx[t], W, kv_type, wide);
-            for (int64_t j = 0; j < nh; ++j) {
-                const float p = s[j * nmax + t];
-                float *ol = o_lat + j * L;
-#pragma omp simd
-                for (int64_t l = 0; l < L; ++l) ol[l] += p * row[l];
-            }
+            for (int64_t j = 0; j < nh; ++j) axpy(o_lat + j * L, s[j * nmax + t], row, L);
         }
         for (int64_t j = 0; j < nh; ++j) { /* out = W_UV · o_lat (zeros for an empty sequence) */
             const float *wv = w_kvb + ((h0 + j) * (Dn + Dv) + Dn) * L;
