@@ -33,6 +33,7 @@ import torch
 from blazr import LLM
 from blazr.config import ModelConfig
 from blazr.detect import inspect_checkpoint
+from blazr.loading import gguf as gguf_mod
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
@@ -268,29 +269,41 @@ QUANTIZED = [(n, "q8_0") for n in VARIANTS] + [(n, "q4_0") for n in Q4_0]
 
 
 @pytest.mark.parametrize("name, kind", QUANTIZED)
-def test_quantized_gguf_stays_quantized_and_matches_its_float_values(made, name, kind):
+def test_quantized_gguf_stays_quantized_and_matches_its_float_values(made, name, kind, monkeypatch):
     made = made[name]
     path = getattr(made, kind)
-    ours, dequantized = _llm(path), _llm(path, quantize="none")
+    dequantized = _llm(path, quantize="none")
+    seen: list[tuple[str, tuple[int, ...]]] = []  # what GGUF dequantization sees while `ours` loads
+    real = gguf_mod.dequantize
+    monkeypatch.setattr(
+        gguf_mod, "dequantize", lambda raw, t, shape: seen.append((t, tuple(shape))) or real(raw, t, shape)
+    )
+    ours = _llm(path)
+    monkeypatch.undo()
     assert kind in _linear_kinds(ours), _linear_kinds(ours)
     first = ours.model.layers[0]  # the first block's projections are block-quantized as stored
     assert any(isinstance(m, QuantizedLinear) and m.kind == kind for m in first.modules())
     experts = [m for m in ours.model.modules() if isinstance(m, Experts)]
     # The converter's Q8_0 quantizes the routed experts too: kept as stored, stacked, no float copy (except
     # Granite's, whose gate and up experts GGUF stores apart and the view joins: those load dequantized).
-    if kind == "q8_0" and not made.name.startswith("granitehybrid"):
+    if experts and kind == "q8_0" and not made.name.startswith("granitehybrid"):
         assert all(e.w_up is not None and e.w_up.kind == kind for e in experts)
+        E, I, D = experts[0].num_experts, experts[0].cfg.intermediate_size, ours.config.hidden_size
+        assert not {(E, I, D), (E, D, I)} & {shape for _, shape in seen}  # no expert stack went via float
+    # Every quantized layer — prefill included, now that no dense float copy is kept — rounds its
+    # activations to 8 bits per block, as llama.cpp does: measured row errors of 1.5–2.5% of the logit scale
+    # (nemotron_h_moe's ReLU² experts: median 2.0% Q8_0 / 2.1% Q4_0 for blazr, 1.7% / 2.5% for llama.cpp on
+    # the same file, equal mean errors). A rounding may also flip a near-tie of a router or of the
+    # following layers, which changes that position's logits wholesale (measured: up to 5 rows in 30 of
+    # the tiny DeepSeek-V3, 1 in 7 of the tiny Granite); llama.cpp flips the same way. So: the mean error
+    # within 2% of the scale, three rows in four within 5%, and those rows' top-1 changed only at near-ties.
+    # The sharper check is llama.cpp's own on the same file (below).
     for got, want in zip(_logits(ours), _logits(dequantized), strict=True):
-        row_error = (got - want).abs().amax(-1)
         scale = want.abs().max().item()
-        if any(e.w_up is not None for e in experts):
-            # quantized experts: an 8-bit rounding may flip a router's near-tie, which changes that
-            # position's logits wholesale (measured: one row in 37 at 0.45 of the logit scale, the others
-            # ≤ 0.016); llama.cpp flips the same way (its mean error on this file is 3.5× blazr's)
-            assert (row_error > 0.02 * scale).float().mean() <= 0.1, row_error / scale
-            row_error = row_error[row_error <= 0.02 * scale]
-        error = row_error.max().item()
-        assert error <= 0.02 * scale
+        assert (got - want).abs().mean().item() <= 0.02 * scale
+        row_error = (got - want).abs().amax(-1)
+        assert (row_error <= 0.05 * scale).float().mean() >= 0.75, row_error / scale
+        error = row_error[row_error <= 0.05 * scale].max().item()
         # a different top-1 only where the float values have a near-tie the error can flip
         rows = torch.arange(len(want))[(got - want).abs().amax(-1) <= error]
         margin = want[rows, want[rows].argmax(-1)] - want[rows, got[rows].argmax(-1)]

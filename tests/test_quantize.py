@@ -231,7 +231,7 @@ def test_in_situ_quantized_experts(
     plan; the logits are as close to the float model's as those of the same model with only its dense
     layers quantized (tiny random MoE models flip routing at near-ties, so that is the yardstick, measured:
     KL 0.023 vs 0.027 on the DeepSeek one); batched greedy decoding equals each sequence alone."""
-    import blazr.loading.quantize as isq
+    import blazr.loading.loader as loader
 
     build(arch, tmp_path, seed=3, **overrides)
     ref_llm = LLM(tmp_path, cpu=True, dtype="float32", quantize="none")
@@ -240,7 +240,7 @@ def test_in_situ_quantized_experts(
     assert experts and all(e.w_up is not None and e.w_up.kind == "q8_0" for e in experts)
     assert all(not hasattr(e, "down_proj") for e in experts)  # the float copies are gone
     assert llm.runner.decode_plan is not None
-    monkeypatch.setattr(isq, "stack_experts", lambda *args: Counter())
+    monkeypatch.setattr(loader, "stack_experts", lambda *args: Counter())
     dense_only = LLM(tmp_path, cpu=True, dtype="float32", quantize="int8")
     assert all(e.w_up is None for e in dense_only.model.modules() if isinstance(e, Experts))
     batch = prompts([40, 25], seed=6, vocab=llm.config.vocab_size)

@@ -27,21 +27,12 @@ from blazr import kernels
 from blazr.detect import Checkpoint
 from blazr.errors import UnsupportedError
 from blazr.kernels.build import cpu_flags
-from blazr.kernels.quant import QuantizedWeight, dequantize, quantize
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.gguf_hf import GGUFView
 from blazr.loading.names import name_map_for
-from blazr.loading.quantize import (
-    _ISQ_KIND,
-    _gguf_blocks,
-    _set_module,
-    _targets,
-    check_mode,
-    quantize_model,
-    wrap_float_linears,
-)
+from blazr.loading.quantize import check_mode, quantize_from_file, stack_experts, wrap_float_linears
 from blazr.loading.safetensors import SafetensorsCheckpoint
-from blazr.loading.weights import TensorSource, WeightLoader, load_weights, set_parameter
+from blazr.loading.weights import TensorSource, WeightLoader, load_weights
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear
 
@@ -84,9 +75,8 @@ def load_model(
         dense_dtype = prefill_dtype() if on_kernels else None
         if on_kernels:
             made = quantize_from_file(model, loader, quantize, dense_dtype)
+            made += stack_experts(model, loader, quantize)
         load_weights(model, loader)
-        if on_kernels and any(layer.moe is not None for layer in ckpt.config.layers):
-            made += quantize_model(model, source, names, quantize, dense_dtype=dense_dtype)  # the experts
     loader.warn_unused()
     model = model.to(device).eval()
     if made:
@@ -95,62 +85,6 @@ def load_model(
         log.info("float32 linear layers on the f32 decode kernel: %d", wrapped)
     log.info("weights: %.2f GiB in %.1fs", weight_bytes(model) / 2**30, time.perf_counter() - t0)
     return model
-
-
-def quantize_from_file(
-    model: CausalLM, loader: WeightLoader, mode: str, dense_dtype: torch.dtype | None
-) -> Counter[str]:
-    """Replace the target linears of `model` (still on meta) by QuantizedLinear layers made from the
-    checkpoint: a GGUF's block tensors as stored (`auto`), or each float weight quantized as it is read
-    (`int8` / `int4` / `bf16`). Returns how many layers of each kind were made."""
-    made: Counter[str] = Counter()
-    if mode == "none":
-        return made
-    cfg, source = model.cfg, loader.source
-    for name, linear in _targets(model):
-        if linear is None:  # a tied head: a quantized copy of the embedding, the lookup table stays float
-            pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
-        else:
-            pname, shape = f"{name}.weight", (linear.out_features, linear.in_features)
-        if mode == "auto":
-            qw = _gguf_blocks(cfg, source, loader.names, pname, shape)
-            if qw is None:
-                continue
-            sources = loader.source_names(pname, shape)
-            loader.used.update(sources)
-            if qw.is_block and hasattr(source, "release"):  # repacked: the mapped bytes are not needed
-                for src in sources:
-                    source.release(src)
-        else:
-            kind = _ISQ_KIND[mode]
-            if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
-                continue
-            if linear is None:  # the table itself is needed float: load it now, quantize a copy
-                weight = loader.parameter(pname, shape)
-                set_parameter(model, pname, weight)
-                loader.tick()
-            else:
-                weight = loader.parameter(pname, shape, torch.bfloat16 if kind == "bf16" else None)
-            qw = quantize(weight, kind)
-            del weight
-        bias = None
-        if linear is not None and linear.bias is not None:
-            bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
-        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
-        made[qw.kind] += 1
-        if linear is not None:
-            for _ in linear.parameters():
-                loader.tick()
-    return made
-
-
-def _dense_copy(qw: QuantizedWeight, name: str, dense_dtype: torch.dtype | None) -> torch.Tensor | None:
-    """The prefill copy of a quantized layer (`prefill_dtype`), or None."""
-    if dense_dtype is None or name == "lm_head":
-        return None  # the lm_head sees a few rows per step, and its logits stay fp32 (no bf16 GEMM)
-    if qw.kind in ("bf16", "f32") and qw.data.dtype == dense_dtype:
-        return qw.data  # the same tensor: no second copy
-    return dequantize(qw).to(dense_dtype)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -1,20 +1,23 @@
-"""Quantized linear weights at load time: keep a GGUF's Q4_0 / Q4_1 / Q8_0 tensors as stored, or quantize
-a float checkpoint in place (`--quantize int8|int4`, like mistral.rs' ISQ).
+"""Quantized weights at load time, made straight from the checkpoint before anything else is read: a GGUF's
+block tensors kept as stored, or a float checkpoint quantized in place (`--quantize int8|int4|bf16`, like
+mistral.rs' ISQ), one tensor at a time.
 
 Modes:
-- `auto` (default): GGUF block tensors of a supported type stay quantized (their bytes used as-is, fused
-  q|k|v and gate|up rows concatenated, q/k rows un-permuted as whole rows); every other weight stays float.
+- `auto` (default): GGUF block tensors of a supported type (Q4_0 / Q4_1 / Q8_0, the K-quants) stay
+  quantized (their bytes used as-is, fused q|k|v and gate|up rows concatenated, q/k rows un-permuted as
+  whole rows); every other weight stays float.
 - `none`: every weight dequantized to the compute dtype (the reference path).
 - `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
   scale and minimum, 4-bit values); `bf16` → bfloat16 weights (the 16-bit path: half the bytes of fp32,
-  fp32 activations) — computed from the loaded float weights (a GGUF's dequantized ones).
+  fp32 activations).
 
-Targets: every linear called only through its forward — attention qkv/o, dense MLP, Mamba2 in/out
-projections, MLA q/kv_a/o projections, MoE shared experts — and the lm_head (tied embeddings: a quantized
-copy of the embedding, the lookup table stays float); and the routed MoE experts, stacked in one kernel
-weight per layer and projection (`stack_experts`). Not MLA's kv_b_proj (its weight is read directly by the
-absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU with
+Targets (`quantize_from_file`): every linear called only through its forward — attention qkv/o, dense MLP,
+Mamba2 in/out projections, MLA q/kv_a/o projections, MoE shared experts — and the lm_head (tied embeddings:
+a quantized copy of the embedding, the lookup table stays float); and (`stack_experts`) the routed MoE
+experts, stacked in one kernel weight per layer and projection. Not MLA's kv_b_proj (its weight is read
+directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU with
 float32 activations; `dense_dtype` adds a dequantized copy for prefill GEMMs (see model/qlinear.py).
+`wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
 from blazr.kernels.quant import GGML_KINDS, K_KINDS, KQUANT_BYTES, QK_K, QuantizedWeight, dequantize, quantize
 from blazr.loading.names import NameMap, cat_rows, unfuse
-from blazr.loading.weights import TensorSource
+from blazr.loading.weights import TensorSource, WeightLoader, set_parameter
 from blazr.model.model import CausalLM
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
@@ -131,85 +134,115 @@ def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:
     return in_features // QK_K * KQUANT_BYTES[GGML_KINDS[ggml_type]]
 
 
-def quantize_model(
-    model: CausalLM,
-    source: TensorSource,
-    names: NameMap,
-    mode: str,
-    dense_dtype: torch.dtype | None = None,
+def quantize_from_file(
+    model: CausalLM, loader: WeightLoader, mode: str, dense_dtype: torch.dtype | None
 ) -> Counter[str]:
-    """Swap the target linears of a loaded CPU model for QuantizedLinear per `mode`, and stack the MoE
-    experts (`stack_experts`); returns how many layers of each kind were made (e.g. {"q4_1": 210, "q8_0": 1,
-    "q4_1 experts": 24})."""
+    """Replace the target linears of `model` (still on meta) by QuantizedLinear layers made from the
+    checkpoint: a GGUF's block tensors as stored (`auto`), or each float weight quantized as it is read
+    (`int8` / `int4` / `bf16`). Returns how many layers of each kind were made."""
     made: Counter[str] = Counter()
     if mode == "none":
         return made
-    cfg = model.cfg
-    for name, linear in _targets(model):  # a tied lm_head: a quantized copy of the embedding
-        weight = model.embed_tokens.weight if linear is None else linear.weight
-        bias = None if linear is None else linear.bias
+    cfg, source = model.cfg, loader.source
+    for name, linear in _targets(model):
+        if linear is None:  # a tied head: a quantized copy of the embedding, the lookup table stays float
+            pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
+        else:
+            pname, shape = f"{name}.weight", (linear.out_features, linear.in_features)
         if mode == "auto":
-            src_param = "embed_tokens.weight" if linear is None else f"{name}.weight"
-            qw = _gguf_blocks(cfg, source, names, src_param, tuple(weight.shape))
+            qw = _gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-        elif weight.shape[1] % 32 and _ISQ_KIND[mode] != "bf16":  # block kinds quantize blocks of 32
-            continue
+            sources = loader.source_names(pname, shape)
+            loader.used.update(sources)
+            if qw.is_block and hasattr(source, "release"):  # repacked: the mapped bytes are not needed
+                for src in sources:
+                    source.release(src)
         else:
-            qw = quantize(weight.detach().float(), _ISQ_KIND[mode])
-        if dense_dtype is None or name == "lm_head":
-            dense = None  # the lm_head sees a few rows per step, and its logits stay fp32 (no bf16 GEMM)
-        elif qw.kind in ("bf16", "f32") and qw.data.dtype == dense_dtype:
-            dense = qw.data  # the same tensor: no second copy
-        else:
-            dense = dequantize(qw).to(dense_dtype)
-        _set_module(model, name, QuantizedLinear(qw, None if bias is None else bias.detach(), dense))
+            kind = _ISQ_KIND[mode]
+            if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
+                continue
+            if linear is None:  # the table itself is needed float: load it now, quantize a copy
+                weight = loader.parameter(pname, shape)
+                set_parameter(model, pname, weight)
+                loader.tick()
+            else:
+                weight = loader.parameter(pname, shape, torch.bfloat16 if kind == "bf16" else None)
+            qw = quantize(weight, kind)
+            del weight
+        bias = None
+        if linear is not None and linear.bias is not None:
+            bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
+        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
-    return made + stack_experts(model, source, names, mode)
+        if linear is not None:
+            for _ in linear.parameters():
+                loader.tick()
+    return made
 
 
-def stack_experts(model: CausalLM, source: TensorSource, names: NameMap, mode: str) -> Counter[str]:
-    """Put the MoE experts in a kernel weight format, stacked (`Experts.set_stacked`), so a token streams
-    only its chosen experts' quantized rows: a GGUF's block-quantized expert tensors as stored (`auto`), or
-    the float experts quantized (`int8` / `int4` / `bf16`). Experts whose rows do not split into whole row
-    groups stay float. Returns how many expert stacks of each kind were made."""
+def _dense_copy(qw: QuantizedWeight, name: str, dense_dtype: torch.dtype | None) -> torch.Tensor | None:
+    """The prefill copy of a quantized layer (`prefill_dtype`), or None."""
+    if dense_dtype is None or name == "lm_head":
+        return None  # the lm_head sees a few rows per step, and its logits stay fp32 (no bf16 GEMM)
+    if qw.kind in ("bf16", "f32") and qw.data.dtype == dense_dtype:
+        return qw.data  # the same tensor: no second copy
+    return dequantize(qw).to(dense_dtype)
+
+
+def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[str]:
+    """Put the MoE experts of `model` (still on meta) in a kernel weight format, stacked
+    (`Experts.set_stacked`), so a token streams only its chosen experts' quantized rows: a GGUF's
+    block-quantized expert tensors as stored (`auto`, never dequantized), or the float experts quantized one
+    projection at a time as they are read (`int8` / `int4` / `bf16`). Experts whose rows do not split into
+    whole row groups stay float (loaded later with the rest). Returns how many stacks of each kind were
+    made."""
     made: Counter[str] = Counter()
     if mode == "none":
         return made
+    cfg, source = model.cfg, loader.source
     for name, experts in model.named_modules():
         if not isinstance(experts, Experts) or experts.w_up is not None:
             continue
         up_name = "gate_up_proj" if experts.cfg.is_gated else "up_proj"
-        up, down = getattr(experts, up_name), experts.down_proj
+        params = [(f"{name}.{up_name}", tuple(getattr(experts, up_name).shape))]
+        params.append((f"{name}.down_proj", tuple(experts.down_proj.shape)))
         if mode == "auto":
-            args = (model.cfg, source, names)
-            w_up = _gguf_blocks(*args, f"{name}.{up_name}", tuple(up.shape), is_stacked=True)
-            w_down = _gguf_blocks(*args, f"{name}.down_proj", tuple(down.shape), is_stacked=True)
-            if w_up is None or w_down is None:
+            stacked = [
+                _gguf_blocks(cfg, source, loader.names, p, shape, is_stacked=True) for p, shape in params
+            ]
+            if None in stacked:
                 continue
-        elif any(d % 32 for d in (up.shape[2], down.shape[2])) and mode != "bf16":
-            continue
+        elif _ISQ_KIND[mode] != "bf16" and any(shape[2] % 32 for _, shape in params):
+            continue  # block kinds quantize blocks of 32
         else:
-            kind = _ISQ_KIND[mode]
-            w_up = quantize(up.detach().float().flatten(0, 1), kind)
-            w_down = quantize(down.detach().float().flatten(0, 1), kind)
+            stacked = [
+                quantize(loader.parameter(p, shape).flatten(0, 1), _ISQ_KIND[mode]) for p, shape in params
+            ]
         try:
-            experts.set_stacked(w_up, w_down)
+            experts.set_stacked(*stacked)  # type: ignore[arg-type]
         except ValueError:  # an expert's rows straddle a row group: keep them float
             continue
-        made[f"{w_up.kind} experts"] += 1
+        for p, shape in params:
+            sources = loader.source_names(p, shape)
+            loader.used.update(sources)
+            if mode == "auto" and hasattr(source, "release"):  # repacked: the mapped bytes are not needed
+                for src in sources:
+                    source.release(src)
+            loader.tick()
+        made[f"{stacked[0].kind} experts"] += 1  # type: ignore[union-attr]
     return made
 
 
 def wrap_float_linears(model: CausalLM) -> int:
-    """Put the float32 target linears left after `quantize_model` on the C kernels for decode tokens: each
+    """Put the float32 target linears left after `quantize_from_file` on the C kernels for decode tokens: each
     becomes a QuantizedLinear of kind f32 whose weight *is* the loaded tensor and whose dense copy is that
     same tensor (no copy), so prefill keeps torch's GEMM and decode (`use_kernels`) streams the weight
     through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18 GB/s
     against torch's 10–13). A tied lm_head wraps the embedding table itself. Returns how many layers were
     wrapped."""
     wrapped = 0
-    for name, linear in _targets(model):  # after quantize_model: the float linears it left
+    for name, linear in _targets(model):  # after quantize_from_file: the float linears it left
         weight = model.embed_tokens.weight if linear is None else linear.weight
         if weight.dtype != torch.float32 or not weight.is_cpu:
             continue
