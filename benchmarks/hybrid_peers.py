@@ -149,10 +149,78 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
         ),
         None,
     ),
+    # MoE hybrid: ibm-granite/granite-4.0-h-tiny's published layer shapes (1536 wide, 64 experts of 512, 6
+    # per token, a shared MLP of 1024, Mamba2 48 × 64 heads, state 128) in 10 of its 40 blocks (one
+    # attention block), so that the float checkpoint the converter reads fits this machine (1.7B parameters).
+    "granite-4.0-h-tiny-10-blocks": (
+        "GraniteMoeHybridForCausalLM",
+        dict(
+            vocab_size=100352,
+            hidden_size=1536,
+            num_hidden_layers=10,
+            layer_types=["full_attention" if i == 5 else "linear_attention" for i in range(10)],
+            num_attention_heads=12,
+            num_key_value_heads=4,
+            intermediate_size=512,
+            shared_intermediate_size=1024,
+            num_local_experts=64,
+            num_experts_per_tok=6,
+            mamba_n_heads=48,
+            mamba_d_head=64,
+            mamba_n_groups=1,
+            mamba_d_state=128,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_chunk_size=256,
+            position_embedding_type="nope",
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.0078125,
+            logits_scaling=6.0,
+        ),
+        granite_as_published,
+    ),
+    # MLA + MoE: deepseek-ai/DeepSeek-V2-Lite's published config (27 layers, the first dense; MLA 16 heads,
+    # kv_lora 512, no q LoRA; 2 shared + 6 routed experts of 1408 per token) with 8 routed experts instead
+    # of 64 (2.6B parameters instead of 15.7B: the float checkpoint must fit this machine; per token the same
+    # active work). llama.cpp (0.3.36) treats a deepseek2 file as "lite" (no q LoRA) only at 26 or 27 layers.
+    "deepseek-v2-lite-8-experts": (
+        "DeepseekV2ForCausalLM",
+        dict(
+            vocab_size=49152,  # published 102400, under the converter-friendly tokenizer's ids
+            hidden_size=2048,
+            intermediate_size=10944,
+            moe_intermediate_size=1408,
+            num_hidden_layers=27,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            n_shared_experts=2,
+            n_routed_experts=8,
+            num_experts_per_tok=6,
+            routed_scaling_factor=1.0,
+            kv_lora_rank=512,
+            q_lora_rank=None,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            qk_nope_head_dim=128,
+            topk_method="greedy",
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=False,
+            max_position_embeddings=163840,
+            tie_word_embeddings=False,
+        ),
+        None,
+    ),
 }
 
 # precision → (blazr --quantize, llama.cpp GGUF type)
 PRECISIONS = {"f32": ("none", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_0"), "q4": ("int4", "Q4_0")}
+# The MoE rows run at Q8_0 only: their float GGUFs (5–10 GB) would take most of a `make bench` to write.
+ONLY_Q8 = {"granite-4.0-h-tiny-10-blocks", "deepseek-v2-lite-8-experts"}
 
 
 def checkpoint(name: str) -> Path:
@@ -171,6 +239,8 @@ def checkpoint(name: str) -> Path:
         for pname, p in model.named_parameters():
             if p.dim() == 1 and pname.endswith("weight"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
+    if sum(t.numel() for t in model.parameters()) > 1e9:  # saved in bf16: half the disk and load time
+        model = model.to(torch.bfloat16)
     model.save_pretrained(out)
     if edit is not None:
         cfg_path = out / "config.json"
@@ -218,6 +288,8 @@ def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: in
     the block types blazr on llama.cpp's very GGUF (kept quantized, loading/gguf_hf.py)."""
     hf, out = checkpoint(name), []
     for p in precisions:
+        if name in ONLY_Q8 and p != "q8":
+            continue
         quantize, kind = PRECISIONS[p]
         path = gguf(name, kind)
         peer = Row("llama.cpp", f"{name} {kind} GGUF", p, lambda g=path: load_llama_cpp(g, ids, gen, threads))
