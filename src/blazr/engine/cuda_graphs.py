@@ -175,6 +175,8 @@ class GraphDecoder:
         self.slot_mapping[:B].copy_(slot_mapping)
         self.seq_lens[:B].copy_(seq_lens)
         self.kv_indices[:B, :width].copy_(kv_indices)
+        if Lg > width:  # the key bucket's spare columns: each row's own first slot (written; masked out)
+            self.kv_indices[:B, width:Lg] = kv_indices[:, :1]
         if Bg > B:  # padding rows: token 0 at position 0, written to and reading only the padding slot
             self.ids[B:Bg] = 0
             self.positions[B:Bg] = 0
