@@ -39,7 +39,7 @@ CAT = "cat"  # rows of several tensors concatenated (gate | up)
 CAT_EXPERTS = "cat_experts"  # [E, I, C] × 2 → [E, 2I, C] (Granite's fused expert input)
 EXPERT = "expert"  # expert `arg` of a stacked [E, R, C] tensor → [R, C]
 KV_B = "kv_b"  # k_b [H, L, Dn], v_b [H, Dv, L] → kv_b_proj [H·(Dn + Dv), L], per head [k_bᵀ; v_b]
-_ROWWISE = (SAME, QK, CAT, EXPERT)  # ops whose stored bytes are whole rows: quantized blocks pass through
+_ROWWISE = (SAME, QK, CAT, EXPERT, CAT_EXPERTS)  # ops whose stored bytes are whole rows: blocks pass through
 
 
 @dataclass(frozen=True)
@@ -379,6 +379,12 @@ class GGUFView:
             raw = self._expert_rows(r)
         elif r.op == QK:
             raw = unpermute_qk(self.gguf.raw(r.sources[0]), r.arg)
+        elif r.op == CAT_EXPERTS:  # per expert its gate rows, then its up rows
+            E = r.shape[0]
+            raws = [self.gguf.raw(s) for s in r.sources]
+            raw = torch.cat([t.reshape(E, -1, t.shape[-1]) for t in raws], dim=1).reshape(
+                -1, raws[0].shape[-1]
+            )
         else:  # one tensor: a view of the file, no copy
             raws = [self.gguf.raw(s) for s in r.sources]
             raw = raws[0] if len(raws) == 1 else torch.cat(raws)
