@@ -15,7 +15,6 @@ Tolerances, derived (u = 2⁻²⁴, γ_n = n·u/(1 − n·u)):
 from __future__ import annotations
 
 import ctypes
-import platform
 from pathlib import Path
 
 import gguf
@@ -24,7 +23,7 @@ import pytest
 import torch
 
 from blazr import LLM, SamplingParams
-from blazr.kernels import build, ops
+from blazr.kernels import ops
 from blazr.kernels.quant import (
     K_KINDS,
     QK_K,
@@ -44,26 +43,7 @@ GGML = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationTyp
         "q6_k": gguf.GGMLQuantizationType.Q6_K}  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def native() -> ops.Kernels:
-    k = ops.kernels()
-    assert k is not None, "kernel library unavailable (no C compiler, or BLAZR_KERNELS=0)"
-    return k
-
-
-@pytest.fixture(scope="session")
-def scalar() -> ops.Kernels:
-    """The library built without SIMD paths (`-march=x86-64` on x86), cached like the native one."""
-    is_x86 = platform.machine().lower() in ("x86_64", "amd64")
-    flags = ("-O3", "-march=x86-64", "-fopenmp") if is_x86 else ("-O3", "-fopenmp")
-    k = ops.Kernels(build.open_library(build.build(flags)))
-    assert k.features == []
-    return k
-
-
-@pytest.fixture(params=["native", "scalar"])
-def lib(request: pytest.FixtureRequest) -> ops.Kernels:
-    return request.getfixturevalue(request.param)
+# The libraries under test (`native`, `generic`: the portable scalar build, `lib`: each) are conftest.py's.
 
 
 def _weight(kind: str, n: int, k: int, seed: int) -> QuantizedWeight:
@@ -218,7 +198,7 @@ def test_linear_kquant(lib: ops.Kernels, kind: str, M: int, N: int, K: int) -> N
 
 @pytest.mark.parametrize("kind", K_KINDS)
 def test_scalar_and_simd_builds_give_the_same_bits(
-    native: ops.Kernels, scalar: ops.Kernels, kind: str
+    native: ops.Kernels, generic: ops.Kernels, kind: str
 ) -> None:
     """Exact integer dots, then the same fp32 operations in the same order in every build."""
     g = torch.Generator().manual_seed(7)
@@ -226,10 +206,10 @@ def test_scalar_and_simd_builds_give_the_same_bits(
     bias = torch.randn(53, generator=g)
     for M in (1, 5, 9, 17):
         x = _acts(M, 768, g)
-        assert torch.equal(native.linear(x, qw, bias), scalar.linear(x, qw, bias)), M
+        assert torch.equal(native.linear(x, qw, bias), generic.linear(x, qw, bias)), M
     gate_up = QuantizedWeight(kind, qw.data[:52].contiguous(), 52, 768)
     x = _acts(3, 768, g)
-    assert torch.equal(native.linear(x, gate_up, swiglu=True), scalar.linear(x, gate_up, swiglu=True))
+    assert torch.equal(native.linear(x, gate_up, swiglu=True), generic.linear(x, gate_up, swiglu=True))
 
 
 def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
