@@ -30,7 +30,7 @@ from blazr.kernels.calls import (
     _pool_ptrs,
     _rows_ptr,
 )
-from blazr.kernels.quant import QK, QuantizedWeight
+from blazr.kernels.quant import BLOCK_BYTES, QK, ROW_GROUP, QuantizedWeight, check_blocks
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
@@ -61,6 +61,9 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
             ctypes.c_void_p
         ] * 3
         lib.blz_quantize_act.restype = ctypes.c_int
+        lib.blz_pack_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+        lib.blz_pack_blocks.restype = ctypes.c_int
         self._call_many = lib.blz_call_many
         self._call_many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._call_many.restype = ctypes.c_int
@@ -164,6 +167,23 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         rc = self.lib.blz_quantize_act(_f32_ptr(x, "x"), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
         _check(rc, "quantize_act")
         return q, d, s
+
+    def pack_blocks(
+        self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int
+    ) -> torch.Tensor:
+        """`quant.pack_blocks` in C (a direct call, never recorded): ggml-ordered blocks of a block kind
+        (N · row_bytes uint8 CPU bytes, any shape) → uint8 [G, 16 · row_bytes], as
+        `pack_blocks_reference`."""
+        check_blocks(kind, blocks, out_features, in_features)
+        if not blocks.is_cpu:
+            raise UnsupportedInput("pack_blocks: the blocks are not on the CPU")
+        src = blocks.contiguous()
+        g = -(-out_features // ROW_GROUP)
+        out = torch.empty(g, ROW_GROUP * in_features // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        rc = self.lib.blz_pack_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
+                                      out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "pack_blocks")
+        return out
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None

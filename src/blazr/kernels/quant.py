@@ -11,7 +11,9 @@ group padded with zero rows), a group as K/32 tiles, tile b = block b of the 16 
 [16 f16 d][16 f16 m, q4_1][quants: byte 4j + i of 64-byte chunk c = element 4c + i of row j] — for the
 4-bit kinds chunk p's bytes are ggml's nibble bytes 4p..4p+3 of each row (elements 4p+i low, 16+4p+i high),
 for q8_0 the int8 values + 128. The same bytes as ggml's, moved: `unpack_blocks` gives ggml's back
-exactly. Float kinds keep a torch tensor: bf16 or f32 [N, K].
+exactly. `pack_blocks` moves them in C (csrc/pack.c, OpenMP over row groups) when the kernel library is
+loaded, else in torch: `pack_blocks_reference`, the same bytes (tests/test_pack.py). Float kinds keep a
+torch tensor: bf16 or f32 [N, K].
 
 K-quant kinds (GGUF Q4_K / Q5_K / Q6_K, 256 weights per super-block; csrc/linear_k.c) keep ggml's bytes
 exactly as a GGUF file stores them, uint8 [N, row_bytes] with row_bytes = K/256 · block_bytes — no repack,
@@ -200,14 +202,40 @@ def _tile_fields(kind: str) -> tuple[int, int]:
     return header, ROW_GROUP * BLOCK_BYTES[kind] - header
 
 
-def pack_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """ggml-ordered blocks (N · row_bytes uint8) → the row-packed layout [G, 16 · row_bytes]."""
+def check_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features: int) -> None:
+    """ValueError unless `blocks` holds exactly the uint8 bytes of an [N, K] weight of block kind `kind`."""
+    if kind not in BLOCK_BYTES:
+        raise ValueError(f"pack_blocks: kind {kind!r}, expected one of {BLOCK_KINDS}")
     n, nb, bs = out_features, in_features // QK, BLOCK_BYTES[kind]
-    if blocks.dtype != torch.uint8 or blocks.numel() != n * nb * bs or in_features % QK:
+    if n < 0 or in_features <= 0 or in_features % QK:
+        raise ValueError(f"{kind} blocks of a [{n}, {in_features}] weight: in_features must be a positive "
+                         f"multiple of {QK}, out_features ≥ 0")  # fmt: skip
+    if blocks.dtype != torch.uint8 or blocks.numel() != n * nb * bs:
         raise ValueError(
             f"{kind} blocks of a [{n}, {in_features}] weight: expected {n * nb * bs} uint8 bytes, found "
             f"{blocks.numel()} {blocks.dtype}"
         )
+
+
+def pack_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """ggml-ordered blocks (N · row_bytes uint8) → the row-packed layout [G, 16 · row_bytes]: the C repack
+    (csrc/pack.c) when the kernel library is available and the blocks are on the CPU, else
+    `pack_blocks_reference` (the same bytes)."""
+    check_blocks(kind, blocks, out_features, in_features)
+    from blazr.kernels import ops  # here, not at the top: ops imports this module
+
+    lib = ops.kernels() if blocks.is_cpu else None
+    if lib is None:
+        return pack_blocks_reference(kind, blocks, out_features, in_features)
+    return lib.pack_blocks(kind, blocks, out_features, in_features)
+
+
+def pack_blocks_reference(
+    kind: str, blocks: torch.Tensor, out_features: int, in_features: int
+) -> torch.Tensor:
+    """`pack_blocks` in torch: rows padded to whole groups with zero rows, then moved by views."""
+    check_blocks(kind, blocks, out_features, in_features)
+    n, nb, bs = out_features, in_features // QK, BLOCK_BYTES[kind]
     g = -(-n // ROW_GROUP)
     rows = torch.zeros(g * ROW_GROUP, nb, bs, dtype=torch.uint8)
     rows[:n] = blocks.reshape(n, nb, bs)
@@ -219,9 +247,9 @@ def pack_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features:
     qs = t[..., header:]  # [G, nb, 16, 16 | 32]
     if kind == "q8_0":
         qs = qs ^ 0x80  # int8 + 128 as uint8 (vpdpbusd's unsigned operand)
-    chunks = qs.reshape(g, nb, ROW_GROUP, -1, 4).transpose(2, 3)  # [G, nb, chunk, 16 rows, 4]
-    parts.append(chunks.reshape(g, nb, -1))
-    return torch.cat(parts, dim=-1).reshape(g, -1).contiguous()
+    chunks = qs.reshape(g, nb, ROW_GROUP, (bs - header) // 4, 4).transpose(2, 3)  # [G, nb, chunk, 16 rows, 4]
+    parts.append(chunks.reshape(g, nb, ROW_GROUP * (bs - header)))
+    return torch.cat(parts, dim=-1).reshape(g, ROW_GROUP * nb * bs).contiguous()
 
 
 def unpack_blocks(qw: QuantizedWeight) -> torch.Tensor:

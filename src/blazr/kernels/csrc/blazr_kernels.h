@@ -64,6 +64,7 @@ int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t
 int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                     const float *residual, float *out, int swiglu, int nthreads);
 int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);
+int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads);
 int blz_quantize_q8k(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int16_t *bsums);
 int blz_rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out, int nthreads);
 int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, const float *w, int64_t M, int64_t D,

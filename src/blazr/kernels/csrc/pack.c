@@ -1,0 +1,66 @@
+/* blazr kernels — repacking ggml-ordered Q4_0 / Q4_1 / Q8_0 blocks into the row-packed layout of the
+ * block linear kernel (linear_q.c), at model load.
+ *
+ * The C twin of `pack_blocks_reference` (kernels/quant.py, whose module docstring describes the layout);
+ * the two agree byte for byte (tests/test_pack.py). Rows go in groups of 16, the last group padded with zero
+ * rows; a group is K/32 tiles, tile b holding block b of the group's 16 rows:
+ *   [16 f16 d][16 f16 m, q4_1 only][quants: byte 4j + i of 64-byte chunk c = quant byte 4c + i of row j]
+ * with q8_0's int8 values stored + 128 (xor 0x80; a padding row's quants therefore read 0x80 there). Plain
+ * byte moves: the same code for every target, one row group per OpenMP iteration.
+ */
+#include "blazr_kernels.h"
+
+/* Bytes of one ggml block and of its per-row header (d, and m for q4_1); 0 for an unknown kind. */
+static int block_bytes(int kind, int *header) {
+    switch (kind) {
+    case BLZ_Q4_0: *header = 2; return 18;
+    case BLZ_Q4_1: *header = 4; return 20;
+    case BLZ_Q8_0: *header = 2; return 34;
+    default: return 0;
+    }
+}
+
+/* One row (or a padding row when `src` is NULL) of a 16-row group into its place in every tile. */
+BLZ_INLINE void pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j,
+                         uint8_t *group) {
+    const int64_t tile = (int64_t)16 * bs;
+    const int words = (bs - header) / 4; /* 4-byte quant words per row: 4 (4-bit kinds) or 8 (q8_0) */
+    uint8_t *t = group;
+    for (int64_t b = 0; b < nb; ++b, t += tile) {
+        uint8_t *q = t + 16 * header;
+        if (!src) {
+            memset(t + 2 * j, 0, 2);
+            if (header == 4) memset(t + 32 + 2 * j, 0, 2);
+            for (int c = 0; c < words; ++c) memcpy(q + 64 * c + 4 * j, &flip, 4);
+            continue;
+        }
+        const uint8_t *blk = src + b * bs;
+        memcpy(t + 2 * j, blk, 2);
+        if (header == 4) memcpy(t + 32 + 2 * j, blk + 2, 2);
+        for (int c = 0; c < words; ++c) {
+            uint32_t w;
+            memcpy(&w, blk + header + 4 * c, 4);
+            w ^= flip;
+            memcpy(q + 64 * c + 4 * j, &w, 4);
+        }
+    }
+}
+
+/* Pack ggml-ordered blocks src (N rows of K/32 blocks, contiguous) of `kind` (BLZ_Q4_0 / Q4_1 / Q8_0) into
+ * dst, uint8 [⌈N/16⌉, 16 · K/32 · block bytes], every byte written (padding rows included). */
+BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
+    int header = 0;
+    const int bs = block_bytes(kind, &header);
+    if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
+    const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16;
+    const uint32_t flip = kind == BLZ_Q8_0 ? 0x80808080u : 0;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
+    for (int64_t g = 0; g < G; ++g) {
+        uint8_t *group = dst + g * 16 * row;
+        for (int j = 0; j < 16; ++j) {
+            const int64_t n = g * 16 + j;
+            pack_row(n < N ? src + n * row : NULL, nb, bs, header, flip, j, group);
+        }
+    }
+    return BLZ_OK;
+}

@@ -1,0 +1,107 @@
+"""The C repack of ggml-ordered blocks (csrc/pack.c, `Kernels.pack_blocks`) against `pack_blocks_reference`:
+the same bytes, padding rows included, on the native and the portable (`generic`) builds; `pack_blocks`
+dispatches to it; `unpack_blocks` undoes it; bad sizes are a ValueError."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blazr.kernels import ops
+from blazr.kernels.quant import (
+    BLOCK_BYTES,
+    BLOCK_KINDS,
+    ROW_GROUP,
+    QuantizedWeight,
+    pack_blocks,
+    pack_blocks_reference,
+    unpack_blocks,
+)
+
+# N: one row, under a group, whole groups, a padded last group; K: one block, an odd count, a 1B-class width.
+SHAPES = [(1, 32), (5, 96), (16, 64), (17, 32), (40, 256), (61, 2048)]
+
+
+def _blocks(kind: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Random bytes of an [n, k] weight in ggml order: every quant and scale bit pattern (packing moves bytes;
+    it never reads them as numbers)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, k // 32 * BLOCK_BYTES[kind]), dtype=torch.uint8, generator=g)
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_pack_matches_reference(lib: ops.Kernels, kind: str, n: int, k: int) -> None:
+    blocks = _blocks(kind, n, k)
+    want = pack_blocks_reference(kind, blocks, n, k)
+    got = lib.pack_blocks(kind, blocks, n, k)
+    assert got.dtype == torch.uint8
+    assert got.shape == want.shape == (-(-n // ROW_GROUP), ROW_GROUP * blocks.shape[1])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+def test_pack_padding_rows(lib: ops.Kernels, kind: str) -> None:
+    """The last group's padding rows: zero scales (and mins), zero quants — stored + 128 for q8_0."""
+    n, k = 19, 64
+    got = lib.pack_blocks(kind, _blocks(kind, n, k), n, k)
+    # a copy of the weight with the padding rows made real (zero blocks) packs to the same bytes
+    zero_rows = torch.zeros(32 - n, k // 32 * BLOCK_BYTES[kind], dtype=torch.uint8)
+    full = torch.cat([_blocks(kind, n, k), zero_rows])
+    assert torch.equal(got, lib.pack_blocks(kind, full, 32, k))
+    header = 64 if kind == "q4_1" else 32
+    tiles = got[1].view(k // 32, -1)
+    pad_scales = tiles[:, :header].view(k // 32, -1, ROW_GROUP, 2)[:, :, n - ROW_GROUP :]
+    assert not pad_scales.any()
+    quants = tiles[:, header:].reshape(k // 32, -1, ROW_GROUP, 4)[:, :, n - ROW_GROUP :]
+    assert (quants == (0x80 if kind == "q8_0" else 0)).all()
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize(("n", "k"), [(5, 96), (17, 32), (61, 2048)])
+def test_pack_round_trip(native: ops.Kernels, kind: str, n: int, k: int) -> None:
+    """from_blocks (the C repack) then unpack_blocks gives ggml's bytes back, for any input shape."""
+    blocks = _blocks(kind, n, k, seed=1)
+    qw = QuantizedWeight.from_blocks(kind, blocks.flatten(), n, k)
+    assert torch.equal(qw.data, native.pack_blocks(kind, blocks, n, k))
+    assert torch.equal(unpack_blocks(qw), blocks)
+
+
+def test_pack_blocks_dispatches_to_c(native: ops.Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pack_blocks runs the kernel when the library is there, the reference when it is not (same bytes)."""
+    blocks, calls = _blocks("q8_0", 17, 64), []
+    real = ops.Kernels.pack_blocks
+
+    def spy(self: ops.Kernels, *args: object) -> torch.Tensor:
+        calls.append(args[0])
+        return real(self, *args)
+
+    monkeypatch.setattr(ops.Kernels, "pack_blocks", spy)
+    got = pack_blocks("q8_0", blocks, 17, 64)
+    assert calls == ["q8_0"]
+    monkeypatch.setattr(ops, "kernels", lambda: None)
+    assert torch.equal(pack_blocks("q8_0", blocks, 17, 64), got)
+    assert calls == ["q8_0"]
+
+
+def test_pack_non_contiguous_input(native: ops.Kernels) -> None:
+    blocks = _blocks("q4_1", 2 * 17, 64)[::2]  # every other row: a strided view
+    assert not blocks.is_contiguous()
+    want = pack_blocks_reference("q4_1", blocks, 17, 64)
+    assert torch.equal(native.pack_blocks("q4_1", blocks, 17, 64), want)
+
+
+@pytest.mark.parametrize("pack", ["c", "reference", "dispatch"])
+def test_pack_bad_sizes(native: ops.Kernels, pack: str) -> None:
+    fn = {"c": native.pack_blocks, "reference": pack_blocks_reference, "dispatch": pack_blocks}[pack]
+    good = _blocks("q4_0", 4, 64)
+    with pytest.raises(ValueError, match="expected 144 uint8 bytes, found 143"):
+        fn("q4_0", good.flatten()[:-1], 4, 64)
+    with pytest.raises(ValueError, match="uint8"):
+        fn("q4_0", good.view(torch.int8), 4, 64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fn("q4_0", good, 4 * 64 // 48, 48)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fn("q4_0", good[:0], 4, 0)
+    with pytest.raises(ValueError, match="kind"):
+        fn("q4_k", good, 4, 64)
