@@ -26,19 +26,21 @@ BLZ_EXPORT int blz_features(void) {
     return f;
 }
 
-static _Thread_local void *scratch_ptr;
-static _Thread_local size_t scratch_cap;
+static _Thread_local void *scratch_ptr[BLZ_SCRATCH_SLOTS];
+static _Thread_local size_t scratch_cap[BLZ_SCRATCH_SLOTS];
 
-void *blz_scratch(size_t bytes) {
-    if (bytes <= scratch_cap) return scratch_ptr;
+void *blz_scratch_slot(int slot, size_t bytes) {
+    if (bytes <= scratch_cap[slot]) return scratch_ptr[slot];
     const size_t cap = (size_t)blz_round_up((int64_t)(bytes + bytes / 4), 4096);
     void *p = aligned_alloc(64, cap);
     if (!p) return NULL;
-    free(scratch_ptr);
-    scratch_ptr = p;
-    scratch_cap = cap;
+    free(scratch_ptr[slot]);
+    scratch_ptr[slot] = p;
+    scratch_cap[slot] = cap;
     return p;
 }
+
+void *blz_scratch(size_t bytes) { return blz_scratch_slot(0, bytes); }
 
 #define P(T, k) ((T)(intptr_t)a->i[k])
 

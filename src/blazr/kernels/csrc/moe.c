@@ -19,8 +19,6 @@
  *
  * Shapes: T tokens, D hidden, E experts, k chosen per token, I expert width, G groups.
  */
-#include <stdlib.h>
-
 #include "blazr_kernels.h"
 
 #define BLZ_MOE_MAX_E 1024
@@ -101,21 +99,6 @@ static int linear_by_code(int code, const float *x, int64_t M, int64_t K, const 
     return BLZ_EINVAL;
 }
 
-/* This file's own per-thread scratch: the linear kernels it calls use blz_scratch themselves. */
-static _Thread_local void *moe_scratch_ptr;
-static _Thread_local size_t moe_scratch_cap;
-
-static void *moe_scratch(size_t bytes) {
-    if (bytes <= moe_scratch_cap) return moe_scratch_ptr;
-    const size_t cap = (size_t)blz_round_up((int64_t)(bytes + bytes / 4), 4096);
-    void *p = aligned_alloc(64, cap);
-    if (!p) return NULL;
-    free(moe_scratch_ptr);
-    moe_scratch_ptr = p;
-    moe_scratch_cap = cap;
-    return p;
-}
-
 BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64_t *ids, const float *weights,
                                int64_t k, int64_t E, int code_up, const void *w_up, int64_t up_stride,
                                int code_down, const void *w_down, int64_t down_stride, int64_t I, int act,
@@ -128,7 +111,7 @@ BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64
     /* scratch: start [E + 1], order [A], where [A] (int64); xs [A, D], h [A, Nup], act [A, I], ys [A, D]
      * (fp32) */
     const int64_t ibytes = blz_round_up((E + 1 + 2 * A) * (int64_t)sizeof(int64_t), 64);
-    char *s = moe_scratch((size_t)(ibytes + A * (2 * D + Nup + I) * (int64_t)sizeof(float)));
+    char *s = blz_scratch_slot(1, (size_t)(ibytes + A * (2 * D + Nup + I) * (int64_t)sizeof(float)));
     if (!s) return BLZ_ENOMEM;
     int64_t *start = (int64_t *)s, *order = start + E + 1, *where = order + A;
     float *xs = (float *)(s + ibytes), *h = xs + A * D, *act_out = h + A * Nup, *ys = act_out + A * I;
