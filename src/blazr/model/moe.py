@@ -130,10 +130,9 @@ class Experts(nn.Module):
 
     def expert(self, e: int, h: torch.Tensor) -> torch.Tensor:
         """Expert e on rows h [n, D] → [n, D]."""
-        if self.w_up is not None and self.w_down is not None:
+        if self.w_up is not None:
             ids = torch.full((h.shape[0], 1), e, dtype=torch.long)
-            ones = torch.ones(h.shape[0], 1)
-            return self._kernel(h.float(), ones, ids, (self.w_up, self.w_down)).to(h.dtype)
+            return self.kernel(h.float(), torch.ones(h.shape[0], 1), ids).to(h.dtype)
         if self.cfg.is_gated:
             gate, up = F.linear(h, self.gate_up_proj[e]).chunk(2, dim=-1)
             a = activate(gate, self.cfg.activation) * up
@@ -141,21 +140,10 @@ class Experts(nn.Module):
             a = activate(F.linear(h, self.up_proj[e]), self.cfg.activation)
         return F.linear(a, self.down_proj[e])
 
-    def _kernel(
-        self,
-        x: torch.Tensor,
-        weights: torch.Tensor,
-        ids: torch.Tensor,
-        stacked: tuple[QuantizedWeight, QuantizedWeight],
-    ) -> torch.Tensor:
-        w_up, w_down = stacked
-        cfg = self.cfg
-        return ops.moe_experts(x, ids, weights, w_up, w_down, self.num_experts, cfg.activation, cfg.is_gated)
-
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, D], weights [T, k] float32, ids [T, k] → Σ_k weight · expert(x) [T, D] (float32)."""
-        if self.w_up is not None and self.w_down is not None:  # the kernel format: the kernel op
-            return self._kernel(x.float().contiguous(), weights, ids, (self.w_up, self.w_down))
+        if self.w_up is not None:  # the kernel format: the kernel op, prefill and decode alike
+            return self.kernel(x.float().contiguous(), weights, ids)
         T, k = ids.shape
         flat_ids = ids.flatten()  # [T·k], assignment a = t·k + j
         order = flat_ids.argsort(stable=True)  # assignments grouped by expert
@@ -170,12 +158,14 @@ class Experts(nn.Module):
         ys = ys[order.argsort()].view(T, k, x.shape[1])  # back to assignment order
         return (ys.float() * weights[..., None]).sum(dim=1)
 
-    def decode(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The decode rows' experts as one kernel op (float32 CPU rows, see the module docstring)."""
+    def kernel(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The same function as one kernel op, `ops.moe_experts`, on float32 CPU rows x [T, D] (a decode
+        step records it); weights neither in a kernel format nor float32 on the CPU take `forward`."""
         stacked = self.stacked()
         if stacked is None:
             return self(x, weights, ids)
-        return self._kernel(x, weights, ids, stacked)
+        cfg = self.cfg
+        return ops.moe_experts(x, ids, weights, *stacked, self.num_experts, cfg.activation, cfg.is_gated)
 
 
 class MoE(nn.Module):
@@ -200,7 +190,7 @@ class MoE(nn.Module):
         router = self.router
         logits = ops.linear(x, QuantizedWeight("f32", router.weight, *router.weight.shape))
         weights, ids = router.route(logits)
-        out = self.experts.decode(x, weights, ids)
+        out = self.experts.kernel(x, weights, ids)
         return ops.add(out, self.shared(x), out=out) if self.shared is not None else out
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
