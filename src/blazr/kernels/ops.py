@@ -219,7 +219,8 @@ def rope_neox(
 ) -> torch.Tensor:
     """Rotate x [T, H, Dh] in place (NeoX half-split over the first rot_dim features) by the angles of
     rows `positions` [T] of the cos/sin tables [P, rot_dim/2]; returns x. x may be a token-strided view
-    (e.g. the q and k heads of a fused qkv output: `qkv[:, :(H + Hkv) * Dh].view(T, H + Hkv, Dh)`)."""
+    (e.g. the q and k heads of a fused qkv output: `qkv[:, :(H + Hkv) * Dh].view(T, H + Hkv, Dh)`), or
+    head-strided: each head's part of a wider head (MLA's q_rope, `q.view(T, H, Dn + R)[..., Dn:]`)."""
     return _dispatch("rope_neox", rope_neox_reference, x, positions, cos, sin, rot_dim)
 
 
