@@ -25,7 +25,7 @@ import torch
 
 from blazr.config import EngineConfig, ModelConfig
 from blazr.model.model import CausalLM
-from blazr.state.batch import ForwardBatch
+from blazr.state.batch import ForwardBatch, pad_kv_indices
 from blazr.state.kv_cache import ModelCache
 
 MIN_KEYS = 64  # smallest key bucket
@@ -174,9 +174,8 @@ class GraphDecoder:
         self.positions[:B].copy_(positions)
         self.slot_mapping[:B].copy_(slot_mapping)
         self.seq_lens[:B].copy_(seq_lens)
-        self.kv_indices[:B, :width].copy_(kv_indices)
-        if Lg > width:  # the key bucket's spare columns: each row's own first slot (written; masked out)
-            self.kv_indices[:B, width:Lg] = kv_indices[:, :1]
+        # torch attention reads all Lg columns (masked): past each row's length, its own first slot
+        self.kv_indices[:B, :Lg].copy_(pad_kv_indices(kv_indices, seq_lens, Lg))
         if Bg > B:  # padding rows: token 0 at position 0, written to and reading only the padding slot
             self.ids[B:Bg] = 0
             self.positions[B:Bg] = 0

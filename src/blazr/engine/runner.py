@@ -27,7 +27,7 @@ from blazr.engine.sequence import Sequence
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.allocator import BlockAllocator, SlotAllocator
-from blazr.state.batch import ForwardBatch
+from blazr.state.batch import ForwardBatch, pad_kv_indices
 from blazr.state.budget import plan_cache
 from blazr.state.kv_cache import ModelCache
 
@@ -40,15 +40,6 @@ class StepLogits:
     sample_seqs: list[Sequence]
     sample: torch.Tensor  # [n, V] float32
     prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id → (first position predicted, [m, V])
-
-
-def _pad_past_lengths(idx: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """kv_indices [B, L] with every column past row b's length pointing at its own position-0 slot (always
-    written), so a masked read never meets uninitialised pool memory (state/kv_cache.py: NaN · 0 = NaN)."""
-    if idx.shape[1] == 0:
-        return idx
-    is_past = torch.arange(idx.shape[1])[None, :] >= seq_lens[:, None]  # [B, L]
-    return torch.where(is_past, idx[:, :1], idx)
 
 
 class ModelRunner:
@@ -156,7 +147,7 @@ class ModelRunner:
 
     def _kv_indices(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
         """[B, Lmax] flat slot of every position of every sequence; past its length, the slot of its own
-        position 0 (`_pad_past_lengths`)."""
+        position 0 (`pad_kv_indices`)."""
         bs = self.block_size
         max_len = max(seq_lens)
         max_blocks = -(-max_len // bs)
@@ -166,7 +157,7 @@ class ModelRunner:
             tables[b, : len(table)] = torch.tensor(table, dtype=torch.long)
         pos = torch.arange(max_len)
         idx = tables[:, pos // bs] * bs + pos % bs  # [B, Lmax]
-        return _pad_past_lengths(idx, torch.tensor(seq_lens)).to(self.device)
+        return pad_kv_indices(idx, torch.tensor(seq_lens)).to(self.device)
 
     # -------------------------------------------------------------------------------------------- run
 
@@ -197,7 +188,6 @@ class ModelRunner:
         else:
             slots, kv_indices = [], torch.zeros(len(seqs), 0, dtype=torch.long)
         seq_lens = torch.tensor([p + 1 for p in positions])
-        kv_indices = _pad_past_lengths(kv_indices, seq_lens)
         state = torch.tensor([s.state_slot for s in seqs]) if self.slots is not None else None
         logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
         return StepLogits(list(seqs), logits, {})

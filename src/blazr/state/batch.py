@@ -111,3 +111,18 @@ class ForwardBatch:
             num_decodes=0,
             logits_indices=torch.arange(total, device=device),
         )
+
+
+def pad_kv_indices(idx: torch.Tensor, seq_lens: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """kv_indices [B, L] → [B, width] (default L) where every column at or past row b's length holds the row's
+    position-0 slot, which is always written: a masked read of a padded column (torch attention reads them
+    all) then never meets uninitialised pool memory (NaN · 0 = NaN; state/kv_cache.py)."""
+    B, L = idx.shape
+    width = L if width is None else width
+    if L == 0:
+        return idx.new_zeros(B, width)
+    first = idx[:, :1]
+    out = first.expand(B, width).clone()
+    is_live = torch.arange(L, device=idx.device)[None, :] < seq_lens.to(idx.device)[:, None]  # [B, L]
+    out[:, :L] = torch.where(is_live, idx, first)
+    return out
