@@ -153,11 +153,7 @@ def quantize_from_file(
             qw = _gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            sources = loader.source_names(pname, shape)
-            loader.used.update(sources)
-            if qw.is_block and hasattr(source, "release"):  # repacked: the mapped bytes are not needed
-                for src in sources:
-                    source.release(src)
+            loader.consume(pname, shape, is_copied=qw.is_block)  # block kinds are repacked
         else:
             kind = _ISQ_KIND[mode]
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
@@ -223,12 +219,8 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
             experts.set_stacked(*stacked)  # type: ignore[arg-type]
         except ValueError:  # an expert's rows straddle a row group: keep them float
             continue
-        for p, shape in params:
-            sources = loader.source_names(p, shape)
-            loader.used.update(sources)
-            if mode == "auto" and hasattr(source, "release"):  # repacked: the mapped bytes are not needed
-                for src in sources:
-                    source.release(src)
+        for (p, shape), w in zip(params, stacked, strict=True):
+            loader.consume(p, shape, is_copied=w.is_block)  # type: ignore[union-attr]
             loader.tick()
         made[f"{stacked[0].kind} experts"] += 1  # type: ignore[union-attr]
     return made

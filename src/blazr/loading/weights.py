@@ -94,6 +94,16 @@ class WeightLoader:
         parts, _ = unfuse(self.cfg, pname, shape)
         return [found[0] for p in parts if (found := self.names.source(p.name)) is not None]
 
+    def consume(self, pname: str, shape: tuple[int, ...], is_copied: bool) -> None:
+        """Mark the checkpoint tensors of parameter `pname` used (made by another path than `parameter`, e.g.
+        a quantized weight from the file's bytes); when their bytes were copied (repacked), drop their mapped
+        pages (`release`, where the source has it): nothing keeps a view of them."""
+        sources = self.source_names(pname, shape)
+        self.used.update(sources)
+        if is_copied and hasattr(self.source, "release"):
+            for src in sources:
+                self.source.release(src)
+
     def _part(self, part: Part, dtype: torch.dtype, alias: bool) -> torch.Tensor:
         found = self.names.source(part.name)
         if found is None:
