@@ -8,6 +8,8 @@ real SmolLM2-135M Q4_1 file; and each CheckpointError / UnsupportedError edge.
 from __future__ import annotations
 
 import importlib.util
+import mmap
+import struct
 from pathlib import Path
 
 import gguf
@@ -19,6 +21,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 import blazr.loading.gguf as gguf_module
 from blazr.errors import CheckpointError, UnsupportedError
 from blazr.loading.gguf import SUPPORTED_TYPES, GGUFFile, dequantize, unpermute_qk
+from blazr.loading.gguf_header import parse_header
 from blazr.loading.gguf_hf import GGUFView
 from tests.gguf_fixtures import (
     encode,
@@ -251,20 +254,94 @@ def test_metadata_is_plain_python(tmp_path: Path) -> None:
     assert repr(f) == f"GGUFFile({str(path)!r}, 1 tensors)"
 
 
-def test_fast_reader_parses_like_gguf_reader(tiny_f32: Path) -> None:
-    assert gguf_module._READER is gguf_module._Reader  # the private _get signature still matches upstream
-    ours, upstream = gguf_module._Reader(tiny_f32), GGUFReader(tiny_f32)
-    assert {k: v.contents() for k, v in ours.fields.items()} == {
-        k: v.contents() for k, v in upstream.fields.items()
-    }
-    for a, b in zip(ours.tensors, upstream.tensors, strict=True):
-        assert (a.name, a.tensor_type, a.data_offset, a.n_bytes) == (
-            b.name,
-            b.tensor_type,
-            b.data_offset,
-            b.n_bytes,
-        )
-        assert np.array_equal(a.data, b.data)
+def upstream_header(path: Path) -> tuple[dict, list[tuple[str, int, tuple[int, ...], int]]]:
+    """gguf-py's view of a file: metadata as `contents()` (GGUF.* keys left out), and per tensor (name,
+    ggml type id, dims, absolute data offset)."""
+    reader = GGUFReader(path)
+    metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    tensors = [
+        (t.name, int(t.tensor_type), tuple(int(d) for d in t.shape), int(t.data_offset))
+        for t in reader.tensors
+    ]
+    return metadata, tensors
+
+
+def assert_header_like_gguf_reader(path: Path) -> None:
+    """parse_header (what GGUFFile reads) gives gguf-py's values, with the same Python types."""
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        header = parse_header(m)
+        ours = (header.metadata, [(t.name, t.ggml_type, t.dims, t.offset) for t in header.tensors])
+    theirs = upstream_header(path)
+    assert ours == theirs
+    assert [type(v) for v in ours[0].values()] == [type(v) for v in theirs[0].values()]
+    for key, value in ours[0].items():
+        if isinstance(value, list):
+            assert [type(v) for v in value] == [type(v) for v in theirs[0][key]], key
+    assert GGUFFile(path).metadata == theirs[0]
+
+
+def test_header_parser_matches_gguf_reader_on_every_value_type(tmp_path: Path) -> None:
+    path = tmp_path / "types.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    T = gguf.GGUFValueType
+    scalars = {
+        "u8": (255, T.UINT8), "i8": (-128, T.INT8), "u16": (65535, T.UINT16), "i16": (-32768, T.INT16),
+        "u32": (2**32 - 1, T.UINT32), "i32": (-(2**31), T.INT32), "f32": (0.1, T.FLOAT32),
+        "u64": (2**64 - 1, T.UINT64), "i64": (-(2**63), T.INT64), "f64": (0.1, T.FLOAT64),
+        "yes": (True, T.BOOL), "no": (False, T.BOOL), "s": ("héllo ✓ <|im_start|>", T.STRING),
+    }  # fmt: skip
+    for key, (value, vtype) in scalars.items():
+        writer.add_key_value(f"t.{key}", value, vtype)
+    for key, (value, vtype) in scalars.items():
+        writer.add_key_value(f"a.{key}", [value, value], T.ARRAY, sub_type=vtype)
+    writer.add_array("a.tokens", ["Ġ t", "", "ĠĠ", "日本", "\n", "<s>"] * 50)
+    writer.add_array("a.nested", [[1, 2], [3], [4, 5, 6]])
+    writer.add_custom_alignment(64)
+    writer.add_tensor("a.weight", np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    writer.add_tensor(
+        "b.weight", encode(np.ones((3, 64), np.float32), "Q8_0"), raw_dtype=GGMLQuantizationType.Q8_0
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert_header_like_gguf_reader(path)
+    metadata = GGUFFile(path).metadata
+    assert metadata["a.nested"] == [1, 2, 3, 4, 5, 6]  # flattened, as gguf-py flattens nested arrays
+    assert metadata["t.f32"] == float(np.float32(0.1)) and metadata["t.f64"] == 0.1
+    assert GGUFFile(path).tensor_shape("b.weight") == (3, 64)
+
+
+def test_header_parser_matches_gguf_reader(tiny_f32: Path) -> None:
+    assert_header_like_gguf_reader(tiny_f32)
+
+
+def test_header_errors(tmp_path: Path) -> None:
+    def header(version: int, num_tensors: int = 0, num_kv: int = 0) -> bytes:
+        return b"GGUF" + struct.pack("<IQQ", version, num_tensors, num_kv)
+
+    cases = {
+        "v1": (header(1), r"GGUF version 1, expected one of \(2, 3\)"),
+        "short": (header(3)[:12], r"tensor count needs 8 bytes at offset 8, past the end \(12 bytes\)"),
+        "kv": (header(3, 0, 1), r"metadata key needs 8 bytes at offset 24"),
+        "vtype": (header(3, 0, 1) + struct.pack("<QcI", 1, b"k", 99), r"'k': unknown value type 99"),
+        "string": (header(3, 0, 1) + struct.pack("<Q", 1000) + b"k", r"metadata key needs 1000 bytes"),
+        "tensor": (header(3, 1, 0) + struct.pack("<Q", 1) + b"t" + struct.pack("<IQIQ", 1, 64, 0, 0),
+                   r"tensor 't' data ends at byte 320, past the end \(57 bytes\)"),
+        "type": (header(3, 1, 0) + struct.pack("<Q", 1) + b"t" + struct.pack("<IQIQ", 1, 64, 99, 0),
+                 r"tensor 't' has unknown ggml type 99"),
+    }  # fmt: skip
+    for name, (data, message) in cases.items():
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(data)
+        with pytest.raises(
+            CheckpointError, match=rf"{name}\.gguf: unreadable GGUF, truncated or corrupt .*{message}"
+        ):
+            GGUFFile(path)
+    path = tmp_path / "big.gguf"
+    path.write_bytes(b"GGUF" + struct.pack(">IQQ", 3, 0, 0))
+    with pytest.raises(UnsupportedError, match=r"big\.gguf: GGUF byte order differs"):
+        GGUFFile(path)
 
 
 def test_raw_is_zero_copy_and_load_is_a_copy(tiny_f32: Path) -> None:
@@ -328,9 +405,12 @@ def test_smollm2_metadata_and_listing(smollm2_file: GGUFFile) -> None:
     assert set(hf_names(f)) == set(f.tensor_names)
 
 
+def test_smollm2_header_matches_gguf_reader(smollm2: Path) -> None:
+    assert_header_like_gguf_reader(smollm2)  # 49k tokens and merges: the arrays the fast parser is for
+
+
 def test_smollm2_values_match_gguf_reader(smollm2: Path, smollm2_file: GGUFFile) -> None:
-    # gguf's reader on its plain-ndarray buffer (proved equal to GGUFReader above; 3.5 s faster here)
-    upstream = {t.name: t for t in gguf_module._Reader(smollm2).tensors}
+    upstream = {t.name: t for t in GGUFReader(smollm2).tensors}
     f = smollm2_file
     for name in ("blk.0.attn_q.weight", "blk.29.ffn_down.weight", "blk.0.attn_norm.weight"):
         t = upstream[name]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from blazr import LLM
 from blazr.detect import find_weight_files, inspect_checkpoint, resolve_model_path
 from blazr.errors import BlazrError, CheckpointError, UnsupportedError
+from blazr.loading.loader import _NoInit
 from blazr.tokenizer import TokenizerSource, load_tokenizer
 from tests.drive import full_logits
 from tests.tiny import build
@@ -149,3 +152,30 @@ def test_unsupported_architecture_lists_supported(tiny, tmp_path):
 def test_unknown_vocab():
     with pytest.raises(BlazrError, match=r"unknown vocab.*cl100k_base"):
         load_tokenizer(TokenizerSource(vocab_name="no_such_vocab"))
+
+
+def test_embedded_load_does_not_import_dynamo():
+    """Loading the default model and recording its decode plan never imports torch._dynamo (1.8 s of a
+    1-second load): the model is built on meta without torch.nn.init (loading/loader.py) and the capture's
+    dispatch mode opts out of torch's dynamo-disable wrapper (kernels/capture.py). Fresh process: the
+    test session itself may have imported it."""
+    code = (
+        "import sys, blazr\n"
+        "llm = blazr.LLM(cpu=True, max_model_len=256, max_num_seqs=1)\n"
+        "assert llm.runner.decode_plan is not None, 'the decode plan was not captured'\n"
+        "assert sum(p.device.type == 'meta' for p in llm.runner.model.parameters()) == 0\n"
+        "print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "no dynamo"
+
+
+def test_meta_build_skips_init_only_on_meta():
+    """_NoInit leaves torch.nn.init alone on real tensors (a module built outside meta is initialised)."""
+    with _NoInit():
+        w = torch.nn.init.normal_(torch.zeros(64), std=1.0)
+        lin = torch.nn.Linear(8, 8)
+    assert w.abs().sum() > 0 and lin.weight.abs().sum() > 0
+    with torch.device("meta"), _NoInit():
+        assert torch.nn.Embedding(10, 4).weight.device.type == "meta"

@@ -56,6 +56,12 @@ def _where() -> str:
 class _Strict(TorchDispatchMode):
     """Views and allocations only; collects the allocated tensors."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a dynamo-disable, which imports torch._dynamo on the
+        # first op (~1.8 s of a model's load); a capture never runs under torch.compile, so opt out.
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self.allocated: list[torch.Tensor] = []

@@ -1,9 +1,10 @@
 """GGUF files: open, validate, list, and dequantize tensors with our own vectorized torch code.
 
-Owns: parsing a `.gguf` file through `gguf.GGUFReader` (memory-mapped), the checks that turn a missing,
-foreign, truncated or inconsistent file into one-line `CheckpointError`s, zero-copy access to each tensor's
-quantized bytes (`GGUFFile.raw`), block dequantization for the ggml types in `SUPPORTED_TYPES`, and undoing
-llama.cpp's q/k row permutation (the HF names of GGUF tensors: loading/gguf_hf.py).
+Owns: opening a `.gguf` file (memory-mapped; its header parsed by loading/gguf_header.py), the checks that
+turn a missing, foreign, truncated or inconsistent file into one-line `CheckpointError`s, zero-copy access to
+each tensor's quantized bytes (`GGUFFile.raw`), block dequantization for the ggml types in
+`SUPPORTED_TYPES`, and undoing llama.cpp's q/k row permutation (the HF names of GGUF tensors:
+loading/gguf_hf.py).
 
 Memory: a tensor that is copied (dequantized by `load`, or repacked by the caller from `raw`) should not
 stay in this process's resident set as mapped file pages too. `load` reads with `pread` (the map is not
@@ -24,7 +25,6 @@ Shape letters:
 
 from __future__ import annotations
 
-import inspect
 import math
 import mmap
 import os
@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from blazr.errors import CheckpointError, UnsupportedError
+from blazr.loading.gguf_header import ByteOrderError, parse_header
 
 _MAGIC = b"GGUF"
 _QK_K = 256  # values per K-quant super-block
@@ -289,32 +290,6 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------
 
 
-class _Reader(GGUFReader):
-    """GGUFReader that slices a plain-ndarray view of its memmap instead of the memmap itself.
-
-    Every `np.memmap` slice runs `memmap.__getitem__`/`__array_finalize__` (~20 µs), and the reader slices
-    several times per array element: 5.2 s to open SmolLM2 (49k tokens + 49k merges) versus 1.5 s here.
-    The body is upstream's `_get` on another buffer; used only while that private signature is unchanged.
-    """
-
-    def _get(
-        self, offset: int, dtype: Any, count: int = 1, override_order: str | None = None
-    ) -> np.ndarray[Any, Any]:
-        plain = self.__dict__.get("_plain")
-        if plain is None:
-            plain = self._plain = self.data.view(np.ndarray)
-        count = int(count)
-        dt = np.dtype(dtype)
-        arr = plain[offset : offset + dt.itemsize * count].view(dt)[:count]
-        return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
-
-
-_UPSTREAM_GET = ["self", "offset", "dtype", "count", "override_order"]
-_READER: type[GGUFReader] = (
-    _Reader if list(inspect.signature(GGUFReader._get).parameters) == _UPSTREAM_GET else GGUFReader
-)
-
-
 @dataclass(frozen=True)
 class _TensorInfo:
     ggml_type: str
@@ -341,40 +316,31 @@ class GGUFFile:
             raise CheckpointError(
                 f"{self.path}: not a GGUF file (expected magic {_MAGIC!r}, found {magic!r})"
             )
+        # copy-on-write mapping: writable, so torch can wrap it without copying; writes never reach disk
+        with self.path.open("rb") as f:  # not empty: it has the magic
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         try:
-            # copy-on-write mapping: writable, so torch can wrap it without copying; writes never reach disk
-            reader = _READER(self.path, mode="c")
-        except Exception as e:  # the reader raises ValueError/IndexError/KeyError/... on short or bad headers
-            raise CheckpointError(
-                f"{self.path}: unreadable GGUF, truncated or corrupt ({file_size} bytes): "
-                f"{type(e).__name__}: {e}"
-            ) from e
-
-        if reader.byte_order != "I":
+            header = parse_header(self._mmap)
+        except ByteOrderError:
             raise UnsupportedError(
                 f"{self.path}: GGUF byte order differs from this machine's; blazr reads only "
                 "little-endian GGUF"
-            )
-        self.metadata: dict[str, Any] = {}
-        for key, field in reader.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            try:
-                self.metadata[key] = field.contents()
-            except UnicodeDecodeError as e:
-                raise CheckpointError(f"{self.path}: metadata {key!r} is not valid UTF-8 ({e})") from e
-
+            ) from None
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{self.path}: a metadata key or string is not valid UTF-8 ({e})") from e
+        except ValueError as e:
+            raise CheckpointError(
+                f"{self.path}: unreadable GGUF, truncated or corrupt ({file_size} bytes): {e}"
+            ) from e
+        self.metadata: dict[str, Any] = header.metadata
         self._tensors: dict[str, _TensorInfo] = {}
-        for t in reader.tensors:
-            ggml_type = t.tensor_type.name
-            shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-            self._tensors[t.name] = _TensorInfo(
-                ggml_type, shape, int(t.data_offset), _num_bytes(ggml_type, shape)
-            )
+        for t in header.tensors:
+            ggml_type = GGMLQuantizationType(t.ggml_type).name
+            shape = tuple(reversed(t.dims))
+            self._tensors[t.name] = _TensorInfo(ggml_type, shape, t.offset, _num_bytes(ggml_type, shape))
         self._check_ranges(file_size)
         self.tensor_names: list[str] = list(self._tensors)
-        self._buf = torch.from_numpy(reader.data.view(np.ndarray))  # the whole file as uint8, zero-copy
-        self._mmap: mmap.mmap | None = getattr(reader.data, "_mmap", None)  # numpy's memmap keeps it here
+        self._buf = torch.from_numpy(np.frombuffer(self._mmap, np.uint8))  # the whole file, zero-copy
 
     def _check_ranges(self, file_size: int) -> None:
         """Every tensor's bytes inside the file, and none running into the next one."""
@@ -447,7 +413,7 @@ class GGUFFile:
         page = mmap.PAGESIZE
         start = -(-info.offset // page) * page
         end = (info.offset + info.num_bytes) // page * page
-        if self._mmap is not None and end > start and hasattr(mmap, "MADV_DONTNEED"):
+        if end > start and hasattr(mmap, "MADV_DONTNEED"):
             self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def load(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:

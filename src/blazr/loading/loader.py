@@ -19,8 +19,11 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
 
 from blazr import kernels
@@ -48,6 +51,27 @@ def open_source(ckpt: Checkpoint) -> TensorSource:
     return SafetensorsCheckpoint(list(ckpt.weight_files))
 
 
+class _NoInit(TorchFunctionMode):
+    """Skips `torch.nn.init` calls (modules' random init in `reset_parameters`) while the model is built on
+    meta, where they would make no values anyway: torch's meta `normal_` / `uniform_` are Python references
+    behind a dynamo-disable wrapper whose first call imports torch._dynamo (~1.8 s, most of a small model's
+    load)."""
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: object,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            tensor = args[0] if args else kwargs["tensor"]
+            if tensor.device.type == "meta":
+                return tensor
+        return func(*args, **kwargs)
+
+
 def load_model(
     ckpt: Checkpoint,
     device: torch.device,
@@ -61,7 +85,7 @@ def load_model(
     `show_progress`: a progress bar on stderr for loads that take more than a second."""
     check_mode(quantize, device, dtype)
     t0 = time.perf_counter()
-    with torch.device("meta"):
+    with torch.device("meta"), _NoInit():
         model = CausalLM(ckpt.config, max_len)
     source = open_source(ckpt)
     names = name_map_for(ckpt.format, ckpt.config)
