@@ -110,6 +110,34 @@ def test_filtered_distribution_matches_the_reference(kw):
             assert got[i] == pytest.approx(want[i], rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.parametrize(
+    "kw, scale",
+    [
+        (dict(temperature=1.0, top_p=0.95, top_k=0), 0.05),  # flat: the nucleus needs most of V (K grows)
+        (dict(temperature=1.0, top_p=0.9, top_k=0), 6.0),  # peaked: it fits in the first candidates
+        (dict(temperature=0.8, top_p=0.5, top_k=3000), 0.05),  # top-k above the first try, top-p inside it
+        (dict(temperature=1.0, top_p=0.7, min_p=0.3, top_k=0), 0.5),
+    ],
+)
+def test_top_p_over_a_large_vocabulary_matches_the_reference(kw, scale):
+    """The sampler ranks only as many candidates as top-p needs (growing the set when the nucleus does
+    not fit): the kept set and its probabilities equal the full-sort reference."""
+    big = 20_000
+    torch.manual_seed(2)
+    logits = torch.randn(2, big) * scale
+    params = SamplingParams(**kw)
+    probs, ids = filtered_distribution(logits, [_row(params, [0], [], set()) for _ in range(2)])
+    for b in range(2):
+        total = float(probs[b].sum())
+        got = {i: q / total for q, i in zip(probs[b].tolist(), ids[b].tolist(), strict=True) if q > 0}
+        want = reference_distribution(logits[b].tolist(), params)
+        assert set(got) == set(want)
+        for i in want:
+            assert got[i] == pytest.approx(want[i], rel=1e-3, abs=1e-7)
+    if scale < 0.1 and params.top_k == 0:
+        assert probs.shape[1] > 1000  # the nucleus was larger than the first try
+
+
 def test_seeded_draws_follow_the_distribution_and_are_batch_invariant():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * 4]))
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)

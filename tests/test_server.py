@@ -152,6 +152,32 @@ def test_stream_completion_with_usage(smol):
     assert all(c.choices[0].finish_reason is None for c in body[:-1])
 
 
+def test_stream_continuous_usage_as_guidellm_sends_it(smol):
+    """guidellm's request (vLLM's `continuous_usage_stats`, `ignore_eos`, `stop: null`): every chunk carries
+    the usage so far, counting each choice's tokens; the last chunk the totals; the text as unstreamed."""
+    for path, body, text_of in [
+        ("/v1/completions", {"prompt": PROMPT}, lambda c: c["text"]),
+        ("/v1/chat/completions", {"messages": CHAT}, lambda c: c["delta"].get("content", "")),
+    ]:
+        body = {"model": SMOL, **body, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stop": None}
+        whole = smol.post(path, json=body).json()
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        r = smol.post(path, json={**body, "stream": True, "stream_options": options})
+        events = [json.loads(e[6:]) for e in r.text.split("\n\n") if e and e != "data: [DONE]"]
+        *chunks, last = events
+        assert last["choices"] == [] and last["usage"] == whole["usage"]
+        prompt_tokens = whole["usage"]["prompt_tokens"]
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        assert all(c["usage"]["prompt_tokens"] == prompt_tokens for c in chunks)
+        assert all(
+            c["usage"]["total_tokens"] == prompt_tokens + n for c, n in zip(chunks, counts, strict=True)
+        )
+        assert counts == sorted(counts) and counts[-1] == 12 == whole["usage"]["completion_tokens"]
+        first = whole["choices"][0]
+        want = first["text"] if "text" in first else first["message"]["content"]
+        assert "".join(text_of(c["choices"][0]) for c in chunks) == want
+
+
 def test_stream_without_usage_has_no_usage_key(smol):
     r = smol.post("/v1/completions", json={"model": SMOL, "prompt": PROMPT, "max_tokens": 3, "stream": True})
     events = [e for e in r.text.split("\n\n") if e]

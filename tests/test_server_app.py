@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 from fastapi.testclient import TestClient
 
-from blazr.engine.async_engine import AsyncEngine, EngineRequest
+from blazr.engine.async_engine import AsyncEngine, EngineRequest, RequestFailedError
 from blazr.engine.engine import QueueFullError, SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.errors import BlazrError
@@ -237,6 +237,43 @@ def test_closing_a_stream_early_aborts_its_requests():
             assert sorted(engine.aborted) == ["a", "b"]
             with pytest.raises(BlazrError, match="too long"):
                 await async_engine.generate([EngineRequest("c", [1] * 60, params)])
+        finally:
+            async_engine.shutdown()
+
+    asyncio.run(go())
+
+
+def test_stream_batches_hold_whole_steps_and_an_error_comes_after_the_outputs_before_it():
+    """A reader that falls behind gets everything delivered so far in one batch (the server writes it at
+    once), in the engine's order; a request's failure is raised after the outputs that preceded it."""
+    engine = FakeEngine()
+
+    async def go() -> None:
+        async_engine = AsyncEngine(engine)  # type: ignore[arg-type]
+        async_engine.start()
+        try:
+            params = SamplingParams(max_tokens=4)
+            stream = await async_engine.generate([EngineRequest(r, [1], params) for r in "abc"])
+            await asyncio.sleep(0.2)  # the engine finishes all four steps (2 ms each) meanwhile
+            batches = [batch async for batch in stream.batches()]
+            assert len(batches) == 1 and len(batches[0]) == 12
+            for r in "abc":
+                mine = [o for o in batches[0] if o.request_id == r]
+                assert [o.num_output_tokens for o in mine] == [1, 2, 3, 4] and mine[-1].finished
+
+            stream = await async_engine.generate(
+                [EngineRequest("d", [1], SamplingParams(max_tokens=50)), EngineRequest("e", [FAIL], params)]
+            )
+            it = stream.batches().__aiter__()  # d's first token and e's failure came in one step
+            first = await it.__anext__()
+            assert [(o.request_id, o.num_output_tokens) for o in first] == [("d", 1)]
+            with pytest.raises(RequestFailedError):
+                await it.__anext__()
+            for _ in range(500):
+                if "d" in engine.aborted:
+                    break
+                await asyncio.sleep(0.01)
+            assert "d" in engine.aborted  # the rest of the failed group is aborted
         finally:
             async_engine.shutdown()
 

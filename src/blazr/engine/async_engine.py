@@ -13,7 +13,9 @@ Admission is counted in sequences (n per request): the engine holds at most `max
 that needs more than that at once can never run (BlazrError).
 
 The engine thread applies queued adds/aborts between steps, runs `step()` while there is work and sleeps
-on a condition when idle. Outputs go to the group's asyncio.Queue through `call_soon_threadsafe`. Leaving a
+on a condition when idle. A step's outputs go to their groups' asyncio.Queues in one `call_soon_threadsafe`
+per event loop (one wake-up per step, not per token); `RequestStream.batches()` hands a reader everything
+already delivered, so a server can answer a step's tokens in one write. Leaving a
 stream early (client disconnect, cancellation, `aclose()`) aborts its unfinished requests, which frees
 their cache blocks and state slots at the next step boundary.
 
@@ -127,16 +129,37 @@ class RequestStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[SeqOutput]:
+        async for batch in self.batches():
+            for out in batch:
+                yield out
+
+    async def batches(self) -> AsyncIterator[list[SeqOutput]]:
+        """The outputs in batches: each waits for one, then takes every output already delivered (one
+        engine step's worth, or more when the reader fell behind), so a reader can answer them in one
+        write. An engine error is raised after the outputs that came before it."""
+        queue = self._group.queue
+        error: BaseException | None = None  # met after some outputs: raised once they are delivered
         try:
             while self._remaining:
-                item = await self._group.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, SeqOutput)
-                if item.finished:
-                    self._remaining -= 1
-                    self._unfinished[item.request_id] -= 1
-                yield item
+                if error is not None:
+                    raise error
+                batch: list[SeqOutput] = []
+                item = await queue.get()
+                while True:
+                    if isinstance(item, BaseException):
+                        if not batch:
+                            raise item
+                        error = item
+                        break
+                    assert isinstance(item, SeqOutput)
+                    batch.append(item)
+                    if item.finished:
+                        self._remaining -= 1
+                        self._unfinished[item.request_id] -= 1
+                    if not self._remaining or queue.empty():
+                        break
+                    item = queue.get_nowait()
+                yield batch
         finally:
             self.abort()
 
@@ -172,6 +195,7 @@ class AsyncEngine:
         self._aborts: list[str] = []
         self._cancel: BaseException | None = None  # cancel_all() asked: fail every request with this
         self._live: dict[str, _Live] = {}  # request id → its state (engine thread only)
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[_Group, object]]] = {}  # (engine thread)
         self._num_seqs = 0  # sequences (Σ n) of the requests accepted and not finished (under _cv)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="blazr-engine", daemon=True)
@@ -305,8 +329,10 @@ class AsyncEngine:
                     self._abort(rid)
                 if cancel is not None:
                     self._cancel_live(cancel)
+                self._flush()  # acceptances and cancellations before the step runs
                 for out in self.engine.step():
                     self._deliver(out)
+                self._flush()
             self._fail_all(EngineDeadError("the server is shutting down"))
         except BaseException as e:  # the loop cannot go on: fail every stream instead of hanging it
             log.critical("the engine loop stopped", exc_info=e)
@@ -316,21 +342,34 @@ class AsyncEngine:
             if self.on_fatal is not None:
                 self.on_fatal(e)
 
+    def _post(self, group: _Group, item: object) -> None:
+        """Queue `item` for `group`'s stream; sent with the rest of the step's items by `_flush`."""
+        self._outbox.setdefault(group.loop, []).append((group, item))
+
+    def _flush(self) -> None:
+        """Hand the items posted since the last flush to their event loops: one wake-up per loop and step,
+        not one per token."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed (shutdown): nobody to tell
+                loop.call_soon_threadsafe(_dispatch, items)
+
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:
             pending, self._adds = self._adds, []
             self._num_seqs = 0
         groups = {id(g): g for g in [*(live.group for live in self._live.values()), *pending]}
         for g in groups.values():
-            _put(g, error)
+            self._post(g, error)
         self._live.clear()
+        self._flush()
 
     def _cancel_live(self, error: BaseException) -> None:
         """Abort every live request (its cache freed) and fail its stream with `error`."""
         for rid in list(self._live):
             live = self._live[rid]
             self._abort(rid)
-            _put(live.group, error)
+            self._post(live.group, error)
 
     def _release(self, num_seqs: int) -> None:
         """`num_seqs` accepted sequences finished (or were aborted): room for as many new ones."""
@@ -348,11 +387,11 @@ class AsyncEngine:
                 self.engine.abort_request(rid)
             with self._cv:
                 self._num_seqs -= sum(r.params.n for r in group.requests)
-            _put(group, e)
+            self._post(group, e)
             return
         for r in group.requests:
             self._live[r.request_id] = _Live(group, group.submitted, len(r.prompt_ids), r.params.n)
-        _put(group, _ACCEPTED)
+        self._post(group, _ACCEPTED)
 
     def _abort(self, request_id: str) -> None:
         outs = self.engine.abort_request(request_id)  # not delivered: nobody is listening any more
@@ -371,12 +410,12 @@ class AsyncEngine:
         if out.finish_reason == "error":  # the engine logged why; the client gets the request id
             del self._live[out.request_id]
             self._release(live.num_seqs)
-            _put(live.group, RequestFailedError(out.request_id))
+            self._post(live.group, RequestFailedError(out.request_id))
             if self.observer is not None:
                 e2e = time.monotonic() - live.submitted
                 self.observer.on_finished("error", e2e, live.num_prompt_tokens, live.num_generated)
             return
-        _put(live.group, out)
+        self._post(live.group, out)
         now = time.monotonic()
         obs = self.observer
         if out.token_ids:
@@ -403,6 +442,7 @@ class AsyncEngine:
                     obs.on_finished(reason, now - live.submitted, live.num_prompt_tokens, live.num_generated)
 
 
-def _put(group: _Group, item: object) -> None:
-    with contextlib.suppress(RuntimeError):  # the caller's loop is closed (shutdown): nobody to tell
-        group.loop.call_soon_threadsafe(group.queue.put_nowait, item)
+def _dispatch(items: list[tuple[_Group, object]]) -> None:
+    """On the event loop: one engine step's items into their streams' queues."""
+    for group, item in items:
+        group.queue.put_nowait(item)

@@ -58,6 +58,7 @@ Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: the usage so far on every chunk (with include_usage)
 
 
 class SamplingFields(_Request):

@@ -27,7 +27,6 @@ from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel
 
 from blazr.engine.async_engine import (
     AsyncEngine,
@@ -39,7 +38,8 @@ from blazr.engine.engine import QueueFullError, SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.sequence import TokenLogprob
 from blazr.errors import BlazrError
-from blazr.server import protocol
+from blazr.server import chunks, protocol
+from blazr.server.chunks import ChunkEncoder, usage_mode
 from blazr.server.errors import APIError
 from blazr.server.middleware import request_id
 from blazr.server.protocol import CompletionLogprobsWriter, PromptInput, bad_request
@@ -61,7 +61,7 @@ from blazr.server.schemas import (
     ModelList,
     Usage,
 )
-from blazr.server.transport import run_until_disconnect, sse_response, without_usage
+from blazr.server.transport import run_until_disconnect, sse_response
 from blazr.tokenizer import Tokenizer
 
 log = logging.getLogger("blazr.server")
@@ -329,32 +329,42 @@ class _CompletionJob:
             usage=self.usage(sum(s.num_tokens for s in states)),
         )
 
-    async def events(self, stream: RequestStream) -> AsyncIterator[BaseModel]:
+    async def events(self, stream: RequestStream) -> AsyncIterator[bytes]:
+        """The SSE events: one write per engine step's worth of outputs."""
+        mode = usage_mode(self.req.stream_options)
+        enc = ChunkEncoder(CompletionChunk, self.id, self.created, self.model, mode)
         states = [_Choice() for _ in self.choices()]
-        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
-        num_generated = 0
         try:
-            async for out in stream:
-                state = states[self.prompt_of[out.request_id] * self.n + out.index]
-                index, text, lps = self._piece(out, state)
-                num_generated += self._num_new(out)
-                has_lps = lps is not None and bool(lps.tokens)
-                if not (text or has_lps or out.finished):
-                    continue
-                reason = ("length" if self.echo_only else out.finish_reason) if out.finished else None
-                choice = CompletionChoice(index=index, text=text, logprobs=lps, finish_reason=reason)  # type: ignore[arg-type]
-                chunk = CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
-                yield without_usage(chunk, include_usage)
+            async for batch in stream.batches():
+                parts: list[bytes] = []
+                for out in batch:
+                    p = self.prompt_of[out.request_id]
+                    state = states[p * self.n + out.index]
+                    index, text, lps = self._piece(out, state)
+                    state.num_tokens += self._num_new(out)
+                    has_lps = lps is not None and bool(lps.tokens)
+                    if not (text or has_lps or out.finished):
+                        continue
+                    so_far = None
+                    if mode == "continuous":
+                        so_far = chunks.usage(len(self.prompts[p].ids), state.num_tokens)
+                    if lps is None and not out.finished:
+                        parts.append(enc.text(index, text, so_far))
+                        continue
+                    reason = ("length" if self.echo_only else out.finish_reason) if out.finished else None
+                    choice = CompletionChoice(index=index, text=text, logprobs=lps, finish_reason=reason)  # type: ignore[arg-type]
+                    parts.append(enc.event(self._chunk([choice], so_far)))
+                if parts:
+                    yield b"".join(parts)
         finally:
             stream.abort()
-        if include_usage:
-            yield CompletionChunk(
-                id=self.id,
-                created=self.created,
-                model=self.model,
-                choices=[],
-                usage=self.usage(num_generated),
-            )
+        if mode != "off":
+            yield enc.event(self._chunk([], self.usage(sum(s.num_tokens for s in states))))
+
+    def _chunk(self, choices: list[CompletionChoice], usage: Usage | None) -> CompletionChunk:
+        return CompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
 
 
 # ------------------------------------------------------------------------------------------------- chat
@@ -416,33 +426,40 @@ class _ChatJob:
             usage=self.usage(sum(s.num_tokens for s in states)),
         )
 
-    def _chunk(self, choices: list[ChatChunkChoice], include_usage: bool) -> BaseModel:
-        chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices)
-        return without_usage(chunk, include_usage)
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
 
-    async def events(self, stream: RequestStream) -> AsyncIterator[BaseModel]:
-        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
-        num_generated = 0
+    async def events(self, stream: RequestStream) -> AsyncIterator[bytes]:
+        """The SSE events: the role first (as OpenAI sends it), then one write per engine step's worth."""
+        mode = usage_mode(self.req.stream_options)
+        enc = ChunkEncoder(ChatCompletionChunk, self.id, self.created, self.model, mode)
+        n_prompt = len(self.prompt_ids)
+        num_tokens = [0] * self.req.n
         try:
-            for i in range(self.req.n):  # the role first, as OpenAI does
+            zero = chunks.usage(n_prompt, 0) if mode == "continuous" else None
+            for i in range(self.req.n):
                 delta = DeltaMessage(role="assistant", content="")
-                yield self._chunk([ChatChunkChoice(index=i, delta=delta)], include_usage)
-            async for out in stream:
-                num_generated += len(out.token_ids)
-                lps = self._logprobs(out.logprobs) if out.logprobs else None
-                if not (out.text or lps or out.finished):
-                    continue
-                delta = DeltaMessage(content=out.text or None)
-                reason = out.finish_reason if out.finished else None
-                choice = ChatChunkChoice(index=out.index, delta=delta, logprobs=lps, finish_reason=reason)  # type: ignore[arg-type]
-                yield self._chunk([choice], include_usage)
+                yield enc.event(self._chunk([ChatChunkChoice(index=i, delta=delta)], zero))
+            async for batch in stream.batches():
+                parts: list[bytes] = []
+                for out in batch:
+                    num_tokens[out.index] += len(out.token_ids)
+                    lps = self._logprobs(out.logprobs) if out.logprobs else None
+                    if not (out.text or lps or out.finished):
+                        continue
+                    so_far = chunks.usage(n_prompt, num_tokens[out.index]) if mode == "continuous" else None
+                    if lps is None and not out.finished:
+                        parts.append(enc.text(out.index, out.text, so_far))
+                        continue
+                    delta = DeltaMessage(content=out.text or None)
+                    reason = out.finish_reason if out.finished else None
+                    choice = ChatChunkChoice(index=out.index, delta=delta, logprobs=lps, finish_reason=reason)  # type: ignore[arg-type]
+                    parts.append(enc.event(self._chunk([choice], so_far)))
+                if parts:
+                    yield b"".join(parts)
         finally:
             stream.abort()
-        if include_usage:
-            yield ChatCompletionChunk(
-                id=self.id,
-                created=self.created,
-                model=self.model,
-                choices=[],
-                usage=self.usage(num_generated),
-            )
+        if mode != "off":
+            yield enc.event(self._chunk([], self.usage(sum(num_tokens))))

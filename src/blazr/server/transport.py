@@ -1,7 +1,7 @@
-"""How an answer reaches the client: Server-Sent Events framing (`data: {chunk}\\n\\n` … `data: [DONE]\\n\\n`,
-an error after the first byte as an SSE `error` event before `[DONE]`, chunks without `usage` unless the
-client asked for it), a non-streaming answer raced against the client's disconnect (499, requests aborted),
-and the API error each engine-side exception becomes (500 with the request id, or 503 on shutdown)."""
+"""How an answer reaches the client: Server-Sent Events (the chunks' bytes from chunks.py, then
+`data: [DONE]\\n\\n`; an error after the first byte as an SSE `error` event before `[DONE]`), a
+non-streaming answer raced against the client's disconnect (499, requests aborted), and the API error each
+engine-side exception becomes (500 with the request id, or 503 on shutdown)."""
 
 from __future__ import annotations
 
@@ -44,31 +44,13 @@ def engine_error(error: BaseException, rid: str) -> APIError | None:
     return None
 
 
-def without_usage(chunk: BaseModel, include_usage: bool) -> BaseModel:
-    """OpenAI sends `usage: null` on every chunk only when stream_options.include_usage is set."""
-    return chunk if include_usage else _NoUsage.model_construct(inner=chunk)
-
-
-class _NoUsage(BaseModel):
-    """Marker wrapper: serialise the inner chunk without its `usage` key."""
-
-    inner: BaseModel
-
-
-def _sse_data(event: BaseModel) -> bytes:
-    if isinstance(event, _NoUsage):
-        text = event.inner.model_dump_json(exclude={"usage"})
-    else:
-        text = event.model_dump_json()
-    return b"data: " + text.encode() + b"\n\n"
-
-
-async def _sse(events: AsyncIterator[BaseModel], stream: RequestStream, rid: str) -> AsyncIterator[bytes]:
-    """SSE framing; an error after the stream started becomes an error event (the openai client raises
-    it), then `[DONE]`. However this generator ends (done, cancelled, closed), unfinished requests abort."""
+async def _sse(events: AsyncIterator[bytes], stream: RequestStream, rid: str) -> AsyncIterator[bytes]:
+    """SSE framing around `events` (each one or more whole `data:` events, chunks.py); an error after the
+    stream started becomes an error event (the openai client raises it), then `[DONE]`. However this
+    generator ends (done, cancelled, closed), unfinished requests abort."""
     try:
-        async for event in events:
-            yield _sse_data(event)
+        async for data in events:
+            yield data
     except APIError as e:
         yield _sse_error(e)
     except BlazrError as e:
@@ -88,7 +70,7 @@ def _sse_error(error: APIError) -> bytes:
     return b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
 
 
-def sse_response(events: AsyncIterator[BaseModel], stream: RequestStream, rid: str) -> StreamingResponse:
+def sse_response(events: AsyncIterator[bytes], stream: RequestStream, rid: str) -> StreamingResponse:
     return StreamingResponse(_sse(events, stream, rid), media_type="text/event-stream", headers=SSE_HEADERS)
 
 

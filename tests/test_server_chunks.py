@@ -1,0 +1,81 @@
+"""The prebuilt text-delta chunk (server/chunks.py) against its reference, the pydantic schemas: byte for
+byte, for both endpoints, every usage mode, and texts that need JSON escaping."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from blazr.server.chunks import ChunkEncoder, usage, usage_mode
+from blazr.server.schemas import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    CompletionChoice,
+    CompletionChunk,
+    DeltaMessage,
+    StreamOptions,
+)
+
+TEXTS = [
+    "",
+    " hello",
+    'quote " backslash \\ slash /',
+    "".join(chr(c) for c in range(32)),  # every control character
+    "\x7f del, \u2028 line separator, \u2029 paragraph",
+    "naïve café — 東京 🚀 \U0001f600",
+    "</script><!-- & ' < >",
+    "\ud7ff\ue000\uffff",
+]
+
+
+def _random_texts(n: int) -> list[str]:
+    rng = random.Random(0)
+    pool = [chr(c) for c in (*range(0, 200), *range(0x370, 0x3FF), 0x2028, 0x4E2D, 0x1F680, 0xFFFD)]
+    return ["".join(rng.choice(pool) for _ in range(rng.randint(1, 12))) for _ in range(n)]
+
+
+def _reference(kind: type, rid: str, model: str, index: int, text: str, u: object) -> object:
+    if kind is ChatCompletionChunk:
+        choice = ChatChunkChoice(index=index, delta=DeltaMessage(content=text))
+    else:
+        choice = CompletionChoice(index=index, text=text)
+    return kind(id=rid, created=1732400000, model=model, choices=[choice], usage=u)
+
+
+@pytest.mark.parametrize("kind", [ChatCompletionChunk, CompletionChunk])
+@pytest.mark.parametrize("mode", ["off", "final", "continuous"])
+def test_text_chunk_equals_the_schema_dump(kind: type, mode: str) -> None:
+    for rid, model in [("chatcmpl-abc123", "SmolLM2"), ('id "quoted" \\', "modèle/名前")]:
+        enc = ChunkEncoder(kind, rid, 1732400000, model, mode)  # type: ignore[arg-type]
+        for i, text in enumerate([*TEXTS, *_random_texts(200)]):
+            index = i % 3
+            u = usage(17, i + 1) if mode == "continuous" else None
+            fast = enc.text(index, text, u)
+            ref = enc.event(_reference(kind, rid, model, index, text, u))  # type: ignore[arg-type]
+            assert fast == ref, (text, fast, ref)
+            body = json.loads(fast.removeprefix(b"data: ").removesuffix(b"\n\n"))
+            got = (
+                body["choices"][0]["delta"]["content"]
+                if kind is ChatCompletionChunk
+                else body["choices"][0]["text"]
+            )
+            assert got == text
+            assert ("usage" in body) == (mode != "off")
+
+
+def test_event_usage_key_follows_the_mode() -> None:
+    chunk = CompletionChunk(id="x", created=1, model="m", choices=[], usage=usage(3, 4))
+    off = ChunkEncoder(CompletionChunk, "x", 1, "m", "off").event(chunk)
+    final = ChunkEncoder(CompletionChunk, "x", 1, "m", "final").event(chunk)
+    assert b"usage" not in off
+    assert json.loads(final[6:])["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+def test_usage_mode_from_stream_options() -> None:
+    assert usage_mode(None) == "off"
+    assert usage_mode(StreamOptions()) == "off"
+    assert usage_mode(StreamOptions(continuous_usage_stats=True)) == "off"  # only with include_usage
+    assert usage_mode(StreamOptions(include_usage=True)) == "final"
+    assert usage_mode(StreamOptions(include_usage=True, continuous_usage_stats=True)) == "continuous"
