@@ -30,7 +30,7 @@ from blazr.kernels.calls import (
     _pool_ptrs,
     _rows_ptr,
 )
-from blazr.kernels.quant import BLOCK_BYTES, QK, ROW_GROUP, QuantizedWeight, check_blocks
+from blazr.kernels.quant import BLOCK_BYTES, QK, ROW_GROUP, QuantizedWeight, check_blocks, check_quantize
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
@@ -38,6 +38,7 @@ _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, 
               "f32": 2, "bf16": 3}  # fmt: skip
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
+_ELEMENT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # BLZ_KV_F32 / BF16 / F16
 _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "kmix": 6,
                "f32": 0, "bf16": 0}  # fmt: skip
 
@@ -64,6 +65,9 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         lib.blz_pack_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                         ctypes.c_void_p, ctypes.c_int]  # fmt: skip
         lib.blz_pack_blocks.restype = ctypes.c_int
+        lib.blz_quantize_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+        lib.blz_quantize_blocks.restype = ctypes.c_int
         self._call_many = lib.blz_call_many
         self._call_many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._call_many.restype = ctypes.c_int
@@ -183,6 +187,21 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         rc = self.lib.blz_pack_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
                                       out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "pack_blocks")
+        return out
+
+    def quantize_blocks(self, kind: str, w: torch.Tensor) -> torch.Tensor:
+        """`quant.quantize_reference` in C (a direct call, never recorded): a float weight [N, K] (f32, bf16
+        or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes]."""
+        check_quantize(kind, w)
+        if not w.is_cpu or w.dtype not in _ELEMENT_CODES:
+            raise UnsupportedInput(f"quantize_blocks: a CPU f32 / bf16 / f16 weight expected, found "
+                                   f"{w.dtype} on {w.device}")  # fmt: skip
+        src = w.detach().contiguous()
+        n, k = src.shape
+        out = torch.empty(-(-n // ROW_GROUP), ROW_GROUP * k // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        rc = self.lib.blz_quantize_blocks(_KIND_CODES[kind], src.data_ptr(), _ELEMENT_CODES[src.dtype], n, k,
+                                          out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "quantize_blocks")
         return out
 
     def rms_norm(

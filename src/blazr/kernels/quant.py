@@ -32,7 +32,9 @@ q4_0's row-packed 9.5-12 (once the kernel prefetches the rows after its tile: th
 8 interleaved streams), and 512-row prefill 64-100 GFLOP/s against torch's float32 sgemm at 52-62.
 
 `quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
-quantizers) byte for byte for the 32-block kinds (ggml's K-quant quantizers search scales iteratively; the
+quantizers) byte for byte for the 32-block kinds — in C (csrc/quantize.c, straight into the packed layout)
+when the kernel library is loaded, else `quantize_reference` in torch; the same bytes
+(tests/test_quantize_kernel.py) (ggml's K-quant quantizers search scales iteratively; the
 tests take K-quant weights from llama.cpp's own quantizer, or `random_kquant`); `dequantize` reproduces
 `gguf.quants.dequantize` for every kind. `quantize_q8_k` is the K-quant kernels' activation rounding (ggml's
 Q8_K), in torch.
@@ -287,20 +289,44 @@ def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
     return v.to(torch.float16).view(torch.uint8)  # [n, 1] f16 → [n, 2]
 
 
-def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
-    """Quantize a float weight [N, K] to `kind` (ggml's rounding rules for the block kinds)."""
-    if w.dim() != 2:
-        raise ValueError(f"quantize: expected a 2-D weight [N, K], found shape {list(w.shape)}")
-    n, k = w.shape
-    if kind in FLOAT_KINDS:
-        return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
+def check_quantize(kind: str, w: torch.Tensor) -> None:
+    """ValueError unless `w` is a 2-D weight [N, K] that block kind `kind` can quantize (K a positive
+    multiple of 32)."""
     if kind not in BLOCK_BYTES:
         raise ValueError(
             f"quantize: kind {kind!r}, expected one of {(*BLOCK_KINDS, *FLOAT_KINDS)} (K-quant weights come "
             "from GGUF files, or random_kquant)"
         )
-    if k % QK:
-        raise ValueError(f"quantize {kind}: in_features {k} is not a multiple of {QK}")
+    if w.dim() != 2:
+        raise ValueError(f"quantize: expected a 2-D weight [N, K], found shape {list(w.shape)}")
+    if w.shape[1] <= 0 or w.shape[1] % QK:
+        raise ValueError(f"quantize {kind}: in_features {w.shape[1]} is not a positive multiple of {QK}")
+
+
+def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
+    """Quantize a float weight [N, K] to `kind` (ggml's rounding rules for the block kinds): the C quantizer
+    (csrc/quantize.c, straight into the packed layout) when the kernel library is loaded and `w` is an f32 /
+    bf16 / f16 CPU tensor, else `quantize_reference` (the same bytes)."""
+    if w.dim() != 2:
+        raise ValueError(f"quantize: expected a 2-D weight [N, K], found shape {list(w.shape)}")
+    n, k = w.shape
+    if kind in FLOAT_KINDS:
+        return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
+    check_quantize(kind, w)
+    from blazr.kernels import ops  # here, not at the top: ops imports this module
+
+    lib = ops.kernels() if w.is_cpu and w.dtype in (torch.float32, torch.bfloat16, torch.float16) else None
+    if lib is None:
+        return quantize_reference(w, kind)
+    return QuantizedWeight(kind, lib.quantize_blocks(kind, w), n, k)
+
+
+def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
+    """`quantize` in torch: gguf's numpy quantizers' operations on fp32 blocks of 32, then `from_blocks`."""
+    if kind in FLOAT_KINDS:
+        return quantize(w, kind)
+    check_quantize(kind, w)
+    n, k = w.shape
     blocks = w.detach().to("cpu", torch.float32).reshape(-1, QK)  # [n·K/32, 32]
     if kind == "q8_0":
         d = blocks.abs().amax(-1, keepdim=True) / 127

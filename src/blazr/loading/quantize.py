@@ -163,7 +163,7 @@ def quantize_from_file(
                 set_parameter(model, pname, weight)
                 loader.tick()
             else:
-                weight = loader.parameter(pname, shape, torch.bfloat16 if kind == "bf16" else None)
+                weight = loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind))
             qw = quantize(weight, kind)
             del weight
         bias = None
@@ -175,6 +175,16 @@ def quantize_from_file(
             for _ in linear.parameters():
                 loader.tick()
     return made
+
+
+def _read_dtype(loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str) -> torch.dtype | None:
+    """The dtype to read a weight in for quantizing it to `kind`: bf16 for `bf16`; a block kind reads a
+    16-bit (bf16 / f16) weight as stored — the C quantizer widens it exactly, so the bytes are those of its
+    float32 copy, which is never made; else the loader's dtype (None)."""
+    if kind == "bf16":
+        return torch.bfloat16
+    stored = loader.stored_dtype(pname, shape)
+    return stored if stored in (torch.bfloat16, torch.float16) else None
 
 
 def _dense_copy(qw: QuantizedWeight, name: str, dense_dtype: torch.dtype | None) -> torch.Tensor | None:
@@ -212,8 +222,10 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         elif _ISQ_KIND[mode] != "bf16" and any(shape[2] % 32 for _, shape in params):
             continue  # block kinds quantize blocks of 32
         else:
+            kind = _ISQ_KIND[mode]
             stacked = [
-                quantize(loader.parameter(p, shape).flatten(0, 1), _ISQ_KIND[mode]) for p, shape in params
+                quantize(loader.parameter(p, shape, _read_dtype(loader, p, shape, kind)).flatten(0, 1), kind)
+                for p, shape in params
             ]
         try:
             experts.set_stacked(*stacked)  # type: ignore[arg-type]

@@ -94,6 +94,22 @@ class WeightLoader:
         parts, _ = unfuse(self.cfg, pname, shape)
         return [found[0] for p in parts if (found := self.names.source(p.name)) is not None]
 
+    def stored_dtype(self, pname: str, shape: tuple[int, ...]) -> torch.dtype | None:
+        """The one dtype parameter `pname`'s checkpoint tensors are stored in, when it is read as stored (no
+        transform on any part) and the source says (safetensors do); else None."""
+        dtype_of = getattr(self.source, "dtype", None)
+        whole = self.names.source(pname)
+        if whole is not None and whole[0] in self.available:
+            found = [whole]
+        else:
+            found = [self.names.source(p.name) for p in unfuse(self.cfg, pname, shape)[0]]
+        if dtype_of is None or any(
+            f is None or f[1] is not None or f[0] not in self.available for f in found
+        ):
+            return None
+        dtypes = {dtype_of(f[0]) for f in found}  # type: ignore[index]
+        return dtypes.pop() if len(dtypes) == 1 else None
+
     def consume(self, pname: str, shape: tuple[int, ...], is_copied: bool) -> None:
         """Mark the checkpoint tensors of parameter `pname` used (made by another path than `parameter`, e.g.
         a quantized weight from the file's bytes); when their bytes were copied (repacked), drop their mapped

@@ -65,6 +65,7 @@ int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int
                     const float *residual, float *out, int swiglu, int nthreads);
 int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);
 int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads);
+int blz_quantize_blocks(int kind, const void *w, int type, int64_t N, int64_t K, uint8_t *dst, int nthreads);
 int blz_quantize_q8k(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int16_t *bsums);
 int blz_rms_norm(const float *x, const float *w, int64_t M, int64_t D, float eps, float *out, int nthreads);
 int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, const float *w, int64_t M, int64_t D,
@@ -103,6 +104,11 @@ int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_nope, const 
                    int64_t hs_rope, const void *pool, int kv_type, int64_t S, const int64_t *kv_indices,
                    int64_t idx_stride, const int64_t *seq_lens, int64_t B, int64_t H, int64_t Dn, int64_t R,
                    int64_t L, int64_t Dv, const float *w_kvb, float scale, float *out, int nthreads);
+
+/* Internal: pack.c's block size of a 32-block kind (and its per-row header bytes) and its move of one row of
+ * ggml blocks into a 16-row group, shared with quantize.c. */
+int blz_block_bytes(int kind, int *header);
+void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j, uint8_t *group);
 
 /* Internal: the K-quant linear kernel (linear_k.c), blz_linear_q's signature. */
 int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,

@@ -11,7 +11,7 @@
 #include "blazr_kernels.h"
 
 /* Bytes of one ggml block and of its per-row header (d, and m for q4_1); 0 for an unknown kind. */
-static int block_bytes(int kind, int *header) {
+int blz_block_bytes(int kind, int *header) {
     switch (kind) {
     case BLZ_Q4_0: *header = 2; return 18;
     case BLZ_Q4_1: *header = 4; return 20;
@@ -20,9 +20,9 @@ static int block_bytes(int kind, int *header) {
     }
 }
 
-/* One row (or a padding row when `src` is NULL) of a 16-row group into its place in every tile. */
-BLZ_INLINE void pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j,
-                         uint8_t *group) {
+/* One row (or a padding row when `src` is NULL) of a 16-row group into its place in every tile (also
+ * quantize.c's last step). */
+void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j, uint8_t *group) {
     const int64_t tile = (int64_t)16 * bs;
     const int words = (bs - header) / 4; /* 4-byte quant words per row: 4 (4-bit kinds) or 8 (q8_0) */
     uint8_t *t = group;
@@ -50,7 +50,7 @@ BLZ_INLINE void pack_row(const uint8_t *src, int64_t nb, int bs, int header, uin
  * dst, uint8 [⌈N/16⌉, 16 · K/32 · block bytes], every byte written (padding rows included). */
 BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
     int header = 0;
-    const int bs = block_bytes(kind, &header);
+    const int bs = blz_block_bytes(kind, &header);
     if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16;
     const uint32_t flip = kind == BLZ_Q8_0 ? 0x80808080u : 0;
@@ -59,7 +59,7 @@ BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t 
         uint8_t *group = dst + g * 16 * row;
         for (int j = 0; j < 16; ++j) {
             const int64_t n = g * 16 + j;
-            pack_row(n < N ? src + n * row : NULL, nb, bs, header, flip, j, group);
+            blz_pack_row(n < N ? src + n * row : NULL, nb, bs, header, flip, j, group);
         }
     }
     return BLZ_OK;
