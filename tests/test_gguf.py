@@ -7,6 +7,7 @@ real SmolLM2-135M Q4_1 file; and each CheckpointError / UnsupportedError edge.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import mmap
 import struct
@@ -20,8 +21,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 import blazr.loading.gguf as gguf_module
 from blazr.errors import CheckpointError, UnsupportedError
-from blazr.loading.gguf import SUPPORTED_TYPES, GGUFFile, dequantize, unpermute_qk
-from blazr.loading.gguf_header import parse_header
+from blazr.loading.gguf import SUPPORTED_TYPES, GGUFFile, dequantize, dequantize_reference, unpermute_qk
+from blazr.loading.gguf_header import GGML_TYPES, parse_header
 from blazr.loading.gguf_hf import GGUFView
 from tests.gguf_fixtures import (
     encode,
@@ -112,7 +113,8 @@ def tiny_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("qtype", "source"),
     [(t, "quantized") for t in QUANTIZABLE] + [(t, "random bytes") for t in SUPPORTED_TYPES if t != "Q8_K"],
 )
-def test_dequantize_matches_gguf_reference(qtype: str, source: str) -> None:
+@pytest.mark.parametrize("impl", ["dispatch", "reference"])
+def test_dequantize_matches_gguf_reference(qtype: str, source: str, impl: str) -> None:
     shape = (6, 1024)
     if source == "quantized":
         values = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
@@ -122,7 +124,8 @@ def test_dequantize_matches_gguf_reference(qtype: str, source: str) -> None:
         raw = random_blocks(qtype, shape[0] * shape[1], seed=2).reshape(shape[0], -1)
     ref = reference(raw, qtype).reshape(shape)
     assert torch.isfinite(ref).all()
-    ours = dequantize(torch.from_numpy(raw.copy()), qtype, shape)
+    fn = dequantize if impl == "dispatch" else dequantize_reference  # dispatch: C for Q4_0 / Q4_1 / Q8_0
+    ours = fn(torch.from_numpy(raw.copy()), qtype, shape)
     assert ours.dtype == torch.float32 and ours.shape == shape
     assert torch.equal(ours, ref)
 
@@ -146,7 +149,26 @@ def test_dequantize_in_chunks_equals_whole(qtype: str, monkeypatch: pytest.Monke
     assert torch.equal(dequantize(raw, qtype, (40, 256)), whole)
 
 
-def test_dequantize_rejects_bad_input() -> None:
+def test_dequantize_dispatches_to_c(native: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Q4_0 / Q4_1 / Q8_0 go to the C dequantizer when the kernel library is loaded, the rest to torch."""
+    from blazr.kernels import ops
+
+    calls, real = [], ops.Kernels.dequantize_blocks
+
+    def spy(self: ops.Kernels, kind: str, *args: object) -> torch.Tensor:
+        calls.append(kind)
+        return real(self, kind, *args)
+
+    monkeypatch.setattr(ops.Kernels, "dequantize_blocks", spy)
+    for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q6_K", "F16"):
+        raw = torch.from_numpy(random_blocks(qtype, 4 * 256, seed=5))
+        assert torch.equal(dequantize(raw, qtype, (4, 256)), dequantize_reference(raw, qtype, (4, 256)))
+    assert calls == ["q4_0", "q4_1", "q8_0"]
+
+
+@pytest.mark.parametrize("fn", [dequantize, dequantize_reference])
+def test_dequantize_rejects_bad_input(fn) -> None:
+    dequantize = fn
     with pytest.raises(UnsupportedError, match=r"IQ2_XXS cannot be dequantized; supported: F32, F16"):
         dequantize(torch.zeros(66, dtype=torch.uint8), "IQ2_XXS", (256,))
     with pytest.raises(CheckpointError, match=r"Q8_0 tensor of shape \(2, 32\): expected 68 bytes, found 34"):
@@ -312,6 +334,10 @@ def test_header_parser_matches_gguf_reader_on_every_value_type(tmp_path: Path) -
     assert GGUFFile(path).tensor_shape("b.weight") == (3, 64)
 
 
+def test_ggml_type_table_is_ggufs() -> None:
+    assert {t.value: (t.name, *gguf.GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType} == GGML_TYPES
+
+
 def test_header_parser_matches_gguf_reader(tiny_f32: Path) -> None:
     assert_header_like_gguf_reader(tiny_f32)
 
@@ -357,6 +383,51 @@ def test_raw_is_zero_copy_and_load_is_a_copy(tiny_f32: Path) -> None:
     assert f.load(name, torch.bfloat16).dtype == torch.bfloat16
     assert torch.equal(f.load(name, torch.bfloat16), f.load(name).bfloat16())
     assert f.raw("output_norm.weight").shape == (1, 64 * 4)
+
+
+def _gathered(rows: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """The bytes at each row address, [rows, row_bytes]."""
+    return torch.stack([torch.frombuffer(bytearray(ctypes.string_at(int(a), row_bytes)), dtype=torch.uint8)
+                        for a in rows])  # fmt: skip
+
+
+def _expert_file(path: Path, arch: str, qtype: str) -> GGUFView:
+    rng = np.random.default_rng(11)
+    E, I, C = 3, 48, 64
+    tensors = {
+        f"blk.0.ffn_{x}_exps.weight": (
+            rng.standard_normal((E, I, C) if x != "down" else (E, C, I + 16)),
+            qtype,
+        )
+        for x in ("gate", "up", "down")
+    }
+    return GGUFView(GGUFFile(write_gguf(path, tensors, arch=arch)))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_row_addresses_are_the_rows_of_load_raw(qtype: str, tmp_path: Path) -> None:
+    """row_addresses (what the C pack reads in place) points at load_raw's rows, in its order: q/k rows
+    un-permuted (llama), one expert's rows of a stack (deepseek2), an expert's gate then up rows (granite)."""
+    llama = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(seed=9), TINY, qtype=qtype)
+    views = [
+        GGUFView(GGUFFile(llama), [4, 4], [2, 2]),
+        _expert_file(tmp_path / "d.gguf", "deepseek2", qtype),
+        _expert_file(tmp_path / "g.gguf", "granitehybrid", qtype),
+    ]
+    checked = set()
+    for view in views:
+        for name in sorted(view.names):
+            ggml_type, raw = view.load_raw(name)
+            found = view.row_addresses(name)
+            if found is None:
+                assert ggml_type == "F32"  # a recipe that is not whole rows of one type
+                continue
+            assert found[0] == ggml_type and found[1].shape == (raw.shape[0],)
+            assert torch.equal(_gathered(found[1], raw.shape[1]), raw), name
+            checked.add(view.gguf.tensor_type(view.sources(name)[0]))
+            checked.add(name.split(".")[-2] if "experts" not in name else "experts")
+    assert qtype in checked and "q_proj" in checked and "k_proj" in checked
+    assert {"experts", "input_linear"} <= checked
 
 
 # ---------------------------------------------------------------------------------------------- SmolLM2

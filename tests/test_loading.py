@@ -157,18 +157,20 @@ def test_unknown_vocab():
 def test_embedded_load_does_not_import_dynamo():
     """Loading the default model and recording its decode plan never imports torch._dynamo (1.8 s of a
     1-second load): the model is built on meta without torch.nn.init (loading/loader.py) and the capture's
-    dispatch mode opts out of torch's dynamo-disable wrapper (kernels/capture.py). Fresh process: the
-    test session itself may have imported it."""
+    dispatch mode opts out of torch's dynamo-disable wrapper (kernels/capture.py); nor the gguf package
+    (0.15 s: the header is parsed by loading/gguf_header.py). Fresh process: the test session itself may
+    have imported them."""
     code = (
         "import sys, blazr\n"
         "llm = blazr.LLM(cpu=True, max_model_len=256, max_num_seqs=1)\n"
         "assert llm.runner.decode_plan is not None, 'the decode plan was not captured'\n"
         "assert sum(p.device.type == 'meta' for p in llm.runner.model.parameters()) == 0\n"
         "print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo')\n"
+        "print('gguf' if 'gguf' in sys.modules else 'no gguf')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "no dynamo"
+    assert out.stdout.strip().splitlines()[-2:] == ["no dynamo", "no gguf"]  # gguf: loading/gguf_header.py
 
 
 def test_meta_build_skips_init_only_on_meta():

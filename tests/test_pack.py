@@ -1,6 +1,7 @@
 """The C repack of ggml-ordered blocks (csrc/pack.c, `Kernels.pack_blocks`) against `pack_blocks_reference`:
 the same bytes, padding rows included, on the native and the portable (`generic`) builds; `pack_blocks`
-dispatches to it; `unpack_blocks` undoes it; bad sizes are a ValueError."""
+dispatches to it; `unpack_blocks` undoes it; `pack_rows` (rows found by address) packs gathered rows the
+same way; bad sizes are a ValueError."""
 
 from __future__ import annotations
 
@@ -105,3 +106,29 @@ def test_pack_bad_sizes(native: ops.Kernels, pack: str) -> None:
         fn("q4_0", good[:0], 4, 0)
     with pytest.raises(ValueError, match="kind"):
         fn("q4_k", good, 4, 64)
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize(("n", "k"), [(1, 32), (17, 96), (61, 2048)])
+def test_pack_rows_matches_reference(lib: ops.Kernels, kind: str, n: int, k: int) -> None:
+    """pack_rows (each row found by address, here in a shuffled order with repeats) = pack_blocks_reference
+    of the rows gathered in that order."""
+    blocks = _blocks(kind, n + 3, k, seed=2)
+    g = torch.Generator().manual_seed(n)
+    order = torch.cat([torch.randperm(n + 3, generator=g)[: n - 1], torch.zeros(1, dtype=torch.int64)])
+    rows = blocks.data_ptr() + order * blocks.stride(0)
+    want = pack_blocks_reference(kind, blocks[order], n, k)
+    assert torch.equal(lib.pack_rows(kind, rows, n, k), want)
+
+
+def test_pack_rows_bad_inputs(native: ops.Kernels) -> None:
+    blocks = _blocks("q8_0", 4, 64)
+    rows = blocks.data_ptr() + torch.arange(4) * blocks.stride(0)
+    with pytest.raises(ValueError, match=r"int64 CPU row addresses \[5\] expected"):
+        native.pack_rows("q8_0", rows, 5, 64)
+    with pytest.raises(ValueError, match="int64 CPU row addresses"):
+        native.pack_rows("q8_0", rows.int(), 4, 64)
+    with pytest.raises(ValueError, match="positive multiple of 32"):
+        native.pack_rows("q8_0", rows, 4, 48)
+    with pytest.raises(ValueError, match="kind 'q4_k'"):
+        native.pack_rows("q4_k", rows, 4, 64)

@@ -68,6 +68,10 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         lib.blz_quantize_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
                                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
         lib.blz_quantize_blocks.restype = ctypes.c_int
+        lib.blz_pack_rows.argtypes = lib.blz_pack_blocks.argtypes
+        lib.blz_pack_rows.restype = ctypes.c_int
+        lib.blz_dequantize_blocks.argtypes = lib.blz_pack_blocks.argtypes
+        lib.blz_dequantize_blocks.restype = ctypes.c_int
         self._call_many = lib.blz_call_many
         self._call_many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._call_many.restype = ctypes.c_int
@@ -187,6 +191,39 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         rc = self.lib.blz_pack_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
                                       out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "pack_blocks")
+        return out
+
+    def pack_rows(self, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+        """`pack_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each row's
+        ggml blocks (row_bytes each; the caller keeps that memory alive for the call) → uint8
+        [G, 16 · row_bytes], as `pack_blocks_reference` of the gathered rows."""
+        if kind not in BLOCK_BYTES or in_features <= 0 or in_features % QK:
+            raise ValueError(f"pack_rows: kind {kind!r} with in_features {in_features}: a block kind and a "
+                             f"positive multiple of {QK} expected")  # fmt: skip
+        if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
+            raise ValueError(f"pack_rows: int64 CPU row addresses [{out_features}] expected, found "
+                             f"{rows.dtype} {list(rows.shape)}")  # fmt: skip
+        rows = rows.contiguous()
+        g = -(-out_features // ROW_GROUP)
+        out = torch.empty(g, ROW_GROUP * in_features // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        rc = self.lib.blz_pack_rows(_KIND_CODES[kind], rows.data_ptr(), out_features, in_features,
+                                    out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "pack_rows")
+        return out
+
+    def dequantize_blocks(
+        self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int
+    ) -> torch.Tensor:
+        """ggml-ordered blocks of a block kind (N · row_bytes uint8 CPU bytes, any shape) → float32 [N, K],
+        as loading/gguf.py's torch dequantizers and `gguf.quants.dequantize`."""
+        check_blocks(kind, blocks, out_features, in_features)
+        if not blocks.is_cpu:
+            raise UnsupportedInput("dequantize_blocks: the blocks are not on the CPU")
+        src = blocks.contiguous()
+        out = torch.empty(out_features, in_features, dtype=_F32)
+        rc = self.lib.blz_dequantize_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
+                                            out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "dequantize_blocks")
         return out
 
     def quantize_blocks(self, kind: str, w: torch.Tensor) -> torch.Tensor:

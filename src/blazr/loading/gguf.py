@@ -1,4 +1,4 @@
-"""GGUF files: open, validate, list, and dequantize tensors with our own vectorized torch code.
+"""GGUF files: open, validate, list, and dequantize tensors (vectorized torch; Q4_0 / Q4_1 / Q8_0 in C).
 
 Owns: opening a `.gguf` file (memory-mapped; its header parsed by loading/gguf_header.py), the checks that
 turn a missing, foreign, truncated or inconsistent file into one-line `CheckpointError`s, zero-copy access to
@@ -35,10 +35,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from blazr.errors import CheckpointError, UnsupportedError
-from blazr.loading.gguf_header import ByteOrderError, parse_header
+from blazr.loading.gguf_header import GGML_SIZES, GGML_TYPES, ByteOrderError, parse_header
 
 _MAGIC = b"GGUF"
 _QK_K = 256  # values per K-quant super-block
@@ -215,6 +214,7 @@ _KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q8_K": _q8_k,
 }
 SUPPORTED_TYPES: tuple[str, ...] = tuple(_KERNELS)
+_C_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # types csrc/dequantize.c takes
 
 # Blocks per kernel call: bounds the temporaries (a few × chunk × Q × 4 bytes) and keeps them in cache.
 _CHUNK_VALUES = 1 << 20
@@ -222,7 +222,7 @@ _CHUNK_VALUES = 1 << 20
 
 def _type_sizes(ggml_type: str) -> tuple[int, int]:
     """(block size Q, type size S) of a ggml type name."""
-    return GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    return GGML_SIZES[ggml_type]
 
 
 def _num_bytes(ggml_type: str, shape: tuple[int, ...]) -> int:
@@ -234,8 +234,40 @@ def dequantize(raw: torch.Tensor, ggml_type: str, shape: tuple[int, ...]) -> tor
     """The float32 values [*shape] of ggml-encoded bytes `raw` (any shape; contiguous bytes in file order).
 
     `shape` is in torch order, so its last dim is the row length that blocks tile. Always returns a new
-    tensor that owns its memory, even for F32.
+    tensor that owns its memory, even for F32. Q4_0 / Q4_1 / Q8_0 on the CPU go through the C kernel
+    (csrc/dequantize.c) when the kernel library is loaded; `dequantize_reference` is the torch code (the
+    same bits).
     """
+    kind, shape = _C_KINDS.get(ggml_type), tuple(int(s) for s in shape)
+    if kind is not None and raw.is_cpu and len(shape) > 0:
+        from blazr.kernels import ops  # here: loading a GGUF's header needs no kernel library
+
+        lib = ops.kernels()
+        if lib is not None:
+            _check_size(raw, ggml_type, shape)
+            rows = math.prod(shape[:-1])
+            return lib.dequantize_blocks(kind, raw.reshape(-1).view(torch.uint8), rows, shape[-1]).view(shape)
+    return dequantize_reference(raw, ggml_type, shape)
+
+
+def _check_size(raw: torch.Tensor, ggml_type: str, shape: tuple[int, ...]) -> None:
+    """CheckpointError unless `raw` holds exactly the bytes of a `ggml_type` tensor of `shape`."""
+    block_size, _ = _type_sizes(ggml_type)
+    if shape and shape[-1] % block_size != 0:
+        raise CheckpointError(
+            f"{ggml_type} tensor of shape {shape}: row length {shape[-1]} is not a multiple of "
+            f"the block size {block_size}"
+        )
+    num_bytes = _num_bytes(ggml_type, shape)
+    if raw.numel() * raw.element_size() != num_bytes:
+        raise CheckpointError(
+            f"{ggml_type} tensor of shape {shape}: expected {num_bytes} bytes, found "
+            f"{raw.numel() * raw.element_size()}"
+        )
+
+
+def dequantize_reference(raw: torch.Tensor, ggml_type: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """`dequantize` in torch, for every type in `SUPPORTED_TYPES`."""
     kernel = _KERNELS.get(ggml_type)
     if kernel is None:
         raise UnsupportedError(
@@ -243,18 +275,8 @@ def dequantize(raw: torch.Tensor, ggml_type: str, shape: tuple[int, ...]) -> tor
         )
     block_size, type_size = _type_sizes(ggml_type)
     shape = tuple(int(s) for s in shape)
-    if shape and shape[-1] % block_size != 0:
-        raise CheckpointError(
-            f"{ggml_type} tensor of shape {shape}: row length {shape[-1]} is not a multiple of "
-            f"the block size {block_size}"
-        )
-    num_bytes = _num_bytes(ggml_type, shape)
-    data = raw.reshape(-1).view(torch.uint8)
-    if data.numel() != num_bytes:
-        raise CheckpointError(
-            f"{ggml_type} tensor of shape {shape}: expected {num_bytes} bytes, found {data.numel()}"
-        )
-    blocks = data.view(-1, type_size)  # [N, S]
+    _check_size(raw, ggml_type, shape)
+    blocks = raw.reshape(-1).view(torch.uint8).view(-1, type_size)  # [N, S]
     num_blocks = blocks.shape[0]
     chunk = max(1, _CHUNK_VALUES // block_size)
     if num_blocks <= chunk:
@@ -335,7 +357,7 @@ class GGUFFile:
         self.metadata: dict[str, Any] = header.metadata
         self._tensors: dict[str, _TensorInfo] = {}
         for t in header.tensors:
-            ggml_type = GGMLQuantizationType(t.ggml_type).name
+            ggml_type = GGML_TYPES[t.ggml_type][0]
             shape = tuple(reversed(t.dims))
             self._tensors[t.name] = _TensorInfo(ggml_type, shape, t.offset, _num_bytes(ggml_type, shape))
         self._check_ranges(file_size)

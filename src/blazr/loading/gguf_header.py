@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -48,6 +47,21 @@ _SCALARS: dict[int, str] = {
 _NUMPY: dict[int, np.dtype[Any]] = {k: np.dtype("?" if f == "<?" else f) for k, f in _SCALARS.items()}
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 
+# ggml tensor types: id → (name, values per block, bytes per block) — gguf.constants' GGMLQuantizationType and
+# GGML_QUANT_SIZES, kept here so that opening a GGUF does not import the gguf package (~0.15 s with its yaml
+# and metadata modules); tests/test_gguf.py checks the two tables agree.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40), 10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
+    28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
+}  # fmt: skip
+GGML_SIZES: dict[str, tuple[int, int]] = {name: (q, s) for name, q, s in GGML_TYPES.values()}
+
 
 class ByteOrderError(ValueError):
     """The file is a GGUF written for the other byte order."""
@@ -56,7 +70,7 @@ class ByteOrderError(ValueError):
 @dataclass(frozen=True)
 class TensorHeader:
     name: str
-    ggml_type: int  # gguf.GGMLQuantizationType value
+    ggml_type: int  # gguf.GGMLQuantizationType value (GGML_TYPES)
     dims: tuple[int, ...]  # GGUF `ne`: fastest-varying first
     offset: int  # absolute byte offset of the tensor's data in the file
 
@@ -196,10 +210,9 @@ def parse_header(buf: Any) -> GGUFHeader:
     data_offset = -(-c.at // alignment) * alignment
     tensors = []
     for name, dims, t, off in infos:
-        try:
-            block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t)]
-        except ValueError:
-            raise ValueError(f"tensor {name!r} has unknown ggml type {t}") from None
+        if t not in GGML_TYPES:
+            raise ValueError(f"tensor {name!r} has unknown ggml type {t}")
+        _, block_size, type_size = GGML_TYPES[t]
         end = data_offset + off + math.prod(dims) // block_size * type_size
         if end > c.size:
             raise ValueError(f"tensor {name!r} data ends at byte {end}, past the end ({c.size} bytes)")

@@ -336,8 +336,7 @@ class GGUFView:
 
     def _expert_rows(self, r: Recipe) -> torch.Tensor:
         """The stored bytes of expert `r.arg`: its R rows of the stacked [E·R, bytes per row]."""
-        R = r.shape[0]
-        return self.gguf.raw(r.sources[0])[r.arg * R : (r.arg + 1) * R]
+        return self._arrange_rows(r, [self.gguf.raw(r.sources[0])])
 
     def load(self, name: str) -> torch.Tensor:
         """HF tensor `name` as float32, in HF layout (an expert dequantizes only its own rows)."""
@@ -375,20 +374,36 @@ class GGUFView:
         if r.op not in _ROWWISE or len(types) != 1:
             t = self.load(name)
             return "F32", t.reshape(-1, t.shape[-1]).view(torch.uint8)
-        if r.op == EXPERT:
-            raw = self._expert_rows(r)
-        elif r.op == QK:
-            raw = unpermute_qk(self.gguf.raw(r.sources[0]), r.arg)
-        elif r.op == CAT_EXPERTS:  # per expert its gate rows, then its up rows
+        raw = self._arrange_rows(r, [self.gguf.raw(s) for s in r.sources])
+        return types.pop(), raw.contiguous()  # one tensor's rows in order: a view of the file, no copy
+
+    def row_addresses(self, name: str) -> tuple[str, torch.Tensor] | None:
+        """(ggml type, int64 [rows]: the address of each row's stored bytes in the file's map, in HF row
+        order) — `load_raw`'s rows without gathering them (for `pack_rows`) — when HF tensor `name` is whole
+        rows of GGUF tensors of one type; else None. The map lives as long as this view."""
+        r = self._recipes[name]
+        types = {self.gguf.tensor_type(s) for s in r.sources}
+        if r.op not in _ROWWISE or len(types) != 1:
+            return None
+        parts = []
+        for s in r.sources:
+            raw = self.gguf.raw(s)  # [R, bytes per row], contiguous
+            parts.append((raw.data_ptr() + torch.arange(raw.shape[0]) * raw.stride(0)).unsqueeze(1))
+        return types.pop(), self._arrange_rows(r, parts).reshape(-1)
+
+    def _arrange_rows(self, r: Recipe, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The rows of a row-wise recipe from its sources' rows `parts` (each [R, X]: stored bytes, or row
+        addresses as [R, 1])."""
+        if r.op == EXPERT:  # expert `arg`: its R rows of the stacked [E·R, X]
+            R = r.shape[0]
+            return parts[0][r.arg * R : (r.arg + 1) * R]
+        if r.op == QK:
+            return unpermute_qk(parts[0], r.arg)
+        if r.op == CAT_EXPERTS:  # per expert its gate rows, then its up rows
             E = r.shape[0]
-            raws = [self.gguf.raw(s) for s in r.sources]
-            raw = torch.cat([t.reshape(E, -1, t.shape[-1]) for t in raws], dim=1).reshape(
-                -1, raws[0].shape[-1]
-            )
-        else:  # one tensor: a view of the file, no copy
-            raws = [self.gguf.raw(s) for s in r.sources]
-            raw = raws[0] if len(raws) == 1 else torch.cat(raws)
-        return types.pop(), raw.contiguous()
+            rows = [t.reshape(E, -1, t.shape[-1]) for t in parts]
+            return torch.cat(rows, dim=1).reshape(-1, parts[0].shape[-1])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _at(values: Sequence[int], i: int) -> int:

@@ -30,7 +30,17 @@ from torch import nn
 
 from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
-from blazr.kernels.quant import GGML_KINDS, K_KINDS, KQUANT_BYTES, QK_K, QuantizedWeight, dequantize, quantize
+from blazr.kernels import ops as kernel_ops
+from blazr.kernels.quant import (
+    BLOCK_BYTES,
+    GGML_KINDS,
+    K_KINDS,
+    KQUANT_BYTES,
+    QK_K,
+    QuantizedWeight,
+    dequantize,
+    quantize,
+)
 from blazr.loading.names import NameMap, cat_rows, unfuse
 from blazr.loading.weights import TensorSource, WeightLoader, set_parameter
 from blazr.model.model import CausalLM
@@ -116,6 +126,9 @@ def _gguf_blocks(
         sources = [names.source(p.name) for p in parts]
     if any(s is None or s[1] is not None or s[0] not in source.names for s in sources):
         return None
+    packed = _packed_in_place(source, [src for src, _ in sources], shape)
+    if packed is not None:
+        return packed
     raws = [load_raw(src) for src, _ in sources]
     types = {t for t, _ in raws}
     if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
@@ -128,6 +141,30 @@ def _gguf_blocks(
         return None
     data = raws[0][1] if len(raws) == 1 else torch.cat([r.reshape(-1) for _, r in raws])
     return QuantizedWeight.from_ggml(ggml_type, data, math.prod(shape[:-1]), shape[-1])
+
+
+def _packed_in_place(
+    source: TensorSource, names: list[str], shape: tuple[int, ...]
+) -> QuantizedWeight | None:
+    """A block-kind (Q4_0 / Q4_1 / Q8_0) weight [*, K] made of the rows of checkpoint tensors `names`, packed
+    by the C kernel straight from where each row lies in the file's map (`row_addresses`: no gathered copy
+    of fused parts or un-permuted q/k rows); None when the source, the types or the kernel library do not
+    allow it (the caller then gathers the rows with `load_raw`)."""
+    row_addresses = getattr(source, "row_addresses", None)
+    lib = kernel_ops.kernels()
+    if row_addresses is None or lib is None:
+        return None
+    found = [row_addresses(name) for name in names]
+    if any(f is None for f in found) or len({f[0] for f in found}) != 1:  # type: ignore[index]
+        return None
+    kind = GGML_KINDS.get(found[0][0])  # type: ignore[index]
+    num_rows, k = math.prod(shape[:-1]), shape[-1]
+    if kind not in BLOCK_BYTES or any(source.shape(name)[-1] != k for name in names):
+        return None
+    rows = torch.cat([f[1] for f in found])  # type: ignore[index]
+    if rows.numel() != num_rows:
+        return None
+    return QuantizedWeight(kind, lib.pack_rows(kind, rows, num_rows, k), num_rows, k)
 
 
 def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:

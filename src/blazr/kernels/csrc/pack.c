@@ -6,7 +6,9 @@
  * rows; a group is K/32 tiles, tile b holding block b of the group's 16 rows:
  *   [16 f16 d][16 f16 m, q4_1 only][quants: byte 4j + i of 64-byte chunk c = quant byte 4c + i of row j]
  * with q8_0's int8 values stored + 128 (xor 0x80; a padding row's quants therefore read 0x80 there). Plain
- * byte moves: the same code for every target, one row group per OpenMP iteration.
+ * byte moves: the same code for every target, one row group per OpenMP iteration. `blz_pack_rows` takes
+ * each row by address instead (a GGUF's fused, un-permuted or per-expert rows packed straight from the
+ * file's map, never gathered first).
  */
 #include "blazr_kernels.h"
 
@@ -60,6 +62,26 @@ BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t 
         for (int j = 0; j < 16; ++j) {
             const int64_t n = g * 16 + j;
             blz_pack_row(n < N ? src + n * row : NULL, nb, bs, header, flip, j, group);
+        }
+    }
+    return BLZ_OK;
+}
+
+/* blz_pack_blocks with each row found on its own: rows[n] is the address of row n's K/32 ggml blocks (rows
+ * of a file's memory map, in any order — fused q|k|v or gate|up parts, llama.cpp's permuted q/k rows put
+ * back, one expert's rows), so a fused or reordered weight is packed without first being gathered. */
+BLZ_EXPORT int blz_pack_rows(int kind, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
+    int header = 0;
+    const int bs = blz_block_bytes(kind, &header);
+    if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
+    const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16;
+    const uint32_t flip = kind == BLZ_Q8_0 ? 0x80808080u : 0;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
+    for (int64_t g = 0; g < G; ++g) {
+        uint8_t *group = dst + g * 16 * row;
+        for (int j = 0; j < 16; ++j) {
+            const int64_t n = g * 16 + j;
+            blz_pack_row(n < N ? (const uint8_t *)(intptr_t)rows[n] : NULL, nb, bs, header, flip, j, group);
         }
     }
     return BLZ_OK;
