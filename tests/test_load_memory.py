@@ -6,12 +6,14 @@ max-model-len it cannot hold in one line, and is shown by `blazr info`."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import blazr.loading.gguf as gguf_mod
 from blazr import LLM
@@ -90,6 +92,43 @@ def test_loaded_model_keeps_its_mapped_weights(tiny_llama: Path) -> None:
     first = stepwise_logits(llm.runner, batch, [[8]])[0]
     again = LLM(tiny_llama, cpu=True, dtype="float32", quantize="none")
     assert torch.equal(first, stepwise_logits(again.runner, batch, [[8]])[0])
+
+
+def test_row_addresses_and_release(tmp_path: Path) -> None:
+    """`row_addresses` points at each row of a tensor in the file's map (what the C quantizer reads in
+    place); `release` drops the tensor's pages from this process's resident set (and they read back the
+    same), leaving a neighbouring tensor's alone."""
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(512, 1024, generator=g).bfloat16(), "b": torch.randn(64, 256, generator=g)}
+    save_file(tensors, tmp_path / "m.safetensors")
+    ckpt = SafetensorsCheckpoint([tmp_path / "m.safetensors"])
+    dtype_name, rows = ckpt.row_addresses("a")
+    assert dtype_name == "BF16" and rows.shape == (512,)
+    for i in (0, 1, 511):
+        row = ctypes.string_at(int(rows[i]), 1024 * 2)
+        assert torch.equal(torch.frombuffer(bytearray(row), dtype=torch.bfloat16), tensors["a"][i])
+    view = ckpt.load("a", torch.bfloat16, alias=True)
+    assert view.data_ptr() == int(rows[0])
+    assert torch.equal(view, tensors["a"])  # every page of "a" is now resident in this process
+    before = _resident_kib(int(rows[0]))
+    ckpt.release("a")
+    after = _resident_kib(int(rows[0]))
+    assert before - after >= 512 * 1024 * 2 // 1024 - 8  # the whole pages of its 1 MiB (KiB)
+    assert torch.equal(view, tensors["a"]) and torch.equal(ckpt.load("b"), tensors["b"])
+
+
+def _resident_kib(address: int) -> int:
+    """Rss (KiB) of the mapping at `address` in this process (/proc/self/smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        fields = line.split()
+        if "-" in fields[0] and len(fields[0].split("-")) == 2 and ":" not in fields[0]:
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                for entry in lines[i + 1 :]:
+                    if entry.startswith("Rss:"):
+                        return int(entry.split()[1])
+    raise AssertionError(f"no mapping at {address:#x}")
 
 
 def _mapped_file(address: int) -> str | None:

@@ -183,26 +183,31 @@ def test_meta_build_skips_init_only_on_meta():
         assert torch.nn.Embedding(10, 4).weight.device.type == "meta"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("mode", "kind"), [("int8", "q8_0"), ("int4", "q4_1")])
-def test_in_situ_quantize_of_bf16_checkpoint_is_ggufs_bytes(tiny, tmp_path, monkeypatch, mode, kind):
-    """`--quantize int8|int4` of a bf16 checkpoint reads each weight as stored (bf16: the C quantizer widens
-    it exactly, no float32 copy) and gives every quantized layer gguf's bytes for the weight's float32
-    values (q|k|v and gate|up fused by rows)."""
+def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
+    tiny, tmp_path, monkeypatch, mode, kind, dtype
+):
+    """`--quantize int8|int4` quantizes each linear straight from the rows of the checkpoint's map (the C
+    quantizer reads bf16 / f16 / f32 rows in place: no float tensor, fused q|k|v and gate|up never
+    gathered) and every quantized layer holds gguf's bytes for the weight's float32 values."""
     import gguf
 
+    from blazr.kernels import ops
     from blazr.kernels.quant import unpack_blocks
-    from blazr.loading import quantize as quantize_module
     from blazr.model.qlinear import QuantizedLinear
 
-    tensors = load_file(tiny / "model.safetensors")
-    save_file({k: v.bfloat16() for k, v in tensors.items()}, tmp_path / "model.safetensors")
+    tensors = {k: v.to(dtype) for k, v in load_file(tiny / "model.safetensors").items()}
+    save_file(tensors, tmp_path / "model.safetensors")
     shutil.copy(tiny / "config.json", tmp_path / "config.json")
-    seen, real = [], quantize_module.quantize
-    monkeypatch.setattr(quantize_module, "quantize", lambda w, k: seen.append(w.dtype) or real(w, k))
+    seen, real = [], ops.Kernels.quantize_rows
+    monkeypatch.setattr(ops.Kernels, "quantize_rows", lambda self, *a: seen.append(a[2]) or real(self, *a))
     llm = LLM(tmp_path, cpu=True, dtype="float32", quantize=mode)
-    assert seen and set(seen) == {torch.bfloat16}
-    ggml = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
     layers = {n: m for n, m in llm.runner.model.named_modules() if isinstance(m, QuantizedLinear)}
+    tied_head = "lm_head" if llm.config.tie_word_embeddings else None  # a copy of the float table: quantize
+    assert len(seen) == sum(m.qweight.kind == kind for n, m in layers.items() if n != tied_head) > 8
+    assert set(seen) == {dtype}
+    ggml = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
     p = "model.layers.0."
     expected = {
         "layers.0.attn.qkv_proj": [p + f"self_attn.{x}_proj.weight" for x in "qkv"],
@@ -211,7 +216,7 @@ def test_in_situ_quantize_of_bf16_checkpoint_is_ggufs_bytes(tiny, tmp_path, monk
         "layers.0.mlp.down_proj": [p + "mlp.down_proj.weight"],
     }
     for name, sources in expected.items():
-        w = torch.cat([tensors[s].bfloat16().float() for s in sources])
+        w = torch.cat([tensors[s].float() for s in sources])
         assert layers[name].qweight.kind == kind
         want = torch.from_numpy(gguf.quants.quantize(w.numpy(), ggml)).view(torch.uint8)
         assert torch.equal(unpack_blocks(layers[name].qweight), want.reshape(w.shape[0], -1)), name

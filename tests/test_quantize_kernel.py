@@ -2,7 +2,8 @@
 gguf's numpy quantizers (`gguf.quants.quantize`, ggml's reference rounding): the same bytes for Q8_0, Q4_0
 and Q4_1, on random weights and edge cases (zero blocks, overflowing scales, exact halves, ties, tiny and
 constant blocks), from f32, bf16 and f16, on the native and the portable (`generic`) builds; `quantize`
-dispatches to it; bad inputs are a ValueError."""
+dispatches to it; `quantize_rows` (rows found by address) quantizes gathered rows the same way; bad inputs
+are a ValueError."""
 
 from __future__ import annotations
 
@@ -159,3 +160,29 @@ def test_quantize_bad_inputs(native: ops.Kernels, fn: str) -> None:
     if fn == "c":
         with pytest.raises(ops.UnsupportedInput, match="f32 / bf16 / f16"):
             run(torch.zeros(4, 64, dtype=torch.float64), "q8_0")
+
+
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_rows_equals_quantizing_the_gathered_rows(
+    lib: ops.Kernels, kind: str, dtype: torch.dtype
+) -> None:
+    """quantize_rows (each row by address: here shuffled, with repeats) = quantize_blocks of the rows
+    gathered in that order."""
+    n, k = 37, 320
+    w = (torch.randn(n + 5, k, generator=torch.Generator().manual_seed(9)) * 2).to(dtype)
+    order = torch.cat([torch.randperm(n + 5, generator=torch.Generator().manual_seed(1))[: n - 2],
+                       torch.tensor([0, 0])])  # fmt: skip
+    rows = w.data_ptr() + order * w.stride(0) * w.element_size()
+    assert torch.equal(lib.quantize_rows(kind, rows, dtype, n, k), quantize_reference(w[order], kind).data)
+
+
+def test_quantize_rows_bad_inputs(native: ops.Kernels) -> None:
+    w = torch.zeros(4, 64)
+    rows = w.data_ptr() + torch.arange(4) * 256
+    with pytest.raises(ValueError, match=r"int64 CPU row addresses \[5\] expected"):
+        native.quantize_rows("q8_0", rows, torch.float32, 5, 64)
+    with pytest.raises(ValueError, match="positive multiple of 32"):
+        native.quantize_rows("q8_0", rows, torch.float32, 4, 48)
+    with pytest.raises(ops.UnsupportedInput, match="f32 / bf16 / f16 rows"):
+        native.quantize_rows("q8_0", rows, torch.float64, 4, 64)

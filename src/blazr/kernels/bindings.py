@@ -43,6 +43,19 @@ _KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5,
                "f32": 0, "bf16": 0}  # fmt: skip
 
 
+def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Check the arguments of a kernel that reads a weight's rows by address; its packed output [G, 16 ·
+    row_bytes] (uninitialised)."""
+    if kind not in BLOCK_BYTES or in_features <= 0 or in_features % QK:
+        raise ValueError(f"{op}: kind {kind!r} with in_features {in_features}: a block kind and a positive "
+                         f"multiple of {QK} expected")  # fmt: skip
+    if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
+        raise ValueError(f"{op}: int64 CPU row addresses [{out_features}] expected, found {rows.dtype} "
+                         f"{list(rows.shape)}")  # fmt: skip
+    row_bytes = in_features // QK * BLOCK_BYTES[kind]
+    return torch.empty(-(-out_features // ROW_GROUP), ROW_GROUP * row_bytes, dtype=torch.uint8)
+
+
 class Kernels(Mamba2Bindings, MoEMLABindings):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
@@ -68,6 +81,8 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         lib.blz_quantize_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
                                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
         lib.blz_quantize_blocks.restype = ctypes.c_int
+        lib.blz_quantize_rows.argtypes = lib.blz_quantize_blocks.argtypes
+        lib.blz_quantize_rows.restype = ctypes.c_int
         lib.blz_pack_rows.argtypes = lib.blz_pack_blocks.argtypes
         lib.blz_pack_rows.restype = ctypes.c_int
         lib.blz_dequantize_blocks.argtypes = lib.blz_pack_blocks.argtypes
@@ -197,15 +212,7 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         """`pack_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each row's
         ggml blocks (row_bytes each; the caller keeps that memory alive for the call) → uint8
         [G, 16 · row_bytes], as `pack_blocks_reference` of the gathered rows."""
-        if kind not in BLOCK_BYTES or in_features <= 0 or in_features % QK:
-            raise ValueError(f"pack_rows: kind {kind!r} with in_features {in_features}: a block kind and a "
-                             f"positive multiple of {QK} expected")  # fmt: skip
-        if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
-            raise ValueError(f"pack_rows: int64 CPU row addresses [{out_features}] expected, found "
-                             f"{rows.dtype} {list(rows.shape)}")  # fmt: skip
-        rows = rows.contiguous()
-        g = -(-out_features // ROW_GROUP)
-        out = torch.empty(g, ROW_GROUP * in_features // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        out, rows = _rows_out("pack_rows", kind, rows, out_features, in_features), rows.contiguous()
         rc = self.lib.blz_pack_rows(_KIND_CODES[kind], rows.data_ptr(), out_features, in_features,
                                     out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "pack_rows")
@@ -239,6 +246,21 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         rc = self.lib.blz_quantize_blocks(_KIND_CODES[kind], src.data_ptr(), _ELEMENT_CODES[src.dtype], n, k,
                                           out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "quantize_blocks")
+        return out
+
+    def quantize_rows(
+        self, kind: str, rows: torch.Tensor, dtype: torch.dtype, out_features: int, in_features: int
+    ) -> torch.Tensor:
+        """`quantize_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each
+        row's K values of `dtype` (f32 / bf16 / f16, aligned to it; the caller keeps that memory alive for
+        the call) → uint8 [G, 16 · row_bytes]."""
+        out, rows = _rows_out("quantize_rows", kind, rows, out_features, in_features), rows.contiguous()
+        if dtype not in _ELEMENT_CODES:
+            raise UnsupportedInput(f"quantize_rows: f32 / bf16 / f16 rows expected, found {dtype}")
+        code, n, k = _ELEMENT_CODES[dtype], out_features, in_features
+        rc = self.lib.blz_quantize_rows(_KIND_CODES[kind], rows.data_ptr(), code, n, k, out.data_ptr(),
+                                        torch.get_num_threads())  # fmt: skip
+        _check(rc, "quantize_rows")
         return out
 
     def rms_norm(

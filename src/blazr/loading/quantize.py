@@ -51,6 +51,8 @@ MODES = ("auto", "none", "int8", "int4", "bf16")
 _ISQ_KIND = {"int8": "q8_0", "int4": "q4_1", "bf16": "bf16"}
 _BLOCK_TYPES = {t for t, kind in GGML_KINDS.items() if kind.startswith("q")}  # Q4_0 .. Q8_0, Q4_K .. Q6_K
 _KQUANT_TYPES = {t for t, kind in GGML_KINDS.items() if kind in K_KINDS}
+# Stored float types whose rows the C quantizer reads in place (quantize_rows).
+_FLOAT_TYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 _TARGETS = (
     "attn.qkv_proj",
     "attn.o_proj",
@@ -102,6 +104,48 @@ def _set_module(model: CausalLM, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
 
 
+def _row_sources(
+    cfg: ModelConfig,
+    source: TensorSource,
+    names: NameMap,
+    pname: str,
+    shape: tuple[int, ...],
+    is_stacked: bool,
+) -> list[str] | None:
+    """The checkpoint tensors whose rows, concatenated, are parameter `pname` [*, K] — itself, its fused
+    parts (q|k|v, gate|up), or with `is_stacked` the experts of a 3-D stack [E, N, K] read as [E·N, K] — when
+    none needs a transform; else None."""
+    whole = names.source(pname)
+    if whole is not None and whole[0] in source.names:
+        found = [whole]
+    else:
+        parts, combine = unfuse(cfg, pname, shape)
+        if combine is not cat_rows and not is_stacked:  # an expert stack: its parts' rows in order
+            return None
+        found = [names.source(p.name) for p in parts]
+    if any(s is None or s[1] is not None or s[0] not in source.names for s in found):
+        return None
+    return [s[0] for s in found]  # type: ignore[index]
+
+
+def _row_addresses(
+    source: TensorSource, sources: list[str], shape: tuple[int, ...]
+) -> tuple[str, torch.Tensor] | None:
+    """(stored type name, int64 [rows]) — where each row of the weight [*, K] made of `sources`' rows lies
+    in the checkpoint's map (`row_addresses`) — when they are all one type and add up to the weight's
+    shape; else None (also without the kernel library, the only reader of addresses)."""
+    row_addresses = getattr(source, "row_addresses", None)
+    if row_addresses is None or kernel_ops.kernels() is None:
+        return None
+    found = [row_addresses(name) for name in sources]
+    if any(f is None for f in found) or len({f[0] for f in found}) != 1:  # type: ignore[index]
+        return None
+    if any(source.shape(name)[-1] != shape[-1] for name in sources):
+        return None
+    rows = torch.cat([f[1] for f in found])  # type: ignore[index]
+    return (found[0][0], rows) if rows.numel() == math.prod(shape[:-1]) else None  # type: ignore[index]
+
+
 def _gguf_blocks(
     cfg: ModelConfig,
     source: TensorSource,
@@ -112,59 +156,48 @@ def _gguf_blocks(
 ) -> QuantizedWeight | None:
     """The stored block bytes of parameter `pname` [*, K] (its parts' rows concatenated: fused q|k|v or
     gate|up, or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is one
-    supported block type and needs no transform; else None."""
+    supported block type and needs no transform; else None. Q4_0 / Q4_1 / Q8_0 rows are packed by the C
+    kernel straight from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k
+    rows are never gathered first); otherwise they are gathered (`load_raw`)."""
     load_raw = getattr(source, "load_raw", None)
-    if load_raw is None:
+    sources = _row_sources(cfg, source, names, pname, shape, is_stacked)
+    if load_raw is None or sources is None:
         return None
-    whole = names.source(pname)
-    if whole is not None and whole[0] in source.names:
-        sources = [whole]
-    else:
-        parts, combine = unfuse(cfg, pname, shape)
-        if combine is not cat_rows and not is_stacked:  # an expert stack: its parts' rows in order
-            return None
-        sources = [names.source(p.name) for p in parts]
-    if any(s is None or s[1] is not None or s[0] not in source.names for s in sources):
-        return None
-    packed = _packed_in_place(source, [src for src, _ in sources], shape)
-    if packed is not None:
-        return packed
-    raws = [load_raw(src) for src, _ in sources]
+    num_rows, k = math.prod(shape[:-1]), shape[-1]
+    found = _row_addresses(source, sources, shape)
+    if found is not None and (kind := GGML_KINDS.get(found[0])) in BLOCK_BYTES:
+        data = kernel_ops.kernels().pack_rows(kind, found[1], num_rows, k)  # type: ignore[union-attr]
+        return QuantizedWeight(kind, data, num_rows, k)
+    raws = [load_raw(src) for src in sources]
     types = {t for t, _ in raws}
     if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
-        parts = [
-            QuantizedWeight.from_ggml(t, r, r.numel() // _kquant_row_bytes(t, shape[-1]), shape[-1])
-            for t, r in raws
-        ]
+        parts = [QuantizedWeight.from_ggml(t, r, r.numel() // _kquant_row_bytes(t, k), k) for t, r in raws]
         return QuantizedWeight.from_parts(parts)
     if len(types) != 1 or (ggml_type := types.pop()) not in _BLOCK_TYPES:
         return None
     data = raws[0][1] if len(raws) == 1 else torch.cat([r.reshape(-1) for _, r in raws])
-    return QuantizedWeight.from_ggml(ggml_type, data, math.prod(shape[:-1]), shape[-1])
+    return QuantizedWeight.from_ggml(ggml_type, data, num_rows, k)
 
 
-def _packed_in_place(
-    source: TensorSource, names: list[str], shape: tuple[int, ...]
+def _quantized_in_place(
+    loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str, is_stacked: bool = False
 ) -> QuantizedWeight | None:
-    """A block-kind (Q4_0 / Q4_1 / Q8_0) weight [*, K] made of the rows of checkpoint tensors `names`, packed
-    by the C kernel straight from where each row lies in the file's map (`row_addresses`: no gathered copy
-    of fused parts or un-permuted q/k rows); None when the source, the types or the kernel library do not
-    allow it (the caller then gathers the rows with `load_raw`)."""
-    row_addresses = getattr(source, "row_addresses", None)
-    lib = kernel_ops.kernels()
-    if row_addresses is None or lib is None:
+    """Parameter `pname` [*, K] quantized to block kind `kind` by the C kernel straight from where its
+    rows lie in the checkpoint's map (`quantize_rows`: f32 / bf16 / f16 rows, never read into a float
+    tensor, fused parts never gathered), its tensors then consumed (their mapped pages dropped); None when
+    the source, the stored types or the kernel library do not allow it."""
+    if kind not in BLOCK_BYTES:
         return None
-    found = [row_addresses(name) for name in names]
-    if any(f is None for f in found) or len({f[0] for f in found}) != 1:  # type: ignore[index]
+    sources = _row_sources(loader.cfg, loader.source, loader.names, pname, shape, is_stacked)
+    found = None if sources is None else _row_addresses(loader.source, sources, shape)
+    dtype = None if found is None else _FLOAT_TYPES.get(found[0])
+    if dtype is None:
         return None
-    kind = GGML_KINDS.get(found[0][0])  # type: ignore[index]
     num_rows, k = math.prod(shape[:-1]), shape[-1]
-    if kind not in BLOCK_BYTES or any(source.shape(name)[-1] != k for name in names):
-        return None
-    rows = torch.cat([f[1] for f in found])  # type: ignore[index]
-    if rows.numel() != num_rows:
-        return None
-    return QuantizedWeight(kind, lib.pack_rows(kind, rows, num_rows, k), num_rows, k)
+    lib = kernel_ops.kernels()
+    data = lib.quantize_rows(kind, found[1], dtype, num_rows, k)  # type: ignore[union-attr, index]
+    loader.consume(pname, shape, is_copied=True)
+    return QuantizedWeight(kind, data, num_rows, k)
 
 
 def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:
@@ -199,10 +232,11 @@ def quantize_from_file(
                 weight = loader.parameter(pname, shape)
                 set_parameter(model, pname, weight)
                 loader.tick()
+                qw = quantize(weight, kind)
+            elif found := _quantized_in_place(loader, pname, shape, kind):
+                qw = found
             else:
-                weight = loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind))
-            qw = quantize(weight, kind)
-            del weight
+                qw = quantize(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
         bias = None
         if linear is not None and linear.bias is not None:
             bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
@@ -261,7 +295,10 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         else:
             kind = _ISQ_KIND[mode]
             stacked = [
-                quantize(loader.parameter(p, shape, _read_dtype(loader, p, shape, kind)).flatten(0, 1), kind)
+                _quantized_in_place(loader, p, shape, kind, is_stacked=True)
+                or quantize(
+                    loader.parameter(p, shape, _read_dtype(loader, p, shape, kind)).flatten(0, 1), kind
+                )
                 for p, shape in params
             ]
         try:

@@ -10,6 +10,8 @@ one at a time, never the whole checkpoint at once:
   file (`alias=True`): no copy at all. The map lives as long as any tensor that views it (each such tensor
   holds a reference to it), so weights survive the checkpoint object; a write to a view changes this
   process's copy of that page only, never the file.
+- `row_addresses(name)` gives where each row of a tensor lies in that map, for the C quantizer to read in
+  place (`--quantize int8|int4`: no float copy); `release(name)` then drops the tensor's mapped pages.
 
 Format: 8 bytes little-endian header length n, n bytes of JSON {name: {dtype, shape, data_offsets: [begin,
 end)}, "__metadata__": {...}}, then the data; offsets are relative to the end of the header.
@@ -43,6 +45,7 @@ _DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
 }
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _MAX_HEADER = 100 << 20  # the reference implementation's limit
 
 
@@ -153,6 +156,28 @@ class SafetensorsCheckpoint:
         if e.num_bytes:
             _pread_into(e.path, e.offset, out.view(-1).view(torch.uint8))
         return out if want == e.dtype else out.to(want)
+
+    def row_addresses(self, name: str) -> tuple[str, torch.Tensor] | None:
+        """(stored dtype name, e.g. "BF16"; int64 [rows]: the address of each row of tensor `name` [*, C] in
+        the file's copy-on-write map) for a reader that takes rows in place (the C quantizer); None for an
+        empty, scalar or misaligned tensor. The map lives as long as this object (`close` drops it)."""
+        e = self._entries[name]
+        if not e.shape or not e.num_bytes or e.offset % e.dtype.itemsize:
+            return None
+        num_rows, row_bytes = math.prod(e.shape[:-1]), e.shape[-1] * e.dtype.itemsize
+        base = self._map(e.path).data_ptr() + e.offset
+        return _NAMES[e.dtype], base + torch.arange(num_rows, dtype=torch.int64) * row_bytes
+
+    def release(self, name: str) -> None:
+        """Drop the whole pages of tensor `name` from this process's map of its file: for a tensor whose
+        values were copied out (quantized) and that no tensor views; they are clean copies of the page cache,
+        read back if touched again."""
+        e = self._entries[name]
+        m = self._maps.get(e.path)
+        page = mmap.PAGESIZE
+        start, end = -(-e.offset // page) * page, (e.offset + e.num_bytes) // page * page
+        if m is not None and end > start and hasattr(mmap, "MADV_DONTNEED"):
+            m.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def _map(self, path: Path) -> torch.Tensor:
         """The whole file as a uint8 tensor over a private (copy-on-write) memory map."""

@@ -164,16 +164,14 @@ static void quantize_row(int kind, const void *row, int type, int64_t nb, int bs
     }
 }
 
-/* Quantize w [N, K] (row-major, contiguous; element type `type`: BLZ_KV_F32 / BF16 / F16) to `kind`
- * (BLZ_Q4_0 / Q4_1 / Q8_0) into dst, uint8 [⌈N/16⌉, 16 · K/32 · block bytes] in the row-packed layout —
- * exactly `blz_pack_blocks` of the weight's ggml blocks, padding rows included. */
-BLZ_EXPORT int blz_quantize_blocks(int kind, const void *w, int type, int64_t N, int64_t K, uint8_t *dst,
-                                   int nthreads) {
+/* Rows n of the weight at `rows[n]` (addresses), else at base + n · stride bytes → the packed layout. */
+static int quantize_rows(int kind, const char *base, int64_t stride, const int64_t *rows, int type, int64_t N,
+                         int64_t K, uint8_t *dst, int nthreads) {
     int header = 0;
     const int bs = blz_block_bytes(kind, &header);
     if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (type != BLZ_KV_F32 && type != BLZ_KV_BF16 && type != BLZ_KV_F16) return BLZ_EINVAL;
-    const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16, esize = blz_kv_elem_bytes(type);
+    const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16;
     const uint32_t flip = kind == BLZ_Q8_0 ? 0x80808080u : 0;
     int rc = BLZ_OK;
 #pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
@@ -189,11 +187,29 @@ BLZ_EXPORT int blz_quantize_blocks(int kind, const void *w, int type, int64_t N,
             uint8_t *group = dst + g * 16 * row;
             for (int j = 0; j < 16; ++j) {
                 const int64_t n = g * 16 + j;
-                if (n < N) quantize_row(kind, (const char *)w + n * K * esize, type, nb, bs, blocks);
+                if (n < N) {
+                    const char *src = rows ? (const char *)(intptr_t)rows[n] : base + n * stride;
+                    quantize_row(kind, src, type, nb, bs, blocks);
+                }
                 blz_pack_row(n < N ? blocks : NULL, nb, bs, header, flip, j, group);
             }
         }
         free(blocks);
     }
     return rc;
+}
+
+/* Quantize w [N, K] (row-major, contiguous; element type `type`: BLZ_KV_F32 / BF16 / F16) to `kind`
+ * (BLZ_Q4_0 / Q4_1 / Q8_0) into dst, uint8 [⌈N/16⌉, 16 · K/32 · block bytes] in the row-packed layout —
+ * exactly `blz_pack_blocks` of the weight's ggml blocks, padding rows included. */
+BLZ_EXPORT int blz_quantize_blocks(int kind, const void *w, int type, int64_t N, int64_t K, uint8_t *dst,
+                                   int nthreads) {
+    return quantize_rows(kind, w, K * blz_kv_elem_bytes(type), NULL, type, N, K, dst, nthreads);
+}
+
+/* blz_quantize_blocks with each row found on its own: rows[n] is the address of row n's K values (a
+ * checkpoint's memory map: fused q|k|v or gate|up parts, permuted rows), so nothing is gathered first. */
+BLZ_EXPORT int blz_quantize_rows(int kind, const int64_t *rows, int type, int64_t N, int64_t K, uint8_t *dst,
+                                 int nthreads) {
+    return quantize_rows(kind, NULL, 0, rows, type, N, K, dst, nthreads);
 }
