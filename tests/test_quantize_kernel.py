@@ -22,6 +22,8 @@ from blazr.kernels.quant import (
     quantize_reference,
     unpack_blocks,
 )
+from blazr.loading.gguf import dequantize_reference
+from tests.gguf_fixtures import random_blocks
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
         "q4_1": gguf.GGMLQuantizationType.Q4_1}  # fmt: skip
@@ -186,3 +188,17 @@ def test_quantize_rows_bad_inputs(native: ops.Kernels) -> None:
         native.quantize_rows("q8_0", rows, torch.float32, 4, 48)
     with pytest.raises(ops.UnsupportedInput, match="f32 / bf16 / f16 rows"):
         native.quantize_rows("q8_0", rows, torch.float64, 4, 64)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_dequantize_blocks_matches_torch_and_gguf(lib: ops.Kernels, qtype: str) -> None:
+    """The C dequantizer (csrc/dequantize.c) = loading/gguf.py's torch dequantizers = gguf.quants.dequantize
+    on random blocks (every quant bit pattern, scales with zeros and subnormals)."""
+    n, k = 7, 512
+    raw = torch.from_numpy(random_blocks(qtype, n * k, seed=12))
+    got = lib.dequantize_blocks(qtype.lower(), raw, n, k)
+    assert torch.equal(got, dequantize_reference(raw, qtype, (n, k)))
+    want = gguf.quants.dequantize(raw.numpy().reshape(n, -1), gguf.GGMLQuantizationType[qtype])
+    assert torch.equal(got, torch.from_numpy(np.asarray(want, dtype=np.float32)))
+    with pytest.raises(ValueError, match="uint8 bytes"):
+        lib.dequantize_blocks(qtype.lower(), raw[:-1], n, k)

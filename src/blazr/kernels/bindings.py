@@ -30,7 +30,16 @@ from blazr.kernels.calls import (
     _pool_ptrs,
     _rows_ptr,
 )
-from blazr.kernels.quant import BLOCK_BYTES, QK, ROW_GROUP, QuantizedWeight, check_blocks, check_quantize
+from blazr.kernels.quant import (
+    BLOCK_BYTES,
+    KQUANT_BYTES,
+    QK,
+    ROW_GROUP,
+    QuantizedWeight,
+    check_blocks,
+    check_kquant_blocks,
+    check_quantize,
+)
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
@@ -222,8 +231,12 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int
     ) -> torch.Tensor:
         """ggml-ordered blocks of a block kind (N · row_bytes uint8 CPU bytes, any shape) → float32 [N, K],
-        as loading/gguf.py's torch dequantizers and `gguf.quants.dequantize`."""
-        check_blocks(kind, blocks, out_features, in_features)
+        as loading/gguf.py's torch dequantizers and `gguf.quants.dequantize`; also the K-quant kinds
+        (K/256 super-blocks a row)."""
+        if kind in KQUANT_BYTES:
+            check_kquant_blocks(kind, blocks, out_features, in_features)
+        else:
+            check_blocks(kind, blocks, out_features, in_features)
         if not blocks.is_cpu:
             raise UnsupportedInput("dequantize_blocks: the blocks are not on the CPU")
         src = blocks.contiguous()

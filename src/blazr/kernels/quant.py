@@ -219,6 +219,16 @@ def check_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features
         )
 
 
+def check_kquant_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features: int) -> None:
+    """ValueError unless `blocks` holds exactly the uint8 bytes of an [N, K] weight of K-quant kind `kind`."""
+    want = out_features * (in_features // QK_K) * KQUANT_BYTES[kind]
+    if in_features <= 0 or in_features % QK_K or blocks.dtype != torch.uint8 or blocks.numel() != want:
+        raise ValueError(
+            f"{kind} blocks of a [{out_features}, {in_features}] weight: expected {want} uint8 bytes and "
+            f"in_features a positive multiple of {QK_K}, found {blocks.numel()} {blocks.dtype}"
+        )
+
+
 def pack_blocks(kind: str, blocks: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """ggml-ordered blocks (N · row_bytes uint8) → the row-packed layout [G, 16 · row_bytes]: the C repack
     (csrc/pack.c) when the kernel library is available and the blocks are on the CPU, else

@@ -1,4 +1,4 @@
-"""GGUF files: open, validate, list, and dequantize tensors (vectorized torch; Q4_0 / Q4_1 / Q8_0 in C).
+"""GGUF files: open, validate, list, and dequantize tensors (vectorized torch; the common kinds in C).
 
 Owns: opening a `.gguf` file (memory-mapped; its header parsed by loading/gguf_header.py), the checks that
 turn a missing, foreign, truncated or inconsistent file into one-line `CheckpointError`s, zero-copy access to
@@ -214,7 +214,8 @@ _KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q8_K": _q8_k,
 }
 SUPPORTED_TYPES: tuple[str, ...] = tuple(_KERNELS)
-_C_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # types csrc/dequantize.c takes
+# types csrc/dequantize.c takes
+_C_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 
 # Blocks per kernel call: bounds the temporaries (a few × chunk × Q × 4 bytes) and keeps them in cache.
 _CHUNK_VALUES = 1 << 20
@@ -234,9 +235,9 @@ def dequantize(raw: torch.Tensor, ggml_type: str, shape: tuple[int, ...]) -> tor
     """The float32 values [*shape] of ggml-encoded bytes `raw` (any shape; contiguous bytes in file order).
 
     `shape` is in torch order, so its last dim is the row length that blocks tile. Always returns a new
-    tensor that owns its memory, even for F32. Q4_0 / Q4_1 / Q8_0 on the CPU go through the C kernel
-    (csrc/dequantize.c) when the kernel library is loaded; `dequantize_reference` is the torch code (the
-    same bits).
+    tensor that owns its memory, even for F32. Q4_0 / Q4_1 / Q8_0 and Q4_K / Q5_K / Q6_K on the CPU go
+    through the C kernel (csrc/dequantize.c) when the kernel library is loaded; `dequantize_reference` is
+    the torch code (the same bits).
     """
     kind, shape = _C_KINDS.get(ggml_type), tuple(int(s) for s in shape)
     if kind is not None and raw.is_cpu and len(shape) > 0:

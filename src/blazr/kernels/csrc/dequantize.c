@@ -1,11 +1,14 @@
-/* blazr kernels — ggml Q4_0 / Q4_1 / Q8_0 blocks (as a GGUF file stores them) to float32, at model load:
- * the tensors a model needs as float (a GGUF's token embedding table, a path without kernels).
+/* blazr kernels — ggml Q4_0 / Q4_1 / Q8_0 blocks and Q4_K / Q5_K / Q6_K super-blocks (as a GGUF file stores
+ * them) to float32, at model load: the tensors a model needs as float (a GGUF's token embedding table —
+ * Q6_K in llama.cpp's Q4_0 / Q4_K_M mixes —, a path without kernels).
  *
  * The C twin of loading/gguf.py's block dequantizers (torch), which reproduce `gguf.quants.dequantize` bit
  * for bit: the f16 scale (and min) widened to fp32, then one product (and one sum) per value, each rounded
  * on its own (the build passes -ffp-contract=off):
  *   q8_0: d·q       q4_0: d·(q − 8)       q4_1: d·q + m
- * with byte j of a 4-bit block holding element j (low nibble) and j + 16 (high nibble). Tested equal to both
+ *   q4_k / q5_k: q·(d·sc) − dmin·m per 32 values      q6_k: (q − 32)·(d·sc) per 16 values
+ * with byte j of a 4-bit block holding element j (low nibble) and j + 16 (high nibble); the K-quants' bit
+ * layouts as kernels/quant.py's docstring and `kquant_fields` describe them. Tested equal to both
  * (tests/test_quantize_kernel.py). One OpenMP chunk of rows per thread; plain loops the compiler vectorises.
  */
 #include "blazr_kernels.h"
@@ -34,16 +37,74 @@ static void dequantize_block(int kind, const uint8_t *restrict blk, float *restr
     }
 }
 
-/* Dequantize ggml-ordered blocks src (N rows of K/32 blocks of `kind`: BLZ_Q4_0 / Q4_1 / Q8_0, contiguous)
- * into dst, float32 [N, K]. */
+#define QK_K 256
+
+/* Q4_K / Q5_K's 12-byte field → 8 six-bit scales and mins (kernels/quant.py `k4_scale_min`). */
+BLZ_INLINE void k4_scale_min(const uint8_t *s, float sc[8], float mn[8]) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = (float)(s[j] & 63);
+        mn[j] = (float)(s[j + 4] & 63);
+        sc[j + 4] = (float)((s[j + 8] & 0x0F) | ((s[j] >> 6) << 4));
+        mn[j + 4] = (float)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+    }
+}
+
+static void dequantize_superblock(int kind, const uint8_t *restrict blk, float *restrict out) {
+    if (kind == BLZ_Q6_K) {
+        const uint8_t *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = f16_field(blk + 208);
+        float dl[16];
+        for (int g = 0; g < 16; ++g) dl[g] = d * (float)sc[g];
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *l8 = ql + 64 * h, *h8 = qh + 32 * h;
+            float *o = out + 128 * h;
+            const float *dh = dl + 8 * h;
+            for (int l = 0; l < 32; ++l) {
+                o[l] = (float)(((l8[l] & 15) | ((h8[l] & 3) << 4)) - 32) * dh[l / 16];
+                o[l + 32] = (float)(((l8[l + 32] & 15) | (((h8[l] >> 2) & 3) << 4)) - 32) * dh[2 + l / 16];
+                o[l + 64] = (float)(((l8[l] >> 4) | (((h8[l] >> 4) & 3) << 4)) - 32) * dh[4 + l / 16];
+                o[l + 96] = (float)(((l8[l + 32] >> 4) | (((h8[l] >> 6) & 3) << 4)) - 32) * dh[6 + l / 16];
+            }
+        }
+        return;
+    }
+    float sc[8], mn[8], d8[8], m8[8];
+    k4_scale_min(blk + 4, sc, mn);
+    const float d = f16_field(blk), dmin = f16_field(blk + 2);
+    for (int g = 0; g < 8; ++g) {
+        d8[g] = d * sc[g];
+        m8[g] = dmin * mn[g];
+    }
+    const uint8_t *qs = blk + (kind == BLZ_Q4_K ? 16 : 48), *qh = blk + 16;
+    for (int c = 0; c < 4; ++c)
+        for (int h = 0; h < 2; ++h) {
+            const int g = 2 * c + h;
+            for (int l = 0; l < 32; ++l) {
+                int q = h ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 15;
+                if (kind == BLZ_Q5_K) q |= ((qh[l] >> g) & 1) << 4;
+                out[32 * g + l] = (float)q * d8[g] - m8[g];
+            }
+        }
+}
+
+/* Dequantize ggml-ordered blocks src (N rows, contiguous, of `kind`: BLZ_Q4_0 / Q4_1 / Q8_0 — K/32 blocks
+ * a row — or BLZ_Q4_K / Q5_K / Q6_K — K/256 super-blocks) into dst, float32 [N, K]. */
 BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, float *dst,
                                      int nthreads) {
     int header = 0;
-    const int bs = blz_block_bytes(kind, &header);
-    if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
-    const int64_t nb = K / BLZ_QK;
+    const int is_k = kind == BLZ_Q4_K || kind == BLZ_Q5_K || kind == BLZ_Q6_K;
+    const int qk = is_k ? QK_K : BLZ_QK;
+    const int bs = is_k ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210) : blz_block_bytes(kind, &header);
+    if (!bs || N < 0 || K <= 0 || K % qk) return BLZ_EINVAL;
+    const int64_t nb = K / qk;
 #pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
     for (int64_t n = 0; n < N; ++n)
-        for (int64_t b = 0; b < nb; ++b) dequantize_block(kind, src + (n * nb + b) * bs, dst + n * K + b * BLZ_QK);
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t *blk = src + (n * nb + b) * bs;
+            float *out = dst + n * K + b * qk;
+            if (is_k) dequantize_superblock(kind, blk, out);
+            else dequantize_block(kind, blk, out);
+        }
     return BLZ_OK;
 }
