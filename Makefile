@@ -30,15 +30,20 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m blazr.kernels.build
 	touch $(STAMP)
 
-# Test set-up: the references (transformers, llama-cpp-python, the openai client) and ruff; the sdist of the
-# installed llama-cpp-python, unpacked, for llama.cpp's own convert_hf_to_gguf.py (tests/llama_cpp_convert.py).
+# The sdist of the installed llama-cpp-python, unpacked: llama.cpp's own convert_hf_to_gguf.py
+# (tests/llama_cpp_convert.py) and the llama-server that benchmarks/serve.py builds from its vendor/llama.cpp.
 SDIST_DIR := $(VENV)/llama-cpp-sdist
-$(TEST_STAMP): $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[test]"
+define UNPACK_SDIST
 	rm -rf $(SDIST_DIR) && mkdir -p $(SDIST_DIR)
 	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(SDIST_DIR) \
 		"llama-cpp-python==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')"
 	tar -xzf $(SDIST_DIR)/llama_cpp_python-*.tar.gz -C $(SDIST_DIR)
+endef
+
+# Test set-up: the references (transformers, llama-cpp-python, the openai client), ruff, and the sdist.
+$(TEST_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[test]"
+	$(UNPACK_SDIST)
 	touch $(TEST_STAMP)
 
 install: $(STAMP)
@@ -53,9 +58,12 @@ lint: $(TEST_STAMP)
 test: $(TEST_STAMP) lint
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# The speed report (benchmarks/run.py), then the server report: guidellm against blazr serve and llama-server.
 bench: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[bench]"
+	$(UNPACK_SDIST)
 	$(BIN)/python benchmarks/run.py $(ARGS)
+	$(BIN)/python benchmarks/serve.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
