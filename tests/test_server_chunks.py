@@ -79,3 +79,23 @@ def test_usage_mode_from_stream_options() -> None:
     assert usage_mode(StreamOptions(continuous_usage_stats=True)) == "off"  # only with include_usage
     assert usage_mode(StreamOptions(include_usage=True)) == "final"
     assert usage_mode(StreamOptions(include_usage=True, continuous_usage_stats=True)) == "continuous"
+
+
+@pytest.mark.parametrize("kind", [ChatCompletionChunk, CompletionChunk])
+def test_every_event_is_one_line_for_line_readers(kind: type) -> None:
+    """NEL, LINE and PARAGRAPH SEPARATOR are line breaks to `str.splitlines()` — and so to httpx's
+    `aiter_lines`, which guidellm reads streams with (a token holding one broke its JSON). Escaped in both
+    paths: each event is one line to such readers, and still decodes to the same text."""
+    import httpx
+
+    text = "a\x85b\u2028c\u2029d\x0be\x1cf\r\ng"
+    enc = ChunkEncoder(kind, "x", 1, "m\u2028", "final")  # type: ignore[arg-type]
+    for event in (enc.text(0, text), enc.event(_reference(kind, "x", "m\u2028", 0, text, None))):
+        assert event.decode().splitlines() == [event.decode().removesuffix("\n\n"), ""]
+        lines = httpx.Response(200, content=event + b"data: [DONE]\n\n").iter_lines()
+        data = [line for line in lines if line]
+        assert len(data) == 2 and data[1] == "data: [DONE]"
+        body = json.loads(data[0].removeprefix("data: "))
+        choice = body["choices"][0]
+        assert (choice["delta"]["content"] if kind is ChatCompletionChunk else choice["text"]) == text
+        assert body["model"] == "m\u2028"

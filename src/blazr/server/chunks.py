@@ -6,6 +6,8 @@ escape instead of building, validating and dumping pydantic models for every tok
 role, logprobs, a finish reason, the usage-only last chunk) goes through the schemas with `event()`, which
 is also the reference: tests check that both give the same bytes for the same chunk.
 
+Every event is one line: the line breaks `str.splitlines()` knows beyond JSON's escapes are escaped too.
+
 Usage on chunks, as OpenAI and vLLM send it (`stream_options`): absent unless `include_usage`; then
 `"usage": null` on every chunk and the totals on a last chunk with no choices; with vLLM's
 `continuous_usage_stats` as well, every chunk carries the usage so far (the prompt's tokens, the choice's
@@ -24,8 +26,25 @@ from blazr.server.schemas import ChatCompletionChunk, CompletionChunk, StreamOpt
 UsageMode = Literal["off", "final", "continuous"]
 
 # The same escaping as pydantic's serializer: the short forms for \" \\ \b \f \n \r \t, \u00XX (lower-case)
-# for other control characters, everything else (non-ASCII included) as UTF-8.
-_escape = json.encoder.encode_basestring  # type: ignore[attr-defined]
+# for other control characters, everything else (non-ASCII included) as UTF-8 ...
+_json_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+# ... except the three line breaks of str.splitlines() that JSON leaves raw (NEL, LINE and PARAGRAPH
+# SEPARATOR): a client reading the stream line by line with httpx's `aiter_lines` (guidellm does) would cut
+# an event in two at one of them (a sampled token can be one). Escaped, the JSON means the same.
+_LINE_BREAKS = ("\x85", "\u2028", "\u2029")
+_ESCAPE_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in _LINE_BREAKS})
+
+
+def _safe(json_text: str) -> str:
+    """`json_text` with the line breaks above escaped (they can only occur inside its strings)."""
+    if any(c in json_text for c in _LINE_BREAKS):
+        return json_text.translate(_ESCAPE_BREAKS)
+    return json_text
+
+
+def _escape(text: str) -> str:
+    return _safe(_json_string(text))
 
 
 def usage_mode(options: StreamOptions | None) -> UsageMode:
@@ -83,4 +102,4 @@ class ChunkEncoder:
         """Any chunk through its schema. Off: no `usage` key; final: `usage` as set (null but on the last
         chunk); continuous: the caller sets the usage on every chunk."""
         text = chunk.model_dump_json(exclude={"usage"} if self.mode == "off" else None)
-        return b"data: " + text.encode() + b"\n\n"
+        return b"data: " + _safe(text).encode() + b"\n\n"
