@@ -129,9 +129,12 @@ class RequestStream:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[SeqOutput]:
-        async for batch in self.batches():
-            for out in batch:
-                yield out
+        try:
+            async for batch in self.batches():
+                for out in batch:
+                    yield out
+        finally:  # left early: abort now, not when the inner generator is collected
+            self.abort()
 
     async def batches(self) -> AsyncIterator[list[SeqOutput]]:
         """The outputs in batches: each waits for one, then takes every output already delivered (one
