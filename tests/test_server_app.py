@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -216,6 +217,15 @@ def test_api_key_guards_v1_and_docs_only():
         assert client.get("/v1/models", headers={"authorization": "bearer secret"}).status_code == 200
 
 
+async def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Wait for the engine thread to make `condition` true (asserted after `seconds`)."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    assert condition()
+
+
 def test_closing_a_stream_early_aborts_its_requests():
     engine = FakeEngine()
 
@@ -230,11 +240,7 @@ def test_closing_a_stream_early_aborts_its_requests():
             it = stream.__aiter__()
             await it.__anext__()
             await it.aclose()
-            for _ in range(500):
-                if sorted(engine.aborted) == ["a", "b"]:
-                    break
-                await asyncio.sleep(0.01)
-            assert sorted(engine.aborted) == ["a", "b"]
+            await _until(lambda: sorted(engine.aborted) == ["a", "b"])
             with pytest.raises(BlazrError, match="too long"):
                 await async_engine.generate([EngineRequest("c", [1] * 60, params)])
         finally:
@@ -269,11 +275,7 @@ def test_stream_batches_hold_whole_steps_and_an_error_comes_after_the_outputs_be
             assert [(o.request_id, o.num_output_tokens) for o in first] == [("d", 1)]
             with pytest.raises(RequestFailedError):
                 await it.__anext__()
-            for _ in range(500):
-                if "d" in engine.aborted:
-                    break
-                await asyncio.sleep(0.01)
-            assert "d" in engine.aborted  # the rest of the failed group is aborted
+            await _until(lambda: "d" in engine.aborted)  # the rest of the failed group is aborted
         finally:
             async_engine.shutdown()
 

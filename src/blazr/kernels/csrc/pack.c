@@ -48,9 +48,8 @@ void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t f
     }
 }
 
-/* Pack ggml-ordered blocks src (N rows of K/32 blocks, contiguous) of `kind` (BLZ_Q4_0 / Q4_1 / Q8_0) into
- * dst, uint8 [⌈N/16⌉, 16 · K/32 · block bytes], every byte written (padding rows included). */
-BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
+/* Both entries below: row n of the source is at src + n · row bytes (contiguous) or at rows[n] (rows != NULL). */
+static int pack(int kind, const uint8_t *src, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
     int header = 0;
     const int bs = blz_block_bytes(kind, &header);
     if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
@@ -61,28 +60,22 @@ BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t 
         uint8_t *group = dst + g * 16 * row;
         for (int j = 0; j < 16; ++j) {
             const int64_t n = g * 16 + j;
-            blz_pack_row(n < N ? src + n * row : NULL, nb, bs, header, flip, j, group);
+            const uint8_t *at = n >= N ? NULL : rows ? (const uint8_t *)(intptr_t)rows[n] : src + n * row;
+            blz_pack_row(at, nb, bs, header, flip, j, group);
         }
     }
     return BLZ_OK;
+}
+
+/* Pack ggml-ordered blocks src (N rows of K/32 blocks, contiguous) of `kind` (BLZ_Q4_0 / Q4_1 / Q8_0) into
+ * dst, uint8 [⌈N/16⌉, 16 · K/32 · block bytes], every byte written (padding rows included). */
+BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
+    return pack(kind, src, NULL, N, K, dst, nthreads);
 }
 
 /* blz_pack_blocks with each row found on its own: rows[n] is the address of row n's K/32 ggml blocks (rows
  * of a file's memory map, in any order — fused q|k|v or gate|up parts, llama.cpp's permuted q/k rows put
  * back, one expert's rows), so a fused or reordered weight is packed without first being gathered. */
 BLZ_EXPORT int blz_pack_rows(int kind, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
-    int header = 0;
-    const int bs = blz_block_bytes(kind, &header);
-    if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
-    const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16;
-    const uint32_t flip = kind == BLZ_Q8_0 ? 0x80808080u : 0;
-#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
-    for (int64_t g = 0; g < G; ++g) {
-        uint8_t *group = dst + g * 16 * row;
-        for (int j = 0; j < 16; ++j) {
-            const int64_t n = g * 16 + j;
-            blz_pack_row(n < N ? (const uint8_t *)(intptr_t)rows[n] : NULL, nb, bs, header, flip, j, group);
-        }
-    }
-    return BLZ_OK;
+    return pack(kind, NULL, rows, N, K, dst, nthreads);
 }
