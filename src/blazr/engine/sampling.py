@@ -170,6 +170,7 @@ def filtered_distribution(
             break
         K = min(V, K * 4)
     drop = (cum - values) >= p_t[:, None] * kept[:, None]  # keep the smallest prefix reaching top_p
+    drop &= (p_t < 1.0)[:, None]  # (top_p = 1 drops nothing, whatever cumsum's rounding)
     return values.masked_fill(drop, 0.0), indices
 
 
