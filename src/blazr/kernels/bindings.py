@@ -1,7 +1,7 @@
 """ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
 raising UnsupportedInput for dtypes / layouts the kernels do not take (the Mamba2 ones in
-bindings_mamba2.py, MoE and MLA in bindings_moe_mla.py); inside `record()` the calls go to a
-`KernelPlan` (calls.py) instead of running.
+bindings_mamba2.py, MoE and MLA in bindings_moe_mla.py, the load-time weight formats in
+bindings_weights.py); inside `record()` the calls go to a `KernelPlan` (calls.py) instead of running.
 
 Calls pass their arguments through `blz_call` in a per-thread preallocated `blz_args_t` struct (~1 µs
 through ctypes, instead of ~0.3 µs per separately converted argument). Shapes as in `ops.py`.
@@ -19,6 +19,11 @@ import torch
 from blazr.kernels import build
 from blazr.kernels.bindings_mamba2 import Mamba2Bindings
 from blazr.kernels.bindings_moe_mla import MoEMLABindings
+from blazr.kernels.bindings_weights import (
+    _KIND_CODES,
+    WeightFormatBindings,
+    declare_weight_calls,
+)
 from blazr.kernels.calls import (
     _F32,
     KernelPlan,
@@ -31,14 +36,8 @@ from blazr.kernels.calls import (
     _rows_ptr,
 )
 from blazr.kernels.quant import (
-    BLOCK_BYTES,
-    KQUANT_BYTES,
     QK,
-    ROW_GROUP,
     QuantizedWeight,
-    check_blocks,
-    check_kquant_blocks,
-    check_quantize,
 )
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
@@ -47,25 +46,9 @@ _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, 
               "f32": 2, "bf16": 3}  # fmt: skip
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
-_ELEMENT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # BLZ_KV_F32 / BF16 / F16
-_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "kmix": 6,
-               "f32": 0, "bf16": 0}  # fmt: skip
 
 
-def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """Check the arguments of a kernel that reads a weight's rows by address; its packed output [G, 16 ·
-    row_bytes] (uninitialised)."""
-    if kind not in BLOCK_BYTES or in_features <= 0 or in_features % QK:
-        raise ValueError(f"{op}: kind {kind!r} with in_features {in_features}: a block kind and a positive "
-                         f"multiple of {QK} expected")  # fmt: skip
-    if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
-        raise ValueError(f"{op}: int64 CPU row addresses [{out_features}] expected, found {rows.dtype} "
-                         f"{list(rows.shape)}")  # fmt: skip
-    row_bytes = in_features // QK * BLOCK_BYTES[kind]
-    return torch.empty(-(-out_features // ROW_GROUP), ROW_GROUP * row_bytes, dtype=torch.uint8)
-
-
-class Kernels(Mamba2Bindings, MoEMLABindings):
+class Kernels(Mamba2Bindings, MoEMLABindings, WeightFormatBindings):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
     contiguous, not on the CPU) and ValueError for inconsistent shapes.
@@ -84,18 +67,7 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
             ctypes.c_void_p
         ] * 3
         lib.blz_quantize_act.restype = ctypes.c_int
-        lib.blz_pack_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                        ctypes.c_void_p, ctypes.c_int]  # fmt: skip
-        lib.blz_pack_blocks.restype = ctypes.c_int
-        lib.blz_quantize_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
-                                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
-        lib.blz_quantize_blocks.restype = ctypes.c_int
-        lib.blz_quantize_rows.argtypes = lib.blz_quantize_blocks.argtypes
-        lib.blz_quantize_rows.restype = ctypes.c_int
-        lib.blz_pack_rows.argtypes = lib.blz_pack_blocks.argtypes
-        lib.blz_pack_rows.restype = ctypes.c_int
-        lib.blz_dequantize_blocks.argtypes = lib.blz_pack_blocks.argtypes
-        lib.blz_dequantize_blocks.restype = ctypes.c_int
+        declare_weight_calls(lib)
         self._call_many = lib.blz_call_many
         self._call_many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._call_many.restype = ctypes.c_int
@@ -199,82 +171,6 @@ class Kernels(Mamba2Bindings, MoEMLABindings):
         rc = self.lib.blz_quantize_act(_f32_ptr(x, "x"), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr())
         _check(rc, "quantize_act")
         return q, d, s
-
-    def pack_blocks(
-        self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int
-    ) -> torch.Tensor:
-        """`quant.pack_blocks` in C (a direct call, never recorded): ggml-ordered blocks of a block kind
-        (N · row_bytes uint8 CPU bytes, any shape) → uint8 [G, 16 · row_bytes], as
-        `pack_blocks_reference`."""
-        check_blocks(kind, blocks, out_features, in_features)
-        if not blocks.is_cpu:
-            raise UnsupportedInput("pack_blocks: the blocks are not on the CPU")
-        src = blocks.contiguous()
-        g = -(-out_features // ROW_GROUP)
-        out = torch.empty(g, ROW_GROUP * in_features // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
-        rc = self.lib.blz_pack_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
-                                      out.data_ptr(), torch.get_num_threads())  # fmt: skip
-        _check(rc, "pack_blocks")
-        return out
-
-    def pack_rows(self, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-        """`pack_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each row's
-        ggml blocks (row_bytes each; the caller keeps that memory alive for the call) → uint8
-        [G, 16 · row_bytes], as `pack_blocks_reference` of the gathered rows."""
-        out, rows = _rows_out("pack_rows", kind, rows, out_features, in_features), rows.contiguous()
-        rc = self.lib.blz_pack_rows(_KIND_CODES[kind], rows.data_ptr(), out_features, in_features,
-                                    out.data_ptr(), torch.get_num_threads())  # fmt: skip
-        _check(rc, "pack_rows")
-        return out
-
-    def dequantize_blocks(
-        self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int
-    ) -> torch.Tensor:
-        """ggml-ordered blocks of a block kind (N · row_bytes uint8 CPU bytes, any shape) → float32 [N, K],
-        as loading/gguf.py's torch dequantizers and `gguf.quants.dequantize`; also the K-quant kinds
-        (K/256 super-blocks a row)."""
-        if kind in KQUANT_BYTES:
-            check_kquant_blocks(kind, blocks, out_features, in_features)
-        else:
-            check_blocks(kind, blocks, out_features, in_features)
-        if not blocks.is_cpu:
-            raise UnsupportedInput("dequantize_blocks: the blocks are not on the CPU")
-        src = blocks.contiguous()
-        out = torch.empty(out_features, in_features, dtype=_F32)
-        rc = self.lib.blz_dequantize_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
-                                            out.data_ptr(), torch.get_num_threads())  # fmt: skip
-        _check(rc, "dequantize_blocks")
-        return out
-
-    def quantize_blocks(self, kind: str, w: torch.Tensor) -> torch.Tensor:
-        """`quant.quantize_reference` in C (a direct call, never recorded): a float weight [N, K] (f32, bf16
-        or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes]."""
-        check_quantize(kind, w)
-        if not w.is_cpu or w.dtype not in _ELEMENT_CODES:
-            raise UnsupportedInput(f"quantize_blocks: a CPU f32 / bf16 / f16 weight expected, found "
-                                   f"{w.dtype} on {w.device}")  # fmt: skip
-        src = w.detach().contiguous()
-        n, k = src.shape
-        out = torch.empty(-(-n // ROW_GROUP), ROW_GROUP * k // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
-        rc = self.lib.blz_quantize_blocks(_KIND_CODES[kind], src.data_ptr(), _ELEMENT_CODES[src.dtype], n, k,
-                                          out.data_ptr(), torch.get_num_threads())  # fmt: skip
-        _check(rc, "quantize_blocks")
-        return out
-
-    def quantize_rows(
-        self, kind: str, rows: torch.Tensor, dtype: torch.dtype, out_features: int, in_features: int
-    ) -> torch.Tensor:
-        """`quantize_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each
-        row's K values of `dtype` (f32 / bf16 / f16, aligned to it; the caller keeps that memory alive for
-        the call) → uint8 [G, 16 · row_bytes]."""
-        out, rows = _rows_out("quantize_rows", kind, rows, out_features, in_features), rows.contiguous()
-        if dtype not in _ELEMENT_CODES:
-            raise UnsupportedInput(f"quantize_rows: f32 / bf16 / f16 rows expected, found {dtype}")
-        code, n, k = _ELEMENT_CODES[dtype], out_features, in_features
-        rc = self.lib.blz_quantize_rows(_KIND_CODES[kind], rows.data_ptr(), code, n, k, out.data_ptr(),
-                                        torch.get_num_threads())  # fmt: skip
-        _check(rc, "quantize_rows")
-        return out
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None

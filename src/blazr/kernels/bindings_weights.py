@@ -1,0 +1,137 @@
+"""The weight-format kernels' bindings, mixed into `Kernels` (bindings.py): direct calls at load time, never
+recorded — ggml blocks packed into the kernels' row groups (`pack_blocks`, `pack_rows`), dequantized
+(`dequantize_blocks`), and float weights quantized straight into that layout (`quantize_blocks`,
+`quantize_rows`). Also the C codes of weight kinds and element types that every binding passes."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from blazr.kernels.calls import _F32, UnsupportedInput, _check
+from blazr.kernels.quant import (
+    BLOCK_BYTES,
+    KQUANT_BYTES,
+    QK,
+    ROW_GROUP,
+    check_blocks,
+    check_kquant_blocks,
+    check_quantize,
+)
+
+_ELEMENT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # BLZ_KV_F32 / BF16 / F16
+_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "kmix": 6,
+               "f32": 0, "bf16": 0}  # fmt: skip
+
+
+def declare_weight_calls(lib: ctypes.CDLL) -> None:
+    """The ctypes signatures of the weight-format entry points."""
+    lib.blz_pack_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                    ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+    lib.blz_pack_blocks.restype = ctypes.c_int
+    lib.blz_quantize_blocks.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+    lib.blz_quantize_blocks.restype = ctypes.c_int
+    lib.blz_quantize_rows.argtypes = lib.blz_quantize_blocks.argtypes
+    lib.blz_quantize_rows.restype = ctypes.c_int
+    lib.blz_pack_rows.argtypes = lib.blz_pack_blocks.argtypes
+    lib.blz_pack_rows.restype = ctypes.c_int
+    lib.blz_dequantize_blocks.argtypes = lib.blz_pack_blocks.argtypes
+    lib.blz_dequantize_blocks.restype = ctypes.c_int
+
+
+def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Check the arguments of a kernel that reads a weight's rows by address; its packed output [G, 16 ·
+    row_bytes] (uninitialised)."""
+    if kind not in BLOCK_BYTES or in_features <= 0 or in_features % QK:
+        raise ValueError(f"{op}: kind {kind!r} with in_features {in_features}: a block kind and a positive "
+                         f"multiple of {QK} expected")  # fmt: skip
+    if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
+        raise ValueError(f"{op}: int64 CPU row addresses [{out_features}] expected, found {rows.dtype} "
+                         f"{list(rows.shape)}")  # fmt: skip
+    row_bytes = in_features // QK * BLOCK_BYTES[kind]
+    return torch.empty(-(-out_features // ROW_GROUP), ROW_GROUP * row_bytes, dtype=torch.uint8)
+
+
+class WeightFormatBindings:
+    """`pack_blocks`, `pack_rows`, `dequantize_blocks`, `quantize_blocks`, `quantize_rows`; uses the `lib` of
+    the Kernels it is mixed into."""
+
+    lib: ctypes.CDLL
+
+    def pack_blocks(
+        self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int
+    ) -> torch.Tensor:
+        """`quant.pack_blocks` in C (a direct call, never recorded): ggml-ordered blocks of a block kind
+        (N · row_bytes uint8 CPU bytes, any shape) → uint8 [G, 16 · row_bytes], as
+        `pack_blocks_reference`."""
+        check_blocks(kind, blocks, out_features, in_features)
+        if not blocks.is_cpu:
+            raise UnsupportedInput("pack_blocks: the blocks are not on the CPU")
+        src = blocks.contiguous()
+        g = -(-out_features // ROW_GROUP)
+        out = torch.empty(g, ROW_GROUP * in_features // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        rc = self.lib.blz_pack_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
+                                      out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "pack_blocks")
+        return out
+
+    def pack_rows(self, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+        """`pack_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each row's
+        ggml blocks (row_bytes each; the caller keeps that memory alive for the call) → uint8
+        [G, 16 · row_bytes], as `pack_blocks_reference` of the gathered rows."""
+        out, rows = _rows_out("pack_rows", kind, rows, out_features, in_features), rows.contiguous()
+        rc = self.lib.blz_pack_rows(_KIND_CODES[kind], rows.data_ptr(), out_features, in_features,
+                                    out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "pack_rows")
+        return out
+
+    def dequantize_blocks(
+        self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int
+    ) -> torch.Tensor:
+        """ggml-ordered blocks of a block kind (N · row_bytes uint8 CPU bytes, any shape) → float32 [N, K],
+        as loading/gguf.py's torch dequantizers and `gguf.quants.dequantize`; also the K-quant kinds
+        (K/256 super-blocks a row)."""
+        if kind in KQUANT_BYTES:
+            check_kquant_blocks(kind, blocks, out_features, in_features)
+        else:
+            check_blocks(kind, blocks, out_features, in_features)
+        if not blocks.is_cpu:
+            raise UnsupportedInput("dequantize_blocks: the blocks are not on the CPU")
+        src = blocks.contiguous()
+        out = torch.empty(out_features, in_features, dtype=_F32)
+        rc = self.lib.blz_dequantize_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
+                                            out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "dequantize_blocks")
+        return out
+
+    def quantize_blocks(self, kind: str, w: torch.Tensor) -> torch.Tensor:
+        """`quant.quantize_reference` in C (a direct call, never recorded): a float weight [N, K] (f32, bf16
+        or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes]."""
+        check_quantize(kind, w)
+        if not w.is_cpu or w.dtype not in _ELEMENT_CODES:
+            raise UnsupportedInput(f"quantize_blocks: a CPU f32 / bf16 / f16 weight expected, found "
+                                   f"{w.dtype} on {w.device}")  # fmt: skip
+        src = w.detach().contiguous()
+        n, k = src.shape
+        out = torch.empty(-(-n // ROW_GROUP), ROW_GROUP * k // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        rc = self.lib.blz_quantize_blocks(_KIND_CODES[kind], src.data_ptr(), _ELEMENT_CODES[src.dtype], n, k,
+                                          out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "quantize_blocks")
+        return out
+
+    def quantize_rows(
+        self, kind: str, rows: torch.Tensor, dtype: torch.dtype, out_features: int, in_features: int
+    ) -> torch.Tensor:
+        """`quantize_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each
+        row's K values of `dtype` (f32 / bf16 / f16, aligned to it; the caller keeps that memory alive for
+        the call) → uint8 [G, 16 · row_bytes]."""
+        out, rows = _rows_out("quantize_rows", kind, rows, out_features, in_features), rows.contiguous()
+        if dtype not in _ELEMENT_CODES:
+            raise UnsupportedInput(f"quantize_rows: f32 / bf16 / f16 rows expected, found {dtype}")
+        code, n, k = _ELEMENT_CODES[dtype], out_features, in_features
+        rc = self.lib.blz_quantize_rows(_KIND_CODES[kind], rows.data_ptr(), code, n, k, out.data_ptr(),
+                                        torch.get_num_threads())  # fmt: skip
+        _check(rc, "quantize_rows")
+        return out
