@@ -6,8 +6,9 @@ test_server*.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -217,6 +218,17 @@ def test_api_key_guards_v1_and_docs_only():
         assert client.get("/v1/models", headers={"authorization": "bearer secret"}).status_code == 200
 
 
+@contextlib.asynccontextmanager
+async def _running(engine: FakeEngine) -> AsyncIterator[AsyncEngine]:
+    """An AsyncEngine over `engine`, started, shut down on leaving."""
+    async_engine = AsyncEngine(engine)  # type: ignore[arg-type]
+    async_engine.start()
+    try:
+        yield async_engine
+    finally:
+        async_engine.shutdown()
+
+
 async def _until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
     """Wait for the engine thread to make `condition` true (asserted after `seconds`)."""
     for _ in range(int(seconds / 0.01)):
@@ -230,9 +242,7 @@ def test_closing_a_stream_early_aborts_its_requests():
     engine = FakeEngine()
 
     async def go() -> None:
-        async_engine = AsyncEngine(engine)  # type: ignore[arg-type]
-        async_engine.start()
-        try:
+        async with _running(engine) as async_engine:
             params = SamplingParams(max_tokens=50)
             stream = await async_engine.generate(
                 [EngineRequest("a", [1], params), EngineRequest("b", [2], params)]
@@ -243,8 +253,6 @@ def test_closing_a_stream_early_aborts_its_requests():
             await _until(lambda: sorted(engine.aborted) == ["a", "b"])
             with pytest.raises(BlazrError, match="too long"):
                 await async_engine.generate([EngineRequest("c", [1] * 60, params)])
-        finally:
-            async_engine.shutdown()
 
     asyncio.run(go())
 
@@ -255,9 +263,7 @@ def test_stream_batches_hold_whole_steps_and_an_error_comes_after_the_outputs_be
     engine = FakeEngine()
 
     async def go() -> None:
-        async_engine = AsyncEngine(engine)  # type: ignore[arg-type]
-        async_engine.start()
-        try:
+        async with _running(engine) as async_engine:
             params = SamplingParams(max_tokens=4)
             stream = await async_engine.generate([EngineRequest(r, [1], params) for r in "abc"])
             await asyncio.sleep(0.2)  # the engine finishes all four steps (2 ms each) meanwhile
@@ -276,8 +282,6 @@ def test_stream_batches_hold_whole_steps_and_an_error_comes_after_the_outputs_be
             with pytest.raises(RequestFailedError):
                 await it.__anext__()
             await _until(lambda: "d" in engine.aborted)  # the rest of the failed group is aborted
-        finally:
-            async_engine.shutdown()
 
     asyncio.run(go())
 
