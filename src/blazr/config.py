@@ -223,7 +223,9 @@ class EngineConfig:
     """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;
     `num_kv_blocks=0` sizes the paged pool for `max_num_seqs × max_model_len` tokens, capped by the cache
     memory budget (`cache_memory_gib`, None: a share of the memory available, state/budget.py); past that,
-    sequences are preempted and recomputed."""
+    sequences are preempted and recomputed. `enable_prefix_caching`: reuse the cache of earlier requests'
+    common prefixes (state/cache_manager.py); Mamba2 state is snapshotted every `state_snapshot_interval`
+    blocks along a sequence, plus the prompt's last block boundary and the latest one reached."""
 
     max_num_seqs: int = 16
     max_model_len: int = 4096
@@ -236,3 +238,5 @@ class EngineConfig:
     fused_decode: bool = True
     # CUDA decode steps of pure-attention models run as captured CUDA graphs (engine/cuda_graphs.py).
     cuda_graphs: bool = True
+    enable_prefix_caching: bool = True
+    state_snapshot_interval: int = 8

@@ -75,6 +75,7 @@ class SeqOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     first_token_time: float | None = None
     arrival_time: float = 0.0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
     error: BaseException | None = None  # finish_reason "error": what failed (for the log, not for clients)
 
 
