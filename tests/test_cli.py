@@ -168,3 +168,69 @@ def test_error_bad_sampling_flag(tiny):
         blazr("generate", "--model", str(tiny), "--prompt", "x", "--top-p", "1.5"),
         r"top_p must be in \(0, 1\]",
     )
+
+
+# -------------------------------------------------------------------------------------------- bench
+
+
+def test_bench_shared_prefix_and_cached_tokens():
+    """`blazr bench --shared-prefix-len N` against a stub server: every prompt (warm-up too) starts with the
+    same N words, each level sends new prompts, and the server's `usage.prompt_tokens_details.cached_tokens`
+    becomes the table's cached share; a server that does not report it gets no such column."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    prompts: list[str] = []
+    report_cached = [True]
+
+    class Stub(BaseHTTPRequestHandler):
+        def _send(self, body: bytes, kind: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._send(json.dumps({"data": [{"id": "stub"}]}).encode(), "application/json")
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            prompts.append(body["prompt"])
+            usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": 2}
+            if report_cached[0]:
+                usage["prompt_tokens_details"] = {"cached_tokens": 8}
+            events = [{"choices": [{"index": 0, "text": t}]} for t in (" a", " b")]
+            events.append({"choices": [], "usage": usage})
+            sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            self._send(sse.encode(), "text/event-stream")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    common = ["bench", "--base-url", url, "--concurrency", "1,2", "--num-prompts", "3", "--input-len", "5"]
+    try:
+        r = blazr(*common, "--output-len", "2", "--shared-prefix-len", "8")
+        assert r.returncode == 0, r.stderr
+        assert len(prompts) == 1 + 2 * 3  # the warm-up, then 3 per level
+        words = [p.split() for p in prompts]
+        assert all(len(w) == 8 + 5 and w[:8] == words[0][:8] for w in words)
+        assert len({" ".join(w[8:]) for w in words[1:]}) == 6  # new prompts at every level
+        assert "after 8 shared words" in r.stderr
+        table = [line for line in r.stdout.splitlines() if line.startswith("|")]
+        assert table[0].endswith(" cached |")
+        assert all(row.endswith(f" {100 * 8 / 13:.1f}% |") for row in table[2:]), table
+
+        prompts.clear()
+        report_cached[0] = False
+        r = blazr(*common, "--output-len", "2")
+        assert r.returncode == 0, r.stderr
+        assert all(len(p.split()) == 5 for p in prompts)
+        assert "cached" not in r.stdout
+    finally:
+        server.shutdown()
+    r = blazr(*common, "--shared-prefix-len", "-1")
+    assert r.returncode == 2 and "error: --shared-prefix-len must be ≥ 0" in r.stderr

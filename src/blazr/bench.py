@@ -4,7 +4,12 @@ For each concurrency level, `--num-prompts` streamed /v1/completions requests ru
 flight; every SSE chunk is timed on arrival (httpx, not the openai client, so nothing buffers). Requests ask
 for `--output-len` tokens with `ignore_eos` (a vLLM extra; a server that ignores it may stop early, and
 fewer tokens are accepted and counted from `usage`). Prompts are deterministic word sequences drawn from
-`--seed`, about one token per word; the table reports the prompt tokens the server counted.
+`--seed`, about one token per word, new ones for every level (a server with a prefix cache would otherwise
+answer a level's repeats of the last level's prompts from its cache); the table reports the prompt tokens the
+server counted. `--shared-prefix-len N` puts the same N words before every prompt (a shared system prompt;
+the warm-up requests carry it too, so the levels measure a server whose cache already holds it), and when the
+server reports `usage.prompt_tokens_details.cached_tokens` the table adds the share of prompt tokens it
+served from its prefix cache.
 
 Metrics (vLLM's definitions): TTFT = time to the first chunk with text; ITL = gaps between chunks;
 TPOT = (E2EL − TTFT) / (output tokens − 1) per request; E2EL = request latency; throughputs divide totals
@@ -48,6 +53,7 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server sends it
 
 
 @dataclass
@@ -75,6 +81,7 @@ class LevelResult:
     mean_e2el_ms: float
     median_e2el_ms: float
     p99_e2el_ms: float
+    total_cached_tokens: int | None = None  # None: the server reported no cached tokens
     errors: list[str] = field(default_factory=list)
 
 
@@ -85,6 +92,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default %(default)s)")
     p.add_argument("--num-prompts", type=int, default=32, help="requests per level (default %(default)s)")
     p.add_argument("--input-len", type=int, default=128, help="prompt length in words ≈ tokens (default 128)")
+    p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="words ≈ tokens of one shared prefix before every prompt (a system prompt; default 0)",
+    )
     p.add_argument("--output-len", type=int, default=64, help="max_tokens per request (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at end-of-sequence")
@@ -94,10 +107,17 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
 
 
-def make_prompts(num: int, length: int, seed: int) -> list[str]:
-    """Deterministic prompts of `length` random words each."""
+def make_prompts(num: int, length: int, seed: int, prefix: str = "") -> list[str]:
+    """Deterministic prompts of `length` random words each, after `prefix` (shared, may be empty)."""
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(length)) for _ in range(num)]
+    lead = f"{prefix} " if prefix else ""
+    return [lead + " ".join(rng.choice(WORDS) for _ in range(length)) for _ in range(num)]
+
+
+def shared_prefix(length: int, seed: int) -> str:
+    """The `--shared-prefix-len` words before every prompt (its own random stream: the prompts stay)."""
+    rng = random.Random(f"shared-prefix-{seed}")
+    return " ".join(rng.choice(WORDS) for _ in range(length))
 
 
 async def _one(client: Any, url: str, payload: dict[str, Any]) -> RequestResult:
@@ -123,9 +143,10 @@ async def _one(client: Any, url: str, payload: dict[str, Any]) -> RequestResult:
                     res.error = str(chunk["error"].get("message", chunk["error"]))[:200]
                     return res
                 now = time.perf_counter()
-                if chunk.get("usage"):
-                    res.prompt_tokens = int(chunk["usage"].get("prompt_tokens", 0))
-                    res.output_tokens = int(chunk["usage"].get("completion_tokens", 0))
+                if usage := chunk.get("usage"):
+                    res.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                    res.output_tokens = int(usage.get("completion_tokens", 0))
+                    res.cached_tokens = _cached_tokens(usage)
                 text = "".join(c.get("text") or "" for c in chunk.get("choices", []))
                 if not text:
                     continue
@@ -139,6 +160,13 @@ async def _one(client: Any, url: str, payload: dict[str, Any]) -> RequestResult:
     except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
         res.error = f"{type(e).__name__}: {e}"[:200]
     return res
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` (OpenAI's field), None when absent or not a number."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return int(cached) if isinstance(cached, int | float) and not isinstance(cached, bool) else None
 
 
 def _ms(values: list[float], q: float | None = None) -> float:
@@ -156,6 +184,7 @@ def summarize(concurrency: int, results: list[RequestResult], duration: float) -
     itl = [x for r in done for x in r.itl]
     n_in = sum(r.prompt_tokens for r in done)
     n_out = sum(r.output_tokens for r in done)
+    cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
     duration = max(duration, 1e-9)
     return LevelResult(
         concurrency=concurrency,
@@ -179,6 +208,7 @@ def summarize(concurrency: int, results: list[RequestResult], duration: float) -
         mean_e2el_ms=_ms(e2el),
         median_e2el_ms=_ms(e2el, 50),
         p99_e2el_ms=_ms(e2el, 99),
+        total_cached_tokens=sum(cached) if cached else None,
         errors=sorted({r.error for r in results if not r.ok})[:5],
     )
 
@@ -227,32 +257,43 @@ async def bench(args: argparse.Namespace, levels: list[int]) -> tuple[str, list[
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout) as client:
         model = args.model or await _discover_model(client, base)
         url = f"{base}/v1/completions"
-        prompts = make_prompts(args.num_prompts, args.input_len, args.seed)
-        payloads = [_payload(args, model, p) for p in prompts]
-        warm = make_prompts(args.warmup, args.input_len, args.seed + 1)
+        prefix = shared_prefix(args.shared_prefix_len, args.seed)
+        n = args.num_prompts
+        prompts = make_prompts(n * len(levels), args.input_len, args.seed, prefix)  # n new ones per level
+        warm = make_prompts(args.warmup, args.input_len, args.seed + 1, prefix)
         for p in warm:
             res = await _one(client, url, _payload(args, model, p))
             if not res.ok:
                 raise RuntimeError(f"warm-up request failed: {res.error}")
         results = []
-        for c in levels:
+        for i, c in enumerate(levels):
+            payloads = [_payload(args, model, p) for p in prompts[i * n : (i + 1) * n]]
             results.append(await _level(client, url, payloads, c))
             print(f"  concurrency {c}: done in {results[-1].duration_s:.1f}s", file=sys.stderr, flush=True)
     return model, results
 
 
+def cached_share(r: LevelResult) -> str:
+    """Prompt tokens the server served from its prefix cache, as a percentage ("–" when not reported)."""
+    if r.total_cached_tokens is None:
+        return "–"
+    return f"{100.0 * r.total_cached_tokens / max(1, r.total_input_tokens):.1f}%"
+
+
 def format_table(results: list[LevelResult]) -> str:
-    """A markdown table: one row per concurrency level."""
+    """A markdown table: one row per concurrency level (a `cached` column when the server reports it)."""
+    has_cached = any(r.total_cached_tokens is not None for r in results)
     head = (
         "| concurrency | ok/failed | duration s | req/s | out tok/s | total tok/s | TTFT mean ms "
         "| TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | TPOT mean ms | E2EL mean ms |"
+        + (" cached |" if has_cached else "")
     )
-    sep = "|" + "---:|" * 13
+    sep = "|" + "---:|" * (14 if has_cached else 13)
     rows = [
         f"| {r.concurrency} | {r.completed}/{r.failed} | {r.duration_s:.1f} | {r.request_throughput:.2f} "
         f"| {r.output_throughput:.1f} | {r.total_token_throughput:.1f} | {r.mean_ttft_ms:.0f} "
         f"| {r.median_ttft_ms:.0f} | {r.p99_ttft_ms:.0f} | {r.median_itl_ms:.1f} | {r.p99_itl_ms:.1f} "
-        f"| {r.mean_tpot_ms:.1f} | {r.mean_e2el_ms:.0f} |"
+        f"| {r.mean_tpot_ms:.1f} | {r.mean_e2el_ms:.0f} |" + (f" {cached_share(r)} |" if has_cached else "")
         for r in results
     ]
     return "\n".join([head, sep, *rows])
@@ -273,8 +314,12 @@ def run_bench(args: argparse.Namespace) -> int:
             "error: --concurrency, --num-prompts, --input-len and --output-len must be ≥ 1", file=sys.stderr
         )
         return 2
+    if args.shared_prefix_len < 0:
+        print(f"error: --shared-prefix-len must be ≥ 0, got {args.shared_prefix_len}", file=sys.stderr)
+        return 2
+    shared = f" after {args.shared_prefix_len} shared words" if args.shared_prefix_len else ""
     print(
-        f"blazr bench: {args.base_url}, {args.num_prompts} prompts × {args.input_len} words in, "
+        f"blazr bench: {args.base_url}, {args.num_prompts} prompts × {args.input_len} words in{shared}, "
         f"{args.output_len} tokens out{'' if args.no_ignore_eos else ' (ignore_eos)'}, "
         f"concurrency {','.join(map(str, levels))}, seed {args.seed}",
         file=sys.stderr,
@@ -302,6 +347,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "model": model,
             "num_prompts": args.num_prompts,
             "input_len": args.input_len,
+            "shared_prefix_len": args.shared_prefix_len,
             "output_len": args.output_len,
             "temperature": args.temperature,
             "ignore_eos": not args.no_ignore_eos,
