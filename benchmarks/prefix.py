@@ -345,7 +345,7 @@ def sweep_part(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for k in args.intervals:
         log(f"  interval {k} blocks")
-        fresh_engine(llm, state_snapshot_interval=k)
+        fresh_engine(llm, enable_prefix_caching=True, state_snapshot_interval=k)
         results.append(
             {"interval": k, "chat": _sweep_chat(llm, chat, args), "sp": _sweep_prompts(llm, groups)}
         )
