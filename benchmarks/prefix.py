@@ -18,7 +18,9 @@ a new conversation (new words), so no round finds the last one's turns; medians 
 Models: the embedded SmolLM2-135M (Q4_1 GGUF) and granite-4.0-h-350m's published shape (random weights,
 benchmarks/hybrid_peers.py builds it once; --hybrid-quantize int8 by default): 28 Mamba2 + 4 attention
 layers, so a hit resumes from a Mamba2 state snapshot. Snapshot memory = snapshots held ×
-`state_bytes_per_sequence` (conv + SSM state of every Mamba2 layer), per distinct cached prefix token.
+`state_bytes_per_sequence` (conv + SSM state of every Mamba2 layer), per distinct cached prefix token; the
+cache-on engine gets --snapshots snapshot slots (default 160: none is evicted in these runs, so the count
+is what the workload leaves, not what the default pool could keep).
 
 Part 2, sweep (the hybrid only): `EngineConfig.state_snapshot_interval` = each of --intervals (blocks of
 16 tokens), hit rate vs snapshot memory on two workloads, each on a fresh engine over one loaded model (the
@@ -204,11 +206,15 @@ def chat_params(args: argparse.Namespace) -> SamplingParams:
 def chat_part(model: str, args: argparse.Namespace) -> dict[str, Any]:
     """Turns 1..T on the cache-off and cache-on engines, alternating, over --rounds new conversations."""
     log(f"# chat: loading {model} twice (prefix cache off / on)")
-    engines = {"off": load(model, args, caching=False), "on": load(model, args, caching=True)}
+    engines = {
+        "off": load(model, args, caching=False),
+        "on": load(model, args, caching=True, num_snapshots=args.snapshots),
+    }
     for llm in engines.values():
         warm(llm)
     on = engines["on"]
     queries0, hits0 = on.engine.prefix_cache_queries, on.engine.prefix_cache_hits
+    snapshots0 = on.engine.cache.num_snapshots  # the warm-up's
     params = chat_params(args)
     rounds: list[list[dict[str, Any]]] = []
     contexts: list[list[int]] = []  # every prompt + reply the cache-on engine saw (distinct prefixes held)
@@ -242,7 +248,7 @@ def chat_part(model: str, args: argparse.Namespace) -> dict[str, Any]:
         rounds.append(rows)
     queries = on.engine.prefix_cache_queries - queries0
     hits = on.engine.prefix_cache_hits - hits0
-    num_snapshots = on.engine.cache.num_snapshots
+    num_snapshots = on.engine.cache.num_snapshots - snapshots0
     held_tokens = distinct_blocks(contexts) * BLOCK
     result = {
         "model": model,
@@ -335,8 +341,8 @@ def chat_table(res: dict[str, Any], args: argparse.Namespace) -> str:
 
 def sweep_part(args: argparse.Namespace) -> dict[str, Any]:
     """Snapshot interval vs hit rate and snapshot memory, workloads A (chat) and B (shared system prompts)."""
-    log(f"# sweep: loading {HYBRID} (prefix cache on, {args.sweep_snapshots} snapshot slots)")
-    llm = load(HYBRID, args, caching=True, num_snapshots=args.sweep_snapshots)
+    log(f"# sweep: loading {HYBRID} (prefix cache on, {args.snapshots} snapshot slots)")
+    llm = load(HYBRID, args, caching=True, num_snapshots=args.snapshots)
     warm(llm)
     chat, groups = Chat.make(2000, args), _groups(args)
     log("  cache off: the reference pass (fixes the chat's replies)")
@@ -583,7 +589,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--cache-memory", type=float, default=4.0, help="GiB of cache per engine")
     ap.add_argument("--intervals", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16])
-    ap.add_argument("--sweep-snapshots", type=int, default=160, help="snapshot slots in the sweep")
+    ap.add_argument(
+        "--snapshots",
+        type=int,
+        default=160,
+        help="snapshot slots of the hybrid's cache-on engines (none evicted)",
+    )
     ap.add_argument("--groups", type=int, default=6, help="shared system prompts in sweep workload B")
     ap.add_argument("--group-size", type=int, default=4, help="user messages per system prompt")
     ap.add_argument("--sp-min", type=int, default=100)
