@@ -1,6 +1,7 @@
 """`blazr info`: a JSON description of a checkpoint computed from its detected config alone (the model is
 built on the meta device to count parameters; no weights are read), with the cache memory budget the
-engine would size its pools from on this machine now (state/budget.py) and what it holds."""
+engine would size its pools from on this machine now (state/budget.py), what it holds, and whether the
+prefix cache is on."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def describe(
             "dtype": dtype_name(dtype),
             "kv_bytes_per_token": bytes_per_token(cfg, dtype),
             "state_bytes_per_sequence": state_bytes_per_sequence(cfg, dtype),
+            "prefix_caching": engine.enable_prefix_caching,
             "budget": _budget(ckpt, dtype, engine),
         },
         "tokenizer": _tokenizer_choice(ckpt),
