@@ -1,16 +1,24 @@
 """Drive a ModelRunner by hand: chosen chunk schedules for one or many sequences, collecting the logits of
 every position. This is how the cache invariants are tested (prefill + N steps == full forward, chunked ==
-whole, batched == alone) independently of the scheduler's own choices."""
+whole, batched == alone) independently of the scheduler's own choices. Blocks and state slots come from the
+engine's CacheManager (`place` / `release`), so hand-driven steps never write into blocks its prefix cache
+holds."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from blazr.engine.cache_manager import CacheManager
 from blazr.engine.runner import ModelRunner
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.scheduler import ScheduledBatch
 from blazr.engine.sequence import Sequence
 from blazr.state.batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from blazr.llm import LLM
 
 
 @torch.inference_mode()
@@ -22,22 +30,33 @@ def full_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Ten
     return list(logits.split([len(p) for p in prompts]))
 
 
+def place(cache: CacheManager, seqs: list[Sequence], extra_tokens: int = 0) -> None:
+    """Blocks for each sequence's tokens (+ `extra_tokens`) and a state slot, as the scheduler would give
+    them (no prefix-cache lookup)."""
+    for seq in seqs:
+        if cache.blocks is not None:
+            need = cache.blocks.blocks_needed(seq.num_tokens + extra_tokens, 0)
+            seq.block_table = cache.blocks.allocate(need)
+        if cache.slots is not None:
+            seq.state_slot = cache.slots.allocate()
+
+
+def release(cache: CacheManager, seqs: list[Sequence]) -> None:
+    for seq in seqs:
+        cache.release(seq)
+
+
 @torch.inference_mode()
-def stepwise_logits(
-    runner: ModelRunner, prompts: list[list[int]], chunks: list[list[int]]
-) -> list[torch.Tensor]:
+def stepwise_logits(llm: LLM, prompts: list[list[int]], chunks: list[list[int]]) -> list[torch.Tensor]:
     """Run each sequence through its own chunk schedule (chunks[i] sums to len(prompts[i])), all sequences
     batched together step by step (1-token chunks go through the decode path). Returns [L_i, V] per prompt:
     row p holds the logits after position p."""
+    runner = llm.runner
     seqs = [
         Sequence(f"s{i}", 0, list(p), SamplingParams(prompt_logprobs=0, max_tokens=1), frozenset())
         for i, p in enumerate(prompts)
     ]
-    for seq in seqs:
-        if runner.blocks is not None:
-            seq.block_table = runner.blocks.allocate(runner.blocks.blocks_needed(seq.num_tokens, 0))
-        if runner.slots is not None:
-            seq.state_slot = runner.slots.allocate()
+    place(llm.engine.cache, seqs)
     rows: list[list[torch.Tensor]] = [[] for _ in seqs]
     plans = [list(c) for c in chunks]
     try:
@@ -57,11 +76,7 @@ def stepwise_logits(
                     rows[i].append(step.sample[sampled[seq.seq_id]][None].clone())
                 seq.num_computed_tokens += n
     finally:
-        for seq in seqs:
-            if runner.blocks is not None:
-                runner.blocks.free(seq.block_table)
-            if runner.slots is not None and seq.state_slot is not None:
-                runner.slots.free(seq.state_slot)
+        release(llm.engine.cache, seqs)
     return [torch.cat(r) for r in rows]
 
 

@@ -40,7 +40,7 @@ def check_cache_invariants(llm: LLM, rel: float = 1e-4) -> None:
         "mixed": [[40, 5, 1, 1, 23], [1] * 33, [12]],
     }
     for name, plan in plans.items():
-        for got, want in zip(stepwise_logits(llm.runner, batch, plan), ref, strict=True):
+        for got, want in zip(stepwise_logits(llm, batch, plan), ref, strict=True):
             try:
                 assert_logits_close(got, want, rel)
             except AssertionError as e:

@@ -41,6 +41,7 @@ from blazr.loading.quantize import wrap_float_linears
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.kv_cache import ModelCache
+from tests.drive import place, release
 from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.tiny import build
@@ -167,15 +168,16 @@ def _tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[Sa
 
 
 @torch.inference_mode()
-def _decode_step_logits(runner: ModelRunner, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_step_logits(llm: LLM, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill the prompts (eager), then run the same decode step through the plan and through the eager
     model, its quantized layers on the same kernels (`use_kernels`): ([B, V], [B, V]). Each run writes its
     own keys/values for the new token before reading them."""
+    runner = llm.runner
     seqs = [
         Sequence(f"s{i}", 0, list(p), SamplingParams(max_tokens=2), frozenset())
         for i, p in enumerate(prompts)
     ]
-    _place(runner, seqs)
+    place(llm.engine.cache, seqs, 1)
     plan = runner.decode_plan
     assert plan is not None
     try:
@@ -193,17 +195,8 @@ def _decode_step_logits(runner: ModelRunner, prompts: list[list[int]]) -> tuple[
             eager = runner.run(decode).sample.clone()
     finally:
         runner.decode_plan = plan
-        _release(runner, seqs)
+        release(llm.engine.cache, seqs)
     return fused, eager
-
-
-def _place(runner: ModelRunner, seqs: list[Sequence]) -> None:
-    """Cache blocks for one more token and a state slot, as the scheduler would give them."""
-    for seq in seqs:
-        if runner.blocks is not None:
-            seq.block_table = runner.blocks.allocate(runner.blocks.blocks_needed(seq.num_tokens + 1, 0))
-        if runner.slots is not None:
-            seq.state_slot = runner.slots.allocate()
 
 
 def _states(runner: ModelRunner) -> Callable[[], None]:
@@ -218,14 +211,6 @@ def _states(runner: ModelRunner) -> Callable[[], None]:
             lc.ssm.copy_(ssm)
 
     return restore
-
-
-def _release(runner: ModelRunner, seqs: list[Sequence]) -> None:
-    for seq in seqs:
-        if runner.blocks is not None:
-            runner.blocks.free(seq.block_table)
-        if runner.slots is not None:
-            runner.slots.free(seq.state_slot)
 
 
 def test_batched_greedy_tokens_equal_eager(pair):
@@ -269,7 +254,7 @@ def test_mixed_steps_run_their_decodes_through_the_plan(pair, monkeypatch):
 def test_decode_step_logits_equal_eager(pair):
     """The plan replays the eager model's own kernel calls: the same bits."""
     fused, _ = pair
-    got, want = _decode_step_logits(fused.runner, _prompts([5, 17, 40, 9], seed=4))
+    got, want = _decode_step_logits(fused, _prompts([5, 17, 40, 9], seed=4))
     assert torch.equal(got, want)
 
 
@@ -290,7 +275,7 @@ def test_rows_do_not_depend_on_the_batch(pair):
     runner = pair[0].runner
     prompts = _prompts([9, 300, 40, 130], seed=8)
     seqs = [Sequence(f"s{i}", 0, p, SamplingParams(max_tokens=2), frozenset()) for i, p in enumerate(prompts)]
-    _place(runner, seqs)
+    place(pair[0].engine.cache, seqs, 1)
     for seq in seqs:
         runner.run(ScheduledBatch([seq], [seq.num_tokens], 0))
         seq.num_computed_tokens = seq.num_tokens
@@ -302,7 +287,7 @@ def test_rows_do_not_depend_on_the_batch(pair):
             restore()  # recurrent states as before the step
             assert torch.equal(runner.run(ScheduledBatch([seq], [1], 1)).sample[0], together[i])
     finally:
-        _release(runner, seqs)
+        release(pair[0].engine.cache, seqs)
 
 
 @pytest.mark.parametrize("kv", ["float16", "bfloat16"])
@@ -316,7 +301,7 @@ def test_16bit_kv_cache(tmp_path, kv):
     eager_cfg = EngineConfig(max_num_seqs=8, max_model_len=512, max_num_batched_tokens=16, fused_decode=False)
     eager = LLM(tmp_path, cpu=True, dtype="float32", engine_config=eager_cfg, kv_cache_dtype=kv)
     assert fused.runner.cache.layer(0).k.dtype == getattr(torch, kv) and fused.runner.decode_plan is not None
-    got, want = _decode_step_logits(fused.runner, _prompts([5, 17, 40, 9], seed=4))
+    got, want = _decode_step_logits(fused, _prompts([5, 17, 40, 9], seed=4))
     assert torch.equal(got, want)
     prompts = _prompts([3, 21, 8, 30], seed=3)
     assert _tokens(fused, prompts, GREEDY) == _tokens(eager, prompts, GREEDY)
@@ -361,7 +346,7 @@ def test_quantized_weights(tmp_path, arch):
     assert runner.decode_plan is not None
     kinds = {m.kind for m in runner.model.modules() if isinstance(m, QuantizedLinear)}
     assert kinds == {"q8_0"} and isinstance(runner.model.lm_head, QuantizedLinear)
-    got, want = _decode_step_logits(runner, _prompts([7, 30, 12], seed=6))
+    got, want = _decode_step_logits(llm, _prompts([7, 30, 12], seed=6))
     assert torch.equal(got, want)
 
 
@@ -372,7 +357,7 @@ def test_smollm2_decode_step():
     llm = LLM(cpu=True, dtype="float32", quantize="none", engine_config=engine_cfg)
     assert llm.runner.decode_plan is not None and llm.config.tie_word_embeddings
     prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": c}]) for c in ("Hi!", "Name a color.")]
-    got, want = _decode_step_logits(llm.runner, prompts)
+    got, want = _decode_step_logits(llm, prompts)
     assert torch.equal(got, want)
 
 

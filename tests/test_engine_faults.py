@@ -58,10 +58,8 @@ def test_a_failing_request_fails_alone(llm, marker, caplog):
     if marker == FORWARD:  # it failed inside a step with others: they were re-run alone, then it alone
         assert "re-running each alone" in caplog.text
     assert llm.engine.scheduler.num_quarantined == 0 and not llm.engine.has_unfinished()
-    assert (
-        llm.engine.runner.blocks is None
-        or llm.engine.runner.blocks.num_free == llm.engine.runner.blocks.num_blocks
-    )
+    blocks = llm.engine.cache.blocks
+    assert blocks is None or blocks.num_free == blocks.num_blocks
     again = [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy())]
     assert again == alone  # nothing left behind
 

@@ -96,7 +96,7 @@ def test_cached_decode_matches_transformers_given_position_ids(pair):
     """blazr's prefill 12 + 8 single-token steps against transformers decoding by hand with its cache —
     passing position_ids, without which BambaModel rotates every new token at position 0."""
     ids = prompts([20], seed=5, vocab=pair.llm.config.vocab_size)[0]
-    ours = stepwise_logits(pair.llm.runner, [ids], [[12] + [1] * 8])[0]
+    ours = stepwise_logits(pair.llm, [ids], [[12] + [1] * 8])[0]
     out = pair.hf(input_ids=torch.tensor([ids[:12]]), use_cache=True)
     rows = [out.logits[0]]
     for n in range(12, 20):

@@ -134,7 +134,7 @@ def test_as_faithful_as_llama_cpp_and_greedy_equal_up_to_near_ties(
     # then one decode step per token (decode runs the quantized kernels on every CPU; prefill does only
     # where the CPU has AVX-512 VNNI, elsewhere a dense copy with float activations)
     plan = [[len(ids)] + [1] * (len(seq) - len(ids))]
-    logits = stepwise_logits(ours.runner, [seq], plan)[0][len(ids) - 1 : -1].numpy()
+    logits = stepwise_logits(ours, [seq], plan)[0][len(ids) - 1 : -1].numpy()
     spread = float(np.abs(logits - steps).mean())
     # the float model: how far quantization moves a logit (llama.cpp's mean error), where it is decisive
     noise = float(np.abs(steps - exact).mean())

@@ -85,7 +85,7 @@ def test_cache_invariants(pair, plan):
         chunks = [chunked(len(p), 64) for p in prompts]
     else:  # different schedules per sequence in the same steps
         chunks = [[40, 5, 1, 1, 23], [1] * 33, [12]]
-    for got, want in zip(stepwise_logits(llm.runner, prompts, chunks), ref, strict=True):
+    for got, want in zip(stepwise_logits(llm, prompts, chunks), ref, strict=True):
         assert_logits_close(got, want)
 
 

@@ -89,9 +89,9 @@ def test_loaded_model_keeps_its_mapped_weights(tiny_llama: Path) -> None:
     file = str((tiny_llama / "model.safetensors").resolve())
     assert _mapped_file(llm.model.embed_tokens.weight.data_ptr()) == file
     batch = [[3, 1, 4, 1, 5, 9, 2, 6]]
-    first = stepwise_logits(llm.runner, batch, [[8]])[0]
+    first = stepwise_logits(llm, batch, [[8]])[0]
     again = LLM(tiny_llama, cpu=True, dtype="float32", quantize="none")
-    assert torch.equal(first, stepwise_logits(again.runner, batch, [[8]])[0])
+    assert torch.equal(first, stepwise_logits(again, batch, [[8]])[0])
 
 
 def test_row_addresses_and_release(tmp_path: Path) -> None:
@@ -171,8 +171,8 @@ def _check_nan_pools(make: callable, vocab: int) -> None:
     for name, schedule in SCHEDULES.items():
         plan = [schedule(len(p)) for p in batch]
         plan[1] = [len(batch[1])]  # one whole prompt beside the others' decode steps
-        want = stepwise_logits(zero.runner, batch, plan)
-        got = stepwise_logits(nan.runner, batch, plan)
+        want = stepwise_logits(zero, batch, plan)
+        got = stepwise_logits(nan, batch, plan)
         for g, w in zip(got, want, strict=True):
             assert not g.isnan().any(), name
             assert torch.equal(g, w), name

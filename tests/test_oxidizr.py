@@ -224,7 +224,7 @@ def test_whole_model_cache_invariants(ox, plan):
     else:
         chunks = [chunked(len(p), 7 if plan == "chunk7" else 64) for p in prompts]
     for got, want in zip(
-        stepwise_logits(llm.runner, prompts, chunks), full_logits(llm.runner, prompts), strict=True
+        stepwise_logits(llm, prompts, chunks), full_logits(llm.runner, prompts), strict=True
     ):
         assert_logits_close(got, want)
 

@@ -177,7 +177,7 @@ def test_in_situ_quantization_invariants(tiny_llama: Path) -> None:
             "chunks of 64": [chunked(len(p), 64) for p in batch],
             "8 decode steps": [[len(p) - 8] + [1] * 8 for p in batch],
         }
-        runs = {name: stepwise_logits(llm.runner, batch, plan) for name, plan in schedules.items()}
+        runs = {name: stepwise_logits(llm, batch, plan) for name, plan in schedules.items()}
         if llm.model.layers[0].attn.qkv_proj.dense is None:
             for name, run in runs.items():
                 for got, whole in zip(run, runs["whole"], strict=True):

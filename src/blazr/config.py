@@ -224,7 +224,7 @@ class EngineConfig:
     `num_kv_blocks=0` sizes the paged pool for `max_num_seqs × max_model_len` tokens, capped by the cache
     memory budget (`cache_memory_gib`, None: a share of the memory available, state/budget.py); past that,
     sequences are preempted and recomputed. `enable_prefix_caching`: reuse the cache of earlier requests'
-    common prefixes (state/cache_manager.py); Mamba2 state is snapshotted every `state_snapshot_interval`
+    common prefixes (engine/cache_manager.py); Mamba2 state is snapshotted every `state_snapshot_interval`
     blocks along a sequence, plus the prompt's last block boundary and the latest one reached."""
 
     max_num_seqs: int = 16
@@ -240,3 +240,4 @@ class EngineConfig:
     cuda_graphs: bool = True
     enable_prefix_caching: bool = True
     state_snapshot_interval: int = 8
+    num_state_snapshots: int = 0  # snapshot slots for recurrent state (0: a share of the budget)

@@ -25,6 +25,7 @@ from typing import TypeVar
 import torch
 
 from blazr.config import EngineConfig
+from blazr.engine.cache_manager import CacheManager
 from blazr.engine.detokenizer import Detokenizer
 from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
@@ -94,7 +95,14 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.vocab_size = runner.cfg.vocab_size
-        self.scheduler = Scheduler(cfg, runner.blocks, runner.slots)
+        self.cache = CacheManager(
+            runner.cache_plan,
+            has_paged=runner.cache.has_paged,
+            has_state=runner.cache.has_state,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            snapshot_interval=cfg.state_snapshot_interval,
+        )
+        self.scheduler = Scheduler(cfg, self.cache)
         self.requests: dict[str, _Request] = {}
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.num_consecutive_failures = 0  # failed forwards since the last successful one
@@ -171,10 +179,12 @@ class LLMEngine:
         try:
             step = self.runner.run(sched)
         except Exception as e:
+            self.scheduler.rollback()
             return self._forward_failed(sched, e)
         self.num_consecutive_failures = 0
         for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
+        self.scheduler.commit(sched)
         outputs: list[SeqOutput] = []
         prompt_lps = self._prompt_logprobs(step, sched.seqs, outputs)
         seqs, rows = self._expand_forks(step, outputs)
@@ -364,6 +374,7 @@ class LLMEngine:
             num_output_tokens=len(seq.output_ids),
             first_token_time=seq.first_token_time,
             arrival_time=seq.arrival_time,
+            num_cached_tokens=seq.num_cached_tokens,
         )
 
     # ------------------------------------------------------------------------------------------ stats
@@ -378,7 +389,17 @@ class LLMEngine:
 
     @property
     def cache_usage(self) -> float:
-        return self.runner.blocks.usage if self.runner.blocks is not None else 0.0
+        return self.cache.usage
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache (first admissions; cumulative)."""
+        return self.cache.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Of those, tokens found cached (cumulative)."""
+        return self.cache.hits
 
 
 def _score(seq: Sequence, first: int, logits: torch.Tensor) -> None:

@@ -1,5 +1,8 @@
-"""ModelRunner: owns the model and its cache pools; turns a ScheduledBatch into tensors, runs one forward
-and returns the logit rows to sample from.
+"""ModelRunner: owns the model and its cache tensors; turns a ScheduledBatch into tensors, runs one forward
+and returns the logit rows to sample from. The bookkeeping of the cache (which blocks and state slots a
+sequence holds, what is cached) belongs to the scheduler's CacheManager; a step brings its block tables,
+state slots and the state copies it needs (`CacheOps`: snapshot restores before the forward, snapshot saves
+inside it — mid-chunk, by the Mamba2 layers — or after it).
 
 Layout per step: decodes first (one token each), then prefill chunks. For each sequence the new tokens are
 positions [num_computed, num_computed + num_new); their cache slots come from the block table, and the
@@ -26,7 +29,6 @@ from blazr.engine.scheduler import ScheduledBatch
 from blazr.engine.sequence import Sequence
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
-from blazr.state.allocator import BlockAllocator, SlotAllocator
 from blazr.state.batch import ForwardBatch, pad_kv_indices
 from blazr.state.budget import plan_cache
 from blazr.state.kv_cache import ModelCache
@@ -57,18 +59,19 @@ class ModelRunner:
         self.engine_cfg = engine_cfg
         self.device = device
         self.dtype = dtype
-        self.cache_plan = plan_cache(self.cfg, engine_cfg, dtype, kv_dtype, device)
-        num_blocks, num_state_slots = self.cache_plan.num_blocks, self.cache_plan.num_state_slots
-        self.block_size = engine_cfg.block_size
+        plan = self.cache_plan = plan_cache(self.cfg, engine_cfg, dtype, kv_dtype, device)
+        self.block_size = bs = engine_cfg.block_size
+        # one block past the plan's is never handed out: the padding rows of graph-captured steps write there
         self.cache = ModelCache(
-            self.cfg, num_blocks * self.block_size, num_state_slots, dtype, device, kv_dtype=kv_dtype
-        )
-        self.blocks = BlockAllocator(num_blocks, self.block_size) if self.cache.has_paged else None
-        self.slots = SlotAllocator(num_state_slots) if self.cache.has_state else None
+            self.cfg, (plan.num_blocks + 1) * bs, plan.num_state_slots + plan.num_snapshots, dtype, device,
+            kv_dtype=kv_dtype,
+        )  # fmt: skip
+        self.is_paged = self.cache.has_paged
+        self.has_state = self.cache.has_state
         self.has_quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
         self.decode_plan = DecodePlan.create(model, self.cache, engine_cfg, device, dtype)
         self.graphs: GraphDecoder | None = None
-        if self.decode_plan is None and self.blocks is not None and is_supported(self.cfg):
+        if self.decode_plan is None and self.is_paged and is_supported(self.cfg):
             self.graphs = GraphDecoder.create(model, self.cache, engine_cfg, self._pad_slot(), device)
         fast = self.decode_plan or self.graphs
         if fast is not None:
@@ -77,18 +80,18 @@ class ModelRunner:
             self._pos_offset = torch.arange(lmax) % self.block_size  # [Lmax] offset within its block
 
     def _pad_slot(self) -> int | None:
-        """A cache slot of a block reserved for the padding rows of graph-captured decode steps (None when
-        graphs cannot run here, so that no block is taken)."""
-        if not self.engine_cfg.cuda_graphs or self.device.type != "cuda" or self.blocks is None:
+        """The first slot of the block reserved for the padding rows of graph-captured decode steps (None
+        when graphs cannot run here)."""
+        if not self.engine_cfg.cuda_graphs or self.device.type != "cuda" or not self.is_paged:
             return None
-        return self.blocks.allocate(1)[0] * self.block_size
+        return self.cache_plan.num_blocks * self.block_size
 
     def enable_graphs(self, capture) -> GraphDecoder | None:
         """Use graph-captured decode steps with this capture mechanism (tests: an eager stand-in on the CPU),
-        reserving a padding block; returns the decoder (None for an unsupported model)."""
-        assert self.blocks is not None
+        padding into the reserved block; returns the decoder (None for an unsupported model)."""
+        assert self.is_paged
         self.graphs = GraphDecoder.create(
-            self.model, self.cache, self.engine_cfg, self.blocks.allocate(1)[0] * self.block_size,
+            self.model, self.cache, self.engine_cfg, self.cache_plan.num_blocks * self.block_size,
             self.device, capture,
         )  # fmt: skip
         if self.graphs is not None:
@@ -109,12 +112,14 @@ class ModelRunner:
         sample_seqs: list[Sequence] = []
         prompt_rows: dict[int, tuple[int, int, int]] = {}  # seq_id → (first predicted pos, offset, count)
         context_lens, query_lens = [], []
-        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+        state_saves = []  # (row, offset, snapshot slot): the state after `offset` of the row's tokens
+        for b, (seq, n) in enumerate(zip(sched.seqs, sched.num_new_tokens, strict=True)):
             start = seq.num_computed_tokens
             row0 = len(input_ids)
             input_ids.extend(seq.tokens(start, start + n))
             positions.extend(range(start, start + n))
-            if self.blocks is not None:
+            state_saves += [(b, k, dst) for k, dst in sched.cache_ops.saves.get(seq.seq_id, ()) if k < n]
+            if self.is_paged:
                 table = seq.block_table
                 slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             context_lens.append(start)
@@ -135,13 +140,14 @@ class ModelRunner:
             num_decodes=sched.num_decodes,
             logits_indices=torch.tensor(prompt_logit_rows + sample_rows, dtype=torch.long, device=dev),
         )
-        if self.blocks is not None:
+        if self.is_paged:
             batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
             seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
             batch.kv_indices = self._kv_indices(sched.seqs, seq_lens)
             batch.decode_lens = torch.tensor(seq_lens[: sched.num_decodes], dtype=torch.long, device=dev)
-        if self.slots is not None:
+        if self.has_state:
             batch.state_slots = torch.tensor([s.state_slot for s in sched.seqs], dtype=torch.long, device=dev)
+            batch.state_saves = tuple(state_saves)
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         return ids, batch, sample_seqs, prompt_rows
 
@@ -178,7 +184,7 @@ class ModelRunner:
         bs = self.block_size
         positions = [seq.num_computed_tokens for seq in seqs]
         ids = torch.tensor([seq.token_at(p) for seq, p in zip(seqs, positions, strict=True)])
-        if self.blocks is not None:
+        if self.is_paged:
             max_len = max(positions) + 1
             num_blocks = -(-max_len // bs)
             tables = [seq.block_table[:num_blocks] for seq in seqs]
@@ -188,12 +194,26 @@ class ModelRunner:
         else:
             slots, kv_indices = [], torch.zeros(len(seqs), 0, dtype=torch.long)
         seq_lens = torch.tensor([p + 1 for p in positions])
-        state = torch.tensor([s.state_slot for s in seqs]) if self.slots is not None else None
+        state = torch.tensor([s.state_slot for s in seqs]) if self.has_state else None
         logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
         return StepLogits(list(seqs), logits, {})
 
     @torch.inference_mode()
     def run(self, sched: ScheduledBatch) -> StepLogits:
+        """One step: restore snapshots, the forward (decodes, then prefill chunks), save the snapshots that
+        fall at the end of a sequence's new tokens."""
+        self.cache.copy_state_slots(sched.cache_ops.restores)
+        step = self._forward(sched)
+        ends = [
+            (seq.state_slot, dst)
+            for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True)
+            for k, dst in sched.cache_ops.saves.get(seq.seq_id, ())
+            if k == n
+        ]
+        self.cache.copy_state_slots(ends)
+        return step
+
+    def _forward(self, sched: ScheduledBatch) -> StepLogits:
         plan, nd, seqs = self.decode_plan or self.graphs, sched.num_decodes, sched.seqs
         if nd == 0:
             return self._run_eager(sched)
@@ -201,12 +221,12 @@ class ModelRunner:
             decoded = self._run_decode_plan(plan, seqs[:nd])
         elif self.has_quantized:  # decode tokens on the quantized kernels, never on the dense copies
             with use_kernels():
-                decoded = self._run_eager(ScheduledBatch(seqs[:nd], sched.num_new_tokens[:nd], nd))
+                decoded = self._run_eager(sched.part(0, nd))
         else:
             return self._run_eager(sched)
         if nd == len(seqs):
             return decoded
-        rest = self._run_eager(ScheduledBatch(seqs[nd:], sched.num_new_tokens[nd:], 0))
+        rest = self._run_eager(sched.part(nd, len(seqs)))
         sample = torch.cat([decoded.sample, rest.sample])
         return StepLogits(decoded.sample_seqs + rest.sample_seqs, sample, {**decoded.prompt, **rest.prompt})
 
@@ -229,5 +249,4 @@ class ModelRunner:
         self.cache.copy_slots(src, dst)
 
     def copy_states(self, pairs: list[tuple[int, int]]) -> None:
-        for s, d in pairs:
-            self.cache.copy_state_slot(s, d)
+        self.cache.copy_state_slots(pairs)

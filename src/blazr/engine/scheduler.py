@@ -3,8 +3,10 @@
 One rule covers prefill, chunked prefill and decode: every running sequence wants
 `num_tokens - num_computed_tokens` tokens, granted against a per-step token budget (decodes first, so they
 keep flowing while a long prompt is chunked). New sequences join from the waiting queue between steps when
-the budget, a state slot and cache blocks allow. When blocks run out, the newest running sequence is
-preempted: its cache is freed and it is recomputed later (prompt + what it generated so far).
+the budget, a state slot and cache blocks allow; a new sequence starts past its longest cached prefix
+(`CacheManager`, which owns all cache bookkeeping). When blocks run out, the newest running sequence is
+preempted: its cache is freed and it is recomputed later (prompt + what it generated so far, from whatever
+of it is still cached).
 
 Quarantine: when a step that held several requests fails, the engine cannot tell which request caused it,
 and the step may have half-written their caches. `quarantine(batch)` preempts every sequence of that step
@@ -21,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from blazr.config import EngineConfig
+from blazr.engine.cache_manager import CacheManager, CacheOps, Fork
 from blazr.engine.sequence import Sequence, Status
-from blazr.state.allocator import BlockAllocator, SlotAllocator
 
 
 @dataclass
@@ -31,34 +33,27 @@ class ScheduledBatch:
     num_new_tokens: list[int]
     num_decodes: int
     preempted: list[Sequence] = field(default_factory=list)
+    cache_ops: CacheOps = field(default_factory=CacheOps)  # snapshot restores / saves for the runner
 
     @property
     def is_empty(self) -> bool:
         return not self.seqs
 
-
-@dataclass
-class Fork:
-    """Children created from a parent whose prefill completed, and the cache copies they need."""
-
-    children: list[Sequence]
-    block_copies: list[tuple[int, int]]  # (src block, dst block): the partially filled last block
-    state_copies: list[tuple[int, int]]  # (src slot, dst slot)
+    def part(self, b0: int, b1: int) -> ScheduledBatch:
+        """Sequences [b0, b1) as a batch of their own (decodes only if b0 = 0), with the cache ops' saves."""
+        nd = max(0, min(b1, self.num_decodes) - b0)
+        ops = CacheOps(saves=self.cache_ops.saves)
+        return ScheduledBatch(self.seqs[b0:b1], self.num_new_tokens[b0:b1], nd, cache_ops=ops)
 
 
 class Scheduler:
-    def __init__(
-        self,
-        cfg: EngineConfig,
-        blocks: BlockAllocator | None,
-        slots: SlotAllocator | None,
-    ) -> None:
+    def __init__(self, cfg: EngineConfig, cache: CacheManager) -> None:
         self.cfg = cfg
-        self.blocks = blocks
-        self.slots = slots
+        self.cache = cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._reserved = 0  # sequences promised to pending forks (n > 1)
+        self.num_preemptions = 0  # cumulative
         # (sequence, num_computed_tokens it must reach alone) after a failed multi-request step
         self._quarantine: deque[tuple[Sequence, int]] = deque()
 
@@ -84,36 +79,19 @@ class Scheduler:
 
     # --------------------------------------------------------------------------------------- schedule
 
-    def _blocks_needed(self, seq: Sequence, num_new: int) -> int:
-        if self.blocks is None:
-            return 0
-        return self.blocks.blocks_needed(seq.num_computed_tokens + num_new, len(seq.block_table))
-
-    def _grow(self, seq: Sequence, num_new: int) -> bool:
-        need = self._blocks_needed(seq, num_new)
-        if need == 0:
-            return True
-        assert self.blocks is not None
-        if not self.blocks.can_allocate(need):
-            return False
-        seq.block_table.extend(self.blocks.allocate(need))
-        return True
-
     def _release(self, seq: Sequence) -> None:
-        if self.blocks is not None and seq.block_table:
-            self.blocks.free(seq.block_table)
-        seq.block_table = []
-        if self.slots is not None and seq.state_slot is not None:
-            self.slots.free(seq.state_slot)
-        seq.state_slot = None
+        self.cache.release(seq)
         if seq.fork_pending:
             self._reserved -= seq.fork_pending
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
         seq.num_computed_tokens = 0
+        if not seq.output_ids:
+            seq.prompt_logprobs = []  # scored again from the first chunk
         seq.status = Status.WAITING
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
@@ -132,7 +110,7 @@ class Scheduler:
             num_new = min(want, budget)
             if num_new <= 0:
                 continue
-            while not self._grow(seq, num_new):
+            while not self.cache.grow(seq, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
@@ -149,33 +127,40 @@ class Scheduler:
             self._admit(budget, prefills)
         seqs = decodes + [s for s, _ in prefills]
         num_new = [1] * len(decodes) + [n for _, n in prefills]
-        return ScheduledBatch(seqs, num_new, len(decodes), preempted)
+        return self._batch(seqs, num_new, len(decodes), preempted)
+
+    def _batch(
+        self, seqs: list[Sequence], num_new: list[int], num_decodes: int, preempted: list[Sequence]
+    ) -> ScheduledBatch:
+        for seq, n in zip(seqs, num_new, strict=True):
+            self.cache.plan_saves(seq, n)
+        return ScheduledBatch(seqs, num_new, num_decodes, preempted, self.cache.take_ops())
 
     def _admit(self, budget: int, prefills: list[tuple[Sequence, int]]) -> None:
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            num_new = min(seq.num_uncomputed, budget)
-            if not self._try_admit(seq, num_new):
+            num_new = self._try_admit(seq, budget)
+            if not num_new:
                 break
             prefills.append((seq, num_new))
             budget -= num_new
 
-    def _try_admit(self, seq: Sequence, num_new: int) -> bool:
-        """Move a waiting sequence to running with a state slot and blocks for `num_new` tokens."""
+    def _try_admit(self, seq: Sequence, budget: int) -> int:
+        """Move a waiting sequence to running with a state slot and cache for its next tokens (up to
+        `budget`, past its cached prefix): how many it computes this step, or 0 if it cannot start."""
         extra = 1 + seq.fork_pending
         if len(self.running) + self._reserved + extra > self.cfg.max_num_seqs:
-            return False
-        if self.slots is not None and self.slots.num_free < extra + self._reserved:
-            return False
-        if not self._grow(seq, num_new):
-            return False
+            return 0
+        if self.cache.num_free_slots() < extra + self._reserved:
+            return 0
+        num_new = self.cache.admit(seq, budget)
+        if not num_new:
+            return 0
         self.waiting.remove(seq)
-        if self.slots is not None:
-            seq.state_slot = self.slots.allocate()
         self._reserved += seq.fork_pending
         seq.status = Status.RUNNING
         self.running.append(seq)
-        return True
+        return num_new
 
     # ------------------------------------------------------------------------------------- quarantine
 
@@ -199,61 +184,48 @@ class Scheduler:
 
     def _schedule_alone(self, seq: Sequence) -> ScheduledBatch:
         """One step holding only `seq` (its next prefill chunk, or its decode), making room if needed."""
-        num_new = min(seq.num_uncomputed, self.cfg.max_num_batched_tokens)
+        budget = self.cfg.max_num_batched_tokens
         preempted: list[Sequence] = []
         if seq.status is Status.WAITING:
-            while not self._try_admit(seq, num_new):
+            while not (num_new := self._try_admit(seq, budget)):
                 victim = self.running[-1]  # room is always there once the others are out
                 self._preempt(victim)
                 preempted.append(victim)
         else:
-            while not self._grow(seq, num_new):
+            num_new = min(seq.num_uncomputed, budget)
+            while not self.cache.grow(seq, num_new):
                 victim = next(s for s in reversed(self.running) if s is not seq)
                 self._preempt(victim)
                 preempted.append(victim)
         is_decode = num_new == 1 and bool(seq.output_ids) and seq.num_computed_tokens == seq.num_tokens - 1
-        return ScheduledBatch([seq], [num_new], int(is_decode), preempted)
+        return self._batch([seq], [num_new], int(is_decode), preempted)
 
     # ----------------------------------------------------------------------------------------- update
 
+    def commit(self, sched: ScheduledBatch) -> None:
+        """`sched` ran and its sequences' `num_computed_tokens` moved on: the cache names what it wrote."""
+        self.cache.commit(sched.seqs)
+
+    def rollback(self) -> None:
+        """The scheduled step failed before anything of it was kept."""
+        self.cache.rollback()
+
     def fork(self, parent: Sequence, children: list[Sequence]) -> Fork:
-        """Give `children` the parent's cache: shared full blocks, a copy of the partial last block, a copy
-        of the recurrent state. Called right after the parent's prefill completes."""
+        """Give `children` the parent's cache (shared full blocks, copies of the partial last block and of
+        the recurrent state). Called right after the parent's prefill completes; a child that finds no
+        block for its copy waits and is computed on its own."""
         assert len(children) <= parent.fork_pending
         parent.fork_pending -= len(children)
         self._reserved -= len(children)
-        block_copies, state_copies = [], []
-        for child in children:
-            child.num_computed_tokens = parent.num_computed_tokens
+        fork, left_out = self.cache.fork(parent, children)
+        for child in fork.children:
             child.status = Status.RUNNING
-            if self.blocks is not None:
-                filled = parent.num_computed_tokens
-                num_full = filled // self.blocks.block_size
-                shared = parent.block_table[:num_full]
-                self.blocks.share(shared)
-                child.block_table = list(shared)
-                if num_full < len(parent.block_table):
-                    # always possible: blocks freed by nothing else are at least the reserved ones
-                    if not self.blocks.can_allocate(1):
-                        self.blocks.free(child.block_table)
-                        child.block_table = []
-                        child.num_computed_tokens = 0
-                        child.status = Status.WAITING
-                        self.waiting.appendleft(child)
-                        continue
-                    (fresh,) = self.blocks.allocate(1)
-                    block_copies.append((parent.block_table[num_full], fresh))
-                    child.block_table.append(fresh)
-            if self.slots is not None:
-                child.state_slot = self.slots.allocate()
-                assert parent.state_slot is not None
-                state_copies.append((parent.state_slot, child.state_slot))
             self.running.append(child)
-        return Fork(
-            [c for c in children if c.status is Status.RUNNING],
-            block_copies,
-            state_copies,
-        )
+        for child in left_out:
+            child.num_computed_tokens = 0
+            child.status = Status.WAITING
+            self.waiting.appendleft(child)
+        return fork
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and free its blocks and state slot at once."""

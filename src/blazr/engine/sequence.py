@@ -2,7 +2,8 @@
 
 `num_tokens - num_computed_tokens` is the work left before the next sample: the whole prompt at first (a
 prefill, possibly in chunks), then 1 per step (a decode). A request with n > 1 owns n sequences that share
-the prompt's cache blocks after one prefill.
+the prompt's cache blocks after one prefill. A prefix-cache hit at admission starts `num_computed_tokens` past
+the cached prefix.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class Sequence:
     last_token_time: float | None = None
     num_preemptions: int = 0
     fork_pending: int = 0  # n - 1 siblings to fork from this sequence once its prefill completes
+    # prefix cache (state/cache_manager.py): hashes of full blocks, how many of block_table's blocks are
+    # named by theirs, the hash of the newest rolling state snapshot, and the hit at first admission
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    latest_snapshot: bytes | None = None
+    num_cached_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

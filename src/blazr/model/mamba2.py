@@ -10,7 +10,9 @@ One step's flat layout (see `ForwardBatch`):
 - prefill rows: all sequences in one kernel op `mamba2_prefill` (a sequential scan in C; its torch
   reference `mamba2_prefill_reference` runs the chunked SSD of `ssd.py`), each starting from its slot's
   states when `context_len > 0` (a chunked prefill continues) or from zeros when it is 0 (the slot may hold
-  a previous owner's state), its final conv and SSM states written back to the slot.
+  a previous owner's state), its final conv and SSM states written back to the slot. A prefix-cache
+  snapshot inside a chunk (`batch.state_saves`) splits the scan there: the sequences run segment by
+  segment, and after each the slot's states are copied to the snapshot slot.
 
 Parameters (HF names): in_proj [2·Di + 2·G·N + H, D] split as [z | xBC | dt]; conv1d.weight [Cd, 1, K]
 (+ bias); dt_bias, A_log, D [H]; norm.weight [Di]; out_proj [D, Di].
@@ -77,12 +79,14 @@ class Mamba2(nn.Module):
         y = x.new_empty(T, H, P, dtype=torch.float32)
         if nd:
             y[:nd] = yd
-        if is_cached:  # prefill rows: the kernel op, final states left in the slots
+        if is_cached and not batch.state_saves:  # prefill rows: the kernel op, final states left in the slots
             fresh = [c == 0 for c in batch.context_lens[nd:]]  # context 0: the slot may hold an old owner's
             y[nd:] = ops.mamba2_prefill(
                 xBC[nd:], dt_raw[nd:], batch.query_lens[nd:], batch.state_slots[nd:], fresh, conv_w, conv_b,
                 cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
+        elif is_cached:
+            y[nd:] = self._prefill_in_segments(xBC[nd:], dt_raw[nd:], batch, cache)
         else:  # the reference forward: every sequence from zero states, through throw-away state pools
             B = batch.num_seqs
             conv0 = x.new_zeros(B, cfg.conv_dim, cfg.conv_kernel - 1)
@@ -92,6 +96,44 @@ class Mamba2(nn.Module):
                 conv0, self.dt_bias, self.A_log, self.D, ssm0, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
         return self._output(y.view(T, Di), z, x.dtype)
+
+    def _prefill_in_segments(
+        self, xBC: torch.Tensor, dt_raw: torch.Tensor, batch: ForwardBatch, cache: LayerCache
+    ) -> torch.Tensor:
+        """The prefill rows' scan (xBC [Tp, Cd], dt_raw [Tp, H] → y [Tp, H, P]), cut at the offsets of
+        `batch.state_saves`: round r runs every row's r-th segment, then copies the states of the rows whose
+        save point it reached into their snapshot slots."""
+        cfg, nd = self.cfg, batch.num_decodes
+        qlens, slots = batch.query_lens[nd:], batch.state_slots[nd:]
+        cuts: list[list[tuple[int, int | None]]] = [[(q, None)] for q in qlens]  # (segment end, save slot)
+        for b, k, dst in batch.state_saves:
+            cuts[b - nd].append((k, dst))
+        cuts = [sorted(c, key=lambda e: e[0]) for c in cuts]
+        y = xBC.new_empty(xBC.shape[0], cfg.num_heads, cfg.head_dim, dtype=torch.float32)
+        starts = [sum(qlens[:i]) for i in range(len(qlens))]
+        done = [0] * len(qlens)  # tokens of each row scanned so far
+        conv_w, conv_b = self.conv1d.weight[:, 0], self.conv1d.bias
+        for r in range(max(len(c) for c in cuts)):
+            rows = [i for i, c in enumerate(cuts) if r < len(c) and c[r][0] > done[i]]
+            if not rows:
+                continue
+            idx = torch.cat([torch.arange(starts[i] + done[i], starts[i] + cuts[i][r][0]) for i in rows])
+            idx = idx.to(xBC.device)
+            fresh = [done[i] == 0 and batch.context_lens[nd + i] == 0 for i in rows]
+            y[idx] = ops.mamba2_prefill(
+                xBC[idx], dt_raw[idx], [cuts[i][r][0] - done[i] for i in rows], slots[rows], fresh, conv_w,
+                conv_b, cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min,
+                cfg.dt_max,
+            )  # fmt: skip
+            saves = [(int(slots[i]), cuts[i][r][1]) for i in rows if cuts[i][r][1] is not None]
+            if saves:
+                src = torch.tensor([s for s, _ in saves], device=xBC.device)
+                dst = torch.tensor([d for _, d in saves], device=xBC.device)
+                cache.conv[dst] = cache.conv[src]
+                cache.ssm[dst] = cache.ssm[src]
+            for i in rows:
+                done[i] = cuts[i][r][0]
+        return y
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Gate (gated RMSNorm, or plain SiLU gating) and out_proj: y, z [T, Di] → [T, D] in `dtype`."""

@@ -4,7 +4,8 @@ Tokens of all sequences are laid out flat (T = Σ query_lens), decodes first, th
 chunks). Each sequence has `context_lens[b]` tokens already in the cache and adds `query_lens[b]` new ones.
 Cache addressing is by flat slot: new token t is written at `slot_mapping[t]`; the keys of sequence b live at
 `kv_indices[b, :seq_lens[b]]` (for the decode rows also as a tensor, `decode_lens`, which the kernels read).
-Recurrent (Mamba2) state lives in `state_slots[b]`.
+Recurrent (Mamba2) state lives in `state_slots[b]`; `state_saves` asks for copies of it at points inside
+the step (prefix-cache snapshots).
 
 Shapes: T tokens, B sequences, Bd = num_decodes, Lmax = max seq_len.
 """
@@ -27,6 +28,9 @@ class ForwardBatch:
     kv_indices: torch.Tensor | None = None  # [B, Lmax] flat cache slot of each position (padding: 0)
     state_slots: torch.Tensor | None = None  # [B] recurrent-state slot of each sequence
     decode_lens: torch.Tensor | None = None  # [Bd] long seq_lens of the decode rows (for the kernels)
+    # (row b, offset k, snapshot slot): copy row b's recurrent state after its first k new tokens (0 < k <
+    # query_lens[b]) into that slot — prefix-cache snapshots that fall inside a prefill chunk
+    state_saves: tuple[tuple[int, int, int], ...] = ()
     _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -97,6 +101,7 @@ class ForwardBatch:
             kv_indices=None if self.kv_indices is None else self.kv_indices[b0:b1],
             state_slots=None if self.state_slots is None else self.state_slots[b0:b1],
             decode_lens=None if self.decode_lens is None else self.decode_lens[b0 : b0 + nd],
+            state_saves=tuple((b - b0, k, dst) for b, k, dst in self.state_saves if b0 <= b < b1),
         )
 
     @staticmethod

@@ -6,6 +6,10 @@ recurrent-state pool one slot per sequence. The budget caps the two together: `c
 (MemAvailable on the CPU, free device memory on CUDA). A budget below the full-length wish leaves fewer
 token slots (the scheduler then preempts and recomputes); a budget that cannot hold even one sequence of
 `max_model_len` tokens is an error, in one line naming the sizes and the flags that change them.
+
+With prefix caching, models with recurrent layers also get a pool of state snapshots
+(engine/cache_manager.py): `num_state_snapshots` slots when set, else what is left of the budget after the
+paged and running-state pools, up to `SNAPSHOT_FRACTION` of it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from blazr.errors import BlazrError
 from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
 
 DEFAULT_FRACTION = 0.5  # of the available memory, when no budget is given
+SNAPSHOT_FRACTION = 0.25  # of the budget, at most, for recurrent-state snapshots (prefix caching)
 _GiB = 1 << 30
 
 
@@ -49,8 +54,9 @@ def cache_budget(engine: EngineConfig, device: torch.device | str = "cpu") -> in
 
 @dataclass(frozen=True)
 class CachePlan:
-    """Pool sizes: `num_blocks` paged blocks of `block_size` tokens, `num_state_slots` recurrent slots;
-    `bytes` is what they take, `budget` the budget they were fitted into (bytes)."""
+    """Pool sizes: `num_blocks` paged blocks of `block_size` tokens, `num_state_slots` recurrent slots for
+    running sequences and `num_snapshots` for prefix-cache snapshots (`snapshot_bytes` each); `bytes` is
+    what they all take, `budget` the budget they were fitted into (bytes)."""
 
     num_blocks: int
     block_size: int
@@ -58,6 +64,8 @@ class CachePlan:
     bytes: int
     budget: int
     is_auto_budget: bool
+    num_snapshots: int = 0
+    snapshot_bytes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -66,8 +74,9 @@ class CachePlan:
     def describe(self) -> str:
         """One line for the load log: tokens, GiB, and the budget they came from."""
         origin = f"{DEFAULT_FRACTION:g} of available memory" if self.is_auto_budget else "--cache-memory"
+        snapshots = f" + {self.num_snapshots} state snapshots" if self.num_snapshots else ""
         return (
-            f"{self.num_tokens} token slots + {self.num_state_slots} state slots, "
+            f"{self.num_tokens} token slots + {self.num_state_slots} state slots{snapshots}, "
             f"{self.bytes / _GiB:.2f} GiB of a {self.budget / _GiB:.2f} GiB budget ({origin})"
         )
 
@@ -109,4 +118,10 @@ def plan_cache(
             f"{engine.max_num_seqs} ({state / _GiB:.2f} GiB); lower --max-num-seqs or raise --cache-memory"
         )
     total = num_blocks * bs * per_token + state
-    return CachePlan(num_blocks, bs, engine.max_num_seqs, total, budget, is_auto)
+    per_snapshot = state_bytes_per_sequence(cfg, dtype)
+    num_snapshots = 0
+    if per_snapshot and engine.enable_prefix_caching:
+        room = min(int(budget * SNAPSHOT_FRACTION), budget - total)
+        num_snapshots = engine.num_state_snapshots or max(0, room) // per_snapshot
+    total += num_snapshots * per_snapshot
+    return CachePlan(num_blocks, bs, engine.max_num_seqs, total, budget, is_auto, num_snapshots, per_snapshot)

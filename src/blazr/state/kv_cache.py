@@ -3,7 +3,8 @@
 - GQA layers: paged K and V, per layer [num_slots, Hkv, D] (num_slots = num_blocks × block_size), in the
   cache's `kv_dtype` (default: the model dtype; 16-bit pools halve the bytes a decode step reads).
 - MLA layers: paged latent, per layer [num_slots, Lkv + R] — the normed c_kv followed by the rotated k_rope.
-- Mamba2 layers: one state slot per running sequence: conv [S, C, K-1] and SSM [S, H, P, N] (float32).
+- Mamba2 layers: one state slot per running sequence, then the prefix cache's snapshot slots: conv
+  [S, C, K-1] and SSM [S, H, P, N] (float32).
 
 A sequence's block table (engine side) turns positions into flat slots; `ModelCache.layer(i)` hands layer i
 exactly the tensors it owns, so model code never indexes by layer.
@@ -11,10 +12,12 @@ exactly the tensors it owns, so model code never indexes by layer.
 On the CPU the pools are allocated uninitialised (`torch.empty`): no time spent zero-filling gigabytes, and
 pages that no sequence reaches never become resident. That is correct because nothing reads a slot before
 it is written: attention reads positions [0, seq_len) of its own sequence (written by its prefill or an
-earlier step; the runner points the padding of `kv_indices` at the sequence's own first slot, never at a
-foreign or unwritten one), and a Mamba2 slot is reset when a sequence starts (`fresh`) or copied whole when
-it forks (tests/test_load_memory.py fills every pool with NaN first and compares outputs). Other devices keep
-zero-filled pools (the memset is free there, and the CUDA graph path pads through a reserved slot).
+earlier step, or shared from a prefix-cache block an earlier step wrote; the runner points the padding of
+`kv_indices` at the sequence's own first slot, never at a foreign or unwritten one), and a Mamba2 slot is
+reset when a sequence starts (`fresh`) or copied whole when it forks or resumes from a snapshot (only
+snapshots a successful step wrote are ever found). tests/test_load_memory.py fills every pool with NaN
+first and compares outputs. Other devices keep zero-filled pools (the memset is free there, and the CUDA
+graph path pads through a reserved block).
 """
 
 from __future__ import annotations
@@ -79,12 +82,18 @@ class ModelCache:
     def layer(self, i: int) -> LayerCache:
         return self.layers[i]
 
-    def copy_state_slot(self, src: int, dst: int) -> None:
-        """Fork recurrent state (n > 1 sampling shares one prefill)."""
+    def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy recurrent state, slot src → slot dst for each pair (a fork, a snapshot saved or restored);
+        no dst is also a src."""
+        if not pairs:
+            return
+        device = next(lc.conv.device for lc in self.layers if lc.conv is not None)
+        src = torch.tensor([s for s, _ in pairs], device=device)
+        dst = torch.tensor([d for _, d in pairs], device=device)
         for lc in self.layers:
             if lc.conv is not None:
-                lc.conv[dst].copy_(lc.conv[src])
-                lc.ssm[dst].copy_(lc.ssm[src])
+                lc.conv[dst] = lc.conv[src]
+                lc.ssm[dst] = lc.ssm[src]
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy token slots (copy-on-write of a shared, partially filled block)."""

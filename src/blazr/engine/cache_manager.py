@@ -1,0 +1,272 @@
+"""CacheManager: the one owner of cache bookkeeping — paged blocks and their reference counts, recurrent-state
+slots, prefix hashes and state snapshots. The scheduler holds it and asks for room; the runner only receives
+block tables, state slots and the copies a step needs (`CacheOps`).
+
+Prefix caching (on unless `EngineConfig.enable_prefix_caching` is off):
+
+- Attention / MLA. Once a step has computed a full block, the block is named by the hash of its prefix
+  (state/prefix.py). Admitting a sequence looks its blocks' hashes up in order and shares the cached ones
+  (reference-counted), so only the rest is prefilled. A hit always leaves at least one token to compute (its
+  logits give the first sample) and covers full blocks only, so a shared block is never written. Freed
+  blocks stay findable until allocation reuses them, least recently freed first.
+- Mamba2 (recurrent) layers cannot be cut back to an arbitrary prefix: their state exists only where it was
+  saved. A forward step copies a sequence's conv + SSM state into a snapshot slot at chosen block
+  boundaries (mid-chunk ones inside the Mamba2 layer, the rest after the step); a hit of a model with
+  recurrent layers is the deepest boundary that has a snapshot and, when the model has attention layers too,
+  cached blocks up to it. The snapshot is copied into the sequence's own state slot before the step.
+  Kept boundaries: every `state_snapshot_interval`-th block, the last boundary before the prompt's end (an
+  exact repeat resumes there), and the newest boundary a sequence has reached (one "rolling" snapshot that
+  moves on as it decodes — the next turn of a chat resumes there). Snapshots live in their own pool
+  (`CachePlan.num_snapshots` slots), evicted least recently used first.
+
+Lookups are skipped for sequences that need prompt logprobs they have not produced yet (a hit computes no
+logits for the cached positions). Statistics count the first admission of each sequence: `queries` its
+prompt tokens, `hits` those found cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from blazr.engine.sequence import Sequence
+from blazr.state.allocator import BlockAllocator, SlotAllocator, SnapshotPool
+from blazr.state.budget import CachePlan
+from blazr.state.prefix import BlockHash, extend_hashes
+
+
+@dataclass
+class CacheOps:
+    """Cache copies of one step, applied by the runner: `restores` (snapshot slot → the sequence's state
+    slot) before the forward; `saves[seq_id]` = (offset, snapshot slot): the state after the sequence's
+    first `offset` new tokens of this step is copied into the snapshot slot."""
+
+    restores: list[tuple[int, int]] = field(default_factory=list)
+    saves: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+
+@dataclass
+class _PendingSnapshot:
+    seq: Sequence
+    slot: int
+    hash: BlockHash
+    is_rolling: bool  # replaced by the sequence's next rolling snapshot
+
+
+@dataclass
+class Fork:
+    """Children created from a parent whose prefill completed, and the cache copies they need."""
+
+    children: list[Sequence]
+    block_copies: list[tuple[int, int]]  # (src block, dst block): the partially filled last block
+    state_copies: list[tuple[int, int]]  # (src slot, dst slot)
+
+
+class CacheManager:
+    def __init__(
+        self,
+        plan: CachePlan,
+        has_paged: bool,
+        has_state: bool,
+        enable_prefix_caching: bool = True,
+        snapshot_interval: int = 8,
+    ) -> None:
+        self.block_size = plan.block_size
+        self.blocks = BlockAllocator(plan.num_blocks, plan.block_size) if has_paged else None
+        self.slots = SlotAllocator(plan.num_state_slots) if has_state else None
+        self.is_prefix_caching = enable_prefix_caching
+        self.snapshots = (
+            SnapshotPool(plan.num_state_slots, plan.num_snapshots)
+            if has_state and enable_prefix_caching and plan.num_snapshots > 0
+            else None
+        )
+        self.snapshot_interval = max(1, snapshot_interval)
+        self.queries = 0  # prompt tokens looked up (first admissions)
+        self.hits = 0  # of those, tokens found cached
+        self._ops = CacheOps()
+        self._pending: list[_PendingSnapshot] = []
+
+    # ------------------------------------------------------------------------------------------ stats
+
+    @property
+    def usage(self) -> float:
+        return self.blocks.usage if self.blocks is not None else 0.0
+
+    @property
+    def num_snapshots(self) -> int:
+        return self.snapshots.num_held if self.snapshots is not None else 0
+
+    def num_free_slots(self) -> int:
+        return self.slots.num_free if self.slots is not None else 1 << 30
+
+    # -------------------------------------------------------------------------------------- admission
+
+    def _hashes(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
+        """seq.block_hashes extended to at least `num_blocks` blocks (all full blocks of its tokens)."""
+        have = len(seq.block_hashes)
+        if have < num_blocks:
+            bs = self.block_size
+            extend_hashes(seq.block_hashes, seq.tokens(have * bs, num_blocks * bs), bs)
+        return seq.block_hashes
+
+    def _match(self, seq: Sequence) -> tuple[list[int], int, int | None]:
+        """The longest usable cached prefix of `seq`: (blocks to share, tokens, snapshot slot or None)."""
+        max_blocks = (seq.num_tokens - 1) // self.block_size  # at least one token left to compute
+        if not self.is_prefix_caching or max_blocks == 0:
+            return [], 0, None
+        if seq.params.prompt_logprobs is not None and not seq.output_ids:
+            return [], 0, None
+        hashes = self._hashes(seq, max_blocks)[:max_blocks]
+        depth, hit = len(hashes), []
+        if self.blocks is not None:
+            for h in hashes:
+                b = self.blocks.lookup(h)
+                if b is None:
+                    break
+                hit.append(b)
+            depth = len(hit)
+        snapshot = None
+        if self.slots is not None:  # recurrent layers resume only where a snapshot was kept
+            if self.snapshots is None:
+                return [], 0, None
+            while depth and hashes[depth - 1] not in self.snapshots:
+                depth -= 1
+            snapshot = self.snapshots.lookup(hashes[depth - 1]) if depth else None
+        return hit[:depth], depth * self.block_size, snapshot
+
+    def admit(self, seq: Sequence, budget: int) -> int:
+        """Give a waiting sequence its cache: the cached prefix (if any), blocks for the next
+        min(uncomputed, budget) tokens and a state slot. Returns that token count, or 0 when memory is
+        short (nothing is taken then). The caller has checked `num_free_slots()`."""
+        hit, num_cached, snapshot = self._match(seq)
+        num_new = min(seq.num_tokens - num_cached, budget)
+        if num_new <= 0:
+            return 0
+        if self.blocks is not None:
+            need = self.blocks.blocks_needed(num_cached + num_new, len(hit))
+            num_revived = sum(1 for b in hit if self.blocks.refs(b) == 0)  # hits that leave the free list
+            if need + num_revived > self.blocks.num_free:
+                return 0
+            self.blocks.share(hit)
+            seq.block_table = hit + self.blocks.allocate(need)
+            seq.num_registered_blocks = len(hit)
+        if self.slots is not None:
+            seq.state_slot = self.slots.allocate()
+            if snapshot is not None:
+                self._ops.restores.append((snapshot, seq.state_slot))
+        seq.num_computed_tokens = num_cached
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = num_cached
+            self.queries += seq.num_tokens
+            self.hits += num_cached
+        return num_new
+
+    def grow(self, seq: Sequence, num_new: int) -> bool:
+        """Blocks for `num_new` more tokens of a running sequence (False: memory is short)."""
+        if self.blocks is None:
+            return True
+        need = self.blocks.blocks_needed(seq.num_computed_tokens + num_new, len(seq.block_table))
+        if need == 0:
+            return True
+        if not self.blocks.can_allocate(need):
+            return False
+        seq.block_table.extend(self.blocks.allocate(need))
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        """Free a sequence's blocks (hashed ones stay cached) and state slot; its snapshots stay."""
+        if self.blocks is not None and seq.block_table:
+            self.blocks.free(seq.block_table)
+        seq.block_table = []
+        seq.num_registered_blocks = 0
+        if self.slots is not None and seq.state_slot is not None:
+            self.slots.free(seq.state_slot)
+        seq.state_slot = None
+
+    # -------------------------------------------------------------------------------------- snapshots
+
+    def plan_saves(self, seq: Sequence, num_new: int) -> None:
+        """Reserve snapshot slots for the kept block boundaries that `seq` passes this step."""
+        if self.snapshots is None:
+            return
+        bs, k = self.block_size, self.snapshot_interval
+        start = seq.num_computed_tokens
+        first, last = start // bs + 1, (start + num_new) // bs  # boundaries b·bs in (start, start + num_new]
+        if first > last:
+            return
+        prompt_last = (seq.num_prompt_tokens - 1) // bs
+        hashes = self._hashes(seq, last)
+        for b in range(first, last + 1):
+            is_kept = b % k == 0 or b == prompt_last
+            if not (is_kept or b == last) or hashes[b - 1] in self.snapshots:
+                continue
+            slot = self.snapshots.reserve()
+            if slot is None:
+                return
+            self._pending.append(_PendingSnapshot(seq, slot, hashes[b - 1], not is_kept))
+            self._ops.saves.setdefault(seq.seq_id, []).append((b * bs - start, slot))
+
+    def take_ops(self) -> CacheOps:
+        """The copies the scheduled step needs (handed to the runner with the batch)."""
+        ops, self._ops = self._ops, CacheOps()
+        return ops
+
+    # ---------------------------------------------------------------------------------- after a step
+
+    def commit(self, seqs: list[Sequence]) -> None:
+        """The step succeeded (and `num_computed_tokens` moved on): name the blocks it completed and the
+        snapshots it wrote."""
+        if self.is_prefix_caching and self.blocks is not None:
+            bs = self.block_size
+            for seq in seqs:
+                num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+                if num_full > seq.num_registered_blocks:
+                    hashes = self._hashes(seq, num_full)
+                    for i in range(seq.num_registered_blocks, num_full):
+                        self.blocks.register(seq.block_table[i], hashes[i])
+                    seq.num_registered_blocks = num_full
+        for p in self._pending:
+            assert self.snapshots is not None
+            self.snapshots.commit(p.slot, p.hash)
+            if p.seq.latest_snapshot is not None and p.seq.latest_snapshot != p.hash:
+                self.snapshots.drop(p.seq.latest_snapshot)  # a newer boundary replaces the rolling one
+            p.seq.latest_snapshot = p.hash if p.is_rolling else None
+        self._pending = []
+
+    def rollback(self) -> None:
+        """The step failed: give back the snapshot slots it reserved (nothing of it is named)."""
+        for p in self._pending:
+            assert self.snapshots is not None
+            self.snapshots.unreserve(p.slot)
+        self._pending = []
+        self._ops = CacheOps()
+
+    # ---------------------------------------------------------------------------------------- forking
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> tuple[Fork, list[Sequence]]:
+        """Give `children` the parent's cache: shared full blocks, a copy of the partial last block, a copy
+        of the recurrent state. Returns the fork and the children that found no block for their copy."""
+        fork = Fork([], [], [])
+        left_out = []
+        for child in children:
+            if self.blocks is not None:
+                num_full = parent.num_computed_tokens // self.block_size
+                shared = parent.block_table[:num_full]
+                if num_full < len(parent.block_table) and not self.blocks.can_allocate(1):
+                    left_out.append(child)
+                    continue
+                self.blocks.share(shared)
+                child.block_table = list(shared)
+                child.num_registered_blocks = min(num_full, parent.num_registered_blocks)
+                if num_full < len(parent.block_table):
+                    (fresh,) = self.blocks.allocate(1)
+                    fork.block_copies.append((parent.block_table[num_full], fresh))
+                    child.block_table.append(fresh)
+            if self.slots is not None:
+                child.state_slot = self.slots.allocate()
+                assert parent.state_slot is not None
+                fork.state_copies.append((parent.state_slot, child.state_slot))
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.block_hashes = list(parent.block_hashes)
+            child.num_cached_tokens = parent.num_cached_tokens
+            fork.children.append(child)
+        return fork, left_out
