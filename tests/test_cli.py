@@ -91,6 +91,7 @@ def test_no_prefix_cache_flag(tiny):
     on = json.loads(blazr("info", "--model", str(tiny)).stdout)["cache"]
     off = json.loads(blazr("info", "--model", str(tiny), "--no-prefix-cache").stdout)["cache"]
     assert (on["prefix_caching"], off["prefix_caching"]) == (True, False)
+    assert "token slots" in on["plan"] and "state snapshots" not in on["plan"]  # (no recurrent layers)
     args = ["--model", str(tiny), "--max-tokens", "2", "--temperature", "0", "--cpu", "--log-level", "info"]
     for flag, state in (([], "on"), (["--no-prefix-cache"], "off")):
         r = blazr("generate", *args, "--prompt", "Hi", *flag)
