@@ -74,8 +74,9 @@ class _PrefixCacheCounters(Collector):
         yield CounterMetricFamily(*self.HITS)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        # Hits first: the engine thread may add a step's counts between the two reads, and read in this
-        # order a scrape never shows more hits than queries.
+        # Hits first: the engine thread may admit a request between the two reads, and as it adds to its
+        # queries before its hits (engine/cache_manager.py), read in this order no scrape shows more hits
+        # than queries.
         hits = self.read_hits()
         queries = self.read_queries()
         yield CounterMetricFamily(*self.QUERIES, value=queries, created=self.created)
