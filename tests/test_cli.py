@@ -82,6 +82,29 @@ def test_info_reports_the_detected_model(tiny):
     assert info["config"]["hidden_size"] == 128
 
 
+def test_no_prefix_cache_flag(tiny):
+    """`--no-prefix-cache` where an engine is built (generate, chat, serve) and on `info`; the load log and
+    `info` say whether prefix caching is on."""
+    from blazr.cli import build_parser
+    from blazr.server.options import ServerConfig
+
+    on = json.loads(blazr("info", "--model", str(tiny)).stdout)["cache"]
+    off = json.loads(blazr("info", "--model", str(tiny), "--no-prefix-cache").stdout)["cache"]
+    assert (on["prefix_caching"], off["prefix_caching"]) == (True, False)
+    assert "token slots" in on["plan"] and "state snapshots" not in on["plan"]  # (no recurrent layers)
+    args = ["--model", str(tiny), "--max-tokens", "2", "--temperature", "0", "--cpu", "--log-level", "info"]
+    for flag, state in (([], "on"), (["--no-prefix-cache"], "off")):
+        r = blazr("generate", *args, "--prompt", "Hi", *flag)
+        assert r.returncode == 0, r.stderr
+        assert f"prefix cache {state}" in r.stderr and "; cache: " in r.stderr
+    r = blazr("chat", *args, "--no-prefix-cache", stdin="Hi\nHi again\n")
+    assert r.returncode == 0 and "prefix cache off" in r.stderr, r.stderr
+    assert ServerConfig.from_args(build_parser().parse_args(["serve"])).enable_prefix_caching
+    assert not ServerConfig.from_args(
+        build_parser().parse_args(["serve", "--no-prefix-cache"])
+    ).enable_prefix_caching
+
+
 def test_info_on_the_embedded_model():
     info = json.loads(blazr("info").stdout)
     assert (info["format"], info["num_layers"], info["config"]["vocab_size"]) == ("gguf", 30, 49152)

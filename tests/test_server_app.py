@@ -88,6 +88,8 @@ class FakeEngine:
     num_running = property(lambda self: len(self.active))
     num_waiting = property(lambda self: 0)
     cache_usage = property(lambda self: 0.0)
+    prefix_cache_queries = 0
+    prefix_cache_hits = 0
 
 
 class FakeTokenizer:

@@ -51,7 +51,7 @@ def test_text_chunk_equals_the_schema_dump(kind: type, mode: str) -> None:
         enc = ChunkEncoder(kind, rid, 1732400000, model, mode)  # type: ignore[arg-type]
         for i, text in enumerate([*TEXTS, *_random_texts(200)]):
             index = i % 3
-            u = usage(17, i + 1) if mode == "continuous" else None
+            u = usage(17, i + 1, 16 * (i % 2)) if mode == "continuous" else None
             fast = enc.text(index, text, u)
             ref = enc.event(_reference(kind, rid, model, index, text, u))  # type: ignore[arg-type]
             assert fast == ref, (text, fast, ref)
@@ -66,11 +66,33 @@ def test_text_chunk_equals_the_schema_dump(kind: type, mode: str) -> None:
 
 
 def test_event_usage_key_follows_the_mode() -> None:
-    chunk = CompletionChunk(id="x", created=1, model="m", choices=[], usage=usage(3, 4))
+    chunk = CompletionChunk(id="x", created=1, model="m", choices=[], usage=usage(3, 4, 0))
     off = ChunkEncoder(CompletionChunk, "x", 1, "m", "off").event(chunk)
     final = ChunkEncoder(CompletionChunk, "x", 1, "m", "final").event(chunk)
     assert b"usage" not in off
-    assert json.loads(final[6:])["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert json.loads(final[6:])["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0},  # present even when nothing was cached
+    }
+
+
+@pytest.mark.parametrize("kind", [ChatCompletionChunk, CompletionChunk])
+def test_continuous_usage_carries_the_cached_tokens(kind: type) -> None:
+    """The prebuilt bytes hold `prompt_tokens_details.cached_tokens` as the schema writes it, and the
+    official client reads it back."""
+    from openai.types import CompletionUsage
+
+    enc = ChunkEncoder(kind, "x", 1732400000, "m", "continuous")  # type: ignore[arg-type]
+    for cached in (0, 16, 1024):
+        u = usage(1030, 5, cached)
+        fast = enc.text(1, "hi", u)
+        assert fast == enc.event(_reference(kind, "x", "m", 1, "hi", u))  # type: ignore[arg-type]
+        body = json.loads(fast.removeprefix(b"data: "))
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
+        details = CompletionUsage.model_validate(body["usage"]).prompt_tokens_details  # both endpoints' type
+        assert details is not None and details.cached_tokens == cached
 
 
 def test_usage_mode_from_stream_options() -> None:

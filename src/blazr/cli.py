@@ -17,6 +17,14 @@ from collections.abc import Callable, Sequence
 from blazr.errors import BlazrError
 
 
+def _prefix_cache_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="do not reuse the cache of earlier prompts' common prefixes (on by default)",
+    )
+
+
 def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
     p.add_argument(
         "--model",
@@ -58,6 +66,7 @@ def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
             help="attention K/V cache element type: auto is float16 on the CPU with quantized or 16-bit "
             "weights (as llama.cpp), else the model dtype",
         )
+        _prefix_cache_flag(p)
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -100,6 +109,7 @@ def _llm(args: argparse.Namespace, **kwargs):
         cache_memory=args.cache_memory,
         quantize=args.quantize,
         kv_cache_dtype=args.kv_cache_dtype,
+        enable_prefix_caching=not args.no_prefix_cache,
         show_progress=sys.stderr.isatty(),
         **kwargs,
     )
@@ -147,7 +157,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     ckpt = inspect_checkpoint(resolve_model_path(args.model), vocab_name=args.vocab)
     limit = args.max_model_len or min(ckpt.config.max_position_embeddings, 4096)
     engine = EngineConfig(
-        max_num_seqs=args.max_num_seqs, max_model_len=limit, cache_memory_gib=args.cache_memory
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=limit,
+        cache_memory_gib=args.cache_memory,
+        enable_prefix_caching=not args.no_prefix_cache,
     )
     print(json.dumps(describe(ckpt, engine=engine), indent=2))
     return 0
@@ -244,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-num-seqs", type=int, default=16, help="sequences the cache budget is shown for")
     p.add_argument("--cache-memory", type=float, default=None, metavar="GIB", help="cache budget in GiB")
+    _prefix_cache_flag(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("decode", help="decode token ids to text")

@@ -1,6 +1,7 @@
 """`blazr info`: a JSON description of a checkpoint computed from its detected config alone (the model is
 built on the meta device to count parameters; no weights are read), with the cache memory budget the
-engine would size its pools from on this machine now (state/budget.py) and what it holds."""
+engine would size its pools from on this machine now (state/budget.py), what it holds, whether the prefix
+cache is on, and the plan line the load log prints (with the recurrent-state snapshot pool, for hybrids)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import torch
 
 from blazr.config import EngineConfig, dtype_name
 from blazr.detect import Checkpoint
+from blazr.errors import BlazrError
 from blazr.model.model import CausalLM
-from blazr.state.budget import DEFAULT_FRACTION, cache_budget
+from blazr.state.budget import DEFAULT_FRACTION, cache_budget, plan_cache
 from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
 from blazr.tokenizer import vocab_for_size
 
@@ -64,6 +66,14 @@ def _budget(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> dict[
     }
 
 
+def _plan(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> str:
+    """The pools the engine would allocate, as the load log says it, or why it could not."""
+    try:
+        return plan_cache(ckpt.config, engine, dtype).describe()
+    except BlazrError as e:
+        return f"error: {e}"
+
+
 def describe(
     ckpt: Checkpoint, dtype: torch.dtype = torch.float32, engine: EngineConfig | None = None
 ) -> dict[str, Any]:
@@ -89,7 +99,9 @@ def describe(
             "dtype": dtype_name(dtype),
             "kv_bytes_per_token": bytes_per_token(cfg, dtype),
             "state_bytes_per_sequence": state_bytes_per_sequence(cfg, dtype),
+            "prefix_caching": engine.enable_prefix_caching,
             "budget": _budget(ckpt, dtype, engine),
+            "plan": _plan(ckpt, dtype, engine),
         },
         "tokenizer": _tokenizer_choice(ckpt),
         "config": config,

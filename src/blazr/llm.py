@@ -47,6 +47,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (vLLM's name)
 
     @property
     def text(self) -> str:
@@ -87,7 +88,9 @@ def pick_kv_dtype(name: str, model: torch.nn.Module, dtype: torch.dtype, device:
 
 class LLM:
     """A loaded model with its tokenizer and engine. `cache_memory`: GiB the KV / state pools may take
-    (default: a share of the memory available after loading, state/budget.py)."""
+    (default: a share of the memory available after loading, state/budget.py); `enable_prefix_caching`:
+    reuse the cache of earlier prompts' common prefixes (on by default). An `engine_config` replaces
+    every engine limit given here."""
 
     def __init__(
         self,
@@ -104,6 +107,7 @@ class LLM:
         cache_memory: float | None = None,
         max_waiting: int = 256,
         chat_template: str | os.PathLike[str] | None = None,
+        enable_prefix_caching: bool = True,
         engine_config: EngineConfig | None = None,
         show_progress: bool = False,
     ) -> None:
@@ -125,6 +129,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             max_waiting=max_waiting,
             cache_memory_gib=cache_memory,
+            enable_prefix_caching=enable_prefix_caching,
         )
         self.model = load_model(
             self.checkpoint,
@@ -139,13 +144,14 @@ class LLM:
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config)
         self.load_seconds = time.perf_counter() - t0
         log.info(
-            "loaded %s (%s, %s, kv cache %s) in %.1fs; cache: %s",
+            "loaded %s (%s, %s, kv cache %s) in %.1fs; cache: %s; prefix cache %s",
             self.checkpoint.name,
             self.config.architecture,
             dtype_name(self.dtype),
             dtype_name(self.kv_dtype),
             self.load_seconds,
             self.runner.cache_plan.describe(),
+            "on" if self.engine_config.enable_prefix_caching else "off",
         )
 
     @property
@@ -208,6 +214,7 @@ class LLM:
         c.logprobs.extend(out.logprobs)
         if out.prompt_logprobs is not None:
             res.prompt_logprobs = out.prompt_logprobs
+        res.num_cached_tokens = out.num_cached_tokens
         if out.finished:
             c.finish_reason = out.finish_reason
 

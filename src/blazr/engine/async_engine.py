@@ -20,7 +20,9 @@ stream early (client disconnect, cancellation, `aclose()`) aborts its unfinished
 their cache blocks and state slots at the next step boundary.
 
 Metrics: an optional `EngineObserver` sees, on the engine thread, every token batch (with time to first
-token and inter-token gaps measured from submission) and every finished request.
+token and inter-token gaps measured from submission) and every finished request; the engine's own counts
+(sequences running and waiting, cache usage, the prefix cache's queries and hits) are properties any
+thread may read.
 
 If the loop itself raises (a bug, a broken device, see engine.py), every open stream fails with
 `EngineDeadError` and `on_fatal(error)` is called (the server exits non-zero on it).
@@ -242,6 +244,16 @@ class AsyncEngine:
     @property
     def cache_usage(self) -> float:
         return self.engine.cache_usage
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache since the engine started."""
+        return self.engine.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Of those, the tokens found cached (their prefill skipped)."""
+        return self.engine.prefix_cache_hits
 
     @property
     def vocab_size(self) -> int:

@@ -72,11 +72,13 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_waiting=cfg.max_waiting,
         chat_template=cfg.chat_template,
+        enable_prefix_caching=cfg.enable_prefix_caching,
     )
     engine = llm.engine
     names = list(cfg.served_model_names) or [cfg.model or llm.path.name.split(".")[0]]
     dtype, kv = dtype_name(llm.dtype), dtype_name(llm.kv_dtype)
-    desc = f"{llm.config.architecture}, {dtype}, kv cache {kv}, {llm.device.type}"
+    prefix = "on" if llm.engine_config.enable_prefix_caching else "off"
+    desc = f"{llm.config.architecture}, {dtype}, kv cache {kv}, prefix cache {prefix}, {llm.device.type}"
     # root: the checkpoint's name, not its path (no absolute path reaches clients)
     return LoadedModel(engine, llm.tokenizer, names, llm.name, desc, llm.device.type == "cpu")
 
@@ -103,7 +105,11 @@ def _load(
         serving = OpenAIServing(engine, loaded.tokenizer, loaded.model_names, loaded.root)
         engine.start()
         state.metrics.bind_engine(
-            lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.cache_usage
+            lambda: engine.num_running,
+            lambda: engine.num_waiting,
+            lambda: engine.cache_usage,
+            lambda: engine.prefix_cache_queries,
+            lambda: engine.prefix_cache_hits,
         )
         state.serving = serving
         state.load_seconds = time.perf_counter() - t0

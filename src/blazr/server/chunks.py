@@ -11,7 +11,8 @@ Every event is one line: the line breaks `str.splitlines()` knows beyond JSON's 
 Usage on chunks, as OpenAI and vLLM send it (`stream_options`): absent unless `include_usage`; then
 `"usage": null` on every chunk and the totals on a last chunk with no choices; with vLLM's
 `continuous_usage_stats` as well, every chunk carries the usage so far (the prompt's tokens, the choice's
-completion tokens until then).
+completion tokens until then). Every usage holds `prompt_tokens_details.cached_tokens` (schemas.Usage says
+why always): the prompt's tokens served from the prefix cache.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from blazr.server.schemas import ChatCompletionChunk, CompletionChunk, StreamOptions, Usage
+from blazr.server.schemas import (
+    ChatCompletionChunk,
+    CompletionChunk,
+    PromptTokensDetails,
+    StreamOptions,
+    Usage,
+)
 
 UsageMode = Literal["off", "final", "continuous"]
 
@@ -53,11 +60,14 @@ def usage_mode(options: StreamOptions | None) -> UsageMode:
     return "continuous" if options.continuous_usage_stats else "final"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    """The usage of `prompt_tokens` (`cached_tokens` of them from the prefix cache) and
+    `completion_tokens`."""
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
 
 
@@ -94,7 +104,8 @@ class ChunkEncoder:
             u = usage_so_far
             end = (
                 f',"usage":{{"prompt_tokens":{u.prompt_tokens},"completion_tokens":{u.completion_tokens},'
-                f'"total_tokens":{u.total_tokens}}}' + end
+                f'"total_tokens":{u.total_tokens},'
+                f'"prompt_tokens_details":{{"cached_tokens":{u.prompt_tokens_details.cached_tokens}}}}}' + end
             )
         return (self._head + str(index) + self._field + _escape(text) + self._tail + end).encode()
 

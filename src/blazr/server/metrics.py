@@ -1,14 +1,17 @@
 """Prometheus metrics, named `blazr:*` after vLLM's `vllm:*` so the same dashboards work.
 
-Gauges are read live at scrape time from the engine (sequences running and waiting, cache usage);
-counters and histograms are fed by the engine thread through the `EngineObserver` hooks, and by the error
-handlers (`blazr:request_errors_total`). Each app owns its registry, so several apps can live in one process.
+Gauges are read live at scrape time from the engine (sequences running and waiting, cache usage), and so
+are the counters the engine keeps itself (the prefix cache's, cumulative token counts: exposed as counters,
+with no second copy to keep in step); the other counters and the histograms are fed by the engine thread
+through the `EngineObserver` hooks, and by the error handlers (`blazr:request_errors_total`). Each app owns
+its registry, so several apps can live in one process.
 
 | metric | kind | vLLM counterpart |
 |---|---|---|
 | blazr:num_requests_running / _waiting | gauge | vllm:num_requests_running / _waiting |
 | blazr:kv_cache_usage_perc | gauge (0–1) | vllm:kv_cache_usage_perc |
 | blazr:prompt_tokens_total, blazr:generation_tokens_total | counter | same |
+| blazr:prefix_cache_queries_total / _hits_total (tokens) | counter | vllm:prefix_cache_queries / _hits |
 | blazr:request_success_total{finished_reason=stop,length,abort} | counter | same |
 | blazr:request_errors_total{status_code} | counter | (none: HTTP errors answered) |
 | blazr:time_to_first_token_seconds | histogram | same |
@@ -19,7 +22,8 @@ handlers (`blazr:request_errors_total`). Each app owns its registry, so several 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -30,6 +34,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -51,6 +57,32 @@ def _token_buckets(max_len: int) -> tuple[float, ...]:
         scale *= 10
 
 
+class _PrefixCacheCounters(Collector):
+    """`blazr:prefix_cache_queries_total` and `_hits_total`, read from the engine's cumulative counts at
+    every scrape (0 until an engine is bound)."""
+
+    QUERIES = ("blazr:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+    HITS = ("blazr:prefix_cache_hits", "Prompt tokens found in the prefix cache (their prefill skipped).")
+
+    def __init__(self) -> None:
+        self.created = time.time()  # the `_created` sample, as prometheus_client's own counters have it
+        self.read_queries: Callable[[], int] = lambda: 0
+        self.read_hits: Callable[[], int] = lambda: 0
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(*self.QUERIES)
+        yield CounterMetricFamily(*self.HITS)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        # Hits first: the engine thread may admit a request between the two reads, and as it adds to its
+        # queries before its hits (engine/cache_manager.py), read in this order no scrape shows more hits
+        # than queries.
+        hits = self.read_hits()
+        queries = self.read_queries()
+        yield CounterMetricFamily(*self.QUERIES, value=queries, created=self.created)
+        yield CounterMetricFamily(*self.HITS, value=hits, created=self.created)
+
+
 class Metrics:
     """The registry and every metric; implements `EngineObserver` for the engine thread."""
 
@@ -65,6 +97,8 @@ class Metrics:
         )
         self.prompt_tokens = Counter("blazr:prompt_tokens", "Prompt tokens prefilled.", registry=r)
         self.generation_tokens = Counter("blazr:generation_tokens", "Tokens generated.", registry=r)
+        self.prefix_cache = _PrefixCacheCounters()
+        r.register(self.prefix_cache)
         self.success = Counter(
             "blazr:request_success",
             "Finished requests by finish reason (abort: cancelled or client gone).",
@@ -113,11 +147,15 @@ class Metrics:
         num_running: Callable[[], float],
         num_waiting: Callable[[], float],
         cache_usage: Callable[[], float],
+        prefix_cache_queries: Callable[[], int],
+        prefix_cache_hits: Callable[[], int],
     ) -> None:
-        """Read the gauges live from the engine at every scrape."""
+        """Read the gauges and the engine's own counters live from the engine at every scrape."""
         self.running.set_function(num_running)
         self.waiting.set_function(num_waiting)
         self.cache_usage.set_function(cache_usage)
+        self.prefix_cache.read_queries = prefix_cache_queries
+        self.prefix_cache.read_hits = prefix_cache_hits
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of the /metrics page."""

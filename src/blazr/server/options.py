@@ -1,7 +1,7 @@
 """`blazr serve` flags and the typed `ServerConfig` built from them.
 
 cli.py adds the common flags (--model, --vocab, --cpu, --dtype, --quantize, --kv-cache-dtype,
---max-model-len, --cache-memory, --log-level); this module
+--max-model-len, --cache-memory, --no-prefix-cache, --log-level); this module
 adds the server's own. The API key comes from --api-key, else the BLAZR_API_KEY environment variable.
 """
 
@@ -29,6 +29,7 @@ class ServerConfig:
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     cache_memory: float | None = None  # GiB for the cache pools; None: a share of what is available
+    enable_prefix_caching: bool = True
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
@@ -53,6 +54,7 @@ class ServerConfig:
             kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
             cache_memory=args.cache_memory,
+            enable_prefix_caching=not args.no_prefix_cache,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_waiting=args.max_waiting,

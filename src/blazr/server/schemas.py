@@ -148,10 +148,23 @@ class ChatCompletionRequest(SamplingFields):
 # ------------------------------------------------------------------------------------------ responses
 
 
+class PromptTokensDetails(_Response):
+    cached_tokens: int  # prompt tokens served from the prefix cache: their prefill was skipped
+
+
 class Usage(_Response):
+    """Token counts; `prompt_tokens_details.cached_tokens` is the part of `prompt_tokens` found in the
+    prefix cache (per prompt, not per sample: n > 1 samples share one prefill).
+
+    The details are always present, 0 when nothing was cached or the prefix cache is off
+    (`--no-prefix-cache`): OpenAI always sends them, so a client that reads
+    `usage.prompt_tokens_details.cached_tokens` works against any blazr, and 0 is then the truth, not a
+    placeholder. (vLLM sends them only with `--enable-prompt-tokens-details`, null otherwise.)"""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class CompletionLogprobs(_Response):

@@ -251,6 +251,7 @@ class _CompletionJob:
         self.n = req.n
         self.prompt_of = {f"{self.id}-{i}": i for i in range(len(prompts))}
         self.prompt_lps: dict[int, list[TokenLogprob | None]] = {}
+        self.num_cached = [0] * len(prompts)  # prompt index → its tokens found in the prefix cache
         self.writers = [
             CompletionLogprobsWriter(self.tok, req.return_tokens_as_token_ids) for _ in self.choices()
         ]
@@ -262,10 +263,8 @@ class _CompletionJob:
         return [EngineRequest(f"{self.id}-{i}", p.ids, self.params) for i, p in enumerate(self.prompts)]
 
     def usage(self, num_generated: int) -> Usage:
-        num_prompt = sum(len(p.ids) for p in self.prompts)
-        return Usage(
-            prompt_tokens=num_prompt, completion_tokens=num_generated, total_tokens=num_prompt + num_generated
-        )
+        """The whole call's: every prompt once (its cached tokens too), every choice's tokens."""
+        return chunks.usage(sum(len(p.ids) for p in self.prompts), num_generated, sum(self.num_cached))
 
     def _echo_text(self, prompt: PromptInput) -> str:
         return prompt.text if prompt.text is not None else self.tok.decode(prompt.ids, skip_special=False)
@@ -274,6 +273,7 @@ class _CompletionJob:
         """The choice index, the text and logprobs one output adds to it (the echo comes first)."""
         p = self.prompt_of[out.request_id]
         index = p * self.n + out.index
+        self.num_cached[p] = out.num_cached_tokens  # the prompt's: the same on each of its outputs
         if out.prompt_logprobs is not None:
             self.prompt_lps[p] = out.prompt_logprobs
         text = "" if self.echo_only else out.text
@@ -347,7 +347,7 @@ class _CompletionJob:
                         continue
                     so_far = None
                     if mode == "continuous":
-                        so_far = chunks.usage(len(self.prompts[p].ids), state.num_tokens)
+                        so_far = chunks.usage(len(self.prompts[p].ids), state.num_tokens, self.num_cached[p])
                     if lps is None and not out.finished:
                         parts.append(enc.text(index, text, so_far))
                         continue
@@ -387,10 +387,10 @@ class _ChatJob:
         self.params = params
         self.id = f"chatcmpl-{rid}"
         self.created = int(time.time())
+        self.num_cached = 0  # the prompt's tokens found in the prefix cache (the same on every output)
 
     def usage(self, num_generated: int) -> Usage:
-        n = len(self.prompt_ids)
-        return Usage(prompt_tokens=n, completion_tokens=num_generated, total_tokens=n + num_generated)
+        return chunks.usage(len(self.prompt_ids), num_generated, self.num_cached)
 
     def _logprobs(self, lps: list[TokenLogprob]) -> ChatLogprobs | None:
         if not self.req.logprobs:
@@ -401,6 +401,7 @@ class _ChatJob:
         states = [_Choice() for _ in range(self.req.n)]
         try:
             async for out in stream:
+                self.num_cached = out.num_cached_tokens
                 state = states[out.index]
                 state.texts.append(out.text)
                 state.logprobs.extend(out.logprobs)
@@ -431,25 +432,39 @@ class _ChatJob:
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         )
 
+    def _roles(self, enc: ChunkEncoder, usage: Usage | None) -> bytes:
+        """Every choice's first chunk: the role, empty content."""
+        delta = DeltaMessage(role="assistant", content="")
+        return b"".join(
+            enc.event(self._chunk([ChatChunkChoice(index=i, delta=delta)], usage)) for i in range(self.req.n)
+        )
+
     async def events(self, stream: RequestStream) -> AsyncIterator[bytes]:
-        """The SSE events: the role first (as OpenAI sends it), then one write per engine step's worth."""
+        """The SSE events: the role first (as OpenAI sends it), then one write per engine step's worth.
+        With continuous usage the role chunks wait for the engine's first outputs and go out with them: their
+        usage holds the prompt's cached tokens, known only once the engine has scheduled the prompt."""
         mode = usage_mode(self.req.stream_options)
         enc = ChunkEncoder(ChatCompletionChunk, self.id, self.created, self.model, mode)
         n_prompt = len(self.prompt_ids)
         num_tokens = [0] * self.req.n
+        is_role_sent = mode != "continuous"
         try:
-            zero = chunks.usage(n_prompt, 0) if mode == "continuous" else None
-            for i in range(self.req.n):
-                delta = DeltaMessage(role="assistant", content="")
-                yield enc.event(self._chunk([ChatChunkChoice(index=i, delta=delta)], zero))
+            if is_role_sent:
+                yield self._roles(enc, None)
             async for batch in stream.batches():
                 parts: list[bytes] = []
+                self.num_cached = batch[0].num_cached_tokens
+                if not is_role_sent:
+                    is_role_sent = True
+                    parts.append(self._roles(enc, chunks.usage(n_prompt, 0, self.num_cached)))
                 for out in batch:
                     num_tokens[out.index] += len(out.token_ids)
                     lps = self._logprobs(out.logprobs) if out.logprobs else None
                     if not (out.text or lps or out.finished):
                         continue
-                    so_far = chunks.usage(n_prompt, num_tokens[out.index]) if mode == "continuous" else None
+                    so_far = None
+                    if mode == "continuous":
+                        so_far = chunks.usage(n_prompt, num_tokens[out.index], self.num_cached)
                     if lps is None and not out.finished:
                         parts.append(enc.text(out.index, out.text, so_far))
                         continue
