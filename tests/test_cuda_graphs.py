@@ -98,7 +98,7 @@ def test_decode_logits_close_to_eager(pair) -> None:
     runner.decode_plan = decoder  # the helper drives the runner's fast path through `decode_plan`
     runner.graphs = None
     try:
-        got, want = _decode_step_logits(runner, [[5, 6, 7], list(range(40)), [9] * 17])
+        got, want = _decode_step_logits(graphs, [[5, 6, 7], list(range(40)), [9] * 17])
     finally:
         runner.graphs, runner.decode_plan = decoder, None
     for a, b in zip(got, want, strict=True):

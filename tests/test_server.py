@@ -160,6 +160,7 @@ def test_stream_continuous_usage_as_guidellm_sends_it(smol):
         ("/v1/chat/completions", {"messages": CHAT}, lambda c: c["delta"].get("content", "")),
     ]:
         body = {"model": SMOL, **body, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stop": None}
+        smol.post(path, json=body)  # cached from here on: both requests below find the same prefix
         whole = smol.post(path, json=body).json()
         options = {"include_usage": True, "continuous_usage_stats": True}
         r = smol.post(path, json={**body, "stream": True, "stream_options": options})

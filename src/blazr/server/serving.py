@@ -441,22 +441,22 @@ class _ChatJob:
 
     async def events(self, stream: RequestStream) -> AsyncIterator[bytes]:
         """The SSE events: the role first (as OpenAI sends it), then one write per engine step's worth.
-        With continuous usage the role chunks wait for the engine's first outputs and go out with them: their
+        The role chunks go out with the engine's first outputs, as vLLM sends them: a client timing its
+        first chunk then measures the prefill (not the HTTP round trip), and with continuous usage their
         usage holds the prompt's cached tokens, known only once the engine has scheduled the prompt."""
         mode = usage_mode(self.req.stream_options)
         enc = ChunkEncoder(ChatCompletionChunk, self.id, self.created, self.model, mode)
         n_prompt = len(self.prompt_ids)
         num_tokens = [0] * self.req.n
-        is_role_sent = mode != "continuous"
+        is_role_sent = False
         try:
-            if is_role_sent:
-                yield self._roles(enc, None)
             async for batch in stream.batches():
                 parts: list[bytes] = []
                 self.num_cached = batch[0].num_cached_tokens
                 if not is_role_sent:
                     is_role_sent = True
-                    parts.append(self._roles(enc, chunks.usage(n_prompt, 0, self.num_cached)))
+                    role_usage = chunks.usage(n_prompt, 0, self.num_cached) if mode == "continuous" else None
+                    parts.append(self._roles(enc, role_usage))
                 for out in batch:
                     num_tokens[out.index] += len(out.token_ids)
                     lps = self._logprobs(out.logprobs) if out.logprobs else None

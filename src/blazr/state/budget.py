@@ -54,9 +54,10 @@ def cache_budget(engine: EngineConfig, device: torch.device | str = "cpu") -> in
 
 @dataclass(frozen=True)
 class CachePlan:
-    """Pool sizes: `num_blocks` paged blocks of `block_size` tokens, `num_state_slots` recurrent slots for
-    running sequences and `num_snapshots` for prefix-cache snapshots (`snapshot_bytes` each); `bytes` is
-    what they all take, `budget` the budget they were fitted into (bytes)."""
+    """Pool sizes: `num_blocks` paged blocks of `block_size` tokens (the pool holds one more, reserved for
+    the padding rows of graph-captured steps), `num_state_slots` recurrent slots for running sequences and
+    `num_snapshots` for prefix-cache snapshots (`snapshot_bytes` each); `bytes` is what they all take,
+    `budget` the budget they were fitted into (bytes)."""
 
     num_blocks: int
     block_size: int
@@ -74,9 +75,11 @@ class CachePlan:
     def describe(self) -> str:
         """One line for the load log: tokens, GiB, and the budget they came from."""
         origin = f"{DEFAULT_FRACTION:g} of available memory" if self.is_auto_budget else "--cache-memory"
-        snapshots = f" + {self.num_snapshots} state snapshots" if self.num_snapshots else ""
+        parts = [f"{self.num_tokens} token slots"] if self.num_blocks else []
+        parts += [f"{self.num_state_slots} state slots"] if self.num_state_slots else []
+        parts += [f"{self.num_snapshots} state snapshots"] if self.num_snapshots else []
         return (
-            f"{self.num_tokens} token slots + {self.num_state_slots} state slots{snapshots}, "
+            f"{' + '.join(parts)}, "
             f"{self.bytes / _GiB:.2f} GiB of a {self.budget / _GiB:.2f} GiB budget ({origin})"
         )
 
@@ -92,7 +95,9 @@ def plan_cache(
     count."""
     per_token = bytes_per_token(cfg, dtype, kv_dtype)
     bs = engine.block_size
-    state = engine.max_num_seqs * state_bytes_per_sequence(cfg, dtype)
+    per_snapshot = state_bytes_per_sequence(cfg, dtype)
+    num_state_slots = engine.max_num_seqs if per_snapshot else 0
+    state = num_state_slots * per_snapshot
     budget = cache_budget(engine, device)
     is_auto = engine.cache_memory_gib is None
     if per_token == 0:
@@ -102,7 +107,7 @@ def plan_cache(
     else:
         want = -(-engine.max_num_seqs * engine.max_model_len // bs)
         one = -(-engine.max_model_len // bs)  # one full-length sequence
-        fits = max(0, budget - state) // (per_token * bs)
+        fits = max(0, budget - state) // (per_token * bs) - 1  # the reserved padding block
         if fits < one:
             need = one * bs * per_token + state
             raise BlazrError(
@@ -117,11 +122,10 @@ def plan_cache(
             f"cache memory budget {budget / _GiB:.2f} GiB cannot hold the recurrent state of --max-num-seqs "
             f"{engine.max_num_seqs} ({state / _GiB:.2f} GiB); lower --max-num-seqs or raise --cache-memory"
         )
-    total = num_blocks * bs * per_token + state
-    per_snapshot = state_bytes_per_sequence(cfg, dtype)
+    total = (num_blocks + 1 if per_token else 0) * bs * per_token + state
     num_snapshots = 0
     if per_snapshot and engine.enable_prefix_caching:
         room = min(int(budget * SNAPSHOT_FRACTION), budget - total)
         num_snapshots = engine.num_state_snapshots or max(0, room) // per_snapshot
     total += num_snapshots * per_snapshot
-    return CachePlan(num_blocks, bs, engine.max_num_seqs, total, budget, is_auto, num_snapshots, per_snapshot)
+    return CachePlan(num_blocks, bs, num_state_slots, total, budget, is_auto, num_snapshots, per_snapshot)
