@@ -503,9 +503,10 @@ def serve_part(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for server in servers:
             server.stop()
-    return {
+    medians = {
         name: [_median_level([run[i] for run in rs]) for i in range(len(rs[0]))] for name, rs in runs.items()
     }
+    return {**medians, "rounds": runs}
 
 
 def _bench(url: str, args: argparse.Namespace, seed: int, out: Path) -> list[dict[str, Any]]:
