@@ -24,7 +24,8 @@ is what the workload leaves, not what the default pool could keep).
 
 Part 2, sweep (the hybrid only): `EngineConfig.state_snapshot_interval` = each of --intervals (blocks of
 16 tokens), hit rate vs snapshot memory on two workloads, each on a fresh engine over one loaded model (the
-snapshot pool sized so that nothing is evicted: the memory an unbounded pool would hold):
+snapshot pool sized so that nothing is evicted: the memory an unbounded pool would hold); --sweep-rounds
+passes over the intervals and the cache off, the order reversed every other pass, times are medians:
   A. the multi-turn chat of part 1 (one conversation; its replies fixed beforehand by a cache-off pass);
   B. --groups system prompts of random lengths in [--sp-min, --sp-max] words (the shared part ends at an
      arbitrary token), each followed by --group-size different user messages, sent one after another
@@ -340,29 +341,48 @@ def chat_table(res: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def sweep_part(args: argparse.Namespace) -> dict[str, Any]:
-    """Snapshot interval vs hit rate and snapshot memory, workloads A (chat) and B (shared system prompts)."""
+    """Snapshot interval vs hit rate and snapshot memory, workloads A (chat) and B (shared system prompts).
+    --sweep-rounds passes over the intervals and a cache-off reference (the first pass fixes the chat's
+    replies), the order reversed every other pass; hit rates and counts come out the same every pass, the
+    times are medians."""
     log(f"# sweep: loading {HYBRID} (prefix cache on, {args.snapshots} snapshot slots)")
     llm = load(HYBRID, args, caching=True, num_snapshots=args.snapshots)
     warm(llm)
     chat, groups = Chat.make(2000, args), _groups(args)
-    log("  cache off: the reference pass (fixes the chat's replies)")
-    fresh_engine(llm, enable_prefix_caching=False)
-    reference = {"chat": _sweep_chat(llm, chat, args), "sp": _sweep_prompts(llm, groups)}
-    results = []
-    for k in args.intervals:
-        log(f"  interval {k} blocks")
-        fresh_engine(llm, enable_prefix_caching=True, state_snapshot_interval=k)
-        results.append(
-            {"interval": k, "chat": _sweep_chat(llm, chat, args), "sp": _sweep_prompts(llm, groups)}
-        )
+    configs: list[int | None] = [None, *args.intervals]  # None: the cache off
+    passes: dict[int | None, list[dict[str, Any]]] = {k: [] for k in configs}
+    for r in range(args.sweep_rounds):
+        for k in configs if r % 2 == 0 else configs[::-1]:
+            log(
+                f"  pass {r + 1}/{args.sweep_rounds}: "
+                + ("cache off" if k is None else f"interval {k} blocks")
+            )
+            if k is None:
+                fresh_engine(llm, enable_prefix_caching=False)
+            else:
+                fresh_engine(llm, enable_prefix_caching=True, state_snapshot_interval=k)
+            passes[k].append({"chat": _sweep_chat(llm, chat, args), "sp": _sweep_prompts(llm, groups)})
+    merged = {k: _median_pass(p) for k, p in passes.items()}
     out = {
         "snapshot_bytes": snapshot_bytes(llm),
-        "reference": reference,
+        "reference": merged[None],
         "groups": [(len(llm.tokenizer.encode(s)), len(u)) for s, u in groups],
-        "results": results,
+        "results": [{"interval": k, **merged[k]} for k in args.intervals],
+        "passes": {str(k): p for k, p in passes.items()},
     }
     del llm
     gc.collect()
+    return out
+
+
+def _median_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration over passes: the first pass's counts, the median of each time."""
+    out = {}
+    for workload, first in passes[0].items():
+        out[workload] = {
+            key: statistics.median(p[workload][key] for p in passes) if key.startswith("ttft") else value
+            for key, value in first.items()
+        }
     return out
 
 
@@ -596,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         default=160,
         help="snapshot slots of the hybrid's cache-on engines (none evicted)",
     )
+    ap.add_argument("--sweep-rounds", type=int, default=3, help="passes over the intervals (time medians)")
     ap.add_argument("--groups", type=int, default=6, help="shared system prompts in sweep workload B")
     ap.add_argument("--group-size", type=int, default=4, help="user messages per system prompt")
     ap.add_argument("--sp-min", type=int, default=100)
