@@ -358,3 +358,6 @@ def test_bitmask_fast_path_equals_reference():
     apply_token_bitmask(every_row, bitmask, [0, 1, 2])
     apply_token_bitmask_reference(every_ref, bitmask)
     assert torch.equal(every_row, every_ref)
+    wide = logits.double()  # not the float32 CPU fast path: the one a GPU takes (gather, mask, scatter)
+    apply_token_bitmask(wide, bitmask, rows)
+    assert torch.equal(wide.float(), ref)

@@ -178,27 +178,25 @@ class GrammarMatcher:
         twin.is_done = self.is_done
         return twin
 
-    def fill(self, row: torch.Tensor, allow_end: bool = True) -> None:
-        """Write the allowed tokens into `row` ([W] int32, contiguous, CPU). `allow_end` False (min_tokens
-        not reached) keeps the end ids out unless nothing else is possible."""
+    def fill(self, row: np.ndarray, allow_end: bool = True) -> None:
+        """Write the allowed tokens into `row` ([W] uint32, contiguous). `allow_end` False (min_tokens not
+        reached) keeps the end ids out unless nothing else is possible."""
+        inner = self._inner
         if self.is_done:
-            row.zero_()
+            row.fill(0)
         else:
-            self._inner.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
-            if self._inner.is_error():
-                raise BlazrError(
-                    f"structured output: the grammar failed: {one_line(self._inner.get_error())}"
-                )
-        words = row.numpy().view(np.uint32)
+            inner.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if inner.is_error():
+                raise BlazrError(f"structured output: the grammar failed: {one_line(inner.get_error())}")
         for t in self._foreign_eos:
-            words[t >> 5] &= ~np.uint32(1 << (t & 31))
-        stopped = self.is_done or self._inner.is_stopped()
-        can_end = stopped or self._inner.is_accepting()
+            row[t >> 5] &= ~np.uint32(1 << (t & 31))
+        stopped = self.is_done or inner.is_stopped()
+        can_end = stopped or inner.is_accepting()
         for t in self._end:
             if can_end and (allow_end or stopped):
-                words[t >> 5] |= np.uint32(1 << (t & 31))
+                row[t >> 5] |= np.uint32(1 << (t & 31))
             else:
-                words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                row[t >> 5] &= ~np.uint32(1 << (t & 31))
 
     def advance(self, token: int) -> None:
         """Take the sampled token; BlazrError if the grammar does not allow it (the mask should have)."""
@@ -244,8 +242,8 @@ class GrammarCompiler:
             if spec.kind != "grammar":  # positions point into the Lark llguidance generated, not the request
                 error = re.sub(r"^at \d+\(\d+\): ", "", error)
             raise BlazrError(f"structured output {spec.kind}: {error}")
-        warm = torch.empty(words(self.vocab_size), dtype=torch.int32)
-        template.unsafe_compute_mask_ptr(warm.data_ptr(), warm.numel() * 4)  # builds the lexer's first states
+        warm = np.empty(words(self.vocab_size), dtype=np.uint32)
+        template.unsafe_compute_mask_ptr(warm.ctypes.data, warm.nbytes)  # builds the lexer's first states
         if template.is_error():
             raise BlazrError(f"structured output {spec.kind}: {one_line(template.get_error())}")
         with self._lock:
@@ -299,10 +297,10 @@ def words(vocab_size: int) -> int:
 
 def fill_bitmasks(matchers: Sequence[tuple[GrammarMatcher, bool]], vocab_size: int) -> torch.Tensor:
     """[(matcher, allow_end)] × B → bitmask [B, W] int32 on the CPU, row i from matcher i."""
-    bitmask = torch.empty(len(matchers), words(vocab_size), dtype=torch.int32)
+    bitmask = np.empty((len(matchers), words(vocab_size)), dtype=np.uint32)
     for i, (m, allow_end) in enumerate(matchers):
         m.fill(bitmask[i], allow_end)
-    return bitmask
+    return torch.from_numpy(bitmask.view(np.int32))
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
