@@ -71,9 +71,10 @@ SCHEMAS: dict[str, dict] = {
     "number bounds": {
         "type": "object",
         "properties": {
-            "celsius": {"type": "number", "minimum": -50, "maximum": 50},
+            # multipleOf keeps the decimals (and a sampled output) short; binary-exact, for jsonschema
+            "celsius": {"type": "number", "minimum": -50, "maximum": 50, "multipleOf": 0.5},
             "humidity": {"type": "integer", "minimum": 0, "maximum": 100},
-            "ratio": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+            "ratio": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1, "multipleOf": 0.25},
         },
         "required": ["celsius", "humidity", "ratio"],
     },
