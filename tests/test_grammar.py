@@ -19,6 +19,7 @@ from blazr.engine.grammar import (
     apply_token_bitmask,
     apply_token_bitmask_reference,
     close_objects,
+    lark_json,
     words,
 )
 from blazr.errors import BlazrError
@@ -256,6 +257,25 @@ def test_regex_choice_and_grammars(llm):
                 assert c.text in choices
             else:
                 assert pattern.fullmatch(c.text), c.text
+
+
+def test_a_tool_call_grammar_embeds_a_json_schema(llm):
+    """`lark_json` composes a schema into a Lark grammar (what tool_choice "required" needs): the call is
+    wrapped in its markers and its arguments validate."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "arguments": {"type": "object", "properties": {"city": NAME}, "required": ["city"]},
+        },
+        "required": ["name", "arguments"],
+    }
+    lark = 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: ' + lark_json(schema)
+    p = chat(llm, "What is the weather in Paris?")
+    c = llm.generate([p], constrained(StructuredOutput(grammar=lark), max_tokens=60))[0].outputs[0]
+    match = re.fullmatch(r"<tool_call>\n(.*)\n</tool_call>", c.text, re.DOTALL)
+    assert match and c.finish_reason == "stop", c.text
+    jsonschema.validate(json.loads(match.group(1)), schema)
 
 
 def test_free_rows_beside_constrained_rows_get_their_tokens_alone(llm):

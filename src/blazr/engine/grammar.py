@@ -151,6 +151,12 @@ def close_objects(schema: Any, in_all_of: bool = False) -> Any:
     return out
 
 
+def lark_json(schema: dict[str, Any]) -> str:
+    """A Lark item matching `schema` written as `json_schema` outputs are (compact, objects closed), for
+    grammars that embed JSON: `start: "<tool_call>\\n" call "\\n</tool_call>"` with `call: ` + this."""
+    return "%json " + json.dumps({**close_objects(schema), "x-guidance": JSON_OPTIONS})
+
+
 def one_line(message: str) -> str:
     """llguidance's multi-line errors (source echo, carets) as one line: the first line and the cause."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
