@@ -49,7 +49,10 @@ if TYPE_CHECKING:
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_SIZE = 256  # compiled specs kept (a template matcher each, a few hundred KB at most)
-_NEG_INF_BITS = np.array([-np.inf], dtype=np.float32).view(np.int32)[0]  # 0xFF800000
+# [256, 8] float32: for each byte value, the additive mask of its 8 tokens (bit set 0.0, clear -inf)
+_BYTE_BIAS = np.where(
+    np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little") == 1, 0.0, -np.inf
+).astype(np.float32)
 
 
 @dataclass
@@ -313,20 +316,18 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Seque
     """In place: logits[rows[i], t] = -inf where bit t of bitmask[i] is 0; other rows untouched.
     logits [N, V] float; bitmask [B, W] int32 on the CPU, B = len(rows).
 
-    On the CPU without branches (a masked_fill over a mixed mask costs ~4× more): the bits unpacked to int32
-    0 / 1, minus 1 → 0 / all ones, & the bits of -inf → the float32 patterns of 0.0 / -inf, added to the
-    logits (x + 0.0 == x exactly). Elsewhere the bitmask travels (V / 8 bytes a row) and is unpacked there
-    (`apply_token_bitmask_reference`)."""
+    On the CPU without branches (a masked_fill over a mixed mask costs 2–4× more): each byte of the bitmask
+    picks its 8 tokens' additive mask (0.0 / -inf) from a 256-row table, one gather, then one add to the
+    logits (x + 0.0 == x exactly): ~25 µs a row at V = 49k. Elsewhere the bitmask travels (V / 8 bytes a
+    row) and is unpacked there (`apply_token_bitmask_reference`)."""
     B, V = len(rows), logits.shape[-1]
     if logits.device.type != "cpu" or logits.dtype != torch.float32:
         masked = logits[list(rows)]
         apply_token_bitmask_reference(masked, bitmask.to(logits.device, non_blocking=True))
         logits[list(rows)] = masked
         return
-    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=-1, count=V, bitorder="little").astype(np.int32)
-    bits -= 1
-    bits &= _NEG_INF_BITS
-    bias = torch.from_numpy(bits.view(np.float32))  # [B, V]: 0.0 allowed, -inf not
+    bytes_ = bitmask.numpy().view(np.uint8)  # [B, 4W], little-endian: byte k holds tokens 8k … 8k + 7
+    bias = torch.from_numpy(np.take(_BYTE_BIAS, bytes_, axis=0).reshape(B, -1)[:, :V])  # [B, V]
     if logits.shape[0] == B and list(rows) == list(range(B)):
         logits.add_(bias)
     else:
