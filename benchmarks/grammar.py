@@ -43,6 +43,7 @@ import blazr.engine.engine as engine_module
 from blazr import LLM, SamplingParams
 from blazr.engine.grammar import (
     JSON_OPTIONS,
+    GrammarMatcher,
     StructuredOutput,
     apply_token_bitmask,
     build_ll_tokenizer,
@@ -376,6 +377,37 @@ def coverage(backends: list[Backend], tok: Tokenizer, V: int, eos: int) -> dict[
     return out
 
 
+class Timers:
+    """Seconds spent in the engine's `sample` (fill + apply + sampling) and in `GrammarMatcher.advance`,
+    while installed: the grammar's cost per step, apart from the forward's noise on a shared machine."""
+
+    def __init__(self) -> None:
+        self.sample = 0.0
+        self.advance = 0.0
+        self.steps = 0
+
+    def __enter__(self) -> Timers:
+        self._sample, self._advance = engine_module.sample, GrammarMatcher.advance
+
+        def sample(*args: Any) -> Any:
+            t, out = timed(lambda: self._sample(*args))
+            self.sample += t
+            self.steps += 1
+            return out
+
+        def advance(matcher: GrammarMatcher, token: int) -> None:
+            t, _ = timed(lambda: self._advance(matcher, token))
+            self.advance += t
+
+        engine_module.sample = sample
+        GrammarMatcher.advance = advance  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        engine_module.sample = self._sample
+        GrammarMatcher.advance = self._advance  # type: ignore[method-assign]
+
+
 def decode_rate(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, list[int]]:
     """Output tok/s once every request has its first token (decode only), and the tokens each made."""
     engine = llm.engine
@@ -396,9 +428,10 @@ def decode_rate(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]
     return (n / elapsed if elapsed > 0 else 0.0), [counts[r] for r in rids]
 
 
-def end_to_end(llm: LLM, max_tokens: int, repeats: int, batch: int) -> list[tuple[str, float, float]]:
+def end_to_end(llm: LLM, max_tokens: int, repeats: int, batch: int) -> list[tuple[str, float, float, float]]:
     """blazr's own constrained decoding vs free decoding of as many tokens (ignore_eos), alternated: decode
-    tok/s of one stream per schema, and of `batch` streams (every schema, cycled) at once."""
+    tok/s of one stream per schema, and of `batch` streams (every schema, cycled) at once; and the time the
+    grammar adds to a step (sampling with masks + advancing, minus sampling free), ms."""
     rows = []
     cases = [(name, [chat(llm, schema)], [schema]) for name, schema in SCHEMAS.items()]
     schemas = list(SCHEMAS.values())
@@ -410,31 +443,25 @@ def end_to_end(llm: LLM, max_tokens: int, repeats: int, batch: int) -> list[tupl
             for s in specs
         ]
         rates: dict[str, list[float]] = {"free": [], "json": []}
+        decode_rate(llm, prompts, json_params)  # warm: compile, first masks
+        json_t, free_t = Timers(), Timers()
         for _ in range(repeats):
-            rate, counts = decode_rate(llm, prompts, json_params)
+            with json_t:
+                rate, counts = decode_rate(llm, prompts, json_params)
             rates["json"].append(rate)
             free_params = [SamplingParams(max_tokens=c, temperature=0, ignore_eos=True) for c in counts]
-            rates["free"].append(decode_rate(llm, prompts, free_params)[0])
-        rows.append((name, statistics.median(rates["free"]), statistics.median(rates["json"])))
+            with free_t:
+                rates["free"].append(decode_rate(llm, prompts, free_params)[0])
+        added = (json_t.sample + json_t.advance) / json_t.steps - free_t.sample / free_t.steps
+        rows.append((name, statistics.median(rates["free"]), statistics.median(rates["json"]), added * 1e3))
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--skip-e2e", action="store_true")
-    args = ap.parse_args()
-    llm = LLM(cpu=True)
+def compare(llm: LLM, args: argparse.Namespace) -> None:
+    """Sections 1–4: the two libraries side by side."""
     tok = llm.tokenizer
     V = llm.config.vocab_size
     eos = min(tok.eos_token_ids)
-    print(
-        f"model {llm.name}, vocab {V}, torch threads {torch.get_num_threads()}, "
-        f"llguidance {version('llguidance')}, xgrammar {version('xgrammar')}"
-    )
-
     build: dict[str, list[float]] = {"llguidance": [], "xgrammar": []}
     backends: list[Backend] = []
     for _ in range(3):
@@ -481,13 +508,38 @@ def main() -> None:
     for feature, *_ in COVERAGE:
         print(f"| {feature} | " + " | ".join(cov[(feature, n)] for n in names) + " |")
 
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--only-e2e", action="store_true")
+    args = ap.parse_args()
+    llm = LLM(cpu=True)
+    V = llm.config.vocab_size
+    print(
+        f"model {llm.name}, vocab {V}, torch threads {torch.get_num_threads()}, "
+        f"llguidance {version('llguidance')}, xgrammar {version('xgrammar')}"
+    )
+
+    if not args.only_e2e:
+        compare(llm, args)
+
     if not args.skip_e2e:
         rows = end_to_end(llm, args.max_tokens, args.repeats, args.batch)
         print("\nblazr's integration (llguidance): decode tok/s after the first token, greedy, free vs JSON")
         print("schema (the free run makes as many tokens, ignore_eos; medians, alternated)\n")
-        print("| streams | free | json_schema | slower by |\n|---|---|---|---|")
-        for name, free, js in rows:
-            print(f"| {name} | {free:.1f} | {js:.1f} | {(1 - js / free) * 100:.1f}% |")
+        print("| streams | free | json_schema | slower by | grammar per step (ms) | step (ms) | share |")
+        print("|---|---|---|---|---|---|---|")
+        for name, free, js, added in rows:
+            streams = args.batch if "streams" in name else 1
+            step = streams / free * 1e3
+            print(
+                f"| {name} | {free:.1f} | {js:.1f} | {(1 - js / free) * 100:.1f}% | {added:.3f} | {step:.1f} "
+                f"| {added / step * 100:.1f}% |"
+            )
 
 
 if __name__ == "__main__":
