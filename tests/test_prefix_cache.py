@@ -49,12 +49,18 @@ class Result:
     num_cached_tokens: int = 0
 
 
-def run(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[Result]:
-    """All prompts submitted at once, the engine stepped until done (SeqOutputs carry the cached count)."""
+Params = SamplingParams | list[SamplingParams]
+
+
+def run(llm: LLM, prompts: list[list[int]], params: Params = GREEDY) -> list[Result]:
+    """All prompts submitted at once (with one SamplingParams each, or one for all), the engine stepped
+    until done (SeqOutputs carry the cached count)."""
     ids = [uuid.uuid4().hex for _ in prompts]
-    results = {rid: Result([[] for _ in range(params.n)], [[] for _ in range(params.n)]) for rid in ids}
-    for rid, p in zip(ids, prompts, strict=True):
-        llm.engine.add_request(rid, p, params)
+    each = params if isinstance(params, list) else [params] * len(prompts)
+    results = {rid: Result([[] for _ in range(q.n)], [[] for _ in range(q.n)])
+               for rid, q in zip(ids, each, strict=True)}  # fmt: skip
+    for rid, p, q in zip(ids, prompts, each, strict=True):
+        llm.engine.add_request(rid, p, q)
     while llm.engine.has_unfinished():
         for out in llm.engine.step():
             _collect(results[out.request_id], out)
@@ -118,7 +124,7 @@ def pair(request, checkpoints) -> tuple[str, LLM, LLM]:
     return request.param, load(path), load(path, False)
 
 
-def both(pair, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[Result]:
+def both(pair, prompts: list[list[int]], params: Params = GREEDY) -> list[Result]:
     """Run on both engines, assert equal outputs; the cache-on results (for their cached counts)."""
     _, on, off = pair
     got = run(on, prompts, params)
@@ -262,3 +268,19 @@ def test_preemption(small, name):
     assert [r.num_cached_tokens for r in got] == [32] * 4
     if pair[1].engine.cache.blocks is not None:  # (a Mamba2-only model holds no blocks)
         assert scheduler.num_preemptions > before
+
+
+@pytest.mark.parametrize("name", ["llama", "granite-hybrid"])
+def test_prompt_logprobs_of_a_sequence_preempted_mid_prefill(small, name):
+    """B is preempted after its first prompt chunk was scored; recomputed later, it scores its prompt
+    again from the start — each prompt token exactly once (and nothing is looked up: it needs them all)."""
+    pair = small[name]
+    scheduler = pair[1].engine.scheduler
+    before = scheduler.num_preemptions
+    params = [
+        SamplingParams(max_tokens=20, temperature=0.0, prompt_logprobs=1, ignore_eos=True),
+        SamplingParams(max_tokens=3, temperature=0.0, prompt_logprobs=1, ignore_eos=True),
+    ]
+    got = both(pair, [tokens(100, seed=70), tokens(150, seed=71)], params)
+    assert scheduler.num_preemptions > before
+    assert [len(r.prompt_logprobs or []) for r in got] == [100, 150]

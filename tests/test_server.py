@@ -514,3 +514,43 @@ def test_non_streaming_disconnect_aborts(tiny):
     asyncio.run(go())
     m = tiny.wait_metric("blazr:num_requests_running", lambda v: v == 0)
     assert m['blazr:request_success_total{finished_reason="abort"}'] == aborted + 1
+
+
+# ------------------------------------------------------------------------------- tokenize / detokenize
+
+
+def test_tokenize_gives_the_ids_the_generation_endpoints_prefill(smol):
+    """vLLM's /tokenize: a `prompt` is counted as /v1/completions counts it, `messages` as chat does."""
+    client = smol.client()
+    got = smol.post("/tokenize", json={"model": SMOL, "prompt": PROMPT, "return_token_strs": True}).json()
+    assert got["count"] == len(got["tokens"]) == _greedy(client, PROMPT, 1).usage.prompt_tokens
+    assert got["max_model_len"] == 1024 and "".join(got["token_strs"]) == PROMPT
+    assert smol.post("/tokenize", json={"prompt": PROMPT}).json()["token_strs"] is None
+    chat = smol.post("/tokenize", json={"messages": CHAT}).json()
+    sent = client.chat.completions.create(model=SMOL, messages=CHAT, max_tokens=1, temperature=0)
+    assert chat["count"] == len(chat["tokens"]) == sent.usage.prompt_tokens
+    cont = smol.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()
+    assert cont["count"] < chat["count"] and chat["tokens"][: cont["count"]] == cont["tokens"]
+
+
+def test_detokenize_round_trips_and_names_a_bad_id(smol):
+    ids = smol.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+    assert smol.post("/detokenize", json={"model": SMOL, "tokens": ids}).json() == {"prompt": PROMPT}
+    chat = smol.post("/tokenize", json={"messages": CHAT}).json()["tokens"]
+    assert "<|im_start|>" in smol.post("/detokenize", json={"tokens": chat}).json()["prompt"]  # specials kept
+    r = smol.post("/detokenize", json={"tokens": [1, 10**9]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens.1"
+
+
+def test_tokenize_errors(smol):
+    for body, param in [
+        ({"prompt": PROMPT, "bogus": 1}, "bogus"),
+        ({"messages": []}, "messages"),
+        ({"messages": CHAT, "add_special_tokens": True}, "add_special_tokens"),
+        ({"tokens": "1 2"}, "tokens"),
+    ]:
+        r = smol.post("/detokenize" if "tokens" in body else "/tokenize", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+    assert smol.post("/tokenize", json={"model": "nope", "prompt": "x"}).status_code == 404
+    assert smol.post("/tokenize", content=b"not json").status_code == 400
+    assert httpx.post(f"{smol.url}/tokenize", json={"prompt": "x"}).status_code == 401  # behind the key

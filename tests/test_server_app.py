@@ -213,6 +213,8 @@ def test_api_key_guards_v1_and_docs_only():
         assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
         for path in ("/v1/models", "/docs", "/openapi.json", "/redoc"):
             assert client.get(path).status_code == 401, path
+        for path in ("/tokenize", "/detokenize"):
+            assert client.post(path, json={}).status_code == 401, path
         assert client.get("/openapi.json", headers={"Authorization": "Bearer secret"}).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
         assert client.get("/v1/models", headers={"Authorization": "Basic secret"}).status_code == 401
@@ -458,3 +460,29 @@ def test_tokenizing_runs_off_the_event_loop():
         release.set()
         worker.join(20)
         assert result["status"] == 200
+
+
+def test_cors_is_off_by_default_and_on_for_the_allowed_origins():
+    """--allowed-origins: preflights answered for those origins (before the API key), their responses —
+    errors included — carry the CORS headers; other origins get none. Without the flag: no CORS at all."""
+    origin = {"Origin": "https://app.example.com"}
+    preflight = {
+        **origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization",
+    }
+    app, _ = _app()
+    with TestClient(app) as client:
+        _wait_ready(client)
+        assert "access-control-allow-origin" not in client.get("/v1/models", headers=origin).headers
+    app, _ = _app(api_key="secret", allowed_origins=("https://app.example.com",))
+    with TestClient(app) as client:
+        _wait_ready(client)
+        r = client.options("/v1/chat/completions", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example.com"
+        assert "POST" in r.headers["access-control-allow-methods"]
+        denied = client.get("/v1/models", headers=origin)  # no key: 401, still readable by the page
+        assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == origin["Origin"]
+        assert "X-Request-Id" in denied.headers["access-control-expose-headers"]
+        other = client.get("/v1/models", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers

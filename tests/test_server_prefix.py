@@ -378,3 +378,21 @@ def test_llm_num_cached_tokens_and_the_kwarg(tmp_path):
     outs = [off.generate(prefix + _ids(s, 8), params)[0] for s in (15, 16)]
     assert [o.num_cached_tokens for o in outs] == [0, 0]
     assert [o.outputs[0].token_ids for o in outs] == [first.outputs[0].token_ids, second.outputs[0].token_ids]
+
+
+def test_echo_with_a_hit(cached, uncached):
+    """echo without logprobs keeps its hit (it needs no prompt logits); echo with logprobs scores every
+    prompt token, so it computes the whole prompt — and both answer exactly as without the cache."""
+    prompt = _ids(14, 100)
+    _complete(cached, prompt)
+    plain = _complete(cached, prompt, echo=True)
+    _check_hit(plain.usage.prompt_tokens_details.cached_tokens, 100, at_most=100)
+    scored = _complete(cached, prompt, echo=True, logprobs=1)
+    assert scored.usage.prompt_tokens_details.cached_tokens == 0
+    assert len(scored.choices[0].logprobs.token_logprobs) == 100 + 4
+    if not cached.is_hybrid:  # `uncached` serves the same Llama checkpoint
+        assert plain.choices[0].text == _complete(uncached, prompt, echo=True).choices[0].text
+        want = _complete(uncached, prompt, echo=True, logprobs=1).choices[0].logprobs.token_logprobs
+        got = scored.choices[0].logprobs.token_logprobs
+        assert got[0] is None and want[0] is None
+        assert max(abs(a - b) for a, b in zip(got[1:], want[1:], strict=True)) < 1e-4

@@ -27,6 +27,7 @@ import torch
 from blazr.config import EngineConfig
 from blazr.engine.cache_manager import CacheManager
 from blazr.engine.detokenizer import Detokenizer
+from blazr.engine.grammar import GrammarCompiler
 from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
 from blazr.engine.scheduler import ScheduledBatch, Scheduler
@@ -105,6 +106,7 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg, self.cache)
         self.requests: dict[str, _Request] = {}
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size)  # structured output: specs → matchers
         self.num_consecutive_failures = 0  # failed forwards since the last successful one
 
     # --------------------------------------------------------------------------------------- requests
@@ -123,6 +125,8 @@ class LLMEngine:
                 f"{len(prompt_ids)} tokens and max_tokens is {params.max_tokens} "
                 f"({len(prompt_ids) + params.max_tokens} in total)"
             )
+        if params.structured is not None:
+            self.grammars.compile(params.structured)  # cached: add_request's matchers copy it
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.validate(prompt_ids, params)
@@ -136,11 +140,15 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add(seq)
 
-    def _new_sequence(self, req: _Request, index: int) -> Sequence:
+    def _new_sequence(self, req: _Request, index: int, parent: Sequence | None = None) -> Sequence:
         params = req.params
         seq = Sequence(req.request_id, index, req.prompt_ids, params, self.eos_ids)
         if params.seed is not None and not params.is_greedy:
             seq.generator = torch.Generator(device="cpu").manual_seed(params.seed + index)
+        if parent is not None and parent.grammar is not None:  # a sample of n > 1: its own copy
+            seq.grammar = parent.grammar.fork()
+        elif params.structured is not None:
+            seq.grammar = self.grammars.matcher(params.structured, seq.stop_ids)
         req.seqs.append(seq)
         req.detoks[seq.seq_id] = Detokenizer(
             self.tokenizer.stream(skip_special=params.skip_special_tokens),
@@ -158,6 +166,7 @@ class LLMEngine:
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
+                seq.grammar = None
                 outs.append(self._output(req, seq, [], "", []))
         return outs
 
@@ -213,6 +222,8 @@ class LLMEngine:
         """Add row `b` of `result` to `seq`: its token, logprobs, text, and whether it finished."""
         token = result.token_ids[b]
         seq.output_ids.append(token)
+        if seq.grammar is not None:  # output tokens are appended once (a recompute samples only the next)
+            seq.grammar.advance(token)
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.last_token_time = now
@@ -227,7 +238,8 @@ class LLMEngine:
             seq.logprobs.extend(lp)
         detok = req.detoks[seq.seq_id]
         text, finish = "", None
-        if token in seq.stop_ids:  # never sampled before min_tokens: the sampler masks them
+        is_end = token in seq.stop_ids or (seq.grammar is not None and seq.grammar.is_done)
+        if is_end:  # never sampled before min_tokens: the sampler masks them
             finish = "stop"
         else:
             # stop strings count from min_tokens on too (as vLLM's detokenizer)
@@ -237,9 +249,10 @@ class LLMEngine:
             elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= self.cfg.max_model_len:
                 finish = "length"
         if finish is not None:
-            if finish != "stop" or token in seq.stop_ids:
+            if finish != "stop" or is_end:
                 text += detok.finish()
             self.scheduler.finish(seq, finish)
+            seq.grammar = None
         return self._output(req, seq, [token], text, lp)
 
     # ------------------------------------------------------------------------------------- failures
@@ -271,6 +284,7 @@ class LLMEngine:
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "error")
+                seq.grammar = None
                 out = self._output(req, seq, [], "", [])
                 out.error = error
                 outs.append(out)
@@ -298,7 +312,8 @@ class LLMEngine:
         """Sample one token per row: (result, row in it) per sequence. If the batch fails, each row is
         sampled alone, and a row that fails alone fails its request (result None)."""
         requests = [
-            SampleRequest(s.params, s.prompt_ids, s.output_ids, s.generator, s.stop_ids) for s in seqs
+            SampleRequest(s.params, s.prompt_ids, s.output_ids, s.generator, s.stop_ids, s.grammar)
+            for s in seqs
         ]
         try:
             result = sample(logits, requests)
@@ -334,7 +349,7 @@ class LLMEngine:
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         req = self.requests[parent.request_id]
-        children = [self._new_sequence(req, len(req.seqs)) for _ in range(parent.fork_pending)]
+        children = [self._new_sequence(req, len(req.seqs), parent) for _ in range(parent.fork_pending)]
         fork = self.scheduler.fork(parent, children)
         self.runner.copy_blocks(fork.block_copies)
         self.runner.copy_states(fork.state_copies)

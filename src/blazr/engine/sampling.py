@@ -4,6 +4,7 @@
 batch of logit rows into token ids, row by row parameters vectorised where it matters:
 
     raw logprobs (returned to the user) ← log_softmax(logits)
+    constrained rows (a grammar matcher) → -inf outside the tokens their grammar allows (engine/grammar.py)
     logits ← + logit_bias; repetition / presence / frequency penalties; min_tokens masks stop ids
     greedy rows (temperature 0) → argmax
     other rows → / temperature → min-p → top-k → top-p → draw (per-request torch.Generator when seeded)
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from blazr.engine.grammar import GrammarMatcher, StructuredOutput, apply_token_bitmask, fill_bitmasks
 from blazr.errors import BlazrError
 
 
@@ -46,6 +48,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutput | None = None  # what the output must match (JSON schema, regex, …)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -72,6 +75,11 @@ class SamplingParams:
                 self.prompt_logprobs,
             ),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty", self.stop),
+            (
+                self.structured is None or isinstance(self.structured, StructuredOutput),
+                "structured must be a StructuredOutput",
+                self.structured,
+            ),
         ]
         for ok, message, value in checks:
             if not ok:
@@ -97,6 +105,7 @@ class SampleRequest:
     output_ids: Seq[int]
     generator: torch.Generator | None
     stop_ids: frozenset[int]  # masked while len(output_ids) < min_tokens
+    grammar: GrammarMatcher | None = None  # constrained: only the tokens it allows
 
 
 @dataclass
@@ -131,7 +140,7 @@ def apply_penalties(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Ten
             out = torch.tensor(list(r.output_ids), dtype=torch.long, device=logits.device)
             counts = torch.bincount(out, minlength=V)[:V].to(logits.dtype)
             logits[b] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-        if len(r.output_ids) < p.min_tokens and r.stop_ids:
+        if len(r.output_ids) < p.min_tokens and r.stop_ids and r.grammar is None:  # (a grammar masks its own)
             logits[b, torch.tensor(sorted(r.stop_ids), device=logits.device)] = float("-inf")
     return logits
 
@@ -214,11 +223,24 @@ def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Te
 
 
 def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:
-    """logits [B, V] float32 (left untouched) → one token per row, plus raw logprobs when asked."""
+    """logits [B, V] float32 (left untouched) → one token per row, plus raw logprobs when asked.
+
+    Constrained rows are masked first (as vLLM: penalties and filters see only what the grammar allows); their
+    masks are filled on the CPU before any op on the logits, so on a GPU that work overlaps the forward still
+    running (nothing has synchronised since it was launched). Free rows cost nothing."""
+    constrained = [b for b, r in enumerate(rows) if r.grammar is not None]
+    bitmask = None
+    if constrained:
+        allow_end = [len(rows[b].output_ids) >= rows[b].params.min_tokens for b in constrained]
+        matchers = [(rows[b].grammar, end) for b, end in zip(constrained, allow_end, strict=True)]
+        bitmask = fill_bitmasks(matchers, logits.shape[-1])  # type: ignore[arg-type]
     want = [r.params.logprobs for r in rows if r.params.logprobs is not None]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want else None
+    if bitmask is not None:
+        logits = logits.clone()
+        apply_token_bitmask(logits, bitmask, constrained)
     if any(r.params.logit_bias or r.params.has_penalties or r.params.min_tokens for r in rows):
-        logits = apply_penalties(logits.clone(), rows)
+        logits = apply_penalties(logits if bitmask is not None else logits.clone(), rows)
     greedy = [b for b, r in enumerate(rows) if r.params.is_greedy]
     rest = [b for b, r in enumerate(rows) if not r.params.is_greedy]
     if not rest:  # all greedy (the common case): no gathers

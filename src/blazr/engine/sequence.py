@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from blazr.engine.grammar import GrammarMatcher
 from blazr.engine.sampling import SamplingParams
 
 _ids = itertools.count()
@@ -63,6 +64,7 @@ class Sequence:
     num_registered_blocks: int = 0
     latest_snapshot: bytes | None = None
     num_cached_tokens: int = 0
+    grammar: GrammarMatcher | None = None  # structured output: where its output stands in the grammar
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from blazr.config import dtype_name
 from blazr.engine.async_engine import AsyncEngine
@@ -166,6 +167,14 @@ def build_app(
     if config.api_key:
         app.add_middleware(ApiKey, api_key=config.api_key, on_reject=metrics.on_error)
     app.add_middleware(RequestContext, on_in_flight=state.add_in_flight)
+    if config.allowed_origins:  # outermost: preflights and errors (401, 413) carry the CORS headers too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+            expose_headers=["X-Request-Id", "Retry-After"],
+        )
     return app
 
 

@@ -5,8 +5,9 @@
   response is not complete yet (a stream counts until its last byte) — what a drain waits on.
 - `BodyLimit`: a request body over `max_bytes` → 413 JSON, decided from Content-Length before anything is
   read, else while reading (chunked bodies or a lying Content-Length), before any parsing.
-- `ApiKey`: /v1/* and the API docs (/docs, /redoc, /openapi.json) require `Authorization: Bearer <key>`
-  (401 JSON otherwise, compared in constant time); /health, /metrics and /version stay open for probes.
+- `ApiKey`: /v1/*, /tokenize, /detokenize and the API docs (/docs, /redoc, /openapi.json) require
+  `Authorization: Bearer <key>` (401 JSON otherwise, compared in constant time); /health, /metrics and
+  /version stay open for probes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from blazr.server.errors import error_response
 
 Scope = dict[str, Any]
 DOC_PATHS = ("/docs", "/redoc", "/openapi.json")
+GUARDED_PATHS = ("/v1", "/tokenize", "/detokenize", *DOC_PATHS)  # behind the API key, when one is set
 
 
 def request_id(scope: Scope) -> str:
@@ -123,7 +125,7 @@ class ApiKey:
     def _guarded(scope: Scope) -> bool:
         if scope["type"] != "http" or scope["method"] == "OPTIONS":
             return False
-        return scope["path"].startswith("/v1") or scope["path"].startswith(DOC_PATHS)
+        return scope["path"].startswith(GUARDED_PATHS)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if not self._guarded(scope):

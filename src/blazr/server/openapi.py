@@ -29,11 +29,12 @@ _DESCRIPTIONS = {
 _BODY_MODELS: list[type[BaseModel]] = []
 
 
-def request_body(model: type[BaseModel]) -> dict[str, Any]:
-    """`openapi_extra` of a route whose JSON body is `model`."""
-    _BODY_MODELS.append(model)
-    ref = {"$ref": _REF.format(model=model.__name__)}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+def request_body(*models: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` of a route whose JSON body is `model` (or one of `models`)."""
+    _BODY_MODELS.extend(models)
+    refs = [{"$ref": _REF.format(model=model.__name__)} for model in models]
+    schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def documented(

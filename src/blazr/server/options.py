@@ -42,6 +42,7 @@ class ServerConfig:
     log_level: str = "warning"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    allowed_origins: tuple[str, ...] = ()  # CORS: origins a browser page may call from ("*": any); () off
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -67,6 +68,7 @@ class ServerConfig:
             log_level=str(args.log_level).lower(),
             max_request_bytes=args.max_request_bytes,
             shutdown_timeout=args.shutdown_timeout,
+            allowed_origins=tuple(args.allowed_origins or ()),
         )
 
 
@@ -138,6 +140,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may run on before they are cancelled "
         f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        metavar="ORIGIN",
+        default=None,
+        help="enable CORS for these origins (e.g. https://app.example.com, or * for any); off by default",
     )
     p.add_argument(
         "--num-threads",

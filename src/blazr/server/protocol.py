@@ -21,6 +21,7 @@ from blazr.server.errors import APIError
 from blazr.server.schemas import (
     ChatCompletionRequest,
     ChatLogprobs,
+    ChatPromptFields,
     CompletionLogprobs,
     SamplingFields,
     TokenLogprobEntry,
@@ -70,7 +71,7 @@ def completion_prompts(
     return [PromptInput(list(p)) for p in prompt]  # type: ignore[union-attr]
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def chat_messages(req: ChatPromptFields) -> list[dict[str, Any]]:
     """Messages as the chat template expects them; `developer` is OpenAI's new name for `system`, `name`
     is passed on to the template."""
     out = []
@@ -108,7 +109,7 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def encode_chat(req: ChatCompletionRequest, tok: Tokenizer) -> list[int]:
+def encode_chat(req: ChatPromptFields, tok: Tokenizer) -> list[int]:
     kwargs = {
         k: v
         for k, v in (req.chat_template_kwargs or {}).items()

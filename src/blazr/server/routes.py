@@ -3,12 +3,14 @@
 Open:       GET /health (200 ready; 503 loading, draining or failed), GET /metrics (Prometheus text),
             GET /version.
 /v1/* (behind the API key when one is set; 503 while the model loads or the server drains):
-            GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions.
+            GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions;
+            and vLLM's POST /tokenize, POST /detokenize (the same guard).
 Every status a route can answer is declared for /openapi.json (openapi.py).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -23,9 +25,14 @@ from blazr.server.schemas import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     HealthStatus,
     ModelCard,
     ModelList,
+    TokenizeChatRequest,
+    TokenizeRequest,
+    TokenizeResponse,
     VersionInfo,
 )
 from blazr.server.serving import OpenAIServing
@@ -122,3 +129,36 @@ async def completions(raw: Request, s: Serving) -> Response:
 )
 async def chat_completions(raw: Request, s: Serving) -> Response:
     return await s.chat(await parse(raw, ChatCompletionRequest, s), raw)
+
+
+@router.post(
+    "/tokenize",
+    openapi_extra=request_body(TokenizeRequest, TokenizeChatRequest),
+    responses=documented(TokenizeResponse, 400, 401, 404, 413, 503),
+)
+async def tokenize(raw: Request, s: Serving) -> JSONResponse:
+    """A `prompt` (as /v1/completions takes it) or `messages` (as /v1/chat/completions) → its token ids."""
+    body = await raw.body()
+    schema: type[TokenizeRequest | TokenizeChatRequest] = TokenizeRequest
+    if b"messages" in body and "messages" in await s.off_loop(_keys, body):
+        schema = TokenizeChatRequest
+    req = await parse(raw, schema, s)
+    return JSONResponse((await s.tokenize(req)).model_dump())
+
+
+@router.post(
+    "/detokenize",
+    openapi_extra=request_body(DetokenizeRequest),
+    responses=documented(DetokenizeResponse, 400, 401, 404, 413, 503),
+)
+async def detokenize(raw: Request, s: Serving) -> JSONResponse:
+    return JSONResponse((await s.detokenize(await parse(raw, DetokenizeRequest, s))).model_dump())
+
+
+def _keys(body: bytes) -> set[str]:
+    """The top-level keys of a JSON object body (none when it is not one: `parse` then says why)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return set()
+    return set(data) if isinstance(data, dict) else set()

@@ -116,10 +116,17 @@ class ChatMessage(_Request):
     name: Label | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
-    """POST /v1/chat/completions."""
+class ChatPromptFields(_Request):
+    """A conversation as the chat template renders it (shared by chat completions and /tokenize)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True  # vLLM extra
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM extra
+
+
+class ChatCompletionRequest(SamplingFields, ChatPromptFields):
+    """POST /v1/chat/completions."""
+
     max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_INT32)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
@@ -133,9 +140,6 @@ class ChatCompletionRequest(SamplingFields):
     service_tier: Literal["auto", "default"] | None = None
     modalities: list[Literal["text"]] | None = None
     safety_identifier: Label | None = None
-    # vLLM extras
-    add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("store")
     @classmethod
@@ -143,6 +147,29 @@ class ChatCompletionRequest(SamplingFields):
         if value:
             raise ValueError("store=true is not supported: blazr keeps no completions")
         return value
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize (vLLM's shape), a text prompt: the ids /v1/completions would prefill for it."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True  # False: no BOS (control tokens written in the text still count)
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(ChatPromptFields):
+    """POST /tokenize with `messages`: the ids /v1/chat/completions would prefill for the conversation."""
+
+    model: str | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request):
+    """POST /detokenize: the text of token ids (control tokens included, as vLLM's)."""
+
+    model: str | None = None
+    tokens: list[TokenId]
 
 
 # ------------------------------------------------------------------------------------------ responses
@@ -272,6 +299,17 @@ class CompletionChunk(_Response):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+class TokenizeResponse(_Response):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None  # each token's text (a partial UTF-8 character as U+FFFD)
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
 
 
 class ModelCard(_Response):

@@ -57,8 +57,13 @@ from blazr.server.schemas import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
+    TokenizeChatRequest,
+    TokenizeRequest,
+    TokenizeResponse,
     Usage,
 )
 from blazr.server.transport import run_until_disconnect, sse_response
@@ -218,6 +223,32 @@ class OpenAIServing:
         if req.stream:
             return sse_response(job.events(stream), stream, rid)
         return await run_until_disconnect(raw, job.collect(stream), rid)
+
+    # ------------------------------------------------------------------------------------ tokenizing
+
+    async def tokenize(self, req: TokenizeRequest | TokenizeChatRequest) -> TokenizeResponse:
+        """The ids the generation endpoints would prefill for this prompt or conversation."""
+        self.check_model(req.model)
+        if isinstance(req, TokenizeChatRequest):
+            ids = await self.off_loop(protocol.encode_chat, req, self.tokenizer)
+        else:
+            self._check_prompt_chars(len(req.prompt), "prompt")
+            ids = await self.off_loop(self.tokenizer.encode, req.prompt)
+            bos = self.tokenizer.bos_token_id
+            if not req.add_special_tokens and self.tokenizer.add_bos and ids[:1] == [bos]:
+                ids = ids[1:]
+        strs = [self.tokenizer.token_text(i) for i in ids] if req.return_token_strs else None
+        return TokenizeResponse(
+            count=len(ids), max_model_len=self.engine.max_model_len, tokens=ids, token_strs=strs
+        )
+
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(req.model)
+        vocab = self.engine.vocab_size
+        for i, t in enumerate(req.tokens):
+            if t >= vocab:
+                raise bad_request(f"token id {t} is out of range [0, {vocab})", f"tokens.{i}")
+        return DetokenizeResponse(prompt=await self.off_loop(self.tokenizer.decode, req.tokens, False))
 
 
 def _log_request(job_id: str, num_prompts: int, user: str | None, safety_id: str | None) -> None:
