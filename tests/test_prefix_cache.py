@@ -284,3 +284,22 @@ def test_prompt_logprobs_of_a_sequence_preempted_mid_prefill(small, name):
     got = both(pair, [tokens(100, seed=70), tokens(150, seed=71)], params)
     assert scheduler.num_preemptions > before
     assert [len(r.prompt_logprobs or []) for r in got] == [100, 150]
+
+
+def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypatch):
+    """A prefill cut at snapshot points runs the C scan segment by segment, never the torch reference (it
+    did once: the segments were gathered into two buffers the kernel refuses, and the fallback was silent
+    — 20x slower)."""
+    from blazr.kernels import ops
+    from blazr.kernels.build import available
+
+    if not available():
+        pytest.fail("the C kernels did not build")
+    llm = load(checkpoints["granite-hybrid"])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mamba2_prefill fell back to the torch reference")
+
+    monkeypatch.setattr(ops, "mamba2_prefill_reference", refuse)
+    got = run(llm, [tokens(150, seed=80)])[0]  # saves at 32, 64, 96, 128 and 144: cuts inside the chunk
+    assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4

@@ -120,8 +120,11 @@ class Mamba2(nn.Module):
             idx = torch.cat([torch.arange(starts[i] + done[i], starts[i] + cuts[i][r][0]) for i in rows])
             idx = idx.to(xBC.device)
             fresh = [done[i] == 0 and batch.context_lens[nd + i] == 0 for i in rows]
+            # the kernel takes xBC and dt as column views of one row-major buffer (as in_proj's output)
+            seg = torch.cat([xBC[idx], dt_raw[idx]], dim=1)
+            Cd = xBC.shape[1]
             y[idx] = ops.mamba2_prefill(
-                xBC[idx], dt_raw[idx], [cuts[i][r][0] - done[i] for i in rows], slots[rows], fresh, conv_w,
+                seg[:, :Cd], seg[:, Cd:], [cuts[i][r][0] - done[i] for i in rows], slots[rows], fresh, conv_w,
                 conv_b, cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min,
                 cfg.dt_max,
             )  # fmt: skip
