@@ -75,15 +75,19 @@ class FakeEngine:
                 continue
             done += 1
             finished = done >= params.max_tokens
-            outs.append(
-                SeqOutput(rid, 0, [120], "x", [], finished, "length" if finished else None, len(ids), done)
-            )
+            outs += self._outputs(rid, ids, params, done, finished)
             if finished:
                 del self.active[rid]
             else:
                 self.active[rid] = (ids, params, done)
         threading.Event().wait(0.002)
         return outs
+
+    def _outputs(
+        self, rid: str, ids: list[int], params: SamplingParams, done: int, finished: bool
+    ) -> list[SeqOutput]:
+        """What one step emits for a request: one token "x"."""
+        return [SeqOutput(rid, 0, [120], "x", [], finished, "length" if finished else None, len(ids), done)]
 
     num_running = property(lambda self: len(self.active))
     num_waiting = property(lambda self: 0)

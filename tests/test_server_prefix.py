@@ -70,21 +70,13 @@ class CachingFakeEngine(FakeEngine):
         self.prefix_cache_queries += len(prompt_ids)
         self.prefix_cache_hits += self.cached[rid]
 
-    def step(self) -> list[SeqOutput]:
-        outs = []
-        for rid, (ids, params, done) in list(self.active.items()):
-            done += 1
-            finished = done >= params.max_tokens
-            reason = "length" if finished else None
-            for i in range(params.n):
-                out = SeqOutput(rid, i, [120], "x", [], finished, reason, len(ids), done)
-                out.num_cached_tokens = self.cached[rid]
-                outs.append(out)
-            if finished:
-                del self.active[rid]
-            else:
-                self.active[rid] = (ids, params, done)
-        threading.Event().wait(0.002)
+    def _outputs(
+        self, rid: str, ids: list[int], params: SamplingParams, done: int, finished: bool
+    ) -> list[SeqOutput]:
+        reason = "length" if finished else None
+        outs = [SeqOutput(rid, i, [120], "x", [], finished, reason, len(ids), done) for i in range(params.n)]
+        for out in outs:
+            out.num_cached_tokens = self.cached[rid]
         return outs
 
 
