@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
 import blazr
+from blazr.server import tokenizing
 from blazr.server.errors import APIError, validation_message
 from blazr.server.openapi import documented, request_body
 from blazr.server.schemas import (
@@ -143,7 +144,7 @@ async def tokenize(raw: Request, s: Serving) -> JSONResponse:
     if b"messages" in body and "messages" in await s.off_loop(_keys, body):
         schema = TokenizeChatRequest
     req = await parse(raw, schema, s)
-    return JSONResponse((await s.tokenize(req)).model_dump())
+    return JSONResponse((await tokenizing.tokenize(s, req)).model_dump())
 
 
 @router.post(
@@ -152,7 +153,8 @@ async def tokenize(raw: Request, s: Serving) -> JSONResponse:
     responses=documented(DetokenizeResponse, 400, 401, 404, 413, 503),
 )
 async def detokenize(raw: Request, s: Serving) -> JSONResponse:
-    return JSONResponse((await s.detokenize(await parse(raw, DetokenizeRequest, s))).model_dump())
+    req = await parse(raw, DetokenizeRequest, s)
+    return JSONResponse((await tokenizing.detokenize(s, req)).model_dump())
 
 
 def _keys(body: bytes) -> set[str]:

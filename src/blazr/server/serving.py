@@ -57,13 +57,8 @@ from blazr.server.schemas import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
-    DetokenizeRequest,
-    DetokenizeResponse,
     ModelCard,
     ModelList,
-    TokenizeChatRequest,
-    TokenizeRequest,
-    TokenizeResponse,
     Usage,
 )
 from blazr.server.transport import run_until_disconnect, sse_response
@@ -142,7 +137,7 @@ class OpenAIServing:
             over = any(len(r.prompt_ids) + r.params.max_tokens > limit for r in requests)
             raise bad_request(str(e), param, "context_length_exceeded" if over else None) from None
 
-    def _check_prompt_chars(self, num_chars: int, param: str) -> None:
+    def check_prompt_chars(self, num_chars: int, param: str) -> None:
         if num_chars > self.max_prompt_chars:
             limit = self.engine.max_model_len
             raise bad_request(
@@ -169,7 +164,7 @@ class OpenAIServing:
         texts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         for text in texts:
             if isinstance(text, str):
-                self._check_prompt_chars(len(text), "prompt")
+                self.check_prompt_chars(len(text), "prompt")
         params = protocol.sampling_params(
             req,
             max_tokens=max(1, max_tokens),
@@ -198,7 +193,7 @@ class OpenAIServing:
             for m in req.messages
             if m.content is not None
         )
-        self._check_prompt_chars(num_chars, "messages")
+        self.check_prompt_chars(num_chars, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens == 0:
             raise bad_request("max_tokens must be at least 1", "max_tokens")
@@ -223,32 +218,6 @@ class OpenAIServing:
         if req.stream:
             return sse_response(job.events(stream), stream, rid)
         return await run_until_disconnect(raw, job.collect(stream), rid)
-
-    # ------------------------------------------------------------------------------------ tokenizing
-
-    async def tokenize(self, req: TokenizeRequest | TokenizeChatRequest) -> TokenizeResponse:
-        """The ids the generation endpoints would prefill for this prompt or conversation."""
-        self.check_model(req.model)
-        if isinstance(req, TokenizeChatRequest):
-            ids = await self.off_loop(protocol.encode_chat, req, self.tokenizer)
-        else:
-            self._check_prompt_chars(len(req.prompt), "prompt")
-            ids = await self.off_loop(self.tokenizer.encode, req.prompt)
-            bos = self.tokenizer.bos_token_id
-            if not req.add_special_tokens and self.tokenizer.add_bos and ids[:1] == [bos]:
-                ids = ids[1:]
-        strs = [self.tokenizer.token_text(i) for i in ids] if req.return_token_strs else None
-        return TokenizeResponse(
-            count=len(ids), max_model_len=self.engine.max_model_len, tokens=ids, token_strs=strs
-        )
-
-    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
-        self.check_model(req.model)
-        vocab = self.engine.vocab_size
-        for i, t in enumerate(req.tokens):
-            if t >= vocab:
-                raise bad_request(f"token id {t} is out of range [0, {vocab})", f"tokens.{i}")
-        return DetokenizeResponse(prompt=await self.off_loop(self.tokenizer.decode, req.tokens, False))
 
 
 def _log_request(job_id: str, num_prompts: int, user: str | None, safety_id: str | None) -> None:
