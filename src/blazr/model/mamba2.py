@@ -132,8 +132,7 @@ class Mamba2(nn.Module):
             if saves:
                 src = torch.tensor([s for s, _ in saves], device=xBC.device)
                 dst = torch.tensor([d for _, d in saves], device=xBC.device)
-                cache.conv[dst] = cache.conv[src]
-                cache.ssm[dst] = cache.ssm[src]
+                cache.copy_state(src, dst)
             for i in rows:
                 done[i] = cuts[i][r][0]
         return y

@@ -41,6 +41,12 @@ class LayerCache:
     conv: torch.Tensor | None = None  # [S, C, K-1]
     ssm: torch.Tensor | None = None  # [S, H, P, N] float32
 
+    def copy_state(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy this layer's recurrent state from slots `src` [n] to slots `dst` [n] (long)."""
+        assert self.conv is not None and self.ssm is not None
+        self.conv[dst] = self.conv[src]
+        self.ssm[dst] = self.ssm[src]
+
 
 class ModelCache:
     """All cache pools of one model: `num_slots` token slots (paged) and `num_state_slots` sequences."""
@@ -92,8 +98,7 @@ class ModelCache:
         dst = torch.tensor([d for _, d in pairs], device=device)
         for lc in self.layers:
             if lc.conv is not None:
-                lc.conv[dst] = lc.conv[src]
-                lc.ssm[dst] = lc.ssm[src]
+                lc.copy_state(src, dst)
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy token slots (copy-on-write of a shared, partially filled block)."""
