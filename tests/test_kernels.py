@@ -25,7 +25,17 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels import build, ops
-from blazr.kernels.quant import BLOCK_KINDS, QuantizedWeight, dequantize, quantize
+from blazr.kernels.quant import (
+    BLOCK_KINDS,
+    FLOAT_KINDS,
+    K_KINDS,
+    ROW_KINDS,
+    QuantizedWeight,
+    RowTable,
+    dequantize,
+    quantize,
+    random_kquant,
+)
 
 U = 2.0**-24  # fp32 unit roundoff
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
@@ -206,7 +216,7 @@ def test_block_kinds_give_the_same_bits_on_every_build(
 FLOAT_CASES = [(M, e) for M in (1, 3, 16, 64) for e in EPILOGUES if e == "plain" or M in (3, 16)]
 
 
-@pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize(("M", "epilogue"), FLOAT_CASES)
 @pytest.mark.parametrize(("N", "K"), [(67, 576), (130, 1536), (5, 100)])
 def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int, epilogue: str) -> None:
@@ -232,9 +242,9 @@ def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int,
 def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
     or one tile of up to 16 (short calls); bf16 tiles of 4 x rows × 4 weight rows + tails, 128-row passes,
-    and the row walk up to 8 rows."""
+    and the row walk up to 8 rows; f16 blocks of 16 weight rows against x row pairs, and the row walk."""
     x = torch.randn(131, 576)
-    for kind in ("q4_1", "q8_0", "bf16", "f32"):
+    for kind in ("q4_1", "q8_0", "bf16", "f16", "f32"):
         qw = quantize(_weights(43, 576), kind)
         rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
         torch.testing.assert_close(lib.linear(x, qw), rows, rtol=0, atol=0)
@@ -692,6 +702,32 @@ def test_embedding(lib: ops.Kernels) -> None:
         assert torch.equal(lib.embedding(ids, table, scale), ops.embedding_reference(ids, table, scale))
     with pytest.raises(RuntimeError, match="out of range"):
         lib.embedding(torch.tensor([50]), table)
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_embedding_rows(lib: ops.Kernels, kind: str) -> None:
+    """A table kept in a GGUF's row layout: the looked-up rows dequantized bit for bit as dequantizing the
+    whole table would (gguf.quants' values), times a scale; only rows in range."""
+    g = torch.Generator().manual_seed(2)
+    V, D = 37, 512
+    if kind in K_KINDS:
+        data = random_kquant(kind, V, D, g).data
+    elif kind in BLOCK_KINDS:
+        data = quantize(torch.randn(V, D, generator=g), kind).ggml_blocks()
+    else:
+        data = torch.randn(V, D, generator=g).to(FLOAT_KINDS[kind]).view(torch.uint8)
+    table = RowTable(kind, data.contiguous(), V, D)
+    whole = dequantize(table.rows(torch.arange(V)))
+    if kind in K_KINDS or kind in BLOCK_KINDS:  # the file's values, as gguf-py dequantizes them
+        ggml_type = gguf.GGMLQuantizationType[kind.upper()]
+        assert np.array_equal(whole.numpy(), gguf.quants.dequantize(data.numpy(), ggml_type))
+    ids = torch.tensor([3, 0, 36, 3])
+    for scale in (1.0, 2.5):
+        got = lib.embedding_rows(ids, table, scale)
+        assert torch.equal(got, ops.embedding_rows_reference(ids, table, scale))
+        assert torch.equal(got, ops.embedding_reference(ids, whole, scale))
+    with pytest.raises(RuntimeError, match="out of range"):
+        lib.embedding_rows(torch.tensor([V]), table)
 
 
 def test_add(lib: ops.Kernels) -> None:

@@ -20,6 +20,7 @@ from blazr import LLM
 from blazr.cli import main
 from blazr.errors import BlazrError
 from blazr.loading.safetensors import SafetensorsCheckpoint
+from blazr.model.embedding import QuantizedEmbedding
 from tests.drive import chunked, stepwise_logits
 from tests.gguf_fixtures import write_tiny_llama_gguf
 from tests.hf_parity import prompts
@@ -42,8 +43,9 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_gguf_blocks_are_never_dequantized(
     qtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only the float tensors (norms, the embedding table) pass through GGUF dequantization; every block
-    tensor of a linear reaches its QuantizedLinear as bytes, and the logits equal the dequantized model's."""
+    """Only the float tensors (norms) pass through GGUF dequantization; every block tensor of a linear
+    reaches its QuantizedLinear as bytes, the embedding table stays as stored (a QuantizedEmbedding whose
+    rows are a view of the file), and the weights equal the dequantized model's."""
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(seed=4), TINY, qtype)
     plain = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", quantize="none")
     seen: list[tuple[str, tuple[int, ...]]] = []
@@ -57,8 +59,11 @@ def test_gguf_blocks_are_never_dequantized(
     kept = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32")
     layers = quantized_layers(kept)
     assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == {qtype.lower()}
-    embedding = (TINY["vocab_size"], TINY["hidden_size"])
-    assert {shape for t, shape in seen if t == qtype} == {embedding}  # the lookup table alone
+    assert not [shape for t, shape in seen if t == qtype]  # not even the lookup table
+    table = kept.model.embed_tokens
+    assert isinstance(table, QuantizedEmbedding) and table.table.kind == qtype.lower()
+    assert mapped_file(table.table.data.data_ptr()) == str(path.resolve())
+    assert torch.equal(table.weight, plain.model.embed_tokens.weight)
     for name, layer in layers.items():
         assert torch.equal(layer.weight, plain.model.get_submodule(name).weight), name
 
@@ -71,8 +76,8 @@ def test_float32_safetensors_alias_the_file(tiny_llama: Path) -> None:
     name = "model.embed_tokens.weight"
     alias = ckpt.load(name, torch.float32, alias=True)
     copy = ckpt.load(name, torch.float32)
-    assert _mapped_file(alias.data_ptr()) == str(files[0].resolve())
-    assert _mapped_file(copy.data_ptr()) != str(files[0].resolve())
+    assert mapped_file(alias.data_ptr()) == str(files[0].resolve())
+    assert mapped_file(copy.data_ptr()) != str(files[0].resolve())
     ckpt.close()
     del ckpt
     gc.collect()
@@ -87,7 +92,7 @@ def test_loaded_model_keeps_its_mapped_weights(tiny_llama: Path) -> None:
     llm = LLM(tiny_llama, cpu=True, dtype="float32", quantize="none")
     gc.collect()
     file = str((tiny_llama / "model.safetensors").resolve())
-    assert _mapped_file(llm.model.embed_tokens.weight.data_ptr()) == file
+    assert mapped_file(llm.model.embed_tokens.weight.data_ptr()) == file
     batch = [[3, 1, 4, 1, 5, 9, 2, 6]]
     first = stepwise_logits(llm, batch, [[8]])[0]
     again = LLM(tiny_llama, cpu=True, dtype="float32", quantize="none")
@@ -131,7 +136,7 @@ def _resident_kib(address: int) -> int:
     raise AssertionError(f"no mapping at {address:#x}")
 
 
-def _mapped_file(address: int) -> str | None:
+def mapped_file(address: int) -> str | None:
     """The file mapped at `address` in this process (/proc/self/maps), or None for anonymous memory."""
     for line in Path("/proc/self/maps").read_text().splitlines():
         fields = line.split(maxsplit=5)

@@ -16,6 +16,7 @@ from blazr import LLM, SamplingParams
 from blazr.errors import UnsupportedError
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
+from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from tests.drive import assert_logits_close, chunked, full_logits, stepwise_logits
@@ -55,11 +56,57 @@ def test_gguf_blocks_kept_as_stored(qtype: str, tmp_path: Path) -> None:
     assert torch.equal(layers["layers.1.attn.o_proj"].qweight.ggml_blocks(), raw)
 
 
-def test_gguf_float_tensors_stay_float(tmp_path: Path) -> None:
-    path = write_tiny_llama_gguf(
-        tmp_path / "m.gguf", tiny_state_dict(), TINY, "F16", [f"t{i}" for i in range(40)]
-    )
-    assert not quantized_layers(LLM(path, vocab="cl100k_base", cpu=True, dtype="float32"))
+@pytest.mark.parametrize("qtype", ["F16", "BF16"])
+def test_gguf_16bit_tensors_kept_16bit(qtype: str, tmp_path: Path) -> None:
+    """`auto` keeps a GGUF's F16 / BF16 matrices as stored: every target linear runs the 16-bit kernel on the
+    file's values (fused and un-permuted exactly; an unfused tensor is a view of the file's map, not a
+    copy) and the embedding table stays 16-bit too; `none` still loads every weight float32. With a float32
+    cache, whole prefill, chunked prefill and cached decode of F16 agree with the float32 model (the same
+    values, widened exactly; x stays fp32) within fp32 rounding and give its greedy tokens — the linears sum
+    a row the same way in any batch; attention over a cached prefix rounds apart, as the float32 model's
+    own schedules do. The bf16 kernel rounds x to bf16 (kernels/csrc/linear_float.c): a BF16 file gives
+    the logits of the same weights quantized to bf16 on load (`--quantize bf16`) within fp32 rounding."""
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(seed=6), TINY, qtype)
+    kept = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", kv_cache_dtype="float32")
+    plain = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", quantize="none")
+    layers, kind = quantized_layers(kept), qtype.lower()
+    assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == {kind}
+    assert not quantized_layers(plain)
+    for name, layer in layers.items():
+        assert torch.equal(layer.weight, plain.model.get_submodule(name).weight), name
+    table = kept.model.embed_tokens
+    assert isinstance(table, QuantizedEmbedding) and table.table.kind == kind
+    assert torch.equal(table.weight, plain.model.embed_tokens.weight)
+    from tests.test_load_memory import mapped_file
+
+    def in_file(t: torch.Tensor) -> bool:
+        return mapped_file(t.data_ptr()) == str(path.resolve())
+
+    assert in_file(layers["layers.1.attn.o_proj"].qweight.data) and in_file(table.table.data)  # in place
+    assert not in_file(layers["layers.1.attn.qkv_proj"].qweight.data)  # fused: its rows copied
+    batch = prompts([40, 17, 9], seed=7, vocab=kept.config.vocab_size)
+    schedules = {
+        "whole": [[len(p)] for p in batch],
+        "chunks of 5": [chunked(len(p), 5) for p in batch],
+        "6 decode steps": [[len(p) - 6] + [1] * 6 for p in batch],
+    }
+    runs = {name: stepwise_logits(kept, batch, plan) for name, plan in schedules.items()}
+    if qtype == "BF16":
+        requantized = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", kv_cache_dtype="float32",
+                          quantize="bf16")  # fmt: skip
+        for run in runs.values():
+            for got, want in zip(run, stepwise_logits(requantized, batch, schedules["whole"]), strict=True):
+                assert_logits_close(got, want)
+        return
+    for run in runs.values():
+        for got, want in zip(run, full_logits(plain.runner, batch), strict=True):
+            assert_logits_close(got, want)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    for p in batch:
+        assert (
+            kept.generate([p], params)[0].outputs[0].token_ids
+            == plain.generate([p], params)[0].outputs[0].token_ids
+        )
 
 
 def test_float_linears_decode_on_the_f32_kernel_without_a_copy(tmp_path: Path) -> None:

@@ -38,14 +38,17 @@ from blazr.kernels.calls import (
 from blazr.kernels.quant import (
     QK,
     QuantizedWeight,
+    RowTable,
 )
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,
-              "f32": 2, "bf16": 3}  # fmt: skip
+              "f32": 2, "bf16": 3, "f16": 18}  # fmt: skip
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
+_OP_EMBEDDING_Q = 19
+_ROW_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "f16": 7, "bf16": 8}
 
 
 class Kernels(Mamba2Bindings, MoEMLABindings, WeightFormatBindings):
@@ -249,6 +252,28 @@ class Kernels(Mamba2Bindings, MoEMLABindings, WeightFormatBindings):
         )  # fmt: skip
         a.f[0] = scale
         self._run(a, addr, "embedding", ids, table, out)
+        return out
+
+    def embedding_rows(
+        self, ids: torch.Tensor, table: RowTable, scale: float = 1.0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if ids.dim() != 1:
+            raise ValueError(f"embedding_rows: ids [T] expected, found {list(ids.shape)}")
+        T, D = ids.shape[0], table.dim
+        if out is None:
+            out = torch.empty(T, D, dtype=_F32)
+        elif out.numel() != T * D:
+            raise ValueError(f"embedding_rows: out has {out.numel()} elements, expected [{T}, {D}]")
+        if not table.data.is_cpu:
+            raise UnsupportedInput("embedding_rows: the table is not on the CPU")
+        a, addr = self._args()
+        a.op = _OP_EMBEDDING_Q
+        a.i[0:7] = (
+            _ROW_CODES[table.kind], _i64_ptr(ids, "embedding ids"), T, table.data.data_ptr(), table.num_rows,
+            D, _f32_ptr(out, "embedding out"),
+        )  # fmt: skip
+        a.f[0] = scale
+        self._run(a, addr, "embedding_rows", ids, table.data, out)
         return out
 
     def add(

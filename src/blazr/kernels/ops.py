@@ -1,11 +1,11 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
 (`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
 
-Each public op (`embedding`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`, `rope_neox`,
-`kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `moe_route`, `moe_experts`,
-`mla_cache_write`, `mla_decode`) runs the C kernel when the library
-is available and the inputs are CPU tensors of the supported dtypes and layouts (fp32 activations and
-states, int64 indices, fp32 or 16-bit KV pools), else its `*_reference` twin with the same signature.
+Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`,
+`rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `moe_route`,
+`moe_experts`, `mla_cache_write`, `mla_decode`) runs the C kernel when the library is available and the
+inputs are CPU tensors of the supported dtypes and layouts (fp32 activations and states, int64 indices, fp32
+or 16-bit KV pools), else its `*_reference` twin with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -26,11 +26,12 @@ import torch
 from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.calls import KernelPlan, UnsupportedInput
-from blazr.kernels.quant import QuantizedWeight
+from blazr.kernels.quant import QuantizedWeight, RowTable
 from blazr.kernels.reference import (
     activation_reference,
     add_reference,
     embedding_reference,
+    embedding_rows_reference,
     gated_rms_norm_reference,
     int8_dot_reference,
     kv_write_reference,
@@ -60,6 +61,8 @@ __all__ = [
     "cpu_f32",
     "embedding",
     "embedding_reference",
+    "embedding_rows",
+    "embedding_rows_reference",
     "gated_rms_norm",
     "gated_rms_norm_reference",
     "int8_dot_reference",
@@ -171,6 +174,14 @@ def embedding(
 ) -> torch.Tensor:
     """Rows `ids` [T] (int64) of table [V, D], times `scale` → [T, D] (an id outside [0, V) is an error)."""
     return _dispatch("embedding", embedding_reference, ids, table, scale, out)
+
+
+def embedding_rows(
+    ids: torch.Tensor, table: RowTable, scale: float = 1.0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows `ids` [T] (int64) of a table kept in a GGUF's row layout, dequantized, times `scale` → [T, D]
+    float32; only those rows are read (an id outside [0, V) is an error)."""
+    return _dispatch("embedding_rows", embedding_rows_reference, ids, table, scale, out)
 
 
 def activation(x: torch.Tensor, kind: str, gated: bool = False) -> torch.Tensor:

@@ -13,7 +13,7 @@ group padded with zero rows), a group as K/32 tiles, tile b = block b of the 16 
 for q8_0 the int8 values + 128. The same bytes as ggml's, moved: `unpack_blocks` gives ggml's back
 exactly. `pack_blocks` moves them in C (csrc/pack.c, OpenMP over row groups) when the kernel library is
 loaded, else in torch: `pack_blocks_reference`, the same bytes (tests/test_pack.py). Float kinds keep a
-torch tensor: bf16 or f32 [N, K].
+torch tensor: bf16, f16 or f32 [N, K] (a GGUF's F16 / BF16 tensor as stored: a view of the file's map).
 
 K-quant kinds (GGUF Q4_K / Q5_K / Q6_K, 256 weights per super-block; csrc/linear_k.c) keep ggml's bytes
 exactly as a GGUF file stores them, uint8 [N, row_bytes] with row_bytes = K/256 · block_bytes — no repack,
@@ -39,6 +39,9 @@ tests take K-quant weights from llama.cpp's own quantizer, or `random_kquant`); 
 `gguf.quants.dequantize` for every kind. `quantize_q8_k` is the K-quant kernels' activation rounding (ggml's
 Q8_K), in torch.
 
+A `RowTable` is an embedding table kept as a GGUF stores it (ggml blocks or 16-bit floats, row by row, no
+repack: a view of the file's map), for lookups that dequantize only the rows they read.
+
 Shapes: N = out_features, K = in_features, nb = K/32 blocks per row, G = ⌈N/16⌉ row groups; K-quants:
 K/256 super-blocks per row.
 """
@@ -61,11 +64,11 @@ K_KINDS = tuple(KQUANT_BYTES)
 KMIX = "kmix"
 _KMIX_CODES = {"q4_k": 3, "q5_k": 4, "q6_k": 5}  # BLZ_Q4_K .. BLZ_Q6_K (csrc/blazr_kernels.h)
 _KMIX_HEADER, _KMIX_MAX = 64, 7
-FLOAT_KINDS = {"bf16": torch.bfloat16, "f32": torch.float32}
+FLOAT_KINDS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 KINDS = (*BLOCK_KINDS, *K_KINDS, KMIX, *FLOAT_KINDS)
 # GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind.
 GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
-              "BF16": "bf16", "F32": "f32"}  # fmt: skip
+              "BF16": "bf16", "F16": "f16", "F32": "f32"}  # fmt: skip
 
 
 ROW_GROUP = 16  # rows per packed group
@@ -196,6 +199,48 @@ class QuantizedWeight:
         if self.kind == KMIX:
             raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
         return self.data if self.is_kquant else unpack_blocks(self)
+
+
+# Kinds a RowTable can hold: ggml's row layouts that the embedding kernel dequantizes in place.
+ROW_KINDS = (*BLOCK_KINDS, *K_KINDS, "f16", "bf16")
+
+
+@dataclass(frozen=True, eq=False)
+class RowTable:
+    """An embedding table [V, D] in a GGUF's own row layout: `data` uint8 [V, row_bytes], each row D/32
+    ggml blocks (block kinds), D/256 super-blocks (K-quants) or D 16-bit floats (f16 / bf16)."""
+
+    kind: str
+    data: torch.Tensor
+    num_rows: int
+    dim: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROW_KINDS:
+            raise ValueError(f"row table kind {self.kind!r}: expected one of {ROW_KINDS}")
+        want = (self.num_rows, _row_bytes(self.kind, self.dim))
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
+            raise ValueError(
+                f"{self.kind} row table [{self.num_rows}, {self.dim}]: expected contiguous uint8 "
+                f"{list(want)}, found {self.data.dtype} {list(self.data.shape)}"
+            )
+
+    def rows(self, ids: torch.Tensor) -> QuantizedWeight:
+        """Rows `ids` [T] as a weight [T, D] of this kind (`dequantize` gives their float32 values)."""
+        picked, t = self.data[ids], ids.numel()
+        if self.kind in FLOAT_KINDS:
+            return QuantizedWeight(self.kind, picked.view(FLOAT_KINDS[self.kind]), t, self.dim)
+        return QuantizedWeight.from_blocks(self.kind, picked, t, self.dim)
+
+
+def _row_bytes(kind: str, dim: int) -> int:
+    """Bytes of one [dim] row of `kind` in ggml's layout (ValueError when dim does not split into blocks)."""
+    if kind in FLOAT_KINDS:
+        return dim * FLOAT_KINDS[kind].itemsize
+    qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
+    if dim % qk:
+        raise ValueError(f"{kind} rows of {dim} values: not a multiple of {qk}")
+    return dim // qk * bs
 
 
 def _tile_fields(kind: str) -> tuple[int, int]:

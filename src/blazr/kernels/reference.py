@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from blazr.kernels.quant import QK, QK_K, QuantizedWeight, block_fields, dequantize, quantize_q8_k
+from blazr.kernels.quant import QK, QK_K, QuantizedWeight, RowTable, block_fields, dequantize, quantize_q8_k
 from blazr.model.ssd import ssd_chunked
 
 
@@ -133,6 +133,16 @@ def embedding_reference(
     if scale != 1.0:
         y = y * scale
     return y if out is None else out.copy_(y)
+
+
+def embedding_rows_reference(
+    ids: torch.Tensor, table: RowTable, scale: float = 1.0, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows `ids` [T] of a table kept in a GGUF's row layout, dequantized (`dequantize`), times scale:
+    [T, D] float32 — what `embedding_reference` gives on the dequantized table."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.num_rows):
+        raise IndexError(f"embedding_rows: an id outside [0, {table.num_rows})")
+    return embedding_reference(torch.arange(ids.numel()), dequantize(table.rows(ids)), scale, out)
 
 
 ACTIVATIONS = ("silu", "gelu", "relu2")  # kernel codes 0, 1, 2

@@ -409,6 +409,11 @@ class GGUFFile:
         data = self._buf[info.offset : info.offset + info.num_bytes]
         return data.view(num_rows, info.num_bytes // max(num_rows, 1))
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether tensor `t` views this file's map (its bytes were not copied out)."""
+        start = self._buf.data_ptr()
+        return start <= t.data_ptr() < start + self._buf.numel()
+
     def read(self, name: str) -> torch.Tensor:
         """A new uint8 tensor [R, bytes per row] holding the stored bytes, read with `pread` (the memory map
         is not touched, so the file's pages do not join this process's resident set)."""

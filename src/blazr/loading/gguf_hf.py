@@ -365,6 +365,10 @@ class GGUFView:
         for src in self._recipes[name].sources:
             self.gguf.release(src)
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether tensor `t` views the file's map (`GGUFFile.holds`)."""
+        return self.gguf.holds(t)
+
     def load_raw(self, name: str) -> tuple[str, torch.Tensor]:
         """(ggml type, stored bytes [rows, bytes per row]) of HF tensor `name` when it is whole rows of GGUF
         tensors of one type (q/k rows un-permuted); else ("F32", its float32 bytes), which no quantized path

@@ -1,13 +1,14 @@
 """Build a model from a detected checkpoint, each weight going from the file to its final layout once.
 
-The model is constructed on the meta device (no memory, no random init). On the CPU with float32
-activations and the C kernels (`on_kernels`), the target linears of loading/quantize.py are made first,
-straight from the file: a GGUF's block tensors as stored (`auto`: their bytes repacked for the kernels,
+The model is constructed on the meta device (no memory, no random init). On the CPU with float32 activations
+and the C kernels (`on_kernels`), the target linears of loading/quantize.py are made first, straight from
+the file: a GGUF's quantized and 16-bit tensors as stored (`auto`: Q4_0 / Q4_1 / Q8_0 bytes repacked for the
+kernels, K-quants and F16 / BF16 used in place — and the token table kept as stored, looked up row by row —,
 never dequantized), or a float checkpoint's weights quantized one tensor at a time (`int8` / `int4` /
 `bf16`: only that tensor is ever float). Every parameter still on meta is then read in the compute dtype
 (loading/weights.py: safetensors through `pread`, or as a view of the file's copy-on-write map when the
-stored dtype already is the compute dtype; GGUF tensors dequantized from `pread` bytes). Mapped pages
-that were only copied from are dropped (`release`), so peak memory stays near the weights' final size.
+stored dtype already is the compute dtype; GGUF tensors dequantized from `pread` bytes). Mapped pages that
+were only copied from are dropped (`release`), so peak memory stays near the weights' final size.
 
 In: a `Checkpoint` (detect/). Out: a `CausalLM` on `device`, in eval mode.
 """
@@ -36,6 +37,7 @@ from blazr.loading.gguf_hf import GGUFView
 from blazr.loading.names import name_map_for
 from blazr.loading.quantize import (
     check_mode,
+    embed_from_file,
     quantize_from_file,
     quantize_loaded,
     stack_experts,
@@ -43,6 +45,7 @@ from blazr.loading.quantize import (
 )
 from blazr.loading.safetensors import SafetensorsCheckpoint
 from blazr.loading.weights import TensorSource, WeightLoader, load_weights, set_parameter
+from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear
 
@@ -114,6 +117,8 @@ def load_model(
         if on_kernels:
             made = quantize_from_file(model, loader, quantize, dense_dtype)
             made += stack_experts(model, loader, quantize)
+            if quantize == "auto" and (kind := embed_from_file(model, loader)):
+                made[f"{kind} embedding"] += 1
         load_weights(model, loader)
     loader.warn_unused()
     model = model.to(device).eval()
@@ -173,14 +178,19 @@ def load_shard(
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes held by the model's parameters, buffers and quantized weights (each storage counted once)."""
+    """Bytes of the model's parameters, buffers, quantized weights and kept embedding tables, each tensor's
+    own bytes counted once (a tied head sharing the table's bytes, or views of one mapped file, are not
+    counted twice; the rest of a mapped file is not counted at all)."""
     seen: dict[int, int] = {}
     tensors = [*model.parameters(), *model.buffers()]
-    tensors += [m.qweight.data for m in model.modules() if isinstance(m, QuantizedLinear)]
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            tensors.append(m.qweight.data)
+        elif isinstance(m, QuantizedEmbedding):
+            tensors.append(m.table.data)
     for t in tensors:
         if t.device.type != "meta":
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
     return sum(seen.values())
 
 

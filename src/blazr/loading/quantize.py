@@ -3,9 +3,10 @@ block tensors kept as stored, or a float checkpoint quantized in place (`--quant
 mistral.rs' ISQ), one tensor at a time.
 
 Modes:
-- `auto` (default): GGUF block tensors of a supported type (Q4_0 / Q4_1 / Q8_0, the K-quants) stay
-  quantized (their bytes used as-is, fused q|k|v and gate|up rows concatenated, q/k rows un-permuted as
-  whole rows); every other weight stays float.
+- `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, F16, BF16)
+  stay as stored (their bytes used as-is — a view of the file's map where no rows move —, fused q|k|v and
+  gate|up rows concatenated, q/k rows un-permuted as whole rows), and so does the token embedding table
+  (`embed_from_file`: a lookup dequantizes only its rows); every other weight stays float.
 - `none`: every weight dequantized to the compute dtype (the reference path).
 - `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
   scale and minimum, 4-bit values); `bf16` → bfloat16 weights (the 16-bit path: half the bytes of fp32,
@@ -33,23 +34,28 @@ from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.quant import (
     BLOCK_BYTES,
+    FLOAT_KINDS,
     GGML_KINDS,
     K_KINDS,
     KQUANT_BYTES,
     QK_K,
+    ROW_KINDS,
     QuantizedWeight,
+    RowTable,
     dequantize,
     quantize,
 )
 from blazr.loading.names import NameMap, cat_rows, unfuse
 from blazr.loading.weights import TensorSource, WeightLoader, set_parameter
+from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
 _ISQ_KIND = {"int8": "q8_0", "int4": "q4_1", "bf16": "bf16"}
-_BLOCK_TYPES = {t for t, kind in GGML_KINDS.items() if kind.startswith("q")}  # Q4_0 .. Q8_0, Q4_K .. Q6_K
+# GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K) and the 16-bit floats.
+_KEPT_TYPES = {t for t, kind in GGML_KINDS.items() if kind != "f32"}
 _KQUANT_TYPES = {t for t, kind in GGML_KINDS.items() if kind in K_KINDS}
 # Stored float types whose rows the C quantizer reads in place (quantize_rows).
 _FLOAT_TYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -173,7 +179,7 @@ def _gguf_blocks(
     if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
         parts = [QuantizedWeight.from_ggml(t, r, r.numel() // _kquant_row_bytes(t, k), k) for t, r in raws]
         return QuantizedWeight.from_parts(parts)
-    if len(types) != 1 or (ggml_type := types.pop()) not in _BLOCK_TYPES:
+    if len(types) != 1 or (ggml_type := types.pop()) not in _KEPT_TYPES:
         return None
     data = raws[0][1] if len(raws) == 1 else torch.cat([r.reshape(-1) for _, r in raws])
     return QuantizedWeight.from_ggml(ggml_type, data, num_rows, k)
@@ -200,6 +206,13 @@ def _quantized_in_place(
     return QuantizedWeight(kind, data, num_rows, k)
 
 
+def _is_copy(source: TensorSource, qw: QuantizedWeight) -> bool:
+    """Whether `qw`'s bytes were copied out of the checkpoint (repacked, fused, rows rearranged) rather than
+    viewing its map in place: then nothing reads the mapped pages again and they can be dropped."""
+    holds = getattr(source, "holds", None)
+    return qw.is_block or holds is None or not holds(qw.data)
+
+
 def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:
     return in_features // QK_K * KQUANT_BYTES[GGML_KINDS[ggml_type]]
 
@@ -223,7 +236,7 @@ def quantize_from_file(
             qw = _gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            loader.consume(pname, shape, is_copied=qw.is_block)  # block kinds are repacked
+            loader.consume(pname, shape, is_copied=_is_copy(source, qw))
         else:
             kind = _ISQ_KIND[mode]
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
@@ -262,7 +275,7 @@ def _dense_copy(qw: QuantizedWeight, name: str, dense_dtype: torch.dtype | None)
     """The prefill copy of a quantized layer (`prefill_dtype`), or None."""
     if dense_dtype is None or name == "lm_head":
         return None  # the lm_head sees a few rows per step, and its logits stay fp32 (no bf16 GEMM)
-    if qw.kind in ("bf16", "f32") and qw.data.dtype == dense_dtype:
+    if qw.kind in FLOAT_KINDS and qw.data.dtype == dense_dtype:
         return qw.data  # the same tensor: no second copy
     return dequantize(qw).to(dense_dtype)
 
@@ -306,10 +319,31 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         except ValueError:  # an expert's rows straddle a row group: keep them float
             continue
         for (p, shape), w in zip(params, stacked, strict=True):
-            loader.consume(p, shape, is_copied=w.is_block)  # type: ignore[union-attr]
+            loader.consume(p, shape, is_copied=_is_copy(source, w))  # type: ignore[arg-type]
             loader.tick()
         made[f"{stacked[0].kind} experts"] += 1  # type: ignore[union-attr]
     return made
+
+
+def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
+    """Keep the token embedding table of `model` (still on meta) as the GGUF stores it, when its tensor is
+    one of `ROW_KINDS` and needs no transform: a QuantizedEmbedding over a view of the file's map, whose
+    lookups dequantize only their rows (`auto`; no float copy of the table). Returns its kind, or None
+    (the table is then loaded float with the rest)."""
+    cfg, source = model.cfg, loader.source
+    pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
+    load_raw = getattr(source, "load_raw", None)
+    sources = _row_sources(cfg, source, loader.names, pname, shape, is_stacked=False)
+    if load_raw is None or sources is None or len(sources) != 1 or model.tp is not None:
+        return None
+    ggml_type, raw = load_raw(sources[0])
+    kind = GGML_KINDS.get(ggml_type)
+    if kind not in ROW_KINDS or raw.shape[0] != shape[0]:
+        return None
+    model.embed_tokens = QuantizedEmbedding(RowTable(kind, raw.contiguous(), *shape))
+    loader.consume(pname, shape, is_copied=not getattr(source, "holds", lambda t: False)(raw))
+    loader.tick()
+    return kind
 
 
 def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None) -> Counter[str]:

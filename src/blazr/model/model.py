@@ -4,6 +4,7 @@ Parameters carry blazr's internal names (see loading/names.py for the renames fr
 `embed_tokens.weight`, `layers.{i}.{mixer_norm,attn,mla,mamba,ffn_norm,mlp,moe}.…`, `norm.weight`,
 `lm_head.weight` (absent when tied). The math is pure: `forward(input_ids, batch, cache)`.
 
+On the CPU kernels a GGUF's token table may stay as stored (model/embedding.py, loading/quantize.py).
 On float32 CPU activations every step of a decode-only batch is a kernel op (`kernels/ops.py`: embedding,
 norms, linears, attention / Mamba2 steps, residual adds), so that `engine/decode_plan.py` can record this
 very forward as one replayable plan; other steps, dtypes and devices run the torch code beside them.
@@ -21,6 +22,7 @@ from torch import nn
 from blazr.config import LayerConfig, ModelConfig, RopeConfig
 from blazr.kernels import ops
 from blazr.model.block import Block
+from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.norm import make_norm
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
@@ -57,7 +59,7 @@ class CausalLM(nn.Module):
                 ropes[rope_cfg] = RotaryEmbedding(rope_cfg, max_len)
             return ropes[rope_cfg]
 
-        self.embed_tokens = nn.Embedding(vocab, cfg.hidden_size)
+        self.embed_tokens: nn.Embedding | QuantizedEmbedding = nn.Embedding(vocab, cfg.hidden_size)
         self.layers = nn.ModuleList(
             Block(layer, cfg.hidden_size, rope_for(_rope_of(layer)), cfg.residual_multiplier, tp)
             for layer in cfg.layers
@@ -68,11 +70,13 @@ class CausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, batch: ForwardBatch, cache: ModelCache | None = None
     ) -> torch.Tensor:
-        table, scale = self.embed_tokens.weight, self.cfg.embedding_multiplier
+        embed, scale = self.embed_tokens, self.cfg.embedding_multiplier
         if self.tp is not None:
             x = self._embed_sharded(input_ids, self.tp) * scale
-        elif ops.cpu_f32(table):
-            x = ops.embedding(input_ids, table, scale)
+        elif isinstance(embed, QuantizedEmbedding):
+            x = embed(input_ids, scale)
+        elif ops.cpu_f32(embed.weight):
+            x = ops.embedding(input_ids, embed.weight, scale)
         else:
             x = self.embed_tokens(input_ids)
             if scale != 1.0:

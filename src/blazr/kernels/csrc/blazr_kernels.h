@@ -38,7 +38,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 6
+#define BLZ_ABI_VERSION 7
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -51,6 +51,8 @@
  * BLZ_KMIX: a fused weight of K-quant segments of different kinds — see linear_k.c, reached through
  * blz_linear_q). */
 enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ_Q6_K = 5, BLZ_KMIX = 6 };
+/* Row types of blz_embedding_q beside the block kinds above: 16-bit float tables as a GGUF stores them. */
+enum { BLZ_ROW_F16 = 7, BLZ_ROW_BF16 = 8 };
 #define BLZ_QK 32
 
 /* Element types of the KV-cache pools (attention and kv_write). */
@@ -63,6 +65,10 @@ int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t
                    const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                     const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
+                   const float *residual, float *out, int swiglu, int nthreads);
+int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V, int64_t D,
+                    float scale, float *out);
 int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);
 int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads);
 int blz_quantize_blocks(int kind, const void *w, int type, int64_t N, int64_t K, uint8_t *dst, int nthreads);
@@ -138,6 +144,8 @@ enum {
     BLZ_OP_MOE_EXPERTS = 15,
     BLZ_OP_MLA_CACHE_WRITE = 16,
     BLZ_OP_MLA_DECODE = 17,
+    BLZ_OP_LINEAR_F16 = 18,
+    BLZ_OP_EMBEDDING_Q = 19,
 };
 typedef struct {
     int64_t op;

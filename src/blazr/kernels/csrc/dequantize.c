@@ -108,3 +108,39 @@ BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, in
         }
     return BLZ_OK;
 }
+
+/* Embedding lookup in a table kept as a GGUF stores it: out[t] = scale · row ids[t] of table [V, D],
+ * each row dequantized on the spot — `kind` a block kind (BLZ_Q4_0 … BLZ_Q6_K, rows of ggml blocks) or
+ * BLZ_ROW_F16 / BLZ_ROW_BF16 (rows of 16-bit floats). The same values as dequantizing the whole table
+ * (blz_dequantize_blocks, gguf.quants) and then blz_embedding: the product by scale is skipped at 1, as
+ * there. A lookup touches only its own rows, so a memory-mapped table stays out of memory. */
+BLZ_EXPORT int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V,
+                               int64_t D, float scale, float *out) {
+    int header = 0;
+    const int is_k = kind == BLZ_Q4_K || kind == BLZ_Q5_K || kind == BLZ_Q6_K;
+    const int is_f = kind == BLZ_ROW_F16 || kind == BLZ_ROW_BF16;
+    const int qk = is_k ? QK_K : is_f ? 1 : BLZ_QK;
+    const int bs = is_k   ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210)
+                   : is_f ? 2
+                          : blz_block_bytes(kind, &header);
+    if (!bs || kind == BLZ_KMIX || T < 0 || V <= 0 || D <= 0 || D % qk) return BLZ_EINVAL;
+    for (int64_t t = 0; t < T; ++t)
+        if (ids[t] < 0 || ids[t] >= V) return BLZ_ERANGE;
+    const int64_t nb = D / qk;
+    for (int64_t t = 0; t < T; ++t) {
+        const uint8_t *row = table + ids[t] * nb * bs;
+        float *o = out + t * D;
+        if (is_f) {
+            const uint16_t *h = (const uint16_t *)row;
+            for (int64_t i = 0; i < D; ++i) o[i] = kind == BLZ_ROW_F16 ? blz_fp16_to_fp32(h[i]) : blz_bf16_to_fp32(h[i]);
+        } else {
+            for (int64_t b = 0; b < nb; ++b) {
+                if (is_k) dequantize_superblock(kind, row + b * bs, o + b * qk);
+                else dequantize_block(kind, row + b * bs, o + b * qk);
+            }
+        }
+        if (scale != 1.0f)
+            for (int64_t i = 0; i < D; ++i) o[i] *= scale;
+    }
+    return BLZ_OK;
+}

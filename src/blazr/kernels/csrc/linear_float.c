@@ -335,3 +335,103 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
     }
     return BLZ_OK;
 }
+
+/* ---------------------------------------------------------------------------------------------- f16 ---
+ * f16 weights (IEEE half bits, a GGUF F16 tensor as stored), fp32 x, fp32 sums: w widened exactly
+ * (vcvtph2ps), x used as given — so the result is (W · x) in fp32 up to summation order, with no rounding
+ * of x (llama.cpp rounds x to f16 for its F16 dot). A (weight row, x row) pair keeps four accumulators:
+ * the four 8-element quarters of each 32-element chunk, chunks in sequence, the tail (K % 32, masked x,
+ * zero-padded w) into quarters 0.. of one more chunk; the result is blz_hsum256((a0 + a1) + (a2 + a3)).
+ * Every tile sums a pair this way, so a row's output never depends on M or its tile (prefill == decode
+ * bit for bit). Decode (M ≤ F16_ROWWISE_M) walks weight rows one at a time against up to two x rows (the
+ * rows stream, prefetched ahead into L2 from 2 x rows on); prefill walks a block of F16_NB weight rows
+ * (held in L2) against each pair of x rows (held in L1), so every weight byte comes from memory once. */
+#define F16_NB 16        /* weight rows per prefill block: 64 KB of L2 at K = 2048 */
+#define F16_PF 2048      /* prefetch distance of a weight row stream, in weights (4 KB) */
+#define F16_ROWWISE_M 8  /* up to 8 x rows: weight rows streamed one at a time */
+
+#ifdef BLZ_AVX2
+/* res[m] = w · x rows xr[m] for m < nx (1 or 2, a constant after inlining). */
+BLZ_INLINE void f16_rows_avx2(const int nx, const uint16_t *restrict w, int64_t K, const float *const *xr,
+                              float *res, const int pf) {
+    __m256 a[2][4];
+    for (int m = 0; m < 2; ++m)
+        for (int i = 0; i < 4; ++i) a[m][i] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        if (pf) _mm_prefetch((const char *)(w + k + F16_PF), _MM_HINT_T1);
+        __m256 wv[4];
+        for (int i = 0; i < 4; ++i) wv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k + 8 * i)));
+        for (int m = 0; m < nx; ++m)
+            for (int i = 0; i < 4; ++i) a[m][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(xr[m] + k + 8 * i), a[m][i]);
+    }
+    if (k < K) {
+        uint16_t t[32] = {0};
+        memcpy(t, w + k, (size_t)(K - k) * sizeof(uint16_t));
+        for (int i = 0; 8 * i < K - k; ++i) {
+            const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 8 * i)));
+            const __m256i mk = blz_mask256(K - k - 8 * i);
+            for (int m = 0; m < nx; ++m)
+                a[m][i] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(xr[m] + k + 8 * i, mk), a[m][i]);
+        }
+    }
+    for (int m = 0; m < nx; ++m)
+        res[m] = blz_hsum256(_mm256_add_ps(_mm256_add_ps(a[m][0], a[m][1]), _mm256_add_ps(a[m][2], a[m][3])));
+}
+#endif
+
+/* res[m] = weight row w · x row x + m·K for m < mt (≤ 2). Scalar fallback: the same four quarter sums
+ * per chunk, then the same tree (lane order within a quarter differs from the SIMD path: fp32 rounding). */
+BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, const float *restrict x,
+                         float *res, const int pf) {
+#ifdef BLZ_AVX2
+    const float *xr[2] = {x, x + K};
+    if (mt == 2) f16_rows_avx2(2, w, K, xr, res, pf);
+    else f16_rows_avx2(1, w, K, xr, res, pf);
+#else
+    (void)pf;
+    for (int m = 0; m < mt; ++m) {
+        const float *xm = x + m * K;
+        float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t k = 0; k < K; ++k) q[(k / 8) % 4] += blz_fp16_to_fp32(w[k]) * xm[k];
+        res[m] = (q[0] + q[1]) + (q[2] + q[3]);
+    }
+#endif
+}
+
+/* f16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
+BLZ_EXPORT int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
+                              const float *bias, const float *residual, float *out, int swiglu,
+                              int nthreads) {
+    if (M < 0 || N < 0 || K <= 0 || (swiglu && (N % 2 || residual))) return BLZ_EINVAL;
+    if (M == 0 || N == 0) return BLZ_OK;
+    const int64_t nout = swiglu ? N / 2 : N;
+    const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+    if (M <= F16_ROWWISE_M) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t n = 0; n < nout; ++n)
+            for (int64_t m0 = 0; m0 < M; m0 += 2) {
+                const int mt = (int)blz_min(2, M - m0);
+                float r[2], g[2];
+                f16_rows(mt, w + n * K, K, x + m0 * K, r, M >= 2 && m0 == 0);
+                if (swiglu) f16_rows(mt, w + (n + nout) * K, K, x + m0 * K, g, M >= 2 && m0 == 0);
+                blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
+            }
+        return BLZ_OK;
+    }
+    const int64_t nblocks = (nout + F16_NB - 1) / F16_NB;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t b = 0; b < nblocks; ++b) {
+        const int64_t n0 = b * F16_NB, n1 = blz_min(nout, n0 + F16_NB);
+        for (int64_t m0 = 0; m0 < M; m0 += 2) {
+            const int mt = (int)blz_min(2, M - m0);
+            for (int64_t n = n0; n < n1; ++n) {
+                float r[2], g[2];
+                f16_rows(mt, w + n * K, K, x + m0 * K, r, 0);
+                if (swiglu) f16_rows(mt, w + (n + nout) * K, K, x + m0 * K, g, 0);
+                blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
+            }
+        }
+    }
+    return BLZ_OK;
+}

@@ -11,7 +11,7 @@
  * the experts chosen: act(x · W_upᵀ) (gated: act(gate) · up over the [gate; up] halves of W_up [2I, D];
  * ungated: act(x · W_upᵀ), W_up [I, D]) · W_downᵀ, W_down [D, I]. The experts' weights are stacked: expert e's
  * rows start at w_up + e·up_stride / w_down + e·down_stride bytes, in any weight format of the linear
- * kernels (`code` = op · 16 + kind: op 1 block-quantized (kind BLZ_Q4_0 … ), 2 f32, 3 bf16), so a quantized
+ * kernels (`code` = op · 16 + kind: op 1 block-quantized (kind BLZ_Q4_0 … ), 2 f32, 3 bf16, 18 f16), so a quantized
  * expert streams only its own quantized rows. The (token, slot) assignments are grouped by expert, each
  * expert runs one linear pair on its rows (M = tokens routed to it: one weight read for all of them), and
  * the k outputs of a token are summed in slot order j = 0..k-1. Every linear kernel computes a row the same
@@ -95,6 +95,8 @@ static int linear_by_code(int code, const float *x, int64_t M, int64_t K, const 
             return blz_linear_f32(x, M, K, (const float *)w, N, NULL, NULL, out, swiglu, nthreads);
         case BLZ_OP_LINEAR_BF16:
             return blz_linear_bf16(x, M, K, (const uint16_t *)w, N, NULL, NULL, out, swiglu, nthreads);
+        case BLZ_OP_LINEAR_F16:
+            return blz_linear_f16(x, M, K, (const uint16_t *)w, N, NULL, NULL, out, swiglu, nthreads);
     }
     return BLZ_EINVAL;
 }
