@@ -1,4 +1,4 @@
-/* blazr kernels — linear layers with float weights (fp32 and bf16).
+/* blazr kernels — linear layers with float weights (fp32, bf16 and f16).
  *
  * Computes out[M, N] = x[M, K] · Wᵀ (+ bias) (+ residual), or the SwiGLU form (see linear_q.c), with
  * W [N, K] row-major, fp32 or bf16 (raw uint16 bits); x and out are fp32.
@@ -342,28 +342,36 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
  * of x (llama.cpp rounds x to f16 for its F16 dot). A (weight row, x row) pair keeps four accumulators:
  * the four 8-element quarters of each 32-element chunk, chunks in sequence, the tail (K % 32, masked x,
  * zero-padded w) into quarters 0.. of one more chunk; the result is blz_hsum256((a0 + a1) + (a2 + a3)).
- * Every tile sums a pair this way, so a row's output never depends on M or its tile (prefill == decode
- * bit for bit). Decode (M ≤ F16_ROWWISE_M) walks weight rows one at a time against up to two x rows (the
- * rows stream, prefetched ahead into L2 from 2 x rows on); prefill walks a block of F16_NB weight rows
- * (held in L2) against each pair of x rows (held in L1), so every weight byte comes from memory once. */
-#define F16_NB 16        /* weight rows per prefill block: 64 KB of L2 at K = 2048 */
-#define F16_PF 2048      /* prefetch distance of a weight row stream, in weights (4 KB) */
-#define F16_ROWWISE_M 8  /* up to 8 x rows: weight rows streamed one at a time */
+ * Every path sums a pair this way, so a row's output never depends on M or its tile (prefill == decode
+ * bit for bit). Decode (M ≤ F16_ROWWISE_M) streams weight rows one at a time against up to two x rows,
+ * widening as it reads (prefetched ahead into L2 from 2 x rows on). Prefill widens a block of weight rows
+ * once into an fp32 scratch (≤ F16_BLOCK_BYTES, held in L2) and walks each weight row of it against three
+ * x rows at a time (12 accumulators; the x rows stay in L1 across the block): every weight byte comes
+ * from memory once and is widened once per call, and the inner loop is 4 + 12 loads per 12 FMAs. */
+#define F16_BLOCK_BYTES (128 * 1024) /* fp32 scratch of one prefill block of weight rows */
+#define F16_PF 2048                  /* prefetch distance of a weight row stream, in weights (4 KB) */
+#define F16_ROWWISE_M 8              /* up to 8 x rows: weight rows streamed one at a time */
 
 #ifdef BLZ_AVX2
-/* res[m] = w · x rows xr[m] for m < nx (1 or 2, a constant after inlining). */
-BLZ_INLINE void f16_rows_avx2(const int nx, const uint16_t *restrict w, int64_t K, const float *const *xr,
-                              float *res, const int pf) {
-    __m256 a[2][4];
-    for (int m = 0; m < 2; ++m)
+/* 8 weights of row w at k, widened to fp32: from f16 bits (wf == NULL) or from the widened copy wf. */
+BLZ_INLINE __m256 f16_load8(const uint16_t *w, const float *wf, int64_t k) {
+    return wf ? _mm256_loadu_ps(wf + k) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k)));
+}
+
+/* res[m] = weight row · x rows xr[m] for m < nx (1..3, a constant after inlining): the row as f16 bits w,
+ * or (wf != NULL) its fp32 copy wf. */
+BLZ_INLINE void f16_rows_avx2(const int nx, const uint16_t *restrict w, const float *restrict wf, int64_t K,
+                              const float *const *xr, float *res, const int pf) {
+    __m256 a[3][4];
+    for (int m = 0; m < 3; ++m)
         for (int i = 0; i < 4; ++i) a[m][i] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
         if (pf) _mm_prefetch((const char *)(w + k + F16_PF), _MM_HINT_T1);
-        __m256 wv[4];
-        for (int i = 0; i < 4; ++i) wv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k + 8 * i)));
-        for (int m = 0; m < nx; ++m)
-            for (int i = 0; i < 4; ++i) a[m][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(xr[m] + k + 8 * i), a[m][i]);
+        for (int i = 0; i < 4; ++i) {
+            const __m256 wv = f16_load8(w, wf, k + 8 * i);
+            for (int m = 0; m < nx; ++m) a[m][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[m] + k + 8 * i), a[m][i]);
+        }
     }
     if (k < K) {
         uint16_t t[32] = {0};
@@ -380,16 +388,19 @@ BLZ_INLINE void f16_rows_avx2(const int nx, const uint16_t *restrict w, int64_t 
 }
 #endif
 
-/* res[m] = weight row w · x row x + m·K for m < mt (≤ 2). Scalar fallback: the same four quarter sums
- * per chunk, then the same tree (lane order within a quarter differs from the SIMD path: fp32 rounding). */
-BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, const float *restrict x,
-                         float *res, const int pf) {
+/* res[m] = weight row w (f16 bits; wf: its fp32 copy or NULL) · x row x + m·K for m < mt (≤ 3). Scalar
+ * fallback: the same four quarter sums per chunk and the same tree (lane order within a quarter differs
+ * from the SIMD path: fp32 rounding). */
+BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, const float *restrict wf, int64_t K,
+                         const float *restrict x, float *res, const int pf) {
 #ifdef BLZ_AVX2
-    const float *xr[2] = {x, x + K};
-    if (mt == 2) f16_rows_avx2(2, w, K, xr, res, pf);
-    else f16_rows_avx2(1, w, K, xr, res, pf);
+    const float *xr[3] = {x, x + K, x + 2 * K};
+    if (mt == 3) f16_rows_avx2(3, w, wf, K, xr, res, pf);
+    else if (mt == 2) f16_rows_avx2(2, w, wf, K, xr, res, pf);
+    else f16_rows_avx2(1, w, wf, K, xr, res, pf);
 #else
     (void)pf;
+    (void)wf;
     for (int m = 0; m < mt; ++m) {
         const float *xm = x + m * K;
         float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -397,6 +408,17 @@ BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, co
         res[m] = (q[0] + q[1]) + (q[2] + q[3]);
     }
 #endif
+}
+
+/* Widen rows [n0, n1) of w [·, K] (f16 bits) into wf [(n1 − n0), K] fp32. */
+static void f16_widen_rows(const uint16_t *restrict w, int64_t n0, int64_t n1, int64_t K, float *restrict wf) {
+    int64_t i = 0;
+    const int64_t total = (n1 - n0) * K;
+    const uint16_t *src = w + n0 * K;
+#ifdef BLZ_AVX2
+    for (; i + 8 <= total; i += 8) _mm256_storeu_ps(wf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < total; ++i) wf[i] = blz_fp16_to_fp32(src[i]);
 }
 
 /* f16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
@@ -412,26 +434,42 @@ BLZ_EXPORT int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16
         for (int64_t n = 0; n < nout; ++n)
             for (int64_t m0 = 0; m0 < M; m0 += 2) {
                 const int mt = (int)blz_min(2, M - m0);
-                float r[2], g[2];
-                f16_rows(mt, w + n * K, K, x + m0 * K, r, M >= 2 && m0 == 0);
-                if (swiglu) f16_rows(mt, w + (n + nout) * K, K, x + m0 * K, g, M >= 2 && m0 == 0);
+                float r[3], g[3];
+                f16_rows(mt, w + n * K, NULL, K, x + m0 * K, r, M >= 2 && m0 == 0);
+                if (swiglu) f16_rows(mt, w + (n + nout) * K, NULL, K, x + m0 * K, g, M >= 2 && m0 == 0);
                 blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
             }
         return BLZ_OK;
     }
-    const int64_t nblocks = (nout + F16_NB - 1) / F16_NB;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t b = 0; b < nblocks; ++b) {
-        const int64_t n0 = b * F16_NB, n1 = blz_min(nout, n0 + F16_NB);
-        for (int64_t m0 = 0; m0 < M; m0 += 2) {
-            const int mt = (int)blz_min(2, M - m0);
-            for (int64_t n = n0; n < n1; ++n) {
-                float r[2], g[2];
-                f16_rows(mt, w + n * K, K, x + m0 * K, r, 0);
-                if (swiglu) f16_rows(mt, w + (n + nout) * K, K, x + m0 * K, g, 0);
-                blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
+    /* rows per block: the fp32 copy of a block (both halves for SwiGLU) within F16_BLOCK_BYTES */
+    const int64_t per_row = K * (int64_t)sizeof(float) * (swiglu ? 2 : 1);
+    const int64_t nb = blz_max(1, blz_min(64, F16_BLOCK_BYTES / per_row));
+    const int64_t nblocks = (nout + nb - 1) / nb;
+    int failed = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        float *wf = blz_scratch((size_t)(nb * per_row));
+        if (!wf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nblocks; ++b) {
+            if (!wf) continue;
+            const int64_t n0 = b * nb, n1 = blz_min(nout, n0 + nb);
+            float *gf = wf + nb * K; /* the up halves' copy (SwiGLU) */
+            f16_widen_rows(w, n0, n1, K, wf);
+            if (swiglu) f16_widen_rows(w, n0 + nout, n1 + nout, K, gf);
+            for (int64_t m0 = 0; m0 < M; m0 += 3) {
+                const int mt = (int)blz_min(3, M - m0);
+                for (int64_t n = n0; n < n1; ++n) {
+                    float r[3], g[3];
+                    f16_rows(mt, w + n * K, wf + (n - n0) * K, K, x + m0 * K, r, 0);
+                    if (swiglu) f16_rows(mt, w + (n + nout) * K, gf + (n - n0) * K, K, x + m0 * K, g, 0);
+                    blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
+                }
             }
         }
     }
-    return BLZ_OK;
+    return failed ? BLZ_ENOMEM : BLZ_OK;
 }
