@@ -1,11 +1,23 @@
-"""Real-size checkpoints (issue 14's table, in `make bench`): blazr vs llama.cpp at the Llama-3.2-1B shape.
+"""Real-size checkpoints (issue 14's table, in `make bench`): blazr vs llama.cpp at the Llama-3.2-1B shape,
+and (`--shape 8b`) one Q4_K_M GGUF at the Llama-3.1-8B shape.
 
     python benchmarks/realsize.py [--rounds 2] [--prompt-len 500] [--gen 64] [--threads 2] [--only Q4_0 …]
+    python benchmarks/realsize.py --shape 8b [--rounds 1] [--prompt-len 64] [--gen 16] [--cache-root DIR]
 
 The checkpoint is built once into benchmarks/.cache/1b (gitignored) the way a user's files are made:
 random bf16 weights at the published Llama-3.2-1B shape (2048 wide, 16 layers, 32 heads / 8 KV, MLP 8192,
 tied embeddings) with SmolLM2's 49k vocabulary, saved by transformers; GGUFs from that directory by
 llama.cpp's own `convert_hf_to_gguf.py` (F16) and quantizer (Q8_0, Q4_0, Q4_K_M) — tests/llama_cpp_convert.py.
+
+`--shape 8b` builds, once, into benchmarks/.cache/8b: the Llama-3.1-8B shape (4096 wide, 32 layers,
+32 heads / 8 KV, MLP 14336, untied embeddings, rope_theta 500000) with the same 49k vocabulary and
+tokenizer. Its random bf16 weights (std 0.02, seeded) are written one tensor at a time as sharded
+safetensors (no transformers model in RAM: peak a few GB), converted by llama.cpp's converter straight to
+Q8_0 (~8 GB; the HF shards are then deleted, config and tokenizer kept), and requantized by llama.cpp's
+quantizer to Q4_K_M (~4.5 GB; the Q8_0 is deleted unless the disk has plenty left). Only the Q4_K_M row
+is measured, with defaults for 8B on a few cores (64-token prompt, 16 tokens, 1 round); the header gives
+the GGUF's size so the peak RSS can be read against it. --cache-root moves the cache (e.g. a worktree
+using the main checkout's benchmarks/.cache).
 
 Every measurement runs in a fresh process (the engine alone in it): load time (the constructor, to ready;
 the module imports before it are shown apart: torch's dominate blazr's), peak RSS, prefill tok/s of one
@@ -19,15 +31,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "benchmarks" / ".cache" / "1b"
+CACHE_ROOT = ROOT / "benchmarks" / ".cache"
 PRECISIONS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
+# per shape: (--rounds, --prompt-len, --gen) when not given
+DEFAULTS = {"1b": (2, 500, 64), "8b": (1, 64, 16)}
+# the Llama-3.1-8B shape with SmolLM2's vocabulary (the tokenizer the converter knows)
+SHAPE_8B = {
+    "vocab_size": 49152, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8,
+}  # fmt: skip
+LAYERS_PER_SHARD = 4
+CHUNK = 1 << 24  # float32 elements drawn at a time (64 MiB)
+KEEP_Q8_FREE_GIB = 40.0  # keep the 8B Q8_0 only if this much disk is still free after the Q4_K_M
+GiB = 2**30
 
 CHILD = r"""
 import json, resource, sys, time
@@ -69,12 +97,12 @@ print(json.dumps({"load": load, "imports": imports, "rss": rss, "prefill": prefi
 """
 
 
-def build(precisions: list[str]) -> dict[str, Path]:
+def build(precisions: list[str], cache: Path) -> dict[str, Path]:
     """The HF directory and the GGUFs, made once (minutes; cached)."""
     sys.path.insert(0, str(ROOT))
     from tests.llama_cpp_convert import convert, export_tokenizer, quantize
 
-    hf = CACHE / "hf"
+    hf = cache / "hf"
     if not (hf / "model.safetensors").exists():
         import torch
         import transformers
@@ -91,20 +119,145 @@ def build(precisions: list[str]) -> dict[str, Path]:
         transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(hf)
         torch.set_default_dtype(torch.float32)
     files = {"hf": hf}
-    f16 = CACHE / "1b-f16.gguf"
+    f16 = cache / "1b-f16.gguf"
     if not f16.exists():
         print("converting to an F16 GGUF (llama.cpp's converter) …", file=sys.stderr, flush=True)
-        convert(hf, export_tokenizer(CACHE / "tok"), f16, "f16")
+        convert(hf, export_tokenizer(cache / "tok"), f16, "f16")
     files["F16"] = f16
     for p in precisions:
         if p == "F16":
             continue
-        out = CACHE / f"1b-{p.lower()}.gguf"
+        out = cache / f"1b-{p.lower()}.gguf"
         if not out.exists():
             print(f"quantizing to {p} (llama.cpp's quantizer) …", file=sys.stderr, flush=True)
             quantize(f16, out, p)
         files[p] = out
     return files
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_gib(path: Path) -> float:
+    return shutil.disk_usage(path).free / GiB
+
+
+def made(step: str, t0: float, out: Path) -> None:
+    size = out.stat().st_size / GiB
+    log(f"{step}: {time.perf_counter() - t0:.0f} s, {size:.2f} GiB, {free_gib(out.parent):.1f} GiB free")
+
+
+def random_bf16(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """normal(0, 0.02) drawn in float32 chunks (seeded by `gen`, a torch.Generator) into a bf16 tensor."""
+    import torch
+
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    flat = out.view(-1)
+    for i in range(0, flat.numel(), CHUNK):
+        n = min(CHUNK, flat.numel() - i)
+        flat[i : i + n].copy_(torch.empty(n, dtype=torch.float32).normal_(0.0, 0.02, generator=gen))
+    return out
+
+
+def hf_8b(hf: Path) -> None:
+    """Sharded safetensors (`LAYERS_PER_SHARD` layers per file, HF names, the index written last so its
+    presence marks a complete directory) and config.json, one tensor generated at a time."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    hf.mkdir(parents=True, exist_ok=True)
+    cfg = transformers.LlamaConfig(
+        **SHAPE_8B, max_position_embeddings=8192, tie_word_embeddings=False, rope_theta=500000.0,
+        rms_norm_eps=1e-5, initializer_range=0.02, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.dtype = torch.bfloat16
+    cfg.save_pretrained(hf)
+    d, ff, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    kv = cfg.num_key_value_heads * (d // cfg.num_attention_heads)
+    groups = [range(i, min(i + LAYERS_PER_SHARD, layers)) for i in range(0, layers, LAYERS_PER_SHARD)]
+    total = len(groups)
+    gen = torch.Generator().manual_seed(0)
+    weight_map: dict[str, str] = {}
+    size = 0
+    for s, group in enumerate(groups):
+        name = f"model-{s + 1:05d}-of-{total:05d}.safetensors"
+        shapes: dict[str, tuple[int, ...]] = {}
+        if s == 0:
+            shapes["model.embed_tokens.weight"] = (cfg.vocab_size, d)
+        for i in group:
+            a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+            shapes |= {f"{a}.q_proj.weight": (d, d), f"{a}.k_proj.weight": (kv, d)}
+            shapes |= {f"{a}.v_proj.weight": (kv, d), f"{a}.o_proj.weight": (d, d)}
+            shapes |= {f"{m}.gate_proj.weight": (ff, d), f"{m}.up_proj.weight": (ff, d)}
+            shapes |= {f"{m}.down_proj.weight": (d, ff)}
+            shapes |= {f"model.layers.{i}.{n}_layernorm.weight": (d,) for n in ("input", "post_attention")}
+        if s == total - 1:
+            shapes |= {"model.norm.weight": (d,), "lm_head.weight": (cfg.vocab_size, d)}
+        tensors: dict[str, torch.Tensor] = {}
+        for k, shape in shapes.items():  # norms are ones (as transformers initialises them)
+            t = torch.ones(shape, dtype=torch.bfloat16) if len(shape) == 1 else random_bf16(shape, gen)
+            tensors[k] = t
+            size += t.numel() * 2
+            weight_map[k] = name
+        save_file(tensors, str(hf / name), metadata={"format": "pt"})
+        del tensors
+        log(f"  {name} ({s + 1}/{total}), {free_gib(hf):.1f} GiB free")
+    index = {"metadata": {"total_size": size}, "weight_map": weight_map}
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def requantize(src: Path, out: Path, ftype: str) -> None:
+    """llama.cpp's quantizer with allow_requantize (tests/llama_cpp_convert.quantize leaves it off, so a
+    quantized `src` such as Q8_0 would be refused)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.allow_requantize = True
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src.name} → {ftype}) failed ({rc})")
+
+
+def build_8b(cache: Path) -> Path:
+    """The 8B Q4_K_M GGUF, made once (tens of minutes; cached): HF shards → Q8_0 (the shards deleted) →
+    Q4_K_M (the Q8_0 deleted unless KEEP_Q8_FREE_GIB stay free). Each step's time goes to stderr."""
+    sys.path.insert(0, str(ROOT))
+    from tests.llama_cpp_convert import convert, export_tokenizer
+
+    q4, q8, hf = cache / "8b-q4_k_m.gguf", cache / "8b-q8_0.gguf", cache / "hf"
+    if q4.exists():
+        return q4
+    cache.mkdir(parents=True, exist_ok=True)
+    log(f"8B build in {cache}: {free_gib(cache):.1f} GiB free")
+    if not q8.exists():
+        if not (hf / "model.safetensors.index.json").exists():
+            log("writing the 8B checkpoint (random bf16 weights, sharded safetensors) …")
+            t = time.perf_counter()
+            hf_8b(hf)
+            log(f"HF shards: {time.perf_counter() - t:.0f} s, {free_gib(cache):.1f} GiB free")
+        log("converting straight to a Q8_0 GGUF (llama.cpp's converter) …")
+        t = time.perf_counter()
+        part = q8.with_suffix(".part")
+        convert(hf, export_tokenizer(cache / "tok"), part, "q8_0")
+        part.rename(q8)
+        made("Q8_0", t, q8)
+        for f in hf.glob("model*.safetensors*"):  # config and tokenizer files stay
+            f.unlink()
+        log(f"HF shards deleted: {free_gib(cache):.1f} GiB free")
+    log("requantizing Q8_0 → Q4_K_M (llama.cpp's quantizer, allow_requantize) …")
+    t = time.perf_counter()
+    part = q4.with_suffix(".part")
+    requantize(q8, part, "Q4_K_M")
+    part.rename(q4)
+    made("Q4_K_M", t, q4)
+    if free_gib(cache) < KEEP_Q8_FREE_GIB:
+        q8.unlink()
+        log(f"Q8_0 deleted: {free_gib(cache):.1f} GiB free")
+    return q4
 
 
 def measure(engine: str, path: Path, quant: str, args: argparse.Namespace) -> dict[str, float]:
@@ -117,13 +270,25 @@ def measure(engine: str, path: Path, quant: str, args: argparse.Namespace) -> di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--prompt-len", type=int, default=500)
-    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--shape", choices=tuple(DEFAULTS), default="1b")
+    ap.add_argument("--cache-root", type=Path, default=CACHE_ROOT, help="default: benchmarks/.cache")
+    ap.add_argument("--rounds", type=int, help="default: 2 (1b), 1 (8b)")
+    ap.add_argument("--prompt-len", type=int, help="default: 500 (1b), 64 (8b)")
+    ap.add_argument("--gen", type=int, help="default: 64 (1b), 16 (8b)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    ap.add_argument("--only", nargs="+", choices=PRECISIONS, help="1b only (8b: Q4_K_M alone)")
     args = ap.parse_args()
-    files = build(args.only)
+    for key, default in zip(("rounds", "prompt_len", "gen"), DEFAULTS[args.shape], strict=True):
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    if args.shape == "8b":
+        if args.only not in (None, ["Q4_K_M"]):
+            ap.error("--shape 8b measures the Q4_K_M GGUF alone")
+        args.only = ["Q4_K_M"]
+        files = {"Q4_K_M": build_8b(args.cache_root / "8b")}
+    else:
+        args.only = args.only or list(PRECISIONS)
+        files = build(args.only, args.cache_root / "1b")
     # (row label, blazr's input, blazr's quantize mode, llama.cpp's file)
     rows = [(f"{p} GGUF, both engines", files[p], "auto", files[p]) for p in args.only]
     if "F16" in args.only:  # the 16-bit row: blazr's bf16 weights (an F16 GGUF loads as float32 under auto)
@@ -145,7 +310,12 @@ def main() -> None:
     def med(label: str, engine: str, key: str) -> float:
         return statistics.median(x[key] for x in results[(label, engine)])
 
-    head = f"1B shape (Llama-3.2-1B, 49k vocabulary), {args.prompt_len}-token prompt, {args.gen} tokens, "
+    if args.shape == "8b":
+        size = files["Q4_K_M"].stat().st_size / GiB
+        head = f"8B shape (Llama-3.1-8B, 49k vocabulary), GGUF {size:.2f} GiB, "
+    else:
+        head = "1B shape (Llama-3.2-1B, 49k vocabulary), "
+    head += f"{args.prompt_len}-token prompt, {args.gen} tokens, "
     print(head + f"{args.threads} threads, medians of {args.rounds} rounds, each engine in a fresh process")
     print()
     columns = (
