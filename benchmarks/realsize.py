@@ -22,7 +22,7 @@ using the main checkout's benchmarks/.cache).
 Every measurement runs in a fresh process (the engine alone in it): load time (the constructor, to ready;
 the module imports before it are shown apart: torch's dominate blazr's), peak RSS, prefill tok/s of one
 --prompt-len prompt (time to the first token), decode tok/s of --gen greedy tokens after it (ignore_eos).
-blazr runs the same GGUF as llama.cpp (`--quantize auto`: its blocks kept as stored; F16 loads as float32),
+blazr runs the same GGUF as llama.cpp (`--quantize auto`: its tensors kept as stored, F16 included),
 and the HF directory with `--quantize bf16` / `int8` beside the F16 / Q8_0 rows. Rounds
 alternate the engines; the table holds medians. Speed is reported, never asserted.
 """
@@ -291,7 +291,7 @@ def main() -> None:
         files = build(args.only, args.cache_root / "1b")
     # (row label, blazr's input, blazr's quantize mode, llama.cpp's file)
     rows = [(f"{p} GGUF, both engines", files[p], "auto", files[p]) for p in args.only]
-    if "F16" in args.only:  # the 16-bit row: blazr's bf16 weights (an F16 GGUF loads as float32 under auto)
+    if "F16" in args.only:  # blazr from the HF directory in bf16 beside the F16 GGUF
         rows.insert(1, ("HF bf16 `--quantize bf16` vs F16", files["hf"], "bf16", files["F16"]))
     if "Q8_0" in args.only:
         rows.insert(
