@@ -60,7 +60,9 @@ def open_source(ckpt: Checkpoint) -> TensorSource:
         layers = ckpt.config.layers
         q_heads = [layer.attention.num_heads if layer.attention else 0 for layer in layers]
         kv_heads = [layer.attention.num_kv_heads if layer.attention else 0 for layer in layers]
-        return GGUFView(ckpt.gguf or GGUFFile(ckpt.weight_files[0]), q_heads, kv_heads)
+        gguf = ckpt.gguf or GGUFFile(ckpt.weight_files[0])
+        gguf.prefetch()
+        return GGUFView(gguf, q_heads, kv_heads)
     return SafetensorsCheckpoint(list(ckpt.weight_files))
 
 

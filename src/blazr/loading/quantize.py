@@ -206,11 +206,11 @@ def _quantized_in_place(
     return QuantizedWeight(kind, data, num_rows, k)
 
 
-def _is_copy(source: TensorSource, qw: QuantizedWeight) -> bool:
-    """Whether `qw`'s bytes were copied out of the checkpoint (repacked, fused, rows rearranged) rather than
-    viewing its map in place: then nothing reads the mapped pages again and they can be dropped."""
+def _is_copy(source: TensorSource, data: torch.Tensor) -> bool:
+    """Whether `data` was copied out of the checkpoint (repacked, fused, rows rearranged) rather than viewing
+    its map in place: then nothing reads the mapped pages again and they can be dropped."""
     holds = getattr(source, "holds", None)
-    return qw.is_block or holds is None or not holds(qw.data)
+    return holds is None or not holds(data)
 
 
 def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:
@@ -236,7 +236,7 @@ def quantize_from_file(
             qw = _gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            loader.consume(pname, shape, is_copied=_is_copy(source, qw))
+            loader.consume(pname, shape, is_copied=_is_copy(source, qw.data))
         else:
             kind = _ISQ_KIND[mode]
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
@@ -319,7 +319,7 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         except ValueError:  # an expert's rows straddle a row group: keep them float
             continue
         for (p, shape), w in zip(params, stacked, strict=True):
-            loader.consume(p, shape, is_copied=_is_copy(source, w))  # type: ignore[arg-type]
+            loader.consume(p, shape, is_copied=_is_copy(source, w.data))  # type: ignore[union-attr]
             loader.tick()
         made[f"{stacked[0].kind} experts"] += 1  # type: ignore[union-attr]
     return made
@@ -341,7 +341,7 @@ def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
     if kind not in ROW_KINDS or raw.shape[0] != shape[0]:
         return None
     model.embed_tokens = QuantizedEmbedding(RowTable(kind, raw.contiguous(), *shape))
-    loader.consume(pname, shape, is_copied=not getattr(source, "holds", lambda t: False)(raw))
+    loader.consume(pname, shape, is_copied=_is_copy(source, raw))
     loader.tick()
     return kind
 
