@@ -1,7 +1,7 @@
 """The C repack of ggml-ordered blocks (csrc/pack.c, `Kernels.pack_blocks`) against `pack_blocks_reference`:
 the same bytes, padding rows included, on the native and the portable (`generic`) builds; `pack_blocks`
 dispatches to it; `unpack_blocks` undoes it; `pack_rows` (rows found by address) packs gathered rows the
-same way; bad sizes are a ValueError."""
+same way; `gather_rows` moves rows found by address as they are; bad sizes are a ValueError."""
 
 from __future__ import annotations
 
@@ -132,3 +132,17 @@ def test_pack_rows_bad_inputs(native: ops.Kernels) -> None:
         native.pack_rows("q8_0", rows, 4, 48)
     with pytest.raises(ValueError, match="kind 'q4_k'"):
         native.pack_rows("q4_k", rows, 4, 64)
+
+
+def test_gather_rows(lib: ops.Kernels) -> None:
+    """gather_rows (rows of any bytes found by address: F16 / BF16 and K-quant weights used as stored) = the
+    rows indexed in that order, repeats included; bad arguments are refused."""
+    g = torch.Generator().manual_seed(3)
+    data = torch.randint(0, 256, (40, 210), dtype=torch.uint8, generator=g)
+    order = torch.tensor([5, 39, 0, 5, 17])
+    rows = data.data_ptr() + order * data.stride(0)
+    assert torch.equal(lib.gather_rows(rows, 210), data[order])
+    with pytest.raises(ValueError, match="int64 CPU row addresses"):
+        lib.gather_rows(rows.int(), 210)
+    with pytest.raises(ValueError, match="row_bytes > 0"):
+        lib.gather_rows(rows, 0)

@@ -39,6 +39,9 @@ def declare_weight_calls(lib: ctypes.CDLL) -> None:
     lib.blz_pack_rows.restype = ctypes.c_int
     lib.blz_dequantize_blocks.argtypes = lib.blz_pack_blocks.argtypes
     lib.blz_dequantize_blocks.restype = ctypes.c_int
+    lib.blz_gather_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                    ctypes.c_int]  # fmt: skip
+    lib.blz_gather_rows.restype = ctypes.c_int
 
 
 def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
@@ -55,8 +58,8 @@ def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_feat
 
 
 class WeightFormatBindings:
-    """`pack_blocks`, `pack_rows`, `dequantize_blocks`, `quantize_blocks`, `quantize_rows`; uses the `lib` of
-    the Kernels it is mixed into."""
+    """`pack_blocks`, `pack_rows`, `gather_rows`, `dequantize_blocks`, `quantize_blocks`, `quantize_rows`;
+    uses the `lib` of the Kernels it is mixed into."""
 
     lib: ctypes.CDLL
 
@@ -85,6 +88,19 @@ class WeightFormatBindings:
         rc = self.lib.blz_pack_rows(_KIND_CODES[kind], rows.data_ptr(), out_features, in_features,
                                     out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "pack_rows")
+        return out
+
+    def gather_rows(self, rows: torch.Tensor, row_bytes: int) -> torch.Tensor:
+        """Rows of `row_bytes` bytes each from the addresses `rows` (int64 [N]; the caller keeps that memory
+        alive for the call) → uint8 [N, row_bytes], in order (OpenMP over rows)."""
+        if rows.dtype != torch.int64 or rows.dim() != 1 or not rows.is_cpu or row_bytes <= 0:
+            raise ValueError(f"gather_rows: int64 CPU row addresses [N] and row_bytes > 0 expected, found "
+                             f"{rows.dtype} {list(rows.shape)}, {row_bytes}")  # fmt: skip
+        rows = rows.contiguous()
+        out = torch.empty(rows.numel(), row_bytes, dtype=torch.uint8)
+        rc = self.lib.blz_gather_rows(rows.data_ptr(), rows.numel(), row_bytes, out.data_ptr(),
+                                      torch.get_num_threads())  # fmt: skip
+        _check(rc, "gather_rows")
         return out
 
     def dequantize_blocks(

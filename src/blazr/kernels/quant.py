@@ -218,7 +218,7 @@ class RowTable:
     def __post_init__(self) -> None:
         if self.kind not in ROW_KINDS:
             raise ValueError(f"row table kind {self.kind!r}: expected one of {ROW_KINDS}")
-        want = (self.num_rows, _row_bytes(self.kind, self.dim))
+        want = (self.num_rows, row_bytes(self.kind, self.dim))
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
             raise ValueError(
                 f"{self.kind} row table [{self.num_rows}, {self.dim}]: expected contiguous uint8 "
@@ -233,7 +233,7 @@ class RowTable:
         return QuantizedWeight.from_blocks(self.kind, picked, t, self.dim)
 
 
-def _row_bytes(kind: str, dim: int) -> int:
+def row_bytes(kind: str, dim: int) -> int:
     """Bytes of one [dim] row of `kind` in ggml's layout (ValueError when dim does not split into blocks)."""
     if kind in FLOAT_KINDS:
         return dim * FLOAT_KINDS[kind].itemsize

@@ -423,6 +423,13 @@ class GGUFFile:
         start = self._buf.data_ptr()
         return start <= t.data_ptr() < start + self._buf.numel()
 
+    def span(self, address: int, num_bytes: int) -> torch.Tensor:
+        """Zero-copy uint8 view of `num_bytes` bytes of the map from `address` (one of `raw`'s addresses)."""
+        at = address - self._buf.data_ptr()
+        if at < 0 or at + num_bytes > self._buf.numel():
+            raise ValueError(f"span of {num_bytes} bytes at {address:#x}: outside {self.path}'s map")
+        return self._buf[at : at + num_bytes]
+
     def read(self, name: str) -> torch.Tensor:
         """A new uint8 tensor [R, bytes per row] holding the stored bytes, read with `pread` (the memory map
         is not touched, so the file's pages do not join this process's resident set)."""

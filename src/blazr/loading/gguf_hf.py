@@ -369,6 +369,10 @@ class GGUFView:
         """Whether tensor `t` views the file's map (`GGUFFile.holds`)."""
         return self.gguf.holds(t)
 
+    def span(self, address: int, num_bytes: int) -> torch.Tensor:
+        """A view of the file's map (`GGUFFile.span`)."""
+        return self.gguf.span(address, num_bytes)
+
     def load_raw(self, name: str) -> tuple[str, torch.Tensor]:
         """(ggml type, stored bytes [rows, bytes per row]) of HF tensor `name` when it is whole rows of GGUF
         tensors of one type (q/k rows un-permuted); else ("F32", its float32 bytes), which no quantized path

@@ -37,13 +37,12 @@ from blazr.kernels.quant import (
     FLOAT_KINDS,
     GGML_KINDS,
     K_KINDS,
-    KQUANT_BYTES,
-    QK_K,
     ROW_KINDS,
     QuantizedWeight,
     RowTable,
     dequantize,
     quantize,
+    row_bytes,
 )
 from blazr.loading.names import NameMap, cat_rows, unfuse
 from blazr.loading.weights import TensorSource, WeightLoader, set_parameter
@@ -160,24 +159,36 @@ def _gguf_blocks(
     shape: tuple[int, ...],
     is_stacked: bool = False,
 ) -> QuantizedWeight | None:
-    """The stored block bytes of parameter `pname` [*, K] (its parts' rows concatenated: fused q|k|v or
-    gate|up, or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is one
-    supported block type and needs no transform; else None. Q4_0 / Q4_1 / Q8_0 rows are packed by the C
-    kernel straight from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k
-    rows are never gathered first); otherwise they are gathered (`load_raw`)."""
+    """The stored bytes of parameter `pname` [*, K] (its parts' rows concatenated: fused q|k|v or gate|up,
+    or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is of one type
+    kept as stored and needs no transform; else None. Q4_0 / Q4_1 / Q8_0 rows are packed by the C kernel
+    straight from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k rows are
+    never gathered first); K-quant and F16 / BF16 rows out of order are moved by `gather_rows` (OpenMP
+    memcpy), rows in one run (parts stored back to back too) are a view of the map; Q4_K_M's fused parts
+    of mixed K-quant kinds go through `load_raw` into one kmix weight."""
     load_raw = getattr(source, "load_raw", None)
     sources = _row_sources(cfg, source, names, pname, shape, is_stacked)
     if load_raw is None or sources is None:
         return None
     num_rows, k = math.prod(shape[:-1]), shape[-1]
     found = _row_addresses(source, sources, shape)
-    if found is not None and (kind := GGML_KINDS.get(found[0])) in BLOCK_BYTES:
+    kind = None if found is None else GGML_KINDS.get(found[0])
+    if found is not None and kind in BLOCK_BYTES:
         data = kernel_ops.kernels().pack_rows(kind, found[1], num_rows, k)  # type: ignore[union-attr]
         return QuantizedWeight(kind, data, num_rows, k)
+    if found is not None and kind in ROW_KINDS:  # K-quants, F16 / BF16: used as stored
+        step = row_bytes(kind, k)
+        if _is_moved(found[1], step):
+            data = kernel_ops.kernels().gather_rows(found[1], step)  # type: ignore[union-attr]
+        else:  # one run of the file (also parts stored back to back, e.g. ffn_gate then ffn_up)
+            data = source.span(int(found[1][0]), num_rows * step)  # type: ignore[attr-defined]
+        return QuantizedWeight.from_ggml(found[0], data, num_rows, k)
     raws = [load_raw(src) for src in sources]
     types = {t for t, _ in raws}
     if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
-        parts = [QuantizedWeight.from_ggml(t, r, r.numel() // _kquant_row_bytes(t, k), k) for t, r in raws]
+        parts = [
+            QuantizedWeight.from_ggml(t, r, r.numel() // row_bytes(GGML_KINDS[t], k), k) for t, r in raws
+        ]
         return QuantizedWeight.from_parts(parts)
     if len(types) != 1 or (ggml_type := types.pop()) not in _KEPT_TYPES:
         return None
@@ -206,15 +217,16 @@ def _quantized_in_place(
     return QuantizedWeight(kind, data, num_rows, k)
 
 
+def _is_moved(rows: torch.Tensor, step: int) -> bool:
+    """Whether the rows at addresses `rows` (`step` bytes each) are not one contiguous run in order."""
+    return rows.numel() > 1 and bool((rows.diff() != step).any())
+
+
 def _is_copy(source: TensorSource, data: torch.Tensor) -> bool:
     """Whether `data` was copied out of the checkpoint (repacked, fused, rows rearranged) rather than viewing
     its map in place: then nothing reads the mapped pages again and they can be dropped."""
     holds = getattr(source, "holds", None)
     return holds is None or not holds(data)
-
-
-def _kquant_row_bytes(ggml_type: str, in_features: int) -> int:
-    return in_features // QK_K * KQUANT_BYTES[GGML_KINDS[ggml_type]]
 
 
 def quantize_from_file(

@@ -73,6 +73,7 @@ int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, 
 int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst, int nthreads);
 int blz_quantize_blocks(int kind, const void *w, int type, int64_t N, int64_t K, uint8_t *dst, int nthreads);
 int blz_pack_rows(int kind, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads);
+int blz_gather_rows(const int64_t *rows, int64_t N, int64_t row_bytes, uint8_t *dst, int nthreads);
 int blz_quantize_rows(int kind, const int64_t *rows, int type, int64_t N, int64_t K, uint8_t *dst, int nthreads);
 int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, float *dst, int nthreads);
 int blz_quantize_q8k(const float *x, int64_t M, int64_t K, int8_t *q, float *d, int16_t *bsums);

@@ -79,3 +79,13 @@ BLZ_EXPORT int blz_pack_blocks(int kind, const uint8_t *src, int64_t N, int64_t 
 BLZ_EXPORT int blz_pack_rows(int kind, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
     return pack(kind, NULL, rows, N, K, dst, nthreads);
 }
+
+/* Gather N rows of row_bytes bytes each, row n from address rows[n], into dst [N, row_bytes] (a weight kept
+ * as stored whose rows do not lie in order in the file: fused q|k|v or gate|up parts, llama.cpp's permuted
+ * q/k rows put back — F16 / BF16 and K-quant rows are used as they are, only moved). */
+BLZ_EXPORT int blz_gather_rows(const int64_t *rows, int64_t N, int64_t row_bytes, uint8_t *dst, int nthreads) {
+    if (N < 0 || row_bytes <= 0) return BLZ_EINVAL;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
+    for (int64_t n = 0; n < N; ++n) memcpy(dst + n * row_bytes, (const uint8_t *)(intptr_t)rows[n], (size_t)row_bytes);
+    return BLZ_OK;
+}
