@@ -242,9 +242,18 @@ def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int,
 def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
     or one tile of up to 16 (short calls); bf16 tiles of 4 x rows × 4 weight rows + tails, 128-row passes,
-    and the row walk up to 8 rows; f16 blocks of 16 weight rows against x row pairs, and the row walk."""
+    and the row walk up to 8 rows. f16 has two paths, each row-independent on its own: the decode row walk
+    (up to 8 rows) and the prefill GEMM (outer-product panels of 16 outputs × 6 rows + tails)."""
     x = torch.randn(131, 576)
-    for kind in ("q4_1", "q8_0", "bf16", "f16", "f32"):
+    qw = quantize(_weights(43, 576), "f16")
+    rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
+    whole = lib.linear(x, qw)
+    bound = 2 * gamma(576 + 8) * (x.double().abs() @ qw.data.double().abs().T)  # two fp32 sum orders
+    assert bool(((whole.double() - rows.double()).abs() <= bound).all())
+    for lo, hi in ((5, 12), (3, 5), (0, 8), (7, 9), (0, 17), (100, 131)):
+        want = rows[lo:hi] if hi - lo <= 8 else whole[lo:hi]
+        torch.testing.assert_close(lib.linear(x[lo:hi], qw), want, rtol=0, atol=0)
+    for kind in ("q4_1", "q8_0", "bf16", "f32"):
         qw = quantize(_weights(43, 576), kind)
         rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
         torch.testing.assert_close(lib.linear(x, qw), rows, rtol=0, atol=0)
