@@ -59,12 +59,15 @@ test: $(TEST_STAMP) lint
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # The speed report (benchmarks/run.py), the 1B-shape table (realsize.py: load, RSS, speed vs llama.cpp per
-# weight format), then the server report: guidellm against blazr serve and llama-server.
+# weight format) and its batched decode at 4 / 16 sequences (batched.py), then the server report: guidellm
+# against blazr serve and llama-server. (`realsize.py --shape 8b` builds and measures an 8B Q4_K_M: ~20 min
+# and ~24 GiB of disk the first time, so it is not part of `make bench`.)
 bench: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[bench]"
 	$(UNPACK_SDIST)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/realsize.py
+	$(BIN)/python benchmarks/batched.py
 	$(BIN)/python benchmarks/serve.py
 
 clean:

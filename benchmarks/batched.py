@@ -5,8 +5,8 @@
 
 The checkpoints are benchmarks/realsize.py's (its `build()`: the Llama-3.2-1B shape with SmolLM2's 49k
 vocabulary, GGUFs by llama.cpp's converter and quantizer; built once into --cache, default realsize's
-benchmarks/.cache/1b). Both engines run the same GGUF; blazr with `quantize="auto"` (blocks kept as
-stored; F16 loads as float32).
+benchmarks/.cache/1b). Both engines run the same GGUF; blazr with `quantize="auto"` (tensors kept as
+stored, F16 included).
 
 Each measurement runs in a fresh process (this file with `--child`, the engine alone in it). N different
 --prompt-len prompts are prefilled, then decoded greedily (temperature 0, ignore_eos) to --gen tokens each:
