@@ -249,9 +249,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE.parent))
     import realsize
 
-    if args.cache is not None:
-        realsize.CACHE = args.cache.resolve()  # build() reads the module's CACHE
-    files = realsize.build(args.only)
+    files = realsize.build(args.only, (args.cache or realsize.CACHE_ROOT / "1b").resolve())
 
     results: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in range(args.rounds):
