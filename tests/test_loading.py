@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -190,7 +191,8 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
 ):
     """`--quantize int8|int4` quantizes each linear straight from the rows of the checkpoint's map (the C
     quantizer reads bf16 / f16 / f32 rows in place: no float tensor, fused q|k|v and gate|up never
-    gathered) and every quantized layer holds gguf's bytes for the weight's float32 values."""
+    gathered) and every quantized layer holds gguf's bytes for the weight's float32 values; so does the token
+    table (Q8_0 rows in ggml's order, in the 4-bit mode too), and a tied head is read in place as well."""
     import gguf
 
     from blazr.kernels import ops
@@ -204,10 +206,12 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
     monkeypatch.setattr(ops.Kernels, "quantize_rows", lambda self, *a: seen.append(a[2]) or real(self, *a))
     llm = LLM(tmp_path, cpu=True, dtype="float32", quantize=mode)
     layers = {n: m for n, m in llm.runner.model.named_modules() if isinstance(m, QuantizedLinear)}
-    tied_head = "lm_head" if llm.config.tie_word_embeddings else None  # a copy of the float table: quantize
-    assert len(seen) == sum(m.qweight.kind == kind for n, m in layers.items() if n != tied_head) > 8
+    assert len(seen) == sum(m.qweight.kind == kind for m in layers.values()) + 1 > 9  # + the table
     assert set(seen) == {dtype}
     ggml = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
+    table = tensors["model.embed_tokens.weight"].float().numpy()
+    want_table = gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(llm.runner.model.embed_tokens.table.data.numpy(), want_table)
     p = "model.layers.0."
     expected = {
         "layers.0.attn.qkv_proj": [p + f"self_attn.{x}_proj.weight" for x in "qkv"],

@@ -203,6 +203,28 @@ def test_in_situ_quantization_accuracy(tiny_llama: Path) -> None:
     assert top1_4 >= 0.35 and kl_8 * 10 < kl_4 <= 0.2, measured
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_in_situ_quantization_keeps_no_float_table(tied: bool, tmp_path: Path) -> None:
+    """`--quantize int8 / int4 / bf16` keeps no float32 token table: a QuantizedEmbedding of Q8_0 rows (in
+    the 4-bit mode too) — the quantizer's bytes of the float table, in ggml's row order — or of the bf16
+    values; a tied head is still the table quantized to the mode's kind, whatever the table's kind."""
+    build("LlamaForCausalLM", tmp_path, seed=8, tie_word_embeddings=tied)
+    float_table = LLM(tmp_path, cpu=True, dtype="float32", quantize="none").model.embed_tokens.weight
+    for mode, head in (("int8", "q8_0"), ("int4", "q4_1"), ("bf16", "bf16")):
+        llm = LLM(tmp_path, cpu=True, dtype="float32", quantize=mode)
+        table = llm.model.embed_tokens
+        assert isinstance(table, QuantizedEmbedding), mode
+        if mode == "bf16":
+            assert table.table.kind == "bf16" and torch.equal(table.weight, float_table.bfloat16().float())
+        else:
+            assert table.table.kind == "q8_0"
+            assert torch.equal(table.table.data, quantize(float_table, "q8_0").ggml_blocks())
+        lm_head = llm.model.lm_head
+        assert isinstance(lm_head, QuantizedLinear) and lm_head.kind == head
+        if tied:
+            assert torch.equal(lm_head.qweight.data, quantize(float_table, head).data), mode
+
+
 def test_in_situ_quantization_invariants(tiny_llama: Path) -> None:
     """Where prefill runs the quantized kernels (no dense copy: CPUs with AVX512-VNNI but no AMX), prefill
     and decode share one integer algorithm and every kernel computes a row independently of its batch, so

@@ -38,6 +38,7 @@ from blazr.loading.names import name_map_for
 from blazr.loading.quantize import (
     check_mode,
     embed_from_file,
+    embed_quantized,
     quantize_from_file,
     quantize_loaded,
     stack_experts,
@@ -117,7 +118,9 @@ def load_model(
         made: Counter[str] = Counter()
         dense_dtype = prefill_dtype() if on_kernels else None
         if on_kernels:
-            made = quantize_from_file(model, loader, quantize, dense_dtype)
+            if kind := embed_quantized(model, loader, quantize):  # before a tied head is made from it
+                made[f"{kind} embedding"] += 1
+            made += quantize_from_file(model, loader, quantize, dense_dtype)
             made += stack_experts(model, loader, quantize)
             if quantize == "auto" and (kind := embed_from_file(model, loader)):
                 made[f"{kind} embedding"] += 1

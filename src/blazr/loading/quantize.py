@@ -14,10 +14,11 @@ Modes:
 
 Targets (`quantize_from_file`): every linear called only through its forward — attention qkv/o, dense MLP,
 Mamba2 in/out projections, MLA q/kv_a/o projections, MoE shared experts — and the lm_head (tied embeddings:
-a quantized copy of the embedding, the lookup table stays float); and (`stack_experts`) the routed MoE
-experts, stacked in one kernel weight per layer and projection. Not MLA's kv_b_proj (its weight is read
-directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU with
-float32 activations; `dense_dtype` adds a dequantized copy for prefill GEMMs (see model/qlinear.py).
+a quantized copy of the embedding); and (`stack_experts`) the routed MoE experts, stacked in one kernel
+weight per layer and projection. The token table itself stays as stored under `auto` (`embed_from_file`) and
+becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not MLA's kv_b_proj (its weight
+is read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU
+with float32 activations; `dense_dtype` adds a dequantized copy for prefill GEMMs (see model/qlinear.py).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy.
 """
 
@@ -240,7 +241,7 @@ def quantize_from_file(
         return made
     cfg, source = model.cfg, loader.source
     for name, linear in _targets(model):
-        if linear is None:  # a tied head: a quantized copy of the embedding, the lookup table stays float
+        if linear is None:  # a tied head: a quantized copy of the embedding
             pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
         else:
             pname, shape = f"{name}.weight", (linear.out_features, linear.in_features)
@@ -253,7 +254,8 @@ def quantize_from_file(
             kind = _ISQ_KIND[mode]
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
                 continue
-            if linear is None:  # the table itself is needed float: load it now, quantize a copy
+            if linear is None and not isinstance(model.embed_tokens, QuantizedEmbedding):
+                # the table itself is needed float: load it now, quantize a copy
                 weight = loader.parameter(pname, shape)
                 set_parameter(model, pname, weight)
                 loader.tick()
@@ -358,10 +360,40 @@ def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
     return kind
 
 
+# The token table's kind under `--quantize`: 8 bits in the 4-bit mode too (llama.cpp's Q4 mixes keep theirs
+# at Q6_K / Q8_0: a table row is a token's whole input).
+_TABLE_KIND = {"int8": "q8_0", "int4": "q8_0", "bf16": "bf16"}
+
+
+def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | None:
+    """`--quantize int8 / int4 / bf16`: the token table of `model` (still on meta) as a QuantizedEmbedding
+    of `_TABLE_KIND[mode]` — Q8_0 rows quantized straight from the checkpoint's map (`quantize_rows`, no
+    float copy) and put in ggml's row order, or the bf16 values (a view of the map when stored bf16) —
+    instead of a float32 table. Runs before `quantize_from_file`, whose tied head then quantizes its own
+    copy from the checkpoint. Returns the table's kind, or None (the table then stays float)."""
+    if mode not in _TABLE_KIND or model.tp is not None:
+        return None
+    cfg, kind = model.cfg, _TABLE_KIND[mode]
+    pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
+    if kind == "bf16":
+        data = loader.parameter(pname, shape, torch.bfloat16).view(torch.uint8)
+    elif shape[1] % 32:  # Q8_0 quantizes blocks of 32
+        return None
+    else:
+        qw = _quantized_in_place(loader, pname, shape, kind) or quantize(
+            loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind
+        )
+        data = qw.ggml_blocks()
+    model.embed_tokens = QuantizedEmbedding(RowTable(kind, data.contiguous(), *shape))
+    loader.tick()
+    return kind
+
+
 def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None) -> Counter[str]:
     """`quantize_from_file` for a model already loaded in float32 (a tensor-parallel shard, whose weights
     are slices made in memory): each target linear quantized to `mode`'s kind (`int8` / `int4` / `bf16`;
-    `auto` / `none`: nothing), its float weight dropped. Returns how many layers of each kind were made."""
+    `auto` / `none`: nothing), its float weight dropped, then the token table made `_TABLE_KIND` rows as
+    `embed_quantized` makes them. Returns how many layers of each kind were made."""
     made: Counter[str] = Counter()
     if mode not in _ISQ_KIND:
         return made
@@ -374,6 +406,15 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
+    table = model.embed_tokens.weight.detach()  # the rank's rows: the same rows as one process's table
+    if (row_kind := _TABLE_KIND[mode]) == "bf16":
+        data = table.to(torch.bfloat16).view(torch.uint8)
+    elif table.shape[1] % 32 == 0:
+        data = quantize(table, row_kind).ggml_blocks()
+    else:
+        return made
+    model.embed_tokens = QuantizedEmbedding(RowTable(row_kind, data.contiguous(), *table.shape))
+    made[f"{row_kind} embedding"] += 1
     return made
 
 

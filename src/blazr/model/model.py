@@ -87,7 +87,7 @@ class CausalLM(nn.Module):
 
     def _embed_sharded(self, input_ids: torch.Tensor, tp: TPGroup) -> torch.Tensor:
         """Vocab-parallel lookup: this rank's rows, zeros for ids it does not hold, summed over ranks."""
-        rows = self.embed_tokens.weight.shape[0]
+        rows = self.embed_tokens.num_embeddings
         local = input_ids - tp.rank * rows
         here = (local >= 0) & (local < rows)
         x = self.embed_tokens(torch.where(here, local, 0)) * here[:, None]
