@@ -38,6 +38,7 @@ from blazr.kernels.quant import (
     FLOAT_KINDS,
     GGML_KINDS,
     K_KINDS,
+    QK,
     ROW_KINDS,
     QuantizedWeight,
     RowTable,
@@ -375,18 +376,23 @@ def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | N
         return None
     cfg, kind = model.cfg, _TABLE_KIND[mode]
     pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
-    if kind == "bf16":
-        data = loader.parameter(pname, shape, torch.bfloat16).view(torch.uint8)
-    elif shape[1] % 32:  # Q8_0 quantizes blocks of 32
+    if kind != "bf16" and shape[1] % QK:  # Q8_0 quantizes blocks of 32
         return None
-    else:
-        qw = _quantized_in_place(loader, pname, shape, kind) or quantize(
-            loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind
-        )
+    if kind != "bf16" and (qw := _quantized_in_place(loader, pname, shape, kind)):
         data = qw.ggml_blocks()
+    else:  # bf16: read as bf16 (a view of the map when stored so); else the C quantizer could not read it
+        data = _table_bytes(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
     model.embed_tokens = QuantizedEmbedding(RowTable(kind, data.contiguous(), *shape))
     loader.tick()
     return kind
+
+
+def _table_bytes(table: torch.Tensor, kind: str) -> torch.Tensor:
+    """A float table [V, D] as the bytes of a `kind` RowTable: its bf16 values, or its Q8_0 rows in ggml's
+    order (D a multiple of 32)."""
+    if kind == "bf16":
+        return table.to(torch.bfloat16).view(torch.uint8)
+    return quantize(table, kind).ggml_blocks()
 
 
 def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None) -> Counter[str]:
@@ -407,12 +413,9 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
         _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
     table = model.embed_tokens.weight.detach()  # the rank's rows: the same rows as one process's table
-    if (row_kind := _TABLE_KIND[mode]) == "bf16":
-        data = table.to(torch.bfloat16).view(torch.uint8)
-    elif table.shape[1] % 32 == 0:
-        data = quantize(table, row_kind).ggml_blocks()
-    else:
+    if (row_kind := _TABLE_KIND[mode]) != "bf16" and table.shape[1] % QK:  # Q8_0 quantizes blocks of 32
         return made
+    data = _table_bytes(table, row_kind)
     model.embed_tokens = QuantizedEmbedding(RowTable(row_kind, data.contiguous(), *table.shape))
     made[f"{row_kind} embedding"] += 1
     return made
