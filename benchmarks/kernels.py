@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels import build, ops
-from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, random_kquant
+from blazr.kernels.kquant import random_kquant
+from blazr.kernels.quant import QuantizedWeight, dequantize, quantize
 
 SHAPES = [
     ("qkv", 960, 576),

@@ -25,17 +25,16 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels import build, ops
+from blazr.kernels.kquant import random_kquant
 from blazr.kernels.quant import (
     BLOCK_KINDS,
     FLOAT_KINDS,
     K_KINDS,
-    ROW_KINDS,
     QuantizedWeight,
-    RowTable,
     dequantize,
     quantize,
-    random_kquant,
 )
+from blazr.kernels.row_table import ROW_KINDS, RowTable
 
 U = 2.0**-24  # fp32 unit roundoff
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,

@@ -24,6 +24,7 @@ import torch
 
 from blazr import LLM, SamplingParams
 from blazr.kernels import ops
+from blazr.kernels.kquant import quantize_q8_k, random_kquant
 from blazr.kernels.quant import (
     K_KINDS,
     QK_K,
@@ -31,8 +32,6 @@ from blazr.kernels.quant import (
     dequantize,
     kquant_fields,
     quantize,
-    quantize_q8_k,
-    random_kquant,
 )
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from tests.drive import full_logits

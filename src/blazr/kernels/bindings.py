@@ -38,9 +38,9 @@ from blazr.kernels.calls import (
 from blazr.kernels.quant import (
     QK,
     QuantizedWeight,
-    RowTable,
 )
 from blazr.kernels.reference import ACTIVATIONS, linear_out_features
+from blazr.kernels.row_table import RowTable
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,

@@ -26,7 +26,7 @@ import torch
 from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.calls import KernelPlan, UnsupportedInput
-from blazr.kernels.quant import QuantizedWeight, RowTable
+from blazr.kernels.quant import QuantizedWeight
 from blazr.kernels.reference import (
     activation_reference,
     add_reference,
@@ -49,6 +49,7 @@ from blazr.kernels.reference import (
     ssd_step_reference,
     stacked_slice,
 )
+from blazr.kernels.row_table import RowTable
 
 __all__ = [
     "KernelPlan",

@@ -35,12 +35,10 @@ q4_0's row-packed 9.5-12 (once the kernel prefetches the rows after its tile: th
 quantizers) byte for byte for the 32-block kinds — in C (csrc/quantize.c, straight into the packed layout)
 when the kernel library is loaded, else `quantize_reference` in torch; the same bytes
 (tests/test_quantize_kernel.py) (ggml's K-quant quantizers search scales iteratively; the
-tests take K-quant weights from llama.cpp's own quantizer, or `random_kquant`); `dequantize` reproduces
-`gguf.quants.dequantize` for every kind. `quantize_q8_k` is the K-quant kernels' activation rounding (ggml's
-Q8_K), in torch.
-
-A `RowTable` is an embedding table kept as a GGUF stores it (ggml blocks or 16-bit floats, row by row, no
-repack: a view of the file's map), for lookups that dequantize only the rows they read.
+tests take K-quant weights from llama.cpp's own quantizer, or kernels/kquant.py's `random_kquant`);
+`dequantize` reproduces `gguf.quants.dequantize` for every kind. The K-quant kernels' activation rounding
+(`quantize_q8_k`) is in kernels/kquant.py, row tables (a GGUF's token table kept as stored) in
+kernels/row_table.py.
 
 Shapes: N = out_features, K = in_features, nb = K/32 blocks per row, G = ⌈N/16⌉ row groups; K-quants:
 K/256 super-blocks per row.
@@ -74,6 +72,16 @@ GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q
 ROW_GROUP = 16  # rows per packed group
 
 
+def row_bytes(kind: str, dim: int) -> int:
+    """Bytes of one [dim] row of `kind` in ggml's layout (ValueError when dim does not split into blocks)."""
+    if kind in FLOAT_KINDS:
+        return dim * FLOAT_KINDS[kind].itemsize
+    qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
+    if dim % qk:
+        raise ValueError(f"{kind} rows of {dim} values: not a multiple of {qk}")
+    return dim // qk * bs
+
+
 def _group_bytes(kind: str, in_features: int) -> int:
     return ROW_GROUP * in_features // QK * BLOCK_BYTES[kind]
 
@@ -105,9 +113,9 @@ class QuantizedWeight:
                 if sum(rows for _, rows in segs) != n:
                     found = [r for _, r in segs]
                     raise ValueError(f"kmix weight: its parts have {found} rows, expected {n} in all")
-                want = (_KMIX_HEADER + sum(rows * k // QK_K * KQUANT_BYTES[kd] for kd, rows in segs),)
+                want = (_KMIX_HEADER + sum(rows * row_bytes(kd, k) for kd, rows in segs),)
             else:
-                want = (n, k // QK_K * KQUANT_BYTES[self.kind])
+                want = (n, row_bytes(self.kind, k))
             dtype = torch.uint8
         elif self.kind in FLOAT_KINDS:
             want, dtype = (n, k), FLOAT_KINDS[self.kind]
@@ -134,7 +142,7 @@ class QuantizedWeight:
             return [self]
         out, at, k = [], _KMIX_HEADER, self.in_features
         for kind, rows in _kmix_segments(self.data):
-            size = rows * k // QK_K * KQUANT_BYTES[kind]
+            size = rows * row_bytes(kind, k)
             out.append(QuantizedWeight(kind, self.data[at : at + size].view(rows, -1), rows, k))
             at += size
         return out
@@ -173,13 +181,13 @@ class QuantizedWeight:
         """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind; a K-quant
         kind keeps them as they are ([N, row_bytes], a view when `blocks` is contiguous)."""
         if kind in KQUANT_BYTES:
-            row_bytes = in_features // QK_K * KQUANT_BYTES[kind]
-            if blocks.dtype != torch.uint8 or blocks.numel() != out_features * row_bytes:
+            step = row_bytes(kind, in_features)
+            if blocks.dtype != torch.uint8 or blocks.numel() != out_features * step:
                 raise ValueError(
                     f"{kind} blocks of a [{out_features}, {in_features}] weight: expected "
-                    f"{out_features * row_bytes} uint8 bytes, found {blocks.numel()} {blocks.dtype}"
+                    f"{out_features * step} uint8 bytes, found {blocks.numel()} {blocks.dtype}"
                 )
-            return cls(kind, blocks.reshape(out_features, row_bytes).contiguous(), out_features, in_features)
+            return cls(kind, blocks.reshape(out_features, step).contiguous(), out_features, in_features)
         return cls(kind, pack_blocks(kind, blocks, out_features, in_features), out_features, in_features)
 
     @classmethod
@@ -199,48 +207,6 @@ class QuantizedWeight:
         if self.kind == KMIX:
             raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
         return self.data if self.is_kquant else unpack_blocks(self)
-
-
-# Kinds a RowTable can hold: ggml's row layouts that the embedding kernel dequantizes in place.
-ROW_KINDS = (*BLOCK_KINDS, *K_KINDS, "f16", "bf16")
-
-
-@dataclass(frozen=True, eq=False)
-class RowTable:
-    """An embedding table [V, D] in a GGUF's own row layout: `data` uint8 [V, row_bytes], each row D/32
-    ggml blocks (block kinds), D/256 super-blocks (K-quants) or D 16-bit floats (f16 / bf16)."""
-
-    kind: str
-    data: torch.Tensor
-    num_rows: int
-    dim: int
-
-    def __post_init__(self) -> None:
-        if self.kind not in ROW_KINDS:
-            raise ValueError(f"row table kind {self.kind!r}: expected one of {ROW_KINDS}")
-        want = (self.num_rows, row_bytes(self.kind, self.dim))
-        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
-            raise ValueError(
-                f"{self.kind} row table [{self.num_rows}, {self.dim}]: expected contiguous uint8 "
-                f"{list(want)}, found {self.data.dtype} {list(self.data.shape)}"
-            )
-
-    def rows(self, ids: torch.Tensor) -> QuantizedWeight:
-        """Rows `ids` [T] as a weight [T, D] of this kind (`dequantize` gives their float32 values)."""
-        picked, t = self.data[ids], ids.numel()
-        if self.kind in FLOAT_KINDS:
-            return QuantizedWeight(self.kind, picked.view(FLOAT_KINDS[self.kind]), t, self.dim)
-        return QuantizedWeight.from_blocks(self.kind, picked, t, self.dim)
-
-
-def row_bytes(kind: str, dim: int) -> int:
-    """Bytes of one [dim] row of `kind` in ggml's layout (ValueError when dim does not split into blocks)."""
-    if kind in FLOAT_KINDS:
-        return dim * FLOAT_KINDS[kind].itemsize
-    qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
-    if dim % qk:
-        raise ValueError(f"{kind} rows of {dim} values: not a multiple of {qk}")
-    return dim // qk * bs
 
 
 def _tile_fields(kind: str) -> tuple[int, int]:
@@ -505,40 +471,3 @@ def _dequantize_kquant(qw: QuantizedWeight) -> torch.Tensor:
         mn, dmin = mins
         w = w - (dmin.unsqueeze(-1) * mn.float()).unsqueeze(-1)
     return w.reshape(n, qw.in_features)
-
-
-def random_kquant(
-    kind: str, out_features: int, in_features: int, generator: torch.Generator, d: float = 2e-4
-) -> QuantizedWeight:
-    """A K-quant weight of random bytes — every quant, scale and min over its whole range — with f16 d
-    (and dmin) drawn from [d/2, 3d/2) (for tests and benchmarks; any bytes but non-finite f16 fields make a
-    valid super-block)."""
-    if kind not in KQUANT_BYTES:
-        raise ValueError(f"random_kquant: kind {kind!r}, expected one of {K_KINDS}")
-    n, bs = out_features * (in_features // QK_K), KQUANT_BYTES[kind]
-    blocks = torch.randint(0, 256, (n, bs), dtype=torch.uint8, generator=generator)
-    scale = (torch.rand(n, 2, generator=generator) + 0.5) * d
-    f16 = scale.half().view(torch.uint8)  # [n, 4]
-    if kind == "q6_k":
-        blocks[:, 208:210] = f16[:, 0:2]
-    else:
-        blocks[:, 0:4] = f16
-    return QuantizedWeight.from_blocks(kind, blocks, out_features, in_features)
-
-
-def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The K-quant kernels' activation rounding (ggml's quantize_row_q8_K_ref, Q8_K), per row and block of
-    256 in fp32: max = the first element of largest |x|, iscale = −127/max, q = round_half_even(iscale·x)
-    (±127), d = 1/iscale (0 and q = 0 where max = 0), bsums = Σ q per 16.
-    x [M, K] → q int8 [M, K], d [M, K/256] f32, bsums [M, K/16] int32. Then x ≈ d·q with
-    |x − d·q| ≤ |d|·(½ + 2⁻¹⁴) per element."""
-    M, K = x.shape
-    xb = x.float().reshape(M, K // QK_K, QK_K)
-    imax = xb.abs().argmax(-1, keepdim=True)  # first occurrence of the largest |x|
-    mx = xb.gather(-1, imax)
-    # true divisions (a python number over a tensor is a reciprocal times the number in torch: other bits)
-    iscale = torch.where(mx == 0, torch.zeros_like(mx), torch.full_like(mx, -127.0).div(mx))
-    q = torch.round(xb * iscale).clamp(-127, 127)
-    d = torch.where(mx == 0, torch.zeros_like(mx), torch.ones_like(mx).div(iscale)).squeeze(-1)
-    bsums = q.reshape(M, -1, 16).sum(-1).to(torch.int32)
-    return q.to(torch.int8).reshape(M, K), d, bsums.reshape(M, K // 16)

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from blazr.kernels.quant import QK, QK_K, QuantizedWeight, RowTable, block_fields, dequantize, quantize_q8_k
+from blazr.kernels.kquant import quantize_q8_k
+from blazr.kernels.quant import QK, QK_K, QuantizedWeight, block_fields, dequantize
+from blazr.kernels.row_table import RowTable
 from blazr.model.ssd import ssd_chunked
 
 

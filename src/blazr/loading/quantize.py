@@ -39,13 +39,12 @@ from blazr.kernels.quant import (
     GGML_KINDS,
     K_KINDS,
     QK,
-    ROW_KINDS,
     QuantizedWeight,
-    RowTable,
     dequantize,
     quantize,
     row_bytes,
 )
+from blazr.kernels.row_table import ROW_KINDS, RowTable
 from blazr.loading.names import NameMap, cat_rows, unfuse
 from blazr.loading.weights import TensorSource, WeightLoader, set_parameter
 from blazr.model.embedding import QuantizedEmbedding

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from blazr.kernels import ops
-from blazr.kernels.quant import RowTable, dequantize
+from blazr.kernels.quant import dequantize
+from blazr.kernels.row_table import RowTable
 
 
 class QuantizedEmbedding(nn.Module):
