@@ -270,6 +270,31 @@ def test_gguf_pre_tokenizer_regexes():
     assert pieces("deepseek-v3", "1234日本語abc") == ["123", "4", "日本語", "abc"]
 
 
+def test_gguf_vocab_spelling_repeats_and_spaced_merges(small_vocab_meta):
+    """A NORMAL token written as text is respelled in GPT-2's byte alphabet (HF's ByteLevel is the reference),
+    a repeated spelling keeps its first id, and merges stay GGUF's "a b" strings unless a token holds a space
+    (then every merge is split at its first space, as llama.cpp reads them)."""
+    import tokenizers
+
+    byte_level = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    spelled = byte_level.pre_tokenize_str("日本")[0][0]
+    meta = dict(small_vocab_meta)
+    n = len(meta["tokenizer.ggml.tokens"])
+    assert spelled not in meta["tokenizer.ggml.tokens"]
+    meta["tokenizer.ggml.tokens"] = [*meta["tokenizer.ggml.tokens"], "日本", spelled, "<ctl>"]
+    meta["tokenizer.ggml.token_type"] = [*meta["tokenizer.ggml.token_type"], 1, 1, 3]
+    doc = json.loads(build_gguf_tokenizer_json(meta))
+    assert doc["model"]["vocab"][spelled] == n  # respelled, and the first of the two spellings wins
+    assert "日本" not in doc["model"]["vocab"]
+    assert doc["added_tokens"][-1]["content"] == "<ctl>" and doc["added_tokens"][-1]["id"] == n + 2
+    assert doc["model"]["merges"] == meta["tokenizer.ggml.merges"]
+
+    meta["tokenizer.ggml.merges"] = [*meta["tokenizer.ggml.merges"], "a b c"]
+    merges = json.loads(build_gguf_tokenizer_json(meta))["model"]["merges"]
+    assert merges[-1] == ["a", "b c"]
+    assert merges[:-1] == [m.split(" ") for m in small_vocab_meta["tokenizer.ggml.merges"]]
+
+
 # ------------------------------------------------------------------------------------------- BOS / EOS policy
 
 

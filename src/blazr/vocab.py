@@ -93,33 +93,46 @@ def _json_bytes(doc: Mapping[str, Any]) -> bytes:
 
 
 def build_gguf_tokenizer_json(metadata: Mapping[str, Any]) -> bytes:
+    """An HF tokenizer.json for a GGUF byte-level BPE vocabulary (see `_bpe_tokenizer_json`)."""
+    tokens = _strings(metadata, "tokenizer.ggml.tokens")
+    return _bpe_tokenizer_json(metadata, tokens, _token_types(metadata, len(tokens)))
+
+
+def _bpe_tokenizer_json(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> bytes:
     """An HF tokenizer.json for a GGUF byte-level BPE vocabulary (`tokenizer.ggml.model == "gpt2"`).
 
     NORMAL tokens are already spelled in GPT-2's byte alphabet (any that is not gets respelled); CONTROL (3)
     and UNKNOWN (2) tokens become special added tokens, USER_DEFINED (4) ones non-special added tokens, all
     matched in text as written, as llama.cpp does. No post_processor: BOS is the Tokenizer's business.
     """
-    tokens = _strings(metadata, "tokenizer.ggml.tokens")
-    types = _token_types(metadata, len(tokens))
-    merges = [m.split(" ", 1) for m in _strings(metadata, "tokenizer.ggml.merges")]
+    merges: list[Any] = _strings(metadata, "tokenizer.ggml.merges")
+    # HF's "a b" merge strings are what GGUF stores; split them only where a token holds a space (one C-level
+    # count decides: splitting 49k merges in Python was a quarter of the build).
+    if "\n".join(merges).count(" ") != len(merges):
+        merges = [m.split(" ", 1) for m in merges]
     pre = str(metadata.get("tokenizer.ggml.pre") or "default")
     splits = GGUF_PRE_SPLITS.get(pre)
     if splits is None:
         log.warning("GGUF tokenizer.ggml.pre=%r is not known to blazr; splitting text like GPT-2", pre)
         splits = (_GPT2_SPLIT,)
 
+    added_kinds = (_GGUF_CONTROL, _GGUF_UNKNOWN, _GGUF_USER_DEFINED)
+    added = [
+        {"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": kind != _GGUF_USER_DEFINED}
+        for i, kind in enumerate(types)
+        if kind in added_kinds
+    ]  # fmt: skip
     alphabet = _byte_alphabet()
     spelled = set(alphabet.values())
-    vocab: dict[str, int] = {}
-    added = []
-    for i, (token, kind) in enumerate(zip(tokens, types, strict=True)):
-        if kind in (_GGUF_CONTROL, _GGUF_UNKNOWN, _GGUF_USER_DEFINED):
-            special = kind != _GGUF_USER_DEFINED
-            added.append({"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": special})  # fmt: skip
-        elif not set(token) <= spelled:  # a NORMAL token written as text: spell its bytes
-            token = "".join(alphabet[b] for b in token.encode())
-        vocab.setdefault(token, i)
+    keys = tokens
+    if not set("".join(tokens)) <= spelled:  # a NORMAL token written as text: spell its bytes
+        keys = [
+            t if kind in added_kinds or set(t) <= spelled else "".join(alphabet[b] for b in t.encode())
+            for t, kind in zip(tokens, types, strict=True)
+        ]
+    # the first id of a repeated spelling wins: the reversed pairs let later (lower) ids overwrite
+    vocab = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
     doc = {
         "version": "1.0",
         "truncation": None,
@@ -260,7 +273,7 @@ def from_gguf(meta: Mapping[str, Any]) -> Vocab:
     types = _token_types(meta, len(tokens))
     pre = str(meta.get("tokenizer.ggml.pre") or "default")
     if model == "gpt2":
-        backend = splintr.from_json_bytes(build_gguf_tokenizer_json(meta))
+        backend = splintr.from_json_bytes(_bpe_tokenizer_json(meta, tokens, types))
         name, add_bos = f"gguf:{pre}", pre in _LLAMA3_LIKE
     elif model == "llama":
         prefix = meta.get("tokenizer.ggml.add_space_prefix")
