@@ -6,9 +6,10 @@ batch of logit rows into token ids, row by row parameters vectorised where it ma
     raw logprobs (returned to the user) ← log_softmax(logits)
     constrained rows (a grammar matcher) → -inf outside the tokens their grammar allows (engine/grammar.py)
     logits ← + logit_bias; repetition / presence / frequency penalties; min_tokens masks stop ids
-    greedy rows (temperature 0) → argmax
+    greedy rows (temperature 0) → argmax (`ops.argmax_rows`)
     other rows → / temperature → min-p → top-k → top-p → draw (per-request torch.Generator when seeded)
-                 (no sort of the vocabulary unless a row's top-p needs it; one uniform per row)
+                 (no sort of the vocabulary unless a row's top-p needs it; one uniform per row; rows
+                 without top-k / top-p in one fused pass, `ops.sample_rows`)
 
 Shapes: B rows, V vocabulary, K candidates kept after top-k.
 """
@@ -22,6 +23,7 @@ import torch
 
 from blazr.engine.grammar import GrammarMatcher, StructuredOutput, apply_token_bitmask, fill_bitmasks
 from blazr.errors import BlazrError
+from blazr.kernels import ops
 
 
 @dataclass
@@ -200,7 +202,8 @@ def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Te
 
     Inverse CDF: one uniform u per row, the token where the cumulative kept mass first exceeds u × total. A
     seeded row draws its one u from its own generator, so its tokens do not depend on what else shares the
-    batch. Rows with and without top-k / top-p are drawn apart, so plain rows never pay for ranking."""
+    batch. Rows with and without top-k / top-p are drawn apart, so plain rows never pay for ranking: they
+    (temperature and min-p only) take `ops.sample_rows`, one fused pass per row (the C kernel on a CPU)."""
     B, V = logits.shape
     device = logits.device
     tokens = torch.empty(B, dtype=torch.long, device=device)
@@ -210,13 +213,18 @@ def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Te
         if not group:
             continue
         sub = logits if len(group) == B else logits[group]
-        probs, ids = filtered_distribution(sub, [rows[b] for b in group])
-        u = torch.rand(len(group), dtype=probs.dtype)
+        u = torch.rand(len(group), dtype=torch.float32)
         for i, b in enumerate(group):
             if rows[b].generator is not None:
-                u[i] = torch.rand((), generator=rows[b].generator, dtype=probs.dtype)
+                u[i] = torch.rand((), generator=rows[b].generator, dtype=torch.float32)
+        if group is plain:
+            temps = torch.tensor([rows[b].params.temperature for b in group], dtype=torch.float32)
+            min_p = torch.tensor([rows[b].params.min_p for b in group], dtype=torch.float32)
+            tokens[group] = ops.sample_rows(sub, temps.to(device), min_p.to(device), u.to(device))
+            continue
+        probs, ids = filtered_distribution(sub, [rows[b] for b in group])
         cdf = probs.cumsum(dim=-1)  # [n, K]
-        target = (u.to(device) * cdf[:, -1])[:, None]
+        target = (u.to(device, probs.dtype) * cdf[:, -1])[:, None]
         pos = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
         tokens[group] = ids.gather(1, pos).squeeze(1)
     return tokens
@@ -244,11 +252,11 @@ def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:
     greedy = [b for b, r in enumerate(rows) if r.params.is_greedy]
     rest = [b for b, r in enumerate(rows) if not r.params.is_greedy]
     if not rest:  # all greedy (the common case): no gathers
-        tokens = logits.argmax(dim=-1)
+        tokens = ops.argmax_rows(logits)
     else:
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         if greedy:
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
+            tokens[greedy] = ops.argmax_rows(logits[greedy])
         tokens[rest] = _filter_and_draw(logits[rest], [rows[b] for b in rest])
     result = SampleResult(tokens.tolist(), None, None, None)
     if raw_logprobs is not None:

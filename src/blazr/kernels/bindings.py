@@ -1,7 +1,8 @@
 """ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
 raising UnsupportedInput for dtypes / layouts the kernels do not take (the Mamba2 ones in
 bindings_mamba2.py, MoE and MLA in bindings_moe_mla.py, the load-time weight formats in
-bindings_weights.py); inside `record()` the calls go to a `KernelPlan` (calls.py) instead of running.
+bindings_weights.py, token choice in bindings_sample.py); inside `record()` the calls go to a `KernelPlan`
+(calls.py) instead of running.
 
 Calls pass their arguments through `blz_call` in a per-thread preallocated `blz_args_t` struct (~1 µs
 through ctypes, instead of ~0.3 µs per separately converted argument). Shapes as in `ops.py`.
@@ -19,6 +20,7 @@ import torch
 from blazr.kernels import build
 from blazr.kernels.bindings_mamba2 import Mamba2Bindings
 from blazr.kernels.bindings_moe_mla import MoEMLABindings
+from blazr.kernels.bindings_sample import SampleBindings, declare_sample_calls
 from blazr.kernels.bindings_weights import (
     _KIND_CODES,
     WeightFormatBindings,
@@ -51,7 +53,7 @@ _OP_EMBEDDING_Q = 19
 _ROW_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "f16": 7, "bf16": 8}
 
 
-class Kernels(Mamba2Bindings, MoEMLABindings, WeightFormatBindings):
+class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindings):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
     contiguous, not on the CPU) and ValueError for inconsistent shapes.
@@ -71,6 +73,7 @@ class Kernels(Mamba2Bindings, MoEMLABindings, WeightFormatBindings):
         ] * 3
         lib.blz_quantize_act.restype = ctypes.c_int
         declare_weight_calls(lib)
+        declare_sample_calls(lib)
         self._call_many = lib.blz_call_many
         self._call_many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._call_many.restype = ctypes.c_int

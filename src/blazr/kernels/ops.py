@@ -1,11 +1,13 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
-(`reference.py`); both are re-exported here, so every `op` has its `op_reference` beside it.
+(`reference.py`, `reference_sample.py`); both are re-exported here, so every `op` has its `op_reference`
+beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`,
 `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `moe_route`,
-`moe_experts`, `mla_cache_write`, `mla_decode`) runs the C kernel when the library is available and the
-inputs are CPU tensors of the supported dtypes and layouts (fp32 activations and states, int64 indices, fp32
-or 16-bit KV pools), else its `*_reference` twin with the same signature.
+`moe_experts`, `mla_cache_write`, `mla_decode`; the token choice `argmax_rows`, `sample_rows`) runs the C
+kernel when the library is available and the inputs are CPU tensors of the supported dtypes and layouts
+(fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else its `*_reference` twin with
+the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -49,6 +51,7 @@ from blazr.kernels.reference import (
     ssd_step_reference,
     stacked_slice,
 )
+from blazr.kernels.reference_sample import argmax_rows_reference, sample_rows_reference
 from blazr.kernels.row_table import RowTable
 
 __all__ = [
@@ -59,6 +62,8 @@ __all__ = [
     "activation_reference",
     "add",
     "add_reference",
+    "argmax_rows",
+    "argmax_rows_reference",
     "cpu_f32",
     "embedding",
     "embedding_reference",
@@ -93,6 +98,8 @@ __all__ = [
     "rms_norm_reference",
     "rope_neox",
     "rope_neox_reference",
+    "sample_rows",
+    "sample_rows_reference",
     "ssd_step_reference",
     "stacked_slice",
 ]
@@ -417,3 +424,16 @@ def mla_decode(
     return _dispatch(
         "mla_decode", mla_decode_reference, q_nope, q_rope, pool, kv_indices, seq_lens, w_kv_b, scale
     )
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy choice: the first index of each row's largest logit (NaN counts as −inf). [B, V] → [B] int64."""
+    return _dispatch("argmax_rows", argmax_rows_reference, logits)
+
+
+def sample_rows(
+    logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """One draw per row from softmax(logits / temperature) after min-p, by inverse CDF at the row's uniform
+    u in [0, 1) (see sample_rows_reference). logits [B, V], temperature / min_p / u [B] → [B] int64."""
+    return _dispatch("sample_rows", sample_rows_reference, logits, temperature, min_p, u)
