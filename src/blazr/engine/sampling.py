@@ -7,9 +7,9 @@ batch of logit rows into token ids, row by row parameters vectorised where it ma
     constrained rows (a grammar matcher) → -inf outside the tokens their grammar allows (engine/grammar.py)
     logits ← + logit_bias; repetition / presence / frequency penalties; min_tokens masks stop ids
     greedy rows (temperature 0) → argmax (`ops.argmax_rows`)
-    other rows → / temperature → min-p → top-k → top-p → draw (per-request torch.Generator when seeded)
-                 (no sort of the vocabulary unless a row's top-p needs it; one uniform per row; rows
-                 without top-k / top-p in one fused pass, `ops.sample_rows`)
+    other rows → / temperature → min-p → top-k → top-p → draw (`ops.sample_rows`: one uniform per row,
+                 from the request's torch.Generator when seeded; on a CPU one C pass per row, sorting
+                 only its top-k / top-p candidates)
 
 Shapes: B rows, V vocabulary, K candidates kept after top-k.
 """
@@ -150,84 +150,32 @@ def apply_penalties(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Ten
 def filtered_distribution(
     logits: torch.Tensor, rows: Seq[SampleRequest]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Temperature, then min-p, top-k and top-p (vLLM's order: top-p sees the distribution the other two
-    left). logits [B, V] → (probs [B, K], zero outside the kept set and not normalised; token ids [B, K]).
-
-    No full sort of the vocabulary (4 ms a row at V = 49k on a CPU, as long as a decode step): rows without
-    top-k / top-p keep K = V in vocabulary order; otherwise the K largest, descending, K just large enough
-    for every row's top-k and its top-p mass (from 256, grown ×4 until the nucleus fits, V at most)."""
-    device = logits.device
-    B, V = logits.shape
-    temps = torch.tensor([r.params.temperature for r in rows], device=device, dtype=logits.dtype)
-    probs = (logits / temps[:, None]).softmax(dim=-1)  # [B, V]
-    min_p = torch.tensor([r.params.min_p for r in rows], device=device, dtype=probs.dtype)
-    if bool((min_p > 0).any()):  # p_i >= min_p · p_max
-        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
-    ks = _num_candidates(rows, V)
-    top_p = [r.params.top_p for r in rows]
-    if all(k == V for k in ks) and all(p == 1.0 for p in top_p):
-        return probs, torch.arange(V, device=device).expand(B, V)
-    k_t = torch.tensor(ks, device=device)
-    p_t = torch.tensor(top_p, device=device, dtype=probs.dtype)
-    nucleus = [b for b in range(B) if top_p[b] < 1.0 and ks[b] == V]  # top-p over the whole vocabulary
-    K = min(V, max([k for k in ks if k < V] + ([NUCLEUS_START] if nucleus else [])))
-    mass = probs.sum(dim=-1)  # what min-p kept
-    while True:
-        values, indices = probs.topk(K, dim=-1)  # sorted descending
-        values = values.masked_fill(torch.arange(K, device=device)[None, :] >= k_t[:, None], 0.0)
-        kept = torch.where(k_t < V, values.sum(dim=-1), mass)  # the mass top-k left ([B])
-        cum = values.cumsum(dim=-1)
-        if K == V or not nucleus or bool((cum[nucleus, -1] >= p_t[nucleus] * kept[nucleus]).all()):
-            break
-        K = min(V, K * 4)
-    drop = (cum - values) >= p_t[:, None] * kept[:, None]  # keep the smallest prefix reaching top_p
-    drop &= (p_t < 1.0)[:, None]  # (top_p = 1 drops nothing, whatever cumsum's rounding)
-    return values.masked_fill(drop, 0.0), indices
+    """The distribution each row draws from: `ops.filtered_distribution` with the rows' parameters
+    (probs [B, K], zero outside the kept set and not normalised; token ids [B, K])."""
+    return ops.filtered_distribution(logits, *_row_params(rows, logits.device)[:4])
 
 
-NUCLEUS_START = 256  # candidates first tried for top-p without top-k
-
-
-def _num_candidates(rows: Seq[SampleRequest], V: int) -> list[int]:
-    """Tokens each row keeps after top-k (its own k, or the whole vocabulary)."""
-    return [r.params.top_k if 0 < r.params.top_k < V else V for r in rows]
-
-
-def _needs_ranks(r: SampleRequest, V: int) -> bool:
-    return 0 < r.params.top_k < V or r.params.top_p < 1.0
+def _row_params(rows: Seq[SampleRequest], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """temperature, min_p, top_k, top_p of the rows as tensors [B] on `device`."""
+    temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=torch.float32)
+    top_k = torch.tensor([r.params.top_k for r in rows], dtype=torch.int64)
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32)
+    return tuple(t.to(device) for t in (temps, min_p, top_k, top_p))
 
 
 def _filter_and_draw(logits: torch.Tensor, rows: Seq[SampleRequest]) -> torch.Tensor:
-    """A draw from `filtered_distribution` for every (non-greedy) row. logits [B, V] → token ids [B].
+    """A draw from `filtered_distribution` for every (non-greedy) row (`ops.sample_rows`: the C kernel on a
+    CPU, one fused pass per row plus a sort of its top-k / top-p candidates). logits [B, V] → token ids [B].
 
     Inverse CDF: one uniform u per row, the token where the cumulative kept mass first exceeds u × total. A
     seeded row draws its one u from its own generator, so its tokens do not depend on what else shares the
-    batch. Rows with and without top-k / top-p are drawn apart, so plain rows never pay for ranking: they
-    (temperature and min-p only) take `ops.sample_rows`, one fused pass per row (the C kernel on a CPU)."""
-    B, V = logits.shape
-    device = logits.device
-    tokens = torch.empty(B, dtype=torch.long, device=device)
-    ranked = [b for b, r in enumerate(rows) if _needs_ranks(r, V)]
-    plain = [b for b, r in enumerate(rows) if not _needs_ranks(r, V)]
-    for group in (plain, ranked):
-        if not group:
-            continue
-        sub = logits if len(group) == B else logits[group]
-        u = torch.rand(len(group), dtype=torch.float32)
-        for i, b in enumerate(group):
-            if rows[b].generator is not None:
-                u[i] = torch.rand((), generator=rows[b].generator, dtype=torch.float32)
-        if group is plain:
-            temps = torch.tensor([rows[b].params.temperature for b in group], dtype=torch.float32)
-            min_p = torch.tensor([rows[b].params.min_p for b in group], dtype=torch.float32)
-            tokens[group] = ops.sample_rows(sub, temps.to(device), min_p.to(device), u.to(device))
-            continue
-        probs, ids = filtered_distribution(sub, [rows[b] for b in group])
-        cdf = probs.cumsum(dim=-1)  # [n, K]
-        target = (u.to(device, probs.dtype) * cdf[:, -1])[:, None]
-        pos = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
-        tokens[group] = ids.gather(1, pos).squeeze(1)
-    return tokens
+    batch."""
+    u = torch.rand(len(rows), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        if r.generator is not None:
+            u[i] = torch.rand((), generator=r.generator, dtype=torch.float32)
+    return ops.sample_rows(logits, *_row_params(rows, logits.device), u.to(logits.device))
 
 
 def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:

@@ -1,6 +1,7 @@
 """The token-choice kernels' bindings (csrc/sample.c), mixed into `Kernels` (bindings.py): greedy
-`argmax_rows` and the temperature / min-p draw `sample_rows`, run directly (after the forward, never
-recorded into a plan). Shapes: logits [B, V] fp32, rows contiguous; per-row parameters [B] fp32."""
+`argmax_rows` and the temperature / min-p / top-k / top-p draw `sample_rows`, run directly (after the
+forward, never recorded into a plan). Shapes: logits [B, V] fp32, rows contiguous; per-row parameters [B]
+(fp32; top_k int64)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import ctypes
 
 import torch
 
-from blazr.kernels.calls import _check, _f32_ptr
+from blazr.kernels.calls import _check, _f32_ptr, _i64_ptr
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
@@ -17,7 +18,7 @@ def declare_sample_calls(lib: ctypes.CDLL) -> None:
     """The ctypes signatures of the token-choice entry points."""
     lib.blz_argmax_rows.argtypes = [_P, _I64, _I64, _P, _INT]
     lib.blz_argmax_rows.restype = _INT
-    lib.blz_sample_rows.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _INT]
+    lib.blz_sample_rows.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT]
     lib.blz_sample_rows.restype = _INT
 
 
@@ -40,15 +41,29 @@ class SampleBindings:
         return out
 
     def sample_rows(
-        self, logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        min_p: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        u: torch.Tensor,
     ) -> torch.Tensor:
         ptr, B, V = _rows(logits, "sample_rows logits")
-        for name, t in (("temperature", temperature), ("min_p", min_p), ("u", u)):
+        params = (
+            ("temperature", temperature),
+            ("min_p", min_p),
+            ("top_k", top_k),
+            ("top_p", top_p),
+            ("u", u),
+        )
+        for name, t in params:
             if t.numel() != B:
                 raise ValueError(f"sample_rows: {name} has {t.numel()} values for {B} rows")
         out = torch.empty(B, dtype=torch.int64)
         rc = self.lib.blz_sample_rows(
             ptr, B, V, _f32_ptr(temperature, "sample_rows temperature"), _f32_ptr(min_p, "sample_rows min_p"),
+            _i64_ptr(top_k, "sample_rows top_k"), _f32_ptr(top_p, "sample_rows top_p"),
             _f32_ptr(u, "sample_rows u"), out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         _check(rc, "sample_rows")

@@ -51,7 +51,7 @@ from blazr.kernels.reference import (
     ssd_step_reference,
     stacked_slice,
 )
-from blazr.kernels.reference_sample import argmax_rows_reference, sample_rows_reference
+from blazr.kernels.reference_sample import argmax_rows_reference, filtered_distribution, sample_rows_reference
 from blazr.kernels.row_table import RowTable
 
 __all__ = [
@@ -69,6 +69,7 @@ __all__ = [
     "embedding_reference",
     "embedding_rows",
     "embedding_rows_reference",
+    "filtered_distribution",
     "gated_rms_norm",
     "gated_rms_norm_reference",
     "int8_dot_reference",
@@ -432,8 +433,14 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample_rows(
-    logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor, u: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    min_p: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
 ) -> torch.Tensor:
-    """One draw per row from softmax(logits / temperature) after min-p, by inverse CDF at the row's uniform
-    u in [0, 1) (see sample_rows_reference). logits [B, V], temperature / min_p / u [B] → [B] int64."""
-    return _dispatch("sample_rows", sample_rows_reference, logits, temperature, min_p, u)
+    """One draw per row from softmax(logits / temperature) after min-p, top-k (0: off) and top-p, by inverse
+    CDF at the row's uniform u in [0, 1) (see sample_rows_reference). logits [B, V]; temperature, min_p,
+    top_p, u [B] fp32; top_k [B] int64 → [B] int64."""
+    return _dispatch("sample_rows", sample_rows_reference, logits, temperature, min_p, top_k, top_p, u)

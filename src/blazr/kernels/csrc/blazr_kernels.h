@@ -116,7 +116,7 @@ int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_nope, const 
                    int64_t L, int64_t Dv, const float *w_kvb, float scale, float *out, int nthreads);
 int blz_argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads);
 int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperature, const float *min_p,
-                    const float *u, int64_t *out, int nthreads);
+                    const int64_t *top_k, const float *top_p, const float *u, int64_t *out, int nthreads);
 
 /* Internal: pack.c's block size of a 32-block kind (and its per-row header bytes) and its move of one row of
  * ggml blocks into a 16-row group, shared with quantize.c. */

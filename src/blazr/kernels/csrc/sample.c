@@ -3,26 +3,40 @@
  * blz_argmax_rows: out[b] = the first index of row b's largest value; NaN counts as −inf (an all-NaN row
  * gives 0).
  *
- * blz_sample_rows: one draw per row from the temperature / min-p distribution, by inverse CDF. With
- * x' = min(x, FLT_MAX), m = max x' (NaN ignored) and t_i = (x'_i − m) · (1/T_b):
+ * blz_sample_rows: one draw per row from the temperature / min-p / top-k / top-p distribution, by inverse
+ * CDF (vLLM's order: top-k sees what min-p left, top-p what top-k left). With x' = min(x, FLT_MAX),
+ * m = max x' (NaN ignored) and t_i = (x'_i − m) · (1/T_b):
  *     e_i = exp(t_i)   if t_i ≥ −87 (else 0; NaN gives 0),   then 0 where e_i < min_p_b
- * (e_i = p_i / p_max, so min-p's "p_i ≥ min_p · p_max" is "e_i ≥ min_p"). The drawn token is the first i
- * whose running sum of e exceeds u_b · Σe (u_b in [0, 1): the caller's uniform, so a seeded request draws
- * from its own generator); if rounding leaves the target at or past the sum, the last token with e > 0.
+ * (e_i = p_i / p_max, so min-p's "p_i ≥ min_p · p_max" is "e_i ≥ min_p"). u_b in [0, 1) is the caller's
+ * uniform (a seeded request draws it from its own generator).
+ * - Plain rows (top_k 0 or ≥ V, top_p 1): the drawn token is the first i whose running sum of e exceeds
+ *   u_b · Σe; if rounding leaves the target at or past the sum, the last token with e > 0. The sum has a
+ *   fixed order: blocks of 64 values, each summed as 8 lanes (lane j adds elements j, j + 8, … in order)
+ *   reduced as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), the block sums added in order; the draw finds the block
+ *   whose sum crosses the target, then walks that block's values one by one.
+ * - Ranked rows: the tokens with e > 0 sorted by e descending (ties: lower id first); top-k keeps the first
+ *   k; top-p then keeps the shortest prefix whose sum reaches top_p · (the mass top-k left: the sum of the
+ *   k, else Σe in the lane order above); the draw walks that prefix in order, as above. Only candidates
+ *   are sorted: a 1024-bucket histogram of e's top bits (exponent and 3 mantissa bits) finds the bucket
+ *   where the k-th largest value, or the top-p mass, is reached; the buckets from there up (one more
+ *   for top-p, against rounding) are collected and sorted.
  * A row with no value above −inf gives 0. exp is one fixed sequence of fp32 operations (Cephes' range
  * reduction and degree-5 polynomial, explicit FMAs, ≤ 2 ulp): the AVX2 and portable paths compute the same
- * bits. The sum is fixed too: blocks of 64 values, each summed as 8 lanes (lane j adds elements j, j + 8, …
- * in order) reduced as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), the block sums added in order; the draw finds
- * the block whose sum crosses the target, then walks that block's values one by one. So every build draws
- * the same token, and a row's draw does not depend on the others in its batch.
+ * bits, and every sum has one order, so every build draws the same token, and a row's draw does not depend
+ * on the others in its batch.
  *
  * Cost: two passes over a row (max, then exp and block sums) plus one block; about 20 µs per 49k-value row
- * on one AVX2 core, where torch's softmax / cumsum / searchsorted took ~0.5 ms.
+ * on one AVX2 core, where torch's softmax / cumsum / searchsorted took ~0.5 ms. Ranked rows add a
+ * histogram pass and a sort of the candidates (a few hundred for top-p 0.9 of a peaked distribution; all
+ * of them for a flat one).
  */
 #include <float.h>
 #include <stdlib.h>
 
 #include "blazr_kernels.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define SB 64 /* values per summation block */
 
@@ -170,20 +184,145 @@ static int64_t draw_row(const float *x, int64_t V, float inv_t, float min_p, flo
     return 0; /* unreachable: the max itself weighs 1 */
 }
 
+/* The kept weights e[V] of a row (the same bits as weight_scalar on every build). */
+static void row_weights(const float *x, int64_t V, float m, float inv_t, float min_p, float *e) {
+    int64_t i = 0;
+#ifdef BLZ_AVX2
+    const __m256 vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(inv_t), vp = _mm256_set1_ps(min_p);
+    for (; i + 8 <= V; i += 8) _mm256_storeu_ps(e + i, weight_avx2(_mm256_loadu_ps(x + i), vm, vt, vp));
+#endif
+    for (; i < V; ++i) e[i] = weight_scalar(x[i], m, inv_t, min_p);
+}
+
+/* Σe in block_sum's order (blocks of 64 as 8 lanes, the tree, block sums in order). */
+static float weights_total(const float *e, int64_t V) {
+    float total = 0.0f;
+    for (int64_t i0 = 0; i0 < V; i0 += SB) {
+        float l[8];
+        for (int j = 0; j < 8; ++j) {
+            l[j] = i0 + j < V ? e[i0 + j] : 0.0f;
+            for (int v = 1; v < SB / 8; ++v) l[j] += i0 + 8 * v + j < V ? e[i0 + 8 * v + j] : 0.0f;
+        }
+        total += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+    return total;
+}
+
+typedef struct {
+    float v;
+    int32_t i;
+} cand_t;
+
+static int by_weight(const void *pa, const void *pb) {
+    const cand_t *a = pa, *b = pb;
+    if (a->v != b->v) return a->v > b->v ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+#define NBUCKET 1024 /* e in (0, 1]: bits >> 20 ≤ 0x3f8 */
+
+BLZ_INLINE int bucket(float v) {
+    union {
+        float f;
+        uint32_t u;
+    } b = {.f = v};
+    return (int)(b.u >> 20);
+}
+
+/* A ranked row (see the header): e and c are scratch of V values. */
+static int64_t draw_ranked(const float *x, int64_t V, float inv_t, float min_p, int64_t k, float top_p, float u,
+                           float *e, cand_t *c) {
+    const float m = row_max(x, V);
+    if (m == -INFINITY) return 0;
+    row_weights(x, V, m, inv_t, min_p, e);
+    const int top_k = k > 0 && k < V;
+    int32_t count[NBUCKET] = {0};
+    double mass[NBUCKET] = {0};
+    if (top_k)
+        for (int64_t i = 0; i < V; ++i) count[bucket(e[i])] += 1;
+    else
+        for (int64_t i = 0; i < V; ++i) {
+            count[bucket(e[i])] += 1;
+            mass[bucket(e[i])] += e[i];
+        }
+    count[0] = 0; /* e = 0 (the bucket of 0.0f holds nothing else: kept weights are normal floats) */
+    const float total = top_k ? 0.0f : weights_total(e, V);
+    int from = 0; /* the lowest bucket collected */
+    double acc = 0.0;
+    for (int b = NBUCKET - 1; b >= 0; --b) {
+        acc += top_k ? (double)count[b] : mass[b];
+        if (acc >= (top_k ? (double)k : (double)top_p * total)) {
+            from = b;
+            if (!top_k) /* one more non-empty bucket below: the fp32 prefix sums may reach later */
+                while (from > 0 && !count[--from]) {
+                }
+            break;
+        }
+    }
+    int64_t n = 0;
+    for (int64_t i = 0; i < V; ++i)
+        if (e[i] > 0.0f && bucket(e[i]) >= from) c[n++] = (cand_t){e[i], (int32_t)i};
+    qsort(c, (size_t)n, sizeof *c, by_weight);
+    if (top_k && n > k) n = k;
+    float kept = total;
+    if (top_k) {
+        kept = 0.0f;
+        for (int64_t j = 0; j < n; ++j) kept += c[j].v;
+    }
+    if (top_p < 1.0f) {
+        const float reach = top_p * kept;
+        float cum = 0.0f;
+        int64_t j = 0;
+        while (j < n && cum < reach) cum += c[j++].v;
+        n = j;
+    }
+    float nucleus = 0.0f;
+    for (int64_t j = 0; j < n; ++j) nucleus += c[j].v;
+    const float target = u * nucleus;
+    float run = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+        run += c[j].v;
+        if (run > target) return c[j].i;
+    }
+    return n ? c[n - 1].i : 0;
+}
+
 BLZ_EXPORT int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperature,
-                               const float *min_p, const float *u, int64_t *out, int nthreads) {
-    if (B < 0 || V <= 0) return BLZ_EINVAL;
-    for (int64_t b = 0; b < B; ++b)
+                               const float *min_p, const int64_t *top_k, const float *top_p, const float *u,
+                               int64_t *out, int nthreads) {
+    if (B < 0 || V <= 0 || V > INT32_MAX) return BLZ_EINVAL;
+    int ranked = 0;
+    for (int64_t b = 0; b < B; ++b) {
         if (!(temperature[b] > 0.0f) || !(temperature[b] < INFINITY) || !(u[b] >= 0.0f && u[b] < 1.0f) ||
-            !(min_p[b] >= 0.0f && min_p[b] <= 1.0f))
+            !(min_p[b] >= 0.0f && min_p[b] <= 1.0f) || top_k[b] < 0 || !(top_p[b] > 0.0f && top_p[b] <= 1.0f))
             return BLZ_EINVAL;
+        ranked |= (top_k[b] > 0 && top_k[b] < V) || top_p[b] < 1.0f;
+    }
+    const int nth = nthreads > 0 ? nthreads : 1;
     const int64_t nblocks = (V + SB - 1) / SB;
     float *sums = malloc((size_t)(B * nblocks) * sizeof(float));
-    if (!sums) return BLZ_ENOMEM;
-#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) if (B > 1)
-    for (int64_t b = 0; b < B; ++b)
-        out[b] = draw_row(x + b * V, V, 1.0f / temperature[b], min_p[b], u[b], sums + b * nblocks);
-    free(sums);
+    float *e = ranked ? malloc((size_t)(nth * V) * sizeof(float)) : NULL;
+    cand_t *c = ranked ? malloc((size_t)(nth * V) * sizeof(cand_t)) : NULL;
+    if (!sums || (ranked && (!e || !c))) {
+        free(sums), free(e), free(c);
+        return BLZ_ENOMEM;
+    }
+#pragma omp parallel for schedule(static) num_threads(nth) if (B > 1)
+    for (int64_t b = 0; b < B; ++b) {
+        const float *row = x + b * V;
+        if ((top_k[b] > 0 && top_k[b] < V) || top_p[b] < 1.0f) {
+#ifdef _OPENMP
+            const int64_t t = omp_get_thread_num();
+#else
+            const int64_t t = 0;
+#endif
+            out[b] = draw_ranked(row, V, 1.0f / temperature[b], min_p[b], top_k[b], top_p[b], u[b], e + t * V,
+                                 c + t * V);
+        } else {
+            out[b] = draw_row(row, V, 1.0f / temperature[b], min_p[b], u[b], sums + b * nblocks);
+        }
+    }
+    free(sums), free(e), free(c);
     return BLZ_OK;
 }
 
