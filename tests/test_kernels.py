@@ -269,7 +269,7 @@ def _q8_pair(n: int, k: int, seed: int) -> tuple[QuantizedWeight, QuantizedWeigh
     (ggml's quantizer never writes it; a file may hold it)."""
     blocks = quantize(_weights(n, k, seed), "q8_0").ggml_blocks().clone()
     blocks.view(n, k // 32, 34)[: min(n, 5), :3, 2:6] = 0x80
-    return QuantizedWeight.from_blocks("q8_0", blocks, n, k), QuantizedWeight.from_blocks("q8_0g", blocks, n, k)
+    return tuple(QuantizedWeight.from_blocks(kind, blocks, n, k) for kind in ("q8_0", "q8_0g"))  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize(("N", "K"), [(67, 576), (130, 1536), (9, 64)])
@@ -309,7 +309,7 @@ def test_q8_0g_weight_is_ggml_bytes() -> None:
     assert qw.kind == "q8_0g" and qw.data.data_ptr() == raw.data_ptr() and qw.ggml_blocks() is qw.data
     assert np.array_equal(dequantize(qw).numpy(), gguf.quants.dequantize(ref, GGML["q8_0"]))
     assert torch.equal(quantize(w, "q8_0g").data, raw)
-    with pytest.raises(ValueError, match="expected torch.uint8"):
+    with pytest.raises(ValueError, match=r"expected torch\.uint8"):
         QuantizedWeight("q8_0g", raw[:, :-2].contiguous(), 37, 256)
 
 

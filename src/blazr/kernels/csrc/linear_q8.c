@@ -60,6 +60,13 @@ __attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], i
 }
 
 #ifdef BLZ_AVX2
+/* Block column b of the rows after the tile's (rows[0] + 8 rows onward: the next tile, one linear stream;
+ * a short last tile reads past: prefetches only). */
+BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[QR], int64_t nb, int64_t b) {
+    const char *next = (const char *)(rows[0] + QR * nb * QB) + b * QR * QB;
+    for (int64_t o = 0; o < QR * QB; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+}
+
 /* AVX2 path of tile_scalar (see the header comment); all QR rows are read (a short tile repeats its last). */
 BLZ_INLINE void tile_avx2(const uint8_t *const rows[QR], const blz_act_t *restrict a, const int64_t m0,
                           const int mt, float acc_out[QT][QR]) {
@@ -68,12 +75,7 @@ BLZ_INLINE void tile_avx2(const uint8_t *const rows[QR], const blz_act_t *restri
     __m256 acc[QT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-#if BLZ_Q8_PF
-        if (m0 == 0) { /* rows[0] + 8 rows onward: the next tile (a short last tile reads past: prefetches only) */
-            const char *next = (const char *)(rows[0] + QR * nb * QB) + b * QR * QB;
-            for (int64_t o = 0; o < QR * QB; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-        }
-#endif
+        if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, nb, b);
         __m256i aw[QR]; /* |q| of the 8 rows' block b (|−128| = 128 as an unsigned byte) */
         uint16_t dh[QR];
         for (int r = 0; r < QR; ++r) {
@@ -139,12 +141,7 @@ BLZ_INLINE void tile_avx2_t(const uint8_t *const rows[QR], const blz_act_t *rest
     __m256 acc[QT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-#if BLZ_Q8_PF
-        if (m0 == 0) {
-            const char *next = (const char *)(rows[0] + QR * nb * QB) + b * QR * QB;
-            for (int64_t o = 0; o < QR * QB; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-        }
-#endif
+        if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, nb, b);
         __m256i w[8], aw[8];
         uint16_t dh[QR];
         transpose_block(rows, b, w, aw, dh);
