@@ -15,12 +15,11 @@
  * fmaf) give the same bits.
  *
  * Parallel strategy: OpenMP splits the output rows in tiles of QR = 8; a tile walks the blocks once per group
- * of up to QT activation rows, each row's block loaded once for the group. AVX2: per (weight row, activation
- * row, block) vpmaddubsw(|q|, sign(qx, q)) (pair sums within ±2·128·127, no saturation) widened by vpmaddwd
- * to 8 int32 partial sums; the 8 rows' vectors are reduced at once (blz_hsum8x8_epi32) into one vector whose
- * lane r is row r's dot, so the fp32 step is one 8-lane fma per activation row and block, and a tile's 8
- * outputs of a row are contiguous. The 8 rows are 8 interleaved streams; the tile prefetches the rows after
- * it (one linear stream) as it goes (BLZ_Q8_PF), as linear_k.c does.
+ * of up to QT activation rows, each weight block loaded once for the group, and keeps one 8-lane fp32
+ * accumulator per activation row (lane r: weight row r), so a tile's 8 outputs of a row are contiguous. The
+ * AVX2 integer dots: see tile_avx2 (a horizontal reduction of 8 rows at once for decode, an in-register
+ * transpose to the packed layout's chunks for longer calls). The 8 rows are 8 interleaved streams; the tile
+ * prefetches the rows after it (one linear stream) as it goes (BLZ_Q8_PF), as linear_k.c does.
  *
  * Shapes: M activation rows, K in features (a multiple of 32), N out features (SwiGLU: N = 2·I), nb = K/32.
  */
@@ -30,7 +29,7 @@
 #define QT 16  /* activation rows per tile, at most */
 #define QB 34  /* bytes per block: f16 d, 32 int8 */
 #ifndef BLZ_Q8_TRANSPOSE_MIN
-#define BLZ_Q8_TRANSPOSE_MIN 4 /* activation rows from which a tile transposes each block (tile_avx2_t) */
+#define BLZ_Q8_TRANSPOSE_MIN 4 /* activation rows from which a tile transposes each block (tile_avx2) */
 #endif
 #ifndef BLZ_Q8_PF
 #define BLZ_Q8_PF 1 /* 1: prefetch the next tile's rows a block column at a time; 0: none */
@@ -67,44 +66,10 @@ BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[QR], int64_t nb, in
     for (int64_t o = 0; o < QR * QB; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
 }
 
-/* AVX2 path of tile_scalar (see the header comment); all QR rows are read (a short tile repeats its last). */
-BLZ_INLINE void tile_avx2(const uint8_t *const rows[QR], const blz_act_t *restrict a, const int64_t m0,
-                          const int mt, float acc_out[QT][QR]) {
-    const int64_t nb = a->nb;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[QT];
-    for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, nb, b);
-        __m256i aw[QR]; /* |q| of the 8 rows' block b (|−128| = 128 as an unsigned byte) */
-        uint16_t dh[QR];
-        for (int r = 0; r < QR; ++r) {
-            const uint8_t *blk = rows[r] + b * QB;
-            memcpy(&dh[r], blk, 2);
-            aw[r] = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(blk + 2)));
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)); /* F16C: exact */
-        for (int m = 0; m < mt; ++m) {
-            const int64_t row = (m0 + m) * nb + b;
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + (m0 + m) * a->K + b * BLZ_QK));
-            __m256i v[QR];
-            for (int r = 0; r < QR; ++r) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(rows[r] + b * QB + 2));
-                v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(x, q)), ones);
-            }
-            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[row]));
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blz_hsum8x8_epi32(v)), sc, acc[m]);
-        }
-    }
-    for (int m = 0; m < mt; ++m) _mm256_storeu_ps(acc_out[m], acc[m]);
-}
-
 /* The 8 rows' block b as the packed layout's chunks, built in registers: w[c] lane r = row r's elements
- * 4c..4c+3 (an 8×8 transpose of dwords), aw[c] = |w[c]| bytewise; dh[r] = row r's f16 d. */
-BLZ_INLINE void transpose_block(const uint8_t *const rows[QR], int64_t b, __m256i w[8], __m256i aw[8],
-                                uint16_t dh[QR]) {
+ * 4c..4c+3 (an 8×8 transpose of dwords), aw[c] = |w[c]| bytewise. */
+BLZ_INLINE void transpose_block(const uint8_t *const rows[QR], int64_t b, __m256i w[8], __m256i aw[8]) {
     __m256i t[8], u[8];
-    for (int r = 0; r < QR; ++r) memcpy(&dh[r], rows[r] + b * QB, 2);
     for (int i = 0; i < 4; ++i) {
         const __m256i r0 = _mm256_loadu_si256((const __m256i *)(rows[2 * i] + b * QB + 2));
         const __m256i r1 = _mm256_loadu_si256((const __m256i *)(rows[2 * i + 1] + b * QB + 2));
@@ -131,28 +96,47 @@ BLZ_INLINE __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* tile_avx2 for longer calls: the block transposed once (transpose_block), then per activation row the
- * packed kernel's dot (linear_q.c group_avx2) — each activation dword broadcast against 8 rows' lanes, no
- * horizontal sums. The same exact integer dots, the same fmas. */
-BLZ_INLINE void tile_avx2_t(const uint8_t *const rows[QR], const blz_act_t *restrict a, const int64_t m0,
-                            const int mt, float acc_out[QT][QR]) {
+/* AVX2 path of tile_scalar; all QR rows are read (a short tile repeats its last). Two ways to the same
+ * exact integer dots, then the same fmas:
+ *   is_transposed = 0 (decode, few activation rows): per (weight row, activation row) vpmaddubsw(|q|,
+ *     sign(qx, q)) (pair sums within ±2·128·127, no saturation) widened by vpmaddwd, the 8 rows' vectors
+ *     reduced at once (blz_hsum8x8_epi32) into lane r = row r's dot;
+ *   is_transposed = 1 (longer calls): the block transposed once (transpose_block), then per activation row
+ *     the packed kernel's dot (linear_q.c group_avx2) — each activation dword broadcast against the 8 rows'
+ *     lanes, no horizontal sums (prefill 512 rows: 64-69 → 79-87 GFLOP/s, as packed q8_0). */
+BLZ_INLINE void tile_avx2(const uint8_t *const rows[QR], const blz_act_t *restrict a, const int64_t m0,
+                          const int mt, const int is_transposed, float acc_out[QT][QR]) {
     const int64_t nb = a->nb;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[QT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, nb, b);
-        __m256i w[8], aw[8];
+        __m256i w[8], aw[8]; /* transposed: chunks c of the 8 rows; else row r's block (|q|: |−128| = 128 as u8) */
         uint16_t dh[QR];
-        transpose_block(rows, b, w, aw, dh);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        for (int r = 0; r < QR; ++r) memcpy(&dh[r], rows[r] + b * QB, 2);
+        if (is_transposed)
+            transpose_block(rows, b, w, aw);
+        else
+            for (int r = 0; r < QR; ++r) aw[r] = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(rows[r] + b * QB + 2)));
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)); /* F16C: exact */
         for (int m = 0; m < mt; ++m) {
             const int64_t row = (m0 + m) * nb + b;
             const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
             __m256i dot = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c) {
-                const __m256i xs = _mm256_sign_epi8(bcast4(xq + 4 * c), w[c]);
-                dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[c], xs), ones));
+            if (is_transposed) {
+                for (int c = 0; c < 8; ++c) {
+                    const __m256i xs = _mm256_sign_epi8(bcast4(xq + 4 * c), w[c]);
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[c], xs), ones));
+                }
+            } else {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+                __m256i v[QR];
+                for (int r = 0; r < QR; ++r) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(rows[r] + b * QB + 2));
+                    v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(x, q)), ones);
+                }
+                dot = blz_hsum8x8_epi32(v);
             }
             const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[row]));
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[m]);
@@ -169,11 +153,11 @@ static void tile_dots(const uint8_t *const rows[QR], int nr, const blz_act_t *a,
 #ifdef BLZ_AVX2
     (void)nr;
     if (mt == 1) /* one activation row (decode) compiled on its own */
-        tile_avx2(rows, a, m0, 1, acc);
+        tile_avx2(rows, a, m0, 1, 0, acc);
     else if (mt < BLZ_Q8_TRANSPOSE_MIN)
-        tile_avx2(rows, a, m0, mt, acc);
+        tile_avx2(rows, a, m0, mt, 0, acc);
     else
-        tile_avx2_t(rows, a, m0, mt, acc);
+        tile_avx2(rows, a, m0, mt, 1, acc);
 #else
     tile_scalar(rows, nr, a, m0, mt, acc);
 #endif
