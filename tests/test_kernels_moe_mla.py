@@ -21,7 +21,7 @@ import torch
 from blazr.kernels import ops
 from blazr.kernels.quant import quantize
 
-KINDS = ["f32", "bf16", "q8_0", "q4_0", "q4_1"]
+KINDS = ["f32", "bf16", "q8_0", "q8_0g", "q4_0", "q4_1"]
 
 
 def _logits(T: int, E: int, seed: int) -> torch.Tensor:
@@ -93,7 +93,7 @@ def test_moe_experts_equal_the_linear_kernels(lib: ops.Kernels, kind: str, act: 
     assert (got - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+@pytest.mark.parametrize("kind", ["f32", "q8_0", "q8_0g"])
 def test_moe_experts_rows_do_not_depend_on_the_batch(native: ops.Kernels, kind: str) -> None:
     E, D, I, T, k = 8, 64, 32, 9, 2
     w_up, w_down = _experts(kind, E, D, I, True, seed=6)

@@ -42,7 +42,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def ours() -> LLM:
     llm = LLM(cpu=True)
-    assert llm.model.layers[0].attn.qkv_proj.kind == "q4_1" and llm.model.lm_head.kind == "q8_0"
+    assert llm.model.layers[0].attn.qkv_proj.kind == "q4_1" and llm.model.lm_head.kind == "q8_0g"
     return llm
 
 

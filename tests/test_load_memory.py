@@ -25,7 +25,7 @@ from tests.drive import chunked, stepwise_logits
 from tests.gguf_fixtures import write_tiny_llama_gguf
 from tests.hf_parity import prompts
 from tests.test_gguf import TINY, tiny_state_dict
-from tests.test_quantize import quantized_layers
+from tests.test_quantize import mapped_file, quantized_layers
 from tests.tiny import build
 
 
@@ -58,7 +58,8 @@ def test_gguf_blocks_are_never_dequantized(
     monkeypatch.setattr(gguf_mod, "dequantize", spy)
     kept = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32")
     layers = quantized_layers(kept)
-    assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == {qtype.lower()}
+    kind = "q8_0g" if qtype == "Q8_0" else qtype.lower()  # Q8_0 runs as stored, Q4_0 packed
+    assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == {kind}
     assert not [shape for t, shape in seen if t == qtype]  # not even the lookup table
     table = kept.model.embed_tokens
     assert isinstance(table, QuantizedEmbedding) and table.table.kind == qtype.lower()
@@ -66,6 +67,9 @@ def test_gguf_blocks_are_never_dequantized(
     assert torch.equal(table.weight, plain.model.embed_tokens.weight)
     for name, layer in layers.items():
         assert torch.equal(layer.weight, plain.model.get_submodule(name).weight), name
+    if qtype == "Q8_0":  # unfused tensors and the head: views of the file's map, never repacked
+        for name in ("lm_head", "layers.0.attn.o_proj", "layers.1.mlp.down_proj"):
+            assert mapped_file(layers[name].qweight.data.data_ptr()) == str(path.resolve()), name
 
 
 def test_float32_safetensors_alias_the_file(tiny_llama: Path) -> None:
@@ -134,16 +138,6 @@ def _resident_kib(address: int) -> int:
                     if entry.startswith("Rss:"):
                         return int(entry.split()[1])
     raise AssertionError(f"no mapping at {address:#x}")
-
-
-def mapped_file(address: int) -> str | None:
-    """The file mapped at `address` in this process (/proc/self/maps), or None for anonymous memory."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        lo, hi = (int(x, 16) for x in fields[0].split("-"))
-        if lo <= address < hi:
-            return fields[5] if len(fields) == 6 and fields[5].startswith("/") else None
-    return None
 
 
 # ------------------------------------------------------------------------------------------- pools

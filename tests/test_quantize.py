@@ -27,6 +27,16 @@ from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.tiny import build
 
 
+def mapped_file(address: int) -> str | None:
+    """The file mapped at `address` in this process (/proc/self/maps), or None for anonymous memory."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            return fields[5] if len(fields) == 6 and fields[5].startswith("/") else None
+    return None
+
+
 def quantized_layers(llm: LLM) -> dict[str, QuantizedLinear]:
     """The layers whose weights are stored in a kernel format other than the float32 they load in."""
     return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear) and m.kind != "f32"}
@@ -48,12 +58,43 @@ def test_gguf_blocks_kept_as_stored(qtype: str, tmp_path: Path) -> None:
     assert set(layers) == want | {"lm_head"}
     assert not quantized_layers(plain)
     for name, layer in layers.items():
-        assert layer.kind == qtype.lower()
+        assert layer.kind == ("q8_0g" if qtype == "Q8_0" else qtype.lower())  # Q8_0 runs as stored
         ref = plain.model.embed_tokens.weight if name == "lm_head" else plain.model.get_submodule(name).weight
         assert torch.equal(dequantize(layer.qweight), ref), name  # fusion + q/k un-permutation exact
     # an unfused, unpermuted tensor keeps the file's bytes
     raw = GGUFFile(path).raw("blk.1.attn_output.weight")
     assert torch.equal(layers["layers.1.attn.o_proj"].qweight.ggml_blocks(), raw)
+
+
+def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Q8_0 GGUF's linears (the tied head too) run as the file stores them (q8_0g): unfused tensors and the
+    head are views of the file's map, no repack; and its logits — prompt rows on the kernels and cached
+    decode steps — equal bit for bit those of the same file loaded the way it was before, repacked to q8_0."""
+    state = tiny_state_dict(seed=5)
+    del state["lm_head.weight"]
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, {**TINY, "tie_word_embeddings": True}, "Q8_0")
+    stored = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
+    layers = quantized_layers(stored)
+    assert {m.kind for m in layers.values()} == {"q8_0g"}
+    where = str(path.resolve())
+    for name in ("lm_head", "layers.0.attn.o_proj", "layers.1.mlp.down_proj"):
+        assert mapped_file(layers[name].qweight.data.data_ptr()) == where, name
+    with monkeypatch.context() as m:  # the repacking load: Q8_0 kept as its value kind, packed
+        m.setattr("blazr.kernels.quant.AS_STORED", {})
+        m.setattr("blazr.loading.quantize.AS_STORED", {})
+        packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
+    assert {m.kind for m in quantized_layers(packed).values()} == {"q8_0"}
+    batch = prompts([5, 12], seed=3, vocab=stored.config.vocab_size)
+    with use_kernels():
+        for a, b in zip(full_logits(stored.runner, batch), full_logits(packed.runner, batch), strict=True):
+            assert torch.equal(a, b)
+    chunks = [[1] * 5, [4] + [1] * 8]
+    for a, b in zip(
+        stepwise_logits(stored, batch, chunks), stepwise_logits(packed, batch, chunks), strict=True
+    ):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16"])
@@ -77,7 +118,6 @@ def test_gguf_16bit_tensors_kept_16bit(qtype: str, tmp_path: Path) -> None:
     table = kept.model.embed_tokens
     assert isinstance(table, QuantizedEmbedding) and table.table.kind == kind
     assert torch.equal(table.weight, plain.model.embed_tokens.weight)
-    from tests.test_load_memory import mapped_file
 
     def in_file(t: torch.Tensor) -> bool:
         return mapped_file(t.data_ptr()) == str(path.resolve())

@@ -72,7 +72,7 @@ def test_quantized_greedy_tokens_match_up_to_near_ties(quantized_llm, hf_model, 
     """The default path keeps the Q4_1 blocks; its greedy tokens equal the float reference's, except that
     they may part at a near-tie (the reference's two candidates within NEAR_TIE logits of each other)."""
     assert quantized_llm.model.layers[0].attn.qkv_proj.kind == "q4_1"
-    assert quantized_llm.model.lm_head.kind == "q8_0"
+    assert quantized_llm.model.lm_head.kind == "q8_0g"
     ids = quantized_llm.tokenizer.encode_chat(prompt)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     ours = quantized_llm.generate([ids], params)[0].outputs[0].token_ids

@@ -45,7 +45,7 @@ from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 from blazr.kernels.row_table import RowTable
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
-_OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,
+_OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q8_0g": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,
               "f32": 2, "bf16": 3, "f16": 18}  # fmt: skip
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12

@@ -21,7 +21,7 @@ from blazr.kernels.quant import (
 )
 
 _ELEMENT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # BLZ_KV_F32 / BF16 / F16
-_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "kmix": 6,
+_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "kmix": 6, "q8_0g": 9,
                "f32": 0, "bf16": 0, "f16": 0}  # fmt: skip
 
 

@@ -31,6 +31,13 @@ of every K-quant tensor at load (and the in-place use of a mapped file). Measure
 q4_0's row-packed 9.5-12 (once the kernel prefetches the rows after its tile: the 8 rows a tile walks are
 8 interleaved streams), and 512-row prefill 64-100 GFLOP/s against torch's float32 sgemm at 52-62.
 
+q8_0g (34 B per 32 weights: f16 d, 32 int8 — w = d·q) is GGUF Q8_0 kept the same way, ggml's bytes as
+stored, uint8 [N, K/32 · 34] (csrc/linear_q8.c): the values of q8_0 and the same arithmetic (activation
+rounding, exact integer block dots, the same fp32 fmas in order), so the same bits as q8_0's packed kernel
+on the same weights — without the repack at load or a second copy beside the mapped file. A GGUF's Q8_0
+tensors load as q8_0g (`from_ggml`); `quantize(w, "q8_0")` (`--quantize int8`) keeps the packed layout,
+which its C quantizer writes directly.
+
 `quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
 quantizers) byte for byte for the 32-block kinds — in C (csrc/quantize.c, straight into the packed layout)
 when the kernel library is loaded, else `quantize_reference` in torch; the same bytes
@@ -62,11 +69,15 @@ K_KINDS = tuple(KQUANT_BYTES)
 KMIX = "kmix"
 _KMIX_CODES = {"q4_k": 3, "q5_k": 4, "q6_k": 5}  # BLZ_Q4_K .. BLZ_Q6_K (csrc/blazr_kernels.h)
 _KMIX_HEADER, _KMIX_MAX = 64, 7
+Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
 FLOAT_KINDS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-KINDS = (*BLOCK_KINDS, *K_KINDS, KMIX, *FLOAT_KINDS)
+KINDS = (*BLOCK_KINDS, Q8_0G, *K_KINDS, KMIX, *FLOAT_KINDS)
 # GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind.
 GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
               "BF16": "bf16", "F16": "f16", "F32": "f32"}  # fmt: skip
+# The kind a GGUF tensor of a value kind runs as when its bytes are kept as stored (`from_ggml`), where that
+# is not the value kind itself.
+AS_STORED = {"q8_0": Q8_0G}
 
 
 ROW_GROUP = 16  # rows per packed group
@@ -76,6 +87,7 @@ def row_bytes(kind: str, dim: int) -> int:
     """Bytes of one [dim] row of `kind` in ggml's layout (ValueError when dim does not split into blocks)."""
     if kind in FLOAT_KINDS:
         return dim * FLOAT_KINDS[kind].itemsize
+    kind = "q8_0" if kind == Q8_0G else kind
     qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
     if dim % qk:
         raise ValueError(f"{kind} rows of {dim} values: not a multiple of {qk}")
@@ -91,8 +103,9 @@ class QuantizedWeight:
     """A linear layer's weight [N, K] in one of `KINDS`.
 
     `data` is uint8 [G, 16 · row_bytes] for block kinds (row-packed, see the module docstring; build one
-    from ggml-ordered blocks with `from_blocks`), uint8 [N, K/256 · block_bytes] in ggml's own layout for
-    K-quant kinds, else a bf16 / f32 tensor [N, K]. It must be contiguous; the C kernels read it in place."""
+    from ggml-ordered blocks with `from_blocks`), uint8 [N, row_bytes] in ggml's own layout for q8_0g and
+    the K-quant kinds, else a bf16 / f32 tensor [N, K]. It must be contiguous; the C kernels read it in
+    place."""
 
     kind: str
     data: torch.Tensor
@@ -105,6 +118,10 @@ class QuantizedWeight:
             if k % QK:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
             want, dtype = (-(-n // ROW_GROUP), _group_bytes(self.kind, k)), torch.uint8
+        elif self.kind == Q8_0G:
+            if k % QK:
+                raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
+            want, dtype = (n, row_bytes(self.kind, k)), torch.uint8
         elif self.kind in KQUANT_BYTES or self.kind == KMIX:
             if k % QK_K:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK_K}")
@@ -130,7 +147,8 @@ class QuantizedWeight:
 
     @property
     def is_block(self) -> bool:
-        return self.kind in BLOCK_BYTES
+        """A kind of 32-weight blocks (q4_0, q4_1, q8_0 packed; q8_0g as stored)."""
+        return self.kind in BLOCK_BYTES or self.kind == Q8_0G
 
     @property
     def is_kquant(self) -> bool:
@@ -178,9 +196,9 @@ class QuantizedWeight:
 
     @classmethod
     def from_blocks(cls, kind: str, blocks: torch.Tensor, out_features: int, in_features: int):
-        """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind; a K-quant
-        kind keeps them as they are ([N, row_bytes], a view when `blocks` is contiguous)."""
-        if kind in KQUANT_BYTES:
+        """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind; q8_0g and a
+        K-quant kind keep them as they are ([N, row_bytes], a view when `blocks` is contiguous)."""
+        if kind in KQUANT_BYTES or kind == Q8_0G:
             step = row_bytes(kind, in_features)
             if blocks.dtype != torch.uint8 or blocks.numel() != out_features * step:
                 raise ValueError(
@@ -192,12 +210,13 @@ class QuantizedWeight:
 
     @classmethod
     def from_ggml(cls, type_name: str, raw: torch.Tensor, out_features: int, in_features: int):
-        """A GGUF tensor's raw bytes (any shape, uint8 or the float dtype): block types are packed (a copy
-        of the same size), float types wrapped."""
+        """A GGUF tensor's raw bytes (any shape, uint8 or the float dtype), used as stored: Q8_0 as q8_0g,
+        the K-quants as themselves (a view when `raw` is contiguous); Q4_0 / Q4_1 are packed (a copy of the
+        same size); float types wrapped."""
         if type_name not in GGML_KINDS:
             raise ValueError(f"GGML type {type_name}: no kernel for it (supported: {sorted(GGML_KINDS)})")
-        kind = GGML_KINDS[type_name]
-        if kind in BLOCK_BYTES or kind in KQUANT_BYTES:
+        kind = AS_STORED.get(GGML_KINDS[type_name], GGML_KINDS[type_name])
+        if kind in BLOCK_BYTES or kind in KQUANT_BYTES or kind == Q8_0G:
             return cls.from_blocks(kind, raw.view(torch.uint8), out_features, in_features)
         data = raw.view(FLOAT_KINDS[kind]).reshape(out_features, in_features)
         return cls(kind, data.contiguous(), out_features, in_features)
@@ -206,7 +225,7 @@ class QuantizedWeight:
         """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
         if self.kind == KMIX:
             raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
-        return self.data if self.is_kquant else unpack_blocks(self)
+        return self.data if self.is_kquant or self.kind == Q8_0G else unpack_blocks(self)
 
 
 def _tile_fields(kind: str) -> tuple[int, int]:
@@ -327,12 +346,14 @@ def check_quantize(kind: str, w: torch.Tensor) -> None:
 def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     """Quantize a float weight [N, K] to `kind` (ggml's rounding rules for the block kinds): the C quantizer
     (csrc/quantize.c, straight into the packed layout) when the kernel library is loaded and `w` is an f32 /
-    bf16 / f16 CPU tensor, else `quantize_reference` (the same bytes)."""
+    bf16 / f16 CPU tensor, else `quantize_reference` (the same bytes); q8_0g: q8_0's bytes unpacked."""
     if w.dim() != 2:
         raise ValueError(f"quantize: expected a 2-D weight [N, K], found shape {list(w.shape)}")
     n, k = w.shape
     if kind in FLOAT_KINDS:
         return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
+    if kind == Q8_0G:  # q8_0's bytes in ggml's order
+        return QuantizedWeight.from_blocks(kind, quantize(w, "q8_0").ggml_blocks(), n, k)
     check_quantize(kind, w)
     from blazr.kernels import ops  # here, not at the top: ops imports this module
 
@@ -346,6 +367,8 @@ def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
     """`quantize` in torch: gguf's numpy quantizers' operations on fp32 blocks of 32, then `from_blocks`."""
     if kind in FLOAT_KINDS:
         return quantize(w, kind)
+    if kind == Q8_0G:
+        return QuantizedWeight.from_blocks(kind, quantize_reference(w, "q8_0").ggml_blocks(), *w.shape)
     check_quantize(kind, w)
     n, k = w.shape
     blocks = w.detach().to("cpu", torch.float32).reshape(-1, QK)  # [n·K/32, 32]
@@ -368,12 +391,13 @@ def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
 
 def block_fields(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Split a block weight into (d [N, nb] f32, m [N, nb] f32 or None, q [N, nb, 32]) with q the stored
-    integers: int8 for q8_0, 0..15 (uint8) for the 4-bit kinds — the offset −8 of q4_0 not applied."""
+    integers: int8 for q8_0 / q8_0g, 0..15 (uint8) for the 4-bit kinds — the offset −8 of q4_0 not applied."""
     n, nb = qw.out_features, qw.in_features // QK
-    blocks = unpack_blocks(qw).view(n, nb, BLOCK_BYTES[qw.kind])
+    kind = "q8_0" if qw.kind == Q8_0G else qw.kind
+    blocks = qw.ggml_blocks().view(n, nb, BLOCK_BYTES[kind])
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
     m = None
-    if qw.kind == "q8_0":
+    if kind == "q8_0":
         return d, m, blocks[..., 2:].contiguous().view(torch.int8)
     if qw.kind == "q4_1":
         m = blocks[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)

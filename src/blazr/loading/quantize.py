@@ -4,8 +4,9 @@ mistral.rs' ISQ), one tensor at a time.
 
 Modes:
 - `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, F16, BF16)
-  stay as stored (their bytes used as-is — a view of the file's map where no rows move —, fused q|k|v and
-  gate|up rows concatenated, q/k rows un-permuted as whole rows), and so does the token embedding table
+  stay as stored (their bytes used as-is — a view of the file's map where no rows move; Q4_0 / Q4_1 rows
+  packed into the kernel's row groups —, fused q|k|v and gate|up rows concatenated, q/k rows un-permuted as
+  whole rows), and so does the token embedding table
   (`embed_from_file`: a lookup dequantizes only its rows); every other weight stays float.
 - `none`: every weight dequantized to the compute dtype (the reference path).
 - `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
@@ -34,10 +35,12 @@ from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.quant import (
+    AS_STORED,
     BLOCK_BYTES,
     FLOAT_KINDS,
     GGML_KINDS,
     K_KINDS,
+    Q8_0G,
     QK,
     QuantizedWeight,
     dequantize,
@@ -162,11 +165,11 @@ def _gguf_blocks(
 ) -> QuantizedWeight | None:
     """The stored bytes of parameter `pname` [*, K] (its parts' rows concatenated: fused q|k|v or gate|up,
     or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is of one type
-    kept as stored and needs no transform; else None. Q4_0 / Q4_1 / Q8_0 rows are packed by the C kernel
-    straight from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k rows are
-    never gathered first); K-quant and F16 / BF16 rows out of order are moved by `gather_rows` (OpenMP
-    memcpy), rows in one run (parts stored back to back too) are a view of the map; Q4_K_M's fused parts
-    of mixed K-quant kinds go through `load_raw` into one kmix weight."""
+    kept as stored and needs no transform; else None. Q4_0 / Q4_1 rows are packed by the C kernel straight
+    from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k rows are never
+    gathered first); Q8_0 (as q8_0g), K-quant and F16 / BF16 rows are used as stored: out of order they are
+    moved by `gather_rows` (OpenMP memcpy), rows in one run (parts stored back to back too) are a view of
+    the map; Q4_K_M's fused parts of mixed K-quant kinds go through `load_raw` into one kmix weight."""
     load_raw = getattr(source, "load_raw", None)
     sources = _row_sources(cfg, source, names, pname, shape, is_stacked)
     if load_raw is None or sources is None:
@@ -174,10 +177,11 @@ def _gguf_blocks(
     num_rows, k = math.prod(shape[:-1]), shape[-1]
     found = _row_addresses(source, sources, shape)
     kind = None if found is None else GGML_KINDS.get(found[0])
+    kind = AS_STORED.get(kind, kind)  # type: ignore[arg-type]
     if found is not None and kind in BLOCK_BYTES:
         data = kernel_ops.kernels().pack_rows(kind, found[1], num_rows, k)  # type: ignore[union-attr]
         return QuantizedWeight(kind, data, num_rows, k)
-    if found is not None and kind in ROW_KINDS:  # K-quants, F16 / BF16: used as stored
+    if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
         step = row_bytes(kind, k)
         if _is_moved(found[1], step):
             data = kernel_ops.kernels().gather_rows(found[1], step)  # type: ignore[union-attr]

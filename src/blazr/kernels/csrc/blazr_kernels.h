@@ -38,7 +38,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 7
+#define BLZ_ABI_VERSION 8
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -47,12 +47,13 @@
 #define BLZ_ENOMEM (-3)  /* scratch allocation failed */
 
 /* Weight kinds of the block-quantized linear kernel (ggml block values, 32 weights per block, in blazr's
- * row-packed layout: see linear_q.c), and the GGUF K-quants (256 weights per super-block, ggml's own bytes;
- * BLZ_KMIX: a fused weight of K-quant segments of different kinds — see linear_k.c, reached through
- * blz_linear_q). */
+ * row-packed layout: see linear_q.c), the GGUF K-quants (256 weights per super-block, ggml's own bytes;
+ * BLZ_KMIX: a fused weight of K-quant segments of different kinds — see linear_k.c), and BLZ_Q8_0G: Q8_0 in
+ * ggml's own bytes, as a GGUF stores it (linear_q8.c) — all reached through blz_linear_q. */
 enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ_Q6_K = 5, BLZ_KMIX = 6 };
 /* Row types of blz_embedding_q beside the block kinds above: 16-bit float tables as a GGUF stores them. */
 enum { BLZ_ROW_F16 = 7, BLZ_ROW_BF16 = 8 };
+enum { BLZ_Q8_0G = 9 };
 #define BLZ_QK 32
 
 /* Element types of the KV-cache pools (attention and kv_write). */
@@ -123,9 +124,27 @@ int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperatu
 int blz_block_bytes(int kind, int *header);
 void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j, uint8_t *group);
 
-/* Internal: the K-quant linear kernel (linear_k.c), blz_linear_q's signature. */
+/* Internal: the K-quant linear kernel (linear_k.c) and the in-place Q8_0 one (linear_q8.c), blz_linear_q's
+ * signature. */
 int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                  const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                   const float *residual, float *out, int swiglu, int nthreads);
+
+/* Internal: the 32-block activations of linear_q.c (ggml's quantize_row_q8_0 / q8_1), shared with
+ * linear_q8.c — rows of K int8 in natural order and per block of 32 the fp16-rounded scale d, Q4_1's offset
+ * term s and −offset·Σq (see linear_q.c's header). blz_act_alloc lays them out for an M×K call in the calling
+ * thread's scratch; blz_quantize_act_row quantizes one row. */
+typedef struct {
+    int8_t *q;    /* [M][K] */
+    float *d;     /* [M][nb] block scale, fp16-rounded */
+    float *s;     /* [M][nb] fp16(amax/127 · Σq) (Q4_1's offset term) */
+    int32_t *off; /* [M][nb] −offset·Σq (cancels a weight offset inside the integer sum) */
+    int64_t K, nb;
+} blz_act_t;
+int blz_act_alloc(blz_act_t *a, int64_t M, int64_t K);
+void blz_quantize_act_row(const float *restrict x, int64_t K, int32_t offset, int8_t *restrict q,
+                          float *restrict d, float *restrict s, int32_t *restrict off);
 
 /* Packed call (see common.c): the arguments of one kernel, in order, as int64 (pointers and integers) and
  * double (float arguments). Python fills one preallocated struct per thread and passes its address, which
@@ -286,6 +305,13 @@ BLZ_INLINE float blz_hsum256(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* The 8 int32 vectors v[r] → one vector whose lane r is Σ lanes of v[r] (exact integer adds). */
+BLZ_INLINE __m256i blz_hsum8x8_epi32(const __m256i v[8]) {
+    const __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 
 /* exp(x) for 8 lanes, as blz_exp512 (the same reduction and Cephes polynomial; ·2^n through the exponent

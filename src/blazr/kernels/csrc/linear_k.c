@@ -206,13 +206,6 @@ static const uint8_t k6_shuffle[4][32] __attribute__((aligned(32))) = {
 #undef S2
 };
 
-/* The 8 int32 vectors v[r] → one vector whose lane r is Σ lanes of v[r] (exact integer adds). */
-BLZ_INLINE __m256i hsum8x8(const __m256i v[KR]) {
-    const __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
-}
-
 /* The mins of 8 rows, mn[r] = 8 int16 (4 pairs p of 32 bits each) → mp[p] with lane r = row r's pair p, so
  * that Σ_p vpmaddwd(mp[p], the activation's pair p broadcast) leaves row r's Σ_j m[j]·xs[j] in lane r. */
 BLZ_INLINE void transpose_mins(const __m128i mn[KR], __m256i mp[4]) {
@@ -324,7 +317,7 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[KR], const a
         for (int m = 0; m < mt; ++m) {
             const int64_t row = (m0 + m) * nb + b;
             const __m256 dx = _mm256_set1_ps(a->d[row]);
-            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8(v[m])), _mm256_mul_ps(dwv, dx), acc[m]);
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blz_hsum8x8_epi32(v[m])), _mm256_mul_ps(dwv, dx), acc[m]);
             if (has_mins(kind)) {
                 const int16_t *xs = a->xs + 8 * row;
                 __m256i summ = _mm256_madd_epi16(mp[0], bcast_pair(xs));

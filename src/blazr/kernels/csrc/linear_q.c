@@ -47,19 +47,10 @@ BLZ_INLINE int64_t tile_bytes(int kind) { return BLZ_RG * block_bytes(kind); }
 BLZ_INLINE int64_t tile_header(int kind) { return kind == BLZ_Q4_1 ? 64 : 32; }
 BLZ_INLINE int32_t weight_offset(int kind) { return kind == BLZ_Q4_0 ? 8 : kind == BLZ_Q8_0 ? 128 : 0; }
 
-/* Quantized activations of one call, rows of K int8 in natural order. */
-typedef struct {
-    int8_t *q;     /* [M][K] */
-    float *d;      /* [M][nb] block scale, fp16-rounded */
-    float *s;      /* [M][nb] fp16(amax/127 · Σq) (Q4_1's offset term) */
-    int32_t *off;  /* [M][nb] −offset·Σq (cancels the weight offset inside the integer sum) */
-    int64_t K, nb;
-} act_t;
-
 BLZ_INLINE float round_fp16(float f) { return blz_fp16_to_fp32(blz_fp32_to_fp16(f)); }
 
 /* Quantize one row x[K] (see the header comment). */
-static void quantize_act_row(const float *restrict x, int64_t K, int32_t offset, int8_t *restrict q,
+void blz_quantize_act_row(const float *restrict x, int64_t K, int32_t offset, int8_t *restrict q,
                              float *restrict d, float *restrict s, int32_t *restrict off) {
     for (int64_t b = 0; b < K / BLZ_QK; ++b) {
         const float *xb = x + b * BLZ_QK;
@@ -134,7 +125,7 @@ static int32_t block_dot_scalar(int kind, const uint8_t *restrict t, int j, cons
 
 /* Portable path: acc[m][j] = the dot products of the 16 rows of group wg with activation rows
  * m0 .. m0+mt-1, by the same per-block operations as the SIMD path. */
-static void group_scalar(int kind, int mt, const uint8_t *restrict wg, const act_t *restrict a, int64_t m0,
+static void group_scalar(int kind, int mt, const uint8_t *restrict wg, const blz_act_t *restrict a, int64_t m0,
                          float acc[BLZ_MT][BLZ_RG]) {
     const int64_t tb = tile_bytes(kind), nb = a->nb;
     for (int m = 0; m < mt; ++m)
@@ -169,7 +160,7 @@ BLZ_INLINE __m512i bcast4(const int8_t *p) {
 /* SIMD path of group_scalar: lane j of a vector is row j of the group. Per block, the 8 weight chunks are
  * loaded (and for Q4 split into low / high nibbles) once for all mt rows; each row runs two chains of
  * four vpdpbusd (elements 0-15, 16-31) against its broadcast activation bytes. */
-BLZ_INLINE void group_vnni(const int kind, const int mt, const uint8_t *restrict wg, const act_t *restrict a,
+BLZ_INLINE void group_vnni(const int kind, const int mt, const uint8_t *restrict wg, const blz_act_t *restrict a,
                            const int64_t m0, float acc_out[BLZ_MT][BLZ_RG]) {
     const int64_t tb = tile_bytes(kind), hdr = tile_header(kind), nb = a->nb;
     const __m512i lo4 = _mm512_set1_epi8(0x0f);
@@ -234,7 +225,7 @@ BLZ_INLINE __m256i maddubs_pairs(__m256i u, __m256i s) { return _mm256_maddubs_e
  *   Q8_0: the stored byte is q + 128; with the signed weight q (byte ^ 0x80) the product is taken as
  *         |q| · (x · sign q) (vpsignb), whose pair sums stay within 2·128·127; widened per chunk. The
  *         −128·Σx offset term is then not needed (the dot starts at 0). */
-BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict wg, const act_t *restrict a,
+BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict wg, const blz_act_t *restrict a,
                            const int64_t m0, float acc_out[BLZ_MT][BLZ_RG]) {
     const int64_t tb = tile_bytes(kind), hdr = tile_header(kind), nb = a->nb;
     const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
@@ -342,7 +333,7 @@ BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict
 #endif
 
 /* acc[m][j] = dot products of group wg's 16 rows with activation rows m0 .. m0+mt-1 (mt ≤ BLZ_MT). */
-static void group_dots(int kind, int mt, const uint8_t *wg, const act_t *a, int64_t m0,
+static void group_dots(int kind, int mt, const uint8_t *wg, const blz_act_t *a, int64_t m0,
                        float acc[BLZ_MT][BLZ_RG]) {
 #if defined(BLZ_VNNI) || defined(BLZ_AVX2)
 #ifdef BLZ_VNNI
@@ -377,7 +368,7 @@ static void group_dots(int kind, int mt, const uint8_t *wg, const act_t *a, int6
 }
 
 /* Lay out the activation buffers of an M×K call in the calling thread's scratch. */
-static int act_alloc(act_t *a, int64_t M, int64_t K) {
+int blz_act_alloc(blz_act_t *a, int64_t M, int64_t K) {
     a->K = K;
     a->nb = K / BLZ_QK;
     const size_t qb = (size_t)blz_round_up(M * K, 64), fb = (size_t)blz_round_up(M * a->nb * 4, 64);
@@ -398,11 +389,13 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
                             const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
     if (kind >= BLZ_Q4_K && kind <= BLZ_KMIX) /* GGUF K-quants: linear_k.c */
         return blz_linear_k(kind, x, M, K, w, N, bias, residual, out, swiglu, nthreads);
+    if (kind == BLZ_Q8_0G) /* Q8_0 as a GGUF stores it: linear_q8.c */
+        return blz_linear_q8g(x, M, K, w, N, bias, residual, out, swiglu, nthreads);
     if (kind < BLZ_Q4_0 || kind > BLZ_Q8_0 || M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
-    act_t a;
-    if (act_alloc(&a, M, K)) return BLZ_ENOMEM;
+    blz_act_t a;
+    if (blz_act_alloc(&a, M, K)) return BLZ_ENOMEM;
     const int64_t group_bytes = a.nb * tile_bytes(kind), nout = swiglu ? N / 2 : N;
     const int64_t ngroups = (nout + BLZ_RG - 1) / BLZ_RG, nall = (N + BLZ_RG - 1) / BLZ_RG;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
@@ -411,7 +404,7 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; ++m)
-            quantize_act_row(x + m * K, K, weight_offset(kind), a.q + m * K, a.d + m * a.nb,
+            blz_quantize_act_row(x + m * K, K, weight_offset(kind), a.q + m * K, a.d + m * a.nb,
                              a.s + m * a.nb, a.off + m * a.nb);
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < ngroups; ++g) {
@@ -456,6 +449,6 @@ BLZ_EXPORT int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q,
     int32_t *off = blz_scratch((size_t)(K / BLZ_QK) * sizeof(int32_t));
     if (!off) return BLZ_ENOMEM;
     for (int64_t m = 0; m < M; ++m)
-        quantize_act_row(x + m * K, K, 0, q + m * K, d + m * (K / BLZ_QK), s + m * (K / BLZ_QK), off);
+        blz_quantize_act_row(x + m * K, K, 0, q + m * K, d + m * (K / BLZ_QK), s + m * (K / BLZ_QK), off);
     return BLZ_OK;
 }

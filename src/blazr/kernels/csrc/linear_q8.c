@@ -1,0 +1,204 @@
+/* blazr kernels — linear layers with ggml Q8_0 weights run as a GGUF stores them (kind BLZ_Q8_0G).
+ *
+ * Computes out[M, N] = x[M, K] · Wᵀ (+ bias[N]) (+ residual[M, N]), or in SwiGLU mode, for a fused
+ * [gate; up] weight of N = 2·I rows, out[M, I] = silu(x·W_gateᵀ + b_gate) * (x·W_upᵀ + b_up). Reached through
+ * blz_linear_q (kind code BLZ_Q8_0G).
+ *
+ * Weights are ggml's bytes, row after row, no repacking — a view of an mmap'd file is used in place: a row is
+ * nb = K/32 blocks of 34 bytes, [f16 d][32 int8 q], w = d·q. The values are those of the row-packed BLZ_Q8_0
+ * (linear_q.c), and so is the arithmetic, so the two give the same bits: activations quantized by linear_q.c's
+ * blz_quantize_act_row (ggml's quantize_row_q8_0: per block of 32, dx = fp16(amax/127), qx =
+ * round_half_even(x·127/amax)), the integer block dot Σ q·qx exact in int32, then per block in order
+ *     acc = fma((float)dot, dw·dx, acc)
+ * in fp32. Every output is computed by exactly this sequence whatever M is and wherever its row falls in a
+ * tile, so a row's result never depends on its batch; the AVX2 path and the portable scalar path (explicit
+ * fmaf) give the same bits.
+ *
+ * Parallel strategy: OpenMP splits the output rows in tiles of QR = 8; a tile walks the blocks once per group
+ * of up to QT activation rows, each weight block loaded once for the group, and keeps one 8-lane fp32
+ * accumulator per activation row (lane r: weight row r), so a tile's 8 outputs of a row are contiguous. The
+ * AVX2 integer dots: see tile_avx2 (a horizontal reduction of 8 rows at once for decode, an in-register
+ * transpose to the packed layout's chunks for longer calls). The 8 rows are 8 interleaved streams; the tile
+ * prefetches the rows after it (one linear stream) as it goes (BLZ_Q8_PF), as linear_k.c does.
+ *
+ * Shapes: M activation rows, K in features (a multiple of 32), N out features (SwiGLU: N = 2·I), nb = K/32.
+ */
+#include "blazr_kernels.h"
+
+#define QR 8   /* weight rows per tile (the fp32 lanes) */
+#define QT 16  /* activation rows per tile, at most */
+#define QB 34  /* bytes per block: f16 d, 32 int8 */
+#ifndef BLZ_Q8_TRANSPOSE_MIN
+#define BLZ_Q8_TRANSPOSE_MIN 4 /* activation rows from which a tile transposes each block (tile_avx2) */
+#endif
+#ifndef BLZ_Q8_PF
+#define BLZ_Q8_PF 1 /* 1: prefetch the next tile's rows a block column at a time; 0: none */
+#endif
+
+/* Portable path: acc[m][r] = the dot products of weight rows rows[0..nr-1] with activation rows
+ * m0 .. m0+mt-1, by the operations of the header comment. */
+__attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], int nr, const blz_act_t *restrict a,
+                                                int64_t m0, int mt, float acc[QT][QR]) {
+    for (int m = 0; m < mt; ++m)
+        for (int r = 0; r < QR; ++r) acc[m][r] = 0.0f;
+    for (int64_t b = 0; b < a->nb; ++b)
+        for (int r = 0; r < nr; ++r) {
+            const uint8_t *blk = rows[r] + b * QB;
+            const int8_t *q = (const int8_t *)(blk + 2);
+            uint16_t h;
+            memcpy(&h, blk, 2);
+            const float dw = blz_fp16_to_fp32(h);
+            for (int m = 0; m < mt; ++m) {
+                const int64_t row = (m0 + m) * a->nb + b;
+                const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
+                int32_t dot = 0;
+                for (int i = 0; i < BLZ_QK; ++i) dot += (int32_t)q[i] * xq[i];
+                acc[m][r] = fmaf((float)dot, dw * a->d[row], acc[m][r]);
+            }
+        }
+}
+
+#ifdef BLZ_AVX2
+/* Block column b of the rows after the tile's (rows[0] + 8 rows onward: the next tile, one linear stream;
+ * a short last tile reads past: prefetches only). */
+BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[QR], int64_t nb, int64_t b) {
+    const char *next = (const char *)(rows[0] + QR * nb * QB) + b * QR * QB;
+    for (int64_t o = 0; o < QR * QB; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+}
+
+/* The 8 rows' block b as the packed layout's chunks, built in registers: w[c] lane r = row r's elements
+ * 4c..4c+3 (an 8×8 transpose of dwords), aw[c] = |w[c]| bytewise. */
+BLZ_INLINE void transpose_block(const uint8_t *const rows[QR], int64_t b, __m256i w[8], __m256i aw[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+        const __m256i r0 = _mm256_loadu_si256((const __m256i *)(rows[2 * i] + b * QB + 2));
+        const __m256i r1 = _mm256_loadu_si256((const __m256i *)(rows[2 * i + 1] + b * QB + 2));
+        t[2 * i] = _mm256_unpacklo_epi32(r0, r1);     /* c0 c0 c1 c1 | c4 c4 c5 c5 of rows 2i, 2i+1 */
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r0, r1); /* c2 c2 c3 c3 | c6 c6 c7 c7 */
+    }
+    for (int h = 0; h < 2; ++h) { /* rows 0-3, 4-7 */
+        const __m256i *p = t + 4 * h;
+        u[4 * h + 0] = _mm256_unpacklo_epi64(p[0], p[2]); /* c0 of 4 rows | c4 */
+        u[4 * h + 1] = _mm256_unpackhi_epi64(p[0], p[2]); /* c1 | c5 */
+        u[4 * h + 2] = _mm256_unpacklo_epi64(p[1], p[3]); /* c2 | c6 */
+        u[4 * h + 3] = _mm256_unpackhi_epi64(p[1], p[3]); /* c3 | c7 */
+    }
+    for (int c = 0; c < 4; ++c) {
+        w[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+        w[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+    }
+    for (int c = 0; c < 8; ++c) aw[c] = _mm256_abs_epi8(w[c]);
+}
+
+BLZ_INLINE __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* AVX2 path of tile_scalar; all QR rows are read (a short tile repeats its last). Two ways to the same
+ * exact integer dots, then the same fmas:
+ *   is_transposed = 0 (decode, few activation rows): per (weight row, activation row) vpmaddubsw(|q|,
+ *     sign(qx, q)) (pair sums within ±2·128·127, no saturation) widened by vpmaddwd, the 8 rows' vectors
+ *     reduced at once (blz_hsum8x8_epi32) into lane r = row r's dot;
+ *   is_transposed = 1 (longer calls): the block transposed once (transpose_block), then per activation row
+ *     the packed kernel's dot (linear_q.c group_avx2) — each activation dword broadcast against the 8 rows'
+ *     lanes, no horizontal sums (prefill 512 rows: 64-69 → 79-87 GFLOP/s, as packed q8_0). */
+BLZ_INLINE void tile_avx2(const uint8_t *const rows[QR], const blz_act_t *restrict a, const int64_t m0,
+                          const int mt, const int is_transposed, float acc_out[QT][QR]) {
+    const int64_t nb = a->nb;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[QT];
+    for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, nb, b);
+        __m256i w[8], aw[8]; /* transposed: chunks c of the 8 rows; else row r's block (|q|: |−128| = 128 as u8) */
+        uint16_t dh[QR];
+        for (int r = 0; r < QR; ++r) memcpy(&dh[r], rows[r] + b * QB, 2);
+        if (is_transposed)
+            transpose_block(rows, b, w, aw);
+        else
+            for (int r = 0; r < QR; ++r) aw[r] = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(rows[r] + b * QB + 2)));
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)); /* F16C: exact */
+        for (int m = 0; m < mt; ++m) {
+            const int64_t row = (m0 + m) * nb + b;
+            const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
+            __m256i dot = _mm256_setzero_si256();
+            if (is_transposed) {
+                for (int c = 0; c < 8; ++c) {
+                    const __m256i xs = _mm256_sign_epi8(bcast4(xq + 4 * c), w[c]);
+                    dot = _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(aw[c], xs), ones));
+                }
+            } else {
+                const __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+                __m256i v[QR];
+                for (int r = 0; r < QR; ++r) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(rows[r] + b * QB + 2));
+                    v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(x, q)), ones);
+                }
+                dot = blz_hsum8x8_epi32(v);
+            }
+            const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[row]));
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[m]);
+        }
+    }
+    for (int m = 0; m < mt; ++m) _mm256_storeu_ps(acc_out[m], acc[m]);
+}
+#endif
+
+/* acc[m][r] = dot products of weight rows rows[0..QR-1] (the first nr real, the rest repeats) with
+ * activation rows m0 .. m0+mt-1. */
+static void tile_dots(const uint8_t *const rows[QR], int nr, const blz_act_t *a, int64_t m0, int mt,
+                      float acc[QT][QR]) {
+#ifdef BLZ_AVX2
+    (void)nr;
+    if (mt == 1) /* one activation row (decode) compiled on its own */
+        tile_avx2(rows, a, m0, 1, 0, acc);
+    else if (mt < BLZ_Q8_TRANSPOSE_MIN)
+        tile_avx2(rows, a, m0, mt, 0, acc);
+    else
+        tile_avx2(rows, a, m0, mt, 1, acc);
+#else
+    tile_scalar(rows, nr, a, m0, mt, acc);
+#endif
+}
+
+/* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][nb · 34] in
+ * ggml's layout, bias [N] or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
+int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                   const float *residual, float *out, int swiglu, int nthreads) {
+    if (M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
+    if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
+    if (M == 0 || N == 0) return BLZ_OK;
+    blz_act_t a;
+    if (blz_act_alloc(&a, M, K)) return BLZ_ENOMEM;
+    const int64_t row_bytes = a.nb * QB, nout = swiglu ? N / 2 : N, ntiles = (nout + QR - 1) / QR;
+    const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m)
+            blz_quantize_act_row(x + m * K, K, 0, a.q + m * K, a.d + m * a.nb, a.s + m * a.nb, a.off + m * a.nb);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < ntiles; ++t) {
+            float r[QT][QR] __attribute__((aligned(32))), u[QT][QR] __attribute__((aligned(32)));
+            const int64_t n0 = t * QR;
+            const int nn = (int)blz_min(QR, nout - n0);
+            const uint8_t *gate[QR], *up[QR];
+            for (int i = 0; i < QR; ++i) {
+                const int64_t n = n0 + blz_min(i, nn - 1); /* pad a short tile with its last row */
+                gate[i] = w + n * row_bytes;
+                up[i] = w + (nout + n) * row_bytes;
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += QT) {
+                const int mt = (int)blz_min(QT, M - m0);
+                tile_dots(gate, nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(up, nn, &a, m0, mt, u);
+                for (int m = 0; m < mt; ++m)
+                    for (int j = 0; j < nn; ++j)
+                        blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
+            }
+        }
+    }
+    return BLZ_OK;
+}
