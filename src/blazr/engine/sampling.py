@@ -201,6 +201,8 @@ def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:
     rest = [b for b, r in enumerate(rows) if not r.params.is_greedy]
     if not rest:  # all greedy (the common case): no gathers
         tokens = ops.argmax_rows(logits)
+    elif not greedy:  # all drawn: no gathers either
+        tokens = _filter_and_draw(logits, rows)
     else:
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         if greedy:
