@@ -34,9 +34,6 @@
 #include <stdlib.h>
 
 #include "blazr_kernels.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define SB 64 /* values per summation block */
 
@@ -101,11 +98,6 @@ BLZ_INLINE __m256 weight_avx2(__m256 x, __m256 m, __m256 inv_t, __m256 min_p) {
     return _mm256_and_ps(e, _mm256_and_ps(keep, _mm256_cmp_ps(e, min_p, _CMP_GE_OQ)));
 }
 
-BLZ_INLINE float lane_tree(__m256 a) {
-    float l[8];
-    _mm256_storeu_ps(l, a);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
 #endif
 
 /* max over a row of min(x, FLT_MAX), NaN ignored (−inf when nothing else). */
@@ -123,41 +115,30 @@ static float row_max(const float *x, int64_t V) {
     return fminf(m, FLT_MAX);
 }
 
-/* Sum of the kept weights of block [i0, i0 + SB) (values past V count as 0), in the fixed lane order. */
-static float block_sum(const float *x, int64_t i0, int64_t V, float m, float inv_t, float min_p) {
+/* w = the kept weights of block [i0, i0 + SB) (0 past V); returns their sum in the fixed lane order. */
+static float block_weights(const float *x, int64_t i0, int64_t V, float m, float inv_t, float min_p, float *w) {
+    int64_t j = 0;
 #ifdef BLZ_AVX2
-    float pad[SB];
-    const float *src = x + i0;
-    if (i0 + SB > V) { /* the row's last, partial block: −inf beyond V weighs 0 */
-        for (int64_t j = 0; j < SB; ++j) pad[j] = i0 + j < V ? x[i0 + j] : -INFINITY;
-        src = pad;
-    }
     const __m256 vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(inv_t), vp = _mm256_set1_ps(min_p);
-    __m256 acc = weight_avx2(_mm256_loadu_ps(src), vm, vt, vp);
-    for (int v = 1; v < SB / 8; ++v) acc = _mm256_add_ps(acc, weight_avx2(_mm256_loadu_ps(src + 8 * v), vm, vt, vp));
-    return lane_tree(acc);
-#else
+    for (; j + 8 <= SB && i0 + j + 8 <= V; j += 8)
+        _mm256_storeu_ps(w + j, weight_avx2(_mm256_loadu_ps(x + i0 + j), vm, vt, vp));
+#endif
+    for (; j < SB; ++j) w[j] = i0 + j < V ? weight_scalar(x[i0 + j], m, inv_t, min_p) : 0.0f;
     float l[8];
-    for (int j = 0; j < 8; ++j) {
-        l[j] = i0 + j < V ? weight_scalar(x[i0 + j], m, inv_t, min_p) : 0.0f;
-        for (int v = 1; v < SB / 8; ++v) {
-            const int64_t i = i0 + 8 * v + j;
-            l[j] += i < V ? weight_scalar(x[i], m, inv_t, min_p) : 0.0f;
-        }
+    for (int r = 0; r < 8; ++r) {
+        l[r] = w[r];
+        for (int v = 1; v < SB / 8; ++v) l[r] += w[8 * v + r];
     }
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-#endif
 }
 
+/* A plain row (see the header); sums: scratch of ⌈V/SB⌉ block sums. */
 static int64_t draw_row(const float *x, int64_t V, float inv_t, float min_p, float u, float *sums) {
     const float m = row_max(x, V);
     if (m == -INFINITY) return 0;
     const int64_t nblocks = (V + SB - 1) / SB;
-    float total = 0.0f;
-    for (int64_t k = 0; k < nblocks; ++k) {
-        sums[k] = block_sum(x, k * SB, V, m, inv_t, min_p);
-        total += sums[k];
-    }
+    float w[SB], total = 0.0f;
+    for (int64_t k = 0; k < nblocks; ++k) total += sums[k] = block_weights(x, k * SB, V, m, inv_t, min_p, w);
     const float target = u * total;
     float run = 0.0f;
     for (int64_t k = 0; k < nblocks; ++k) {
@@ -165,47 +146,22 @@ static int64_t draw_row(const float *x, int64_t V, float inv_t, float min_p, flo
             run += sums[k];
             continue;
         }
-        const int64_t end = (k + 1) * SB < V ? (k + 1) * SB : V;
+        block_weights(x, k * SB, V, m, inv_t, min_p, w);
         int64_t last = -1;
-        for (int64_t i = k * SB; i < end; ++i) {
-            const float e = weight_scalar(x[i], m, inv_t, min_p);
-            if (e > 0.0f) last = i;
-            run += e;
-            if (run > target) return i;
+        for (int j = 0; j < SB; ++j) {
+            if (w[j] > 0.0f) last = k * SB + j;
+            run += w[j];
+            if (run > target) return k * SB + j;
         }
         if (last >= 0) return last; /* the block's sum crossed, its values one by one did not (rounding) */
     }
     for (int64_t k = nblocks - 1; k >= 0; --k) { /* target at or past the sum: the last kept token */
         if (!(sums[k] > 0.0f)) continue;
-        const int64_t end = (k + 1) * SB < V ? (k + 1) * SB : V;
-        for (int64_t i = end - 1; i >= k * SB; --i)
-            if (weight_scalar(x[i], m, inv_t, min_p) > 0.0f) return i;
+        block_weights(x, k * SB, V, m, inv_t, min_p, w);
+        for (int j = SB - 1; j >= 0; --j)
+            if (w[j] > 0.0f) return k * SB + j;
     }
     return 0; /* unreachable: the max itself weighs 1 */
-}
-
-/* The kept weights e[V] of a row (the same bits as weight_scalar on every build). */
-static void row_weights(const float *x, int64_t V, float m, float inv_t, float min_p, float *e) {
-    int64_t i = 0;
-#ifdef BLZ_AVX2
-    const __m256 vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(inv_t), vp = _mm256_set1_ps(min_p);
-    for (; i + 8 <= V; i += 8) _mm256_storeu_ps(e + i, weight_avx2(_mm256_loadu_ps(x + i), vm, vt, vp));
-#endif
-    for (; i < V; ++i) e[i] = weight_scalar(x[i], m, inv_t, min_p);
-}
-
-/* Σe in block_sum's order (blocks of 64 as 8 lanes, the tree, block sums in order). */
-static float weights_total(const float *e, int64_t V) {
-    float total = 0.0f;
-    for (int64_t i0 = 0; i0 < V; i0 += SB) {
-        float l[8];
-        for (int j = 0; j < 8; ++j) {
-            l[j] = i0 + j < V ? e[i0 + j] : 0.0f;
-            for (int v = 1; v < SB / 8; ++v) l[j] += i0 + 8 * v + j < V ? e[i0 + 8 * v + j] : 0.0f;
-        }
-        total += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-    }
-    return total;
 }
 
 typedef struct {
@@ -219,7 +175,8 @@ static int by_weight(const void *pa, const void *pb) {
     return (a->i > b->i) - (a->i < b->i);
 }
 
-#define NBUCKET 1024 /* e in (0, 1]: bits >> 20 ≤ 0x3f8 */
+#define NBUCKET 1024 /* kept weights are normal floats in (0, 1]: bits >> 20 in [8, 0x3f8] */
+#define NHIST 4      /* histogram copies, so that runs of one bucket are not one chain of increments */
 
 BLZ_INLINE int bucket(float v) {
     union {
@@ -229,39 +186,65 @@ BLZ_INLINE int bucket(float v) {
     return (int)(b.u >> 20);
 }
 
-/* A ranked row (see the header): e and c are scratch of V values. */
+/* A ranked row (see the header). Two passes over the weights, block by block (no row-sized scratch):
+ * the histogram (and Σe, and each block's largest weight in bmax[⌈V/SB⌉]), then the candidates, from
+ * the blocks that hold any (few, for a peaked distribution), into an array of the count the histogram
+ * gives. Returns −1 if that allocation fails. */
 static int64_t draw_ranked(const float *x, int64_t V, float inv_t, float min_p, int64_t k, float top_p, float u,
-                           float *e, cand_t *c) {
+                           float *bmax) {
     const float m = row_max(x, V);
     if (m == -INFINITY) return 0;
-    row_weights(x, V, m, inv_t, min_p, e);
     const int top_k = k > 0 && k < V;
-    int32_t count[NBUCKET] = {0};
-    double mass[NBUCKET] = {0};
-    if (top_k)
-        for (int64_t i = 0; i < V; ++i) count[bucket(e[i])] += 1;
-    else
-        for (int64_t i = 0; i < V; ++i) {
-            count[bucket(e[i])] += 1;
-            mass[bucket(e[i])] += e[i];
-        }
-    count[0] = 0; /* e = 0 (the bucket of 0.0f holds nothing else: kept weights are normal floats) */
-    const float total = top_k ? 0.0f : weights_total(e, V);
-    int from = 0; /* the lowest bucket collected */
+    int32_t count[NHIST][NBUCKET]; /* 48 KB of stack with mass */
+    double mass[NHIST][NBUCKET];
+    memset(count, 0, sizeof count);
+    if (!top_k) memset(mass, 0, sizeof mass);
+    float w[SB], total = 0.0f;
+    for (int64_t i0 = 0; i0 < V; i0 += SB) {
+        total += block_weights(x, i0, V, m, inv_t, min_p, w);
+        float top = 0.0f;
+        for (int j = 0; j < SB; ++j) top = w[j] > top ? w[j] : top;
+        bmax[i0 / SB] = top;
+        if (top_k)
+            for (int j = 0; j < SB; ++j) count[j % NHIST][bucket(w[j])] += 1;
+        else
+            for (int j = 0; j < SB; ++j) {
+                count[j % NHIST][bucket(w[j])] += 1;
+                mass[j % NHIST][bucket(w[j])] += w[j];
+            }
+    }
+    int from = 1; /* the lowest bucket collected (bucket 0 holds e = 0 only) */
+    int64_t ncand = 0;
     double acc = 0.0;
-    for (int b = NBUCKET - 1; b >= 0; --b) {
-        acc += top_k ? (double)count[b] : mass[b];
-        if (acc >= (top_k ? (double)k : (double)top_p * total)) {
-            from = b;
+    for (int b = NBUCKET - 1; b >= 1; --b) {
+        int64_t nb = 0;
+        double mb = 0.0;
+        for (int h = 0; h < NHIST; ++h) nb += count[h][b], mb += top_k ? 0.0 : mass[h][b];
+        ncand += nb;
+        acc += top_k ? (double)nb : mb;
+        from = b;
+        if (nb && acc >= (top_k ? (double)k : (double)top_p * total)) {
             if (!top_k) /* one more non-empty bucket below: the fp32 prefix sums may reach later */
-                while (from > 0 && !count[--from]) {
+                for (int c = b - 1; c >= 1; --c) {
+                    int64_t nc = 0;
+                    for (int h = 0; h < NHIST; ++h) nc += count[h][c];
+                    if (nc) {
+                        ncand += nc, from = c;
+                        break;
+                    }
                 }
             break;
         }
     }
+    cand_t *c = malloc((size_t)(ncand ? ncand : 1) * sizeof *c);
+    if (!c) return -1;
     int64_t n = 0;
-    for (int64_t i = 0; i < V; ++i)
-        if (e[i] > 0.0f && bucket(e[i]) >= from) c[n++] = (cand_t){e[i], (int32_t)i};
+    for (int64_t i0 = 0; i0 < V && n < ncand; i0 += SB) {
+        if (!(bmax[i0 / SB] > 0.0f) || bucket(bmax[i0 / SB]) < from) continue;
+        block_weights(x, i0, V, m, inv_t, min_p, w);
+        for (int j = 0; j < SB; ++j)
+            if (w[j] > 0.0f && bucket(w[j]) >= from) c[n++] = (cand_t){w[j], (int32_t)(i0 + j)};
+    }
     qsort(c, (size_t)n, sizeof *c, by_weight);
     if (top_k && n > k) n = k;
     float kept = total;
@@ -280,50 +263,43 @@ static int64_t draw_ranked(const float *x, int64_t V, float inv_t, float min_p, 
     for (int64_t j = 0; j < n; ++j) nucleus += c[j].v;
     const float target = u * nucleus;
     float run = 0.0f;
+    int64_t token = n ? c[n - 1].i : 0;
     for (int64_t j = 0; j < n; ++j) {
         run += c[j].v;
-        if (run > target) return c[j].i;
+        if (run > target) {
+            token = c[j].i;
+            break;
+        }
     }
-    return n ? c[n - 1].i : 0;
+    free(c);
+    return token;
 }
 
 BLZ_EXPORT int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperature,
                                const float *min_p, const int64_t *top_k, const float *top_p, const float *u,
                                int64_t *out, int nthreads) {
     if (B < 0 || V <= 0 || V > INT32_MAX) return BLZ_EINVAL;
-    int ranked = 0;
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < B; ++b)
         if (!(temperature[b] > 0.0f) || !(temperature[b] < INFINITY) || !(u[b] >= 0.0f && u[b] < 1.0f) ||
             !(min_p[b] >= 0.0f && min_p[b] <= 1.0f) || top_k[b] < 0 || !(top_p[b] > 0.0f && top_p[b] <= 1.0f))
             return BLZ_EINVAL;
-        ranked |= (top_k[b] > 0 && top_k[b] < V) || top_p[b] < 1.0f;
-    }
-    const int nth = nthreads > 0 ? nthreads : 1;
     const int64_t nblocks = (V + SB - 1) / SB;
     float *sums = malloc((size_t)(B * nblocks) * sizeof(float));
-    float *e = ranked ? malloc((size_t)(nth * V) * sizeof(float)) : NULL;
-    cand_t *c = ranked ? malloc((size_t)(nth * V) * sizeof(cand_t)) : NULL;
-    if (!sums || (ranked && (!e || !c))) {
-        free(sums), free(e), free(c);
-        return BLZ_ENOMEM;
-    }
-#pragma omp parallel for schedule(static) num_threads(nth) if (B > 1)
+    if (!sums) return BLZ_ENOMEM;
+    int failed = 0;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) if (B > 1) \
+    reduction(| : failed)
     for (int64_t b = 0; b < B; ++b) {
-        const float *row = x + b * V;
+        const float *row = x + b * V, inv_t = 1.0f / temperature[b];
         if ((top_k[b] > 0 && top_k[b] < V) || top_p[b] < 1.0f) {
-#ifdef _OPENMP
-            const int64_t t = omp_get_thread_num();
-#else
-            const int64_t t = 0;
-#endif
-            out[b] = draw_ranked(row, V, 1.0f / temperature[b], min_p[b], top_k[b], top_p[b], u[b], e + t * V,
-                                 c + t * V);
+            out[b] = draw_ranked(row, V, inv_t, min_p[b], top_k[b], top_p[b], u[b], sums + b * nblocks);
+            failed |= out[b] < 0;
         } else {
-            out[b] = draw_row(row, V, 1.0f / temperature[b], min_p[b], u[b], sums + b * nblocks);
+            out[b] = draw_row(row, V, inv_t, min_p[b], u[b], sums + b * nblocks);
         }
     }
-    free(sums), free(e), free(c);
-    return BLZ_OK;
+    free(sums);
+    return failed ? BLZ_ENOMEM : BLZ_OK;
 }
 
 static int64_t argmax_row(const float *x, int64_t V) {
