@@ -40,7 +40,9 @@
 static const float EXP_LO = -87.0f;
 
 /* exp(t) for t in [−87, 0] (callers pass nothing else that is kept): n = round(t·log2 e), r = t − n·ln 2 in
- * two parts, exp(r) by Cephes' polynomial, times 2^n (n ≥ −126: a normal float). */
+ * two parts, exp(r) by Cephes' polynomial, times 2^n (n ≥ −126: a normal float) — blz_exp256's operations one
+ * by one (its fnmadd(n, c, t) is fma(n, −c, t) exactly; its clamps do nothing in [−87, 0]), so the two agree
+ * bit for bit. */
 BLZ_INLINE float exp_scalar(float t) {
     const float n = nearbyintf(t * 1.44269504088896341f);
     float r = fmaf(n, -0.693359375f, t);
@@ -70,31 +72,13 @@ BLZ_INLINE float weight_scalar(float x, float m, float inv_t, float min_p) {
 }
 
 #ifdef BLZ_AVX2
-BLZ_INLINE __m256 exp_avx2(__m256 t) {
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), t);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    const __m256 z = _mm256_mul_ps(r, r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, z, r);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 /* weight_scalar on 8 values. Lanes whose t is below −87 or NaN are 0 (their exp is computed on a clamped
  * t and discarded). */
 BLZ_INLINE __m256 weight_avx2(__m256 x, __m256 m, __m256 inv_t, __m256 min_p) {
     const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_min_ps(x, _mm256_set1_ps(FLT_MAX)), m), inv_t);
     const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(t, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ),
                                       _mm256_cmp_ps(x, x, _CMP_ORD_Q));
-    const __m256 e = exp_avx2(_mm256_max_ps(t, _mm256_set1_ps(EXP_LO)));
+    const __m256 e = blz_exp256(_mm256_max_ps(t, _mm256_set1_ps(EXP_LO))); /* exp_scalar's operations */
     return _mm256_and_ps(e, _mm256_and_ps(keep, _mm256_cmp_ps(e, min_p, _CMP_GE_OQ)));
 }
 
