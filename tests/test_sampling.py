@@ -188,3 +188,29 @@ def test_stop_strings_count_only_after_min_tokens():
     assert detok.add(ord("a")) == ("b", False)
     assert detok.add(ord("b")) == ("", True)
     assert detok.text == "ab"  # cut at the stop
+
+
+def test_greedy_and_drawn_rows_in_one_batch():
+    """A batch mixing greedy rows with seeded drawn ones (plain and ranked): greedy rows give the argmax, each
+    drawn row the token it draws alone from the same seed."""
+    logits = torch.randn(5, V, generator=torch.Generator().manual_seed(4)) * 2
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, top_k=0, top_p=1.0),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7),  # top-k 40, top-p 0.9
+        SamplingParams(temperature=1.2, min_p=0.05, top_k=0, top_p=1.0),
+    ]
+
+    def rows(seeded: list[int]) -> list[SampleRequest]:
+        return [
+            SampleRequest(p, [0], [], torch.Generator().manual_seed(s), frozenset())
+            for p, s in zip(params, seeded, strict=True)
+        ]
+
+    together = sample(logits, rows([0, 1, 2, 3, 4])).token_ids
+    for b in (0, 2):
+        assert together[b] == int(logits[b].argmax())
+    for b in (1, 3, 4):
+        alone = sample(logits[b : b + 1], [rows([0, 1, 2, 3, 4])[b]]).token_ids[0]
+        assert together[b] == alone

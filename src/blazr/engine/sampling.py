@@ -152,7 +152,7 @@ def filtered_distribution(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The distribution each row draws from: `ops.filtered_distribution` with the rows' parameters
     (probs [B, K], zero outside the kept set and not normalised; token ids [B, K])."""
-    return ops.filtered_distribution(logits, *_row_params(rows, logits.device)[:4])
+    return ops.filtered_distribution(logits, *_row_params(rows, logits.device))
 
 
 def _row_params(rows: Seq[SampleRequest], device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -205,8 +205,7 @@ def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:
         tokens = _filter_and_draw(logits, rows)
     else:
         tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        if greedy:
-            tokens[greedy] = ops.argmax_rows(logits[greedy])
+        tokens[greedy] = ops.argmax_rows(logits[greedy])
         tokens[rest] = _filter_and_draw(logits[rest], [rows[b] for b in rest])
     result = SampleResult(tokens.tolist(), None, None, None)
     if raw_logprobs is not None:
