@@ -84,8 +84,8 @@ BLZ_INLINE __m256 weight_avx2(__m256 x, __m256 m, __m256 inv_t, __m256 min_p) {
 
 #endif
 
-/* max over a row of min(x, FLT_MAX), NaN ignored (−inf when nothing else). */
-static float row_max(const float *x, int64_t V) {
+/* The largest value of a row, NaN ignored (−inf when nothing else). */
+static float max_not_nan(const float *x, int64_t V) {
     float m = -INFINITY;
     int64_t i = 0;
 #ifdef BLZ_AVX2
@@ -96,8 +96,11 @@ static float row_max(const float *x, int64_t V) {
     for (int j = 0; j < 8; ++j) m = l[j] > m ? l[j] : m;
 #endif
     for (; i < V; ++i) m = x[i] > m ? x[i] : m;
-    return fminf(m, FLT_MAX);
+    return m;
 }
+
+/* max over a row of min(x, FLT_MAX), NaN ignored (−inf when nothing else). */
+static float row_max(const float *x, int64_t V) { return fminf(max_not_nan(x, V), FLT_MAX); }
 
 /* w = the kept weights of block [i0, i0 + SB) (0 past V); returns their sum in the fixed lane order. */
 static float block_weights(const float *x, int64_t i0, int64_t V, float m, float inv_t, float min_p, float *w) {
@@ -287,17 +290,8 @@ BLZ_EXPORT int blz_sample_rows(const float *x, int64_t B, int64_t V, const float
 }
 
 static int64_t argmax_row(const float *x, int64_t V) {
-    float m = -INFINITY;
+    const float m = max_not_nan(x, V);
     int64_t i = 0;
-#ifdef BLZ_AVX2
-    __m256 acc = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= V; i += 8) acc = _mm256_max_ps(_mm256_loadu_ps(x + i), acc);
-    float l[8];
-    _mm256_storeu_ps(l, acc);
-    for (int j = 0; j < 8; ++j) m = l[j] > m ? l[j] : m;
-#endif
-    for (; i < V; ++i) m = x[i] > m ? x[i] : m;
-    i = 0;
 #ifdef BLZ_AVX2
     const __m256 vm = _mm256_set1_ps(m);
     for (; i + 8 <= V; i += 8) {
