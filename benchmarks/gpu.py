@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             max_model_len=max(args.prompt_len, args.batch_prompt_len) + args.gen + 16,
             max_num_batched_tokens=4096,
             cuda_graphs=graphs,
+            enable_prefix_caching=False,  # the prefill rounds repeat one prompt
         )
         return LLM(path, vocab=None if args.model else args.vocab, engine_config=cfg)
 

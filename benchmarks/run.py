@@ -88,7 +88,8 @@ def spread(values: list[float]) -> float:
 def load_blazr(ids: list[int], gen: int, model: Path | None = None, **kw: Any) -> Runner:
     from blazr import LLM, SamplingParams
 
-    llm = LLM(model, cpu=True, max_model_len=len(ids) + gen + 8, **kw)
+    # Every round sends the same prompt: without this its later rounds would be prefix-cache hits.
+    llm = LLM(model, cpu=True, max_model_len=len(ids) + gen + 8, enable_prefix_caching=False, **kw)
     params = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
 
     def run() -> Timing:
