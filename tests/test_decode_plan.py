@@ -37,6 +37,7 @@ from blazr.engine.sequence import Sequence
 from blazr.kernels import ops
 from blazr.kernels.build import available
 from blazr.kernels.quant import quantize
+from blazr.loading.absorb import absorb_mla
 from blazr.loading.quantize import wrap_float_linears
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
@@ -386,11 +387,13 @@ MOE_RELU2 = MoEConfig(
 
 
 def _create(cfg: ModelConfig, wrap: bool = True, **engine: object) -> DecodePlan | None:
-    """A random model of `cfg`, its float linears on the kernels as the loader leaves them (`wrap`)."""
+    """A random model of `cfg`, its float linears (and MLA's per-head weights) on the kernels as the loader
+    leaves them (`wrap`)."""
     engine_cfg = EngineConfig(**{"max_num_seqs": 2, "max_model_len": 128, **engine})  # type: ignore[arg-type]
     model = CausalLM(cfg).eval()
     if wrap:
         wrap_float_linears(model)
+        absorb_mla(model, "none")
     cache = ModelCache(cfg, 256, 2, torch.float32)
     return DecodePlan.create(model, cache, engine_cfg, torch.device("cpu"), torch.float32)
 

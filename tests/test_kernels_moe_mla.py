@@ -9,8 +9,10 @@ and the portable (`-march=x86-64`) builds.
   format; so a token's output alone equals its output in any batch. Against the dequantized reference only
   the formats' own activation rounding remains (checked at the linear kernels' tests; here loosely).
 - `mla_cache_write` / `mla_decode`: the references to fp32 rounding, fp32 and 16-bit pools, q parts as
-  strided views of a fused projection, head counts that are not a multiple of the kernel's head block, an
-  empty sequence; out-of-range slots are errors.
+  strided views of one buffer, head counts that are not a multiple of the kernel's head block, an empty
+  sequence; out-of-range slots are errors.
+- `linear_heads` (the absorbed form's per-head W_UKᵀ / W_UV): bit-equal, head by head, to the linear kernel
+  on that head's weight alone, in every weight format; weights whose rows do not split per head are errors.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 import torch
 
 from blazr.kernels import ops
-from blazr.kernels.quant import quantize
+from blazr.kernels.kquant import random_kquant
+from blazr.kernels.quant import QuantizedWeight, quantize
 
 KINDS = ["f32", "bf16", "q8_0", "q8_0g", "q4_0", "q4_1"]
 
@@ -128,65 +131,95 @@ def test_moe_experts_bad_input(native: ops.Kernels) -> None:
 # ------------------------------------------------------------------------------------------------- MLA
 
 
-def _mla_inputs(B: int, H: int, Dn: int, R: int, L: int, Dv: int, S: int, seed: int):
+def _mla_inputs(B: int, H: int, L: int, R: int, S: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, Dn + R, generator=g)  # a fused q projection: per head [q_nope | q_rope]
+    q = torch.randn(B, H, L + R, generator=g)  # per head [q_lat | q_rope] in one buffer: strided views
     pool = torch.randn(S, L + R, generator=g)
-    w_kv_b = 0.2 * torch.randn(H * (Dn + Dv), L, generator=g)
-    return q, pool, w_kv_b
+    return q, pool
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("H", [1, 5, 16])
 def test_mla_decode(lib: ops.Kernels, dtype: torch.dtype, H: int) -> None:
-    B, Dn, R, L, Dv, S = 4, 16, 8, 64, 24, 300
-    q, pool, w_kv_b = _mla_inputs(B, H, Dn, R, L, Dv, S, seed=H)
+    B, R, L, S = 4, 8, 64, 300
+    q, pool = _mla_inputs(B, H, L, R, S, seed=H)
     pool = pool.to(dtype)
     lens = torch.tensor([1, 200, 0, 37])  # one empty sequence: zeros
     g = torch.Generator().manual_seed(2)
     idx = torch.stack([torch.randperm(S, generator=g)[:200] for _ in range(B)])  # [B, 200] slots
-    q_nope, q_rope = q[..., :Dn], q[..., Dn:]
-    assert not q_nope.is_contiguous()
-    got = lib.mla_decode(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.2)
-    want = ops.mla_decode_reference(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.2)
+    q_lat, q_rope = q[..., :L], q[..., L:]
+    assert not q_lat.is_contiguous()
+    got = lib.mla_decode(q_lat, q_rope, pool, idx, lens, 0.2)
+    want = ops.mla_decode_reference(q_lat, q_rope, pool, idx, lens, 0.2)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert not got[2].any()
 
 
 def test_mla_decode_separate_q_parts(native: ops.Kernels) -> None:
-    """oxidizr's form: q_nope and q_rope from two projections (two buffers, head strides Dn and R)."""
-    B, H, Dn, R, L, Dv, S = 3, 4, 16, 8, 32, 16, 64
-    _, pool, w_kv_b = _mla_inputs(B, H, Dn, R, L, Dv, S, seed=3)
-    q_nope, q_rope = torch.randn(B, H, Dn), torch.randn(B, H, R)
+    """q_lat and q_rope in two buffers (head strides L and R), as linear_heads and a q_rope projection
+    make them."""
+    B, H, R, L, S = 3, 4, 8, 32, 64
+    _, pool = _mla_inputs(B, H, L, R, S, seed=3)
+    q_lat, q_rope = torch.randn(B, H, L), torch.randn(B, H, R)
     lens, idx = torch.tensor([5, 64, 20]), torch.arange(64).repeat(3, 1)
-    got = native.mla_decode(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.3)
-    want = ops.mla_decode_reference(q_nope, q_rope, pool, idx, lens, w_kv_b, 0.3)
+    got = native.mla_decode(q_lat, q_rope, pool, idx, lens, 0.3)
+    want = ops.mla_decode_reference(q_lat, q_rope, pool, idx, lens, 0.3)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
 
 
 def test_mla_decode_rows_do_not_depend_on_the_batch(native: ops.Kernels) -> None:
-    B, H, Dn, R, L, Dv, S = 3, 6, 16, 8, 32, 16, 128
-    q, pool, w_kv_b = _mla_inputs(B, H, Dn, R, L, Dv, S, seed=4)
+    B, H, R, L, S = 3, 6, 8, 32, 128
+    q, pool = _mla_inputs(B, H, L, R, S, seed=4)
     lens, idx = torch.tensor([100, 7, 128]), torch.arange(128).flip(0).repeat(3, 1)
-    together = native.mla_decode(q[..., :Dn], q[..., Dn:], pool, idx, lens, w_kv_b, 0.25)
+    together = native.mla_decode(q[..., :L], q[..., L:], pool, idx, lens, 0.25)
     for b in range(B):
         qb = q[b : b + 1]
-        alone = native.mla_decode(
-            qb[..., :Dn], qb[..., Dn:], pool, idx[b : b + 1], lens[b : b + 1], w_kv_b, 0.25
-        )
+        alone = native.mla_decode(qb[..., :L], qb[..., L:], pool, idx[b : b + 1], lens[b : b + 1], 0.25)
         assert torch.equal(alone[0], together[b])
 
 
 def test_mla_decode_bad_slot(native: ops.Kernels) -> None:
-    q, pool, w_kv_b = _mla_inputs(1, 2, 16, 8, 32, 16, 8, seed=5)
+    q, pool = _mla_inputs(1, 2, 32, 8, 8, seed=5)
     with pytest.raises(RuntimeError, match="out of range"):
+        native.mla_decode(q[..., :32], q[..., 32:], pool, torch.tensor([[0, 9]]), torch.tensor([2]), 0.1)
+    with pytest.raises(ValueError, match="inconsistent"):  # the pool's rows are not L + R wide
         native.mla_decode(
-            q[..., :16], q[..., 16:], pool, torch.tensor([[0, 9]]), torch.tensor([2]), w_kv_b, 0.1
+            q[..., :32], q[..., 32:], pool[:, 1:], torch.tensor([[0, 1]]), torch.tensor([2]), 0.1
         )
-    with pytest.raises(ValueError, match="inconsistent"):
-        native.mla_decode(
-            q[..., :16], q[..., 16:], pool, torch.tensor([[0, 1]]), torch.tensor([2]), w_kv_b[:-1], 0.1
-        )
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "f16", "q6_k"])
+@pytest.mark.parametrize("H", [1, 3, 16])
+def test_linear_heads_equal_the_linear_kernel_per_head(lib: ops.Kernels, kind: str, H: int) -> None:
+    """Each head's rows are one linear call on that head's part of the stacked weight: bit-equal to the
+    linear kernel on the head's weight alone — for a batch of rows or one, x a strided part of a wider row,
+    the heads spread over the threads (H ≥ threads) or in turn — and close to the dequantized reference."""
+    N, K, B = 32, 256, 5
+    g = torch.Generator().manual_seed(H)
+    if kind == "q6_k":
+        parts = [random_kquant(kind, N, K, g) for _ in range(H)]
+        w = QuantizedWeight(kind, torch.cat([p.data for p in parts]), H * N, K)
+    else:
+        dense = 0.1 * torch.randn(H * N, K, generator=g)
+        w, parts = quantize(dense, kind), [quantize(dense[h * N : (h + 1) * N], kind) for h in range(H)]
+    x = torch.randn(B, H, K + 8, generator=g)[..., 8:]  # strided heads
+    got = lib.linear_heads(x, w)
+    assert got.shape == (B, H, N)
+    for h in range(H):
+        assert torch.equal(got[:, h], lib.linear(x[:, h].contiguous(), parts[h])), (kind, h)
+    tol = 1e-4 if kind in ("f32", "f16", "q6_k") else 3e-2  # bf16 / 32-blocks: x rounded in the kernel
+    torch.testing.assert_close(got, ops.linear_heads_reference(x, w), rtol=tol, atol=tol)
+    assert torch.equal(lib.linear_heads(x[2:3], w)[0], got[2])  # one row alone: the same bits
+
+
+def test_linear_heads_bad_input(native: ops.Kernels) -> None:
+    x = torch.randn(2, 4, 64)
+    with pytest.raises(ValueError, match="does not split into 4 heads of whole 16-row groups"):
+        native.linear_heads(x, quantize(torch.randn(4 * 8, 64), "q8_0"))  # 8 rows a head: half a group
+    with pytest.raises(ValueError, match="does not split into 4 heads"):
+        native.linear_heads(x, quantize(torch.randn(30, 64), "f32"))
+    with pytest.raises(ValueError, match="in_features"):
+        native.linear_heads(x, quantize(torch.randn(4 * 16, 32), "f32"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from blazr.config import MLAConfig, RopeConfig
+from blazr.loading.absorb import absorb_mla
 from blazr.model.mla import MLA, interleaved_to_half_rows
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
@@ -22,7 +23,9 @@ from blazr.state.kv_cache import LayerCache
 D, H, LQ, LKV, DN, R, DV = 64, 4, 48, 32, 16, 8, 12
 MAX_LEN = 128
 LENGTHS = [5, 17, 9]
-IMPLS = ["auto", "naive", "absorb"]
+# "kernels": auto, with the per-head decode weights the loader makes (float32), so decode-only steps run the
+# kernel ops (`MLA._decode`)
+IMPLS = ["auto", "naive", "absorb", "kernels"]
 
 
 @pytest.fixture(autouse=True)
@@ -65,8 +68,10 @@ def _mla(cfg: MLAConfig, impl: str = "auto") -> MLA:
 
 def _model(impl: str = "auto") -> MLA:
     torch.manual_seed(1)
-    mla = _mla(_deepseek_cfg(), impl)
+    mla = _mla(_deepseek_cfg(), "auto" if impl == "kernels" else impl)
     _randomize(mla)
+    if impl == "kernels":
+        absorb_mla(mla, "none")
     return mla
 
 
@@ -356,6 +361,7 @@ class Pool:
             logits_indices=torch.arange(positions.shape[0]),
             slot_mapping=torch.cat([self.slots(seq, ctx, ctx + n) for seq, ctx, n in steps]),
             kv_indices=kv_indices,
+            decode_lens=torch.tensor([ctx + n for _, ctx, n in steps[:num_decodes]]),
         )
 
 
@@ -434,7 +440,7 @@ def test_sequences_decoding_together_equal_alone(impl):
     x = torch.cat([xs[0][ctx[0]][None], xs[2][ctx[2]][None], xs[1][ctx[1] : ctx[1] + 6], xs[3][2:12]])
     batch = pool.batch([(0, ctx[0], 1), (2, ctx[2], 1), (1, ctx[1], 6), (3, 2, 10)])
     assert batch.num_decodes == 2
-    if impl == "auto":  # decodes and the 6 over 16 cached keys absorbed; 10 over 2 naive
+    if impl in ("auto", "kernels"):  # decodes and the 6 over 16 cached keys absorbed; 10 over 2 naive
         assert mla._runs(batch) == [(0, 3, True), (3, 4, False)]
     out = mla(x, batch, pool.cache)
     _close(out[0], fulls[0][ctx[0]])

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import torch
 
 from blazr.kernels.calls import _F32, _KV_TYPES, UnsupportedInput, _f32_ptr, _i64_ptr
-from blazr.kernels.quant import QuantizedWeight
+from blazr.kernels.quant import QuantizedWeight, head_stride
 from blazr.kernels.reference import ACTIVATIONS
 
 _OP_MOE_ROUTE, _OP_MOE_EXPERTS, _OP_MLA_CACHE_WRITE, _OP_MLA_DECODE = 14, 15, 16, 17  # blazr_kernels.h
+_OP_LINEAR_HEADS = 20
 
 
 def _heads_ptr(t: torch.Tensor, what: str) -> tuple[int, int, int]:
@@ -31,8 +32,8 @@ def _pool_ptr(pool: torch.Tensor, what: str) -> tuple[int, int]:
 
 
 class MoEMLABindings:
-    """`moe_route`, `moe_experts`, `mla_cache_write`, `mla_decode`; uses the `_args()` / `_run()` /
-    `weight_code()` of the Kernels it is mixed into."""
+    """`moe_route`, `moe_experts`, `mla_cache_write`, `mla_decode`, `linear_heads`; uses the `_args()` /
+    `_run()` / `weight_code()` of the Kernels it is mixed into."""
 
     def moe_route(
         self,
@@ -139,46 +140,59 @@ class MoEMLABindings:
 
     def mla_decode(
         self,
-        q_nope: torch.Tensor,
+        q_lat: torch.Tensor,
         q_rope: torch.Tensor,
         pool: torch.Tensor,
         kv_indices: torch.Tensor,
         seq_lens: torch.Tensor | Sequence[int],
-        w_kv_b: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
         if not isinstance(seq_lens, torch.Tensor):
             seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
-        B, H, Dn = q_nope.shape
+        B, H, L = q_lat.shape
         R = q_rope.shape[2]
         S, W = pool.shape
-        L = W - R
-        rows = w_kv_b.shape[0]
         if (
             q_rope.shape[:2] != (B, H)
-            or w_kv_b.shape[1] != L
-            or rows % H
-            or rows // H <= Dn
+            or W != L + R
             or kv_indices.dim() != 2
             or kv_indices.shape[0] != B
             or seq_lens.numel() != B
         ):
             raise ValueError(
-                f"mla_decode: q_nope {list(q_nope.shape)}, q_rope {list(q_rope.shape)}, pool "
-                f"{list(pool.shape)}, w_kv_b {list(w_kv_b.shape)}, kv_indices {list(kv_indices.shape)}, "
-                f"{seq_lens.numel()} seq_lens are inconsistent"
+                f"mla_decode: q_lat {list(q_lat.shape)}, q_rope {list(q_rope.shape)}, pool "
+                f"{list(pool.shape)}, kv_indices {list(kv_indices.shape)}, {seq_lens.numel()} seq_lens are "
+                "inconsistent"
             )
-        Dv = rows // H - Dn
-        (qn, ldn, hsn), (qr, ldr, hsr) = _heads_ptr(q_nope, "q_nope"), _heads_ptr(q_rope, "q_rope")
+        (ql, ldl, hsl), (qr, ldr, hsr) = _heads_ptr(q_lat, "q_lat"), _heads_ptr(q_rope, "q_rope")
         pp, kv_type = _pool_ptr(pool, "mla_decode pool")
-        out = torch.empty(B, H, Dv, dtype=_F32)
+        out = torch.empty(B, H, L, dtype=_F32)
         a, addr = self._args()
         a.op = _OP_MLA_DECODE
-        a.i[0:21] = (
-            qn, ldn, hsn, qr, ldr, hsr, pp, kv_type, S, _i64_ptr(kv_indices, "kv_indices"),
-            kv_indices.shape[1], _i64_ptr(seq_lens, "seq_lens"), B, H, Dn, R, L, Dv,
-            _f32_ptr(w_kv_b, "mla_decode w_kv_b"), out.data_ptr(), torch.get_num_threads(),
+        a.i[0:18] = (
+            ql, ldl, hsl, qr, ldr, hsr, pp, kv_type, S, _i64_ptr(kv_indices, "kv_indices"),
+            kv_indices.shape[1], _i64_ptr(seq_lens, "seq_lens"), B, H, R, L, out.data_ptr(),
+            torch.get_num_threads(),
         )  # fmt: skip
         a.f[0] = scale
-        self._run(a, addr, "mla_decode", q_nope, q_rope, pool, kv_indices, seq_lens, w_kv_b, out)
+        self._run(a, addr, "mla_decode", q_lat, q_rope, pool, kv_indices, seq_lens, out)
+        return out
+
+    def linear_heads(self, x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+        B, H, K = x.shape
+        stride = head_stride(w, H)  # ValueError for a weight whose heads do not split
+        if w.in_features != K:
+            raise ValueError(f"linear_heads: x {list(x.shape)} for a weight of in_features {w.in_features}")
+        if not w.data.is_cpu:
+            raise UnsupportedInput("linear_heads: the weight is not on the CPU")
+        N = w.out_features // H
+        xp, ldx, hsx = _heads_ptr(x, "linear_heads x")
+        out = torch.empty(B, H, N, dtype=_F32)
+        a, addr = self._args()
+        a.op = _OP_LINEAR_HEADS
+        a.i[0:14] = (
+            xp, ldx, hsx, B, H, K, self.weight_code(w), w.data.data_ptr(), stride, N, out.data_ptr(),
+            H * N, N, torch.get_num_threads(),
+        )  # fmt: skip
+        self._run(a, addr, "linear_heads", x, w.data, out)
         return out

@@ -4,10 +4,10 @@ beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`,
 `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `moe_route`,
-`moe_experts`, `mla_cache_write`, `mla_decode`; the token choice `argmax_rows`, `sample_rows`) runs the C
-kernel when the library is available and the inputs are CPU tensors of the supported dtypes and layouts
-(fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else its `*_reference` twin with
-the same signature.
+`moe_experts`, `mla_cache_write`, `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
+`sample_rows`) runs the C kernel when the library is available and the inputs are CPU tensors of the
+supported dtypes and layouts (fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else
+its `*_reference` twin with the same signature.
 `Kernels` binds one built library (tests also bind a second, scalar-fallback build). `record()` captures
 a sequence of kernel calls on static buffers as a `KernelPlan` that replays them with one C call.
 
@@ -37,6 +37,7 @@ from blazr.kernels.reference import (
     gated_rms_norm_reference,
     int8_dot_reference,
     kv_write_reference,
+    linear_heads_reference,
     linear_reference,
     mamba2_prefill_reference,
     mamba2_step_reference,
@@ -77,6 +78,8 @@ __all__ = [
     "kv_write",
     "kv_write_reference",
     "linear",
+    "linear_heads",
+    "linear_heads_reference",
     "linear_reference",
     "mamba2_prefill",
     "mamba2_prefill_reference",
@@ -411,20 +414,23 @@ def mla_cache_write(
 
 
 def mla_decode(
-    q_nope: torch.Tensor,
+    q_lat: torch.Tensor,
     q_rope: torch.Tensor,
     pool: torch.Tensor,
     kv_indices: torch.Tensor,
     seq_lens: torch.Tensor | Sequence[int],
-    w_kv_b: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Absorbed MLA decode attention over the latent pool, one query per sequence: q_nope [B, H, Dn] and
-    rotated q_rope [B, H, R] (strided views allowed) → [B, H, Dv] fp32, W_UK / W_UV from kv_b_proj's weight
-    w_kv_b [H·(Dn + Dv), L]; see mla_decode_reference."""
-    return _dispatch(
-        "mla_decode", mla_decode_reference, q_nope, q_rope, pool, kv_indices, seq_lens, w_kv_b, scale
-    )
+    """Absorbed MLA decode attention over the latent pool, one query per sequence: q_lat [B, H, L] (q_nope ·
+    W_UK, `linear_heads`) and rotated q_rope [B, H, R] (strided views allowed) → the latent-space output
+    [B, H, L] fp32 (W_UV applied after, `linear_heads`); see mla_decode_reference."""
+    return _dispatch("mla_decode", mla_decode_reference, q_lat, q_rope, pool, kv_indices, seq_lens, scale)
+
+
+def linear_heads(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    """Per-head projections: x [B, H, K] (a strided view allowed) and w stacking H weights [N, K] in any
+    kernel format → [B, H, N], out[b, h] = x[b, h] · W_hᵀ; each head's weight read once for the batch."""
+    return _dispatch("linear_heads", linear_heads_reference, x, w)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels.kquant import quantize_q8_k
-from blazr.kernels.quant import QK, QK_K, QuantizedWeight, block_fields, dequantize
+from blazr.kernels.quant import QK, QK_K, QuantizedWeight, block_fields, dequantize, head_stride
 from blazr.kernels.row_table import RowTable
 from blazr.model.ssd import ssd_chunked
 
@@ -27,6 +27,14 @@ def linear_out_features(qw: QuantizedWeight, swiglu: bool) -> int:
     if swiglu and qw.out_features % 2:
         raise ValueError(f"SwiGLU linear: weight has {qw.out_features} rows, expected an even [gate; up]")
     return qw.out_features // 2 if swiglu else qw.out_features
+
+
+def _kernel_input(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """x [..., K] as fp32, rounded as a K-quant kernel rounds it (`quantize_q8_k`: x̂ = d·q per 256)."""
+    if not qw.is_kquant:
+        return x.float()
+    q, d, _ = quantize_q8_k(x.reshape(-1, qw.in_features))
+    return (q.float().unflatten(-1, (-1, QK_K)) * d.unsqueeze(-1)).reshape(x.shape)
 
 
 def linear_reference(
@@ -46,10 +54,7 @@ def linear_reference(
     sums there — within γ_{K/256·2+8}·Σ|x̂|·(|d·sc·q| + |dmin·m|) + γ_K·Σ|x̂·w|; against the unrounded x
     add Σ_blocks |d|·(½ + 2⁻¹⁴)·Σ_block |w|."""
     linear_out_features(qw, swiglu)
-    if qw.is_kquant:
-        q, d, _ = quantize_q8_k(x.reshape(-1, qw.in_features))
-        x = (q.float().unflatten(-1, (-1, QK_K)) * d.unsqueeze(-1)).reshape(x.shape)
-    y = F.linear(x.float(), dequantize(qw), bias)
+    y = F.linear(_kernel_input(x, qw), dequantize(qw), bias)
     if swiglu:
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
@@ -434,29 +439,32 @@ def mla_cache_write_reference(
 
 
 def mla_decode_reference(
-    q_nope: torch.Tensor,
+    q_lat: torch.Tensor,
     q_rope: torch.Tensor,
     pool: torch.Tensor,
     kv_indices: torch.Tensor,
     seq_lens: torch.Tensor | Sequence[int],
-    w_kv_b: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Absorbed MLA decode, one query per sequence: q_nope [B, H, Dn], q_rope [B, H, R] over the latent rows
-    pool[kv_indices[b, :seq_lens[b]]] ([S, L + R]: c_kv | k_rope), with W_UK / W_UV the per-head rows of
-    w_kv_b [H·(Dn + Dv), L] ([k_nope; v] per head) → [B, H, Dv] fp32 (no keys → zeros):
-    q_lat = q_nope · W_UK; p = softmax(scale · (q_lat · c_kv + q_rope · k_rope)); out = W_UV · (p · c_kv)."""
-    B, H, Dn = q_nope.shape
-    L = w_kv_b.shape[1]
-    w = w_kv_b.float().view(H, -1, L)
-    w_uk, w_uv = w[:, :Dn], w[:, Dn:]
-    out = torch.zeros(B, H, w_uv.shape[1], dtype=torch.float32)
+    """Absorbed MLA decode attention, one query per sequence: q_lat [B, H, L] (q_nope · W_UK) and q_rope
+    [B, H, R] over the latent rows pool[kv_indices[b, :seq_lens[b]]] ([S, L + R]: c_kv | k_rope) → the
+    latent-space output [B, H, L] fp32 (no keys → zeros): p = softmax(scale · (q_lat · c_kv + q_rope ·
+    k_rope)); out = p · c_kv."""
+    B, H, L = q_lat.shape
+    out = torch.zeros(B, H, L, dtype=torch.float32)
     for b in range(B):
         n = int(seq_lens[b])
         if n == 0:
             continue
         lat = pool[kv_indices[b, :n]].float()  # [n, L + R]
-        q_lat = torch.einsum("hd,hdl->hl", q_nope[b].float(), w_uk)
-        s = (q_lat @ lat[:, :L].T + q_rope[b].float() @ lat[:, L:].T) * scale  # [H, n]
-        out[b] = torch.einsum("hvl,hl->hv", w_uv, s.softmax(-1) @ lat[:, :L])
+        s = (q_lat[b].float() @ lat[:, :L].T + q_rope[b].float() @ lat[:, L:].T) * scale  # [H, n]
+        out[b] = s.softmax(-1) @ lat[:, :L]
     return out
+
+
+def linear_heads_reference(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    """Per-head projections: x [B, H, K] and w stacking H weights [N, K] ([H·N, K]) → out [B, H, N] with
+    out[b, h] = x[b, h] · W_hᵀ (fp32 with the dequantized weight, x rounded as `linear_reference` does)."""
+    H, K = x.shape[1:]
+    head_stride(w, H)
+    return torch.einsum("bhk,hnk->bhn", _kernel_input(x, w), dequantize(w).view(H, -1, K))

@@ -8,7 +8,9 @@ never dequantized), or a float checkpoint's weights quantized one tensor at a ti
 `bf16`: only that tensor is ever float). Every parameter still on meta is then read in the compute dtype
 (loading/weights.py: safetensors through `pread`, or as a view of the file's copy-on-write map when the
 stored dtype already is the compute dtype; GGUF tensors dequantized from `pread` bytes). Mapped pages that
-were only copied from are dropped (`release`), so peak memory stays near the weights' final size.
+were only copied from are dropped (`release`), so peak memory stays near the weights' final size. Last, the
+float32 linears left are put on the f32 kernel as they are, and each MLA layer gets its per-head decode
+weights made from kv_b_proj (loading/absorb.py).
 
 In: a `Checkpoint` (detect/). Out: a `CausalLM` on `device`, in eval mode.
 """
@@ -32,6 +34,7 @@ from blazr.detect import Checkpoint
 from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.errors import UnsupportedError
 from blazr.kernels.build import cpu_flags
+from blazr.loading.absorb import absorb_mla
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.gguf_hf import GGUFView
 from blazr.loading.names import name_map_for
@@ -131,6 +134,8 @@ def load_model(
         log.info("quantized linear layers (%s): %s", quantize, dict(made))
     if on_kernels and (wrapped := wrap_float_linears(model)):
         log.info("float32 linear layers on the f32 decode kernel: %d", wrapped)
+    if on_kernels and (absorbed := absorb_mla(model, quantize)):
+        log.info("MLA per-head decode weights (W_UKᵀ, W_UV): %s", dict(absorbed))
     log.info("weights: %.2f GiB in %.1fs", weight_bytes(model) / 2**30, time.perf_counter() - t0)
     return model
 
@@ -175,6 +180,7 @@ def load_shard(
         if made:
             log.info("quantized linear layers (%s): %s", quantize, dict(made))
         wrap_float_linears(model)
+        absorb_mla(model, quantize)
     log.info(
         "tensor-parallel rank %d of %d: %.2f GiB of weights in %.1fs",
         tp.rank, tp.world, weight_bytes(model) / 2**30, time.perf_counter() - t0,

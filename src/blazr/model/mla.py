@@ -15,8 +15,12 @@ absorbed, 512 is naive (measured on CPU: 48 vs 208 ms and 136 vs 263 ms for the 
 The naive form reads the cached positions [0, ctx) back from the pool and expands them once.
 Decode rows run `_latent_decode` (heads as the rows of one score matrix per sequence); absorbed prefill rows
 reuse `causal_attention` as MQA over the latent pool. A decode-only batch with float32 CPU activations runs
-`_decode` instead: the same absorbed form as kernel ops (`ops.mla_cache_write`, `ops.mla_decode`, whose
-torch references are this math), so a decode step can be recorded (kernels/capture.py).
+`_decode` instead: the same absorbed form as kernel ops (`ops.mla_cache_write`, `ops.linear_heads` with
+W_UKᵀ, `ops.mla_decode`, `ops.linear_heads` with W_UV, whose torch references are this math), so a decode
+step can be recorded (kernels/capture.py). Its per-head weights (`absorbed`: W_UKᵀ [H·Lkv, Dn] and W_UV
+[H·Dv, Lkv], in a kernel weight format, e.g. Q8_0) are made by the loader from `kv_b_proj`
+(loading/quantize.py `absorb_mla`); a quantized pair's values are written back into `kv_b_proj`, so the
+prefill forms compute with the same weights.
 
 Weights (all [out, in], no bias; H heads, Dn = qk_nope_head_dim, R = qk_rope_head_dim, Dv = v_head_dim):
 - q path: `q_proj` [H·Dq, D] when q_lora_rank is None, else `q_a_proj` [Lq, D] → `q_a_norm` (if
@@ -42,6 +46,7 @@ from torch import nn
 
 from blazr.config import MLAConfig
 from blazr.kernels import ops
+from blazr.kernels.quant import QuantizedWeight
 from blazr.model.attention import causal_attention
 from blazr.model.norm import RMSNorm
 from blazr.model.rope import RotaryEmbedding
@@ -118,6 +123,9 @@ class MLA(nn.Module):
             self.kv_a_norm = RMSNorm(Lkv, cfg.norm_eps)
         self.kv_b_proj = nn.Linear(Lkv, H * (Dn + Dv), bias=False)
         self.o_proj = nn.Linear(H * Dv, hidden_size, bias=False)
+        # kv_b_proj's per-head halves for the decode kernels: (W_UKᵀ [H·Lkv, Dn], W_UV [H·Dv, Lkv]), set by
+        # the loader (`absorb_mla`); None: decode steps take the torch forms
+        self.absorbed: tuple[QuantizedWeight, QuantizedWeight] | None = None
 
     # ---------------------------------------------------------------------------------------------------
     # Projections.
@@ -265,10 +273,12 @@ class MLA(nn.Module):
 
     def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         """One token per sequence, float32 on the CPU, as kernel ops (a recordable step): the q projections,
-        q_rope rotated in place, the latent row normed, rotated and written by `mla_cache_write`, then the
-        absorbed attention over the latent pool with W_UK / W_UV applied inside `mla_decode`. x [B, D]."""
+        q_rope rotated in place, the latent row normed, rotated and written by `mla_cache_write`, then q_lat =
+        q_nope · W_UK per head, the absorbed attention over the latent pool, and W_UV per head. x [B, D]."""
         cfg, B = self.cfg, x.shape[0]
         assert cache.latent is not None and batch.slot_mapping is not None and batch.kv_indices is not None
+        assert self.absorbed is not None
+        w_uk_t, w_uv = self.absorbed
         q_nope, q_rope = self._query_parts(x)
         cos, sin = self.rope.cos, self.rope.sin
         ops.rope_neox(q_rope, batch.positions, cos, sin, cfg.qk_rope_head_dim)
@@ -276,15 +286,22 @@ class MLA(nn.Module):
         ops.mla_cache_write(
             self.kv_a_proj(x), norm, cfg.norm_eps, batch.positions, cos, sin, batch.slot_mapping, cache.latent
         )
-        o = ops.mla_decode(
-            q_nope, q_rope, cache.latent, batch.kv_indices, batch.decode_lens, self.kv_b_proj.weight,
-            cfg.softmax_scale,
-        )  # fmt: skip
+        q_lat = ops.linear_heads(q_nope, w_uk_t)  # [B, H, Lkv]
+        o_lat = ops.mla_decode(
+            q_lat, q_rope, cache.latent, batch.kv_indices, batch.decode_lens, cfg.softmax_scale
+        )  # [B, H, Lkv]
+        o = ops.linear_heads(o_lat, w_uv)  # [B, H, Dv]
         return self.o_proj(o.view(B, cfg.num_heads * cfg.v_head_dim))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         """x [T, D] → [T, D]. Writes the new tokens' latent rows to `cache.latent` at `batch.slot_mapping`."""
-        if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
+        if (
+            cache is not None
+            and batch.is_decode_only
+            and batch.decode_lens is not None
+            and self.absorbed is not None
+            and ops.cpu_f32(x)
+        ):
             return self._decode(x, batch, cache)
         cfg, T = self.cfg, x.shape[0]
         q_nope, q_rope = self._queries(x, batch.positions)

@@ -38,7 +38,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 8
+#define BLZ_ABI_VERSION 9
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -111,10 +111,13 @@ int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64_t *ids, co
 int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int64_t L, int64_t R, const float *norm_w,
                         float eps, const int64_t *pos, const float *cos, const float *sin, int64_t P,
                         const int64_t *slots, void *pool, int kv_type, int64_t S);
-int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_nope, const float *q_rope, int64_t ld_rope,
+int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat, const float *q_rope, int64_t ld_rope,
                    int64_t hs_rope, const void *pool, int kv_type, int64_t S, const int64_t *kv_indices,
-                   int64_t idx_stride, const int64_t *seq_lens, int64_t B, int64_t H, int64_t Dn, int64_t R,
-                   int64_t L, int64_t Dv, const float *w_kvb, float scale, float *out, int nthreads);
+                   int64_t idx_stride, const int64_t *seq_lens, int64_t B, int64_t H, int64_t R, int64_t L,
+                   float scale, float *out, int nthreads);
+int blz_linear_heads(const float *x, int64_t ldx, int64_t hsx, int64_t B, int64_t H, int64_t K, int code,
+                     const void *w, int64_t w_stride, int64_t N, float *out, int64_t ldo, int64_t hso,
+                     int nthreads);
 int blz_argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads);
 int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperature, const float *min_p,
                     const int64_t *top_k, const float *top_p, const float *u, int64_t *out, int nthreads);
@@ -123,6 +126,10 @@ int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperatu
  * ggml blocks into a 16-row group, shared with quantize.c. */
 int blz_block_bytes(int kind, int *header);
 void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j, uint8_t *group);
+
+/* Internal: one linear call by weight code (op · 16 + kind), no bias or residual (common.c). */
+int blz_linear_by_code(int code, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *out,
+                       int swiglu, int nthreads);
 
 /* Internal: the K-quant linear kernel (linear_k.c) and the in-place Q8_0 one (linear_q8.c), blz_linear_q's
  * signature. */
@@ -169,6 +176,7 @@ enum {
     BLZ_OP_MLA_DECODE = 17,
     BLZ_OP_LINEAR_F16 = 18,
     BLZ_OP_EMBEDDING_Q = 19,
+    BLZ_OP_LINEAR_HEADS = 20,
 };
 typedef struct {
     int64_t op;

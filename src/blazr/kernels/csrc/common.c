@@ -42,6 +42,22 @@ void *blz_scratch_slot(int slot, size_t bytes) {
 
 void *blz_scratch(size_t bytes) { return blz_scratch_slot(0, bytes); }
 
+/* One linear kernel call by weight code (op · 16 + kind; see blz_moe_experts), no bias or residual. */
+int blz_linear_by_code(int code, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *out,
+                       int swiglu, int nthreads) {
+    switch (code >> 4) {
+        case BLZ_OP_LINEAR_Q:
+            return blz_linear_q(code & 15, x, M, K, (const uint8_t *)w, N, NULL, NULL, out, swiglu, nthreads);
+        case BLZ_OP_LINEAR_F32:
+            return blz_linear_f32(x, M, K, (const float *)w, N, NULL, NULL, out, swiglu, nthreads);
+        case BLZ_OP_LINEAR_BF16:
+            return blz_linear_bf16(x, M, K, (const uint16_t *)w, N, NULL, NULL, out, swiglu, nthreads);
+        case BLZ_OP_LINEAR_F16:
+            return blz_linear_f16(x, M, K, (const uint16_t *)w, N, NULL, NULL, out, swiglu, nthreads);
+    }
+    return BLZ_EINVAL;
+}
+
 #define P(T, k) ((T)(intptr_t)a->i[k])
 
 /* Run kernel a->op with arguments a->i[0..] (pointers and integers, in signature order) and a->f[0..]
@@ -118,8 +134,11 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_MLA_DECODE:
             return blz_mla_decode(P(const float *, 0), i[1], i[2], P(const float *, 3), i[4], i[5],
                                   P(const void *, 6), (int)i[7], i[8], P(const int64_t *, 9), i[10],
-                                  P(const int64_t *, 11), i[12], i[13], i[14], i[15], i[16], i[17],
-                                  P(const float *, 18), (float)a->f[0], P(float *, 19), (int)i[20]);
+                                  P(const int64_t *, 11), i[12], i[13], i[14], i[15], (float)a->f[0],
+                                  P(float *, 16), (int)i[17]);
+        case BLZ_OP_LINEAR_HEADS:
+            return blz_linear_heads(P(const float *, 0), i[1], i[2], i[3], i[4], i[5], (int)i[6],
+                                    P(const void *, 7), i[8], i[9], P(float *, 10), i[11], i[12], (int)i[13]);
         case BLZ_OP_AXPBY:
             return blz_axpby(P(const float *, 0), (float)a->f[0], P(const float *, 1), (float)a->f[1], i[2],
                              P(float *, 3));

@@ -7,18 +7,26 @@
  * c_kv = w · c / sqrt(mean(c²) + eps) (RMSNorm; no weight: copied as is), k_rope rotated (NeoX half split,
  * cos/sin rows pos[t] of tables [P, R/2], as blz_rope_neox), stored at pool row slots[t].
  *
- * blz_mla_decode, the absorbed form, one query per sequence: for sequence b and head h, with W_UK[h] [Dn, L]
- * and W_UV[h] [Dv, L] the rows of kv_b_proj [H·(Dn + Dv), L] (per head [k_nope rows; v rows]):
- *   q_lat = q_nope[b, h] · W_UK[h]                                  [L]
+ * blz_mla_decode, the absorbed form, one query per sequence: for sequence b and head h, with
+ * q_lat[b, h] = q_nope[b, h] · W_UK[h] already made (blz_linear_heads over W_UKᵀ),
  *   s_t   = scale · (q_lat · c_kv_t + q_rope[b, h] · k_rope_t)       t < seq_lens[b], row kv_indices[b, t]
- *   o     = W_UV[h] · Σ_t softmax(s)_t · c_kv_t                      [Dv] → out [B, H, Dv]
- * so the cache is never expanded per head. q_nope [B, H, Dn] and q_rope [B, H, R] are strided views (row b
- * at + b·ld, head h at + h·hs, features contiguous): the parts of each head of a fused q projection.
- * Work items are (sequence, block of heads), the blocks as large as keeps every thread busy: every latent
- * row read feeds the block's heads. A head's numbers do not depend on its block, the batch or the thread
- * count. Scores and softmax in fp32 (libm expf); dot products in four vector accumulators (AVX2).
+ *   o_lat = Σ_t softmax(s)_t · c_kv_t                                [L] → out [B, H, L]
+ * and W_UV is applied to o_lat after (blz_linear_heads again), so the cache is never expanded per head.
+ * q_lat [B, H, L] and q_rope [B, H, R] are strided views (row b at + b·ld, head h at + h·hs, features
+ * contiguous). Work items are (sequence, block of heads), the blocks as large as keeps every thread busy:
+ * every latent row read feeds the block's heads. A head's numbers do not depend on its block, the batch or
+ * the thread count. Scores and softmax in fp32 (libm expf); dot products in four vector accumulators (AVX2).
  *
- * Shapes: T tokens, B sequences, H heads, Dn / R / Dv head dims, L = kv_lora_rank, S pool rows, P table rows.
+ * blz_linear_heads: out[b, h] = x[b, h] · W_hᵀ for every head h < H — the absorbed form's per-head
+ * projections (W_UKᵀ [L, Dn] before the attention, W_UV [Dv, L] after). Head h's weight [N, K] starts at
+ * w + h·w_stride bytes, in any weight format of the linear kernels (`code` as blz_moe_experts': a quantized
+ * head streams its own quantized rows); x and out are strided views as above. Each head is one linear call
+ * over its B rows (one read of its weights for the whole batch), so a row's result does not depend on the
+ * batch. With at least as many heads as threads the heads are spread over the threads, each call on one;
+ * else the heads run in turn, each call on all threads.
+ *
+ * Shapes: T tokens, B sequences, H heads, R rope dims, L = kv_lora_rank, S pool rows, P table rows;
+ * linear_heads: K in, N out features per head.
  */
 #include <stdlib.h>
 
@@ -104,13 +112,12 @@ BLZ_INLINE const float *latent_row(const char *pool, int64_t slot, int64_t W, in
     return buf;
 }
 
-BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_nope, const float *q_rope,
-                              int64_t ld_rope, int64_t hs_rope, const void *pool, int kv_type, int64_t S, const int64_t *kv_indices,
-                              int64_t idx_stride, const int64_t *seq_lens, int64_t B, int64_t H, int64_t Dn,
-                              int64_t R, int64_t L, int64_t Dv, const float *w_kvb, float scale, float *out,
-                              int nthreads) {
-    if (B < 0 || H <= 0 || Dn <= 0 || R <= 0 || L <= 0 || Dv <= 0 || hs_nope < Dn || hs_rope < R ||
-        ld_nope < (H - 1) * hs_nope + Dn || ld_rope < (H - 1) * hs_rope + R)
+BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat, const float *q_rope,
+                              int64_t ld_rope, int64_t hs_rope, const void *pool, int kv_type, int64_t S,
+                              const int64_t *kv_indices, int64_t idx_stride, const int64_t *seq_lens, int64_t B,
+                              int64_t H, int64_t R, int64_t L, float scale, float *out, int nthreads) {
+    if (B < 0 || H <= 0 || R <= 0 || L <= 0 || hs_lat < L || hs_rope < R || ld_lat < (H - 1) * hs_lat + L ||
+        ld_rope < (H - 1) * hs_rope + R)
         return BLZ_EINVAL;
     if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
     int64_t nmax = 1;
@@ -126,8 +133,8 @@ BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_n
     const int64_t HB = blz_min(BLZ_MLA_MAX_HEADS, (H + per_seq - 1) / per_seq), W = L + R;
     const int64_t blocks = (H + HB - 1) / HB, items = B * blocks;
     const int nt = blz_threads(nthreads, items * nmax * W * HB, 1 << 15);
-    /* per thread: q_lat [HB][L], o_lat [HB][L], scores [HB][nmax], one widened row [W] */
-    const int64_t per = blz_round_up(HB * (2 * L + nmax) + W, 16);
+    /* per thread: scores [HB][nmax], one widened row [W] */
+    const int64_t per = blz_round_up(HB * nmax + W, 16);
     float *scratch = blz_scratch((size_t)(per * nt) * sizeof(float));
     if (!scratch) return BLZ_ENOMEM;
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -138,20 +145,13 @@ BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_n
         float *buf = scratch;
 #endif
         const int64_t b = item / blocks, h0 = item % blocks * HB, nh = blz_min(HB, H - h0), n = seq_lens[b];
-        float *q_lat = buf, *o_lat = q_lat + HB * L, *s = o_lat + HB * L, *wide = s + HB * nmax;
+        float *s = buf, *wide = s + HB * nmax;
         const int64_t *idx = kv_indices + b * idx_stride;
-        for (int64_t j = 0; j < nh; ++j) { /* q_lat = q_nope · W_UK */
-            const float *qn = q_nope + b * ld_nope + (h0 + j) * hs_nope, *wk = w_kvb + (h0 + j) * (Dn + Dv) * L;
-            float *ql = q_lat + j * L;
-            memset(ql, 0, (size_t)L * sizeof(float));
-            for (int64_t d = 0; d < Dn; ++d) axpy(ql, qn[d], wk + d * L, L);
-        }
+        const float *ql = q_lat + b * ld_lat + h0 * hs_lat, *qr = q_rope + b * ld_rope + h0 * hs_rope;
         for (int64_t t = 0; t < n; ++t) { /* scores: each row read once for the block's heads */
             const float *row = latent_row(pool, idx[t], W, kv_type, wide);
-            for (int64_t j = 0; j < nh; ++j) {
-                const float *qr = q_rope + b * ld_rope + (h0 + j) * hs_rope;
-                s[j * nmax + t] = scale * (dot(q_lat + j * L, row, L) + dot(qr, row + L, R));
-            }
+            for (int64_t j = 0; j < nh; ++j)
+                s[j * nmax + t] = scale * (dot(ql + j * hs_lat, row, L) + dot(qr + j * hs_rope, row + L, R));
         }
         for (int64_t j = 0; j < nh; ++j) { /* softmax */
             float *sj = s + j * nmax, m = -INFINITY, sum = 0.0f;
@@ -159,16 +159,53 @@ BLZ_EXPORT int blz_mla_decode(const float *q_nope, int64_t ld_nope, int64_t hs_n
             for (int64_t t = 0; t < n; ++t) sum += sj[t] = expf(sj[t] - m);
             for (int64_t t = 0; t < n; ++t) sj[t] /= sum;
         }
-        memset(o_lat, 0, (size_t)(HB * L) * sizeof(float));
-        for (int64_t t = 0; t < n; ++t) { /* o_lat = Σ p · c_kv */
+        float *o = out + (b * H + h0) * L; /* o_lat = Σ p · c_kv (zeros for an empty sequence) */
+        memset(o, 0, (size_t)(nh * L) * sizeof(float));
+        for (int64_t t = 0; t < n; ++t) {
             const float *row = latent_row(pool, idx[t], W, kv_type, wide);
-            for (int64_t j = 0; j < nh; ++j) axpy(o_lat + j * L, s[j * nmax + t], row, L);
-        }
-        for (int64_t j = 0; j < nh; ++j) { /* out = W_UV · o_lat (zeros for an empty sequence) */
-            const float *wv = w_kvb + ((h0 + j) * (Dn + Dv) + Dn) * L;
-            float *o = out + (b * H + h0 + j) * Dv;
-            for (int64_t v = 0; v < Dv; ++v) o[v] = dot(wv + v * L, o_lat + j * L, L);
+            for (int64_t j = 0; j < nh; ++j) axpy(o + j * L, s[j * nmax + t], row, L);
         }
     }
     return BLZ_OK;
+}
+
+/* Head h of blz_linear_heads, its linear call on `nt` threads. */
+static int head_linear(int64_t h, const float *x, int64_t ldx, int64_t hsx, int64_t B, int64_t K, int code,
+                       const void *w, int64_t w_stride, int64_t N, float *out, int64_t ldo, int64_t hso, int nt) {
+    const float *xh = x + h * hsx;
+    const void *wh = (const char *)w + h * w_stride;
+    float *oh = out + h * hso;
+    if (B == 1) return blz_linear_by_code(code, xh, 1, K, wh, N, oh, 0, nt);
+    /* the head's rows gathered: the linear kernels read and write contiguous [B, K] / [B, N] rows */
+    float *xs = blz_scratch_slot(1, (size_t)(B * (K + N)) * sizeof(float)), *os = xs + B * K;
+    if (!xs) return BLZ_ENOMEM;
+    for (int64_t b = 0; b < B; ++b) memcpy(xs + b * K, xh + b * ldx, (size_t)K * sizeof(float));
+    const int rc = blz_linear_by_code(code, xs, B, K, wh, N, os, 0, nt);
+    for (int64_t b = 0; rc == BLZ_OK && b < B; ++b) memcpy(oh + b * ldo, os + b * N, (size_t)N * sizeof(float));
+    return rc;
+}
+
+BLZ_EXPORT int blz_linear_heads(const float *x, int64_t ldx, int64_t hsx, int64_t B, int64_t H, int64_t K,
+                                int code, const void *w, int64_t w_stride, int64_t N, float *out, int64_t ldo,
+                                int64_t hso, int nthreads) {
+    if (B < 0 || H <= 0 || K <= 0 || N <= 0 || w_stride <= 0 || hsx < K || hso < N ||
+        (B > 1 && (ldx < (H - 1) * hsx + K || ldo < (H - 1) * hso + N)))
+        return BLZ_EINVAL;
+    if (B == 0) return BLZ_OK;
+    const int nt = nthreads > 0 ? nthreads : 1;
+    int err = BLZ_OK;
+    if (nt > 1 && H >= nt) { /* heads over the threads, each call on one */
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t h = 0; h < H; ++h) {
+            const int rc = head_linear(h, x, ldx, hsx, B, K, code, w, w_stride, N, out, ldo, hso, 1);
+            if (rc != BLZ_OK) {
+#pragma omp atomic write
+                err = rc;
+            }
+        }
+        return err;
+    }
+    for (int64_t h = 0; h < H && err == BLZ_OK; ++h) /* the heads in turn, each call on all threads */
+        err = head_linear(h, x, ldx, hsx, B, K, code, w, w_stride, N, out, ldo, hso, nt);
+    return err;
 }

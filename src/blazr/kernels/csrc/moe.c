@@ -85,22 +85,6 @@ BLZ_EXPORT int blz_moe_route(const float *logits, int64_t T, int64_t E, const fl
     return BLZ_OK;
 }
 
-/* One linear kernel call by weight code (op · 16 + kind). */
-static int linear_by_code(int code, const float *x, int64_t M, int64_t K, const void *w, int64_t N,
-                          float *out, int swiglu, int nthreads) {
-    switch (code >> 4) {
-        case BLZ_OP_LINEAR_Q:
-            return blz_linear_q(code & 15, x, M, K, (const uint8_t *)w, N, NULL, NULL, out, swiglu, nthreads);
-        case BLZ_OP_LINEAR_F32:
-            return blz_linear_f32(x, M, K, (const float *)w, N, NULL, NULL, out, swiglu, nthreads);
-        case BLZ_OP_LINEAR_BF16:
-            return blz_linear_bf16(x, M, K, (const uint16_t *)w, N, NULL, NULL, out, swiglu, nthreads);
-        case BLZ_OP_LINEAR_F16:
-            return blz_linear_f16(x, M, K, (const uint16_t *)w, N, NULL, NULL, out, swiglu, nthreads);
-    }
-    return BLZ_EINVAL;
-}
-
 BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64_t *ids, const float *weights,
                                int64_t k, int64_t E, int code_up, const void *w_up, int64_t up_stride,
                                int code_down, const void *w_down, int64_t down_stride, int64_t I, int act,
@@ -135,10 +119,10 @@ BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64
         if (!n) continue;
         const char *wu = (const char *)w_up + e * up_stride, *wd = (const char *)w_down + e * down_stride;
         float *he = h + p0 * Nup, *ae = swiglu ? he : act_out + p0 * I; /* SwiGLU: [n, I] written to h */
-        int rc = linear_by_code(code_up, xs + p0 * D, n, D, wu, Nup, he, swiglu, nthreads);
+        int rc = blz_linear_by_code(code_up, xs + p0 * D, n, D, wu, Nup, he, swiglu, nthreads);
         if (rc != BLZ_OK) return rc;
         if (!swiglu && (rc = blz_activation(he, n, Nup, act, gated, ae)) != BLZ_OK) return rc;
-        rc = linear_by_code(code_down, ae, n, I, wd, D, ys + p0 * D, 0, nthreads);
+        rc = blz_linear_by_code(code_down, ae, n, I, wd, D, ys + p0 * D, 0, nthreads);
         if (rc != BLZ_OK) return rc;
     }
     for (int64_t t = 0; t < T; ++t) {

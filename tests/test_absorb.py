@@ -1,0 +1,137 @@
+"""MLA's per-head decode weights made at load (loading/absorb.py): the kind each mode picks, values kept
+exact under `auto` and written back into kv_b_proj under the rounding modes, and a decode step on the kernel
+ops (`MLA._decode`: linear_heads → mla_decode → linear_heads) equal to the torch absorbed form on the same
+weights, for every kind.
+
+Shapes: D hidden, H heads, L latent rank, Dn / R / Dv head dims.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blazr.config import MLAConfig, RopeConfig
+from blazr.kernels.quant import dequantize, quantize
+from blazr.loading.absorb import absorb_mla
+from blazr.model.mla import MLA
+from blazr.model.rope import RotaryEmbedding
+from blazr.state.batch import ForwardBatch
+from blazr.state.kv_cache import LayerCache
+
+D, H, L, DN, R, DV = 64, 4, 64, 32, 8, 32  # block kinds fit: Dn, L multiples of 32, 16-row groups per head
+
+
+def _mla(seed: int = 0) -> MLA:
+    cfg = MLAConfig(H, None, L, DN, R, DV, RopeConfig(dim=R), (DN + R) ** -0.5)
+    torch.manual_seed(seed)
+    mla = MLA(cfg, D, RotaryEmbedding(cfg.rope, 128)).eval()
+    with torch.no_grad():
+        for p in mla.parameters():
+            p.normal_(0.0, 0.2)
+    return mla
+
+
+def _batch(steps: list[tuple[int, int, int]]) -> ForwardBatch:
+    """(sequence, context_len, query_len) per sequence, decodes first; sequence i owns pool rows
+    [1 + 64·i, 1 + 64·(i + 1)); decode rows carry `decode_lens`, as the engine's decode steps do."""
+    num_decodes = sum(1 for _, ctx, n in steps if n == 1 and ctx > 0)
+    lmax = max(ctx + n for _, ctx, n in steps)
+    kv_indices = torch.zeros(len(steps), lmax, dtype=torch.long)
+    for b, (seq, ctx, n) in enumerate(steps):
+        kv_indices[b, : ctx + n] = 1 + 64 * seq + torch.arange(ctx + n)
+    positions = torch.cat([torch.arange(ctx, ctx + n) for _, ctx, n in steps])
+    return ForwardBatch(
+        positions=positions,
+        query_lens=tuple(n for *_, n in steps),
+        context_lens=tuple(ctx for _, ctx, _ in steps),
+        num_decodes=num_decodes,
+        logits_indices=torch.arange(positions.shape[0]),
+        slot_mapping=torch.cat([1 + 64 * seq + torch.arange(ctx, ctx + n) for seq, ctx, n in steps]),
+        kv_indices=kv_indices,
+        decode_lens=torch.tensor([ctx + n for _, ctx, n in steps[:num_decodes]]),
+    )
+
+
+def _kinds(mla: MLA) -> tuple[str, str]:
+    assert mla.absorbed is not None
+    return mla.absorbed[0].kind, mla.absorbed[1].kind
+
+
+@pytest.mark.parametrize(
+    "mode, kind", [("none", "f32"), ("int8", "q8_0"), ("int4", "q4_1"), ("bf16", "bf16"), ("auto", "f32")]
+)
+def test_the_kind_each_mode_makes(mode: str, kind: str) -> None:
+    mla = _mla()
+    assert absorb_mla(mla, mode) == {kind: 1}
+    w_uk_t, w_uv = mla.absorbed
+    assert (w_uk_t.out_features, w_uk_t.in_features) == (H * L, DN)
+    assert (w_uv.out_features, w_uv.in_features) == (H * DV, L)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "f16", "bf16"])
+def test_auto_takes_the_smallest_kind_that_holds_the_weights_exactly(kind: str) -> None:
+    """A kv_b_proj whose halves are exact Q8_0 (as a Q8_0 GGUF's attn_k_b / attn_v_b: blocks along Dn and
+    L) becomes Q8_0, exact f16 values f16, exact bf16 values bf16 (that f16 cannot hold); the weight itself
+    is left as it is."""
+    mla = _mla()
+    w = mla.kv_b_proj.weight.detach().view(H, DN + DV, L)
+    with torch.no_grad():
+        if kind == "q8_0":
+            w_uk = dequantize(quantize(w[:, :DN].transpose(1, 2).reshape(H * L, DN), "q8_0"))
+            w[:, :DN] = w_uk.view(H, L, DN).transpose(1, 2)
+            w[:, DN:] = dequantize(quantize(w[:, DN:].reshape(H * DV, L), "q8_0")).view(H, DV, L)
+        elif kind == "f16":
+            w.copy_(w.half().float())
+        else:  # exact bf16 beyond f16's range (bf16 values of f16's range are f16 too: f16 is taken first)
+            w.copy_((w * 2.0**20).bfloat16().float())
+    before = mla.kv_b_proj.weight.detach().clone()
+    absorb_mla(mla, "auto")
+    assert _kinds(mla) == (kind, kind)
+    assert torch.equal(mla.kv_b_proj.weight, before)
+    assert torch.equal(dequantize(mla.absorbed[1]), before.view(H, DN + DV, L)[:, DN:].reshape(H * DV, L))
+
+
+def test_rounding_modes_write_the_rounded_values_back() -> None:
+    mla = _mla()
+    before = mla.kv_b_proj.weight.detach().clone()
+    absorb_mla(mla, "int8")
+    w = mla.kv_b_proj.weight.detach().view(H, DN + DV, L)
+    w_uk_t, w_uv = mla.absorbed
+    assert torch.equal(w[:, :DN], dequantize(w_uk_t).view(H, L, DN).transpose(1, 2))
+    assert torch.equal(w[:, DN:], dequantize(w_uv).view(H, DV, L))
+    assert not torch.equal(mla.kv_b_proj.weight, before)
+    torch.testing.assert_close(mla.kv_b_proj.weight, before, rtol=0, atol=0.2 * 4 / 127)  # |w| ≲ 4σ
+
+
+def test_shapes_a_block_kind_cannot_hold_stay_float32() -> None:
+    """Dv = 24: 24 rows a head are not whole 16-row groups, so int8 keeps both halves float32."""
+    cfg = MLAConfig(H, None, L, DN, R, 24, RopeConfig(dim=R), 0.1)
+    mla = MLA(cfg, D, RotaryEmbedding(cfg.rope, 128)).eval()
+    assert absorb_mla(mla, "int8") == {"f32": 1}
+
+
+@pytest.mark.parametrize("mode", ["none", "int8", "int4", "bf16"])
+@torch.no_grad()
+def test_kernel_decode_equals_the_torch_absorbed_form(mode: str) -> None:
+    """Two sequences prefilled, then 5 decode-only steps: on the kernel ops (absorbed weights made) and in
+    torch (`absorbed` unset: the bmm form over kv_b_proj) — the same weights, since the rounding modes wrote
+    their values back into kv_b_proj: equal to fp32 rounding for float32, and up to the kernels' own rounding
+    of the activations (bf16, 8 bits per block of 32) for the others (a wrong head or layout would be
+    off by the outputs' whole size, ~1)."""
+    kernels = _mla(seed=3)
+    absorb_mla(kernels, mode)
+    torch_form = _mla(seed=3)
+    torch_form.kv_b_proj.weight.copy_(kernels.kv_b_proj.weight)
+    assert torch_form.absorbed is None
+    x = torch.randn(2, 20, D)
+    outs = []
+    for mla in (kernels, torch_form):
+        cache = LayerCache(latent=torch.zeros(1 + 2 * 64, L + R))
+        mla(torch.cat([x[0, :12], x[1, :9]]), _batch([(0, 0, 12), (1, 0, 9)]), cache)
+        steps = [mla(torch.stack([x[0, 12 + t], x[1, 9 + t]]), _batch([(0, 12 + t, 1), (1, 9 + t, 1)]), cache)
+                 for t in range(5)]  # fmt: skip
+        outs.append(torch.stack(steps))
+    tol = 1e-5 if mode == "none" else 1e-2
+    torch.testing.assert_close(outs[0], outs[1], rtol=tol, atol=tol)
+    assert outs[1].abs().max() > 0.3
