@@ -34,6 +34,7 @@ from blazr import LLM
 from blazr.config import ModelConfig
 from blazr.detect import inspect_checkpoint
 from blazr.loading import gguf as gguf_mod
+from blazr.model.mla import MLA as MLALayer
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
@@ -291,6 +292,12 @@ def test_quantized_gguf_stays_quantized_and_matches_its_float_values(made, name,
         assert all(e.w_up is not None and e.w_up.kind == stored for e in experts)
         E, I, D = experts[0].num_experts, experts[0].cfg.intermediate_size, ours.config.hidden_size
         assert not {(E, I, D), (E, D, I)} & {shape for _, shape in seen}  # no expert stack went via float
+    if kind == "q8_0":  # DeepSeek's q and kv_a rows, their rope rows reordered at load, move as stored
+        for mla in (m for m in ours.model.modules() if isinstance(m, MLALayer)):  # (Q8_0, or F16 where the
+            q = mla.q_proj if mla.cfg.q_lora_rank is None else mla.q_b_proj  # rows do not split in blocks)
+            for linear in (q, mla.kv_a_proj):
+                want = stored if linear.in_features % 32 == 0 else "f16"
+                assert isinstance(linear, QuantizedLinear) and linear.kind == want, linear
     # Every quantized layer — prefill included, now that no dense float copy is kept — rounds its
     # activations to 8 bits per block, as llama.cpp does: measured row errors of 1.5–2.5% of the logit scale
     # (nemotron_h_moe's ReLU² experts: median 2.0% Q8_0 / 2.1% Q4_0 for blazr, 1.7% / 2.5% for llama.cpp on

@@ -48,7 +48,7 @@ from blazr.kernels.quant import (
     row_bytes,
 )
 from blazr.kernels.row_table import ROW_KINDS, RowTable
-from blazr.loading.names import NameMap, cat_rows, unfuse
+from blazr.loading.names import NameMap, RowOrder, cat_rows, unfuse
 from blazr.loading.weights import TensorSource, WeightLoader, set_parameter
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
@@ -120,10 +120,11 @@ def _row_sources(
     pname: str,
     shape: tuple[int, ...],
     is_stacked: bool,
-) -> list[str] | None:
+) -> list[tuple[str, RowOrder | None]] | None:
     """The checkpoint tensors whose rows, concatenated, are parameter `pname` [*, K] — itself, its fused
-    parts (q|k|v, gate|up), or with `is_stacked` the experts of a 3-D stack [E, N, K] read as [E·N, K] — when
-    none needs a transform; else None."""
+    parts (q|k|v, gate|up), or with `is_stacked` the experts of a 3-D stack [E, N, K] read as [E·N, K] —
+    each with the row order to apply to its rows (DeepSeek's rope rows), when no part needs another
+    transform; else None."""
     whole = names.source(pname)
     if whole is not None and whole[0] in source.names:
         found = [whole]
@@ -132,26 +133,35 @@ def _row_sources(
         if combine is not cat_rows and not is_stacked:  # an expert stack: its parts' rows in order
             return None
         found = [names.source(p.name) for p in parts]
-    if any(s is None or s[1] is not None or s[0] not in source.names for s in found):
+    if any(s is None or not isinstance(s[1], RowOrder | None) or s[0] not in source.names for s in found):
         return None
-    return [s[0] for s in found]  # type: ignore[index]
+    return found  # type: ignore[return-value]
+
+
+def _reordered(rows: torch.Tensor, order: RowOrder | None) -> torch.Tensor:
+    """A tensor indexed by rows (stored bytes [R, X], or addresses [R]) in `order`."""
+    if order is None:
+        return rows
+    return order(rows.unsqueeze(1)).reshape(rows.shape) if rows.dim() == 1 else order(rows)
 
 
 def _row_addresses(
-    source: TensorSource, sources: list[str], shape: tuple[int, ...]
+    source: TensorSource, sources: list[tuple[str, RowOrder | None]], shape: tuple[int, ...]
 ) -> tuple[str, torch.Tensor] | None:
     """(stored type name, int64 [rows]) — where each row of the weight [*, K] made of `sources`' rows lies
-    in the checkpoint's map (`row_addresses`) — when they are all one type and add up to the weight's
-    shape; else None (also without the kernel library, the only reader of addresses)."""
+    in the checkpoint's map (`row_addresses`), each source's rows in its row order — when they are all one
+    type and add up to the weight's shape; else None (also without the kernel library, the only reader of
+    addresses)."""
     row_addresses = getattr(source, "row_addresses", None)
     if row_addresses is None or kernel_ops.kernels() is None:
         return None
-    found = [row_addresses(name) for name in sources]
+    found = [row_addresses(name) for name, _ in sources]
     if any(f is None for f in found) or len({f[0] for f in found}) != 1:  # type: ignore[index]
         return None
-    if any(source.shape(name)[-1] != shape[-1] for name in sources):
+    if any(source.shape(name)[-1] != shape[-1] for name, _ in sources):
         return None
-    rows = torch.cat([f[1] for f in found])  # type: ignore[index]
+    orders = [order for _, order in sources]
+    rows = torch.cat([_reordered(f[1], o) for f, o in zip(found, orders, strict=True)])  # type: ignore[index]
     return (found[0][0], rows) if rows.numel() == math.prod(shape[:-1]) else None  # type: ignore[index]
 
 
@@ -188,7 +198,10 @@ def _gguf_blocks(
         else:  # one run of the file (also parts stored back to back, e.g. ffn_gate then ffn_up)
             data = source.span(int(found[1][0]), num_rows * step)  # type: ignore[attr-defined]
         return QuantizedWeight.from_ggml(found[0], data, num_rows, k)
-    raws = [load_raw(src) for src in sources]
+    raws = []
+    for name, order in sources:
+        ggml_type, raw = load_raw(name)
+        raws.append((ggml_type, _reordered(raw, order)))
     types = {t for t, _ in raws}
     if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
         parts = [
@@ -354,7 +367,9 @@ def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
     sources = _row_sources(cfg, source, loader.names, pname, shape, is_stacked=False)
     if load_raw is None or sources is None or len(sources) != 1 or model.tp is not None:
         return None
-    ggml_type, raw = load_raw(sources[0])
+    if sources[0][1] is not None:  # a table is never reordered; nothing else is expected here
+        return None
+    ggml_type, raw = load_raw(sources[0][0])
     kind = GGML_KINDS.get(ggml_type)
     if kind not in ROW_KINDS or raw.shape[0] != shape[0]:
         return None

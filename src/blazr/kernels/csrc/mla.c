@@ -104,11 +104,21 @@ BLZ_INLINE void axpy(float *restrict y, float c, const float *restrict x, int64_
     for (; i < n; ++i) y[i] += c * x[i];
 }
 
-/* A latent row as fp32: the row itself for an fp32 pool, else widened into buf. */
+/* A latent row as fp32: the row itself for an fp32 pool, else widened into buf (exactly: vcvtph2ps for f16,
+ * a 16-bit shift for bf16, eight at a time on AVX2). */
 BLZ_INLINE const float *latent_row(const char *pool, int64_t slot, int64_t W, int kv_type, float *buf) {
     if (kv_type == BLZ_KV_F32) return (const float *)pool + slot * W;
-    const char *row = pool + slot * W * 2;
-    for (int64_t i = 0; i < W; ++i) buf[i] = blz_kv_load1(row, i, kv_type);
+    const uint16_t *row = (const uint16_t *)(pool + slot * W * 2);
+    int64_t i = 0;
+#ifdef BLZ_AVX2
+    for (; i + 8 <= W; i += 8) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(row + i));
+        _mm256_storeu_ps(buf + i, kv_type == BLZ_KV_F16
+                                      ? _mm256_cvtph_ps(h)
+                                      : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+#endif
+    for (; i < W; ++i) buf[i] = blz_kv_load1((const char *)row, i, kv_type);
     return buf;
 }
 

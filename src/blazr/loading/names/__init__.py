@@ -31,6 +31,18 @@ Combine = Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 @dataclass(frozen=True)
+class RowOrder:
+    """A transform that only reorders rows (dim 0): it applies to anything indexed by the weight's rows — the
+    weight, and equally the addresses of its stored rows — so quantized rows are moved as stored, never
+    dequantized to be permuted (loading/quantize.py)."""
+
+    reorder: Transform
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return self.reorder(t)
+
+
+@dataclass(frozen=True)
 class Part:
     """One logical piece of an internal parameter and the shape it must have."""
 

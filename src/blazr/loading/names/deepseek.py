@@ -4,7 +4,8 @@
 
 DeepSeek rotates interleaved rope pairs; blazr rotates half-split. The rope rows of q (`q_proj` / `q_b_proj`:
 the last R of each head's Dn + R rows) and of `kv_a_proj_with_mqa` (its last R rows, after the Lkv latent
-rows) are permuted at load by `interleaved_to_half_rows`, which leaves q·k, and so the attention, unchanged.
+rows) are permuted at load by `interleaved_to_half_rows`, which leaves q·k, and so the attention, unchanged
+(a `RowOrder`: a GGUF's quantized rows move as stored).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 
 from blazr.config import MLAConfig, ModelConfig
-from blazr.loading.names import NameMap, Transform
+from blazr.loading.names import NameMap, RowOrder
 from blazr.model.mla import interleaved_to_half_rows
 
 L = r"layers\.(\d+)\."
@@ -26,19 +27,21 @@ def _mla_of(cfg: ModelConfig, m: re.Match[str]) -> MLAConfig:
 
 
 def deepseek_names(cfg: ModelConfig) -> NameMap:
-    def q_rows(m: re.Match[str]) -> Transform | None:
+    def q_rows(m: re.Match[str]) -> RowOrder | None:
         a = _mla_of(cfg, m)
         if not a.is_rope_interleaved:
             return None
         per_head = a.qk_nope_head_dim + a.qk_rope_head_dim
-        return lambda w: interleaved_to_half_rows(w, a.qk_rope_head_dim, per_head, a.qk_nope_head_dim)
+        return RowOrder(
+            lambda w: interleaved_to_half_rows(w, a.qk_rope_head_dim, per_head, a.qk_nope_head_dim)
+        )
 
-    def kv_a_rows(m: re.Match[str]) -> Transform | None:
+    def kv_a_rows(m: re.Match[str]) -> RowOrder | None:
         a = _mla_of(cfg, m)
         if not a.is_rope_interleaved:
             return None
         rows = a.kv_lora_rank + a.qk_rope_head_dim
-        return lambda w: interleaved_to_half_rows(w, a.qk_rope_head_dim, rows, a.kv_lora_rank)
+        return RowOrder(lambda w: interleaved_to_half_rows(w, a.qk_rope_head_dim, rows, a.kv_lora_rank))
 
     return (
         NameMap()
