@@ -15,7 +15,8 @@
  * q_lat [B, H, L] and q_rope [B, H, R] are strided views (row b at + b·ld, head h at + h·hs, features
  * contiguous). Work items are (sequence, block of heads), the blocks as large as keeps every thread busy:
  * every latent row read feeds the block's heads. A head's numbers do not depend on its block, the batch or
- * the thread count. Scores and softmax in fp32 (libm expf); dot products in four vector accumulators (AVX2).
+ * the thread count. Scores and softmax in fp32 (libm expf); tiles of 2 heads × 4 latent rows (AVX2: 8 FMA
+ * chains, each row chunk loaded once for both heads).
  *
  * blz_linear_heads: out[b, h] = x[b, h] · W_hᵀ for every head h < H — the absorbed form's per-head
  * projections (W_UKᵀ [L, Dn] before the attention, W_UV [Dv, L] after). Head h's weight [N, K] starts at
@@ -65,44 +66,82 @@ BLZ_EXPORT int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int
     return BLZ_OK;
 }
 
-/* a · b over n fp32 values, in four interleaved vector accumulators on AVX2 (eight lanes each), eight
- * scalar partial sums otherwise: independent chains, so the adds do not wait on each other. */
-BLZ_INLINE float dot(const float *restrict a, const float *restrict b, int64_t n) {
-    int64_t i = 0;
-    float s = 0.0f;
+#define MLA_TH 2 /* heads per tile */
+#define MLA_TR 4 /* latent rows per tile: 8 accumulators (scores) or 8 broadcast weights (values) */
+
+/* s[j·ld + i] = scale · (q_lat_j · c_kv_i + q_rope_j · k_rope_i) for heads j < nh (q rows ql + j·hl, qr +
+ * j·hr) and latent rows i < nr (rows[i], fp32, L + R wide). Each (head, row) pair is one FMA chain over
+ * eight-lane chunks (c_kv, then k_rope), summed, plus the tails in order: the same bits in any tile. */
+BLZ_INLINE void score_tile(const int nh, const int nr, const float *ql, int64_t hl, const float *qr, int64_t hr,
+                           const float *const *rows, int64_t L, int64_t R, float scale, float *s, int64_t ld) {
+    float tail[MLA_TH][MLA_TR] = {{0}};
+    int64_t d0 = 0, e0 = 0;
 #ifdef BLZ_AVX2
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    __m256 acc[MLA_TH][MLA_TR];
+    for (int j = 0; j < nh; ++j)
+        for (int i = 0; i < nr; ++i) acc[j][i] = _mm256_setzero_ps();
+    for (; d0 + 8 <= L; d0 += 8) {
+        __m256 r[MLA_TR];
+        for (int i = 0; i < nr; ++i) r[i] = _mm256_loadu_ps(rows[i] + d0);
+        for (int j = 0; j < nh; ++j) {
+            const __m256 q = _mm256_loadu_ps(ql + j * hl + d0);
+            for (int i = 0; i < nr; ++i) acc[j][i] = _mm256_fmadd_ps(q, r[i], acc[j][i]);
+        }
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    const __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    s = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-#else
-    float p[8] = {0};
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; ++j) p[j] += a[i + j] * b[i + j];
-    s = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+    for (; e0 + 8 <= R; e0 += 8) {
+        __m256 r[MLA_TR];
+        for (int i = 0; i < nr; ++i) r[i] = _mm256_loadu_ps(rows[i] + L + e0);
+        for (int j = 0; j < nh; ++j) {
+            const __m256 q = _mm256_loadu_ps(qr + j * hr + e0);
+            for (int i = 0; i < nr; ++i) acc[j][i] = _mm256_fmadd_ps(q, r[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < nh; ++j)
+        for (int i = 0; i < nr; ++i) tail[j][i] = blz_hsum256(acc[j][i]);
 #endif
-    for (; i < n; ++i) s += a[i] * b[i];
-    return s;
+    for (int j = 0; j < nh; ++j)
+        for (int i = 0; i < nr; ++i) {
+            float t = tail[j][i];
+            for (int64_t d = d0; d < L; ++d) t += ql[j * hl + d] * rows[i][d];
+            for (int64_t e = e0; e < R; ++e) t += qr[j * hr + e] * rows[i][L + e];
+            s[j * ld + i] = scale * t;
+        }
 }
 
-/* y += c · x over n fp32 values. */
-BLZ_INLINE void axpy(float *restrict y, float c, const float *restrict x, int64_t n) {
-    int64_t i = 0;
+/* o_j += Σ_i p[j·ld + i] · c_kv_i for heads j < nh (o rows o + j·L) and latent rows i < nr, each output
+ * element updated by one FMA per row in row order: the same bits in any tile. */
+BLZ_INLINE void value_tile(const int nh, const int nr, const float *p, int64_t ld, const float *const *rows,
+                           int64_t L, float *o) {
+    int64_t d0 = 0;
 #ifdef BLZ_AVX2
-    const __m256 cv = _mm256_set1_ps(c);
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(cv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    __m256 w[MLA_TH][MLA_TR];
+    for (int j = 0; j < nh; ++j)
+        for (int i = 0; i < nr; ++i) w[j][i] = _mm256_set1_ps(p[j * ld + i]);
+    for (; d0 + 8 <= L; d0 += 8) {
+        __m256 r[MLA_TR];
+        for (int i = 0; i < nr; ++i) r[i] = _mm256_loadu_ps(rows[i] + d0);
+        for (int j = 0; j < nh; ++j) {
+            __m256 a = _mm256_loadu_ps(o + j * L + d0);
+            for (int i = 0; i < nr; ++i) a = _mm256_fmadd_ps(w[j][i], r[i], a);
+            _mm256_storeu_ps(o + j * L + d0, a);
+        }
+    }
 #endif
-    for (; i < n; ++i) y[i] += c * x[i];
+    for (int j = 0; j < nh; ++j)
+        for (int64_t d = d0; d < L; ++d) {
+            float a = o[j * L + d];
+            for (int i = 0; i < nr; ++i) a = fmaf(p[j * ld + i], rows[i][d], a);
+            o[j * L + d] = a;
+        }
 }
+
+#define MLA_TILE_SWITCH(FN, nh, nr, ...)                      \
+    do {                                                      \
+        if ((nh) == MLA_TH && (nr) == MLA_TR) FN(MLA_TH, MLA_TR, __VA_ARGS__); \
+        else if ((nh) == MLA_TH) FN(MLA_TH, 1, __VA_ARGS__);  \
+        else if ((nr) == MLA_TR) FN(1, MLA_TR, __VA_ARGS__);  \
+        else FN(1, 1, __VA_ARGS__);                           \
+    } while (0)
 
 /* A latent row as fp32: the row itself for an fp32 pool, else widened into buf (exactly: vcvtph2ps for f16,
  * a 16-bit shift for bf16, eight at a time on AVX2). */
@@ -143,8 +182,8 @@ BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat
     const int64_t HB = blz_min(BLZ_MLA_MAX_HEADS, (H + per_seq - 1) / per_seq), W = L + R;
     const int64_t blocks = (H + HB - 1) / HB, items = B * blocks;
     const int nt = blz_threads(nthreads, items * nmax * W * HB, 1 << 15);
-    /* per thread: scores [HB][nmax], one widened row [W] */
-    const int64_t per = blz_round_up(HB * nmax + W, 16);
+    /* per thread: scores [HB][nmax], MLA_TR widened rows [W] */
+    const int64_t per = blz_round_up(HB * nmax + MLA_TR * W, 16);
     float *scratch = blz_scratch((size_t)(per * nt) * sizeof(float));
     if (!scratch) return BLZ_ENOMEM;
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -158,10 +197,17 @@ BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat
         float *s = buf, *wide = s + HB * nmax;
         const int64_t *idx = kv_indices + b * idx_stride;
         const float *ql = q_lat + b * ld_lat + h0 * hs_lat, *qr = q_rope + b * ld_rope + h0 * hs_rope;
-        for (int64_t t = 0; t < n; ++t) { /* scores: each row read once for the block's heads */
-            const float *row = latent_row(pool, idx[t], W, kv_type, wide);
-            for (int64_t j = 0; j < nh; ++j)
-                s[j * nmax + t] = scale * (dot(ql + j * hs_lat, row, L) + dot(qr + j * hs_rope, row + L, R));
+        const float *rows[MLA_TR];
+        for (int64_t t = 0; t < n;) { /* scores: each tile of rows read once for the block's heads */
+            const int nr = n - t >= MLA_TR ? MLA_TR : 1;
+            for (int i = 0; i < nr; ++i) rows[i] = latent_row(pool, idx[t + i], W, kv_type, wide + i * W);
+            for (int64_t j = 0; j < nh;) {
+                const int th = nh - j >= MLA_TH ? MLA_TH : 1;
+                MLA_TILE_SWITCH(score_tile, th, nr, ql + j * hs_lat, hs_lat, qr + j * hs_rope, hs_rope, rows, L,
+                                R, scale, s + j * nmax + t, nmax);
+                j += th;
+            }
+            t += nr;
         }
         for (int64_t j = 0; j < nh; ++j) { /* softmax */
             float *sj = s + j * nmax, m = -INFINITY, sum = 0.0f;
@@ -171,9 +217,15 @@ BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat
         }
         float *o = out + (b * H + h0) * L; /* o_lat = Σ p · c_kv (zeros for an empty sequence) */
         memset(o, 0, (size_t)(nh * L) * sizeof(float));
-        for (int64_t t = 0; t < n; ++t) {
-            const float *row = latent_row(pool, idx[t], W, kv_type, wide);
-            for (int64_t j = 0; j < nh; ++j) axpy(o + j * L, s[j * nmax + t], row, L);
+        for (int64_t t = 0; t < n;) {
+            const int nr = n - t >= MLA_TR ? MLA_TR : 1;
+            for (int i = 0; i < nr; ++i) rows[i] = latent_row(pool, idx[t + i], W, kv_type, wide + i * W);
+            for (int64_t j = 0; j < nh;) {
+                const int th = nh - j >= MLA_TH ? MLA_TH : 1;
+                MLA_TILE_SWITCH(value_tile, th, nr, s + j * nmax + t, nmax, rows, L, o + j * L);
+                j += th;
+            }
+            t += nr;
         }
     }
     return BLZ_OK;
