@@ -59,7 +59,7 @@ def _kinds(mla: MLA) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize(
-    "mode, kind", [("none", "f32"), ("int8", "q8_0"), ("int4", "q4_1"), ("bf16", "bf16"), ("auto", "f32")]
+    "mode, kind", [("none", "f32"), ("int8", "q8_0g"), ("int4", "q4_1"), ("bf16", "bf16"), ("auto", "f32")]
 )
 def test_the_kind_each_mode_makes(mode: str, kind: str) -> None:
     mla = _mla()
@@ -69,7 +69,7 @@ def test_the_kind_each_mode_makes(mode: str, kind: str) -> None:
     assert (w_uv.out_features, w_uv.in_features) == (H * DV, L)
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "f16", "bf16"])
+@pytest.mark.parametrize("kind", ["q8_0g", "f16", "bf16"])
 def test_auto_takes_the_smallest_kind_that_holds_the_weights_exactly(kind: str) -> None:
     """A kv_b_proj whose halves are exact Q8_0 (as a Q8_0 GGUF's attn_k_b / attn_v_b: blocks along Dn and
     L) becomes Q8_0, exact f16 values f16, exact bf16 values bf16 (that f16 cannot hold); the weight itself
@@ -77,7 +77,7 @@ def test_auto_takes_the_smallest_kind_that_holds_the_weights_exactly(kind: str) 
     mla = _mla()
     w = mla.kv_b_proj.weight.detach().view(H, DN + DV, L)
     with torch.no_grad():
-        if kind == "q8_0":
+        if kind == "q8_0g":
             w_uk = dequantize(quantize(w[:, :DN].transpose(1, 2).reshape(H * L, DN), "q8_0"))
             w[:, :DN] = w_uk.view(H, L, DN).transpose(1, 2)
             w[:, DN:] = dequantize(quantize(w[:, DN:].reshape(H * DV, L), "q8_0")).view(H, DV, L)
@@ -105,10 +105,14 @@ def test_rounding_modes_write_the_rounded_values_back() -> None:
 
 
 def test_shapes_a_block_kind_cannot_hold_stay_float32() -> None:
-    """Dv = 24: 24 rows a head are not whole 16-row groups, so int8 keeps both halves float32."""
+    """Dv = 24: 24 rows a head are not whole 16-row groups of Q4_1's packed layout, so int4 keeps both
+    halves float32 (Q8_0, in ggml's rows, splits anywhere); Dn = 16 is no whole block of 32 for either."""
     cfg = MLAConfig(H, None, L, DN, R, 24, RopeConfig(dim=R), 0.1)
     mla = MLA(cfg, D, RotaryEmbedding(cfg.rope, 128)).eval()
-    assert absorb_mla(mla, "int8") == {"f32": 1}
+    assert absorb_mla(mla, "int4") == {"f32": 1}
+    assert absorb_mla(mla, "int8") == {"q8_0g": 1}
+    cfg = MLAConfig(H, None, L, 16, R, DV, RopeConfig(dim=R), 0.1)
+    assert absorb_mla(MLA(cfg, D, RotaryEmbedding(cfg.rope, 128)).eval(), "int8") == {"f32": 1}
 
 
 @pytest.mark.parametrize("mode", ["none", "int8", "int4", "bf16"])

@@ -185,7 +185,7 @@ def test_meta_build_skips_init_only_on_meta():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize(("mode", "kind"), [("int8", "q8_0"), ("int4", "q4_1")])
+@pytest.mark.parametrize(("mode", "kind"), [("int8", "q8_0g"), ("int4", "q4_1")])
 def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
     tiny, tmp_path, monkeypatch, mode, kind, dtype
 ):
@@ -196,7 +196,6 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
     import gguf
 
     from blazr.kernels import ops
-    from blazr.kernels.quant import unpack_blocks
     from blazr.model.qlinear import QuantizedLinear
 
     tensors = {k: v.to(dtype) for k, v in load_file(tiny / "model.safetensors").items()}
@@ -208,7 +207,7 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
     layers = {n: m for n, m in llm.runner.model.named_modules() if isinstance(m, QuantizedLinear)}
     assert len(seen) == sum(m.qweight.kind == kind for m in layers.values()) + 1 > 9  # + the table
     assert set(seen) == {dtype}
-    ggml = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
+    ggml = {"q8_0g": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
     table = tensors["model.embed_tokens.weight"].float().numpy()
     want_table = gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
     assert np.array_equal(llm.runner.model.embed_tokens.table.data.numpy(), want_table)
@@ -223,4 +222,4 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
         w = torch.cat([tensors[s].float() for s in sources])
         assert layers[name].qweight.kind == kind
         want = torch.from_numpy(gguf.quants.quantize(w.numpy(), ggml)).view(torch.uint8)
-        assert torch.equal(unpack_blocks(layers[name].qweight), want.reshape(w.shape[0], -1)), name
+        assert torch.equal(layers[name].qweight.ggml_blocks(), want.reshape(w.shape[0], -1)), name

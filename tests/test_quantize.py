@@ -233,7 +233,7 @@ def test_in_situ_quantization_accuracy(tiny_llama: Path) -> None:
     batch = prompts([40, 64, 25], seed=6, vocab=ref_llm.config.vocab_size)
     ref = torch.cat(full_logits(ref_llm.runner, batch))
     measured = {}
-    for mode, kind in (("int8", "q8_0"), ("int4", "q4_1")):
+    for mode, kind in (("int8", "q8_0g"), ("int4", "q4_1")):
         q_llm = LLM(tiny_llama, cpu=True, dtype="float32", quantize=mode)
         layers = quantized_layers(q_llm)
         assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == {kind}
@@ -250,7 +250,7 @@ def test_in_situ_quantization_keeps_no_float_table(tied: bool, tmp_path: Path) -
     values; a tied head is still the table quantized to the mode's kind, whatever the table's kind."""
     build("LlamaForCausalLM", tmp_path, seed=8, tie_word_embeddings=tied)
     float_table = LLM(tmp_path, cpu=True, dtype="float32", quantize="none").model.embed_tokens.weight
-    for mode, head in (("int8", "q8_0"), ("int4", "q4_1"), ("bf16", "bf16")):
+    for mode, head in (("int8", "q8_0g"), ("int4", "q4_1"), ("bf16", "bf16")):
         llm = LLM(tmp_path, cpu=True, dtype="float32", quantize=mode)
         table = llm.model.embed_tokens
         assert isinstance(table, QuantizedEmbedding), mode
@@ -346,7 +346,7 @@ def test_in_situ_quantized_experts(
     ref_llm = LLM(tmp_path, cpu=True, dtype="float32", quantize="none")
     llm = LLM(tmp_path, cpu=True, dtype="float32", quantize="int8")
     experts = [m for m in llm.model.modules() if isinstance(m, Experts)]
-    assert experts and all(e.w_up is not None and e.w_up.kind == "q8_0" for e in experts)
+    assert experts and all(e.w_up is not None and e.w_up.kind == "q8_0g" for e in experts)
     assert all(not hasattr(e, "down_proj") for e in experts)  # the float copies are gone
     assert llm.runner.decode_plan is not None
     monkeypatch.setattr(loader, "stack_experts", lambda *args: Counter())

@@ -202,3 +202,16 @@ def test_dequantize_blocks_matches_torch_and_gguf(lib: ops.Kernels, qtype: str) 
     assert torch.equal(got, torch.from_numpy(np.asarray(want, dtype=np.float32)))
     with pytest.raises(ValueError, match="uint8 bytes"):
         lib.dequantize_blocks(qtype.lower(), raw[:-1], n, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_q8_0g_is_ggufs_q8_0_rows(lib: ops.Kernels, dtype: torch.dtype) -> None:
+    """q8_0g (`--quantize int8`): the C quantizer writes gguf's Q8_0 blocks in ggml's own row order, from a
+    whole weight or from rows by address (shuffled, with repeats); f32 edge-case rows included."""
+    w = torch.randn(21, 128, generator=torch.Generator().manual_seed(4)) * 3
+    w = torch.cat([_edge_cases(128), w]) if dtype == torch.float32 else w.to(dtype)
+    want = _gguf(w, "q8_0")
+    assert torch.equal(lib.quantize_blocks("q8_0g", w), want)
+    order = torch.tensor([3, 0, 0, 20, 7])
+    rows = w.data_ptr() + order * w.stride(0) * w.element_size()
+    assert torch.equal(lib.quantize_rows("q8_0g", rows, dtype, 5, 128), want[order])

@@ -13,11 +13,13 @@ from blazr.kernels.calls import _F32, UnsupportedInput, _check
 from blazr.kernels.quant import (
     BLOCK_BYTES,
     KQUANT_BYTES,
+    Q8_0G,
     QK,
     ROW_GROUP,
     check_blocks,
     check_kquant_blocks,
     check_quantize,
+    row_bytes,
 )
 
 _ELEMENT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # BLZ_KV_F32 / BF16 / F16
@@ -47,14 +49,23 @@ def declare_weight_calls(lib: ctypes.CDLL) -> None:
 def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """Check the arguments of a kernel that reads a weight's rows by address; its packed output [G, 16 ·
     row_bytes] (uninitialised)."""
-    if kind not in BLOCK_BYTES or in_features <= 0 or in_features % QK:
+    if kind not in (*BLOCK_BYTES, Q8_0G) or in_features <= 0 or in_features % QK:
         raise ValueError(f"{op}: kind {kind!r} with in_features {in_features}: a block kind and a positive "
                          f"multiple of {QK} expected")  # fmt: skip
     if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
         raise ValueError(f"{op}: int64 CPU row addresses [{out_features}] expected, found {rows.dtype} "
                          f"{list(rows.shape)}")  # fmt: skip
-    row_bytes = in_features // QK * BLOCK_BYTES[kind]
-    return torch.empty(-(-out_features // ROW_GROUP), ROW_GROUP * row_bytes, dtype=torch.uint8)
+    return _blocks_out(kind, out_features, in_features)
+
+
+def _blocks_out(kind: str, out_features: int, in_features: int) -> torch.Tensor:
+    """The uninitialised bytes of a `kind` weight [N, K]: row-packed [G, 16 · row_bytes], or q8_0g's ggml
+    rows [N, row_bytes]."""
+    if kind == Q8_0G:
+        return torch.empty(out_features, row_bytes(kind, in_features), dtype=torch.uint8)
+    return torch.empty(
+        -(-out_features // ROW_GROUP), ROW_GROUP * row_bytes(kind, in_features), dtype=torch.uint8
+    )
 
 
 class WeightFormatBindings:
@@ -124,14 +135,15 @@ class WeightFormatBindings:
 
     def quantize_blocks(self, kind: str, w: torch.Tensor) -> torch.Tensor:
         """`quant.quantize_reference` in C (a direct call, never recorded): a float weight [N, K] (f32, bf16
-        or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes]."""
+        or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes] (q8_0g:
+        ggml's rows [N, row_bytes])."""
         check_quantize(kind, w)
         if not w.is_cpu or w.dtype not in _ELEMENT_CODES:
             raise UnsupportedInput(f"quantize_blocks: a CPU f32 / bf16 / f16 weight expected, found "
                                    f"{w.dtype} on {w.device}")  # fmt: skip
         src = w.detach().contiguous()
         n, k = src.shape
-        out = torch.empty(-(-n // ROW_GROUP), ROW_GROUP * k // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        out = _blocks_out(kind, n, k)
         rc = self.lib.blz_quantize_blocks(_KIND_CODES[kind], src.data_ptr(), _ELEMENT_CODES[src.dtype], n, k,
                                           out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "quantize_blocks")
@@ -142,7 +154,7 @@ class WeightFormatBindings:
     ) -> torch.Tensor:
         """`quantize_blocks` of a weight whose rows lie anywhere: `rows` int64 [N] holds the address of each
         row's K values of `dtype` (f32 / bf16 / f16, aligned to it; the caller keeps that memory alive for
-        the call) → uint8 [G, 16 · row_bytes]."""
+        the call) → uint8 [G, 16 · row_bytes] (q8_0g: [N, row_bytes])."""
         out, rows = _rows_out("quantize_rows", kind, rows, out_features, in_features), rows.contiguous()
         if dtype not in _ELEMENT_CODES:
             raise UnsupportedInput(f"quantize_rows: f32 / bf16 / f16 rows expected, found {dtype}")

@@ -343,12 +343,12 @@ def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
 
 
 def check_quantize(kind: str, w: torch.Tensor) -> None:
-    """ValueError unless `w` is a 2-D weight [N, K] that block kind `kind` can quantize (K a positive
-    multiple of 32)."""
-    if kind not in BLOCK_BYTES:
+    """ValueError unless `w` is a 2-D weight [N, K] that block kind `kind` (or q8_0g) can quantize (K a
+    positive multiple of 32)."""
+    if kind not in BLOCK_BYTES and kind != Q8_0G:
         raise ValueError(
-            f"quantize: kind {kind!r}, expected one of {(*BLOCK_KINDS, *FLOAT_KINDS)} (K-quant weights come "
-            "from GGUF files, or random_kquant)"
+            f"quantize: kind {kind!r}, expected one of {(*BLOCK_KINDS, Q8_0G, *FLOAT_KINDS)} (K-quant "
+            "weights come from GGUF files, or random_kquant)"
         )
     if w.dim() != 2:
         raise ValueError(f"quantize: expected a 2-D weight [N, K], found shape {list(w.shape)}")
@@ -358,19 +358,20 @@ def check_quantize(kind: str, w: torch.Tensor) -> None:
 
 def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     """Quantize a float weight [N, K] to `kind` (ggml's rounding rules for the block kinds): the C quantizer
-    (csrc/quantize.c, straight into the packed layout) when the kernel library is loaded and `w` is an f32 /
-    bf16 / f16 CPU tensor, else `quantize_reference` (the same bytes); q8_0g: q8_0's bytes unpacked."""
+    (csrc/quantize.c, straight into the packed layout, or ggml's rows for q8_0g) when the kernel library is
+    loaded and `w` is an f32 / bf16 / f16 CPU tensor, else `quantize_reference` (the same bytes; q8_0g:
+    q8_0's bytes unpacked)."""
     if w.dim() != 2:
         raise ValueError(f"quantize: expected a 2-D weight [N, K], found shape {list(w.shape)}")
     n, k = w.shape
     if kind in FLOAT_KINDS:
         return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
-    if kind == Q8_0G:  # q8_0's bytes in ggml's order
-        return QuantizedWeight.from_blocks(kind, quantize(w, "q8_0").ggml_blocks(), n, k)
     check_quantize(kind, w)
     from blazr.kernels import ops  # here, not at the top: ops imports this module
 
     lib = ops.kernels() if w.is_cpu and w.dtype in (torch.float32, torch.bfloat16, torch.float16) else None
+    if lib is None and kind == Q8_0G:  # q8_0's bytes in ggml's order
+        return QuantizedWeight.from_blocks(kind, quantize_reference(w, "q8_0").ggml_blocks(), n, k)
     if lib is None:
         return quantize_reference(w, kind)
     return QuantizedWeight(kind, lib.quantize_blocks(kind, w), n, k)

@@ -2,13 +2,15 @@
 into the two per-head weights the decode kernels run (`MLA.absorbed`, model/mla.py) — W_UKᵀ [H·Lkv, Dn]
 (q_lat = q_nope · W_UK per head) and W_UV [H·Dv, Lkv] — in a kernel weight format:
 
-- `int8` / `int4` / `bf16`: the mode's kind (Q8_0 / Q4_1 / bf16), as every other linear under that mode;
+- `int8` / `int4` / `bf16`: the mode's kind (Q8_0 as q8_0g / Q4_1 / bf16), as every other linear under that
+  mode;
   the quantized values are written back into `kv_b_proj`, so prefill (which reads `kv_b_proj`) and decode
   compute with the same weights;
-- `auto`: the smallest kind that holds the weights exactly — Q8_0 (a Q8_0 GGUF's attn_k_b / attn_v_b:
+- `auto`: the smallest kind that holds the weights exactly — Q8_0 as q8_0g (a Q8_0 GGUF's attn_k_b / attn_v_b:
   their blocks run along Dn and Lkv, as these rows do), f16, bf16 — else f32: nothing changes value;
 - `none`: f32.
-A block kind needs Dn and Lkv multiples of 32 and whole 16-row groups per head; otherwise the next kind.
+A 32-block kind needs Dn and Lkv multiples of 32 (Q4_1, row-packed, also whole 16-row groups per head);
+otherwise the next kind.
 
 Shapes: H heads, Dn / Dv head dims, Lkv the latent rank.
 """
@@ -20,16 +22,19 @@ from collections import Counter
 import torch
 from torch import nn
 
-from blazr.kernels.quant import BLOCK_BYTES, QK, ROW_GROUP, dequantize, quantize
+from blazr.kernels.quant import BLOCK_BYTES, Q8_0G, QK, ROW_GROUP, dequantize, quantize
 from blazr.model.mla import MLA
 
-_MODE_KIND = {"int8": "q8_0", "int4": "q4_1", "bf16": "bf16", "none": "f32"}
+_MODE_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16", "none": "f32"}
 _ROUNDING_MODES = ("int8", "int4", "bf16")
-_EXACT_KINDS = ("q8_0", "f16", "bf16")  # `auto`'s tries, smallest first
+_EXACT_KINDS = ("q8_0g", "f16", "bf16")  # `auto`'s tries, smallest first
 
 
 def _fits(kind: str, weight: torch.Tensor, heads: int) -> bool:
-    """Whether a block kind can hold weight [H·N, K] split per head (K in blocks of 32, whole row groups)."""
+    """Whether `kind` can hold weight [H·N, K] split per head: a 32-block kind needs K in blocks of 32, a
+    row-packed one also whole 16-row groups per head."""
+    if kind == Q8_0G:
+        return weight.shape[1] % QK == 0
     if kind not in BLOCK_BYTES:
         return True
     return weight.shape[1] % QK == 0 and (weight.shape[0] // heads) % ROW_GROUP == 0

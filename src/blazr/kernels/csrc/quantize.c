@@ -1,5 +1,5 @@
-/* blazr kernels — quantizing float weights to Q4_0 / Q4_1 / Q8_0 blocks in the kernel's row-packed layout,
- * at model load (`--quantize int8 | int4`).
+/* blazr kernels — quantizing float weights to Q4_0 / Q4_1 / Q8_0 blocks in the kernel's row-packed layout
+ * (or Q8_0 in ggml's own row order, q8_0g), at model load (`--quantize int8 | int4`).
  *
  * The C twin of `quantize_reference` (kernels/quant.py), which reproduces gguf's numpy quantizers (and so
  * ggml's reference C ones): the same bytes (tests/test_quantize_kernel.py). Per block of 32 values, in fp32
@@ -168,10 +168,17 @@ static void quantize_row(int kind, const void *row, int type, int64_t nb, int bs
 static int quantize_rows(int kind, const char *base, int64_t stride, const int64_t *rows, int type, int64_t N,
                          int64_t K, uint8_t *dst, int nthreads) {
     int header = 0;
-    const int bs = blz_block_bytes(kind, &header);
+    const int bs = blz_block_bytes(kind == BLZ_Q8_0G ? BLZ_Q8_0 : kind, &header);
     if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (type != BLZ_KV_F32 && type != BLZ_KV_BF16 && type != BLZ_KV_F16) return BLZ_EINVAL;
     const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16;
+    if (kind == BLZ_Q8_0G) { /* ggml's own row layout: each row's blocks straight into place */
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
+        for (int64_t n = 0; n < N; ++n)
+            quantize_row(BLZ_Q8_0, rows ? (const char *)(intptr_t)rows[n] : base + n * stride, type, nb, bs,
+                         dst + n * row);
+        return BLZ_OK;
+    }
     const uint32_t flip = kind == BLZ_Q8_0 ? 0x80808080u : 0;
     int rc = BLZ_OK;
 #pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
@@ -201,7 +208,8 @@ static int quantize_rows(int kind, const char *base, int64_t stride, const int64
 
 /* Quantize w [N, K] (row-major, contiguous; element type `type`: BLZ_KV_F32 / BF16 / F16) to `kind`
  * (BLZ_Q4_0 / Q4_1 / Q8_0) into dst, uint8 [⌈N/16⌉, 16 · K/32 · block bytes] in the row-packed layout —
- * exactly `blz_pack_blocks` of the weight's ggml blocks, padding rows included. */
+ * exactly `blz_pack_blocks` of the weight's ggml blocks, padding rows included; BLZ_Q8_0G: Q8_0's blocks in
+ * ggml's own row order, uint8 [N, K/32 · 34] (the layout linear_q8.c runs). */
 BLZ_EXPORT int blz_quantize_blocks(int kind, const void *w, int type, int64_t N, int64_t K, uint8_t *dst,
                                    int nthreads) {
     return quantize_rows(kind, w, K * blz_kv_elem_bytes(type), NULL, type, N, K, dst, nthreads);
