@@ -189,8 +189,9 @@ typedef struct {
  * OpenMP team reads and writes it through the returned pointer. 64-byte aligned. */
 void *blz_scratch(size_t bytes);
 /* The same, from one of BLZ_SCRATCH_SLOTS independent buffers (slot 0 is blz_scratch's): a kernel that calls
- * other kernels keeps its own buffers in slot 1 while they use slot 0. */
-#define BLZ_SCRATCH_SLOTS 2
+ * other kernels keeps its own buffers in slot 1 while they use slot 0; slot 2 holds the bf16 prefill's
+ * rounded x, which a kernel of slot 1 may call. */
+#define BLZ_SCRATCH_SLOTS 3
 void *blz_scratch_slot(int slot, size_t bytes);
 
 /* Multiply-adds below which a linear call runs on one thread: an OpenMP fork/join costs ~1-2 µs, about

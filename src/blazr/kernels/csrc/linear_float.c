@@ -14,7 +14,10 @@
  * (prefill == decode bit for bit). Both split the N output rows over OpenMP threads. Scalar fallbacks
  * compute the same sums in plain loops.
  * AVX2 (no AVX-512): f32 as above with 8-float vectors; bf16 widens 16 bf16 at a time to even / odd fp32
- * lanes by shifts (see bf16x16_fma) and walks one weight row against up to two x rows per pass.
+ * lanes by shifts (see bf16x16_fma) and walks one weight row against up to two x rows per pass — for up to
+ * 8 x rows (decode); more (prefill) take f16's panel GEMM on x rounded to bf16 values, so without vdpbf16ps
+ * a bf16 row is, like an f16 one, the same whatever the other rows of its path (decode rows or prefill
+ * rows), and the two paths agree to fp32 rounding.
  */
 #include "blazr_kernels.h"
 
@@ -288,6 +291,9 @@ BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float 
     return BLZ_OK;
 }
 
+static int panel_gemm(const uint16_t *w, int bf16, const float *x, int64_t M, int64_t K, int64_t N,
+                      const float *bias, const float *residual, float *out, int swiglu, int nt);
+
 /* bf16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
 BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
                                const float *bias, const float *residual, float *out, int swiglu,
@@ -295,9 +301,19 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
     if (M < 0 || N < 0 || K <= 0 || (swiglu && (N % 2 || residual))) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t ldx = blz_round_up(K, 32), nout = swiglu ? N / 2 : N;
+    const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#if defined(BLZ_AVX2) && !defined(BLZ_BF16)
+    if (M > BF16_ROWWISE_M) { /* prefill without vdpbf16ps: x rounded to bf16 values, then f16's panel GEMM */
+        float *xr = blz_scratch_slot(2, (size_t)(M * K) * sizeof(float));
+        if (!xr) return BLZ_ENOMEM;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t k = 0; k < K; ++k) xr[m * K + k] = blz_bf16_to_fp32(blz_fp32_to_bf16(x[m * K + k]));
+        return panel_gemm(w, 1, xr, M, K, N, bias, residual, out, swiglu, nt);
+    }
+#endif
     uint16_t *xb = blz_scratch((size_t)(M * ldx) * sizeof(uint16_t));
     if (!xb) return BLZ_ENOMEM;
-    const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
     const int64_t nblocks = (nout + BF16_NR - 1) / BF16_NR;
 #pragma omp parallel num_threads(nt)
     {
@@ -406,9 +422,10 @@ BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, co
 #endif
 }
 
-/* panel[k·16 + j] = row n0 + j of w [·, K] at column k0 + k, widened (rows j ≥ nr: 0), k < kc. */
-static void f16_panel(const uint16_t *restrict w, int64_t n0, int nr, int64_t K, int64_t k0, int64_t kc,
-                      float *restrict panel) {
+/* panel[k·16 + j] = row n0 + j of w [·, K] at column k0 + k, widened from f16 or (`bf16`) bf16 (rows j ≥ nr:
+ * 0), k < kc. */
+static void widen_panel(const uint16_t *restrict w, const int bf16, int64_t n0, int nr, int64_t K, int64_t k0,
+                        int64_t kc, float *restrict panel) {
     for (int j = 0; j < F16_NR; ++j) {
         if (j >= nr) {
             for (int64_t k = 0; k < kc; ++k) panel[k * F16_NR + j] = 0.0f;
@@ -419,11 +436,13 @@ static void f16_panel(const uint16_t *restrict w, int64_t n0, int nr, int64_t K,
 #ifdef BLZ_AVX2
         for (; k + 8 <= kc; k += 8) {
             float t[8];
-            _mm256_storeu_ps(t, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + k))));
+            const __m128i h = _mm_loadu_si128((const __m128i *)(src + k));
+            _mm256_storeu_ps(t, bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                                     : _mm256_cvtph_ps(h));
             for (int i = 0; i < 8; ++i) panel[(k + i) * F16_NR + j] = t[i];
         }
 #endif
-        for (; k < kc; ++k) panel[k * F16_NR + j] = blz_fp16_to_fp32(src[k]);
+        for (; k < kc; ++k) panel[k * F16_NR + j] = bf16 ? blz_bf16_to_fp32(src[k]) : blz_fp16_to_fp32(src[k]);
     }
 }
 
@@ -469,17 +488,50 @@ BLZ_INLINE void f16_micro(const int mr, const float *restrict panel, int64_t kc,
         default: f16_micro(6, __VA_ARGS__);       \
     }
 
-/* c [M, 16] = x [M, K] · rows n0 .. n0+nr−1 of w, panel by panel (panel: F16_KC · 16 floats of scratch). */
-static void f16_block(const uint16_t *w, int64_t n0, int nr, int64_t K, const float *x, int64_t M, float *panel,
-                      float *c) {
+/* c [M, 16] = x [M, K] · rows n0 .. n0+nr−1 of w (f16, or bf16), panel by panel (panel: F16_KC · 16 floats
+ * of scratch). */
+static void panel_block(const uint16_t *w, const int bf16, int64_t n0, int nr, int64_t K, const float *x,
+                        int64_t M, float *panel, float *c) {
     for (int64_t k0 = 0; k0 < K; k0 += F16_KC) {
         const int64_t kc = blz_min(F16_KC, K - k0);
-        f16_panel(w, n0, nr, K, k0, kc, panel);
+        widen_panel(w, bf16, n0, nr, K, k0, kc, panel);
         for (int64_t m0 = 0; m0 < M; m0 += F16_MR) {
             const int mr = (int)blz_min(F16_MR, M - m0);
             F16_MICRO_SWITCH(mr, panel, kc, x + m0 * K + k0, K, c + m0 * F16_NR, k0 == 0);
         }
     }
+}
+
+/* The prefill GEMM of 16-bit weights (f16, or bf16 with x already rounded to bf16 values): out [M, N] as
+ * blz_linear_f16, each block of 16 outputs on one thread. */
+static int panel_gemm(const uint16_t *w, const int bf16, const float *x, int64_t M, int64_t K, int64_t N,
+                      const float *bias, const float *residual, float *out, int swiglu, int nt) {
+    const int64_t nout = swiglu ? N / 2 : N, nblocks = (nout + F16_NR - 1) / F16_NR;
+    const size_t scratch = (size_t)(F16_KC * F16_NR + (swiglu ? 2 : 1) * M * F16_NR) * sizeof(float);
+    int failed = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        float *panel = blz_scratch(scratch);
+        if (!panel) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *c = panel + F16_KC * F16_NR, *cu = c + M * F16_NR; /* gate (or plain) sums, up sums */
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nblocks; ++b) {
+            if (!panel) continue;
+            const int64_t n0 = b * F16_NR;
+            const int nr = (int)blz_min(F16_NR, nout - n0);
+            panel_block(w, bf16, n0, nr, K, x, M, panel, c);
+            if (swiglu) panel_block(w, bf16, n0 + nout, nr, K, x, M, panel, cu);
+            for (int64_t m = 0; m < M; ++m)
+                for (int j = 0; j < nr; ++j) {
+                    const float r = c[m * F16_NR + j], g = swiglu ? cu[m * F16_NR + j] : 0.0f;
+                    blz_epilogue(&r, &g, 1, m, n0 + j, N, nout, bias, residual, out, swiglu);
+                }
+        }
+    }
+    return failed ? BLZ_ENOMEM : BLZ_OK;
 }
 
 /* f16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
@@ -502,30 +554,5 @@ BLZ_EXPORT int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16
             }
         return BLZ_OK;
     }
-    const int64_t nblocks = (nout + F16_NR - 1) / F16_NR;
-    const size_t scratch = (size_t)(F16_KC * F16_NR + (swiglu ? 2 : 1) * M * F16_NR) * sizeof(float);
-    int failed = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        float *panel = blz_scratch(scratch);
-        if (!panel) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        float *c = panel + F16_KC * F16_NR, *cu = c + M * F16_NR; /* gate (or plain) sums, up sums */
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < nblocks; ++b) {
-            if (!panel) continue;
-            const int64_t n0 = b * F16_NR;
-            const int nr = (int)blz_min(F16_NR, nout - n0);
-            f16_block(w, n0, nr, K, x, M, panel, c);
-            if (swiglu) f16_block(w, n0 + nout, nr, K, x, M, panel, cu);
-            for (int64_t m = 0; m < M; ++m)
-                for (int j = 0; j < nr; ++j) {
-                    const float r = c[m * F16_NR + j], g = swiglu ? cu[m * F16_NR + j] : 0.0f;
-                    blz_epilogue(&r, &g, 1, m, n0 + j, N, nout, bias, residual, out, swiglu);
-                }
-        }
-    }
-    return failed ? BLZ_ENOMEM : BLZ_OK;
+    return panel_gemm(w, 0, x, M, K, N, bias, residual, out, swiglu, nt);
 }
