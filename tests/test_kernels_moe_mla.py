@@ -9,8 +9,9 @@ and the portable (`-march=x86-64`) builds.
   format; so a token's output alone equals its output in any batch. Against the dequantized reference only
   the formats' own activation rounding remains (checked at the linear kernels' tests; here loosely).
 - `mla_cache_write` / `mla_decode`: the references to fp32 rounding, fp32 and 16-bit pools, q parts as
-  strided views of one buffer, head counts that are not a multiple of the kernel's head block, an empty
-  sequence; out-of-range slots are errors.
+  strided views of one buffer, odd head counts (the kernel's tiles take two), an empty sequence, sequences
+  split into many chunks (split-K) and into longer ones past 16; a sequence alone equals itself in any batch;
+  out-of-range slots are errors.
 - `linear_heads` (the absorbed form's per-head W_UKᵀ / W_UV): bit-equal, head by head, to the linear kernel
   on that head's weight alone, in every weight format; weights whose rows do not split per head are errors.
 """
@@ -153,6 +154,25 @@ def test_mla_decode(lib: ops.Kernels, dtype: torch.dtype, H: int) -> None:
     want = ops.mla_decode_reference(q_lat, q_rope, pool, idx, lens, 0.2)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
     assert not got[2].any()
+
+
+def test_mla_decode_long_sequences_split_into_longer_chunks(native: ops.Kernels) -> None:
+    """Past 16 chunks of 64 rows a sequence's chunks grow (at most 16 per sequence): 1500 and 3000 rows,
+    an f16 pool, beside a short sequence, against the reference; and each alone equals it in the batch."""
+    B, H, R, L, S = 3, 4, 8, 64, 3100
+    q, pool = _mla_inputs(B, H, L, R, S, seed=8)
+    pool = pool.half()
+    lens = torch.tensor([1500, 3000, 65])
+    idx = torch.stack(
+        [torch.randperm(S, generator=torch.Generator().manual_seed(b))[:3000] for b in range(B)]
+    )
+    got = native.mla_decode(q[..., :L], q[..., L:], pool, idx, lens, 0.15)
+    want = ops.mla_decode_reference(q[..., :L], q[..., L:], pool, idx, lens, 0.15)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    for b in range(B):
+        qb = q[b : b + 1]
+        alone = native.mla_decode(qb[..., :L], qb[..., L:], pool, idx[b : b + 1], lens[b : b + 1], 0.15)
+        assert torch.equal(alone[0], got[b])
 
 
 def test_mla_decode_separate_q_parts(native: ops.Kernels) -> None:

@@ -367,3 +367,23 @@ def test_quantize_needs_cpu_float32(tiny_llama: Path) -> None:
         LLM(tiny_llama, cpu=True, dtype="bfloat16", quantize="int8")
     with pytest.raises(UnsupportedError, match="unknown --quantize 'int3'"):
         LLM(tiny_llama, cpu=True, quantize="int3")
+
+
+def test_in_situ_int8_of_deepseek_reorders_the_rope_rows_by_address(tmp_path: Path) -> None:
+    """DeepSeek's q and kv_a rows have their rope rows reordered at load (`RowOrder`): under `--quantize int8`
+    the C quantizer reads them in that order straight from the file's map, and the bytes are Q8_0 of the
+    reordered float weight — the same as quantizing the float model's own (reordered) weight."""
+    from blazr.model.mla import MLA
+
+    build("DeepseekV2ForCausalLM", tmp_path, seed=4, **dict(MLA_SIZES, **MOE_SIZES, q_lora_rank=None))
+    plain = LLM(tmp_path, cpu=True, dtype="float32", quantize="none")
+    ours = LLM(tmp_path, cpu=True, dtype="float32", quantize="int8")
+    pairs = [
+        (a, b) for a, b in zip(ours.model.modules(), plain.model.modules(), strict=True) if isinstance(a, MLA)
+    ]
+    assert pairs
+    for a, b in pairs:
+        for name in ("q_proj", "kv_a_proj"):
+            got, float_weight = getattr(a, name), getattr(b, name).weight.detach()
+            assert isinstance(got, QuantizedLinear) and got.kind == "q8_0g", name
+            assert torch.equal(got.qweight.ggml_blocks(), quantize(float_weight, "q8_0g").ggml_blocks()), name

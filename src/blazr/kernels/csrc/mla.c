@@ -13,10 +13,13 @@
  *   o_lat = Σ_t softmax(s)_t · c_kv_t                                [L] → out [B, H, L]
  * and W_UV is applied to o_lat after (blz_linear_heads again), so the cache is never expanded per head.
  * q_lat [B, H, L] and q_rope [B, H, R] are strided views (row b at + b·ld, head h at + h·hs, features
- * contiguous). Work items are (sequence, block of heads), the blocks as large as keeps every thread busy:
- * every latent row read feeds the block's heads. A head's numbers do not depend on its block, the batch or
- * the thread count. Scores and softmax in fp32 (libm expf); tiles of 2 heads × 4 latent rows (AVX2: 8 FMA
- * chains, each row chunk loaded once for both heads).
+ * contiguous). Split-K ("flash decoding"): a sequence's rows are cut into chunks (MLA_CHUNK rows, longer
+ * for long sequences: at most MLA_MAX_CHUNKS), by its own length only, and the work items are the (sequence, chunk) pairs, all heads at once — so every latent row
+ * is read from memory once per step, whatever the head count. An item runs an online softmax over steps of
+ * MLA_STEP rows (a 16-bit pool's rows widened once per step; scores and values in tiles of 2 heads × 4
+ * rows, each row chunk loaded once for both heads) and leaves (max, sum, unnormalised output) per head; the
+ * chunks of a sequence are then merged in order. A head's numbers depend on its sequence's rows only: not
+ * on the batch, the thread count or which thread ran a chunk. fp32 throughout (libm expf).
  *
  * blz_linear_heads: out[b, h] = x[b, h] · W_hᵀ for every head h < H — the absorbed form's per-head
  * projections (W_UKᵀ [L, Dn] before the attention, W_UV [Dv, L] after). Head h's weight [N, K] starts at
@@ -36,7 +39,16 @@
 #include <omp.h>
 #endif
 
-#define BLZ_MLA_MAX_HEADS 16 /* heads per work item, at most */
+#define MLA_CHUNK 64     /* latent rows per work item, at least */
+#define MLA_MAX_CHUNKS 16 /* work items per sequence, at most (longer chunks beyond 1024 rows) */
+#define MLA_STEP 32      /* rows per online-softmax step */
+
+/* The rows of each work item of a sequence of n rows: a function of n alone. */
+BLZ_INLINE int64_t chunk_rows(int64_t n) {
+    return blz_max(MLA_CHUNK, blz_round_up((n + MLA_MAX_CHUNKS - 1) / MLA_MAX_CHUNKS, MLA_STEP));
+}
+
+BLZ_INLINE int64_t num_chunks(int64_t n) { return (n + chunk_rows(n) - 1) / chunk_rows(n); }
 
 BLZ_EXPORT int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int64_t L, int64_t R,
                                    const float *norm_w, float eps, const int64_t *pos, const float *cos,
@@ -161,6 +173,52 @@ BLZ_INLINE const float *latent_row(const char *pool, int64_t slot, int64_t W, in
     return buf;
 }
 
+/* One work item: rows [t0, t1) of sequence b for all H heads → per head its running max m[h], sum l[h] and
+ * unnormalised output o[h·L ..] (Σ e^{s−m} · c_kv). buf: MLA_STEP widened rows [W] and scores [H][MLA_STEP]. */
+static void mla_chunk(const float *ql, int64_t hl, const float *qr, int64_t hr, const char *pool, int kv_type,
+                      const int64_t *idx, int64_t t0, int64_t t1, int64_t H, int64_t R, int64_t L, float scale,
+                      float *m, float *l, float *o, float *buf) {
+    const int64_t W = L + R;
+    float *wide = buf, *s = wide + MLA_STEP * W;
+    for (int64_t h = 0; h < H; ++h) m[h] = -INFINITY, l[h] = 0.0f;
+    memset(o, 0, (size_t)(H * L) * sizeof(float));
+    const float *rows[MLA_STEP];
+    for (int64_t t = t0; t < t1; t += MLA_STEP) {
+        const int64_t n = blz_min(MLA_STEP, t1 - t);
+        for (int64_t i = 0; i < n; ++i) rows[i] = latent_row(pool, idx[t + i], W, kv_type, wide + i * W);
+        for (int64_t i = 0; i < n;) { /* scores s[h·MLA_STEP + i] */
+            const int nr = n - i >= MLA_TR ? MLA_TR : 1;
+            for (int64_t j = 0; j < H;) {
+                const int th = H - j >= MLA_TH ? MLA_TH : 1;
+                MLA_TILE_SWITCH(score_tile, th, nr, ql + j * hl, hl, qr + j * hr, hr, rows + i, L, R, scale,
+                                s + j * MLA_STEP + i, MLA_STEP);
+                j += th;
+            }
+            i += nr;
+        }
+        for (int64_t h = 0; h < H; ++h) { /* online softmax: rescale what came before to the new max */
+            float *sh = s + h * MLA_STEP, mx = m[h];
+            for (int64_t i = 0; i < n; ++i) mx = sh[i] > mx ? sh[i] : mx;
+            if (mx > m[h]) {
+                const float c = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
+                l[h] *= c;
+                for (int64_t d = 0; d < L; ++d) o[h * L + d] *= c;
+                m[h] = mx;
+            }
+            for (int64_t i = 0; i < n; ++i) l[h] += sh[i] = expf(sh[i] - mx);
+        }
+        for (int64_t i = 0; i < n;) { /* o += Σ p · c_kv */
+            const int nr = n - i >= MLA_TR ? MLA_TR : 1;
+            for (int64_t j = 0; j < H;) {
+                const int th = H - j >= MLA_TH ? MLA_TH : 1;
+                MLA_TILE_SWITCH(value_tile, th, nr, s + j * MLA_STEP + i, MLA_STEP, rows + i, L, o + j * L);
+                j += th;
+            }
+            i += nr;
+        }
+    }
+}
+
 BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat, const float *q_rope,
                               int64_t ld_rope, int64_t hs_rope, const void *pool, int kv_type, int64_t S,
                               const int64_t *kv_indices, int64_t idx_stride, const int64_t *seq_lens, int64_t B,
@@ -169,63 +227,56 @@ BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat
         ld_rope < (H - 1) * hs_rope + R)
         return BLZ_EINVAL;
     if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
-    int64_t nmax = 1;
+    int64_t items = 0, rows = 0;
     for (int64_t b = 0; b < B; ++b) {
         if (seq_lens[b] < 0 || seq_lens[b] > idx_stride) return BLZ_ERANGE;
         for (int64_t t = 0; t < seq_lens[b]; ++t)
             if (kv_indices[b * idx_stride + t] < 0 || kv_indices[b * idx_stride + t] >= S) return BLZ_ERANGE;
-        nmax = blz_max(nmax, seq_lens[b]);
+        items += num_chunks(seq_lens[b]);
+        rows += seq_lens[b];
     }
-    /* heads per item: as many as keep every thread busy (a head's numbers do not depend on its block) */
-    const int nt0 = nthreads > 0 ? nthreads : 1;
-    const int64_t per_seq = blz_min(H, (nt0 + B - 1) / blz_max(B, 1));
-    const int64_t HB = blz_min(BLZ_MLA_MAX_HEADS, (H + per_seq - 1) / per_seq), W = L + R;
-    const int64_t blocks = (H + HB - 1) / HB, items = B * blocks;
-    const int nt = blz_threads(nthreads, items * nmax * W * HB, 1 << 15);
-    /* per thread: scores [HB][nmax], MLA_TR widened rows [W] */
-    const int64_t per = blz_round_up(HB * nmax + MLA_TR * W, 16);
-    float *scratch = blz_scratch((size_t)(per * nt) * sizeof(float));
-    if (!scratch) return BLZ_ENOMEM;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t item = 0; item < items; ++item) {
+    if (B == 0) return BLZ_OK;
+    /* scratch: the item table [items] (sequence, first row); per item m [H], l [H], o [H·L]; per thread
+     * MLA_STEP widened rows and scores [H][MLA_STEP] */
+    const int64_t W = L + R, part = H * (L + 2), per = blz_round_up(MLA_STEP * (W + H), 16);
+    const int nt = blz_threads(nthreads, rows * W * H, 1 << 15);
+    const int64_t ibytes = blz_round_up(2 * items * (int64_t)sizeof(int64_t), 64);
+    char *sc = blz_scratch((size_t)ibytes + (size_t)(items * part + nt * per) * sizeof(float));
+    if (!sc) return BLZ_ENOMEM;
+    int64_t *item_b = (int64_t *)sc, *item_t = item_b + items;
+    float *parts = (float *)(sc + ibytes), *bufs = parts + items * part;
+    for (int64_t b = 0, k = 0; b < B; ++b)
+        for (int64_t t = 0; t < seq_lens[b]; t += chunk_rows(seq_lens[b]), ++k) item_b[k] = b, item_t[k] = t;
+#pragma omp parallel num_threads(nt)
+    {
 #ifdef _OPENMP
-        float *buf = scratch + per * omp_get_thread_num();
+        float *buf = bufs + per * omp_get_thread_num();
 #else
-        float *buf = scratch;
+        float *buf = bufs;
 #endif
-        const int64_t b = item / blocks, h0 = item % blocks * HB, nh = blz_min(HB, H - h0), n = seq_lens[b];
-        float *s = buf, *wide = s + HB * nmax;
-        const int64_t *idx = kv_indices + b * idx_stride;
-        const float *ql = q_lat + b * ld_lat + h0 * hs_lat, *qr = q_rope + b * ld_rope + h0 * hs_rope;
-        const float *rows[MLA_TR];
-        for (int64_t t = 0; t < n;) { /* scores: each tile of rows read once for the block's heads */
-            const int nr = n - t >= MLA_TR ? MLA_TR : 1;
-            for (int i = 0; i < nr; ++i) rows[i] = latent_row(pool, idx[t + i], W, kv_type, wide + i * W);
-            for (int64_t j = 0; j < nh;) {
-                const int th = nh - j >= MLA_TH ? MLA_TH : 1;
-                MLA_TILE_SWITCH(score_tile, th, nr, ql + j * hs_lat, hs_lat, qr + j * hs_rope, hs_rope, rows, L,
-                                R, scale, s + j * nmax + t, nmax);
-                j += th;
-            }
-            t += nr;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t k = 0; k < items; ++k) {
+            const int64_t b = item_b[k], t0 = item_t[k], t1 = blz_min(seq_lens[b], t0 + chunk_rows(seq_lens[b]));
+            float *p = parts + k * part;
+            mla_chunk(q_lat + b * ld_lat, hs_lat, q_rope + b * ld_rope, hs_rope, (const char *)pool, kv_type,
+                      kv_indices + b * idx_stride, t0, t1, H, R, L, scale, p, p + H, p + 2 * H, buf);
         }
-        for (int64_t j = 0; j < nh; ++j) { /* softmax */
-            float *sj = s + j * nmax, m = -INFINITY, sum = 0.0f;
-            for (int64_t t = 0; t < n; ++t) m = sj[t] > m ? sj[t] : m;
-            for (int64_t t = 0; t < n; ++t) sum += sj[t] = expf(sj[t] - m);
-            for (int64_t t = 0; t < n; ++t) sj[t] /= sum;
-        }
-        float *o = out + (b * H + h0) * L; /* o_lat = Σ p · c_kv (zeros for an empty sequence) */
-        memset(o, 0, (size_t)(nh * L) * sizeof(float));
-        for (int64_t t = 0; t < n;) {
-            const int nr = n - t >= MLA_TR ? MLA_TR : 1;
-            for (int i = 0; i < nr; ++i) rows[i] = latent_row(pool, idx[t + i], W, kv_type, wide + i * W);
-            for (int64_t j = 0; j < nh;) {
-                const int th = nh - j >= MLA_TH ? MLA_TH : 1;
-                MLA_TILE_SWITCH(value_tile, th, nr, s + j * nmax + t, nmax, rows, L, o + j * L);
-                j += th;
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * H; ++bh) { /* merge each sequence's chunks, in order */
+            const int64_t b = bh / H, h = bh % H, n = seq_lens[b];
+            int64_t k0 = 0;
+            for (int64_t c = 0; c < b; ++c) k0 += num_chunks(seq_lens[c]);
+            const int64_t nc = num_chunks(n);
+            float *o = out + (b * H + h) * L, mx = -INFINITY, den = 0.0f;
+            memset(o, 0, (size_t)L * sizeof(float)); /* zeros for an empty sequence */
+            for (int64_t c = 0; c < nc; ++c) mx = fmaxf(mx, parts[(k0 + c) * part + h]);
+            for (int64_t c = 0; c < nc; ++c) {
+                const float *p = parts + (k0 + c) * part, w = expf(p[h] - mx);
+                den += w * p[H + h];
+                for (int64_t d = 0; d < L; ++d) o[d] += w * p[2 * H + h * L + d];
             }
-            t += nr;
+            if (nc)
+                for (int64_t d = 0; d < L; ++d) o[d] /= den;
         }
     }
     return BLZ_OK;
