@@ -16,8 +16,7 @@ from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.absorb import absorb_mla
 from blazr.model.mla import MLA
 from blazr.model.rope import RotaryEmbedding
-from blazr.state.batch import ForwardBatch
-from blazr.state.kv_cache import LayerCache
+from tests.test_mla import Pool
 
 D, H, L, DN, R, DV = 64, 4, 64, 32, 8, 32  # block kinds fit: Dn, L multiples of 32, 16-row groups per head
 
@@ -30,27 +29,6 @@ def _mla(seed: int = 0) -> MLA:
         for p in mla.parameters():
             p.normal_(0.0, 0.2)
     return mla
-
-
-def _batch(steps: list[tuple[int, int, int]]) -> ForwardBatch:
-    """(sequence, context_len, query_len) per sequence, decodes first; sequence i owns pool rows
-    [1 + 64·i, 1 + 64·(i + 1)); decode rows carry `decode_lens`, as the engine's decode steps do."""
-    num_decodes = sum(1 for _, ctx, n in steps if n == 1 and ctx > 0)
-    lmax = max(ctx + n for _, ctx, n in steps)
-    kv_indices = torch.zeros(len(steps), lmax, dtype=torch.long)
-    for b, (seq, ctx, n) in enumerate(steps):
-        kv_indices[b, : ctx + n] = 1 + 64 * seq + torch.arange(ctx + n)
-    positions = torch.cat([torch.arange(ctx, ctx + n) for _, ctx, n in steps])
-    return ForwardBatch(
-        positions=positions,
-        query_lens=tuple(n for *_, n in steps),
-        context_lens=tuple(ctx for _, ctx, _ in steps),
-        num_decodes=num_decodes,
-        logits_indices=torch.arange(positions.shape[0]),
-        slot_mapping=torch.cat([1 + 64 * seq + torch.arange(ctx, ctx + n) for seq, ctx, n in steps]),
-        kv_indices=kv_indices,
-        decode_lens=torch.tensor([ctx + n for _, ctx, n in steps[:num_decodes]]),
-    )
 
 
 def _kinds(mla: MLA) -> tuple[str, str]:
@@ -131,10 +109,10 @@ def test_kernel_decode_equals_the_torch_absorbed_form(mode: str) -> None:
     x = torch.randn(2, 20, D)
     outs = []
     for mla in (kernels, torch_form):
-        cache = LayerCache(latent=torch.zeros(1 + 2 * 64, L + R))
-        mla(torch.cat([x[0, :12], x[1, :9]]), _batch([(0, 0, 12), (1, 0, 9)]), cache)
-        steps = [mla(torch.stack([x[0, 12 + t], x[1, 9 + t]]), _batch([(0, 12 + t, 1), (1, 9 + t, 1)]), cache)
-                 for t in range(5)]  # fmt: skip
+        pool = Pool(2, width=L + R)
+        mla(torch.cat([x[0, :12], x[1, :9]]), pool.batch([(0, 0, 12), (1, 0, 9)]), pool.cache)
+        steps = [mla(torch.stack([x[0, 12 + t], x[1, 9 + t]]), pool.batch([(0, 12 + t, 1), (1, 9 + t, 1)]),
+                     pool.cache) for t in range(5)]  # fmt: skip
         outs.append(torch.stack(steps))
     tol = 1e-5 if mode == "none" else 1e-2
     torch.testing.assert_close(outs[0], outs[1], rtol=tol, atol=tol)

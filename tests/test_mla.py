@@ -336,8 +336,8 @@ SLOTS_PER_SEQ = 64  # sequence i owns slots [1 + i·64, 1 + (i + 1)·64); slot 0
 class Pool:
     """A LayerCache with a latent pool pre-filled with garbage, and ForwardBatches for steps on it."""
 
-    def __init__(self, num_seqs: int) -> None:
-        self.cache = LayerCache(latent=100 * torch.randn(1 + num_seqs * SLOTS_PER_SEQ, LKV + R))
+    def __init__(self, num_seqs: int, width: int = LKV + R) -> None:
+        self.cache = LayerCache(latent=100 * torch.randn(1 + num_seqs * SLOTS_PER_SEQ, width))
 
     @staticmethod
     def slots(seq: int, start: int, stop: int) -> torch.Tensor:

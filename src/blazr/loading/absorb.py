@@ -3,11 +3,10 @@ into the two per-head weights the decode kernels run (`MLA.absorbed`, model/mla.
 (q_lat = q_nope · W_UK per head) and W_UV [H·Dv, Lkv] — in a kernel weight format:
 
 - `int8` / `int4` / `bf16`: the mode's kind (Q8_0 as q8_0g / Q4_1 / bf16), as every other linear under that
-  mode;
-  the quantized values are written back into `kv_b_proj`, so prefill (which reads `kv_b_proj`) and decode
-  compute with the same weights;
-- `auto`: the smallest kind that holds the weights exactly — Q8_0 as q8_0g (a Q8_0 GGUF's attn_k_b / attn_v_b:
-  their blocks run along Dn and Lkv, as these rows do), f16, bf16 — else f32: nothing changes value;
+  mode; the rounded values are written back into `kv_b_proj`, so prefill (which reads `kv_b_proj`) and
+  decode compute with the same weights;
+- `auto`: the smallest kind that holds the weights exactly — Q8_0 as q8_0g (a Q8_0 GGUF's attn_k_b /
+  attn_v_b: their blocks run along Dn and Lkv, as these rows do), f16, bf16 — else f32: no value changes;
 - `none`: f32.
 A 32-block kind needs Dn and Lkv multiples of 32 (Q4_1, row-packed, also whole 16-row groups per head);
 otherwise the next kind.

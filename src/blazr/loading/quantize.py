@@ -57,7 +57,7 @@ from blazr.model.qlinear import QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
-# place (granite-4.0-h-350m: its linears 18.6 → 14.6 ms a token; NOTES §33)
+# place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
 # GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K) and the 16-bit floats.
 _KEPT_TYPES = {t for t, kind in GGML_KINDS.items() if kind != "f32"}

@@ -19,7 +19,7 @@ reuse `causal_attention` as MQA over the latent pool. A decode-only batch with f
 W_UKᵀ, `ops.mla_decode`, `ops.linear_heads` with W_UV, whose torch references are this math), so a decode
 step can be recorded (kernels/capture.py). Its per-head weights (`absorbed`: W_UKᵀ [H·Lkv, Dn] and W_UV
 [H·Dv, Lkv], in a kernel weight format, e.g. Q8_0) are made by the loader from `kv_b_proj`
-(loading/quantize.py `absorb_mla`); a quantized pair's values are written back into `kv_b_proj`, so the
+(loading/absorb.py); a rounded pair's values are written back into `kv_b_proj`, so the
 prefill forms compute with the same weights.
 
 Weights (all [out, in], no bias; H heads, Dn = qk_nope_head_dim, R = qk_rope_head_dim, Dv = v_head_dim):

@@ -14,8 +14,9 @@
  * and W_UV is applied to o_lat after (blz_linear_heads again), so the cache is never expanded per head.
  * q_lat [B, H, L] and q_rope [B, H, R] are strided views (row b at + b·ld, head h at + h·hs, features
  * contiguous). Split-K ("flash decoding"): a sequence's rows are cut into chunks (MLA_CHUNK rows, longer
- * for long sequences: at most MLA_MAX_CHUNKS), by its own length only, and the work items are the (sequence, chunk) pairs, all heads at once — so every latent row
- * is read from memory once per step, whatever the head count. An item runs an online softmax over steps of
+ * for long sequences: at most MLA_MAX_CHUNKS), by its own length only, and the work items are the
+ * (sequence, chunk) pairs, all heads at once — so every latent row is read from memory once per step,
+ * whatever the head count. An item runs an online softmax over steps of
  * MLA_STEP rows (a 16-bit pool's rows widened once per step; scores and values in tiles of 2 heads × 4
  * rows, each row chunk loaded once for both heads) and leaves (max, sum, unnormalised output) per head; the
  * chunks of a sequence are then merged in order. A head's numbers depend on its sequence's rows only: not
