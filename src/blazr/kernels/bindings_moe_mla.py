@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 
 from blazr.kernels.calls import _F32, _KV_TYPES, UnsupportedInput, _f32_ptr, _i64_ptr
-from blazr.kernels.quant import QuantizedWeight, head_stride
-from blazr.kernels.reference import ACTIVATIONS
+from blazr.kernels.quant import QuantizedWeight
+from blazr.kernels.reference import ACTIVATIONS, head_stride
 
 _OP_MOE_ROUTE, _OP_MOE_EXPERTS, _OP_MLA_CACHE_WRITE, _OP_MLA_DECODE = 14, 15, 16, 17  # blazr_kernels.h
 _OP_LINEAR_HEADS = 20

@@ -94,19 +94,6 @@ def row_bytes(kind: str, dim: int) -> int:
     return dim // qk * bs
 
 
-def head_stride(qw: QuantizedWeight, heads: int) -> int:
-    """Bytes from one head's part to the next of a weight that stacks `heads` equal [N / heads, K] parts
-    (MLA's per-head W_UKᵀ / W_UV); ValueError when its rows do not split into whole heads (a packed block
-    kind needs whole 16-row groups per head; a kmix weight's segments never split)."""
-    n = qw.out_features // heads if heads > 0 else 0
-    if heads <= 0 or qw.out_features % heads or qw.kind == KMIX or (qw.kind in BLOCK_BYTES and n % ROW_GROUP):
-        raise ValueError(
-            f"a {qw.kind} weight of {qw.out_features} rows does not split into {heads} heads"
-            + (f" of whole {ROW_GROUP}-row groups" if qw.kind in BLOCK_BYTES else "")
-        )
-    return qw.nbytes // heads
-
-
 def _group_bytes(kind: str, in_features: int) -> int:
     return ROW_GROUP * in_features // QK * BLOCK_BYTES[kind]
 

@@ -17,7 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels.kquant import quantize_q8_k
-from blazr.kernels.quant import QK, QK_K, QuantizedWeight, block_fields, dequantize, head_stride
+from blazr.kernels.quant import (
+    BLOCK_BYTES,
+    KMIX,
+    QK,
+    QK_K,
+    ROW_GROUP,
+    QuantizedWeight,
+    block_fields,
+    dequantize,
+)
 from blazr.kernels.row_table import RowTable
 from blazr.model.ssd import ssd_chunked
 
@@ -460,6 +469,19 @@ def mla_decode_reference(
         s = (q_lat[b].float() @ lat[:, :L].T + q_rope[b].float() @ lat[:, L:].T) * scale  # [H, n]
         out[b] = s.softmax(-1) @ lat[:, :L]
     return out
+
+
+def head_stride(qw: QuantizedWeight, heads: int) -> int:
+    """Bytes from one head's part to the next of a weight that stacks `heads` equal [N / heads, K] parts
+    (MLA's per-head W_UKᵀ / W_UV); ValueError when its rows do not split into whole heads (a packed block
+    kind needs whole 16-row groups per head; a kmix weight's segments never split)."""
+    n = qw.out_features // heads if heads > 0 else 0
+    if heads <= 0 or qw.out_features % heads or qw.kind == KMIX or (qw.kind in BLOCK_BYTES and n % ROW_GROUP):
+        raise ValueError(
+            f"a {qw.kind} weight of {qw.out_features} rows does not split into {heads} heads"
+            + (f" of whole {ROW_GROUP}-row groups" if qw.kind in BLOCK_BYTES else "")
+        )
+    return qw.nbytes // heads
 
 
 def linear_heads_reference(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:

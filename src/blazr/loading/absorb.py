@@ -21,7 +21,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from blazr.kernels.quant import BLOCK_BYTES, Q8_0G, QK, ROW_GROUP, dequantize, quantize
+from blazr.kernels.quant import BLOCK_BYTES, Q8_0G, QK, ROW_GROUP, QuantizedWeight, dequantize, quantize
 from blazr.model.mla import MLA
 
 _MODE_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16", "none": "f32"}
@@ -39,16 +39,18 @@ def _fits(kind: str, weight: torch.Tensor, heads: int) -> bool:
     return weight.shape[1] % QK == 0 and (weight.shape[0] // heads) % ROW_GROUP == 0
 
 
-def _choose(weights: tuple[torch.Tensor, torch.Tensor], heads: int, mode: str) -> str:
+def _made(weights: tuple[torch.Tensor, torch.Tensor], heads: int, mode: str) -> list[QuantizedWeight]:
+    """The pair in the kind `mode` picks (f32 where that kind cannot hold them); under `auto` the first of
+    `_EXACT_KINDS` whose dequantized values equal the weights, else f32."""
     if mode in _MODE_KIND:
         kind = _MODE_KIND[mode]
-        return kind if all(_fits(kind, w, heads) for w in weights) else "f32"
+        return [quantize(w, kind if all(_fits(kind, v, heads) for v in weights) else "f32") for w in weights]
     for kind in _EXACT_KINDS:
-        if all(_fits(kind, w, heads) for w in weights) and all(
-            torch.equal(dequantize(quantize(w, kind)), w) for w in weights
-        ):
-            return kind
-    return "f32"
+        if all(_fits(kind, w, heads) for w in weights):
+            made = [quantize(w, kind) for w in weights]
+            if all(torch.equal(dequantize(q), w) for q, w in zip(made, weights, strict=True)):
+                return made
+    return [quantize(w, "f32") for w in weights]
 
 
 def absorb_mla(model: torch.nn.Module, mode: str) -> Counter[str]:
@@ -61,10 +63,10 @@ def absorb_mla(model: torch.nn.Module, mode: str) -> Counter[str]:
         cfg, w = module.cfg, module.kv_b_proj.weight.detach()
         H, Dn, Dv, L = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
         per_head = w.view(H, Dn + Dv, L)
-        w_uk_t = per_head[:, :Dn].transpose(1, 2).reshape(H * L, Dn)  # a copy: rows along Dn
-        w_uv = per_head[:, Dn:].reshape(H * Dv, L)
-        kind = _choose((w_uk_t, w_uv), H, mode)
-        q_uk, q_uv = quantize(w_uk_t.contiguous(), kind), quantize(w_uv.contiguous(), kind)
+        w_uk_t = per_head[:, :Dn].transpose(1, 2).reshape(H * L, Dn)  # copies: rows along Dn
+        w_uv = per_head[:, Dn:].reshape(H * Dv, L)  # (rows along L)
+        q_uk, q_uv = _made((w_uk_t, w_uv), H, mode)
+        kind = q_uk.kind
         if kind != "f32" and mode in _ROUNDING_MODES:  # prefill computes with the rounded values too (a new
             rounded = torch.cat(  # tensor: the loaded one may be a read-only view of the file)
                 (dequantize(q_uk).view(H, L, Dn).transpose(1, 2), dequantize(q_uv).view(H, Dv, L)), dim=1

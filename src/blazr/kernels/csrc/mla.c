@@ -237,17 +237,20 @@ BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat
         rows += seq_lens[b];
     }
     if (B == 0) return BLZ_OK;
-    /* scratch: the item table [items] (sequence, first row); per item m [H], l [H], o [H·L]; per thread
-     * MLA_STEP widened rows and scores [H][MLA_STEP] */
+    /* scratch: the item table [items] (sequence, first row), each sequence's first item [B + 1]; per item
+     * m [H], l [H], o [H·L]; per thread MLA_STEP widened rows and scores [H][MLA_STEP] */
     const int64_t W = L + R, part = H * (L + 2), per = blz_round_up(MLA_STEP * (W + H), 16);
     const int nt = blz_threads(nthreads, rows * W * H, 1 << 15);
-    const int64_t ibytes = blz_round_up(2 * items * (int64_t)sizeof(int64_t), 64);
+    const int64_t ibytes = blz_round_up((2 * items + B + 1) * (int64_t)sizeof(int64_t), 64);
     char *sc = blz_scratch((size_t)ibytes + (size_t)(items * part + nt * per) * sizeof(float));
     if (!sc) return BLZ_ENOMEM;
-    int64_t *item_b = (int64_t *)sc, *item_t = item_b + items;
+    int64_t *item_b = (int64_t *)sc, *item_t = item_b + items, *first = item_t + items;
     float *parts = (float *)(sc + ibytes), *bufs = parts + items * part;
-    for (int64_t b = 0, k = 0; b < B; ++b)
+    first[0] = 0;
+    for (int64_t b = 0, k = 0; b < B; ++b) {
         for (int64_t t = 0; t < seq_lens[b]; t += chunk_rows(seq_lens[b]), ++k) item_b[k] = b, item_t[k] = t;
+        first[b + 1] = k;
+    }
 #pragma omp parallel num_threads(nt)
     {
 #ifdef _OPENMP
@@ -264,10 +267,7 @@ BLZ_EXPORT int blz_mla_decode(const float *q_lat, int64_t ld_lat, int64_t hs_lat
         }
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < B * H; ++bh) { /* merge each sequence's chunks, in order */
-            const int64_t b = bh / H, h = bh % H, n = seq_lens[b];
-            int64_t k0 = 0;
-            for (int64_t c = 0; c < b; ++c) k0 += num_chunks(seq_lens[c]);
-            const int64_t nc = num_chunks(n);
+            const int64_t b = bh / H, h = bh % H, k0 = first[b], nc = first[b + 1] - k0;
             float *o = out + (b * H + h) * L, mx = -INFINITY, den = 0.0f;
             memset(o, 0, (size_t)L * sizeof(float)); /* zeros for an empty sequence */
             for (int64_t c = 0; c < nc; ++c) mx = fmaxf(mx, parts[(k0 + c) * part + h]);
