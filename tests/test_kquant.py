@@ -212,7 +212,8 @@ def test_scalar_and_simd_builds_give_the_same_bits(
 
 
 def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
-    """A batched call equals one call per row, bit for bit, wherever the row falls in the 8-row tiles."""
+    """A batched call equals one call per row (the one-row path, tile1_avx2), bit for bit, wherever the row
+    falls in the 8-row tiles and the 16-row groups (a last group of one row takes the one-row path too)."""
     g = torch.Generator().manual_seed(11)
     x = _acts(37, 512, g)
     for kind in K_KINDS:
@@ -221,6 +222,9 @@ def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
         assert torch.equal(lib.linear(x, qw), rows), kind
         for lo, hi in ((5, 12), (3, 15), (0, 16), (0, 17), (30, 37)):
             assert torch.equal(lib.linear(x[lo:hi], qw), rows[lo:hi]), (kind, lo, hi)
+        gate_up = QuantizedWeight(kind, qw.data[:20].contiguous(), 20, 512)  # one row: its own decode path
+        rows = torch.cat([lib.linear(x[i : i + 1], gate_up, swiglu=True) for i in range(len(x))])
+        assert torch.equal(lib.linear(x, gate_up, swiglu=True), rows), kind
 
 
 def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
