@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import splintr
 
 from blazr.errors import BlazrError, CheckpointError, UnsupportedError
@@ -87,9 +88,9 @@ _LLAMA3_LIKE = frozenset(
 
 
 def _json_bytes(doc: Mapping[str, Any]) -> bytes:
-    """A tokenizer document as compact UTF-8 JSON for splintr: 5x faster than json.dumps' defaults on a 49k
-    vocabulary (no circular-reference walk, no spaces), which matters on every GGUF load."""
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), check_circular=False).encode()
+    """A tokenizer document as compact UTF-8 JSON for splintr, by orjson: every GGUF load builds one, and at
+    a 49k vocabulary orjson takes 4-6 ms where the stdlib's fastest settings took 30-130 ms (same bytes)."""
+    return orjson.dumps(doc)
 
 
 def build_gguf_tokenizer_json(metadata: Mapping[str, Any]) -> bytes:
@@ -365,10 +366,12 @@ def _required(meta: Mapping[str, Any], key: str) -> Any:
 
 
 def _strings(meta: Mapping[str, Any], key: str) -> list[str]:
-    """A GGUF string array as str (a reader may hand back bytes)."""
-    return [
-        v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in _required(meta, key)
-    ]
+    """A GGUF string array as str (a reader may hand back bytes). GGUF arrays hold one type, so a list whose
+    first item is a str (blazr's header parser's) is returned as it is: read only, never copied."""
+    values = _required(meta, key)
+    if isinstance(values, list) and (not values or type(values[0]) is str):
+        return values
+    return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in values]
 
 
 def _token_types(meta: Mapping[str, Any], count: int) -> list[int]:
