@@ -45,6 +45,7 @@ from blazr.kernels.reference import ACTIVATIONS, linear_out_features
 from blazr.kernels.row_table import RowTable
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
+_ROWS_FLAG = 0x100  # BLZ_ROWS: the weight pointer is a row table (kernels/mapped.py)
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q8_0g": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,
               "f32": 2, "bf16": 3, "f16": 18}  # fmt: skip
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
@@ -140,7 +141,9 @@ class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindin
             out = torch.empty((*x.shape[:-1], n_out), dtype=_F32)
         elif out.numel() != M * n_out:
             raise ValueError(f"linear: out has {out.numel()} elements, expected [M, N] = [{M}, {n_out}]")
-        if not qw.data.is_cpu:
+        rows = getattr(qw, "rows", None)  # a MappedWeight: its row table, its bytes where the map has them
+        weight = qw.data if rows is None else rows
+        if not weight.is_cpu:
             raise UnsupportedInput("linear: the weight is not on the CPU")
         a, addr = self._args()
         a.op = _OP_LINEAR[qw.kind]
@@ -150,11 +153,11 @@ class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindin
             _f32_ptr(out, "out"),
         )
         a.i[0:11] = (
-            _KIND_CODES[qw.kind],
+            _KIND_CODES[qw.kind] | (0 if rows is None else _ROWS_FLAG),
             xp,
             M,
             K,
-            qw.data.data_ptr(),
+            weight.data_ptr(),
             N,
             bp,
             rp,
@@ -162,7 +165,8 @@ class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindin
             swiglu,
             torch.get_num_threads(),
         )
-        self._run(a, addr, f"linear[{qw.kind}]", x, qw.data, bias, residual, out)
+        holder = None if rows is None else qw.holder  # type: ignore[attr-defined]
+        self._run(a, addr, f"linear[{qw.kind}]", x, weight, holder, bias, residual, out)
         return out
 
     def quantize_act(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

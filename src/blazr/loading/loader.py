@@ -34,6 +34,7 @@ from blazr.detect import Checkpoint
 from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.errors import UnsupportedError
 from blazr.kernels.build import cpu_flags
+from blazr.kernels.mapped import MappedWeight
 from blazr.loading.absorb import absorb_mla
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.gguf_hf import GGUFView
@@ -195,7 +196,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     seen: dict[int, int] = {}
     tensors = [*model.parameters(), *model.buffers()]
     for m in model.modules():
-        if isinstance(m, QuantizedLinear):
+        if isinstance(m, QuantizedLinear) and isinstance(m.qweight, MappedWeight):
+            seen[m.qweight.rows.data_ptr()] = m.qweight.nbytes  # rows in the map, counted once each
+        elif isinstance(m, QuantizedLinear):
             tensors.append(m.qweight.data)
         elif isinstance(m, QuantizedEmbedding):
             tensors.append(m.table.data)

@@ -4,9 +4,9 @@ mistral.rs' ISQ), one tensor at a time.
 
 Modes:
 - `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, F16, BF16)
-  stay as stored (their bytes used as-is — a view of the file's map where no rows move; Q4_0 / Q4_1 rows
-  packed into the kernel's row groups —, fused q|k|v and gate|up rows concatenated, q/k rows un-permuted as
-  whole rows), and so does the token embedding table
+  stay as stored (their bytes used as-is — a view of the file's map where no rows move, a MappedWeight (a
+  row table into the map) where fused q|k|v / gate|up parts lie apart or q/k rows are un-permuted; Q4_0 /
+  Q4_1 rows packed into the kernel's row groups), and so does the token embedding table
   (`embed_from_file`: a lookup dequantizes only its rows); every other weight stays float.
 - `none`: every weight dequantized to the compute dtype (the reference path).
 - `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
@@ -34,6 +34,7 @@ from torch import nn
 from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
+from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
     AS_STORED,
     BLOCK_BYTES,
@@ -56,6 +57,11 @@ from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
+# Kinds whose moved rows (fused parts apart, permuted q/k) the loader leaves in the map as a MappedWeight.
+# Not f16, though its kernel reads row tables too: the 1B F16 GGUF's decode step measured 4-5% slower on
+# its mapped rows than on a gathered copy (three in-process A/Bs), where q8_0g and the K-quants measured the
+# same (0.97-1.02), and a gathered F16 copy loads in 0.1 s (benchmarks/NOTES.md §34).
+MAPPED_FROM_FILE = (Q8_0G, *K_KINDS)
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
 # place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
@@ -179,9 +185,10 @@ def _gguf_blocks(
     or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is of one type
     kept as stored and needs no transform; else None. Q4_0 / Q4_1 rows are packed by the C kernel straight
     from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k rows are never
-    gathered first); Q8_0 (as q8_0g), K-quant and F16 / BF16 rows are used as stored: out of order they are
-    moved by `gather_rows` (OpenMP memcpy), rows in one run (parts stored back to back too) are a view of
-    the map; Q4_K_M's fused parts of mixed K-quant kinds go through `load_raw` into one kmix weight."""
+    gathered first); Q8_0 (as q8_0g), K-quant and F16 / BF16 rows are used as stored: rows in one run (parts
+    stored back to back too) are a view of the map, rows out of order a MappedWeight — the kernels read them
+    where they lie through a row table (BF16 and expert stacks: moved by `gather_rows`, an OpenMP memcpy);
+    Q4_K_M's fused parts of mixed K-quant kinds go through `load_raw` into one kmix weight."""
     load_raw = getattr(source, "load_raw", None)
     sources = _row_sources(cfg, source, names, pname, shape, is_stacked)
     if load_raw is None or sources is None:
@@ -194,11 +201,14 @@ def _gguf_blocks(
         data = kernel_ops.kernels().pack_rows(kind, found[1], num_rows, k)  # type: ignore[union-attr]
         return QuantizedWeight(kind, data, num_rows, k)
     if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
-        step = row_bytes(kind, k)
-        if _is_moved(found[1], step):
-            data = kernel_ops.kernels().gather_rows(found[1], step)  # type: ignore[union-attr]
+        step, rows = row_bytes(kind, k), found[1]
+        if _is_moved(rows, step) and kind in MAPPED_FROM_FILE and not is_stacked:  # rows left where they lie
+            lo, hi = int(rows.min()), int(rows.max()) + step
+            return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
+        if _is_moved(rows, step):
+            data = kernel_ops.kernels().gather_rows(rows, step)  # type: ignore[union-attr]
         else:  # one run of the file (also parts stored back to back, e.g. ffn_gate then ffn_up)
-            data = source.span(int(found[1][0]), num_rows * step)  # type: ignore[attr-defined]
+            data = source.span(int(rows[0]), num_rows * step)  # type: ignore[attr-defined]
         return QuantizedWeight.from_ggml(found[0], data, num_rows, k)
     raws = []
     for name, order in sources:
@@ -268,7 +278,8 @@ def quantize_from_file(
             qw = _gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            loader.consume(pname, shape, is_copied=_is_copy(source, qw.data))
+            held = qw.holder if isinstance(qw, MappedWeight) else qw.data
+            loader.consume(pname, shape, is_copied=_is_copy(source, held))
         else:
             kind = _ISQ_KIND[mode]
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32

@@ -55,6 +55,20 @@ enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ
 enum { BLZ_ROW_F16 = 7, BLZ_ROW_BF16 = 8 };
 enum { BLZ_Q8_0G = 9 };
 #define BLZ_QK 32
+/* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 linear call: `w` is not the weight's
+ * bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused weight's
+ * parts apart in a checkpoint's map, rows in another order), so such a weight is never copied to run. */
+#define BLZ_ROWS 0x100
+
+/* Whether rows[0..n-1] lie back to back, row_bytes apart (then one linear prefetch stream covers them). */
+static inline int blz_rows_follow(const uint8_t *const *rows, int n, int64_t row_bytes) {
+    return rows[n - 1] == rows[0] + (n - 1) * row_bytes;
+}
+
+/* Row n of a weight of row_bytes-byte rows: w + n·row_bytes, or the address a row table lists. */
+static inline const uint8_t *blz_weight_row(const uint8_t *w, const int64_t *tab, int64_t n, int64_t row_bytes) {
+    return tab ? (const uint8_t *)(intptr_t)tab[n] : w + n * row_bytes;
+}
 
 /* Element types of the KV-cache pools (attention and kv_write). */
 enum { BLZ_KV_F32 = 0, BLZ_KV_BF16 = 1, BLZ_KV_F16 = 2 };
@@ -68,6 +82,8 @@ int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int
                     const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                    const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
+                        const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V, int64_t D,
                     float scale, float *out);
 int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);
@@ -132,11 +148,11 @@ int blz_linear_by_code(int code, const float *x, int64_t M, int64_t K, const voi
                        int swiglu, int nthreads);
 
 /* Internal: the K-quant linear kernel (linear_k.c) and the in-place Q8_0 one (linear_q8.c), blz_linear_q's
- * signature. */
-int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
-                 const float *residual, float *out, int swiglu, int nthreads);
-int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
-                   const float *residual, float *out, int swiglu, int nthreads);
+ * signature plus the row table of BLZ_ROWS (NULL: rows follow each other from w). */
+int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
+                 const float *bias, const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
+                   const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 
 /* Internal: the 32-block activations of linear_q.c (ggml's quantize_row_q8_0 / q8_1), shared with
  * linear_q8.c — rows of K int8 in natural order and per block of 32 the fp16-rounded scale d, Q4_1's offset

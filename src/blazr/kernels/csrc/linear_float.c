@@ -291,7 +291,7 @@ BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float 
     return BLZ_OK;
 }
 
-static int panel_gemm(const uint16_t *w, int bf16, const float *x, int64_t M, int64_t K, int64_t N,
+static int panel_gemm(const uint16_t *w, const int64_t *tab, int bf16, const float *x, int64_t M, int64_t K, int64_t N,
                       const float *bias, const float *residual, float *out, int swiglu, int nt);
 
 /* bf16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
@@ -309,7 +309,7 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t m = 0; m < M; ++m)
             for (int64_t k = 0; k < K; ++k) xr[m * K + k] = blz_bf16_to_fp32(blz_fp32_to_bf16(x[m * K + k]));
-        return panel_gemm(w, 1, xr, M, K, N, bias, residual, out, swiglu, nt);
+        return panel_gemm(w, NULL, 1, xr, M, K, N, bias, residual, out, swiglu, nt);
     }
 #endif
     uint16_t *xb = blz_scratch((size_t)(M * ldx) * sizeof(uint16_t));
@@ -424,14 +424,14 @@ BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, co
 
 /* panel[k·16 + j] = row n0 + j of w [·, K] at column k0 + k, widened from f16 or (`bf16`) bf16 (rows j ≥ nr:
  * 0), k < kc. */
-static void widen_panel(const uint16_t *restrict w, const int bf16, int64_t n0, int nr, int64_t K, int64_t k0,
-                        int64_t kc, float *restrict panel) {
+static void widen_panel(const uint16_t *restrict w, const int64_t *tab, const int bf16, int64_t n0, int nr,
+                        int64_t K, int64_t k0, int64_t kc, float *restrict panel) {
     for (int j = 0; j < F16_NR; ++j) {
         if (j >= nr) {
             for (int64_t k = 0; k < kc; ++k) panel[k * F16_NR + j] = 0.0f;
             continue;
         }
-        const uint16_t *src = w + (n0 + j) * K + k0;
+        const uint16_t *src = (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n0 + j, 2 * K) + k0;
         int64_t k = 0;
 #ifdef BLZ_AVX2
         for (; k + 8 <= kc; k += 8) {
@@ -490,11 +490,11 @@ BLZ_INLINE void f16_micro(const int mr, const float *restrict panel, int64_t kc,
 
 /* c [M, 16] = x [M, K] · rows n0 .. n0+nr−1 of w (f16, or bf16), panel by panel (panel: F16_KC · 16 floats
  * of scratch). */
-static void panel_block(const uint16_t *w, const int bf16, int64_t n0, int nr, int64_t K, const float *x,
-                        int64_t M, float *panel, float *c) {
+static void panel_block(const uint16_t *w, const int64_t *tab, const int bf16, int64_t n0, int nr, int64_t K,
+                        const float *x, int64_t M, float *panel, float *c) {
     for (int64_t k0 = 0; k0 < K; k0 += F16_KC) {
         const int64_t kc = blz_min(F16_KC, K - k0);
-        widen_panel(w, bf16, n0, nr, K, k0, kc, panel);
+        widen_panel(w, tab, bf16, n0, nr, K, k0, kc, panel);
         for (int64_t m0 = 0; m0 < M; m0 += F16_MR) {
             const int mr = (int)blz_min(F16_MR, M - m0);
             F16_MICRO_SWITCH(mr, panel, kc, x + m0 * K + k0, K, c + m0 * F16_NR, k0 == 0);
@@ -502,10 +502,10 @@ static void panel_block(const uint16_t *w, const int bf16, int64_t n0, int nr, i
     }
 }
 
-/* The prefill GEMM of 16-bit weights (f16, or bf16 with x already rounded to bf16 values): out [M, N] as
- * blz_linear_f16, each block of 16 outputs on one thread. */
-static int panel_gemm(const uint16_t *w, const int bf16, const float *x, int64_t M, int64_t K, int64_t N,
-                      const float *bias, const float *residual, float *out, int swiglu, int nt) {
+/* The prefill GEMM of 16-bit weights (f16, or bf16 with x already rounded to bf16 values; rows from w, or
+ * where a row table lists them): out [M, N] as blz_linear_f16, each block of 16 outputs on one thread. */
+static int panel_gemm(const uint16_t *w, const int64_t *tab, const int bf16, const float *x, int64_t M, int64_t K,
+                      int64_t N, const float *bias, const float *residual, float *out, int swiglu, int nt) {
     const int64_t nout = swiglu ? N / 2 : N, nblocks = (nout + F16_NR - 1) / F16_NR;
     const size_t scratch = (size_t)(F16_KC * F16_NR + (swiglu ? 2 : 1) * M * F16_NR) * sizeof(float);
     int failed = 0;
@@ -522,8 +522,8 @@ static int panel_gemm(const uint16_t *w, const int bf16, const float *x, int64_t
             if (!panel) continue;
             const int64_t n0 = b * F16_NR;
             const int nr = (int)blz_min(F16_NR, nout - n0);
-            panel_block(w, bf16, n0, nr, K, x, M, panel, c);
-            if (swiglu) panel_block(w, bf16, n0 + nout, nr, K, x, M, panel, cu);
+            panel_block(w, tab, bf16, n0, nr, K, x, M, panel, c);
+            if (swiglu) panel_block(w, tab, bf16, n0 + nout, nr, K, x, M, panel, cu);
             for (int64_t m = 0; m < M; ++m)
                 for (int j = 0; j < nr; ++j) {
                     const float r = c[m * F16_NR + j], g = swiglu ? cu[m * F16_NR + j] : 0.0f;
@@ -534,10 +534,10 @@ static int panel_gemm(const uint16_t *w, const int bf16, const float *x, int64_t
     return failed ? BLZ_ENOMEM : BLZ_OK;
 }
 
-/* f16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
-BLZ_EXPORT int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
-                              const float *bias, const float *residual, float *out, int swiglu,
-                              int nthreads) {
+/* f16 weights (uint16 bits): x [M, K] fp32, w [N, K] — or, with a row table `tab` (int64 [N], BLZ_ROWS),
+ * row n at tab[n] —, otherwise as blz_linear_f32. */
+int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
+                        const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
     if (M < 0 || N < 0 || K <= 0 || (swiglu && (N % 2 || residual))) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t nout = swiglu ? N / 2 : N;
@@ -548,11 +548,21 @@ BLZ_EXPORT int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16
             for (int64_t m0 = 0; m0 < M; m0 += 2) {
                 const int mt = (int)blz_min(2, M - m0);
                 float r[2], g[2];
-                f16_rows(mt, w + n * K, K, x + m0 * K, r, M >= 2 && m0 == 0);
-                if (swiglu) f16_rows(mt, w + (n + nout) * K, K, x + m0 * K, g, M >= 2 && m0 == 0);
+                const uint16_t *wg = (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n, 2 * K);
+                f16_rows(mt, wg, K, x + m0 * K, r, M >= 2 && m0 == 0);
+                if (swiglu) {
+                    const uint16_t *wu = (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n + nout, 2 * K);
+                    f16_rows(mt, wu, K, x + m0 * K, g, M >= 2 && m0 == 0);
+                }
                 blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
             }
         return BLZ_OK;
     }
-    return panel_gemm(w, 0, x, M, K, N, bias, residual, out, swiglu, nt);
+    return panel_gemm(w, tab, 0, x, M, K, N, bias, residual, out, swiglu, nt);
+}
+
+BLZ_EXPORT int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
+                              const float *bias, const float *residual, float *out, int swiglu,
+                              int nthreads) {
+    return blz_linear_f16_rows(x, M, K, w, NULL, N, bias, residual, out, swiglu, nthreads);
 }

@@ -245,12 +245,28 @@ BLZ_INLINE __m256i bcast_pair(const int16_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+/* Step b of fetching the next tile's rows rows[KR..2·KR-1] while this tile runs: when they lie back to
+ * back (`listed` = 0: always in a plain weight but at its end) a linear sweep of their bytes, one
+ * KR·bb-byte slice a step (one stream, which the hardware follows well: fetching row by row measured 1.3x
+ * slower at M = 1); else (a row table's rows apart) super-block b of each row. */
+BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[2 * KR], const int listed, const int64_t bb,
+                                   const int64_t nb, const int64_t b) {
+    (void)nb;
+    if (listed) {
+        for (int r = 0; r < KR; ++r)
+            for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(rows[KR + r] + b * bb + o), _MM_HINT_T0);
+        return;
+    }
+    const char *next = (const char *)rows[KR] + b * KR * bb;
+    for (int64_t o = 0; o < KR * bb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+}
+
 /* AVX2 path of tile_scalar. Per super-block and weight row: the 256 quants unpacked to 8 registers of 32
  * unsigned bytes (sub-block j = elements 32j..32j+31) and 8 int16 scale vectors; per activation row,
  * Σ_j vpmaddwd(vpmaddubsw(W_j, X_j), S_j) — every partial an exact int32 — left in v[m][r] for the
  * reduction; Q6_K's −32·Σ sc·bsums joins the same vector, the Q4_K / Q5_K mins a 4-lane one. */
-BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[KR], const actk_t *restrict a,
-                          const int64_t m0, const int mt, float acc_out[KT][KR]) {
+BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], const int listed,
+                          const actk_t *restrict a, const int64_t m0, const int mt, float acc_out[KT][KR]) {
     const int64_t bb = kblock_bytes(kind), nb = a->nb;
     const __m256i lo4 = _mm256_set1_epi8(0x0f), b30 = _mm256_set1_epi8(0x30);
     __m256 acc[KT];
@@ -260,10 +276,7 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[KR], const a
         __m128i mn[KR];
         uint16_t dh[KR], mh[KR]; /* f16 d and dmin of the 8 rows, widened together (F16C: exact) */
 #if BLZ_K_PF
-        if (m0 == 0) { /* rows[0] + 8 rows onward: the next tile (a short last tile reads past: prefetches only) */
-            const char *next = (const char *)(rows[0] + KR * nb * bb) + b * KR * bb;
-            for (int64_t o = 0; o < KR * bb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-        }
+        if (m0 == 0) prefetch_next_tile(rows, listed, bb, nb, b);
 #endif
         for (int r = 0; r < KR; ++r) {
             const uint8_t *blk = rows[r] + b * bb;
@@ -406,8 +419,8 @@ BLZ_INLINE __m256i row1_sums(const int kind, const uint8_t *restrict blk, const 
 /* One activation row (decode: mt = 1): tile_avx2's result by the same operations, the 8 rows' sums made one
  * row at a time from registers (the general tile keeps every row's unpacked quants and scales live, which at
  * one activation row costs spills instead of saving work). */
-BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[KR], const actk_t *restrict a,
-                           const int64_t m0, float acc_out[KT][KR]) {
+BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[2 * KR], const int listed,
+                           const actk_t *restrict a, const int64_t m0, float acc_out[KT][KR]) {
     const int64_t bb = kblock_bytes(kind), nb = a->nb;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -417,10 +430,7 @@ BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[KR], const 
         __m128i mn[KR];
         uint16_t dh[KR], mh[KR];
 #if BLZ_K_PF
-        if (m0 == 0) { /* as tile_avx2 */
-            const char *next = (const char *)(rows[0] + KR * nb * bb) + b * KR * bb;
-            for (int64_t o = 0; o < KR * bb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-        }
+        if (m0 == 0) prefetch_next_tile(rows, listed, bb, nb, b);
 #endif
         for (int r = 0; r < KR; ++r) v[r] = row1_sums(kind, rows[r] + b * bb, xq, a->bs + 16 * row, &dh[r], &mh[r], &mn[r]);
         const __m256 dx = _mm256_set1_ps(a->d[row]);
@@ -442,31 +452,32 @@ BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[KR], const 
 
 /* acc[m][r] = dot products of weight rows rows[0..KR-1] (the first nr real, the rest repeats) with
  * activation rows m0 .. m0+mt-1. */
-static void tile_dots(int kind, const uint8_t *const rows[KR], int nr, const actk_t *a, int64_t m0, int mt,
-                      float acc[KT][KR]) {
+static void tile_dots(int kind, const uint8_t *const rows[2 * KR], int listed, int nr, const actk_t *a,
+                      int64_t m0, int mt, float acc[KT][KR]) {
 #ifdef BLZ_AVX2
     (void)nr;
     switch (kind * 2 + (mt == 1)) { /* one activation row (decode) compiled on its own */
         case BLZ_Q4_K * 2 + 1:
-            tile1_avx2(BLZ_Q4_K, rows, a, m0, acc);
+            tile1_avx2(BLZ_Q4_K, rows, listed, a, m0, acc);
             return;
         case BLZ_Q4_K * 2:
-            tile_avx2(BLZ_Q4_K, rows, a, m0, mt, acc);
+            tile_avx2(BLZ_Q4_K, rows, listed, a, m0, mt, acc);
             return;
         case BLZ_Q5_K * 2 + 1:
-            tile1_avx2(BLZ_Q5_K, rows, a, m0, acc);
+            tile1_avx2(BLZ_Q5_K, rows, listed, a, m0, acc);
             return;
         case BLZ_Q5_K * 2:
-            tile_avx2(BLZ_Q5_K, rows, a, m0, mt, acc);
+            tile_avx2(BLZ_Q5_K, rows, listed, a, m0, mt, acc);
             return;
         case BLZ_Q6_K * 2 + 1:
-            tile1_avx2(BLZ_Q6_K, rows, a, m0, acc);
+            tile1_avx2(BLZ_Q6_K, rows, listed, a, m0, acc);
             return;
         default:
-            tile_avx2(BLZ_Q6_K, rows, a, m0, mt, acc);
+            tile_avx2(BLZ_Q6_K, rows, listed, a, m0, mt, acc);
             return;
     }
 #else
+    (void)listed;
     tile_scalar(kind, rows, nr, a, m0, mt, acc);
 #endif
 }
@@ -552,11 +563,13 @@ static int actk_alloc(actk_t *a, int64_t M, int64_t K, int64_t ntiles, int64_t *
 }
 
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][row_bytes] in
- * ggml's layout (BLZ_KMIX: the segment table, then the segments), bias [N] or NULL, residual [M, N] or NULL
+ * ggml's layout (BLZ_KMIX: the segment table, then the segments; with a row table `tab`, int64 [N] from
+ * BLZ_ROWS, row n at tab[n] and w unused), bias [N] or NULL, residual [M, N] or NULL
  * (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
-int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
-                 const float *residual, float *out, int swiglu, int nthreads) {
+int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
+                 const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
     if (kind < BLZ_Q4_K || kind > BLZ_KMIX || M < 0 || N < 0 || K <= 0 || K % QK_K) return BLZ_EINVAL;
+    if (tab && kind == BLZ_KMIX) return BLZ_EINVAL; /* a row table lists rows of one kind */
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
     ksegs_t sg;
@@ -578,16 +591,26 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
             const int64_t n0 = tiles[2 * t];
             const int nn = (int)tiles[2 * t + 1];
             const int gs = kseg_of(&sg, n0), us = swiglu ? kseg_of(&sg, nout + n0) : 0;
-            const uint8_t *gate[KR], *up[KR];
-            for (int i = 0; i < KR; ++i) {
-                const int64_t n = n0 + blz_min(i, nn - 1); /* pad a short tile with its last row */
-                gate[i] = sg.base[gs] + (n - sg.row0[gs]) * sg.row_bytes[gs];
-                up[i] = sg.base[us] + (nout + n - sg.row0[us]) * sg.row_bytes[us];
+            const uint8_t *gate[2 * KR], *up[2 * KR]; /* this tile's rows, then the next tile's (prefetch) */
+            const int64_t rbg = sg.row_bytes[gs], rbu = sg.row_bytes[us];
+            for (int i = 0; i < 2 * KR; ++i) {
+                const int64_t n = i < KR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1); /* pad: last row */
+                if (tab) {
+                    gate[i] = (const uint8_t *)(intptr_t)tab[n];
+                    up[i] = (const uint8_t *)(intptr_t)tab[nout + n];
+                } else if (i < KR) {
+                    gate[i] = sg.base[gs] + (n - sg.row0[gs]) * rbg;
+                    up[i] = sg.base[us] + (nout + n - sg.row0[us]) * rbu;
+                } else { /* the bytes after the tile (prefetched only; past the end of the last tile too) */
+                    gate[i] = gate[0] + i * rbg;
+                    up[i] = up[0] + i * rbu;
+                }
             }
+            const int listed = !blz_rows_follow(gate + KR, KR, rbg) || (swiglu && !blz_rows_follow(up + KR, KR, rbu));
             for (int64_t m0 = 0; m0 < M; m0 += KT) {
                 const int mt = (int)blz_min(KT, M - m0);
-                tile_dots(sg.kind[gs], gate, nn, &a, m0, mt, r);
-                if (swiglu) tile_dots(sg.kind[us], up, nn, &a, m0, mt, u);
+                tile_dots(sg.kind[gs], gate, listed, nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(sg.kind[us], up, listed, nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
                     for (int j = 0; j < nn; ++j)
                         blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);

@@ -387,10 +387,15 @@ int blz_act_alloc(blz_act_t *a, int64_t M, int64_t K) {
  * of 16 those up rows straddle two packed groups, and both are computed. */
 BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                             const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
-    if (kind >= BLZ_Q4_K && kind <= BLZ_KMIX) /* GGUF K-quants: linear_k.c */
-        return blz_linear_k(kind, x, M, K, w, N, bias, residual, out, swiglu, nthreads);
+    const int64_t *tab = kind & BLZ_ROWS ? (const int64_t *)w : NULL; /* w is a row table */
+    kind &= ~BLZ_ROWS;
+    if (kind >= BLZ_Q4_K && kind <= BLZ_Q6_K) /* GGUF K-quants: linear_k.c */
+        return blz_linear_k(kind, x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
+    if (kind == BLZ_KMIX && !tab)
+        return blz_linear_k(kind, x, M, K, w, NULL, N, bias, residual, out, swiglu, nthreads);
     if (kind == BLZ_Q8_0G) /* Q8_0 as a GGUF stores it: linear_q8.c */
-        return blz_linear_q8g(x, M, K, w, N, bias, residual, out, swiglu, nthreads);
+        return blz_linear_q8g(x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
+    if (tab) return BLZ_EINVAL; /* packed kinds are never listed by row */
     if (kind < BLZ_Q4_0 || kind > BLZ_Q8_0 || M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;

@@ -59,10 +59,16 @@ __attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], i
 }
 
 #ifdef BLZ_AVX2
-/* Block column b of the rows after the tile's (rows[0] + 8 rows onward: the next tile, one linear stream;
- * a short last tile reads past: prefetches only). */
-BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[QR], int64_t nb, int64_t b) {
-    const char *next = (const char *)(rows[0] + QR * nb * QB) + b * QR * QB;
+/* Step b of fetching the next tile's rows rows[QR..2·QR-1]: back to back (`listed` = 0; a plain weight's
+ * rows after the tile, past the end for the last one: prefetches only) one linear stream, a QR·QB-byte slice
+ * a step; apart (a row table) block b of each row. */
+BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[2 * QR], int listed, int64_t nb, int64_t b) {
+    (void)nb;
+    if (listed) { /* the next tile's rows apart (a row table): block b of each */
+        for (int r = 0; r < QR; ++r) _mm_prefetch((const char *)(rows[QR + r] + b * QB), _MM_HINT_T0);
+        return;
+    }
+    const char *next = (const char *)rows[QR] + b * QR * QB;
     for (int64_t o = 0; o < QR * QB; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
 }
 
@@ -104,14 +110,14 @@ BLZ_INLINE __m256i bcast4(const int8_t *p) {
  *   is_transposed = 1 (longer calls): the block transposed once (transpose_block), then per activation row
  *     the packed kernel's dot (linear_q.c group_avx2) — each activation dword broadcast against the 8 rows'
  *     lanes, no horizontal sums (prefill 512 rows: 64-69 → 79-87 GFLOP/s, as packed q8_0). */
-BLZ_INLINE void tile_avx2(const uint8_t *const rows[QR], const blz_act_t *restrict a, const int64_t m0,
-                          const int mt, const int is_transposed, float acc_out[QT][QR]) {
+BLZ_INLINE void tile_avx2(const uint8_t *const rows[2 * QR], const int listed, const blz_act_t *restrict a,
+                          const int64_t m0, const int mt, const int is_transposed, float acc_out[QT][QR]) {
     const int64_t nb = a->nb;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[QT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, nb, b);
+        if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, listed, nb, b);
         __m256i w[8], aw[8]; /* transposed: chunks c of the 8 rows; else row r's block (|q|: |−128| = 128 as u8) */
         uint16_t dh[QR];
         for (int r = 0; r < QR; ++r) memcpy(&dh[r], rows[r] + b * QB, 2);
@@ -148,25 +154,27 @@ BLZ_INLINE void tile_avx2(const uint8_t *const rows[QR], const blz_act_t *restri
 
 /* acc[m][r] = dot products of weight rows rows[0..QR-1] (the first nr real, the rest repeats) with
  * activation rows m0 .. m0+mt-1. */
-static void tile_dots(const uint8_t *const rows[QR], int nr, const blz_act_t *a, int64_t m0, int mt,
-                      float acc[QT][QR]) {
+static void tile_dots(const uint8_t *const rows[2 * QR], int listed, int nr, const blz_act_t *a, int64_t m0,
+                      int mt, float acc[QT][QR]) {
 #ifdef BLZ_AVX2
     (void)nr;
     if (mt == 1) /* one activation row (decode) compiled on its own */
-        tile_avx2(rows, a, m0, 1, 0, acc);
+        tile_avx2(rows, listed, a, m0, 1, 0, acc);
     else if (mt < BLZ_Q8_TRANSPOSE_MIN)
-        tile_avx2(rows, a, m0, mt, 0, acc);
+        tile_avx2(rows, listed, a, m0, mt, 0, acc);
     else
-        tile_avx2(rows, a, m0, mt, 1, acc);
+        tile_avx2(rows, listed, a, m0, mt, 1, acc);
 #else
+    (void)listed;
     tile_scalar(rows, nr, a, m0, mt, acc);
 #endif
 }
 
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][nb · 34] in
- * ggml's layout, bias [N] or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
-int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
-                   const float *residual, float *out, int swiglu, int nthreads) {
+ * ggml's layout — or, with a row table `tab` (int64 [N], BLZ_ROWS), each row where tab[n] says —, bias [N]
+ * or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
+int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
+                   const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
     if (M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
@@ -184,16 +192,21 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, int64
             float r[QT][QR] __attribute__((aligned(32))), u[QT][QR] __attribute__((aligned(32)));
             const int64_t n0 = t * QR;
             const int nn = (int)blz_min(QR, nout - n0);
-            const uint8_t *gate[QR], *up[QR];
-            for (int i = 0; i < QR; ++i) {
-                const int64_t n = n0 + blz_min(i, nn - 1); /* pad a short tile with its last row */
-                gate[i] = w + n * row_bytes;
-                up[i] = w + (nout + n) * row_bytes;
+            const uint8_t *gate[2 * QR], *up[2 * QR]; /* this tile's rows, then the next tile's (prefetch) */
+            for (int i = 0; i < 2 * QR; ++i) {
+                const int64_t n = i < QR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1); /* pad: last row */
+                gate[i] = blz_weight_row(w, tab, n, row_bytes);
+                up[i] = blz_weight_row(w, tab, nout + n, row_bytes);
+                if (i >= QR && !tab) { /* the bytes after the tile (prefetched only; past the end too) */
+                    gate[i] = gate[0] + i * row_bytes;
+                    up[i] = up[0] + i * row_bytes;
+                }
             }
+            const int listed = !blz_rows_follow(gate + QR, QR, row_bytes) || (swiglu && !blz_rows_follow(up + QR, QR, row_bytes));
             for (int64_t m0 = 0; m0 < M; m0 += QT) {
                 const int mt = (int)blz_min(QT, M - m0);
-                tile_dots(gate, nn, &a, m0, mt, r);
-                if (swiglu) tile_dots(up, nn, &a, m0, mt, u);
+                tile_dots(gate, listed, nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(up, listed, nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
                     for (int j = 0; j < nn; ++j)
                         blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);

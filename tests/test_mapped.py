@@ -1,0 +1,150 @@
+"""MappedWeight (kernels/mapped.py): a weight whose rows stay where a checkpoint's map holds them, run by
+the kernels through a row table (BLZ_ROWS). Every result must be bit for bit the result on the same rows
+gathered into one tensor — decode and prefill paths, SwiGLU, bias and residual, a recorded plan — and the
+GGUF loader must use it for fused weights whose parts lie apart instead of copying them."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from blazr import LLM
+from blazr.kernels import ops
+from blazr.kernels.kquant import random_kquant
+from blazr.kernels.mapped import MAPPED_KINDS, MappedWeight
+from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, row_bytes
+from blazr.loading.loader import weight_bytes
+from blazr.model.qlinear import QuantizedLinear
+from tests.drive import full_logits
+
+
+def _plain(kind: str, n: int, k: int, seed: int) -> QuantizedWeight:
+    g = torch.Generator().manual_seed(seed)
+    if kind in ("q4_k", "q5_k", "q6_k"):
+        return random_kquant(kind, n, k, g, d=1e-3)
+    if kind == "f16":
+        return QuantizedWeight("f16", (torch.randn(n, k, generator=g) * 0.05).half(), n, k)
+    return QuantizedWeight(
+        "q8_0g", quantize(torch.randn(n, k, generator=g) * 0.05, "q8_0").ggml_blocks(), n, k
+    )
+
+
+def _scatter(qw: QuantizedWeight, seed: int) -> MappedWeight:
+    """qw's rows copied into a larger buffer in shuffled order with gaps between them, as a map holds a
+    fused weight's parts apart; the MappedWeight lists where each row went."""
+    n, step = qw.out_features, row_bytes(qw.kind, qw.in_features)
+    src = qw.data.view(torch.uint8).reshape(n, step)
+    slots = torch.randperm(2 * n + 3, generator=torch.Generator().manual_seed(seed))[:n]
+    buf = torch.full(((2 * n + 3) * step + 64,), 0xA5, dtype=torch.uint8)  # junk between the rows
+    at = slots * step + 64
+    for i in range(n):
+        buf[at[i] : at[i] + step] = src[i]
+    return MappedWeight(qw.kind, buf.data_ptr() + at, buf, n, qw.in_features)
+
+
+@pytest.mark.parametrize("kind", MAPPED_KINDS)
+def test_mapped_rows_give_the_gathered_weights_bits(lib: ops.Kernels, kind: str) -> None:
+    n, k = 38, 512
+    plain = _plain(kind, n, k, seed=1)
+    mapped = _scatter(plain, seed=2)
+    g = torch.Generator().manual_seed(3)
+    bias, res = torch.randn(n, generator=g), torch.randn(19, n, generator=g)
+    for M in (1, 2, 3, 5, 17, 19):  # decode and prefill paths (f16 panels from 9 rows, q8 transposed from 4)
+        x = torch.randn(M, k, generator=g)
+        assert torch.equal(lib.linear(x, mapped), lib.linear(x, plain)), (kind, M)
+        assert torch.equal(lib.linear(x, mapped, swiglu=True), lib.linear(x, plain, swiglu=True)), (kind, M)
+        want = lib.linear(x, plain, bias, res[:M].clone())
+        assert torch.equal(lib.linear(x, mapped, bias, res[:M].clone()), want), (kind, M)
+    assert torch.equal(mapped.data.view(torch.uint8), plain.data.view(torch.uint8))  # gathered on demand
+    assert torch.equal(dequantize(mapped), dequantize(plain))
+    assert mapped.nbytes == plain.nbytes and repr(mapped) == f"MappedWeight({kind}, [{n}, {k}])"
+
+
+def test_a_recorded_plan_replays_mapped_weights(native: ops.Kernels) -> None:
+    plain = _plain("q8_0g", 24, 256, seed=4)
+    mapped = _scatter(plain, seed=5)
+    x, out = torch.randn(1, 256), torch.empty(1, 24)
+    with native.record() as plan:
+        native.linear(x, mapped, out=out)
+    del mapped  # the plan keeps the row table and the map alive
+    x.copy_(torch.randn(1, 256))
+    plan.run()
+    assert torch.equal(out, native.linear(x, plain))
+
+
+def test_mapped_weights_check_their_rows() -> None:
+    plain = _plain("q8_0g", 8, 64, seed=6)
+    buf = plain.data.reshape(-1)
+    rows = buf.data_ptr() + torch.arange(8, dtype=torch.int64) * row_bytes("q8_0g", 64)
+    MappedWeight("q8_0g", rows, buf, 8, 64)
+    with pytest.raises(ValueError, match="outside the mapped tensor"):
+        MappedWeight("q8_0g", rows + 1, buf, 8, 64)
+    with pytest.raises(ValueError, match="row addresses"):
+        MappedWeight("q8_0g", rows[:7], buf, 8, 64)
+    with pytest.raises(ValueError, match="expected one of"):
+        MappedWeight("q4_0", rows, buf, 8, 64)
+
+
+def test_row_tables_are_refused_where_rows_are_packed(native: ops.Kernels) -> None:
+    """BLZ_ROWS with a row-packed kind (q4_0: 16-row groups) or a kmix weight is an error, not a misread."""
+    x, out, rows = torch.randn(1, 256), torch.empty(1, 16), torch.zeros(16, dtype=torch.int64)
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for code in (0, 6):  # BLZ_Q4_0, BLZ_KMIX
+        k = 64 if code == 0 else 256
+        args = (p(x.data_ptr()), i64(1), i64(k), p(rows.data_ptr()), i64(16), None, None, p(out.data_ptr()))
+        rc = native.lib.blz_linear_q(ctypes.c_int(code | 0x100), *args, 0, 1)
+        assert rc == -1, code
+
+
+_CFG = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "vocab_size": 64, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0}  # fmt: skip
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K"])
+def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
+    """A llama GGUF written as llama.cpp's converter writes one (tensors sorted by name, so ffn_gate and
+    ffn_up lie apart; q / k rows permuted): its Q8_0 / K-quant fused q|k|v and gate|up are MappedWeights over
+    the file's map — nothing gathered —, and the logits equal those with every fused weight gathered into
+    one tensor; F16 ones are gathered."""
+    from tests.gguf_fixtures import (
+        hf_to_gguf_name,
+        llama_metadata,
+        random_blocks,
+        write_gguf,
+        write_tiny_llama_gguf,
+    )
+    from tests.test_gguf import tiny_state_dict
+
+    state = tiny_state_dict(cfg=_CFG)
+    state = dict(sorted(state.items(), key=lambda item: hf_to_gguf_name(item[0], 2)))
+    if qtype == "Q4_K":  # gguf's Python has no K-quant encoder: random super-blocks (finite scales)
+        tensors = {
+            hf_to_gguf_name(hf, 2): (random_blocks(qtype, v.numel(), i).reshape(v.shape[0], -1), qtype)
+            if v.dim() == 2 else (v.numpy(), "F32")
+            for i, (hf, v) in enumerate(state.items())
+        }  # fmt: skip
+        path = write_gguf(tmp_path / "m.gguf", tensors, llama_metadata(_CFG))
+    else:
+        path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, _CFG, qtype)
+    llm = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_model_len=64)
+    model = llm.runner.model
+    layers = {n: m.qweight for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    fused = {n: w for n, w in layers.items() if n.endswith(("qkv_proj", "gate_up_proj"))}
+    if qtype == "F16":  # the loader gathers F16 (quantize.py MAPPED_FROM_FILE: mapped rows decode slower)
+        assert len(fused) == 4 and not any(isinstance(w, MappedWeight) for w in fused.values()), fused
+        return
+    assert len(fused) == 4 and all(isinstance(w, MappedWeight) for w in fused.values()), fused
+    assert all(w._gathered is None for w in fused.values())  # type: ignore[attr-defined]
+    assert weight_bytes(model) >= sum(w.nbytes for w in fused.values())
+    prompts = [[1, 5, 9, 42, 7, 3], [2, 8, 13, 21, 34, 55, 6, 10, 11, 12, 4]]  # 17 rows: every path
+    logits = full_logits(llm.runner, prompts)
+    for name, w in fused.items():  # the same bytes gathered into one tensor: the reference
+        module = model.get_submodule(name)
+        module.qweight = QuantizedWeight(w.kind, w.data, w.out_features, w.in_features)
+    for got, want in zip(logits, full_logits(llm.runner, prompts), strict=True):
+        assert torch.equal(got, want)
+        assert np.isfinite(got.numpy()).all()
