@@ -606,11 +606,11 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
                     up[i] = up[0] + i * rbu;
                 }
             }
-            const int listed = !blz_rows_follow(gate + KR, KR, rbg) || (swiglu && !blz_rows_follow(up + KR, KR, rbu));
+            const int gate_apart = !blz_rows_follow(gate + KR, KR, rbg), up_apart = !blz_rows_follow(up + KR, KR, rbu);
             for (int64_t m0 = 0; m0 < M; m0 += KT) {
                 const int mt = (int)blz_min(KT, M - m0);
-                tile_dots(sg.kind[gs], gate, listed, nn, &a, m0, mt, r);
-                if (swiglu) tile_dots(sg.kind[us], up, listed, nn, &a, m0, mt, u);
+                tile_dots(sg.kind[gs], gate, gate_apart, nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(sg.kind[us], up, up_apart, nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
                     for (int j = 0; j < nn; ++j)
                         blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);

@@ -202,11 +202,12 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
                     up[i] = up[0] + i * row_bytes;
                 }
             }
-            const int listed = !blz_rows_follow(gate + QR, QR, row_bytes) || (swiglu && !blz_rows_follow(up + QR, QR, row_bytes));
+            const int gate_apart = !blz_rows_follow(gate + QR, QR, row_bytes);
+            const int up_apart = !blz_rows_follow(up + QR, QR, row_bytes);
             for (int64_t m0 = 0; m0 < M; m0 += QT) {
                 const int mt = (int)blz_min(QT, M - m0);
-                tile_dots(gate, listed, nn, &a, m0, mt, r);
-                if (swiglu) tile_dots(up, listed, nn, &a, m0, mt, u);
+                tile_dots(gate, gate_apart, nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(up, up_apart, nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
                     for (int j = 0; j < nn; ++j)
                         blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
