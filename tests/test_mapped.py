@@ -17,6 +17,7 @@ from blazr.kernels.kquant import random_kquant
 from blazr.kernels.mapped import MAPPED_KINDS, MappedWeight
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, row_bytes
 from blazr.loading.loader import weight_bytes
+from blazr.loading.quantize import _runs
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 
@@ -107,9 +108,9 @@ _CFG = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K"])
 def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
     """A llama GGUF written as llama.cpp's converter writes one (tensors sorted by name, so ffn_gate and
-    ffn_up lie apart; q / k rows permuted): its Q8_0 / K-quant fused q|k|v and gate|up are MappedWeights over
-    the file's map — nothing gathered —, and the logits equal those with every fused weight gathered into
-    one tensor; F16 ones are gathered."""
+    ffn_up lie apart; q / k rows permuted): its Q8_0 / K-quant gate|up are MappedWeights over the file's map
+    — nothing gathered —, q|k|v (rows out of order) and F16 weights are gathered, and the logits equal those
+    with every fused weight gathered into one tensor."""
     from tests.gguf_fixtures import (
         hf_to_gguf_name,
         llama_metadata,
@@ -134,12 +135,15 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
     model = llm.runner.model
     layers = {n: m.qweight for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     fused = {n: w for n, w in layers.items() if n.endswith(("qkv_proj", "gate_up_proj"))}
+    mapped = {n: w for n, w in fused.items() if isinstance(w, MappedWeight)}
     if qtype == "F16":  # the loader gathers F16 (quantize.py MAPPED_FROM_FILE: mapped rows decode slower)
-        assert len(fused) == 4 and not any(isinstance(w, MappedWeight) for w in fused.values()), fused
+        assert len(fused) == 4 and not mapped, fused
         return
-    assert len(fused) == 4 and all(isinstance(w, MappedWeight) for w in fused.values()), fused
-    assert all(w._gathered is None for w in fused.values())  # type: ignore[attr-defined]
+    # gate|up (two runs) stays in the map; q|k|v, its q / k rows un-permuted one by one, is gathered
+    assert sorted(mapped) == [f"layers.{i}.mlp.gate_up_proj" for i in range(2)], fused
+    assert all(w._gathered is None for w in mapped.values())  # type: ignore[attr-defined]
     assert weight_bytes(model) >= sum(w.nbytes for w in fused.values())
+    assert _runs(torch.tensor([0, 8, 16, 100, 108]), 8) == 2 and _runs(torch.tensor([8, 0]), 8) == 2
     prompts = [[1, 5, 9, 42, 7, 3], [2, 8, 13, 21, 34, 55, 6, 10, 11, 12, 4]]  # 17 rows: every path
     logits = full_logits(llm.runner, prompts)
     for name, w in fused.items():  # the same bytes gathered into one tensor: the reference

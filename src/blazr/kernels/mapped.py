@@ -1,12 +1,13 @@
 """MappedWeight: a linear weight whose rows stay where a checkpoint's memory map holds them.
 
 A GGUF file stores tensors sorted by name, so the parts of a fused weight lie apart (ffn_gate and ffn_up
-with ffn_norm between them; attn_q, attn_k, attn_v with attn_output among them), and the q / k rows of a
-Llama-family file are in llama.cpp's rope order, which blazr's un-permutes. Gathering those rows into one
-tensor is a copy the size of the weight into fresh memory; on the 1B Q8_0 GGUF that was 0.2 s of a 0.6 s
-load, nearly all of it first-touch page faults (benchmarks/NOTES.md §34). A MappedWeight keeps the rows in
-place and gives the kernels a row table instead — int64 [N], the address of each row's bytes — which
-q8_0g, the K-quant kinds and f16 read through the BLZ_ROWS flag (csrc/blazr_kernels.h).
+with ffn_norm between them). Gathering those rows into one tensor is a copy the size of the weight into
+fresh memory; on the 1B Q8_0 GGUF that was 0.2 s of a 0.6 s load, nearly all of it first-touch page faults
+(benchmarks/NOTES.md §34). A MappedWeight keeps the rows in place and gives the kernels a row table instead
+— int64 [N], the address of each row's bytes, in any order — which q8_0g, the K-quant kinds and f16 read
+through the BLZ_ROWS flag (csrc/blazr_kernels.h). The loader uses it where a weight is a few runs of rows
+(loading/quantize.py MAX_MAPPED_RUNS): rows in another order, such as q / k rows un-permuted for rope,
+read slower through the table than gathered.
 
 Everything else sees an ordinary QuantizedWeight: `data` is the rows gathered into one [N, row_bytes]
 tensor (or [N, K] f16), made on first use and kept — the reference paths, dequantize, tests and any code

@@ -5,8 +5,8 @@ mistral.rs' ISQ), one tensor at a time.
 Modes:
 - `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, F16, BF16)
   stay as stored (their bytes used as-is — a view of the file's map where no rows move, a MappedWeight (a
-  row table into the map) where fused q|k|v / gate|up parts lie apart or q/k rows are un-permuted; Q4_0 /
-  Q4_1 rows packed into the kernel's row groups), and so does the token embedding table
+  row table into the map) where fused parts lie apart (gate|up), gathered where q/k rows are un-permuted;
+  Q4_0 / Q4_1 rows packed into the kernel's row groups), and so does the token embedding table
   (`embed_from_file`: a lookup dequantizes only its rows); every other weight stays float.
 - `none`: every weight dequantized to the compute dtype (the reference path).
 - `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
@@ -62,6 +62,11 @@ MODES = ("auto", "none", "int8", "int4", "bf16")
 # its mapped rows than on a gathered copy (three in-process A/Bs), where q8_0g and the K-quants measured the
 # same (0.97-1.02), and a gathered F16 copy loads in 0.1 s (benchmarks/NOTES.md §34).
 MAPPED_FROM_FILE = (Q8_0G, *K_KINDS)
+# ... and only when the rows are a few runs in order (fused parts lying apart: gate|up is 2); rows out of
+# order within a part (q / k un-permuted for rope: a run per row) are gathered — read through the table
+# they made the 8B Q4_K_M's decode step 3-8 % slower (three in-process A/Bs), where mapping gate|up alone
+# measured the same as gathering everything (0.98-1.01).
+MAX_MAPPED_RUNS = 4
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
 # place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
@@ -186,8 +191,9 @@ def _gguf_blocks(
     kept as stored and needs no transform; else None. Q4_0 / Q4_1 rows are packed by the C kernel straight
     from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k rows are never
     gathered first); Q8_0 (as q8_0g), K-quant and F16 / BF16 rows are used as stored: rows in one run (parts
-    stored back to back too) are a view of the map, rows out of order a MappedWeight — the kernels read them
-    where they lie through a row table (BF16 and expert stacks: moved by `gather_rows`, an OpenMP memcpy);
+    stored back to back too) are a view of the map, Q8_0 / K-quant parts lying apart a MappedWeight — the
+    kernels read them where they lie through a row table —, other moved rows (un-permuted q / k, F16, expert
+    stacks) gathered by `gather_rows` (an OpenMP memcpy);
     Q4_K_M's fused parts of mixed K-quant kinds go through `load_raw` into one kmix weight."""
     load_raw = getattr(source, "load_raw", None)
     sources = _row_sources(cfg, source, names, pname, shape, is_stacked)
@@ -202,7 +208,7 @@ def _gguf_blocks(
         return QuantizedWeight(kind, data, num_rows, k)
     if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
         step, rows = row_bytes(kind, k), found[1]
-        if _is_moved(rows, step) and kind in MAPPED_FROM_FILE and not is_stacked:  # rows left where they lie
+        if kind in MAPPED_FROM_FILE and not is_stacked and 1 < _runs(rows, step) <= MAX_MAPPED_RUNS:
             lo, hi = int(rows.min()), int(rows.max()) + step
             return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
         if _is_moved(rows, step):
@@ -245,6 +251,11 @@ def _quantized_in_place(
     data = lib.quantize_rows(kind, found[1], dtype, num_rows, k)  # type: ignore[union-attr, index]
     loader.consume(pname, shape, is_copied=True)
     return QuantizedWeight(kind, data, num_rows, k)
+
+
+def _runs(rows: torch.Tensor, step: int) -> int:
+    """How many runs of back-to-back rows (`step` bytes apart, in order) the row addresses `rows` form."""
+    return 1 + int((rows.diff() != step).sum()) if rows.numel() else 0
 
 
 def _is_moved(rows: torch.Tensor, step: int) -> bool:
