@@ -57,7 +57,7 @@ from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
-# Kinds whose moved rows (fused parts apart, permuted q/k) the loader leaves in the map as a MappedWeight.
+# Kinds whose fused parts lying apart the loader leaves in the map as a MappedWeight (read by row table).
 # Not f16, though its kernel reads row tables too: the 1B F16 GGUF's decode step measured 4-5% slower on
 # its mapped rows than on a gathered copy (three in-process A/Bs), where q8_0g and the K-quants measured the
 # same (0.97-1.02), and a gathered F16 copy loads in 0.1 s (benchmarks/NOTES.md §34).
@@ -211,7 +211,7 @@ def _gguf_blocks(
         if kind in MAPPED_FROM_FILE and not is_stacked and 1 < _runs(rows, step) <= MAX_MAPPED_RUNS:
             lo, hi = int(rows.min()), int(rows.max()) + step
             return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
-        if _is_moved(rows, step):
+        if _runs(rows, step) > 1:  # out of order: gathered
             data = kernel_ops.kernels().gather_rows(rows, step)  # type: ignore[union-attr]
         else:  # one run of the file (also parts stored back to back, e.g. ffn_gate then ffn_up)
             data = source.span(int(rows[0]), num_rows * step)  # type: ignore[attr-defined]
@@ -256,11 +256,6 @@ def _quantized_in_place(
 def _runs(rows: torch.Tensor, step: int) -> int:
     """How many runs of back-to-back rows (`step` bytes apart, in order) the row addresses `rows` form."""
     return 1 + int((rows.diff() != step).sum()) if rows.numel() else 0
-
-
-def _is_moved(rows: torch.Tensor, step: int) -> bool:
-    """Whether the rows at addresses `rows` (`step` bytes each) are not one contiguous run in order."""
-    return rows.numel() > 1 and bool((rows.diff() != step).any())
 
 
 def _is_copy(source: TensorSource, data: torch.Tensor) -> bool:
