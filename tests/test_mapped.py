@@ -64,6 +64,16 @@ def test_mapped_rows_give_the_gathered_weights_bits(lib: ops.Kernels, kind: str)
     assert mapped.nbytes == plain.nbytes and repr(mapped) == f"MappedWeight({kind}, [{n}, {k}])"
 
 
+def test_mapped_bytes_gather_without_the_kernel_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`data` gathers the rows in torch when the library is off (BLAZR_KERNELS=0 after loading)."""
+    for kind in ("q8_0g", "f16"):
+        plain = _plain(kind, 21, 256, seed=7)
+        mapped = _scatter(plain, seed=8)
+        monkeypatch.setattr(ops, "kernels", lambda: None)
+        assert torch.equal(mapped.data.view(torch.uint8), plain.data.view(torch.uint8)), kind
+        monkeypatch.undo()
+
+
 def test_a_recorded_plan_replays_mapped_weights(native: ops.Kernels) -> None:
     plain = _plain("q8_0g", 24, 256, seed=4)
     mapped = _scatter(plain, seed=5)
