@@ -291,8 +291,8 @@ BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float 
     return BLZ_OK;
 }
 
-static int panel_gemm(const uint16_t *w, const int64_t *tab, int bf16, const float *x, int64_t M, int64_t K, int64_t N,
-                      const float *bias, const float *residual, float *out, int swiglu, int nt);
+static int panel_gemm(const uint16_t *w, const int64_t *tab, int bf16, const float *x, int64_t M, int64_t K,
+                      int64_t N, const float *bias, const float *residual, float *out, int swiglu, int nt);
 
 /* bf16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
 BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
@@ -561,6 +561,7 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
     return panel_gemm(w, tab, 0, x, M, K, N, bias, residual, out, swiglu, nt);
 }
 
+/* blz_linear_f16_rows on a weight whose rows follow each other from w. */
 BLZ_EXPORT int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
                               const float *bias, const float *residual, float *out, int swiglu,
                               int nthreads) {
