@@ -250,8 +250,7 @@ BLZ_INLINE __m256i bcast_pair(const int16_t *p) {
  * KR·bb-byte slice a step (one stream, which the hardware follows well: fetching row by row measured 1.3x
  * slower at M = 1); else (a row table's rows apart) super-block b of each row. */
 BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[2 * KR], const int listed, const int64_t bb,
-                                   const int64_t nb, const int64_t b) {
-    (void)nb;
+                                   const int64_t b) {
     if (listed) {
         for (int r = 0; r < KR; ++r)
             for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(rows[KR + r] + b * bb + o), _MM_HINT_T0);
@@ -276,7 +275,7 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], con
         __m128i mn[KR];
         uint16_t dh[KR], mh[KR]; /* f16 d and dmin of the 8 rows, widened together (F16C: exact) */
 #if BLZ_K_PF
-        if (m0 == 0) prefetch_next_tile(rows, listed, bb, nb, b);
+        if (m0 == 0) prefetch_next_tile(rows, listed, bb, b);
 #endif
         for (int r = 0; r < KR; ++r) {
             const uint8_t *blk = rows[r] + b * bb;
@@ -430,7 +429,7 @@ BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[2 * KR], co
         __m128i mn[KR];
         uint16_t dh[KR], mh[KR];
 #if BLZ_K_PF
-        if (m0 == 0) prefetch_next_tile(rows, listed, bb, nb, b);
+        if (m0 == 0) prefetch_next_tile(rows, listed, bb, b);
 #endif
         for (int r = 0; r < KR; ++r) v[r] = row1_sums(kind, rows[r] + b * bb, xq, a->bs + 16 * row, &dh[r], &mh[r], &mn[r]);
         const __m256 dx = _mm256_set1_ps(a->d[row]);
