@@ -245,6 +245,35 @@ BLZ_INLINE __m256i bcast_pair(const int16_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+/* Q6_K: the unsigned quants (q + 32, 0..63) of half h of a super-block, sub-blocks 4h .. 4h+3 → w[0..3]
+ * (32 bytes each, element order as unpack_scalar). */
+BLZ_INLINE void q6k_quants(const uint8_t *restrict blk, const int h, __m256i w[4]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b30 = _mm256_set1_epi8(0x30);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+    const __m256i hh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+    w[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), b30));
+    w[1] = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), b30));
+    w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hh, b30));
+    w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
+                           _mm256_and_si256(_mm256_srli_epi16(hh, 2), b30));
+}
+
+/* Q4_K / Q5_K: the quants of sub-blocks 2c and 2c+1 (nibbles of the 32 bytes qs + 32c; Q5_K: bit 4 from
+ * bit 2c / 2c+1 of qh, the super-block's 32 high-bit bytes) → w[0], w[1]. */
+BLZ_INLINE void k45_quants(const int kind, const uint8_t *restrict qs, const __m256i qh, const int c, __m256i w[2]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+    w[0] = _mm256_and_si256(q, lo4);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+    if (kind == BLZ_Q5_K)
+        for (int i = 0; i < 2; ++i) {
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (2 * c + i)));
+            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                                          _mm256_set1_epi8(0x10)));
+        }
+}
+
 /* Step b of fetching the next tile's rows rows[KR..2·KR-1] while this tile runs: when they lie back to
  * back (`listed` = 0: always in a plain weight but at its end) a linear sweep of their bytes, one
  * KR·bb-byte slice a step (one stream, which the hardware follows well: fetching row by row measured 1.3x
@@ -267,7 +296,6 @@ BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[2 * KR], const int 
 BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], const int listed,
                           const actk_t *restrict a, const int64_t m0, const int mt, float acc_out[KT][KR]) {
     const int64_t bb = kblock_bytes(kind), nb = a->nb;
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), b30 = _mm256_set1_epi8(0x30);
     __m256 acc[KT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -282,16 +310,7 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], con
             __m256i W[8], S[8], sc16 = _mm256_setzero_si256();
             if (kind == BLZ_Q6_K) {
                 memcpy(&dh[r], blk + 208, 2);
-                for (int h = 0; h < 2; ++h) {
-                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-                    const __m256i hh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-                    W[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), b30));
-                    W[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), b30));
-                    W[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hh, b30));
-                    W[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                                   _mm256_and_si256(_mm256_srli_epi16(hh, 2), b30));
-                }
+                for (int h = 0; h < 2; ++h) q6k_quants(blk, h, W + 4 * h);
                 sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
                 const __m256i lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
                 const __m256i hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
@@ -308,19 +327,8 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], con
                 const __m256i s2 = _mm256_set_m128i(sm, sm);
                 for (int j = 0; j < 8; ++j) S[j] = _mm256_shuffle_epi8(s2, _mm256_load_si256((const __m256i *)k4_bshuffle[j]));
                 const uint8_t *qs = blk + (kind == BLZ_Q4_K ? 16 : 48);
-                for (int c = 0; c < 4; ++c) {
-                    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-                    W[2 * c] = _mm256_and_si256(q, lo4);
-                    W[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-                }
-                if (kind == BLZ_Q5_K) {
-                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
-                    for (int j = 0; j < 8; ++j) {
-                        const __m256i bit = _mm256_set1_epi8((char)(1 << j));
-                        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-                        W[j] = _mm256_or_si256(W[j], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-                    }
-                }
+                const __m256i qh = kind == BLZ_Q5_K ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+                for (int c = 0; c < 4; ++c) k45_quants(kind, qs, qh, c, W + 2 * c);
             }
             for (int m = 0; m < mt; ++m) {
                 const int64_t row = (m0 + m) * nb + b;
@@ -366,7 +374,6 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], con
  * quants and scale vector made next to their use. Sets the row's f16 d (and dmin, mins for Q4_K / Q5_K). */
 BLZ_INLINE __m256i row1_sums(const int kind, const uint8_t *restrict blk, const int8_t *restrict xq,
                              const int16_t *restrict bs, uint16_t *dh, uint16_t *mh, __m128i *mn) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), b30 = _mm256_set1_epi8(0x30);
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
 #define XQ(j) _mm256_loadu_si256((const __m256i *)(xq + 32 * (j)))
 #define SHUF(v, t, j) _mm256_shuffle_epi8(v, _mm256_load_si256((const __m256i *)t[j]))
@@ -375,18 +382,13 @@ BLZ_INLINE __m256i row1_sums(const int kind, const uint8_t *restrict blk, const 
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         for (int h = 0; h < 2; ++h) {
             const __m256i sh = _mm256_permute2x128_si256(sc16, sc16, h ? 0x11 : 0x00);
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-            const __m256i hh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-            const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), b30));
-            const __m256i w1 = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), b30));
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, XQ(4 * h)), SHUF(sh, k6_shuffle, 0)));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, XQ(4 * h + 1)), SHUF(sh, k6_shuffle, 1)));
-            const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hh, b30));
-            const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                                               _mm256_and_si256(_mm256_srli_epi16(hh, 2), b30));
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(w2, XQ(4 * h + 2)), SHUF(sh, k6_shuffle, 2)));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(w3, XQ(4 * h + 3)), SHUF(sh, k6_shuffle, 3)));
+            __m256i w[4];
+            q6k_quants(blk, h, w);
+            for (int i = 0; i < 4; i += 2) {
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], XQ(4 * h + i)), SHUF(sh, k6_shuffle, i)));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(w[i + 1], XQ(4 * h + i + 1)),
+                                                            SHUF(sh, k6_shuffle, i + 1)));
+            }
         }
         const __m256i bsv = _mm256_loadu_si256((const __m256i *)bs);
         return _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsv), 5));
@@ -399,16 +401,10 @@ BLZ_INLINE __m256i row1_sums(const int kind, const uint8_t *restrict blk, const 
     const uint8_t *qs = blk + (kind == BLZ_Q4_K ? 16 : 48);
     const __m256i qh = kind == BLZ_Q5_K ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        __m256i w0 = _mm256_and_si256(q, lo4), w1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-        if (kind == BLZ_Q5_K) { /* bit j of qh[l] → bit 4 of element 32j + l */
-            const __m256i b0 = _mm256_set1_epi8((char)(1 << (2 * c))), b1 = _mm256_set1_epi8((char)(2 << (2 * c)));
-            const __m256i x10 = _mm256_set1_epi8(0x10);
-            w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), x10));
-            w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), x10));
-        }
-        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, XQ(2 * c)), SHUF(s2, k4_bshuffle, 2 * c)));
-        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, XQ(2 * c + 1)), SHUF(s2, k4_bshuffle, 2 * c + 1)));
+        __m256i w[2];
+        k45_quants(kind, qs, qh, c, w);
+        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(w[0], XQ(2 * c)), SHUF(s2, k4_bshuffle, 2 * c)));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(w[1], XQ(2 * c + 1)), SHUF(s2, k4_bshuffle, 2 * c + 1)));
     }
 #undef XQ
 #undef SHUF
