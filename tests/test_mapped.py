@@ -20,6 +20,7 @@ from blazr.loading.loader import weight_bytes
 from blazr.loading.quantize import _runs
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
+from tests.test_gguf import TINY, tiny_state_dict
 
 
 def _plain(kind: str, n: int, k: int, seed: int) -> QuantizedWeight:
@@ -110,9 +111,7 @@ def test_row_tables_are_refused_where_rows_are_packed(native: ops.Kernels) -> No
         assert rc == -1, code
 
 
-_CFG = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 2, "vocab_size": 64, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0}  # fmt: skip
+_CFG = {**TINY, "hidden_size": 256, "intermediate_size": 512, "vocab_size": 64}  # K-quants: K % 256 == 0
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K"])
@@ -128,7 +127,6 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
         write_gguf,
         write_tiny_llama_gguf,
     )
-    from tests.test_gguf import tiny_state_dict
 
     state = tiny_state_dict(cfg=_CFG)
     state = dict(sorted(state.items(), key=lambda item: hf_to_gguf_name(item[0], 2)))

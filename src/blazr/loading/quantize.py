@@ -208,10 +208,11 @@ def _gguf_blocks(
         return QuantizedWeight(kind, data, num_rows, k)
     if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
         step, rows = row_bytes(kind, k), found[1]
-        if kind in MAPPED_FROM_FILE and not is_stacked and 1 < _runs(rows, step) <= MAX_MAPPED_RUNS:
+        runs = _runs(rows, step)
+        if kind in MAPPED_FROM_FILE and not is_stacked and 1 < runs <= MAX_MAPPED_RUNS:
             lo, hi = int(rows.min()), int(rows.max()) + step
             return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
-        if _runs(rows, step) > 1:  # out of order: gathered
+        if runs > 1:  # out of order: gathered
             data = kernel_ops.kernels().gather_rows(rows, step)  # type: ignore[union-attr]
         else:  # one run of the file (also parts stored back to back, e.g. ffn_gate then ffn_up)
             data = source.span(int(rows[0]), num_rows * step)  # type: ignore[attr-defined]
