@@ -21,6 +21,7 @@ import logging
 
 import torch
 
+from blazr.kernels import ops
 from blazr.kernels.quant import FLOAT_KINDS, KQUANT_BYTES, Q8_0G, QuantizedWeight, row_bytes
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ class MappedWeight(QuantizedWeight):
         """The rows gathered into one tensor (uint8 [N, row_bytes], f16 [N, K]), made on first use: for the
         code that reads a weight's bytes (references, dequantize, slicing); the kernels never need it."""
         if self._gathered is None:
-            from blazr.kernels import ops
-
             k = ops.kernels()
             step = row_bytes(self.kind, self.in_features)
             if k is not None:
