@@ -274,21 +274,6 @@ BLZ_INLINE void k45_quants(const int kind, const uint8_t *restrict qs, const __m
         }
 }
 
-/* Step b of fetching the next tile's rows rows[KR..2·KR-1] while this tile runs: when they lie back to
- * back (`listed` = 0: always in a plain weight but at its end) a linear sweep of their bytes, one
- * KR·bb-byte slice a step (one stream, which the hardware follows well: fetching row by row measured 1.3x
- * slower at M = 1); else (a row table's rows apart) super-block b of each row. */
-BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[2 * KR], const int listed, const int64_t bb,
-                                   const int64_t b) {
-    if (listed) {
-        for (int r = 0; r < KR; ++r)
-            for (int64_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)(rows[KR + r] + b * bb + o), _MM_HINT_T0);
-        return;
-    }
-    const char *next = (const char *)rows[KR] + b * KR * bb;
-    for (int64_t o = 0; o < KR * bb; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-}
-
 /* AVX2 path of tile_scalar. Per super-block and weight row: the 256 quants unpacked to 8 registers of 32
  * unsigned bytes (sub-block j = elements 32j..32j+31) and 8 int16 scale vectors; per activation row,
  * Σ_j vpmaddwd(vpmaddubsw(W_j, X_j), S_j) — every partial an exact int32 — left in v[m][r] for the
@@ -303,7 +288,7 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], con
         __m128i mn[KR];
         uint16_t dh[KR], mh[KR]; /* f16 d and dmin of the 8 rows, widened together (F16C: exact) */
 #if BLZ_K_PF
-        if (m0 == 0) prefetch_next_tile(rows, listed, bb, b);
+        if (m0 == 0) blz_prefetch_next_tile(rows, KR, listed, bb, b);
 #endif
         for (int r = 0; r < KR; ++r) {
             const uint8_t *blk = rows[r] + b * bb;
@@ -425,7 +410,7 @@ BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[2 * KR], co
         __m128i mn[KR];
         uint16_t dh[KR], mh[KR];
 #if BLZ_K_PF
-        if (m0 == 0) prefetch_next_tile(rows, listed, bb, b);
+        if (m0 == 0) blz_prefetch_next_tile(rows, KR, listed, bb, b);
 #endif
         for (int r = 0; r < KR; ++r) v[r] = row1_sums(kind, rows[r] + b * bb, xq, a->bs + 16 * row, &dh[r], &mh[r], &mn[r]);
         const __m256 dx = _mm256_set1_ps(a->d[row]);

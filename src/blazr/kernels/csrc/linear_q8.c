@@ -59,18 +59,6 @@ __attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], i
 }
 
 #ifdef BLZ_AVX2
-/* Step b of fetching the next tile's rows rows[QR..2·QR-1]: back to back (`listed` = 0; a plain weight's
- * rows after the tile, past the end for the last one: prefetches only) one linear stream, a QR·QB-byte slice
- * a step; apart (a row table) block b of each row. */
-BLZ_INLINE void prefetch_next_tile(const uint8_t *const rows[2 * QR], int listed, int64_t b) {
-    if (listed) { /* the next tile's rows apart (a row table): block b of each */
-        for (int r = 0; r < QR; ++r) _mm_prefetch((const char *)(rows[QR + r] + b * QB), _MM_HINT_T0);
-        return;
-    }
-    const char *next = (const char *)rows[QR] + b * QR * QB;
-    for (int64_t o = 0; o < QR * QB; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-}
-
 /* The 8 rows' block b as the packed layout's chunks, built in registers: w[c] lane r = row r's elements
  * 4c..4c+3 (an 8×8 transpose of dwords), aw[c] = |w[c]| bytewise. */
 BLZ_INLINE void transpose_block(const uint8_t *const rows[QR], int64_t b, __m256i w[8], __m256i aw[8]) {
@@ -116,7 +104,7 @@ BLZ_INLINE void tile_avx2(const uint8_t *const rows[2 * QR], const int listed, c
     __m256 acc[QT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        if (BLZ_Q8_PF && m0 == 0) prefetch_next_tile(rows, listed, b);
+        if (BLZ_Q8_PF && m0 == 0) blz_prefetch_next_tile(rows, QR, listed, QB, b);
         __m256i w[8], aw[8]; /* transposed: chunks c of the 8 rows; else row r's block (|q|: |−128| = 128 as u8) */
         uint16_t dh[QR];
         for (int r = 0; r < QR; ++r) memcpy(&dh[r], rows[r] + b * QB, 2);
