@@ -246,12 +246,14 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
     or one tile of up to 16 (short calls); bf16 with vdpbf16ps (and the portable build) tiles of 4 x rows × 4
     weight rows + tails, 128-row passes, and the row walk up to 8 rows. f16 — and bf16 on AVX2 without
-    vdpbf16ps — has two paths, each row-independent on its own: the decode row walk (up to 8 rows) and the
-    prefill GEMM (outer-product panels of 16 outputs × 6 rows + tails)."""
+    vdpbf16ps, f32 on AVX2 without AVX-512 — has two paths, each row-independent on its own: the decode
+    row walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed groups of 6 rows × 16-output panels)."""
     x = torch.randn(131, 576)
     two_paths = ["f16"]
     if "avx2" in lib.features and "avx512_bf16" not in lib.features:
         two_paths.append("bf16")
+    if "avx2" in lib.features and "avx512" not in lib.features:
+        two_paths.append("f32")
     for kind in two_paths:
         qw = quantize(_weights(43, 576), kind)
         rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
@@ -270,6 +272,46 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
         torch.testing.assert_close(lib.linear(x, qw), rows, rtol=0, atol=0)
         for lo, hi in ((5, 12), (3, 15), (0, 16), (0, 17)):
             torch.testing.assert_close(lib.linear(x[lo:hi], qw), rows[lo:hi], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
+def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str) -> None:
+    """At a long K the float prefill GEMM (gemm_float.c) runs the x rows in passes (as many as ~4 MB of
+    packed x holds: 128 rows at K = 8192); a row's bits do not depend on the pass it falls in nor on its
+    place in the 6-row groups, with every epilogue — and the call agrees with the exact product."""
+    K, N = 8192, 38
+    g = torch.Generator().manual_seed(3)
+    qw = quantize(_weights(N, K, seed=5), kind)
+    x = torch.randn(140, K, generator=g)
+    xk = x.bfloat16().double() if kind == "bf16" else x.double()
+    for name in EPILOGUES:
+        bias, residual, swiglu = _epilogue(name, 140, N, g)
+        whole = lib.linear(x, qw, bias, residual, swiglu=swiglu)
+        for lo, hi in ((0, 9), (3, 131), (127, 140), (1, 140)):
+            res = None if residual is None else residual[lo:hi]
+            part = lib.linear(x[lo:hi], qw, None if bias is None else bias, res, swiglu=swiglu)
+            assert torch.equal(part, whole[lo:hi]), (name, lo, hi)
+        if name == "plain":
+            exact, scale = xk @ qw.data.double().T, xk.abs() @ qw.data.double().abs().T
+            assert bool(((whole.double() - exact).abs() <= gamma(K + 8) * scale).all())
+
+
+def test_bf16_prefill_rounds_x_as_torch(lib: ops.Kernels) -> None:
+    """The bf16 GEMM (M > 8) sees x rounded to bf16 exactly as torch rounds it — ties to even, ±inf, NaN
+    and values near the largest bf16 — in the vector steps and the scalar tail of each row."""
+    K = 100  # 96 in 8-wide steps, a tail of 4
+    g = torch.Generator().manual_seed(11)
+    qw = quantize(_weights(21, K, seed=2), "bf16")
+    x = torch.randn(13, K, generator=g) * torch.logspace(-30, 30, K)
+    bits = [0x3F808000, 0x3F818000, 0xBF808000, 0x7F7FFFFF, 0x7F7F8000, 0x00008000, 0x3F80FFFF, 0x3F800001]
+    special = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x[:, 8:16] = special
+    x[3:, 96:100] = special[:4]
+    x[5, 40], x[6, 41], x[7, 98] = float("nan"), float("inf"), float("-inf")
+    got = lib.linear(x, qw)
+    want = lib.linear(x.bfloat16().float(), qw)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
 
 
 def _q8_pair(n: int, k: int, seed: int) -> tuple[QuantizedWeight, QuantizedWeight]:

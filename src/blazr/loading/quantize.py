@@ -459,21 +459,30 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
     return made
 
 
+def kernel_prefill_f32() -> bool:
+    """Whether float32 prefill runs blz_linear_f32 rather than torch's sgemm: where the kernel's many-row path
+    is gemm_float.c's panel GEMM (AVX2 hosts without AVX-512). On the Zen 3 host (2 threads, 500 rows) it ran
+    1.1–1.4x MKL's sgemm at Llama-3.2-1B's shapes and level with it at 768-wide ones (NOTES §35); and its
+    rows are independent by construction, where the sgemm's rounding depends on M below 12 rows."""
+    lib = kernel_ops.kernels()
+    return lib is not None and "avx2" in lib.features and "avx512" not in lib.features
+
+
 def wrap_float_linears(model: CausalLM) -> int:
-    """Put the float32 target linears left after `quantize_from_file` on the C kernels for decode tokens: each
-    becomes a QuantizedLinear of kind f32 whose weight *is* the loaded tensor and whose dense copy is that
-    same tensor (no copy), so prefill keeps torch's GEMM and decode (`use_kernels`) streams the weight
-    through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18 GB/s
-    against torch's 10–13). A tied lm_head wraps the embedding table itself. Returns how many layers were
-    wrapped."""
-    wrapped = 0
+    """Put the float32 target linears left after `quantize_from_file` on the C kernels: each becomes a
+    QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy). Decode (`use_kernels`) streams
+    the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18
+    GB/s against torch's 10–13). Prefill runs the kernel too where its many-row path is gemm_float.c's panel
+    GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is that same tensor, and prefill keeps
+    torch's GEMM. A tied lm_head wraps the embedding table itself. Returns how many layers were wrapped."""
+    wrapped, on_panel = 0, kernel_prefill_f32()
     for name, linear in _targets(model):  # after quantize_from_file: the float linears it left
         weight = model.embed_tokens.weight if linear is None else linear.weight
         if weight.dtype != torch.float32 or not weight.is_cpu:
             continue
         qw = quantize(weight.detach(), "f32")  # a view of the same storage
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
-        dense = None if linear is None else qw.data  # the lm_head sees few rows: the kernel for all
+        dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
     return wrapped

@@ -84,6 +84,12 @@ int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int6
                    const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
                         const float *bias, const float *residual, float *out, int swiglu, int nthreads);
+/* gemm_float.c: the many-row GEMM of float weights w [N, K] (rows from w, or at tab[n] when a row table is
+ * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (bf16: x rounded to bf16 values);
+ * nt threads. Each output one sequential fp32 sum over k, whatever M. */
+enum { BLZ_PANEL_F16 = 0, BLZ_PANEL_BF16 = 1, BLZ_PANEL_F32 = 2 };
+int blz_panel_gemm(const void *w, const int64_t *tab, int wk, const float *x, int64_t M, int64_t K, int64_t N,
+                   const float *bias, const float *residual, float *out, int swiglu, int nt);
 int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V, int64_t D,
                     float scale, float *out);
 int blz_quantize_act(const float *x, int64_t M, int64_t K, int8_t *q, float *d, float *s);

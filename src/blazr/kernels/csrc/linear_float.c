@@ -270,6 +270,8 @@ static void x_to_bf16(const float *restrict x, int64_t K, uint16_t *restrict xb,
             FN(4, __VA_ARGS__);      \
     }
 
+#define F32_ROWWISE_M 8 /* AVX2 without AVX-512: more x rows take gemm_float.c's panel GEMM */
+
 /* fp32 weights: x [M, K], w [N, K], bias [N] or NULL, residual [M, N] or NULL (may equal out). */
 BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
                               const float *bias, const float *residual, float *out, int swiglu,
@@ -278,6 +280,9 @@ BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float 
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
+    if (M > F32_ROWWISE_M) return blz_panel_gemm(w, NULL, BLZ_PANEL_F32, x, M, K, N, bias, residual, out, swiglu, nt);
+#endif
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t n = 0; n < nout; ++n) {
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
@@ -291,9 +296,6 @@ BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float 
     return BLZ_OK;
 }
 
-static int panel_gemm(const uint16_t *w, const int64_t *tab, int bf16, const float *x, int64_t M, int64_t K,
-                      int64_t N, const float *bias, const float *residual, float *out, int swiglu, int nt);
-
 /* bf16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
 BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
                                const float *bias, const float *residual, float *out, int swiglu,
@@ -304,12 +306,7 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #if defined(BLZ_AVX2) && !defined(BLZ_BF16)
     if (M > BF16_ROWWISE_M) { /* prefill without vdpbf16ps: x rounded to bf16 values, then f16's panel GEMM */
-        float *xr = blz_scratch_slot(2, (size_t)(M * K) * sizeof(float));
-        if (!xr) return BLZ_ENOMEM;
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t m = 0; m < M; ++m)
-            for (int64_t k = 0; k < K; ++k) xr[m * K + k] = blz_bf16_to_fp32(blz_fp32_to_bf16(x[m * K + k]));
-        return panel_gemm(w, NULL, 1, xr, M, K, N, bias, residual, out, swiglu, nt);
+        return blz_panel_gemm(w, NULL, BLZ_PANEL_BF16, x, M, K, N, bias, residual, out, swiglu, nt);
     }
 #endif
     uint16_t *xb = blz_scratch((size_t)(M * ldx) * sizeof(uint16_t));
@@ -361,15 +358,8 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
  *   read (prefetched ahead into L2 from 2 x rows on); four accumulators per (row, x row) pair — the 8-wide
  *   quarters of each 32-element chunk, the tail (masked x, zero-padded w) into quarters 0.. of one more —,
  *   summed as blz_hsum256((a0 + a1) + (a2 + a3)).
- * - prefill: an outer-product GEMM. A panel of F16_NR weight rows × F16_KC columns is widened once,
- *   transposed (k-major, 16 floats per k), into an L1-sized scratch; a micro-kernel walks it against
- *   F16_MR x rows at a time — per k one broadcast of each x value and two panel loads, 12 FMAs into
- *   12 registers —, carrying each output's sum through a [M, 16] fp32 buffer between column panels. Every
- *   output is one sequential fp32 sum over k (FMA-rounded), whatever M and the tiles. On Zen 3 (2 threads,
- *   Llama-3.2-1B's shapes) the dot-product tiles this replaced ran at 50-77 GFLOP/s. */
-#define F16_NR 16       /* weight rows (outputs) per panel: two 8-lane vectors */
-#define F16_MR 6        /* x rows per micro-kernel call: 12 accumulators */
-#define F16_KC 256      /* columns per panel: 16 KB of fp32 */
+ * - prefill (more rows): gemm_float.c's panel GEMM (on Zen 3, Llama-3.2-1B's shapes, the dot-product tiles
+ *   before it ran at 50-77 GFLOP/s). */
 #define F16_PF 2048     /* prefetch distance of a decode weight row stream, in weights (4 KB) */
 #define F16_ROWWISE_M 8 /* up to 8 x rows: the decode path */
 
@@ -422,118 +412,6 @@ BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, co
 #endif
 }
 
-/* panel[k·16 + j] = row n0 + j of w [·, K] at column k0 + k, widened from f16 or (`bf16`) bf16 (rows j ≥ nr:
- * 0), k < kc. */
-static void widen_panel(const uint16_t *restrict w, const int64_t *tab, const int bf16, int64_t n0, int nr,
-                        int64_t K, int64_t k0, int64_t kc, float *restrict panel) {
-    for (int j = 0; j < F16_NR; ++j) {
-        if (j >= nr) {
-            for (int64_t k = 0; k < kc; ++k) panel[k * F16_NR + j] = 0.0f;
-            continue;
-        }
-        const uint16_t *src = (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n0 + j, 2 * K) + k0;
-        int64_t k = 0;
-#ifdef BLZ_AVX2
-        for (; k + 8 <= kc; k += 8) {
-            float t[8];
-            const __m128i h = _mm_loadu_si128((const __m128i *)(src + k));
-            _mm256_storeu_ps(t, bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                                     : _mm256_cvtph_ps(h));
-            for (int i = 0; i < 8; ++i) panel[(k + i) * F16_NR + j] = t[i];
-        }
-#endif
-        for (; k < kc; ++k) panel[k * F16_NR + j] = bf16 ? blz_bf16_to_fp32(src[k]) : blz_fp16_to_fp32(src[k]);
-    }
-}
-
-/* c[m][0..15] (+)= Σ_k x[m][k] · panel[k][0..15] for m < mr (≤ F16_MR, a constant after inlining): one
- * fused multiply-add per (output, k) in k order, starting from 0 when `first`, else from c. */
-BLZ_INLINE void f16_micro(const int mr, const float *restrict panel, int64_t kc, const float *restrict x,
-                          int64_t ldx, float *restrict c, const int first) {
-#ifdef BLZ_AVX2
-    __m256 acc[F16_MR][2];
-    for (int m = 0; m < mr; ++m) {
-        acc[m][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + m * F16_NR);
-        acc[m][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + m * F16_NR + 8);
-    }
-    for (int64_t k = 0; k < kc; ++k) {
-        const __m256 p0 = _mm256_loadu_ps(panel + k * F16_NR), p1 = _mm256_loadu_ps(panel + k * F16_NR + 8);
-        for (int m = 0; m < mr; ++m) {
-            const __m256 xv = _mm256_broadcast_ss(x + m * ldx + k);
-            acc[m][0] = _mm256_fmadd_ps(p0, xv, acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(p1, xv, acc[m][1]);
-        }
-    }
-    for (int m = 0; m < mr; ++m) {
-        _mm256_storeu_ps(c + m * F16_NR, acc[m][0]);
-        _mm256_storeu_ps(c + m * F16_NR + 8, acc[m][1]);
-    }
-#else
-    for (int m = 0; m < mr; ++m)
-        for (int j = 0; j < F16_NR; ++j) {
-            float v = first ? 0.0f : c[m * F16_NR + j];
-            for (int64_t k = 0; k < kc; ++k) v = fmaf(panel[k * F16_NR + j], x[m * ldx + k], v);
-            c[m * F16_NR + j] = v;
-        }
-#endif
-}
-
-#define F16_MICRO_SWITCH(mr, ...)           \
-    switch (mr) {                           \
-        case 1: f16_micro(1, __VA_ARGS__); break; \
-        case 2: f16_micro(2, __VA_ARGS__); break; \
-        case 3: f16_micro(3, __VA_ARGS__); break; \
-        case 4: f16_micro(4, __VA_ARGS__); break; \
-        case 5: f16_micro(5, __VA_ARGS__); break; \
-        default: f16_micro(6, __VA_ARGS__);       \
-    }
-
-/* c [M, 16] = x [M, K] · rows n0 .. n0+nr−1 of w (f16, or bf16), panel by panel (panel: F16_KC · 16 floats
- * of scratch). */
-static void panel_block(const uint16_t *w, const int64_t *tab, const int bf16, int64_t n0, int nr, int64_t K,
-                        const float *x, int64_t M, float *panel, float *c) {
-    for (int64_t k0 = 0; k0 < K; k0 += F16_KC) {
-        const int64_t kc = blz_min(F16_KC, K - k0);
-        widen_panel(w, tab, bf16, n0, nr, K, k0, kc, panel);
-        for (int64_t m0 = 0; m0 < M; m0 += F16_MR) {
-            const int mr = (int)blz_min(F16_MR, M - m0);
-            F16_MICRO_SWITCH(mr, panel, kc, x + m0 * K + k0, K, c + m0 * F16_NR, k0 == 0);
-        }
-    }
-}
-
-/* The prefill GEMM of 16-bit weights (f16, or bf16 with x already rounded to bf16 values; rows from w, or
- * where a row table lists them): out [M, N] as blz_linear_f16, each block of 16 outputs on one thread. */
-static int panel_gemm(const uint16_t *w, const int64_t *tab, const int bf16, const float *x, int64_t M, int64_t K,
-                      int64_t N, const float *bias, const float *residual, float *out, int swiglu, int nt) {
-    const int64_t nout = swiglu ? N / 2 : N, nblocks = (nout + F16_NR - 1) / F16_NR;
-    const size_t scratch = (size_t)(F16_KC * F16_NR + (swiglu ? 2 : 1) * M * F16_NR) * sizeof(float);
-    int failed = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        float *panel = blz_scratch(scratch);
-        if (!panel) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        float *c = panel + F16_KC * F16_NR, *cu = c + M * F16_NR; /* gate (or plain) sums, up sums */
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < nblocks; ++b) {
-            if (!panel) continue;
-            const int64_t n0 = b * F16_NR;
-            const int nr = (int)blz_min(F16_NR, nout - n0);
-            panel_block(w, tab, bf16, n0, nr, K, x, M, panel, c);
-            if (swiglu) panel_block(w, tab, bf16, n0 + nout, nr, K, x, M, panel, cu);
-            for (int64_t m = 0; m < M; ++m)
-                for (int j = 0; j < nr; ++j) {
-                    const float r = c[m * F16_NR + j], g = swiglu ? cu[m * F16_NR + j] : 0.0f;
-                    blz_epilogue(&r, &g, 1, m, n0 + j, N, nout, bias, residual, out, swiglu);
-                }
-        }
-    }
-    return failed ? BLZ_ENOMEM : BLZ_OK;
-}
-
 /* f16 weights (uint16 bits): x [M, K] fp32, w [N, K] — or, with a row table `tab` (int64 [N], BLZ_ROWS),
  * row n at tab[n] —, otherwise as blz_linear_f32. */
 int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
@@ -558,7 +436,7 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
             }
         return BLZ_OK;
     }
-    return panel_gemm(w, tab, 0, x, M, K, N, bias, residual, out, swiglu, nt);
+    return blz_panel_gemm(w, tab, BLZ_PANEL_F16, x, M, K, N, bias, residual, out, swiglu, nt);
 }
 
 /* blz_linear_f16_rows on a weight whose rows follow each other from w. */
