@@ -247,7 +247,7 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     or one tile of up to 16 (short calls); bf16 with vdpbf16ps (and the portable build) tiles of 4 x rows × 4
     weight rows + tails, 128-row passes, and the row walk up to 8 rows. f16 — and bf16 on AVX2 without
     vdpbf16ps, f32 on AVX2 without AVX-512 — has two paths, each row-independent on its own: the decode
-    row walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed groups of 6 rows × 16-output panels)."""
+    row walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed 6-row groups × 16-output panels)."""
     x = torch.randn(131, 576)
     two_paths = ["f16"]
     if "avx2" in lib.features and "avx512_bf16" not in lib.features:
