@@ -246,26 +246,27 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
     or one tile of up to 16 (short calls); bf16 with vdpbf16ps (and the portable build) tiles of 4 x rows × 4
     weight rows + tails, 128-row passes, and the row walk up to 8 rows. f16 — and bf16 on AVX2 without
-    vdpbf16ps, f32 on AVX2 without AVX-512 — has two paths, each row-independent on its own: the decode
-    row walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed 6-row groups × 16-output panels)."""
+    vdpbf16ps, and f32 prefill calls on AVX2 without AVX-512 — has two paths, each row-independent on its
+    own: the decode row walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed 6-row groups ×
+    16-output panels). f32 without `prefill` takes its decode tiles at every M."""
     x = torch.randn(131, 576)
     two_paths = ["f16"]
     if "avx2" in lib.features and "avx512_bf16" not in lib.features:
         two_paths.append("bf16")
-    if "avx2" in lib.features and "avx512" not in lib.features:
-        two_paths.append("f32")
-    for kind in two_paths:
+    two_paths.append("f32 prefill")
+    for name in two_paths:
+        kind, prefill = name.split()[0], name.endswith("prefill")
         qw = quantize(_weights(43, 576), kind)
-        rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
-        whole = lib.linear(x, qw)
+        rows = torch.cat([lib.linear(x[i : i + 1], qw, prefill=prefill) for i in range(len(x))])
+        whole = lib.linear(x, qw, prefill=prefill)
         xk = x.bfloat16().double() if kind == "bf16" else x.double()  # bf16 rounds x in both paths
         bound = 2 * gamma(576 + 8) * (xk.abs() @ qw.data.double().abs().T)  # two fp32 sum orders
         assert bool(((whole.double() - rows.double()).abs() <= bound).all()), kind
         for lo, hi in ((5, 12), (3, 5), (0, 8), (7, 9), (0, 17), (100, 131)):
             want = rows[lo:hi] if hi - lo <= 8 else whole[lo:hi]
-            torch.testing.assert_close(lib.linear(x[lo:hi], qw), want, rtol=0, atol=0)
+            torch.testing.assert_close(lib.linear(x[lo:hi], qw, prefill=prefill), want, rtol=0, atol=0)
     for kind in ("q4_1", "q8_0", "q8_0g", "bf16", "f32"):
-        if kind in two_paths:
+        if kind in two_paths:  # f32 without `prefill`: one path
             continue
         qw = quantize(_weights(43, 576), kind)
         rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
@@ -286,10 +287,10 @@ def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str) -> None:
     xk = x.bfloat16().double() if kind == "bf16" else x.double()
     for name in EPILOGUES:
         bias, residual, swiglu = _epilogue(name, 140, N, g)
-        whole = lib.linear(x, qw, bias, residual, swiglu=swiglu)
+        whole = lib.linear(x, qw, bias, residual, swiglu=swiglu, prefill=True)
         for lo, hi in ((0, 9), (3, 131), (127, 140), (1, 140)):
             res = None if residual is None else residual[lo:hi]
-            part = lib.linear(x[lo:hi], qw, None if bias is None else bias, res, swiglu=swiglu)
+            part = lib.linear(x[lo:hi], qw, bias, res, swiglu=swiglu, prefill=True)
             assert torch.equal(part, whole[lo:hi]), (name, lo, hi)
         if name == "plain":
             exact, scale = xk @ qw.data.double().T, xk.abs() @ qw.data.double().abs().T

@@ -16,6 +16,7 @@ from blazr import LLM, SamplingParams
 from blazr.errors import UnsupportedError
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
+from blazr.loading.quantize import kernel_prefill_f32
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear, use_kernels
@@ -151,8 +152,9 @@ def test_gguf_16bit_tensors_kept_16bit(qtype: str, tmp_path: Path) -> None:
 
 def test_float_linears_decode_on_the_f32_kernel_without_a_copy(tmp_path: Path) -> None:
     """A float32 model on the CPU: every target linear (and the tied lm_head) becomes an f32 QuantizedLinear
-    over the very tensor it loaded — no second copy — whose decode tokens run the C kernel and prefill
-    torch's GEMM; both agree with the plain layer to fp32 rounding."""
+    over the very tensor it loaded — no second copy — whose decode tokens run the C kernel (a row's bits
+    whatever else shares the step) and prefill the kernel's panel GEMM on AVX2 hosts, elsewhere torch's
+    GEMM on that same tensor; both agree with the plain layer to fp32 rounding."""
     state = tiny_state_dict(seed=5)
     del state["lm_head.weight"]
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, {**TINY, "tie_word_embeddings": True}, "F32")
@@ -163,13 +165,16 @@ def test_float_linears_decode_on_the_f32_kernel_without_a_copy(tmp_path: Path) -
     assert (
         lm_head.qweight.data.data_ptr() == llm.model.embed_tokens.weight.data_ptr() and lm_head.dense is None
     )
+    on_panel = kernel_prefill_f32()
     for layer in wrapped.values():
-        assert layer.dense is layer.qweight.data
+        assert layer.dense is (None if on_panel else layer.qweight.data)
     layer = wrapped["layers.0.mlp.down_proj"]
-    x = torch.randn(3, layer.in_features)
+    x = torch.randn(20, layer.in_features)
     want = x.double() @ layer.qweight.data.double().T
     with use_kernels():
-        torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+        decoded = layer(x)
+        assert torch.equal(decoded, torch.cat([layer(x[i : i + 1]) for i in range(len(x))]))
+    torch.testing.assert_close(decoded.double(), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
 
 

@@ -46,6 +46,7 @@ from blazr.kernels.row_table import RowTable
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _ROWS_FLAG = 0x100  # BLZ_ROWS: the weight pointer is a row table (kernels/mapped.py)
+_GEMM_FLAG = 0x200  # BLZ_GEMM: f32 rows may take the panel GEMM (a prefill call)
 _OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q8_0g": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,
               "f32": 2, "bf16": 3, "f16": 18}  # fmt: skip
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
@@ -126,6 +127,7 @@ class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindin
         *,
         swiglu: bool = False,
         out: torch.Tensor | None = None,
+        prefill: bool = False,
     ) -> torch.Tensor:
         K, N = qw.in_features, qw.out_features
         if x.shape[-1] != K:
@@ -152,8 +154,9 @@ class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindin
             _f32_ptr(residual, "linear residual"),
             _f32_ptr(out, "out"),
         )
+        flags = (0 if rows is None else _ROWS_FLAG) | (_GEMM_FLAG if prefill and qw.kind == "f32" else 0)
         a.i[0:11] = (
-            _KIND_CODES[qw.kind] | (0 if rows is None else _ROWS_FLAG),
+            _KIND_CODES[qw.kind] | flags,
             xp,
             M,
             K,

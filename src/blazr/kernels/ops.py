@@ -174,11 +174,15 @@ def linear(
     *,
     swiglu: bool = False,
     out: torch.Tensor | None = None,
+    prefill: bool = False,
 ) -> torch.Tensor:
     """y = x · Wᵀ (+ bias), then SwiGLU (silu(gate) · up over the [gate; up] halves) or + residual; out may
     be residual itself (in-place residual add). x [..., K] → [..., N] (SwiGLU: [..., N/2]).
-    Block kinds quantize x to 8 bits per block of 32 in the C kernel (error ≤ amax_block/254 per element)."""
-    return _dispatch("linear", linear_reference, x, qw, bias, residual, swiglu=swiglu, out=out)
+    Block kinds quantize x to 8 bits per block of 32 in the C kernel (error ≤ amax_block/254 per element).
+    `prefill`: f32 weights may run many rows through the panel GEMM (gemm_float.c, AVX2 hosts); without it
+    their rows take the decode path at any M, whose result for a row never depends on the others."""
+    kw = {"swiglu": swiglu, "out": out, "prefill": prefill}
+    return _dispatch("linear", linear_reference, x, qw, bias, residual, **kw)
 
 
 def embedding(

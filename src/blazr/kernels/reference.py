@@ -54,8 +54,10 @@ def linear_reference(
     *,
     swiglu: bool = False,
     out: torch.Tensor | None = None,
+    prefill: bool = False,
 ) -> torch.Tensor:
-    """fp32 matmul with the dequantized weight, then the epilogue (bias, SwiGLU or residual).
+    """fp32 matmul with the dequantized weight, then the epilogue (bias, SwiGLU or residual). (`prefill`
+    chooses among the kernel's paths; the reference has one.)
 
     K-quant weights (q4_k / q5_k / q6_k) see x rounded as their kernel rounds it (`quantize_q8_k`: 8 bits
     per 256, an f32 scale): x̂ = d·q. The kernel then differs from this reference only by fp32 rounding —

@@ -69,8 +69,9 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
         """x [..., K] → [..., N]; with `swiglu`, silu(gate) · up of the [gate; up] halves → [..., N/2]."""
-        if (self.dense is None or _KERNELS.get()) and x.dtype == torch.float32 and x.is_cpu:
-            return ops.linear(x.contiguous(), self.qweight, self.bias, swiglu=swiglu)
+        decode = _KERNELS.get()
+        if (self.dense is None or decode) and x.dtype == torch.float32 and x.is_cpu:
+            return ops.linear(x.contiguous(), self.qweight, self.bias, swiglu=swiglu, prefill=not decode)
         if self.dense is None:
             y = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         else:

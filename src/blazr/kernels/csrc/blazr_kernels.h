@@ -59,6 +59,9 @@ enum { BLZ_Q8_0G = 9 };
  * bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused weight's
  * parts apart in a checkpoint's map, rows in another order), so such a weight is never copied to run. */
 #define BLZ_ROWS 0x100
+/* Kind flag of the f32 linear call: a prefill — many rows may take gemm_float.c's panel GEMM. Without it
+ * every row takes the decode path, whose result for a row never depends on the call's other rows. */
+#define BLZ_GEMM 0x200
 
 /* Whether rows[0..n-1] lie back to back, row_bytes apart (then one linear prefetch stream covers them). */
 static inline int blz_rows_follow(const uint8_t *const *rows, int n, int64_t row_bytes) {
@@ -78,6 +81,9 @@ int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
                  const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
                    const float *residual, float *out, int swiglu, int nthreads);
+/* blz_linear_f32; with `gemm` many rows may take the panel GEMM (a prefill call, AVX2 hosts). */
+int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
+                        const float *residual, float *out, int swiglu, int nthreads, int gemm);
 int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                     const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,

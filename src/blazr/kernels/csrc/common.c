@@ -69,10 +69,10 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
             return blz_linear_q((int)i[0], P(const float *, 1), i[2], i[3], P(const uint8_t *, 4), i[5],
                                 P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
                                 (int)i[10]);
-        case BLZ_OP_LINEAR_F32:
-            return blz_linear_f32(P(const float *, 1), i[2], i[3], P(const float *, 4), i[5],
-                                  P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
-                                  (int)i[10]);
+        case BLZ_OP_LINEAR_F32: /* i[0] & BLZ_GEMM: a prefill call */
+            return blz_linear_f32_gemm(P(const float *, 1), i[2], i[3], P(const float *, 4), i[5],
+                                       P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
+                                       (int)i[10], (int)(i[0] & BLZ_GEMM));
         case BLZ_OP_LINEAR_BF16:
             return blz_linear_bf16(P(const float *, 1), i[2], i[3], P(const uint16_t *, 4), i[5],
                                    P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],

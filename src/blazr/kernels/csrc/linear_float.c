@@ -272,16 +272,20 @@ static void x_to_bf16(const float *restrict x, int64_t K, uint16_t *restrict xb,
 
 #define F32_ROWWISE_M 8 /* AVX2 without AVX-512: more x rows take gemm_float.c's panel GEMM */
 
-/* fp32 weights: x [M, K], w [N, K], bias [N] or NULL, residual [M, N] or NULL (may equal out). */
-BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
-                              const float *bias, const float *residual, float *out, int swiglu,
-                              int nthreads) {
+/* fp32 weights: x [M, K], w [N, K], bias [N] or NULL, residual [M, N] or NULL (may equal out); with
+ * `gemm` (a prefill call) more than F32_ROWWISE_M rows run the panel GEMM on AVX2 hosts without AVX-512 —
+ * otherwise every row the same tiles, whatever M (decode: batch-invariant bit for bit). */
+int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias,
+                        const float *residual, float *out, int swiglu, int nthreads, int gemm) {
     if (M < 0 || N < 0 || K <= 0 || (swiglu && (N % 2 || residual))) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
-    if (M > F32_ROWWISE_M) return blz_panel_gemm(w, NULL, BLZ_PANEL_F32, x, M, K, N, bias, residual, out, swiglu, nt);
+    if (gemm && M > F32_ROWWISE_M)
+        return blz_panel_gemm(w, NULL, BLZ_PANEL_F32, x, M, K, N, bias, residual, out, swiglu, nt);
+#else
+    (void)gemm;
 #endif
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t n = 0; n < nout; ++n) {
@@ -294,6 +298,12 @@ BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float 
         }
     }
     return BLZ_OK;
+}
+
+BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float *w, int64_t N,
+                              const float *bias, const float *residual, float *out, int swiglu,
+                              int nthreads) {
+    return blz_linear_f32_gemm(x, M, K, w, N, bias, residual, out, swiglu, nthreads, 0);
 }
 
 /* bf16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
