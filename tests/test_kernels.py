@@ -556,6 +556,26 @@ def test_gated_rms_norm(lib: ops.Kernels, D: int, group: int, before_gate: bool)
     assert half.dtype == torch.bfloat16
 
 
+def test_gate_silu_same_bits_in_vector_steps_and_tails(lib: ops.Kernels) -> None:
+    """The gate's silu (a polynomial exp, 8 lanes at a time, the remainder one by one with the very same
+    operations) gives a value the same bits wherever it lies in a row — in a vector step or in the tail of
+    a 256-value chunk — and stays within a few ulp of torch's silu, extremes and NaN included."""
+    D = 256 + 13  # the second chunk: one vector step (256..263), then a tail of 5 (264..268)
+    vals = [0.0, -0.0, 1e-30, -3.5, 7.25, 20.0, -20.0, 87.0, -87.0, 90.0, -90.0, 1e4, -1e4, 0.3]
+    z = torch.randn(2 * len(vals), D) * 6
+    for i, v in enumerate(vals):
+        z[2 * i, 3], z[2 * i + 1, 266] = v, v
+    y = torch.ones_like(z)
+    got = lib.gated_rms_norm(y, z, None, D, 1e-5, False)
+    for i in range(len(vals)):
+        assert got[2 * i, 3].view(torch.int32) == got[2 * i + 1, 266].view(torch.int32), vals[i]
+    want = torch.nn.functional.silu(z.double())
+    # below −88.3 the exp's input is clamped: silu(x) = x / (1 + e^88.3), |x|·5e-39 instead of ~0
+    assert bool(((got.double() - want).abs() <= 4 * U * want.abs() + 1e-38 * z.double().abs()).all())
+    z[0, 5] = float("nan")
+    assert lib.gated_rms_norm(y, z, None, D, 1e-5, False)[0, 5].isnan()
+
+
 # ---------------------------------------------------------------- Mamba2 decode step
 
 

@@ -313,6 +313,26 @@ BLZ_INLINE void blz_kv_store1(char *row, int64_t i, float v, int kv_type) {
 
 BLZ_INLINE float blz_silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* blz_exp256's operations on one value, one by one (the same clamps, reduction and polynomial; fnmadd(n, c,
+ * x) is fmaf(−n, c, x) exactly), so the two agree bit for bit; ≤ 2 ulp from exp. */
+BLZ_INLINE float blz_exp_poly(float x) {
+    x = fminf(fmaxf(x, -87.3f), 88.3f);
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(-n, 0.693359375f, x);
+    r = fmaf(-n, -2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    const float y = fmaf(p, r * r, r) + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, 4);
+    return y * s;
+}
+
 
 /* Epilogue shared by the linear kernels, for the tile of output rows m0 .. m0+mt-1 at column n.
  * r[m] is the dot product of input row m0+m with weight row n; in SwiGLU mode g[m] is the dot product
@@ -387,11 +407,28 @@ BLZ_INLINE __m256 blz_exp256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+/* silu(x) = x / (1 + exp(−x)) for 8 lanes, exp by blz_exp256 (blz_silu_rows' vector step). */
+BLZ_INLINE __m256 blz_silu256(__m256 x) {
+    const __m256 e = blz_exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
 /* Lanes 0 .. n-1 set (n ≤ 8): a mask for vmaskmovps. */
 BLZ_INLINE __m256i blz_mask256(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 #endif
+
+/* v[i] ← silu(v[i]) for i < n, exp by blz_exp256 / blz_exp_poly (the same bits in the vector steps and
+ * the tail, wherever a value lies): Mamba2's conv activation and gate, where libm's expf per value cost
+ * more than the arithmetic around it. */
+BLZ_INLINE void blz_silu_rows(float *v, int64_t n) {
+    int64_t i = 0;
+#ifdef BLZ_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, blz_silu256(_mm256_loadu_ps(v + i)));
+#endif
+    for (; i < n; ++i) v[i] = v[i] / (1.0f + blz_exp_poly(0.0f - v[i]));
+}
 
 #ifdef BLZ_AVX512
 /* exp(x) for 16 lanes: x = n·ln2 + r, |r| ≤ ln2/2, e^r by the Cephes degree-6 polynomial, then ·2^n with

@@ -58,6 +58,14 @@ BLZ_EXPORT int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t
     return BLZ_OK;
 }
 
+#define GATE_CHUNK 256 /* silu(z) values computed at a time, on the stack */
+
+/* g[i] = silu(z[i]) for i < n ≤ GATE_CHUNK (blz_silu_rows: the same bits wherever the chunk starts). */
+BLZ_INLINE void gate_chunk(const float *z, int64_t n, float *g) {
+    memcpy(g, z, (size_t)n * sizeof(float));
+    blz_silu_rows(g, n);
+}
+
 /* gated_rms_norm (Mamba2's output norm), rows of D split in groups of `group` features:
  *   norm_before_gate = 0:  v = y · silu(z);  out = w · v / sqrt(mean_group(v²) + eps)
  *   norm_before_gate = 1:  out = w · (y / sqrt(mean_group(y²) + eps)) · silu(z)
@@ -70,9 +78,13 @@ BLZ_EXPORT int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, c
     if (M * D >= BLZ_PARALLEL_MIN && M > 1)
     for (int64_t m = 0; m < M; ++m) {
         const float *ym = y + m * D, *zm = z + m * ldz;
-        float *om = out + m * D;
+        float *om = out + m * D, g[GATE_CHUNK];
         if (!w) { /* the gate alone */
-            for (int64_t i = 0; i < D; ++i) om[i] = ym[i] * blz_silu(zm[i]);
+            for (int64_t i0 = 0; i0 < D; i0 += GATE_CHUNK) {
+                const int64_t n = blz_min(GATE_CHUNK, D - i0);
+                gate_chunk(zm + i0, n, g);
+                for (int64_t i = 0; i < n; ++i) om[i0 + i] = ym[i0 + i] * g[i];
+            }
             continue;
         }
         for (int64_t g0 = 0; g0 < D; g0 += group) {
@@ -81,9 +93,17 @@ BLZ_EXPORT int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, c
 #pragma omp simd reduction(+ : ss)
                 for (int64_t i = g0; i < g0 + group; ++i) ss += ym[i] * ym[i];
                 const float r = 1.0f / sqrtf(ss / (float)group + eps);
-                for (int64_t i = g0; i < g0 + group; ++i) om[i] = w[i] * ((ym[i] * r) * blz_silu(zm[i]));
+                for (int64_t i0 = g0; i0 < g0 + group; i0 += GATE_CHUNK) {
+                    const int64_t n = blz_min(GATE_CHUNK, g0 + group - i0);
+                    gate_chunk(zm + i0, n, g);
+                    for (int64_t i = 0; i < n; ++i) om[i0 + i] = w[i0 + i] * ((ym[i0 + i] * r) * g[i]);
+                }
             } else {
-                for (int64_t i = g0; i < g0 + group; ++i) om[i] = ym[i] * blz_silu(zm[i]);
+                for (int64_t i0 = g0; i0 < g0 + group; i0 += GATE_CHUNK) {
+                    const int64_t n = blz_min(GATE_CHUNK, g0 + group - i0);
+                    gate_chunk(zm + i0, n, g);
+                    for (int64_t i = 0; i < n; ++i) om[i0 + i] = ym[i0 + i] * g[i];
+                }
 #pragma omp simd reduction(+ : ss)
                 for (int64_t i = g0; i < g0 + group; ++i) ss += om[i] * om[i];
                 const float r = 1.0f / sqrtf(ss / (float)group + eps);
