@@ -13,11 +13,12 @@
  * summed in one fixed order whatever the tile, so a row's output never depends on the batch it is in
  * (prefill == decode bit for bit). Both split the N output rows over OpenMP threads. Scalar fallbacks
  * compute the same sums in plain loops.
- * AVX2 (no AVX-512): f32 as above with 8-float vectors; bf16 widens 16 bf16 at a time to even / odd fp32
- * lanes by shifts (see bf16x16_fma) and walks one weight row against up to two x rows per pass — for up to
- * 8 x rows (decode); more (prefill) take f16's panel GEMM on x rounded to bf16 values, so without vdpbf16ps
- * a bf16 row is, like an f16 one, the same whatever the other rows of its path (decode rows or prefill
- * rows), and the two paths agree to fp32 rounding.
+ * AVX2 (no AVX-512): f32 as above with 8-float vectors — and a prefill call (BLZ_GEMM) of more than 8 rows
+ * takes gemm_float.c's panel GEMM; bf16 widens 16 bf16 at a time to even / odd fp32 lanes by shifts (see
+ * bf16x16_fma) and walks one weight row against up to two x rows per pass — for up to 8 x rows (decode);
+ * more (prefill) take the panel GEMM on x rounded to bf16 values, so without vdpbf16ps a bf16 row is, like
+ * an f16 one, the same whatever the other rows of its path (decode rows or prefill rows), and the two paths
+ * agree to fp32 rounding.
  */
 #include "blazr_kernels.h"
 
