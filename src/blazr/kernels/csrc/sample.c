@@ -39,35 +39,11 @@
 
 static const float EXP_LO = -87.0f;
 
-/* exp(t) for t in [−87, 0] (callers pass nothing else that is kept): n = round(t·log2 e), r = t − n·ln 2 in
- * two parts, exp(r) by Cephes' polynomial, times 2^n (n ≥ −126: a normal float) — blz_exp256's operations one
- * by one (its fnmadd(n, c, t) is fma(n, −c, t) exactly; its clamps do nothing in [−87, 0]), so the two agree
- * bit for bit. */
-BLZ_INLINE float exp_scalar(float t) {
-    const float n = nearbyintf(t * 1.44269504088896341f);
-    float r = fmaf(n, -0.693359375f, t);
-    r = fmaf(n, 2.12194440e-4f, r);
-    const float z = r * r;
-    float y = 1.9875691500e-4f;
-    y = fmaf(y, r, 1.3981999507e-3f);
-    y = fmaf(y, r, 8.3334519073e-3f);
-    y = fmaf(y, r, 4.1665795894e-2f);
-    y = fmaf(y, r, 1.6666665459e-1f);
-    y = fmaf(y, r, 5.0000001201e-1f);
-    y = fmaf(y, z, r);
-    y = y + 1.0f;
-    union {
-        uint32_t u;
-        float f;
-    } scale = {.u = (uint32_t)((int32_t)n + 127) << 23};
-    return y * scale.f;
-}
-
 /* The kept weight of one value (see the header). */
 BLZ_INLINE float weight_scalar(float x, float m, float inv_t, float min_p) {
     const float t = (fminf(x, FLT_MAX) - m) * inv_t; /* fminf(NaN, MAX) is MAX: NaN handled below */
     if (x != x || !(t >= EXP_LO)) return 0.0f;
-    const float e = exp_scalar(t);
+    const float e = blz_exp_poly(t); /* blz_exp256's operations: the vector steps' bits */
     return e < min_p ? 0.0f : e;
 }
 
@@ -78,7 +54,7 @@ BLZ_INLINE __m256 weight_avx2(__m256 x, __m256 m, __m256 inv_t, __m256 min_p) {
     const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_min_ps(x, _mm256_set1_ps(FLT_MAX)), m), inv_t);
     const __m256 keep = _mm256_and_ps(_mm256_cmp_ps(t, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ),
                                       _mm256_cmp_ps(x, x, _CMP_ORD_Q));
-    const __m256 e = blz_exp256(_mm256_max_ps(t, _mm256_set1_ps(EXP_LO))); /* exp_scalar's operations */
+    const __m256 e = blz_exp256(_mm256_max_ps(t, _mm256_set1_ps(EXP_LO))); /* blz_exp_poly's operations */
     return _mm256_and_ps(e, _mm256_and_ps(keep, _mm256_cmp_ps(e, min_p, _CMP_GE_OQ)));
 }
 
