@@ -461,9 +461,10 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
 
 def kernel_prefill_f32() -> bool:
     """Whether float32 prefill runs blz_linear_f32 rather than torch's sgemm: where the kernel's many-row path
-    is gemm_float.c's panel GEMM (AVX2 hosts without AVX-512). On the Zen 3 host (2 threads, 500 rows) it ran
-    1.1–1.4x MKL's sgemm at Llama-3.2-1B's shapes and level with it at 768-wide ones (NOTES §35); and its
-    rows are independent by construction, where the sgemm's rounding depends on M below 12 rows."""
+    is gemm_float.c's panel GEMM (AVX2 hosts without AVX-512). On the Zen 3 host (2 threads) it ran 0.98–1.4x
+    MKL's sgemm at 500 rows and 1.2–2.1x at 16–64 (Llama-3.2-1B's shapes; level at 768-wide ones), and the
+    four hybrid families' float32 prefill went 1.03–1.46x → 1.27–1.51x llama.cpp's (NOTES §35); its rows are
+    independent by construction, where the sgemm's rounding depends on M below 12 rows."""
     lib = kernel_ops.kernels()
     return lib is not None and "avx2" in lib.features and "avx512" not in lib.features
 
