@@ -217,8 +217,8 @@ typedef struct {
  * OpenMP team reads and writes it through the returned pointer. 64-byte aligned. */
 void *blz_scratch(size_t bytes);
 /* The same, from one of BLZ_SCRATCH_SLOTS independent buffers (slot 0 is blz_scratch's): a kernel that calls
- * other kernels keeps its own buffers in slot 1 while they use slot 0; slot 2 holds the bf16 prefill's
- * rounded x, which a kernel of slot 1 may call. */
+ * other kernels keeps its own buffers in slot 1 while they use slot 0; slot 2 holds the float panel GEMM's
+ * packed x (gemm_float.c), which a kernel of slot 1 may call. */
 #define BLZ_SCRATCH_SLOTS 3
 void *blz_scratch_slot(int slot, size_t bytes);
 
@@ -420,8 +420,8 @@ BLZ_INLINE __m256i blz_mask256(int64_t n) {
 #endif
 
 /* v[i] ← silu(v[i]) for i < n, exp by blz_exp256 / blz_exp_poly (the same bits in the vector steps and
- * the tail, wherever a value lies): Mamba2's conv activation and gate, where libm's expf per value cost
- * more than the arithmetic around it. */
+ * the tail, wherever a value lies): Mamba2's gate (norm_rope.c), where libm's expf per value cost more
+ * than the norm around it. Below −88.3, silu(x) = x / (1 + e^88.3) (|x|·5e-39) rather than ~0. */
 BLZ_INLINE void blz_silu_rows(float *v, int64_t n) {
     int64_t i = 0;
 #ifdef BLZ_AVX2

@@ -316,7 +316,7 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
     const int64_t ldx = blz_round_up(K, 32), nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #if defined(BLZ_AVX2) && !defined(BLZ_BF16)
-    if (M > BF16_ROWWISE_M) { /* prefill without vdpbf16ps: x rounded to bf16 values, then f16's panel GEMM */
+    if (M > BF16_ROWWISE_M) { /* prefill without vdpbf16ps: the panel GEMM on x rounded to bf16 values */
         return blz_panel_gemm(w, NULL, BLZ_PANEL_BF16, x, M, K, N, bias, residual, out, swiglu, nt);
     }
 #endif
