@@ -66,6 +66,16 @@ BLZ_INLINE void gate_chunk(const float *z, int64_t n, float *g) {
     blz_silu_rows(g, n);
 }
 
+/* o[i] = y[i] · silu(z[i]) for i < n (o may equal y). */
+BLZ_INLINE void gate_mul(const float *y, const float *z, float *o, int64_t n) {
+    float g[GATE_CHUNK];
+    for (int64_t i0 = 0; i0 < n; i0 += GATE_CHUNK) {
+        const int64_t c = blz_min(GATE_CHUNK, n - i0);
+        gate_chunk(z + i0, c, g);
+        for (int64_t i = 0; i < c; ++i) o[i0 + i] = y[i0 + i] * g[i];
+    }
+}
+
 /* gated_rms_norm (Mamba2's output norm), rows of D split in groups of `group` features:
  *   norm_before_gate = 0:  v = y · silu(z);  out = w · v / sqrt(mean_group(v²) + eps)
  *   norm_before_gate = 1:  out = w · (y / sqrt(mean_group(y²) + eps)) · silu(z)
@@ -80,11 +90,7 @@ BLZ_EXPORT int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, c
         const float *ym = y + m * D, *zm = z + m * ldz;
         float *om = out + m * D, g[GATE_CHUNK];
         if (!w) { /* the gate alone */
-            for (int64_t i0 = 0; i0 < D; i0 += GATE_CHUNK) {
-                const int64_t n = blz_min(GATE_CHUNK, D - i0);
-                gate_chunk(zm + i0, n, g);
-                for (int64_t i = 0; i < n; ++i) om[i0 + i] = ym[i0 + i] * g[i];
-            }
+            gate_mul(ym, zm, om, D);
             continue;
         }
         for (int64_t g0 = 0; g0 < D; g0 += group) {
@@ -99,11 +105,7 @@ BLZ_EXPORT int blz_gated_rms_norm(const float *y, const float *z, int64_t ldz, c
                     for (int64_t i = 0; i < n; ++i) om[i0 + i] = w[i0 + i] * ((ym[i0 + i] * r) * g[i]);
                 }
             } else {
-                for (int64_t i0 = g0; i0 < g0 + group; i0 += GATE_CHUNK) {
-                    const int64_t n = blz_min(GATE_CHUNK, g0 + group - i0);
-                    gate_chunk(zm + i0, n, g);
-                    for (int64_t i = 0; i < n; ++i) om[i0 + i] = ym[i0 + i] * g[i];
-                }
+                gate_mul(ym + g0, zm + g0, om + g0, group);
 #pragma omp simd reduction(+ : ss)
                 for (int64_t i = g0; i < g0 + group; ++i) ss += om[i] * om[i];
                 const float r = 1.0f / sqrtf(ss / (float)group + eps);
