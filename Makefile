@@ -68,7 +68,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/realsize.py
 	$(BIN)/python benchmarks/batched.py
-	$(BIN)/python benchmarks/serve.py
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python benchmarks/serve.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -11,12 +11,16 @@ concurrency level (guidellm's `concurrent` profile), both servers on the same GG
 SmolLM2 Q4_1) with --slots sequences at once and --threads threads. llama-server is built once from the
 llama-cpp-python sdist `make test` unpacks (vendor/llama.cpp) into benchmarks/.cache/llama-server.
 
-Engine columns (blazr only, no HTTP): `LLM.generate` on the same number of prompts of the same token
-length, max_num_seqs = --slots: one sequence's decode step time (the ITL floor) and the aggregate output
-tok/s of all --requests prompts (the throughput ceiling for the 16-stream level).
+Engine columns (no HTTP; `EngineAlone`, measured every round between the sweeps): one sequence's prefill
+and decode step — the step as guidellm counts ITL, the mean over a request's tokens after its first — for
+blazr's `LLM` and llama-cpp-python (each server's floor), and blazr's `LLM.generate` on --requests prompts
+of the same token length at --slots at once (the throughput ceiling for the --slots level).
 
 Columns per level: output tok/s (guidellm's, over the level's wall time), median TTFT and ITL in ms, and
-× = blazr / llama-server output tok/s. Both servers stay up; each round runs guidellm's sweep against one,
+× = blazr / llama-server output tok/s. guidellm's own CPU (it and its worker processes, in cores) is
+reported, and after each guidellm sweep benchmarks/stream_client.py, a client of ~1% CPU, runs the same
+workload at concurrency 1 and --slots: on a 2-core machine the two tables differ by what the client's CPU
+takes from the server (NOTES §36). Both servers stay up; each round runs guidellm's sweep against one,
 then the other (the order alternating), and the median over --rounds is reported: the machine may be shared,
 and a slow period then hits both. Speed is reported here, never asserted.
 """
@@ -27,6 +31,7 @@ import argparse
 import glob
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -40,6 +45,9 @@ import httpx
 from blazr.distributed.worker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks import stream_client  # noqa: E402
+
 CACHE = ROOT / "benchmarks" / ".cache"
 LLAMA_SERVER = CACHE / "llama-server" / "build" / "bin" / "llama-server"
 TOKENIZER_DIR = CACHE / "smollm2-tokenizer"
@@ -141,7 +149,9 @@ def run_guidellm(
         "--output", f"kind=json,path={out}",
         "--disable-console-interactive",
     ]  # fmt: skip
+    cpu, wall = _children_cpu(), time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    cores = (_children_cpu() - cpu) / (time.perf_counter() - wall)
     if done.returncode != 0 or not out.exists():
         raise SystemExit(
             f"guidellm failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
@@ -158,77 +168,126 @@ def run_guidellm(
                 "output_tok_s": m["output_tokens_per_second"]["successful"]["mean"],
                 "ttft_ms": m["time_to_first_token_ms"]["successful"]["median"],
                 "itl_ms": m["inter_token_latency_ms"]["successful"]["median"],
+                "client_cores": cores,  # guidellm's CPU over its whole sweep (its worker processes too)
             }
         )
     return rows
 
 
-def engine_reference(gguf: Path, args: argparse.Namespace) -> dict[str, float]:
-    """blazr's engine without the server, in a subprocess: one sequence's prefill and decode step (ms, the
-    best of 3 sequences' medians) and the aggregate output tok/s of --requests prompts at --slots at once."""
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (and theirs, once reaped)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_minimal_client(url: str, args: argparse.Namespace, seed: int) -> list[dict[str, float]]:
+    """benchmarks/stream_client.py at concurrency 1 and --slots: --requests new prompts per level."""
+    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    rows = []
+    for i, level in enumerate(sorted({1, args.slots})):
+        texts = stream_client.prompts(args.requests, args.prompt_tokens, seed=seed * 10 + i)
+        rows.append(stream_client.run_level(url, model, texts, level, args.output_tokens))
+    return rows
+
+
+class EngineAlone:
+    """An engine without its server, in a subprocess kept up for the whole run and measured once per round,
+    between the servers' sweeps (the machine may be shared: a slow period then hits every column).
+
+    `single()`: --prompt-tokens random token ids, then --output-tokens tokens, one sequence at a time, 3
+    times: the prefill (ms; median) and the decode step measured as guidellm measures ITL — the mean of a
+    request's steps after its first token — median over the 3. `aggregate()` (blazr): --requests prompts,
+    --slots at once (`LLM.generate`), output tok/s."""
+
+    def __init__(self, name: str, code: str) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def ask(self, command: str) -> dict[str, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{self.name} alone exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+_SINGLE = """
+def single(run_one):
+    pre, step = [], []
+    for _ in range(3):
+        times = run_one()  # per token: seconds from the previous one (the first: from the start)
+        pre.append(times[0] * 1000)
+        step.append(sum(times[1:]) / (len(times) - 1) * 1000)
+    return {"prefill_ms": statistics.median(pre), "step_ms": statistics.median(step)}
+"""
+
+
+def blazr_alone(gguf: Path, args: argparse.Namespace) -> EngineAlone:
+    """blazr's engine (`LLM`) on the server's GGUF, sampling as guidellm's requests do."""
     code = f"""
-import json, random, time, torch
+import json, random, statistics, sys, time, torch
 torch.set_num_threads({args.threads})
 from blazr import LLM
 from blazr.engine.sampling import SamplingParams
 llm = LLM({str(gguf)!r}, cpu=True, max_num_seqs={args.slots}, max_model_len=2048)
 rng = random.Random(0)
 vocab = llm.config.vocab_size
-n, m = {args.requests}, {args.prompt_tokens}
-prompts = [[rng.randrange(1000, vocab - 1000) for _ in range(m)] for _ in range(n)]
+def prompts(n):
+    return [[rng.randrange(1000, vocab - 1000) for _ in range({args.prompt_tokens})] for _ in range(n)]
 # what the servers get from guidellm: no sampling fields, so OpenAI's defaults (temperature 1, no filters)
 p = SamplingParams(max_tokens={args.output_tokens}, ignore_eos=True, temperature=1.0, top_p=1.0, top_k=0)
-llm.generate(prompts[:2], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))  # warm-up
+llm.generate(prompts(2), SamplingParams(max_tokens=8, ignore_eos=True, temperature=0))  # warm-up
 e = llm.engine
-best = None
-for r in range(3):
-    e.add_request(f"one{{r}}", prompts[r], p)
+def run_one():
+    e.add_request(f"one{{time.monotonic_ns()}}", prompts(1)[0], p)
     times = []
     while e.has_unfinished():
         t = time.perf_counter(); e.step(); times.append(time.perf_counter() - t)
-    steps = sorted(times[1:])
-    one = {{"prefill_ms": times[0] * 1000, "step_ms": steps[len(steps) // 2] * 1000}}
-    best = one if best is None or one["step_ms"] < best["step_ms"] else best
-t = time.perf_counter()
-outs = llm.generate(prompts, p)
-wall = time.perf_counter() - t
-tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-print(json.dumps({{**best, "aggregate_tok_s": tokens / wall}}))
+    return times
+{_SINGLE}
+for command in sys.stdin:
+    if command.strip() == "single":
+        print(json.dumps(single(run_one)), flush=True)
+    else:
+        t = time.perf_counter()
+        outs = llm.generate(prompts({args.requests}), p)
+        wall = time.perf_counter() - t
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        print(json.dumps({{"aggregate_tok_s": tokens / wall}}), flush=True)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"engine reference failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return EngineAlone("blazr's engine", code)
 
 
-def llama_cpp_reference(gguf: Path, args: argparse.Namespace) -> dict[str, float]:
-    """llama.cpp without its server (llama-cpp-python, a subprocess): one sequence's decode step (ms) and
-    the prefill time of one --prompt-tokens prompt (ms) — llama-server's floors, for its own ratios."""
+def llama_cpp_alone(gguf: Path, args: argparse.Namespace) -> EngineAlone:
+    """llama.cpp without its server (llama-cpp-python): llama-server's floors, for its own ratios."""
     code = f"""
-import json, random, time
+import json, random, statistics, sys, time
 from llama_cpp import Llama
 llm = Llama(model_path={str(gguf)!r}, n_threads={args.threads}, n_threads_batch={args.threads},
             n_ctx={args.prompt_tokens + args.output_tokens + 16}, n_batch=512, verbose=False)
 rng = random.Random(0)
-ids = [rng.randrange(1000, llm.n_vocab() - 1000) for _ in range({args.prompt_tokens})]
-best = None
-for _ in range(3):
+def run_one():
+    ids = [rng.randrange(1000, llm.n_vocab() - 1000) for _ in range({args.prompt_tokens})]
     llm.reset()
-    t0 = time.perf_counter(); llm.eval(ids); t1 = time.perf_counter()
-    steps = []
+    t = time.perf_counter(); llm.eval(ids); times = [time.perf_counter() - t]
     for _ in range({args.output_tokens} - 1):
-        s = time.perf_counter()
+        t = time.perf_counter()
         llm.eval([llm.sample(temp=0.0, top_k=1)])
-        steps.append(time.perf_counter() - s)
-    steps.sort()
-    r = {{"prefill_ms": (t1 - t0) * 1000, "step_ms": steps[len(steps) // 2] * 1000}}
-    best = r if best is None or r["step_ms"] < best["step_ms"] else best
-print(json.dumps(best))
+        times.append(time.perf_counter() - t)
+    return times
+{_SINGLE}
+for command in sys.stdin:
+    print(json.dumps(single(run_one)), flush=True)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"llama.cpp reference failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return EngineAlone("llama.cpp", code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,12 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, object] = {"model": gguf.name, "args": {k: str(v) for k, v in vars(args).items()}}
     out_dir = Path(tempfile.mkdtemp(prefix="blazr-serve-bench-"))
 
-    if "engine" not in args.skip:
-        _log("blazr engine alone (LLM.generate) …")
-        results["engine"] = engine_reference(gguf, args)
-        if "llama-server" not in args.skip:
-            _log("llama.cpp alone (llama-cpp-python) …")
-            results["llama_cpp_engine"] = llama_cpp_reference(gguf, args)
     servers: list[tuple[str, list[str]]] = []
     if "blazr" not in args.skip:
         cmd = [sys.executable, "-m", "blazr", "serve", "--model", str(gguf), "--cpu", "--host", "127.0.0.1"]
@@ -275,25 +328,48 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["-c", str(args.slots * ctx), "--host", "127.0.0.1"]
         servers.append(("llama-server", cmd))
     running: list[Server] = []
+    alone: dict[str, EngineAlone] = {}
     try:
+        if "engine" not in args.skip:
+            _log("the engines alone: loading …")
+            alone["engine"] = blazr_alone(gguf, args)
+            if "llama-server" not in args.skip:
+                alone["llama_cpp_engine"] = llama_cpp_alone(gguf, args)
         for name, cmd in servers:  # both up at once (an idle server costs nothing), measured in turns
             _log(f"{name}: starting …")
             port = free_port()
             running.append(Server(name, [*cmd, "--port", str(port)], port))
             running[-1].wait_ready()
         rounds: dict[str, list[list[dict[str, float]]]] = {s.name: [] for s in running}
+        minimal: dict[str, list[list[dict[str, float]]]] = {s.name: [] for s in running}
+        engines: dict[str, list[dict[str, float]]] = {name: [] for name in alone}
         for r in range(args.rounds):
             order = running if r % 2 == 0 else running[::-1]
+            for name, worker in alone.items():
+                _log(f"round {r + 1}/{args.rounds}: {worker.name} alone …")
+                one = worker.ask("single")
+                engines[name].append({**one, **(worker.ask("aggregate") if name == "engine" else {})})
             for server in order:
                 _log(f"round {r + 1}/{args.rounds}: {server.name}, guidellm at concurrency {args.levels} …")
                 out = out_dir / f"{server.name}-{r}.json"
                 rounds[server.name].append(run_guidellm(server.url, args, tok, out, seed=1000 + r))
+                _log(
+                    f"round {r + 1}/{args.rounds}: {server.name}, the minimal client at 1 and {args.slots} …"
+                )
+                minimal[server.name].append(run_minimal_client(server.url, args, seed=2000 + r))
     finally:
         for server in running:
             server.stop()
+        for worker in alone.values():
+            worker.stop()
+    for name, runs in engines.items():
+        results[name] = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     for name, runs in rounds.items():
         results[name] = [_median_row([run[i] for run in runs]) for i in range(len(runs[0]))]
         results[f"{name}_rounds"] = runs
+        results[f"{name}_minimal"] = [
+            _median_row([run[i] for run in minimal[name]]) for i in range(len(minimal[name][0]))
+        ]
     print(report(results, args))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -303,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
 def _median_row(rows: list[dict[str, float]]) -> dict[str, float]:
     """One level over rounds: the median of each figure (failures summed)."""
     out = {k: statistics.median(r[k] for r in rows) for k in ("output_tok_s", "ttft_ms", "itl_ms")}
+    out["client_cores"] = statistics.median(r["client_cores"] for r in rows)
     out["concurrency"] = rows[0]["concurrency"]
-    out["completed"] = sum(r["completed"] for r in rows)
-    out["errored"] = sum(r["errored"] for r in rows)
+    out["completed"] = sum(r.get("completed", 0) for r in rows)
+    out["errored"] = sum(r.get("errored", 0) for r in rows)
     return out
 
 
@@ -332,19 +409,58 @@ def report(results: dict[str, object], args: argparse.Namespace) -> str:
 
         (bt, bl), (pt, pl) = cols(b), cols(p)
         lines.append(f"| {level} | {bt} | {pt} | {ratio} | {bl} | {pl} |")
+    lines.append(
+        "\nguidellm's own CPU over a sweep (cores, median of rounds): "
+        + ", ".join(
+            f"{name} {rows[0]['client_cores']:.2f}"
+            for name, rows in (
+                ("against blazr", list(blazr.values())),
+                ("against llama-server", list(peer.values())),
+            )
+            if rows
+        )
+    )
+    mb = {r["concurrency"]: r for r in results.get("blazr_minimal", [])}  # type: ignore[union-attr]
+    mp = {r["concurrency"]: r for r in results.get("llama-server_minimal", [])}  # type: ignore[union-attr]
+    if mb or mp:
+        lines += [
+            "",
+            "The same servers and workload through benchmarks/stream_client.py (one blocking connection per "
+            "stream, no JSON parse per token), after each guidellm sweep:",
+            "",
+            "| concurrency | blazr out tok/s | llama-server out tok/s | × | blazr TTFT / ITL (median ms) "
+            "| llama-server TTFT / ITL | client CPU (cores) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for level in sorted(set(mb) | set(mp)):
+            b, p = mb.get(level), mp.get(level)
+            ratio = f"{b['output_tok_s'] / p['output_tok_s']:.2f}" if b and p else "–"
+            bt, bl = (
+                (f"{b['output_tok_s']:.1f}", f"{b['ttft_ms']:.0f} / {b['itl_ms']:.2f}") if b else ("–", "–")
+            )
+            pt, pl = (
+                (f"{p['output_tok_s']:.1f}", f"{p['ttft_ms']:.0f} / {p['itl_ms']:.2f}") if p else ("–", "–")
+            )
+            cores = " / ".join(f"{r['client_cores']:.2f}" for r in (b, p) if r)
+            lines.append(f"| {level} | {bt} | {pt} | {ratio} | {bl} | {pl} | {cores} |")
     engine, peer_engine = results.get("engine"), results.get("llama_cpp_engine")
     if isinstance(engine, dict):
         lines += [
             "",
             "| engine alone (no server) | prefill of one prompt (ms) | decode step (ms) "
-            "| ITL through its server / step | TTFT at 1 / prefill |",
+            "| ITL through its server / step: guidellm, minimal client | TTFT at 1 / prefill |",
             "|---|---|---|---|---|",
         ]
-        for name, ref, served in [("blazr", engine, blazr), ("llama.cpp", peer_engine, peer)]:
+        for name, ref, served, light in [
+            ("blazr", engine, blazr, mb),
+            ("llama.cpp", peer_engine, peer, mp),
+        ]:
             if not isinstance(ref, dict):
                 continue
+            itl = ", ".join(
+                f"{r[1]['itl_ms'] / ref['step_ms']:.2f}" if r.get(1) else "–" for r in (served, light)
+            )
             one = served.get(1)
-            itl = f"{one['itl_ms'] / ref['step_ms']:.2f}" if one else "–"
             ttft = f"{one['ttft_ms'] / ref['prefill_ms']:.2f}" if one else "–"
             lines.append(f"| {name} | {ref['prefill_ms']:.0f} | {ref['step_ms']:.2f} | {itl} | {ttft} |")
         lines.append(
@@ -352,7 +468,12 @@ def report(results: dict[str, object], args: argparse.Namespace) -> str:
             f"{engine['aggregate_tok_s']:.1f} out tok/s"
             + (
                 f"; through the server at {args.slots} streams: "
-                f"{blazr[args.slots]['output_tok_s'] / engine['aggregate_tok_s']:.2f} of it."
+                f"{blazr[args.slots]['output_tok_s'] / engine['aggregate_tok_s']:.2f} of it (guidellm)"
+                + (
+                    f", {mb[args.slots]['output_tok_s'] / engine['aggregate_tok_s']:.2f} (minimal client)."
+                    if args.slots in mb
+                    else "."
+                )
                 if args.slots in blazr
                 else "."
             )
