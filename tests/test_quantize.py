@@ -16,7 +16,7 @@ from blazr import LLM, SamplingParams
 from blazr.errors import UnsupportedError
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
-from blazr.loading.quantize import kernel_prefill_f32
+from blazr.loading.quantize import PrefillDense, kernel_prefill_f32, prefill_dense
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear, use_kernels
@@ -311,12 +311,10 @@ def test_in_situ_quantization_invariants(tiny_llama: Path) -> None:
 
 
 def test_dense_prefill_copies(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the loader keeps dense copies for prefill GEMMs (AMX CPUs: bf16), every quantized layer gets
-    one except the lm_head, whose logits must stay fp32: the prompt's logits equal the kernel path's."""
-    import blazr.loading.loader as loader
-
+    """With dense copies for prefill GEMMs (`BLAZR_PREFILL_DENSE=bfloat16`), every quantized layer gets one
+    except the lm_head, whose logits must stay fp32: the prompt's logits equal the kernel path's."""
     plain = LLM(tiny_llama, cpu=True, dtype="float32", quantize="int8")
-    monkeypatch.setattr(loader, "prefill_dtype", lambda: torch.bfloat16)
+    monkeypatch.setenv("BLAZR_PREFILL_DENSE", "bfloat16")
     dense = LLM(tiny_llama, cpu=True, dtype="float32", quantize="int8")
     layers = quantized_layers(dense)
     assert layers["lm_head"].dense is None
@@ -327,6 +325,45 @@ def test_dense_prefill_copies(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch)
     torch.testing.assert_close(
         dense.model.compute_logits(hidden), plain.model.compute_logits(hidden), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize(
+    "flags, env, dense",
+    [
+        ("avx512f amx_bf16 amx_tile", "", PrefillDense(torch.bfloat16, copy=False)),
+        ("avx512f avx512_vnni", "", None),
+        ("avx2 fma", "", None),
+        ("avx512f amx_bf16 amx_tile", "none", None),
+        ("avx2 fma", "bfloat16", PrefillDense(torch.bfloat16, copy=True)),
+        ("avx512f amx_bf16", " Float32 ", PrefillDense(torch.float32, copy=True)),
+    ],
+)
+def test_prefill_dense_policy(flags: str, env: str, dense: PrefillDense | None, monkeypatch) -> None:
+    """No dequantized copy unless asked for (issue 14: RSS near the file, load without a float pass); on AMX
+    CPUs bf16 layers prefill on their own tensor through oneDNN's tiles."""
+    import blazr.loading.quantize as q
+
+    monkeypatch.setattr(q, "cpu_flags", lambda: flags)
+    monkeypatch.setenv("BLAZR_PREFILL_DENSE", env)
+    assert prefill_dense() == dense
+    monkeypatch.setenv("BLAZR_PREFILL_DENSE", "bf16")
+    with pytest.raises(UnsupportedError, match="expected none, float32 or bfloat16"):
+        prefill_dense()
+
+
+def test_amx_default_copies_nothing(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AMX default: int8 layers keep no dense copy (prefill on the kernels), `--quantize bf16` layers use
+    their own weight tensor as the dense one (no second copy); the lm_head never has one."""
+    import blazr.loading.quantize as q
+
+    monkeypatch.setattr(q, "cpu_flags", lambda: "avx512f amx_bf16 amx_tile")
+    monkeypatch.delenv("BLAZR_PREFILL_DENSE", raising=False)
+    int8 = quantized_layers(LLM(tiny_llama, cpu=True, dtype="float32", quantize="int8"))
+    assert int8 and all(m.dense is None for m in int8.values())
+    bf16 = quantized_layers(LLM(tiny_llama, cpu=True, dtype="float32", quantize="bf16"))
+    assert bf16["lm_head"].dense is None
+    others = [m for n, m in bf16.items() if n != "lm_head"]
+    assert others and all(m.kind == "bf16" and m.dense is m.qweight.data for m in others)
 
 
 @pytest.mark.parametrize(

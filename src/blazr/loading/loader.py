@@ -18,7 +18,6 @@ In: a `Checkpoint` (detect/). Out: a `CausalLM` on `device`, in eval mode.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections import Counter
@@ -32,8 +31,6 @@ from tqdm import tqdm
 from blazr import kernels
 from blazr.detect import Checkpoint
 from blazr.distributed.shard import shard_config, slice_tensor
-from blazr.errors import UnsupportedError
-from blazr.kernels.build import cpu_flags
 from blazr.kernels.mapped import MappedWeight
 from blazr.loading.absorb import absorb_mla
 from blazr.loading.gguf import GGUFFile
@@ -43,6 +40,7 @@ from blazr.loading.quantize import (
     check_mode,
     embed_from_file,
     embed_quantized,
+    prefill_dense,
     quantize_from_file,
     quantize_loaded,
     stack_experts,
@@ -120,11 +118,11 @@ def load_model(
     with bar:
         loader = WeightLoader(ckpt.config, source, names, dtype, device, bar)
         made: Counter[str] = Counter()
-        dense_dtype = prefill_dtype() if on_kernels else None
+        dense = prefill_dense() if on_kernels else None
         if on_kernels:
             if kind := embed_quantized(model, loader, quantize):  # before a tied head is made from it
                 made[f"{kind} embedding"] += 1
-            made += quantize_from_file(model, loader, quantize, dense_dtype)
+            made += quantize_from_file(model, loader, quantize, dense)
             made += stack_experts(model, loader, quantize)
             if quantize == "auto" and (kind := embed_from_file(model, loader)):
                 made[f"{kind} embedding"] += 1
@@ -177,7 +175,7 @@ def load_shard(
     loader.warn_unused()
     model = model.to(device).eval()
     if device.type == "cpu" and dtype == torch.float32 and kernels.available():
-        made = quantize_loaded(model, quantize, prefill_dtype())
+        made = quantize_loaded(model, quantize, prefill_dense())
         if made:
             log.info("quantized linear layers (%s): %s", quantize, dict(made))
         wrap_float_linears(model)
@@ -206,22 +204,3 @@ def weight_bytes(model: torch.nn.Module) -> int:
         if t.device.type != "meta":
             seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
     return sum(seen.values())
-
-
-def prefill_dtype() -> torch.dtype | None:
-    """The dtype of quantized layers' dense copies for prefill GEMMs, or None for none (prefill then runs
-    the same kernels as decode, and the weights are held once).
-
-    Default: a bf16 copy on AMX CPUs only (its bf16 tiles beat the int8 kernels); everywhere else none.
-    Measured (benchmarks/NOTES.md §20, Zen 3 AVX2 without VNNI, 500-token prefill, 2 threads): the AVX2
-    kernels prefill as fast as or faster than a float32 copy through MKL's sgemm — SmolLM2 Q4_1 94 vs 73
-    tok/s, 1B Q8_0 17.5 vs 14.9, 1B Q4_0 25.1 vs 20.5 (a busy shared machine: the ratios, not the rates)
-    — while the copy costs 4 bytes per weight (1B: 5.6 vs 2.0 GiB resident, and ~40 s of dequantization
-    at load). With AVX512-VNNI the kernels win too (Zen 4: 820-920 vs 660-760 tok/s on SmolLM2 against
-    oneDNN's bf16 GEMM). `BLAZR_PREFILL_DENSE=float32|bfloat16` opts in to a copy (`none` opts out on AMX)."""
-    choice = os.environ.get("BLAZR_PREFILL_DENSE", "").strip().lower()
-    if choice:
-        if choice not in ("none", "float32", "bfloat16"):
-            raise UnsupportedError(f"BLAZR_PREFILL_DENSE={choice!r}: expected none, float32 or bfloat16")
-        return None if choice == "none" else getattr(torch, choice)
-    return torch.bfloat16 if "amx_bf16" in set(cpu_flags().split()) else None
