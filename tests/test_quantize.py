@@ -16,7 +16,7 @@ from blazr import LLM, SamplingParams
 from blazr.errors import UnsupportedError
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
-from blazr.loading.quantize import PrefillDense, kernel_prefill_f32, prefill_dense
+from blazr.loading.quantize import kernel_prefill_f32, prefill_dtype
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear, use_kernels
@@ -328,41 +328,31 @@ def test_dense_prefill_copies(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize(
-    "flags, env, dense",
-    [
-        ("avx512f amx_bf16 amx_tile", "", PrefillDense(torch.bfloat16, copy=False)),
-        ("avx512f avx512_vnni", "", None),
-        ("avx2 fma", "", None),
-        ("avx512f amx_bf16 amx_tile", "none", None),
-        ("avx2 fma", "bfloat16", PrefillDense(torch.bfloat16, copy=True)),
-        ("avx512f amx_bf16", " Float32 ", PrefillDense(torch.float32, copy=True)),
-    ],
+    "env, dtype",
+    [("", None), ("none", None), ("bfloat16", torch.bfloat16), (" Float32 ", torch.float32)],
 )
-def test_prefill_dense_policy(flags: str, env: str, dense: PrefillDense | None, monkeypatch) -> None:
-    """No dequantized copy unless asked for (issue 14: RSS near the file, load without a float pass); on AMX
-    CPUs bf16 layers prefill on their own tensor through oneDNN's tiles."""
-    import blazr.loading.quantize as q
-
-    monkeypatch.setattr(q, "cpu_flags", lambda: flags)
+def test_prefill_dtype_is_opt_in(env: str, dtype: torch.dtype | None, monkeypatch) -> None:
+    """No dense prefill tensor unless asked for, AMX CPUs included (issue 14: RSS near the file, load without
+    a float pass; a bf16 GEMM's outputs are bf16); a wrong value is a clear error."""
     monkeypatch.setenv("BLAZR_PREFILL_DENSE", env)
-    assert prefill_dense() == dense
+    assert prefill_dtype() == dtype
     monkeypatch.setenv("BLAZR_PREFILL_DENSE", "bf16")
     with pytest.raises(UnsupportedError, match="expected none, float32 or bfloat16"):
-        prefill_dense()
+        prefill_dtype()
 
 
-def test_amx_default_copies_nothing(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The AMX default: int8 layers keep no dense copy (prefill on the kernels), `--quantize bf16` layers use
-    their own weight tensor as the dense one (no second copy); the lm_head never has one."""
-    import blazr.loading.quantize as q
-
-    monkeypatch.setattr(q, "cpu_flags", lambda: "avx512f amx_bf16 amx_tile")
+def test_default_load_has_no_dense_tensors(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default no layer holds a dense prefill tensor: int8 layers prefill on their kernels, bf16 layers
+    on the bf16 kernel (fp32 outputs, as decode's). Opted in to bf16, a bf16 layer's dense tensor is its
+    own weight (no second copy)."""
     monkeypatch.delenv("BLAZR_PREFILL_DENSE", raising=False)
-    int8 = quantized_layers(LLM(tiny_llama, cpu=True, dtype="float32", quantize="int8"))
-    assert int8 and all(m.dense is None for m in int8.values())
+    for mode in ("int8", "bf16"):
+        layers = quantized_layers(LLM(tiny_llama, cpu=True, dtype="float32", quantize=mode))
+        assert layers and all(m.dense is None for m in layers.values()), mode
+    monkeypatch.setenv("BLAZR_PREFILL_DENSE", "bfloat16")
     bf16 = quantized_layers(LLM(tiny_llama, cpu=True, dtype="float32", quantize="bf16"))
-    assert bf16["lm_head"].dense is None
     others = [m for n, m in bf16.items() if n != "lm_head"]
+    assert bf16["lm_head"].dense is None
     assert others and all(m.kind == "bf16" and m.dense is m.qweight.data for m in others)
 
 

@@ -40,7 +40,7 @@ from blazr.loading.quantize import (
     check_mode,
     embed_from_file,
     embed_quantized,
-    prefill_dense,
+    prefill_dtype,
     quantize_from_file,
     quantize_loaded,
     stack_experts,
@@ -118,11 +118,11 @@ def load_model(
     with bar:
         loader = WeightLoader(ckpt.config, source, names, dtype, device, bar)
         made: Counter[str] = Counter()
-        dense = prefill_dense() if on_kernels else None
+        dense_dtype = prefill_dtype() if on_kernels else None
         if on_kernels:
             if kind := embed_quantized(model, loader, quantize):  # before a tied head is made from it
                 made[f"{kind} embedding"] += 1
-            made += quantize_from_file(model, loader, quantize, dense)
+            made += quantize_from_file(model, loader, quantize, dense_dtype)
             made += stack_experts(model, loader, quantize)
             if quantize == "auto" and (kind := embed_from_file(model, loader)):
                 made[f"{kind} embedding"] += 1
@@ -175,7 +175,7 @@ def load_shard(
     loader.warn_unused()
     model = model.to(device).eval()
     if device.type == "cpu" and dtype == torch.float32 and kernels.available():
-        made = quantize_loaded(model, quantize, prefill_dense())
+        made = quantize_loaded(model, quantize, prefill_dtype())
         if made:
             log.info("quantized linear layers (%s): %s", quantize, dict(made))
         wrap_float_linears(model)

@@ -19,7 +19,7 @@ a quantized copy of the embedding); and (`stack_experts`) the routed MoE experts
 weight per layer and projection. The token table itself stays as stored under `auto` (`embed_from_file`) and
 becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not MLA's kv_b_proj (its weight
 is read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU
-with float32 activations; `prefill_dense` says which also hold a dense tensor for prefill GEMMs (see
+with float32 activations; `prefill_dtype` gives them a dense tensor for prefill GEMMs on request (see
 model/qlinear.py).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy.
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,7 +36,6 @@ from torch import nn
 from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
-from blazr.kernels.build import cpu_flags
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
     AS_STORED,
@@ -271,7 +269,7 @@ def _is_copy(source: TensorSource, data: torch.Tensor) -> bool:
 
 
 def quantize_from_file(
-    model: CausalLM, loader: WeightLoader, mode: str, dense: PrefillDense | None
+    model: CausalLM, loader: WeightLoader, mode: str, dense_dtype: torch.dtype | None
 ) -> Counter[str]:
     """Replace the target linears of `model` (still on meta) by QuantizedLinear layers made from the
     checkpoint: a GGUF's block tensors as stored (`auto`), or each float weight quantized as it is read
@@ -308,7 +306,7 @@ def quantize_from_file(
         bias = None
         if linear is not None and linear.bias is not None:
             bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
-        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense)))
+        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
         if linear is not None:
             for _ in linear.parameters():
@@ -326,13 +324,13 @@ def _read_dtype(loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: 
     return stored if stored in (torch.bfloat16, torch.float16) else None
 
 
-def _dense_copy(qw: QuantizedWeight, name: str, dense: PrefillDense | None) -> torch.Tensor | None:
-    """A quantized layer's dense tensor for prefill GEMMs (loader.py `prefill_dense`), or None."""
-    if dense is None or name == "lm_head":
+def _dense_copy(qw: QuantizedWeight, name: str, dense_dtype: torch.dtype | None) -> torch.Tensor | None:
+    """A quantized layer's dense tensor for prefill GEMMs (`prefill_dtype`), or None."""
+    if dense_dtype is None or name == "lm_head":
         return None  # the lm_head sees a few rows per step, and its logits stay fp32 (no bf16 GEMM)
-    if qw.kind in FLOAT_KINDS and qw.data.dtype == dense.dtype:
+    if qw.kind in FLOAT_KINDS and qw.data.dtype == dense_dtype:
         return qw.data  # the same tensor: no second copy
-    return dequantize(qw).to(dense.dtype) if dense.copy else None
+    return dequantize(qw).to(dense_dtype)
 
 
 def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[str]:
@@ -437,7 +435,7 @@ def _table_bytes(table: torch.Tensor, kind: str) -> torch.Tensor:
     return quantize(table, kind).ggml_blocks()
 
 
-def quantize_loaded(model: CausalLM, mode: str, dense: PrefillDense | None) -> Counter[str]:
+def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None) -> Counter[str]:
     """`quantize_from_file` for a model already loaded in float32 (a tensor-parallel shard, whose weights
     are slices made in memory): each target linear quantized to `mode`'s kind (`int8` / `int4` / `bf16`;
     `auto` / `none`: nothing), its float weight dropped, then the token table made `_TABLE_KIND` rows as
@@ -452,7 +450,7 @@ def quantize_loaded(model: CausalLM, mode: str, dense: PrefillDense | None) -> C
             continue
         qw = quantize(weight.detach(), kind)
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
-        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense)))
+        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
     table = model.embed_tokens.weight.detach()  # the rank's rows: the same rows as one process's table
     if (row_kind := _TABLE_KIND[mode]) != "bf16" and table.shape[1] % QK:  # Q8_0 quantizes blocks of 32
@@ -463,32 +461,23 @@ def quantize_loaded(model: CausalLM, mode: str, dense: PrefillDense | None) -> C
     return made
 
 
-@dataclass(frozen=True)
-class PrefillDense:
-    """Which quantized layers hold a dense tensor for prefill GEMMs (model/qlinear.py): those whose weight
-    already is `dtype` (the same tensor, no memory), and with `copy` every other one too, dequantized."""
+def prefill_dtype() -> torch.dtype | None:
+    """The dtype of quantized layers' dense tensors for prefill GEMMs (model/qlinear.py), or None: prefill
+    runs the same kernels as decode and the weights are held once. Opt-in, on any CPU:
+    `BLAZR_PREFILL_DENSE=bfloat16|float32` (`none`: the default). A layer whose weight already is that
+    dtype uses it as is; every other one gets a dequantized copy.
 
-    dtype: torch.dtype
-    copy: bool
-
-
-def prefill_dense() -> PrefillDense | None:
-    """The prefill GEMMs' dense weights, or None (prefill runs the same kernels as decode).
-
-    Default: on AMX CPUs, bf16 layers (`--quantize bf16`, bf16 weights kept as such) prefill through oneDNN's
-    bf16 tiles on their own tensor; nothing is copied anywhere. A dequantized copy of a quantized or f16
-    layer is opt-in (`BLAZR_PREFILL_DENSE=bfloat16|float32`; `none` turns the bf16 path off too): measured
-    on a 2-core Sapphire Rapids at the 1B shape (NOTES §36), the bf16 copy makes prefill 2.8-2.9x faster
-    (Q4_K_M 351 vs 126 tok/s, Q8_0 312 vs 108) but loads in 5.7-6.5 s instead of 0.2 (every tensor
-    dequantized) and holds 3.3-3.8 GiB instead of 1.0-1.4 — 2.7-3.1x llama.cpp's RSS, and ~14 GiB more at
-    8B. Elsewhere the kernels prefill as fast as a float copy (NOTES §20: Zen 3 AVX2 — SmolLM2 Q4_1 94 vs
-    73 tok/s against MKL's sgemm on float32; Zen 4 AVX512-VNNI 820-920 vs 660-760 against oneDNN's bf16)."""
-    choice = os.environ.get("BLAZR_PREFILL_DENSE", "").strip().lower()
-    if choice:
-        if choice not in ("none", "float32", "bfloat16"):
-            raise UnsupportedError(f"BLAZR_PREFILL_DENSE={choice!r}: expected none, float32 or bfloat16")
-        return None if choice == "none" else PrefillDense(getattr(torch, choice), copy=True)
-    return PrefillDense(torch.bfloat16, copy=False) if "amx_bf16" in set(cpu_flags().split()) else None
+    Measured on a 2-core Sapphire Rapids (AMX) at the 1B shape (NOTES §36), a bf16 copy through oneDNN's
+    AMX tiles prefills 2.8-2.9x faster than the kernels (Q4_K_M 351 vs 126 tok/s, Q8_0 312 vs 108) but
+    loads in 5.7-6.5 s instead of 0.2 (every tensor dequantized) and holds 3.3-3.8 GiB instead of 1.0-1.4
+    (2.7-3.1x llama.cpp's RSS; ~14 GiB more at 8B), and torch's bf16 GEMM returns bf16: prefill's linear
+    outputs are rounded to bf16 where decode's are fp32. Without AMX the kernels prefill as fast as a float
+    copy (NOTES §20: Zen 3 AVX2 SmolLM2 Q4_1 94 vs 73 tok/s against MKL's sgemm on float32; Zen 4
+    AVX512-VNNI 820-920 vs 660-760 against oneDNN's bf16)."""
+    choice = os.environ.get("BLAZR_PREFILL_DENSE", "").strip().lower() or "none"
+    if choice not in ("none", "float32", "bfloat16"):
+        raise UnsupportedError(f"BLAZR_PREFILL_DENSE={choice!r}: expected none, float32 or bfloat16")
+    return None if choice == "none" else getattr(torch, choice)
 
 
 def kernel_prefill_f32() -> bool:
