@@ -311,6 +311,8 @@ BLZ_INLINE void blz_kv_store1(char *row, int64_t i, float v, int kv_type) {
     else ((uint16_t *)row)[i] = kv_type == BLZ_KV_BF16 ? blz_fp32_to_bf16(v) : blz_fp32_to_fp16(v);
 }
 
+BLZ_INLINE float blz_silu(float x) { return x / (1.0f + expf(-x)); }
+
 /* blz_exp256's operations on one value, one by one (the same clamps, reduction and polynomial; fnmadd(n, c,
  * x) is fmaf(−n, c, x) exactly), so the two agree bit for bit; ≤ 2 ulp from exp. */
 BLZ_INLINE float blz_exp_poly(float x) {
@@ -330,10 +332,6 @@ BLZ_INLINE float blz_exp_poly(float x) {
     memcpy(&s, &bits, 4);
     return y * s;
 }
-
-/* silu(x) = x / (1 + exp(−x)), exp by blz_exp_poly: the same bits as the vector epilogues' (blz_exp256,
- * blz_exp512), so a SwiGLU output does not depend on which path or lane computed it. */
-BLZ_INLINE float blz_silu(float x) { return x / (1.0f + blz_exp_poly(0.0f - x)); }
 
 
 /* Epilogue shared by the linear kernels, for the tile of output rows m0 .. m0+mt-1 at column n.
@@ -429,17 +427,16 @@ BLZ_INLINE void blz_silu_rows(float *v, int64_t n) {
 #ifdef BLZ_AVX2
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, blz_silu256(_mm256_loadu_ps(v + i)));
 #endif
-    for (; i < n; ++i) v[i] = blz_silu(v[i]);
+    for (; i < n; ++i) v[i] = v[i] / (1.0f + blz_exp_poly(0.0f - v[i]));
 }
 
 #ifdef BLZ_AVX512
 /* exp(x) for 16 lanes: x = n·ln2 + r, |r| ≤ ln2/2, e^r by the Cephes degree-6 polynomial, then ·2^n with
- * vscalefps (exact, as blz_exp256's exponent bits). Relative error ≈ 2 ulp over the float range; inputs
- * are clamped to [−87.3, 88.3] as blz_exp256 / blz_exp_poly clamp them, so all three give the same bits;
- * below −87.3 gives ~1e-38 (callers mask those lanes). */
+ * vscalefps. Relative error ≈ 2 ulp over the float range; inputs below −87.3 give ~1e-38 (callers
+ * mask those lanes). */
 BLZ_INLINE __m512 blz_exp512(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -458,7 +455,8 @@ BLZ_INLINE __m512 blz_exp512(__m512 x) {
 
 #ifdef BLZ_AVX512
 /* blz_epilogue for 16 consecutive outputs n0 .. n0+nn-1 (nn ≤ 16) of one row, r (and u, the SwiGLU up
- * values) in lanes; the same operations (silu's exp by blz_exp512, blz_silu's bits), so the same results. */
+ * values) in lanes; same formulas, with silu's exp from blz_exp512 (≤ 2 ulp, where the scalar path uses
+ * libm's expf). */
 BLZ_INLINE void blz_epilogue16(__m512 r, __m512 u, int64_t row, int64_t n0, int nn, int64_t N, int64_t nout,
                                const float *bias, const float *residual, float *out, int swiglu) {
     const __mmask16 k = (__mmask16)((1u << nn) - 1u);

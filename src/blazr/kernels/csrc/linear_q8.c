@@ -205,9 +205,16 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
                 const int mt = (int)blz_min(QT, M - m0);
                 tile_dots(gate, gate_apart, nn, &a, m0, mt, r);
                 if (swiglu) tile_dots(up, up_apart, nn, &a, m0, mt, u);
-                for (int m = 0; m < mt; ++m)
+                for (int m = 0; m < mt; ++m) {
+#ifdef BLZ_AVX512 /* linear_q.c's epilogue (its silu): the same bits as the packed q8_0 on every host */
+                    const __m512 uv = swiglu ? _mm512_zextps256_ps512(_mm256_load_ps(u[m])) : _mm512_setzero_ps();
+                    blz_epilogue16(_mm512_zextps256_ps512(_mm256_load_ps(r[m])), uv, m0 + m, n0, nn, N, nout, bias,
+                                   residual, out, swiglu);
+#else
                     for (int j = 0; j < nn; ++j)
                         blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
+#endif
+                }
             }
         }
     }
