@@ -194,10 +194,10 @@ class EngineAlone:
     """An engine without its server, in a subprocess kept up for the whole run and measured once per round,
     between the servers' sweeps (the machine may be shared: a slow period then hits every column).
 
-    `single()`: --prompt-tokens random token ids, then --output-tokens tokens, one sequence at a time, 3
-    times: the prefill (ms; median) and the decode step measured as guidellm measures ITL — the mean of a
-    request's steps after its first token — median over the 3. `aggregate()` (blazr): --requests prompts,
-    --slots at once (`LLM.generate`), output tok/s."""
+    `ask("single")`: --prompt-tokens random token ids, then --output-tokens tokens, one sequence at a time,
+    3 times: the prefill (ms; median) and the decode step measured as guidellm measures ITL — the mean of a
+    request's steps after its first token — median over the 3. `ask("aggregate")` (blazr only): --requests
+    prompts, --slots at once (`LLM.generate`), output tok/s."""
 
     def __init__(self, name: str, code: str) -> None:
         self.name = name
