@@ -16,7 +16,8 @@ from blazr import LLM, SamplingParams
 from blazr.errors import UnsupportedError
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
-from blazr.loading.quantize import kernel_prefill_f32, prefill_dtype
+from blazr.loading.loader import prefill_dtype
+from blazr.loading.quantize import kernel_prefill_f32
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear, use_kernels

@@ -19,15 +19,14 @@ a quantized copy of the embedding); and (`stack_experts`) the routed MoE experts
 weight per layer and projection. The token table itself stays as stored under `auto` (`embed_from_file`) and
 becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not MLA's kv_b_proj (its weight
 is read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU
-with float32 activations; `prefill_dtype` gives them a dense tensor for prefill GEMMs on request (see
-model/qlinear.py).
+with float32 activations; `dense_dtype` (loader.py `prefill_dtype`, on request only) adds a dense tensor for
+prefill GEMMs (see model/qlinear.py).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 
 import torch
@@ -459,25 +458,6 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
     model.embed_tokens = QuantizedEmbedding(RowTable(row_kind, data.contiguous(), *table.shape))
     made[f"{row_kind} embedding"] += 1
     return made
-
-
-def prefill_dtype() -> torch.dtype | None:
-    """The dtype of quantized layers' dense tensors for prefill GEMMs (model/qlinear.py), or None: prefill
-    runs the same kernels as decode and the weights are held once. Opt-in, on any CPU:
-    `BLAZR_PREFILL_DENSE=bfloat16|float32` (`none`: the default). A layer whose weight already is that
-    dtype uses it as is; every other one gets a dequantized copy.
-
-    Measured on a 2-core Sapphire Rapids (AMX) at the 1B shape (NOTES §36), a bf16 copy through oneDNN's
-    AMX tiles prefills 2.8-2.9x faster than the kernels (Q4_K_M 351 vs 126 tok/s, Q8_0 312 vs 108) but
-    loads in 5.7-6.5 s instead of 0.2 (every tensor dequantized) and holds 3.3-3.8 GiB instead of 1.0-1.4
-    (2.7-3.1x llama.cpp's RSS; ~14 GiB more at 8B), and torch's bf16 GEMM returns bf16: prefill's linear
-    outputs are rounded to bf16 where decode's are fp32. Without AMX the kernels prefill as fast as a float
-    copy (NOTES §20: Zen 3 AVX2 SmolLM2 Q4_1 94 vs 73 tok/s against MKL's sgemm on float32; Zen 4
-    AVX512-VNNI 820-920 vs 660-760 against oneDNN's bf16)."""
-    choice = os.environ.get("BLAZR_PREFILL_DENSE", "").strip().lower() or "none"
-    if choice not in ("none", "float32", "bfloat16"):
-        raise UnsupportedError(f"BLAZR_PREFILL_DENSE={choice!r}: expected none, float32 or bfloat16")
-    return None if choice == "none" else getattr(torch, choice)
 
 
 def kernel_prefill_f32() -> bool:

@@ -3,7 +3,7 @@ blocks, bf16 or f32 — see blazr.kernels.quant), so decode streams 4.5–8.5 bi
 
 The C kernel runs on the quantized bytes (activations quantized to 8 bits per block of 32, as llama.cpp
 does) for every token — prefill and decode alike — unless the layer holds `dense`, a 16/32-bit tensor for
-the vendor's GEMM at prefill, on request only (loading/quantize.py `prefill_dtype`, `BLAZR_PREFILL_DENSE`:
+the vendor's GEMM at prefill, on request only (loading/loader.py `prefill_dtype`, `BLAZR_PREFILL_DENSE`:
 oneDNN's AMX bf16 tiles, at the price of a dequantized copy). With a dense tensor, the path is chosen per
 forward, not per row count, so that a token's numerics never depend on what else is in its batch:
 - inside `use_kernels()` — the runner enters it for decode tokens — the kernel;
