@@ -1,29 +1,41 @@
 /* blazr kernels — the prefill GEMM of float weights (f32, f16, bf16) on fp32 FMAs: out[M, N] = x[M, K] · Wᵀ
  * (+ bias) (+ residual), or the SwiGLU form, for the many-row calls of linear_float.c (prefill, large decode
- * batches) on hosts without 16-bit arithmetic.
+ * batches) on AVX2 hosts, AVX-512 ones included (fp32 FMAs on widened weights outran vdpbf16ps there, below).
  *
  * An outer-product GEMM, as BLIS / GotoBLAS lay one out:
  * - x is packed once per call, k-major in groups of PANEL_MR rows per block of PANEL_KC columns
  *   (pack_x_group; bf16 weights see x rounded to bf16 values, as torch's `x.to(bfloat16)`), so the
  *   micro-kernel reads x as one sequential stream;
  * - a panel of PANEL_NR weight rows × PANEL_KC columns is widened to fp32 once (F16C, a shift, or a copy),
- *   transposed in 8 × 8 register blocks (k-major, 16 floats per k), into an L1-sized scratch;
+ *   transposed in 8 × 8 register blocks (k-major, PANEL_NR floats per k), into an L1-sized scratch;
  * - the micro-kernel walks the panel against PANEL_MR packed rows at a time — per k two panel loads, one
- *   broadcast of each x value, 12 FMAs into 12 registers —, carrying each output's sum through a
- *   [rows, 16] buffer between column panels;
- * - blocks of 16 outputs are split over the threads; the x rows go in passes of PANEL_XBYTES of packed x,
- *   which stay in the last-level cache while the weights stream past (one pass for most prefill chunks).
- * Every output is one sequential fp32 sum over k, FMA-rounded, from 0, whatever M, the pass and the group:
- * a row's result never depends on the other rows of the call.
+ *   broadcast of each x value, 2·PANEL_MR FMAs into as many registers (AVX-512: 32 outputs × 12 rows in 24
+ *   of the 32 registers; AVX2: 16 × 6 in 12 of 16) —, carrying each output's sum through a
+ *   [rows, PANEL_NR] buffer between column panels;
+ * - blocks of PANEL_NR outputs are split over the threads; the x rows go in passes of PANEL_XBYTES of
+ *   packed x, which stay in the last-level cache while the weights stream past (one pass for most prefill
+ *   chunks).
+ * Every output is one sequential fp32 sum over k, FMA-rounded, from 0, whatever M, the pass, the group and
+ * the vector width: a row's result never depends on the other rows of the call, nor on the host's ISA.
  *
- * Measured on the Zen 3 host (2 threads, Llama-3.2-1B's shapes, f16, warm weights): 500 rows 150-175
- * GFLOP/s of a ~190 FMA peak (the earlier unpacked version 115-155), 16 rows 80-100 (60-75).
+ * Measured (2 threads, Llama-3.2-1B's shapes, warm weights): Zen 3, f16, 500 rows 150-175 GFLOP/s of a
+ * ~190 FMA peak (the earlier unpacked version 115-155), 16 rows 80-100 (60-75). Sapphire Rapids, 512-bit
+ * form: f16 / bf16 / f32 at 500 rows 280-340 GFLOP/s (torch's fp32 matmul 330-375; the 256-bit form 185-195),
+ * 64 rows 250-270, 16 rows 135-165. A vdpbf16ps form (x and weights in bf16 pairs, half the k steps) was
+ * tried for bf16 and ran 185-218 at 64-500 rows: on that core vdpbf16ps issues at one 16-lane instruction
+ * per cycle, where fp32 FMAs issue two; a 128-column panel measured no different from 256.
  */
 #include "blazr_kernels.h"
 
+#ifdef BLZ_AVX512
+#define PANEL_NR 32            /* weight rows (outputs) per panel: two 16-lane vectors */
+#define PANEL_MR 12            /* x rows per micro-kernel call: 24 accumulators of the 32 registers */
+#define PANEL_KC 256           /* columns per panel: 32 KB of fp32, in the 48 KB L1 */
+#else
 #define PANEL_NR 16            /* weight rows (outputs) per panel: two 8-lane vectors */
-#define PANEL_MR 6             /* x rows per micro-kernel call: 12 accumulators */
+#define PANEL_MR 6             /* x rows per micro-kernel call: 12 accumulators of the 16 registers */
 #define PANEL_KC 256           /* columns per panel: 16 KB of fp32 */
+#endif
 #define PANEL_XBYTES (4 << 20) /* packed x per pass over the weights */
 
 #ifdef BLZ_AVX2
@@ -84,16 +96,17 @@ static void pack_x_group(const float *restrict x, int64_t M, int64_t K, int64_t 
         const float *src = x + g * PANEL_MR * K + k0;
         int64_t kk = 0;
 #ifdef BLZ_AVX2
-        for (; kk + 8 <= kc; kk += 8) {
-            __m256 r[8];
-            for (int m = 0; m < 8; ++m) {
-                r[m] = m < mv ? _mm256_loadu_ps(src + m * K + kk) : _mm256_setzero_ps();
-                if (round_bf16) r[m] = bf16_round8(r[m]);
+        for (; kk + 8 <= kc; kk += 8)
+            for (int s0 = 0; s0 < PANEL_MR; s0 += 8) { /* rows s0 .. s0+7 of the group */
+                __m256 r[8];
+                for (int m = 0; m < 8; ++m) {
+                    r[m] = s0 + m < mv ? _mm256_loadu_ps(src + (s0 + m) * K + kk) : _mm256_setzero_ps();
+                    if (round_bf16) r[m] = bf16_round8(r[m]);
+                }
+                transpose8_ps(r); /* r[i]: column kk + i of rows s0 .. s0+7 */
+                const __m256i keep = blz_mask256(PANEL_MR - s0);
+                for (int i = 0; i < 8; ++i) _mm256_maskstore_ps(dst + (kk + i) * PANEL_MR + s0, keep, r[i]);
             }
-            transpose8_ps(r); /* r[i]: column kk + i of rows 0..7 (6 and 7 unused) */
-            for (int i = 0; i < 7; ++i) _mm256_storeu_ps(dst + (kk + i) * PANEL_MR, r[i]); /* 2 lanes spill: rewritten */
-            _mm256_maskstore_ps(dst + (kk + 7) * PANEL_MR, blz_mask256(PANEL_MR), r[7]);
-        }
 #endif
         for (; kk < kc; ++kk)
             for (int m = 0; m < PANEL_MR; ++m) {
@@ -128,7 +141,25 @@ static void widen_panel(const void *w, const int64_t *tab, const int wk, int64_t
  * multiply-add per (output, k) in k order, from 0 when `first`, else from c. */
 static void micro(const float *restrict panel, int64_t kc, const float *restrict xp, float *restrict c,
                   const int first) {
-#ifdef BLZ_AVX2
+#ifdef BLZ_AVX512
+    __m512 acc[PANEL_MR][2];
+    for (int m = 0; m < PANEL_MR; ++m) {
+        acc[m][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + m * PANEL_NR);
+        acc[m][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + m * PANEL_NR + 16);
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+        const __m512 p0 = _mm512_loadu_ps(panel + k * PANEL_NR), p1 = _mm512_loadu_ps(panel + k * PANEL_NR + 16);
+        for (int m = 0; m < PANEL_MR; ++m) {
+            const __m512 xv = _mm512_set1_ps(xp[k * PANEL_MR + m]);
+            acc[m][0] = _mm512_fmadd_ps(p0, xv, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(p1, xv, acc[m][1]);
+        }
+    }
+    for (int m = 0; m < PANEL_MR; ++m) {
+        _mm512_storeu_ps(c + m * PANEL_NR, acc[m][0]);
+        _mm512_storeu_ps(c + m * PANEL_NR + 16, acc[m][1]);
+    }
+#elif defined(BLZ_AVX2)
     __m256 acc[PANEL_MR][2];
     for (int m = 0; m < PANEL_MR; ++m) {
         acc[m][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + m * PANEL_NR);

@@ -3,22 +3,22 @@
  * Computes out[M, N] = x[M, K] · Wᵀ (+ bias) (+ residual), or the SwiGLU form (see linear_q.c), with
  * W [N, K] row-major, fp32 or bf16 (raw uint16 bits); x and out are fp32.
  *
- * f32:  fp32 FMA, two independent accumulators per x row; 16 floats per vector, masked tail.
+ * f32:  fp32 FMA, two independent accumulators per x row; 16 floats per vector (8 on AVX2), masked tail;
+ *       tiles of up to 4 x rows per weight row, at every M for decode calls — a prefill call (BLZ_GEMM) of
+ *       more than 8 rows takes gemm_float.c's panel GEMM on every AVX2 host (on Sapphire Rapids the tiles
+ *       ran 500-row prefill GEMMs at 31 GFLOP/s, x streaming from L3 for every weight row; the panel 250-320).
  * bf16: x is rounded once per call to bf16 (round-to-nearest-even, as torch's `x.to(bfloat16)`), into a
  *       zero-padded scratch copy; vdpbf16ps multiplies pairs of bf16 exactly and accumulates in fp32, so
- *       the result equals (bf16(x) · W) computed in fp32 up to summation order.
- * f32 tiles up to 4 x rows per weight row; bf16 computes tiles of 4 weight rows × 4 x rows (16 accumulators
- * in registers: 8 loads per 16 vdpbf16ps; prefill GEMMs run at oneDNN's bf16 rate, with fp32 output), over
- * x in chunks of 128 rows whose bf16 copy stays in L2 while the weights stream past. Every result is
- * summed in one fixed order whatever the tile, so a row's output never depends on the batch it is in
- * (prefill == decode bit for bit). Both split the N output rows over OpenMP threads. Scalar fallbacks
- * compute the same sums in plain loops.
- * AVX2 (no AVX-512): f32 as above with 8-float vectors — and a prefill call (BLZ_GEMM) of more than 8 rows
- * takes gemm_float.c's panel GEMM; bf16 widens 16 bf16 at a time to even / odd fp32 lanes by shifts (see
- * bf16x16_fma) and walks one weight row against up to two x rows per pass — for up to 8 x rows (decode);
- * more (prefill) take the panel GEMM on x rounded to bf16 values, so without vdpbf16ps a bf16 row is, like
- * an f16 one, the same whatever the other rows of its path (decode rows or prefill rows), and the two paths
- * agree to fp32 rounding.
+ *       the result equals (bf16(x) · W) computed in fp32 up to summation order. Tiles of 4 weight rows ×
+ *       4 x rows (16 accumulators: 8 loads per 16 vdpbf16ps) over x in chunks of 128 rows whose bf16 copy
+ *       stays in L2, and the row walk (bf16_row) up to 8 rows, sum in one fixed order whatever the tile, so
+ *       those rows' outputs never depend on the batch they are in. On AVX2 hosts more than BF16_PANEL_M
+ *       rows take the panel GEMM on x rounded to bf16 values (fp32 FMAs on the widened weights); without
+ *       vdpbf16ps (BF16_PANEL_M = 8) fewer rows widen 16 bf16 at a time to even / odd fp32 lanes by shifts
+ *       (bf16x16_fma) and walk one weight row against up to two x rows per pass.
+ * So f16 (below), bf16 and f32 prefill each have two paths, each giving a row the same bits whatever the
+ * other rows of its call; the two agree to fp32 rounding, as a float32 model's GEMM and GEMV. Every path
+ * splits the N output rows over OpenMP threads; scalar fallbacks compute the same sums in plain loops.
  */
 #include "blazr_kernels.h"
 
@@ -78,6 +78,15 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
 #define BF16_MCHUNK 128   /* x rows per pass over the weights: their bf16 copy stays in L2 */
 #define BF16_PF 4096      /* software prefetch distance of a weight row stream into L2, in weights (8 KB) */
 #define BF16_ROWWISE_M 8  /* up to 8 x rows: weight rows one at a time (bf16_row) */
+/* More x rows than this take gemm_float.c's panel GEMM (AVX2 hosts): without vdpbf16ps from 9 rows on; with
+ * it the 4 × 4 vdpbf16ps tiles run up to 16 rows (Sapphire Rapids, Llama-3.2-1B's shapes: tiles 150-197
+ * GFLOP/s at 12-16 rows against the panel's 134-157, the panel 196-272 at 24-48 rows against 184-211 and
+ * ~310 at 500 rows against ~210 — vdpbf16ps issues at the rate of one 16-lane FMA, not two). */
+#ifdef BLZ_BF16
+#define BF16_PANEL_M 16
+#else
+#define BF16_PANEL_M BF16_ROWWISE_M
+#endif
 
 #if defined(BLZ_AVX2) && !defined(BLZ_BF16)
 /* AVX2 bf16 (no vdpbf16ps): 16 bf16 of a row are one 256-bit load; shifting each 32-bit lane left by 16
@@ -282,12 +291,8 @@ int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, in
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
-#if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
     if (gemm && M > F32_ROWWISE_M)
         return blz_panel_gemm(w, NULL, BLZ_PANEL_F32, x, M, K, N, bias, residual, out, swiglu, nt);
-#else
-    (void)gemm;
-#endif
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t n = 0; n < nout; ++n) {
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
@@ -315,8 +320,8 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t ldx = blz_round_up(K, 32), nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
-#if defined(BLZ_AVX2) && !defined(BLZ_BF16)
-    if (M > BF16_ROWWISE_M) { /* prefill without vdpbf16ps: the panel GEMM on x rounded to bf16 values */
+#if defined(BLZ_AVX2)
+    if (M > BF16_PANEL_M) { /* prefill: the panel GEMM on x rounded to bf16 values */
         return blz_panel_gemm(w, NULL, BLZ_PANEL_BF16, x, M, K, N, bias, residual, out, swiglu, nt);
     }
 #endif
