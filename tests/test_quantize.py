@@ -271,6 +271,33 @@ def test_in_situ_quantization_keeps_no_float_table(tied: bool, tmp_path: Path) -
             assert torch.equal(lm_head.qweight.data, quantize(float_table, head).data), mode
 
 
+def test_bf16_checkpoint_runs_as_stored(tmp_path: Path) -> None:
+    """`--quantize bf16` on a checkpoint stored bf16 reads no weight into a tensor of its own: gate|up
+    (HF stores gate_proj and up_proj back to back) and the single-tensor weights are views of the file's
+    map, q|k|v (stored apart) one gathered copy — with the same values, and the same logits, as the float32
+    copy of the checkpoint rounded to bf16 at load."""
+    model = build("LlamaForCausalLM", tmp_path / "f32", seed=9)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    llm = LLM(tmp_path / "bf16", cpu=True, dtype="float32", quantize="bf16")
+    layers = quantized_layers(llm)
+    hf = model.model.layers
+    for i in range(len(hf)):
+        att, mlp = hf[i].self_attn, hf[i].mlp
+        qkv = layers[f"layers.{i}.attn.qkv_proj"].qweight.data
+        gate_up = layers[f"layers.{i}.mlp.gate_up_proj"].qweight.data
+        assert torch.equal(qkv, torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
+        assert torch.equal(gate_up, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        in_map = [
+            mapped_file(w.data_ptr())
+            for w in (qkv, gate_up, layers[f"layers.{i}.mlp.down_proj"].qweight.data)
+        ]
+        assert in_map[0] is None and all(f and f.endswith("model.safetensors") for f in in_map[1:]), in_map
+    ref = LLM(tmp_path / "f32", cpu=True, dtype="float32", quantize="bf16")
+    batch = prompts([9, 30], seed=2, vocab=llm.config.vocab_size)
+    for got, want in zip(full_logits(llm.runner, batch), full_logits(ref.runner, batch), strict=True):
+        assert torch.equal(got, want)
+
+
 def test_in_situ_quantization_invariants(tiny_llama: Path) -> None:
     """Where prefill runs the quantized kernels (no dense copy: CPUs with AVX512-VNNI but no AMX), prefill
     and decode share one integer algorithm and every kernel computes a row independently of its batch, so

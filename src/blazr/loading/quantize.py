@@ -255,6 +255,27 @@ def _quantized_in_place(
     return QuantizedWeight(kind, data, num_rows, k)
 
 
+def _bf16_as_stored(loader: WeightLoader, pname: str, shape: tuple[int, ...]) -> QuantizedWeight | None:
+    """`--quantize bf16` on a parameter `pname` [N, K] whose checkpoint rows are stored bf16: those rows as
+    they lie — one run of the file (a single tensor, or parts stored back to back: HF's gate_proj, up_proj)
+    a view of the map, parts apart (q|k|v) gathered once by `gather_rows` (an OpenMP memcpy) —, never read
+    into per-part tensors and concatenated (two copies of every fused weight: 4.5 s of a 1B load). None when
+    the source has no map or a part is stored in another type."""
+    source = loader.source
+    span = getattr(source, "span", None)
+    sources = _row_sources(loader.cfg, source, loader.names, pname, shape, is_stacked=False)
+    found = None if sources is None or span is None else _row_addresses(source, sources, shape)
+    if found is None or found[0] != "BF16":
+        return None
+    rows, (num_rows, k) = found[1], shape
+    step = row_bytes("bf16", k)
+    is_copied = _runs(rows, step) > 1
+    lib = kernel_ops.kernels()
+    data = lib.gather_rows(rows, step) if is_copied else span(int(rows[0]), num_rows * step)  # type: ignore[union-attr]
+    loader.consume(pname, shape, is_copied=is_copied)
+    return QuantizedWeight("bf16", data.view(torch.bfloat16).reshape(num_rows, k), num_rows, k)
+
+
 def _runs(rows: torch.Tensor, step: int) -> int:
     """How many runs of back-to-back rows (`step` bytes apart, in order) the row addresses `rows` form."""
     return 1 + int((rows.diff() != step).sum()) if rows.numel() else 0
@@ -300,6 +321,8 @@ def quantize_from_file(
                 qw = quantize(weight, kind)
             elif found := _quantized_in_place(loader, pname, shape, kind):
                 qw = found
+            elif kind == "bf16" and (stored := _bf16_as_stored(loader, pname, shape)) is not None:
+                qw = stored
             else:
                 qw = quantize(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
         bias = None

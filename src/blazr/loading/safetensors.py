@@ -11,7 +11,9 @@ one at a time, never the whole checkpoint at once:
   holds a reference to it), so weights survive the checkpoint object; a write to a view changes this
   process's copy of that page only, never the file.
 - `row_addresses(name)` gives where each row of a tensor lies in that map, for the C quantizer to read in
-  place (`--quantize int8|int4`: no float copy); `release(name)` then drops the tensor's mapped pages.
+  place (`--quantize int8|int4`: no float copy); `release(name)` then drops the tensor's mapped pages;
+  `span(address, n)` views n bytes of a map (`--quantize bf16` on a bf16 checkpoint: gate|up stored back
+  to back used where they lie).
 
 Format: 8 bytes little-endian header length n, n bytes of JSON {name: {dtype, shape, data_offsets: [begin,
 end)}, "__metadata__": {...}}, then the data; offsets are relative to the end of the header.
@@ -167,6 +169,16 @@ class SafetensorsCheckpoint:
         num_rows, row_bytes = math.prod(e.shape[:-1]), e.shape[-1] * e.dtype.itemsize
         base = self._map(e.path).data_ptr() + e.offset
         return _NAMES[e.dtype], base + torch.arange(num_rows, dtype=torch.int64) * row_bytes
+
+    def span(self, address: int, num_bytes: int) -> torch.Tensor:
+        """Zero-copy uint8 view of `num_bytes` bytes of a file's map from `address` (one of `row_addresses`'s
+        addresses): a weight whose parts lie back to back in the file, used as one tensor."""
+        for path in self._maps:
+            buf = self._map(path)
+            at = address - buf.data_ptr()
+            if at >= 0 and at + num_bytes <= buf.numel():
+                return buf[at : at + num_bytes]
+        raise ValueError(f"span of {num_bytes} bytes at {address:#x}: outside the maps of {self.files}")
 
     def release(self, name: str) -> None:
         """Drop the whole pages of tensor `name` from this process's map of its file: for a tensor whose
