@@ -488,7 +488,9 @@ def kernel_prefill_f32() -> bool:
     is gemm_float.c's panel GEMM (AVX2 hosts without AVX-512). On the Zen 3 host (2 threads) it ran 0.98–1.4x
     MKL's sgemm at 500 rows and 1.2–2.1x at 16–64 (Llama-3.2-1B's shapes; level at 768-wide ones), and the
     four hybrid families' float32 prefill went 1.03–1.46x → 1.27–1.51x llama.cpp's (NOTES §35); its rows are
-    independent by construction, where the sgemm's rounding depends on M below 12 rows."""
+    independent by construction, where the sgemm's rounding depends on M below 12 rows. On AVX-512 hosts the
+    panel runs 512-bit (Sapphire Rapids, 1B shapes: 250–320 GFLOP/s at 500 rows) but torch's sgemm there
+    measured 1.05–1.2x it at 500 rows (NOTES §37), so those keep the sgemm."""
     lib = kernel_ops.kernels()
     return lib is not None and "avx2" in lib.features and "avx512" not in lib.features
 

@@ -6,7 +6,8 @@
  * f32:  fp32 FMA, two independent accumulators per x row; 16 floats per vector (8 on AVX2), masked tail;
  *       tiles of up to 4 x rows per weight row, at every M for decode calls — a prefill call (BLZ_GEMM) of
  *       more than 8 rows takes gemm_float.c's panel GEMM on every AVX2 host (on Sapphire Rapids the tiles
- *       ran 500-row prefill GEMMs at 31 GFLOP/s, x streaming from L3 for every weight row; the panel 250-320).
+ *       ran 500-row prefill GEMMs at 31 GFLOP/s, x streaming from L3 for every weight row; the panel 250-320;
+ *       which float32 layers send prefill here is quantize.py's kernel_prefill_f32).
  * bf16: x is rounded once per call to bf16 (round-to-nearest-even, as torch's `x.to(bfloat16)`), into a
  *       zero-padded scratch copy; vdpbf16ps multiplies pairs of bf16 exactly and accumulates in fp32, so
  *       the result equals (bf16(x) · W) computed in fp32 up to summation order. Tiles of 4 weight rows ×
