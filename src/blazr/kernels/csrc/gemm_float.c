@@ -137,45 +137,44 @@ static void widen_panel(const void *w, const int64_t *tab, const int wk, int64_t
         for (int j = 0; j < PANEL_NR; ++j) panel[k * PANEL_NR + j] = j < nr ? widen1(src[j], k, wk) : 0.0f;
 }
 
-/* c[m][0..15] (+)= Σ_k xp[k][m] · panel[k][0..15] for m < PANEL_MR (xp: one packed group): one fused
- * multiply-add per (output, k) in k order, from 0 when `first`, else from c. */
+#ifdef BLZ_AVX512 /* the micro-kernel's vector: PANEL_NR / 2 floats */
+typedef __m512 vpanel;
+#define VP_LOAD _mm512_loadu_ps
+#define VP_STORE _mm512_storeu_ps
+#define VP_ZERO _mm512_setzero_ps
+#define VP_SET1 _mm512_set1_ps
+#define VP_FMADD _mm512_fmadd_ps
+#elif defined(BLZ_AVX2)
+typedef __m256 vpanel;
+#define VP_LOAD _mm256_loadu_ps
+#define VP_STORE _mm256_storeu_ps
+#define VP_ZERO _mm256_setzero_ps
+#define VP_SET1 _mm256_set1_ps
+#define VP_FMADD _mm256_fmadd_ps
+#endif
+
+/* c[m][0..PANEL_NR-1] (+)= Σ_k xp[k][m] · panel[k][0..PANEL_NR-1] for m < PANEL_MR (xp: one packed group):
+ * one fused multiply-add per (output, k) in k order, from 0 when `first`, else from c. */
 static void micro(const float *restrict panel, int64_t kc, const float *restrict xp, float *restrict c,
                   const int first) {
-#ifdef BLZ_AVX512
-    __m512 acc[PANEL_MR][2];
+#if defined(BLZ_AVX512) || defined(BLZ_AVX2)
+    enum { H = PANEL_NR / 2 }; /* floats per vector */
+    vpanel acc[PANEL_MR][2];
     for (int m = 0; m < PANEL_MR; ++m) {
-        acc[m][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + m * PANEL_NR);
-        acc[m][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + m * PANEL_NR + 16);
+        acc[m][0] = first ? VP_ZERO() : VP_LOAD(c + m * PANEL_NR);
+        acc[m][1] = first ? VP_ZERO() : VP_LOAD(c + m * PANEL_NR + H);
     }
     for (int64_t k = 0; k < kc; ++k) {
-        const __m512 p0 = _mm512_loadu_ps(panel + k * PANEL_NR), p1 = _mm512_loadu_ps(panel + k * PANEL_NR + 16);
+        const vpanel p0 = VP_LOAD(panel + k * PANEL_NR), p1 = VP_LOAD(panel + k * PANEL_NR + H);
         for (int m = 0; m < PANEL_MR; ++m) {
-            const __m512 xv = _mm512_set1_ps(xp[k * PANEL_MR + m]);
-            acc[m][0] = _mm512_fmadd_ps(p0, xv, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(p1, xv, acc[m][1]);
+            const vpanel xv = VP_SET1(xp[k * PANEL_MR + m]);
+            acc[m][0] = VP_FMADD(p0, xv, acc[m][0]);
+            acc[m][1] = VP_FMADD(p1, xv, acc[m][1]);
         }
     }
     for (int m = 0; m < PANEL_MR; ++m) {
-        _mm512_storeu_ps(c + m * PANEL_NR, acc[m][0]);
-        _mm512_storeu_ps(c + m * PANEL_NR + 16, acc[m][1]);
-    }
-#elif defined(BLZ_AVX2)
-    __m256 acc[PANEL_MR][2];
-    for (int m = 0; m < PANEL_MR; ++m) {
-        acc[m][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + m * PANEL_NR);
-        acc[m][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + m * PANEL_NR + 8);
-    }
-    for (int64_t k = 0; k < kc; ++k) {
-        const __m256 p0 = _mm256_loadu_ps(panel + k * PANEL_NR), p1 = _mm256_loadu_ps(panel + k * PANEL_NR + 8);
-        for (int m = 0; m < PANEL_MR; ++m) {
-            const __m256 xv = _mm256_broadcast_ss(xp + k * PANEL_MR + m);
-            acc[m][0] = _mm256_fmadd_ps(p0, xv, acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(p1, xv, acc[m][1]);
-        }
-    }
-    for (int m = 0; m < PANEL_MR; ++m) {
-        _mm256_storeu_ps(c + m * PANEL_NR, acc[m][0]);
-        _mm256_storeu_ps(c + m * PANEL_NR + 8, acc[m][1]);
+        VP_STORE(c + m * PANEL_NR, acc[m][0]);
+        VP_STORE(c + m * PANEL_NR + H, acc[m][1]);
     }
 #else
     for (int m = 0; m < PANEL_MR; ++m)
