@@ -17,7 +17,7 @@ from blazr.kernels.kquant import random_kquant
 from blazr.kernels.mapped import MAPPED_KINDS, MappedWeight
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, row_bytes
 from blazr.loading.loader import weight_bytes
-from blazr.loading.quantize import _runs
+from blazr.loading.stored import runs
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 from tests.test_gguf import TINY, tiny_state_dict
@@ -144,14 +144,14 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
     layers = {n: m.qweight for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     fused = {n: w for n, w in layers.items() if n.endswith(("qkv_proj", "gate_up_proj"))}
     mapped = {n: w for n, w in fused.items() if isinstance(w, MappedWeight)}
-    if qtype == "F16":  # the loader gathers F16 (quantize.py MAPPED_FROM_FILE: mapped rows decode slower)
+    if qtype == "F16":  # the loader gathers F16 (stored.py MAPPED_FROM_FILE: mapped rows decode slower)
         assert len(fused) == 4 and not mapped, fused
         return
     # gate|up (two runs) stays in the map; q|k|v, its q / k rows un-permuted one by one, is gathered
     assert sorted(mapped) == [f"layers.{i}.mlp.gate_up_proj" for i in range(2)], fused
     assert all(w._gathered is None for w in mapped.values())  # type: ignore[attr-defined]
     assert weight_bytes(model) >= sum(w.nbytes for w in fused.values())
-    assert _runs(torch.tensor([0, 8, 16, 100, 108]), 8) == 2 and _runs(torch.tensor([8, 0]), 8) == 2
+    assert runs(torch.tensor([0, 8, 16, 100, 108]), 8) == 2 and runs(torch.tensor([8, 0]), 8) == 2
     prompts = [[1, 5, 9, 42, 7, 3], [2, 8, 13, 21, 34, 55, 6, 10, 11, 12, 4]]  # 17 rows: every path
     logits = full_logits(llm.runner, prompts)
     for name, w in fused.items():  # the same bytes gathered into one tensor: the reference

@@ -85,7 +85,7 @@ def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
         assert mapped_file(layers[name].qweight.data.data_ptr()) == where, name
     with monkeypatch.context() as m:  # the repacking load: Q8_0 kept as its value kind, packed
         m.setattr("blazr.kernels.quant.AS_STORED", {})
-        m.setattr("blazr.loading.quantize.AS_STORED", {})
+        m.setattr("blazr.loading.stored.AS_STORED", {})
         packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
     assert {m.kind for m in quantized_layers(packed).values()} == {"q8_0"}
     batch = prompts([5, 12], seed=3, vocab=stored.config.vocab_size)

@@ -6,7 +6,7 @@ fresh memory; on the 1B Q8_0 GGUF that was 0.2 s of a 0.6 s load, nearly all of 
 (benchmarks/NOTES.md §34). A MappedWeight keeps the rows in place and gives the kernels a row table instead
 — int64 [N], the address of each row's bytes, in any order — which q8_0g, the K-quant kinds and f16 read
 through the BLZ_ROWS flag (csrc/blazr_kernels.h). The loader uses it where a weight is a few runs of rows
-(loading/quantize.py MAX_MAPPED_RUNS): rows in another order, such as q / k rows un-permuted for rope,
+(loading/stored.py MAX_MAPPED_RUNS): rows in another order, such as q / k rows un-permuted for rope,
 read slower through the table than gathered.
 
 Everything else sees an ordinary QuantizedWeight: `data` is the rows gathered into one [N, row_bytes]

@@ -21,61 +21,40 @@ becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not
 is read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU
 with float32 activations; `dense_dtype` (loader.py `prefill_dtype`, on request only) adds a dense tensor for
 prefill GEMMs (see model/qlinear.py).
-`wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy.
+`wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy. How a weight is
+made from where its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import torch
 from torch import nn
 
-from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
-    AS_STORED,
-    BLOCK_BYTES,
     FLOAT_KINDS,
     GGML_KINDS,
-    K_KINDS,
-    Q8_0G,
     QK,
     QuantizedWeight,
     dequantize,
     quantize,
-    row_bytes,
 )
 from blazr.kernels.row_table import ROW_KINDS, RowTable
-from blazr.loading.names import NameMap, RowOrder, cat_rows, unfuse
-from blazr.loading.weights import TensorSource, WeightLoader, set_parameter
+from blazr.loading.stored import bf16_as_stored, gguf_blocks, is_copy, quantized_in_place, row_sources
+from blazr.loading.weights import WeightLoader, set_parameter
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
-# Kinds whose fused parts lying apart the loader leaves in the map as a MappedWeight (read by row table).
-# Not f16, though its kernel reads row tables too: the 1B F16 GGUF's decode step measured 4-5% slower on
-# its mapped rows than on a gathered copy (three in-process A/Bs), where q8_0g and the K-quants measured the
-# same (0.97-1.02), and a gathered F16 copy loads in 0.1 s (benchmarks/NOTES.md §34).
-MAPPED_FROM_FILE = (Q8_0G, *K_KINDS)
-# ... and only when the rows are a few runs in order (fused parts lying apart: gate|up is 2); rows out of
-# order within a part (q / k un-permuted for rope: a run per row) are gathered — read through the table
-# they made the 8B Q4_K_M's decode step 3-8 % slower (three in-process A/Bs), where mapping gate|up alone
-# measured the same as gathering everything (0.98-1.01).
-MAX_MAPPED_RUNS = 4
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
 # place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
-# GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K) and the 16-bit floats.
-_KEPT_TYPES = {t for t, kind in GGML_KINDS.items() if kind != "f32"}
-_KQUANT_TYPES = {t for t, kind in GGML_KINDS.items() if kind in K_KINDS}
-# Stored float types whose rows the C quantizer reads in place (quantize_rows).
-_FLOAT_TYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 _TARGETS = (
     "attn.qkv_proj",
     "attn.o_proj",
@@ -127,167 +106,6 @@ def _set_module(model: CausalLM, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
 
 
-def _row_sources(
-    cfg: ModelConfig,
-    source: TensorSource,
-    names: NameMap,
-    pname: str,
-    shape: tuple[int, ...],
-    is_stacked: bool,
-) -> list[tuple[str, RowOrder | None]] | None:
-    """The checkpoint tensors whose rows, concatenated, are parameter `pname` [*, K] — itself, its fused
-    parts (q|k|v, gate|up), or with `is_stacked` the experts of a 3-D stack [E, N, K] read as [E·N, K] —
-    each with the row order to apply to its rows (DeepSeek's rope rows), when no part needs another
-    transform; else None."""
-    whole = names.source(pname)
-    if whole is not None and whole[0] in source.names:
-        found = [whole]
-    else:
-        parts, combine = unfuse(cfg, pname, shape)
-        if combine is not cat_rows and not is_stacked:  # an expert stack: its parts' rows in order
-            return None
-        found = [names.source(p.name) for p in parts]
-    if any(s is None or not isinstance(s[1], RowOrder | None) or s[0] not in source.names for s in found):
-        return None
-    return found  # type: ignore[return-value]
-
-
-def _reordered(rows: torch.Tensor, order: RowOrder | None) -> torch.Tensor:
-    """A tensor indexed by rows (stored bytes [R, X], or addresses [R]) in `order`."""
-    if order is None:
-        return rows
-    return order(rows.unsqueeze(1)).reshape(rows.shape) if rows.dim() == 1 else order(rows)
-
-
-def _row_addresses(
-    source: TensorSource, sources: list[tuple[str, RowOrder | None]], shape: tuple[int, ...]
-) -> tuple[str, torch.Tensor] | None:
-    """(stored type name, int64 [rows]) — where each row of the weight [*, K] made of `sources`' rows lies
-    in the checkpoint's map (`row_addresses`), each source's rows in its row order — when they are all one
-    type and add up to the weight's shape; else None (also without the kernel library, the only reader of
-    addresses)."""
-    row_addresses = getattr(source, "row_addresses", None)
-    if row_addresses is None or kernel_ops.kernels() is None:
-        return None
-    found = [row_addresses(name) for name, _ in sources]
-    if any(f is None for f in found) or len({f[0] for f in found}) != 1:  # type: ignore[index]
-        return None
-    if any(source.shape(name)[-1] != shape[-1] for name, _ in sources):
-        return None
-    orders = [order for _, order in sources]
-    rows = torch.cat([_reordered(f[1], o) for f, o in zip(found, orders, strict=True)])  # type: ignore[index]
-    return (found[0][0], rows) if rows.numel() == math.prod(shape[:-1]) else None  # type: ignore[index]
-
-
-def _gguf_blocks(
-    cfg: ModelConfig,
-    source: TensorSource,
-    names: NameMap,
-    pname: str,
-    shape: tuple[int, ...],
-    is_stacked: bool = False,
-) -> QuantizedWeight | None:
-    """The stored bytes of parameter `pname` [*, K] (its parts' rows concatenated: fused q|k|v or gate|up,
-    or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is of one type
-    kept as stored and needs no transform; else None. Q4_0 / Q4_1 rows are packed by the C kernel straight
-    from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k rows are never
-    gathered first); Q8_0 (as q8_0g), K-quant and F16 / BF16 rows are used as stored: rows in one run (parts
-    stored back to back too) are a view of the map, Q8_0 / K-quant parts lying apart a MappedWeight — the
-    kernels read them where they lie through a row table —, other moved rows (un-permuted q / k, F16, expert
-    stacks) gathered by `gather_rows` (an OpenMP memcpy);
-    Q4_K_M's fused parts of mixed K-quant kinds go through `load_raw` into one kmix weight."""
-    load_raw = getattr(source, "load_raw", None)
-    sources = _row_sources(cfg, source, names, pname, shape, is_stacked)
-    if load_raw is None or sources is None:
-        return None
-    num_rows, k = math.prod(shape[:-1]), shape[-1]
-    found = _row_addresses(source, sources, shape)
-    kind = None if found is None else GGML_KINDS.get(found[0])
-    kind = AS_STORED.get(kind, kind)  # type: ignore[arg-type]
-    if found is not None and kind in BLOCK_BYTES:
-        data = kernel_ops.kernels().pack_rows(kind, found[1], num_rows, k)  # type: ignore[union-attr]
-        return QuantizedWeight(kind, data, num_rows, k)
-    if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
-        step, rows = row_bytes(kind, k), found[1]
-        runs = _runs(rows, step)
-        if kind in MAPPED_FROM_FILE and not is_stacked and 1 < runs <= MAX_MAPPED_RUNS:
-            lo, hi = int(rows.min()), int(rows.max()) + step
-            return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
-        if runs > 1:  # out of order: gathered
-            data = kernel_ops.kernels().gather_rows(rows, step)  # type: ignore[union-attr]
-        else:  # one run of the file (also parts stored back to back, e.g. ffn_gate then ffn_up)
-            data = source.span(int(rows[0]), num_rows * step)  # type: ignore[attr-defined]
-        return QuantizedWeight.from_ggml(found[0], data, num_rows, k)
-    raws = []
-    for name, order in sources:
-        ggml_type, raw = load_raw(name)
-        raws.append((ggml_type, _reordered(raw, order)))
-    types = {t for t, _ in raws}
-    if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
-        parts = [
-            QuantizedWeight.from_ggml(t, r, r.numel() // row_bytes(GGML_KINDS[t], k), k) for t, r in raws
-        ]
-        return QuantizedWeight.from_parts(parts)
-    if len(types) != 1 or (ggml_type := types.pop()) not in _KEPT_TYPES:
-        return None
-    data = raws[0][1] if len(raws) == 1 else torch.cat([r.reshape(-1) for _, r in raws])
-    return QuantizedWeight.from_ggml(ggml_type, data, num_rows, k)
-
-
-def _quantized_in_place(
-    loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str, is_stacked: bool = False
-) -> QuantizedWeight | None:
-    """Parameter `pname` [*, K] quantized to block kind `kind` by the C kernel straight from where its
-    rows lie in the checkpoint's map (`quantize_rows`: f32 / bf16 / f16 rows, never read into a float
-    tensor, fused parts never gathered), its tensors then consumed (their mapped pages dropped); None when
-    the source, the stored types or the kernel library do not allow it."""
-    if kind not in BLOCK_BYTES and kind != Q8_0G:
-        return None
-    sources = _row_sources(loader.cfg, loader.source, loader.names, pname, shape, is_stacked)
-    found = None if sources is None else _row_addresses(loader.source, sources, shape)
-    dtype = None if found is None else _FLOAT_TYPES.get(found[0])
-    if dtype is None:
-        return None
-    num_rows, k = math.prod(shape[:-1]), shape[-1]
-    lib = kernel_ops.kernels()
-    data = lib.quantize_rows(kind, found[1], dtype, num_rows, k)  # type: ignore[union-attr, index]
-    loader.consume(pname, shape, is_copied=True)
-    return QuantizedWeight(kind, data, num_rows, k)
-
-
-def _bf16_as_stored(loader: WeightLoader, pname: str, shape: tuple[int, ...]) -> QuantizedWeight | None:
-    """`--quantize bf16` on a parameter `pname` [N, K] whose checkpoint rows are stored bf16: those rows as
-    they lie — one run of the file (a single tensor, or parts stored back to back: HF's gate_proj, up_proj)
-    a view of the map, parts apart (q|k|v) gathered once by `gather_rows` (an OpenMP memcpy) —, never read
-    into per-part tensors and concatenated (two copies of every fused weight: 4.5 s of a 1B load). None when
-    the source has no map or a part is stored in another type."""
-    source = loader.source
-    span = getattr(source, "span", None)
-    sources = _row_sources(loader.cfg, source, loader.names, pname, shape, is_stacked=False)
-    found = None if sources is None or span is None else _row_addresses(source, sources, shape)
-    if found is None or found[0] != "BF16":
-        return None
-    rows, (num_rows, k) = found[1], shape
-    step = row_bytes("bf16", k)
-    is_copied = _runs(rows, step) > 1
-    lib = kernel_ops.kernels()
-    data = lib.gather_rows(rows, step) if is_copied else span(int(rows[0]), num_rows * step)  # type: ignore[union-attr]
-    loader.consume(pname, shape, is_copied=is_copied)
-    return QuantizedWeight("bf16", data.view(torch.bfloat16).reshape(num_rows, k), num_rows, k)
-
-
-def _runs(rows: torch.Tensor, step: int) -> int:
-    """How many runs of back-to-back rows (`step` bytes apart, in order) the row addresses `rows` form."""
-    return 1 + int((rows.diff() != step).sum()) if rows.numel() else 0
-
-
-def _is_copy(source: TensorSource, data: torch.Tensor) -> bool:
-    """Whether `data` was copied out of the checkpoint (repacked, fused, rows rearranged) rather than viewing
-    its map in place: then nothing reads the mapped pages again and they can be dropped."""
-    holds = getattr(source, "holds", None)
-    return holds is None or not holds(data)
-
-
 def quantize_from_file(
     model: CausalLM, loader: WeightLoader, mode: str, dense_dtype: torch.dtype | None
 ) -> Counter[str]:
@@ -304,11 +122,11 @@ def quantize_from_file(
         else:
             pname, shape = f"{name}.weight", (linear.out_features, linear.in_features)
         if mode == "auto":
-            qw = _gguf_blocks(cfg, source, loader.names, pname, shape)
+            qw = gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
-            loader.consume(pname, shape, is_copied=_is_copy(source, held))
+            loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:
             kind = _ISQ_KIND[mode]
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
@@ -319,9 +137,9 @@ def quantize_from_file(
                 set_parameter(model, pname, weight)
                 loader.tick()
                 qw = quantize(weight, kind)
-            elif found := _quantized_in_place(loader, pname, shape, kind):
+            elif found := quantized_in_place(loader, pname, shape, kind):
                 qw = found
-            elif kind == "bf16" and (stored := _bf16_as_stored(loader, pname, shape)) is not None:
+            elif kind == "bf16" and (stored := bf16_as_stored(loader, pname, shape)) is not None:
                 qw = stored
             else:
                 qw = quantize(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
@@ -374,7 +192,7 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         params.append((f"{name}.down_proj", tuple(experts.down_proj.shape)))
         if mode == "auto":
             stacked = [
-                _gguf_blocks(cfg, source, loader.names, p, shape, is_stacked=True) for p, shape in params
+                gguf_blocks(cfg, source, loader.names, p, shape, is_stacked=True) for p, shape in params
             ]
             if None in stacked:
                 continue
@@ -383,7 +201,7 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         else:
             kind = _ISQ_KIND[mode]
             stacked = [
-                _quantized_in_place(loader, p, shape, kind, is_stacked=True)
+                quantized_in_place(loader, p, shape, kind, is_stacked=True)
                 or quantize(
                     loader.parameter(p, shape, _read_dtype(loader, p, shape, kind)).flatten(0, 1), kind
                 )
@@ -394,7 +212,7 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         except ValueError:  # an expert's rows straddle a row group: keep them float
             continue
         for (p, shape), w in zip(params, stacked, strict=True):
-            loader.consume(p, shape, is_copied=_is_copy(source, w.data))  # type: ignore[union-attr]
+            loader.consume(p, shape, is_copied=is_copy(source, w.data))  # type: ignore[union-attr]
             loader.tick()
         made[f"{stacked[0].kind} experts"] += 1  # type: ignore[union-attr]
     return made
@@ -408,7 +226,7 @@ def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
     cfg, source = model.cfg, loader.source
     pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
     load_raw = getattr(source, "load_raw", None)
-    sources = _row_sources(cfg, source, loader.names, pname, shape, is_stacked=False)
+    sources = row_sources(cfg, source, loader.names, pname, shape, is_stacked=False)
     if load_raw is None or sources is None or len(sources) != 1 or model.tp is not None:
         return None
     if sources[0][1] is not None:  # a table is never reordered; nothing else is expected here
@@ -418,7 +236,7 @@ def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
     if kind not in ROW_KINDS or raw.shape[0] != shape[0]:
         return None
     model.embed_tokens = QuantizedEmbedding(RowTable(kind, raw.contiguous(), *shape))
-    loader.consume(pname, shape, is_copied=_is_copy(source, raw))
+    loader.consume(pname, shape, is_copied=is_copy(source, raw))
     loader.tick()
     return kind
 
@@ -440,7 +258,7 @@ def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | N
     pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
     if kind != "bf16" and shape[1] % QK:  # Q8_0 quantizes blocks of 32
         return None
-    if kind != "bf16" and (qw := _quantized_in_place(loader, pname, shape, kind)):
+    if kind != "bf16" and (qw := quantized_in_place(loader, pname, shape, kind)):
         data = qw.ggml_blocks()
     else:  # bf16: read as bf16 (a view of the map when stored so); else the C quantizer could not read it
         data = _table_bytes(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
