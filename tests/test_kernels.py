@@ -275,6 +275,24 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
 
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
+def test_one_row_linears_give_the_row_walks_bits(lib: ops.Kernels, kind: str) -> None:
+    """A one-row (M = 1) float linear reads its weights as several streams at once on AVX-512 hosts (each
+    thread's block of output rows cut into parts, row i of every part computed together); every output still
+    has the bits of the row walk that a two-row call takes — at row counts that leave parts short or empty,
+    K with a tail, one thread and two, with each epilogue."""
+    g = torch.Generator().manual_seed(11)
+    for N, K in ((1, 96), (3, 100), (5, 608), (14, 1000), (301, 600), (1000, 1000)):
+        qw = quantize(torch.randn(N, K, generator=g), kind)
+        x = torch.randn(2, K, generator=g)
+        bias, residual = torch.randn(N, generator=g), torch.randn(2, N, generator=g)
+        assert torch.equal(lib.linear(x[:1], qw), lib.linear(x, qw)[:1]), (N, K)
+        want = lib.linear(x, qw, bias, residual.clone())[:1]
+        assert torch.equal(lib.linear(x[:1], qw, bias, residual[:1].clone()), want), (N, K)
+        if N % 2 == 0:
+            assert torch.equal(lib.linear(x[:1], qw, swiglu=True), lib.linear(x, qw, swiglu=True)[:1]), (N, K)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
 def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str) -> None:
     """At a long K the float prefill GEMM (gemm_float.c) runs the x rows in passes (as many as ~4 MB of
     packed x holds: 128 rows at K = 8192); a row's bits do not depend on the pass it falls in nor on its

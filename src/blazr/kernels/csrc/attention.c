@@ -23,9 +23,6 @@
  * multiples of 8; chunk_head_avx2). Other shapes and builds run the scalar online-softmax loop (libm expf).
  */
 #include "blazr_kernels.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define BLZ_KEY_BLOCK 16  /* keys per score block (one transpose-add tree) */
 #ifndef BLZ_CHUNK

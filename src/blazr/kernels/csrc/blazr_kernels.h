@@ -18,6 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -94,6 +97,11 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
  * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (bf16: x rounded to bf16 values);
  * nt threads. Each output one sequential fp32 sum over k, whatever M. */
 enum { BLZ_PANEL_F16 = 0, BLZ_PANEL_BF16 = 1, BLZ_PANEL_F32 = 2 };
+/* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's one x row → res[0..nr-1], each row by the
+ * operations it takes alone. */
+typedef void (*blz_rows1_fn)(int nr, const void *const *rows, int64_t K, const void *x, float *res);
+void blz_gemv_streams(blz_rows1_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t K,
+                      const void *x, int64_t N, const float *bias, const float *residual, float *out, int swiglu);
 int blz_panel_gemm(const void *w, const int64_t *tab, int wk, const float *x, int64_t M, int64_t K, int64_t N,
                    const float *bias, const float *residual, float *out, int swiglu, int nt);
 int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V, int64_t D,
@@ -234,6 +242,30 @@ BLZ_INLINE int blz_threads(int nthreads, int64_t work, int64_t min_work) {
 BLZ_INLINE int64_t blz_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 BLZ_INLINE int64_t blz_min(int64_t a, int64_t b) { return a < b ? a : b; }
 BLZ_INLINE int64_t blz_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* This OpenMP thread's share [*lo, *hi) of n items: the contiguous block `omp for schedule(static)` gives it. */
+BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
+#ifdef _OPENMP
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), per = (n + nt - 1) / nt;
+#else
+    const int64_t t = 0, per = n;
+#endif
+    *lo = blz_min(n, t * per);
+    *hi = blz_min(n, *lo + per);
+}
+
+/* Weight streams of a one-row (decode) linear. A GEMV reads every weight once, so its speed is the memory
+ * bandwidth one core draws, which grows with the sequential streams it reads at once: on Sapphire Rapids (2
+ * threads, weights beyond L3) 25-27 GB/s walking rows one after the other, 31-33 GB/s reading 4 far-apart
+ * streams in 256-byte steps (NOTES §38). So an M = 1 float linear cuts each thread's block of output rows into
+ * BLZ_STREAMS parts and computes row i of every part together — each row by the very operations it takes
+ * alone, so no result changes. Hosts without AVX-512 keep one stream (unmeasured there; Zen 4 read 4
+ * *adjacent* rows interleaved at 14 GB/s against 25 row by row). */
+#ifdef BLZ_AVX512
+#define BLZ_STREAMS 4
+#else
+#define BLZ_STREAMS 1
+#endif
 
 /* IEEE half → float, portable (no F16C needed). */
 BLZ_INLINE float blz_fp16_to_fp32(uint16_t h) {

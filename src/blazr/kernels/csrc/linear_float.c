@@ -73,6 +73,40 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
 #endif
 }
 
+#if defined(BLZ_AVX512) && BLZ_STREAMS > 1
+/* One x row (M = 1) against weight rows w[0..nr-1] (nr ≤ 4, a constant after inlining; one per stream):
+ * res[r] by f32_tile's operations for row r. */
+BLZ_INLINE void f32_rows1(const int nr, const float *const *w, int64_t K, const float *restrict x,
+                          float *restrict res) {
+    __m512 acc[4][2];
+    for (int r = 0; r < nr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+        for (int r = 0; r < nr; ++r) {
+            acc[r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + k), x0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + k + 16), x1, acc[r][1]);
+        }
+    }
+    for (; k < K; k += 16) {
+        const __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        const __m512 x0 = _mm512_maskz_loadu_ps(mk, x + k);
+        for (int r = 0; r < nr; ++r) acc[r][0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, w[r] + k), x0, acc[r][0]);
+    }
+    for (int r = 0; r < nr; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+static void f32_streams(const int nr, const void *const *rows, int64_t K, const void *x, float *res) {
+    const float *const *w = (const float *const *)rows;
+    switch (nr) {
+        case 1: f32_rows1(1, w, K, x, res); break;
+        case 2: f32_rows1(2, w, K, x, res); break;
+        case 3: f32_rows1(3, w, K, x, res); break;
+        default: f32_rows1(4, w, K, x, res);
+    }
+}
+#endif
+
 /* bf16 tiles: BF16_NR weight rows × BF16_MR x rows, one fp32 accumulator per (row, x row) pair. */
 #define BF16_NR 4         /* = the lanes of bf16_hsum4 */
 #define BF16_MR 4         /* 16 accumulators; 5 or 6 measured no faster, 8 × 3 slower (Zen 4) */
@@ -253,6 +287,40 @@ BLZ_INLINE void bf16_row(const int mt, const uint16_t *restrict w, int64_t K, co
 #endif
 }
 
+#if defined(BLZ_BF16) && BLZ_STREAMS > 1
+/* One x row (M = 1) against weight rows w[0..nr-1] (nr ≤ 4, a constant after inlining; one per stream):
+ * res[r] by bf16_row's operations for row r (bf16_hsum4's lane r depends on vector r alone). */
+BLZ_INLINE void bf16_rows1(const int nr, const uint16_t *const *w, int64_t K, const uint16_t *restrict xb,
+                           float *restrict res) {
+    __m512 acc[4];
+    for (int r = 0; r < 4; ++r) acc[r] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + k);
+        for (int r = 0; r < nr; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(w[r] + k));
+    }
+    if (k < K) {
+        const __mmask32 mk = (__mmask32)((1u << (K - k)) - 1u);
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + k);
+        for (int r = 0; r < nr; ++r)
+            acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_maskz_loadu_epi16(mk, w[r] + k));
+    }
+    float s[4];
+    _mm_storeu_ps(s, bf16_hsum4(acc[0], acc[1], acc[2], acc[3]));
+    for (int r = 0; r < nr; ++r) res[r] = s[r];
+}
+
+static void bf16_streams(const int nr, const void *const *rows, int64_t K, const void *x, float *res) {
+    const uint16_t *const *w = (const uint16_t *const *)rows;
+    switch (nr) {
+        case 1: bf16_rows1(1, w, K, x, res); break;
+        case 2: bf16_rows1(2, w, K, x, res); break;
+        case 3: bf16_rows1(3, w, K, x, res); break;
+        default: bf16_rows1(4, w, K, x, res);
+    }
+}
+#endif
+
 /* Round rows x[M, K] to bf16 into xb[M, ldx], zero-padding columns K .. ldx-1. */
 static void x_to_bf16(const float *restrict x, int64_t K, uint16_t *restrict xb, int64_t ldx) {
     int64_t k = 0;
@@ -294,6 +362,13 @@ int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, in
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
     if (gemm && M > F32_ROWWISE_M)
         return blz_panel_gemm(w, NULL, BLZ_PANEL_F32, x, M, K, N, bias, residual, out, swiglu, nt);
+#if defined(BLZ_AVX512) && BLZ_STREAMS > 1
+    if (M == 1) {
+#pragma omp parallel num_threads(nt)
+        blz_gemv_streams(f32_streams, (const uint8_t *)w, NULL, 4 * K, K, x, N, bias, residual, out, swiglu);
+        return BLZ_OK;
+    }
+#endif
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t n = 0; n < nout; ++n) {
         for (int64_t m0 = 0; m0 < M; m0 += 4) {
@@ -333,6 +408,11 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; ++m) x_to_bf16(x + m * K, K, xb + m * ldx, ldx);
+#if defined(BLZ_BF16) && BLZ_STREAMS > 1
+        if (M == 1)
+            blz_gemv_streams(bf16_streams, (const uint8_t *)w, NULL, 2 * K, K, xb, N, bias, residual, out, swiglu);
+        else
+#endif
         for (int64_t mc = 0; mc < M; mc += BF16_MCHUNK) {
             const int64_t mend = blz_min(M, mc + BF16_MCHUNK);
             if (M <= BF16_ROWWISE_M) {
@@ -381,32 +461,39 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
 #define F16_ROWWISE_M 8 /* up to 8 x rows: the decode path */
 
 #ifdef BLZ_AVX2
-/* res[m] = w · x rows xr[m] for m < nx (1 or 2, a constant after inlining). */
-BLZ_INLINE void f16_rows_avx2(const int nx, const uint16_t *restrict w, int64_t K, const float *const *xr,
-                              float *res, const int pf) {
-    __m256 a[2][4];
-    for (int m = 0; m < 2; ++m)
-        for (int i = 0; i < 4; ++i) a[m][i] = _mm256_setzero_ps();
+/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx ((nr, nx) = (1..4, 1) or (1, 2), constants
+ * after inlining): every pair by the same operations, whatever nr and nx. */
+BLZ_INLINE void f16_rows_avx2(const int nr, const int nx, const uint16_t *const *w, int64_t K,
+                              const float *const *xr, float *res, const int pf) {
+    __m256 a[4][2][4];
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < nx; ++m)
+            for (int i = 0; i < 4; ++i) a[r][m][i] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= K; k += 32) {
-        if (pf) _mm_prefetch((const char *)(w + k + F16_PF), _MM_HINT_T1);
-        for (int i = 0; i < 4; ++i) {
-            const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k + 8 * i)));
-            for (int m = 0; m < nx; ++m) a[m][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[m] + k + 8 * i), a[m][i]);
-        }
+        if (pf) _mm_prefetch((const char *)(w[0] + k + F16_PF), _MM_HINT_T1);
+        for (int i = 0; i < 4; ++i)
+            for (int r = 0; r < nr; ++r) {
+                const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w[r] + k + 8 * i)));
+                for (int m = 0; m < nx; ++m)
+                    a[r][m][i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[m] + k + 8 * i), a[r][m][i]);
+            }
     }
-    if (k < K) {
-        uint16_t t[32] = {0};
-        memcpy(t, w + k, (size_t)(K - k) * sizeof(uint16_t));
-        for (int i = 0; 8 * i < K - k; ++i) {
-            const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 8 * i)));
-            const __m256i mk = blz_mask256(K - k - 8 * i);
-            for (int m = 0; m < nx; ++m)
-                a[m][i] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(xr[m] + k + 8 * i, mk), a[m][i]);
+    if (k < K)
+        for (int r = 0; r < nr; ++r) {
+            uint16_t t[32] = {0};
+            memcpy(t, w[r] + k, (size_t)(K - k) * sizeof(uint16_t));
+            for (int i = 0; 8 * i < K - k; ++i) {
+                const __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 8 * i)));
+                const __m256i mk = blz_mask256(K - k - 8 * i);
+                for (int m = 0; m < nx; ++m)
+                    a[r][m][i] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(xr[m] + k + 8 * i, mk), a[r][m][i]);
+            }
         }
-    }
-    for (int m = 0; m < nx; ++m)
-        res[m] = blz_hsum256(_mm256_add_ps(_mm256_add_ps(a[m][0], a[m][1]), _mm256_add_ps(a[m][2], a[m][3])));
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < nx; ++m)
+            res[r * nx + m] = blz_hsum256(_mm256_add_ps(_mm256_add_ps(a[r][m][0], a[r][m][1]),
+                                                        _mm256_add_ps(a[r][m][2], a[r][m][3])));
 }
 #endif
 
@@ -416,8 +503,9 @@ BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, co
                          const int pf) {
 #ifdef BLZ_AVX2
     const float *xr[2] = {x, x + K};
-    if (mt == 2) f16_rows_avx2(2, w, K, xr, res, pf);
-    else f16_rows_avx2(1, w, K, xr, res, pf);
+    const uint16_t *wr[1] = {w};
+    if (mt == 2) f16_rows_avx2(1, 2, wr, K, xr, res, pf);
+    else f16_rows_avx2(1, 1, wr, K, xr, res, pf);
 #else
     (void)pf;
     for (int m = 0; m < mt; ++m) {
@@ -429,6 +517,19 @@ BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, co
 #endif
 }
 
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+static void f16_streams(const int nr, const void *const *rows, int64_t K, const void *x, float *res) {
+    const uint16_t *const *w = (const uint16_t *const *)rows;
+    const float *xr[1] = {(const float *)x};
+    switch (nr) {
+        case 1: f16_rows_avx2(1, 1, w, K, xr, res, 0); break;
+        case 2: f16_rows_avx2(2, 1, w, K, xr, res, 0); break;
+        case 3: f16_rows_avx2(3, 1, w, K, xr, res, 0); break;
+        default: f16_rows_avx2(4, 1, w, K, xr, res, 0);
+    }
+}
+#endif
+
 /* f16 weights (uint16 bits): x [M, K] fp32, w [N, K] — or, with a row table `tab` (int64 [N], BLZ_ROWS),
  * row n at tab[n] —, otherwise as blz_linear_f32. */
 int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
@@ -437,6 +538,13 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+    if (M == 1) {
+#pragma omp parallel num_threads(nt)
+        blz_gemv_streams(f16_streams, (const uint8_t *)w, tab, 2 * K, K, x, N, bias, residual, out, swiglu);
+        return BLZ_OK;
+    }
+#endif
     if (M <= F16_ROWWISE_M) {
 #pragma omp parallel for schedule(static) num_threads(nt)
         for (int64_t n = 0; n < nout; ++n)

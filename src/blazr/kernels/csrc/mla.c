@@ -36,9 +36,6 @@
 #include <stdlib.h>
 
 #include "blazr_kernels.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define MLA_CHUNK 64     /* latent rows per work item, at least */
 #define MLA_MAX_CHUNKS 16 /* work items per sequence, at most (longer chunks beyond 1024 rows) */
