@@ -83,7 +83,8 @@ def quantize_act_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     M, K = x.shape
     xb = x.float().reshape(M, K // QK, QK)
     amax = xb.abs().amax(-1)
-    inv = torch.where(amax == 0, torch.zeros_like(amax), 127 / amax)
+    # a tensor divisor: `127 / amax` runs as reciprocal(amax) · 127, one ulp off ggml's 127.f / amax at times
+    inv = torch.where(amax == 0, torch.zeros_like(amax), torch.full_like(amax, 127.0) / amax)
     q = torch.round(xb * inv.unsqueeze(-1)).clamp(-128, 127)
     d = amax / 127
     s = (d * q.sum(-1)).half().float()
