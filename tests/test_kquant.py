@@ -244,10 +244,11 @@ def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
         want = torch.cat([lib.linear(x, p) for p in parts], -1) + bias
         assert torch.equal(lib.linear(x, mixed, bias), want), M
     gate_up = QuantizedWeight.from_parts([_weight("q4_k", 19, 512, 5), _weight("q6_k", 19, 512, 6)])
-    x = _acts(3, 512, g)
-    y = lib.linear(x, gate_up, swiglu=True)
-    gate, up = (lib.linear(x, p) for p in gate_up.parts())
-    assert torch.equal(y, torch.nn.functional.silu(gate) * up)
+    for M in (1, 3):  # one row: gate and up tiles of different kinds read as streams side by side
+        x = _acts(M, 512, g)
+        y = lib.linear(x, gate_up, swiglu=True)
+        gate, up = (lib.linear(x, p) for p in gate_up.parts())
+        assert torch.equal(y, torch.nn.functional.silu(gate) * up), M
     ref = ops.linear_reference(x, gate_up, swiglu=True)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
     assert QuantizedWeight.from_parts(parts[:2]).kind == "q4_k"  # one kind: a plain weight

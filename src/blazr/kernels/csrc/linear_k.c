@@ -415,38 +415,69 @@ BLZ_INLINE __m256i row1_sums(const int kind, const uint8_t *restrict blk, const 
     return _mm256_add_epi32(s0, s1);
 }
 
-/* One activation row (decode: mt = 1): tile_avx2's result by the same operations, the 8 rows' sums made one
- * row at a time from registers (the general tile keeps every row's unpacked quants and scales live, which at
- * one activation row costs spills instead of saving work). */
+/* Super-block b of one activation row (m0) against a tile's 8 rows: acc + their dots' step, tile_avx2's
+ * operations (the 8 rows' sums made one row at a time from registers: the general tile keeps every row's
+ * unpacked quants and scales live, which at one activation row costs spills instead of saving work). */
+BLZ_INLINE __m256 block1_avx2(const int kind, const uint8_t *const *rows, const actk_t *restrict a,
+                              const int64_t m0, const int64_t b, __m256 acc) {
+    const int64_t bb = kblock_bytes(kind), row = m0 * a->nb + b;
+    const int8_t *xq = a->q + m0 * a->K + b * QK_K;
+    __m256i v[KR];
+    __m128i mn[KR];
+    uint16_t dh[KR], mh[KR];
+    for (int r = 0; r < KR; ++r) v[r] = row1_sums(kind, rows[r] + b * bb, xq, a->bs + 16 * row, &dh[r], &mh[r], &mn[r]);
+    const __m256 dx = _mm256_set1_ps(a->d[row]);
+    const __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blz_hsum8x8_epi32(v)), _mm256_mul_ps(dwv, dx), acc);
+    if (has_mins(kind)) {
+        const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
+        __m256i mp[4];
+        transpose_mins(mn, mp);
+        const int16_t *xs = a->xs + 8 * row;
+        __m256i summ = _mm256_madd_epi16(mp[0], bcast_pair(xs));
+        for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[p], bcast_pair(xs + 2 * p)));
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmv, dx), acc);
+    }
+    return acc;
+}
+
+/* One activation row (decode: mt = 1): tile_avx2's result by the same operations, block1_avx2 per
+ * super-block. */
 BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[2 * KR], const int listed,
                            const actk_t *restrict a, const int64_t m0, float acc_out[KT][KR]) {
-    const int64_t bb = kblock_bytes(kind), nb = a->nb;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const int64_t row = m0 * nb + b;
-        const int8_t *xq = a->q + m0 * a->K + b * QK_K;
-        __m256i v[KR];
-        __m128i mn[KR];
-        uint16_t dh[KR], mh[KR];
+    for (int64_t b = 0; b < a->nb; ++b) {
 #if BLZ_K_PF
-        if (m0 == 0) blz_prefetch_next_tile(rows, KR, listed, bb, b);
+        if (m0 == 0) blz_prefetch_next_tile(rows, KR, listed, kblock_bytes(kind), b);
 #endif
-        for (int r = 0; r < KR; ++r) v[r] = row1_sums(kind, rows[r] + b * bb, xq, a->bs + 16 * row, &dh[r], &mh[r], &mn[r]);
-        const __m256 dx = _mm256_set1_ps(a->d[row]);
-        const __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blz_hsum8x8_epi32(v)), _mm256_mul_ps(dwv, dx), acc);
-        if (has_mins(kind)) {
-            const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
-            __m256i mp[4];
-            transpose_mins(mn, mp);
-            const int16_t *xs = a->xs + 8 * row;
-            __m256i summ = _mm256_madd_epi16(mp[0], bcast_pair(xs));
-            for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[p], bcast_pair(xs + 2 * p)));
-            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmv, dx), acc);
-        }
+        acc = block1_avx2(kind, rows, a, m0, b, acc);
     }
     _mm256_storeu_ps(acc_out[0], acc);
 }
+
+#if BLZ_STREAMS > 1
+/* One activation row (M = 1) against ns ≤ BLZ_STREAMS tiles far apart (one per stream, blazr_kernels.h) of
+ * kinds kinds[s], their super-blocks walked together: acc_out[s] = tile s's dots by tile1_avx2's operations,
+ * each tile prefetching its successor as it goes. */
+static void tiles1_avx2(const int ns, const int *kinds, const uint8_t *const *rows, const int *apart,
+                        const actk_t *restrict a, float acc_out[][KR]) {
+    __m256 acc[BLZ_STREAMS];
+    for (int s = 0; s < ns; ++s) acc[s] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b)
+        for (int s = 0; s < ns; ++s) {
+            const uint8_t *const *tr = rows + 2 * KR * s;
+#if BLZ_K_PF
+            blz_prefetch_next_tile(tr, KR, apart[s], kblock_bytes(kinds[s]), b);
+#endif
+            switch (kinds[s]) {
+                case BLZ_Q4_K: acc[s] = block1_avx2(BLZ_Q4_K, tr, a, 0, b, acc[s]); break;
+                case BLZ_Q5_K: acc[s] = block1_avx2(BLZ_Q5_K, tr, a, 0, b, acc[s]); break;
+                default: acc[s] = block1_avx2(BLZ_Q6_K, tr, a, 0, b, acc[s]);
+            }
+        }
+    for (int s = 0; s < ns; ++s) _mm256_storeu_ps(acc_out[s], acc[s]);
+}
+#endif
 #endif
 
 /* acc[m][r] = dot products of weight rows rows[0..KR-1] (the first nr real, the rest repeats) with
@@ -561,6 +592,74 @@ static int actk_alloc(actk_t *a, int64_t M, int64_t K, int64_t ntiles, int64_t *
     return BLZ_OK;
 }
 
+/* Tile (n0, nn)'s gate rows (and SwiGLU up rows): its nn ≤ KR rows padded with the last, then the next
+ * tile's rows (prefetched only: for a plain weight the bytes after the tile, past the end too); kinds[2]:
+ * the gate and up rows' kinds, apart[2]: whether their next rows lie apart (a row table's). */
+static void ktile_rows(const ksegs_t *sg, const int64_t *tab, int64_t nout, int swiglu, int64_t n0, int nn,
+                       const uint8_t *gate[2 * KR], const uint8_t *up[2 * KR], int kinds[2], int apart[2]) {
+    const int gs = kseg_of(sg, n0), us = swiglu ? kseg_of(sg, nout + n0) : 0;
+    const int64_t rbg = sg->row_bytes[gs], rbu = sg->row_bytes[us];
+    for (int i = 0; i < 2 * KR; ++i) {
+        const int64_t n = i < KR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1); /* pad: last row */
+        if (tab) {
+            gate[i] = (const uint8_t *)(intptr_t)tab[n];
+            up[i] = swiglu ? (const uint8_t *)(intptr_t)tab[nout + n] : gate[i];
+        } else if (i < KR) {
+            gate[i] = sg->base[gs] + (n - sg->row0[gs]) * rbg;
+            up[i] = sg->base[us] + (nout + n - sg->row0[us]) * rbu;
+        } else { /* the bytes after the tile (prefetched only; past the end of the last tile too) */
+            gate[i] = gate[0] + i * rbg;
+            up[i] = up[0] + i * rbu;
+        }
+    }
+    kinds[0] = sg->kind[gs];
+    kinds[1] = sg->kind[us];
+    apart[0] = !blz_rows_follow(gate + KR, KR, rbg);
+    apart[1] = !blz_rows_follow(up + KR, KR, rbu);
+}
+
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+/* blz_linear_k at M = 1 (activations quantized in a): this thread's block of tiles cut into BLZ_STREAMS parts
+ * (SwiGLU: half as many, each read with its up rows), tile i of every part run together. */
+static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tiles, int64_t ntiles, int64_t N,
+                      int64_t nout, const actk_t *a, const float *bias, const float *residual, float *out,
+                      int swiglu) {
+    const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
+    int64_t lo, hi;
+    blz_thread_share(ntiles, &lo, &hi);
+    const int64_t q = (hi - lo + S - 1) / S;
+    for (int64_t i = 0; i < q; ++i) {
+        const uint8_t *rows[BLZ_STREAMS][2 * KR], *up[BLZ_STREAMS][2 * KR];
+        int kinds[BLZ_STREAMS], apart[BLZ_STREAMS], up_kind[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+        int64_t n0[BLZ_STREAMS];
+        int ns = 0;
+        for (int s = 0; s < S; ++s) {
+            const int64_t t = lo + s * q + i;
+            if (t >= hi) continue;
+            int k2[2], ap[2];
+            n0[ns] = tiles[2 * t];
+            nn[ns] = (int)tiles[2 * t + 1];
+            ktile_rows(sg, tab, nout, swiglu, n0[ns], nn[ns], rows[ns], up[ns], k2, ap);
+            kinds[ns] = k2[0];
+            apart[ns] = ap[0];
+            up_kind[ns] = k2[1];
+            up_apart[ns++] = ap[1];
+        }
+        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
+            memcpy(rows[ns + s], up[s], sizeof(up[s]));
+            kinds[ns + s] = up_kind[s];
+            apart[ns + s] = up_apart[s];
+        }
+        float r[BLZ_STREAMS][KR];
+        tiles1_avx2(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
+        for (int s = 0; s < ns; ++s)
+            for (int j = 0; j < nn[s]; ++j)
+                blz_epilogue(&r[s][j], swiglu ? &r[ns + s][j] : NULL, 1, 0, n0[s] + j, N, nout, bias, residual, out,
+                             swiglu);
+    }
+}
+#endif
+
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][row_bytes] in
  * ggml's layout (BLZ_KMIX: the segment table, then the segments; with a row table `tab`, int64 [N] from
  * BLZ_ROWS, row n at tab[n] and w unused), bias [N] or NULL, residual [M, N] or NULL
@@ -579,6 +678,14 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
     if (actk_alloc(&a, M, K, nout / KR + 2 * KSEG_MAX + 1, &tiles)) return BLZ_ENOMEM;
     const int64_t ntiles = ktiles(&sg, nout, swiglu, tiles);
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+    if (M == 1) {
+        quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
+#pragma omp parallel num_threads(nt)
+        k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu);
+        return BLZ_OK;
+    }
+#endif
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
@@ -589,27 +696,13 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
             float r[KT][KR] __attribute__((aligned(32))), u[KT][KR] __attribute__((aligned(32)));
             const int64_t n0 = tiles[2 * t];
             const int nn = (int)tiles[2 * t + 1];
-            const int gs = kseg_of(&sg, n0), us = swiglu ? kseg_of(&sg, nout + n0) : 0;
             const uint8_t *gate[2 * KR], *up[2 * KR]; /* this tile's rows, then the next tile's (prefetch) */
-            const int64_t rbg = sg.row_bytes[gs], rbu = sg.row_bytes[us];
-            for (int i = 0; i < 2 * KR; ++i) {
-                const int64_t n = i < KR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1); /* pad: last row */
-                if (tab) {
-                    gate[i] = (const uint8_t *)(intptr_t)tab[n];
-                    up[i] = (const uint8_t *)(intptr_t)tab[nout + n];
-                } else if (i < KR) {
-                    gate[i] = sg.base[gs] + (n - sg.row0[gs]) * rbg;
-                    up[i] = sg.base[us] + (nout + n - sg.row0[us]) * rbu;
-                } else { /* the bytes after the tile (prefetched only; past the end of the last tile too) */
-                    gate[i] = gate[0] + i * rbg;
-                    up[i] = up[0] + i * rbu;
-                }
-            }
-            const int gate_apart = !blz_rows_follow(gate + KR, KR, rbg), up_apart = !blz_rows_follow(up + KR, KR, rbu);
+            int kinds[2], apart[2];
+            ktile_rows(&sg, tab, nout, swiglu, n0, nn, gate, up, kinds, apart);
             for (int64_t m0 = 0; m0 < M; m0 += KT) {
                 const int mt = (int)blz_min(KT, M - m0);
-                tile_dots(sg.kind[gs], gate, gate_apart, nn, &a, m0, mt, r);
-                if (swiglu) tile_dots(sg.kind[us], up, up_apart, nn, &a, m0, mt, u);
+                tile_dots(kinds[0], gate, apart[0], nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(kinds[1], up, apart[1], nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
                     for (int j = 0; j < nn; ++j)
                         blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);

@@ -157,51 +157,72 @@ BLZ_INLINE __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* SIMD path of group_scalar: lane j of a vector is row j of the group. Per block, the 8 weight chunks are
- * loaded (and for Q4 split into low / high nibbles) once for all mt rows; each row runs two chains of
- * four vpdpbusd (elements 0-15, 16-31) against its broadcast activation bytes. */
+/* Block b of a group (its tile t) against activation rows m0 .. m0+mt-1: acc[m] + their step. Lane j of a
+ * vector is row j of the group; the 8 weight chunks are loaded (and for Q4 split into low / high nibbles)
+ * once for all mt rows; each row runs two chains of four vpdpbusd (elements 0-15, 16-31) against its
+ * broadcast activation bytes. */
+BLZ_INLINE void block_vnni(const int kind, const int mt, const uint8_t *restrict t, const blz_act_t *restrict a,
+                           const int64_t m0, const int64_t b, __m512 *acc) {
+    const int64_t hdr = tile_header(kind), nb = a->nb;
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)t));
+    const __m512 mw = kind == BLZ_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + 32))) : dw;
+    __m512i w[8]; /* w[c]: elements 4c..4c+3 of the 16 rows */
+    if (kind == BLZ_Q8_0) {
+        for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(t + hdr + 64 * c);
+    } else {
+        for (int p = 0; p < 4; ++p) {
+            const __m512i v = _mm512_loadu_si512(t + hdr + 64 * p);
+            w[p] = _mm512_and_si512(v, lo4);
+            w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        }
+    }
+    for (int m = 0; m < mt; ++m) {
+        const int64_t r = (m0 + m) * nb + b;
+        const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
+        __m512i s0 = kind == BLZ_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a->off[r]);
+        __m512i s1 = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            s0 = _mm512_dpbusd_epi32(s0, w[c], bcast4(xq + 4 * c));
+            s1 = _mm512_dpbusd_epi32(s1, w[c + 4], bcast4(xq + 16 + 4 * c));
+        }
+        const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[r]));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[m]);
+        if (kind == BLZ_Q4_1) acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[r]), acc[m]);
+    }
+}
+
+/* SIMD path of group_scalar: block_vnni over the group's blocks in order. */
 BLZ_INLINE void group_vnni(const int kind, const int mt, const uint8_t *restrict wg, const blz_act_t *restrict a,
                            const int64_t m0, float acc_out[BLZ_MT][BLZ_RG]) {
-    const int64_t tb = tile_bytes(kind), hdr = tile_header(kind), nb = a->nb;
-    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    const int64_t tb = tile_bytes(kind);
     __m512 acc[BLZ_MT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = 0; b < a->nb; ++b) {
         const uint8_t *t = wg + b * tb;
         /* Weights stream from memory once per call. With ≥ 6 rows per tile the out-of-order window reaches
          * too few tiles ahead and a DRAM-resident weight stalls (2x slower measured at 8 rows), so fetch
          * BLZ_PF_TILES tiles ahead; with fewer rows the hardware keeps up and the prefetches only cost. */
         if (BLZ_PF_TILES && mt >= 6)
             for (int64_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)t + BLZ_PF_TILES * tb + o, _MM_HINT_T0);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)t));
-        const __m512 mw =
-            kind == BLZ_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + 32))) : dw;
-        __m512i w[8]; /* w[c]: elements 4c..4c+3 of the 16 rows */
-        if (kind == BLZ_Q8_0) {
-            for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(t + hdr + 64 * c);
-        } else {
-            for (int p = 0; p < 4; ++p) {
-                const __m512i v = _mm512_loadu_si512(t + hdr + 64 * p);
-                w[p] = _mm512_and_si512(v, lo4);
-                w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-            }
-        }
-        for (int m = 0; m < mt; ++m) {
-            const int64_t r = (m0 + m) * nb + b;
-            const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
-            __m512i s0 = kind == BLZ_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a->off[r]);
-            __m512i s1 = _mm512_setzero_si512();
-            for (int c = 0; c < 4; ++c) {
-                s0 = _mm512_dpbusd_epi32(s0, w[c], bcast4(xq + 4 * c));
-                s1 = _mm512_dpbusd_epi32(s1, w[c + 4], bcast4(xq + 16 + 4 * c));
-            }
-            const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[r]));
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[m]);
-            if (kind == BLZ_Q4_1) acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[r]), acc[m]);
-        }
+        block_vnni(kind, mt, t, a, m0, b, acc);
     }
     for (int m = 0; m < mt; ++m) _mm512_storeu_ps(acc_out[m], acc[m]);
 }
+
+#if BLZ_STREAMS > 1
+/* One activation row (M = 1) against ns ≤ BLZ_STREAMS groups far apart (one per stream, blazr_kernels.h),
+ * their blocks walked together: acc_out[s] = group wg[s]'s dots by group_vnni's operations. */
+BLZ_INLINE void groups1_vnni(const int kind, const int ns, const uint8_t *const *wg, const blz_act_t *restrict a,
+                             float acc_out[][BLZ_RG]) {
+    const int64_t tb = tile_bytes(kind);
+    __m512 acc[BLZ_STREAMS];
+    for (int s = 0; s < ns; ++s) acc[s] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b)
+        for (int s = 0; s < ns; ++s) block_vnni(kind, 1, wg[s] + b * tb, a, 0, b, acc + s);
+    for (int s = 0; s < ns; ++s) _mm512_storeu_ps(acc_out[s], acc[s]);
+}
+#endif
 #endif
 
 #if defined(BLZ_AVX2) && !defined(BLZ_VNNI)
@@ -381,6 +402,53 @@ int blz_act_alloc(blz_act_t *a, int64_t M, int64_t K) {
     return BLZ_OK;
 }
 
+#if defined(BLZ_VNNI) && BLZ_STREAMS > 1
+/* groups1_vnni with kind and ns as constants. */
+static void groups1(int kind, int ns, const uint8_t *const *wg, const blz_act_t *a, float acc[][BLZ_RG]) {
+#define BLZ_NS(K)                                       \
+    switch (ns) {                                       \
+        case 1: groups1_vnni((K), 1, wg, a, acc); return; \
+        case 2: groups1_vnni((K), 2, wg, a, acc); return; \
+        case 3: groups1_vnni((K), 3, wg, a, acc); return; \
+        default: groups1_vnni((K), 4, wg, a, acc); return; \
+    }
+    if (kind == BLZ_Q4_0) BLZ_NS(BLZ_Q4_0)
+    if (kind == BLZ_Q4_1) BLZ_NS(BLZ_Q4_1)
+    BLZ_NS(BLZ_Q8_0)
+#undef BLZ_NS
+}
+
+/* blz_linear_q at M = 1 (activations quantized in a; SwiGLU only with I a multiple of 16, so that an output
+ * group's up rows are one packed group): this thread's block of groups cut into BLZ_STREAMS parts (SwiGLU:
+ * half as many, each read with its up group), group i of every part run together. */
+static void q_streams(int kind, const uint8_t *w, int64_t group_bytes, int64_t ngroups, int64_t N, int64_t nout,
+                      const blz_act_t *a, const float *bias, const float *residual, float *out, int swiglu) {
+    const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
+    int64_t lo, hi;
+    blz_thread_share(ngroups, &lo, &hi);
+    const int64_t q = (hi - lo + S - 1) / S;
+    for (int64_t i = 0; i < q; ++i) {
+        const uint8_t *wg[BLZ_STREAMS];
+        int64_t g[BLZ_STREAMS];
+        int ns = 0;
+        for (int s = 0; s < S; ++s)
+            if (lo + s * q + i < hi) g[ns++] = lo + s * q + i;
+        for (int s = 0; s < ns; ++s) {
+            wg[s] = w + g[s] * group_bytes;
+            if (swiglu) wg[ns + s] = w + (nout / BLZ_RG + g[s]) * group_bytes;
+        }
+        float r[BLZ_STREAMS][BLZ_RG] __attribute__((aligned(64)));
+        groups1(kind, swiglu ? 2 * ns : ns, wg, a, r);
+        for (int s = 0; s < ns; ++s) {
+            const int64_t n0 = g[s] * BLZ_RG;
+            const __m512 uv = swiglu ? _mm512_load_ps(r[ns + s]) : _mm512_setzero_ps();
+            blz_epilogue16(_mm512_load_ps(r[s]), uv, 0, n0, (int)blz_min(BLZ_RG, nout - n0), N, nout, bias, residual,
+                           out, swiglu);
+        }
+    }
+}
+#endif
+
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w packed [⌈N/16⌉
  * groups], bias [N] or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]).
  * SwiGLU: output group g takes gate rows 16g.. and up rows I + 16g.. (I = N/2); when I is not a multiple
@@ -405,6 +473,14 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
     const int64_t ngroups = (nout + BLZ_RG - 1) / BLZ_RG, nall = (N + BLZ_RG - 1) / BLZ_RG;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
     const int64_t tile = M <= BLZ_MT ? BLZ_MT : BLZ_MT_LONG;
+#if defined(BLZ_VNNI) && BLZ_STREAMS > 1
+    if (M == 1 && (!swiglu || nout % BLZ_RG == 0)) {
+        blz_quantize_act_row(x, K, weight_offset(kind), a.q, a.d, a.s, a.off);
+#pragma omp parallel num_threads(nt)
+        q_streams(kind, w, group_bytes, ngroups, N, nout, &a, bias, residual, out, swiglu);
+        return BLZ_OK;
+    }
+#endif
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)

@@ -167,6 +167,104 @@ static void tile_dots(const uint8_t *const rows[2 * QR], int listed, int nr, con
 #endif
 }
 
+/* Tile t's gate rows (and SwiGLU up rows): its nn ≤ QR rows padded with the last, then the next tile's rows
+ * (prefetched only: for a plain weight the bytes after the tile, past the end too); *apart: whether those
+ * next rows lie apart (a row table's). */
+static void tile_rows(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t n0, int nn, int64_t nout,
+                      int swiglu, const uint8_t *gate[2 * QR], const uint8_t *up[2 * QR], int apart[2]) {
+    for (int i = 0; i < 2 * QR; ++i) {
+        const int64_t n = i < QR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1);
+        gate[i] = blz_weight_row(w, tab, n, row_bytes);
+        up[i] = swiglu ? blz_weight_row(w, tab, nout + n, row_bytes) : gate[i];
+        if (i >= QR && !tab) {
+            gate[i] = gate[0] + i * row_bytes;
+            up[i] = up[0] + i * row_bytes;
+        }
+    }
+    apart[0] = !blz_rows_follow(gate + QR, QR, row_bytes);
+    apart[1] = !blz_rows_follow(up + QR, QR, row_bytes);
+}
+
+/* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u). */
+BLZ_INLINE void tile_epilogue(const float r[QR], const float u[QR], int64_t row, int64_t n0, int nn, int64_t N,
+                              int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
+#ifdef BLZ_AVX512 /* linear_q.c's epilogue (its silu): the same bits as the packed q8_0 on every host */
+    const __m512 uv = swiglu ? _mm512_zextps256_ps512(_mm256_loadu_ps(u)) : _mm512_setzero_ps();
+    blz_epilogue16(_mm512_zextps256_ps512(_mm256_loadu_ps(r)), uv, row, n0, nn, N, nout, bias, residual, out, swiglu);
+#else
+    for (int j = 0; j < nn; ++j) blz_epilogue(&r[j], &u[j], 1, row, n0 + j, N, nout, bias, residual, out, swiglu);
+#endif
+}
+
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+/* One activation row (M = 1) against ns ≤ BLZ_STREAMS tiles far apart (one per stream, blazr_kernels.h), their
+ * blocks walked together: acc_out[s] = tile s's dots by tile_avx2's operations at mt = 1, each tile
+ * prefetching its successor as it goes. */
+BLZ_INLINE void tiles1_avx2(const int ns, const uint8_t *const *const rows, const int *apart,
+                            const blz_act_t *restrict a, float acc_out[][QR]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[BLZ_STREAMS];
+    for (int s = 0; s < ns; ++s) acc[s] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + b * BLZ_QK));
+        const __m256 dx = _mm256_set1_ps(a->d[b]);
+        for (int s = 0; s < ns; ++s) {
+            const uint8_t *const *tr = rows + 2 * QR * s;
+            if (BLZ_Q8_PF) blz_prefetch_next_tile(tr, QR, apart[s], QB, b);
+            uint16_t dh[QR];
+            __m256i v[QR];
+            for (int r = 0; r < QR; ++r) {
+                memcpy(&dh[r], tr[r] + b * QB, 2);
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(tr[r] + b * QB + 2));
+                v[r] = dot_u8s8(_mm256_setzero_si256(), _mm256_abs_epi8(q), _mm256_sign_epi8(x, q), ones);
+            }
+            const __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)), dx);
+            acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blz_hsum8x8_epi32(v)), sc, acc[s]);
+        }
+    }
+    for (int s = 0; s < ns; ++s) _mm256_storeu_ps(acc_out[s], acc[s]);
+}
+
+/* blz_linear_q8g at M = 1 (activations quantized in a): this thread's block of tiles cut into BLZ_STREAMS
+ * parts (SwiGLU: half as many, each read with its up rows), tile i of every part run together. */
+static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t ntiles, int64_t N,
+                        int64_t nout, const blz_act_t *a, const float *bias, const float *residual, float *out,
+                        int swiglu) {
+    const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
+    int64_t lo, hi;
+    blz_thread_share(ntiles, &lo, &hi);
+    const int64_t q = (hi - lo + S - 1) / S;
+    for (int64_t i = 0; i < q; ++i) {
+        const uint8_t *rows[BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
+        int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS], ns = 0;
+        int64_t n0[BLZ_STREAMS];
+        for (int s = 0; s < S; ++s) {
+            const int64_t t = lo + s * q + i;
+            if (t >= hi) continue;
+            int ap[2];
+            n0[ns] = t * QR;
+            nn[ns] = (int)blz_min(QR, nout - t * QR);
+            tile_rows(w, tab, row_bytes, t * QR, nn[ns], nout, swiglu, rows[ns], up[ns], ap);
+            apart[ns] = ap[0];
+            up_apart[ns++] = ap[1];
+        }
+        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
+            memcpy(rows[ns + s], up[s], sizeof(up[s]));
+            apart[ns + s] = up_apart[s];
+        }
+        float r[BLZ_STREAMS][QR];
+        switch (swiglu ? 2 * ns : ns) {
+            case 1: tiles1_avx2(1, &rows[0][0], apart, a, r); break;
+            case 2: tiles1_avx2(2, &rows[0][0], apart, a, r); break;
+            case 3: tiles1_avx2(3, &rows[0][0], apart, a, r); break;
+            default: tiles1_avx2(4, &rows[0][0], apart, a, r);
+        }
+        for (int s = 0; s < ns; ++s)
+            tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, n0[s], nn[s], N, nout, bias, residual, out, swiglu);
+    }
+}
+#endif
+
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][nb · 34] in
  * ggml's layout — or, with a row table `tab` (int64 [N], BLZ_ROWS), each row where tab[n] says —, bias [N]
  * or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
@@ -179,6 +277,14 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
     if (blz_act_alloc(&a, M, K)) return BLZ_ENOMEM;
     const int64_t row_bytes = a.nb * QB, nout = swiglu ? N / 2 : N, ntiles = (nout + QR - 1) / QR;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+    if (M == 1) {
+        blz_quantize_act_row(x, K, 0, a.q, a.d, a.s, a.off);
+#pragma omp parallel num_threads(nt)
+        q8g_streams(w, tab, row_bytes, ntiles, N, nout, &a, bias, residual, out, swiglu);
+        return BLZ_OK;
+    }
+#endif
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
@@ -190,31 +296,14 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
             const int64_t n0 = t * QR;
             const int nn = (int)blz_min(QR, nout - n0);
             const uint8_t *gate[2 * QR], *up[2 * QR]; /* this tile's rows, then the next tile's (prefetch) */
-            for (int i = 0; i < 2 * QR; ++i) {
-                const int64_t n = i < QR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1); /* pad: last row */
-                gate[i] = blz_weight_row(w, tab, n, row_bytes);
-                up[i] = blz_weight_row(w, tab, nout + n, row_bytes);
-                if (i >= QR && !tab) { /* the bytes after the tile (prefetched only; past the end too) */
-                    gate[i] = gate[0] + i * row_bytes;
-                    up[i] = up[0] + i * row_bytes;
-                }
-            }
-            const int gate_apart = !blz_rows_follow(gate + QR, QR, row_bytes);
-            const int up_apart = !blz_rows_follow(up + QR, QR, row_bytes);
+            int apart[2];
+            tile_rows(w, tab, row_bytes, n0, nn, nout, swiglu, gate, up, apart);
             for (int64_t m0 = 0; m0 < M; m0 += QT) {
                 const int mt = (int)blz_min(QT, M - m0);
-                tile_dots(gate, gate_apart, nn, &a, m0, mt, r);
-                if (swiglu) tile_dots(up, up_apart, nn, &a, m0, mt, u);
-                for (int m = 0; m < mt; ++m) {
-#ifdef BLZ_AVX512 /* linear_q.c's epilogue (its silu): the same bits as the packed q8_0 on every host */
-                    const __m512 uv = swiglu ? _mm512_zextps256_ps512(_mm256_load_ps(u[m])) : _mm512_setzero_ps();
-                    blz_epilogue16(_mm512_zextps256_ps512(_mm256_load_ps(r[m])), uv, m0 + m, n0, nn, N, nout, bias,
-                                   residual, out, swiglu);
-#else
-                    for (int j = 0; j < nn; ++j)
-                        blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
-#endif
-                }
+                tile_dots(gate, apart[0], nn, &a, m0, mt, r);
+                if (swiglu) tile_dots(up, apart[1], nn, &a, m0, mt, u);
+                for (int m = 0; m < mt; ++m)
+                    tile_epilogue(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
             }
         }
     }
