@@ -277,11 +277,12 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
 
 
 @pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS])
-def test_one_row_linears_give_the_row_walks_bits(lib: ops.Kernels, kind: str) -> None:
-    """A one-row (M = 1) linear reads its weights as several streams at once on AVX-512 hosts (each thread's
-    block of output rows — of 8-row tiles for the block kinds — cut into parts, row or tile i of every part
-    computed together); every output still has the bits that a two-row call gives it — at row counts that
-    leave parts short or empty, K with a tail, one thread and two, with each epilogue."""
+def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) -> None:
+    """A decode linear reads its weights as several streams at once on AVX-512 hosts (each thread's block of
+    output rows — of 8-row tiles for the block kinds — cut into parts, row or tile i of every part computed
+    together; f16 up to 4 x rows); every output still has the bits that the x row gets alone and in a larger
+    decode call — at row counts that leave parts short or empty, K with a tail, one thread and two, with
+    each epilogue."""
     g = torch.Generator().manual_seed(11)
     shapes = ((1, 96), (3, 100), (5, 608), (14, 1000), (301, 600), (1000, 1000))
     if kind in LINEAR_BLOCK_KINDS:
@@ -293,13 +294,19 @@ def test_one_row_linears_give_the_row_walks_bits(lib: ops.Kernels, kind: str) ->
             qw = random_kquant(kind, N, K, g)
         else:
             qw = quantize(torch.randn(N, K, generator=g), kind)
-        x = torch.randn(2, K, generator=g)
-        bias, residual = torch.randn(N, generator=g), torch.randn(2, N, generator=g)
-        assert torch.equal(lib.linear(x[:1], qw), lib.linear(x, qw)[:1]), (N, K)
-        want = lib.linear(x, qw, bias, residual.clone())[:1]
-        assert torch.equal(lib.linear(x[:1], qw, bias, residual[:1].clone()), want), (N, K)
+        x = torch.randn(8, K, generator=g)
+        bias, residual = torch.randn(N, generator=g), torch.randn(8, N, generator=g)
+        alone = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(8)])
+        res = [residual[i : i + 1].clone() for i in range(8)]
+        with_epilogue = torch.cat([lib.linear(x[i : i + 1], qw, bias, res[i]) for i in range(8)])
+        for M in (2, 3, 4, 5, 8):  # the decode path of every kind (f16: 4 x rows a pass)
+            assert torch.equal(lib.linear(x[:M], qw), alone[:M]), (N, K, M)
+            got = lib.linear(x[:M], qw, bias, residual[:M].clone())
+            assert torch.equal(got, with_epilogue[:M]), (N, K, M)
         if N % 2 == 0:
-            assert torch.equal(lib.linear(x[:1], qw, swiglu=True), lib.linear(x, qw, swiglu=True)[:1]), (N, K)
+            swiglu = torch.cat([lib.linear(x[i : i + 1], qw, swiglu=True) for i in range(8)])
+            for M in (2, 4, 5):
+                assert torch.equal(lib.linear(x[:M], qw, swiglu=True), swiglu[:M]), (N, K, M)
 
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])

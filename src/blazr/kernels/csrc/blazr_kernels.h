@@ -97,11 +97,12 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
  * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (bf16: x rounded to bf16 values);
  * nt threads. Each output one sequential fp32 sum over k, whatever M. */
 enum { BLZ_PANEL_F16 = 0, BLZ_PANEL_BF16 = 1, BLZ_PANEL_F32 = 2 };
-/* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's one x row → res[0..nr-1], each row by the
- * operations it takes alone. */
-typedef void (*blz_rows1_fn)(int nr, const void *const *rows, int64_t K, const void *x, float *res);
-void blz_gemv_streams(blz_rows1_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t K,
-                      const void *x, int64_t N, const float *bias, const float *residual, float *out, int swiglu);
+/* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 4 x rows (row m at x + m·K elements) →
+ * res[r·mt + m], each pair by the operations it takes alone. */
+typedef void (*blz_rows_fn)(int nr, int mt, const void *const *rows, int64_t K, const void *x, float *res);
+void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t K,
+                      const void *x, int mt, int64_t N, const float *bias, const float *residual, float *out,
+                      int swiglu);
 int blz_panel_gemm(const void *w, const int64_t *tab, int wk, const float *x, int64_t M, int64_t K, int64_t N,
                    const float *bias, const float *residual, float *out, int swiglu, int nt);
 int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V, int64_t D,

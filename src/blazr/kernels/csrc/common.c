@@ -163,14 +163,16 @@ BLZ_EXPORT int blz_call_many(const blz_args_t *list, int64_t n, int64_t *failed)
 }
 #undef P
 
-/* An M = 1 linear's output rows as BLZ_STREAMS weight streams (blazr_kernels.h), inside a parallel region:
- * this thread's block of rows [lo, hi) cut into S parts of q rows, step i computing row lo + s·q + i of
- * every part s at once (SwiGLU: S / 2 gate rows and their up rows, as many streams). The epilogue is
- * blz_epilogue's, row by row. w: row n at w + n·row_bytes, or at tab[n] (BLZ_ROWS). */
-void blz_gemv_streams(blz_rows1_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t K,
-                      const void *x, int64_t N, const float *bias, const float *residual, float *out, int swiglu) {
+/* A decode linear's output rows (mt ≤ 4 x rows) as weight streams (blazr_kernels.h), inside a parallel region:
+ * this thread's block of rows [lo, hi) cut into S parts of q rows — S = BLZ_STREAMS for one x row, half as
+ * many for more (the accumulators of S rows × mt x rows must fit in registers), halved again for SwiGLU,
+ * whose up rows are streams too —, step i computing row lo + s·q + i of every part s at once. The epilogue
+ * is blz_epilogue's, row by row. w: row n at w + n·row_bytes, or at tab[n] (BLZ_ROWS). */
+void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t K,
+                      const void *x, int mt, int64_t N, const float *bias, const float *residual, float *out,
+                      int swiglu) {
     const int64_t nout = swiglu ? N / 2 : N;
-    const int S = swiglu ? blz_max(1, BLZ_STREAMS / 2) : BLZ_STREAMS;
+    const int S = (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
     int64_t lo, hi;
     blz_thread_share(nout, &lo, &hi);
     const int64_t q = (hi - lo + S - 1) / S;
@@ -184,9 +186,10 @@ void blz_gemv_streams(blz_rows1_fn fn, const uint8_t *w, const int64_t *tab, int
             rows[s] = blz_weight_row(w, tab, n[s], row_bytes);
             if (swiglu) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);
         }
-        float r[2 * BLZ_STREAMS];
-        fn(swiglu ? 2 * ns : ns, rows, K, x, r);
+        float r[2 * BLZ_STREAMS * 4];
+        fn(swiglu ? 2 * ns : ns, mt, rows, K, x, r);
         for (int s = 0; s < ns; ++s)
-            blz_epilogue(r + s, swiglu ? r + ns + s : NULL, 1, 0, n[s], N, nout, bias, residual, out, swiglu);
+            blz_epilogue(r + s * mt, swiglu ? r + (ns + s) * mt : NULL, mt, 0, n[s], N, nout, bias, residual, out,
+                         swiglu);
     }
 }
