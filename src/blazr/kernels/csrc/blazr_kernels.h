@@ -268,6 +268,22 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
 #define BLZ_STREAMS 1
 #endif
 
+/* This thread's n items (rows, tiles, groups) as S streams: its block [*lo, lo + S·q) cut into S parts of
+ * *q items, part s starting at lo + s·q. Returns q, the steps to take. */
+BLZ_INLINE int64_t blz_stream_parts(int64_t n, int S, int64_t *lo, int64_t *hi) {
+    blz_thread_share(n, lo, hi);
+    return (*hi - *lo + S - 1) / S;
+}
+
+/* Step i of those streams: idx[0..ns-1] = the items lo + s·q + i that exist (the last parts may be short);
+ * returns ns. */
+BLZ_INLINE int blz_stream_step(int64_t lo, int64_t hi, int64_t q, int S, int64_t i, int64_t *idx) {
+    int ns = 0;
+    for (int s = 0; s < S; ++s)
+        if (lo + s * q + i < hi) idx[ns++] = lo + s * q + i;
+    return ns;
+}
+
 /* IEEE half → float, portable (no F16C needed). */
 BLZ_INLINE float blz_fp16_to_fp32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;

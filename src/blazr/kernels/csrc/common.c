@@ -174,14 +174,11 @@ void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int6
     const int64_t nout = swiglu ? N / 2 : N;
     const int S = (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
     int64_t lo, hi;
-    blz_thread_share(nout, &lo, &hi);
-    const int64_t q = (hi - lo + S - 1) / S;
+    const int64_t q = blz_stream_parts(nout, S, &lo, &hi);
     for (int64_t i = 0; i < q; ++i) {
         int64_t n[BLZ_STREAMS];
         const void *rows[2 * BLZ_STREAMS];
-        int ns = 0;
-        for (int s = 0; s < S; ++s)
-            if (lo + s * q + i < hi) n[ns++] = lo + s * q + i;
+        const int ns = blz_stream_step(lo, hi, q, S, i, n);
         for (int s = 0; s < ns; ++s) {
             rows[s] = blz_weight_row(w, tab, n[s], row_bytes);
             if (swiglu) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);

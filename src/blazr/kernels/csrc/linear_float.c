@@ -131,7 +131,7 @@ static void f32_streams(const int nr, const int mt, const void *const *rows, int
  * 16-element chunks, then of odd-numbered ones — so a single row runs four independent FMA chains (two
  * were latency-bound: ~20 GB/s hot on Zen 1); the tail of a weight row goes through a zero-padded copy (x
  * rows are zero-padded to ldx); the result is blz_hsum256((a0 + a1) + (a2 + a3)). The row and tile paths
- * both call bf16_rows_avx2, so a result depends on its own pair only, never on M or the tile. */
+ * both call bf16_rows_simd, so a result depends on its own pair only, never on M or the tile. */
 #define BF16_AVX2 1
 BLZ_INLINE void bf16x16_fma(__m256i wv, __m256i xv, __m256 *ae, __m256 *ao) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
@@ -150,7 +150,7 @@ BLZ_INLINE __m256i bf16_tail(const uint16_t *w, int64_t n) {
 
 /* res[m] = weight row w · x row xr[m] for m < nx (1 or 2, a constant after inlining). pf: prefetch the
  * weight stream BF16_PF ahead. */
-BLZ_INLINE void bf16_rows_avx2(const int nx, const uint16_t *restrict w, int64_t K, const uint16_t *const *xr,
+BLZ_INLINE void bf16_rows_simd(const int nx, const uint16_t *restrict w, int64_t K, const uint16_t *const *xr,
                                float *res, const int pf) {
     __m256 a[2][4];
     for (int m = 0; m < 2; ++m)
@@ -180,8 +180,8 @@ BLZ_INLINE void bf16_row_avx2(const int mt, const uint16_t *restrict w, int64_t 
                               int64_t ldx, float *res, const int pf) {
     for (int m = 0; m < mt; m += 2) {
         const uint16_t *xr[2] = {xb + m * ldx, xb + (m + 1) * ldx};
-        if (m + 1 < mt) bf16_rows_avx2(2, w, K, xr, res + m, pf && m == 0);
-        else bf16_rows_avx2(1, w, K, xr, res + m, pf && m == 0);
+        if (m + 1 < mt) bf16_rows_simd(2, w, K, xr, res + m, pf && m == 0);
+        else bf16_rows_simd(1, w, K, xr, res + m, pf && m == 0);
     }
 }
 #endif
@@ -472,10 +472,10 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
 #endif
 
 #ifdef BLZ_AVX512
-/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx ((nr, nx) = (1..4, 1) or (1, 1..4),
- * constants after inlining): every pair by the same operations, whatever nr and nx — the AVX2 form's, the
- * quarters of a chunk side by side in a[.][.][0] (0 | 1) and a[.][.][1] (2 | 3). */
-BLZ_INLINE void f16_rows_avx2(const int nr, const int nx, const uint16_t *const *w, int64_t K,
+/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx (nr · nx ≤ 8, constants after inlining):
+ * every pair by the same operations, whatever nr and nx — the AVX2 form below in 512-bit registers, the
+ * quarters of a chunk side by side in a[.][.][0] (0 | 1) and a[.][.][1] (2 | 3): the same sums. */
+BLZ_INLINE void f16_rows_simd(const int nr, const int nx, const uint16_t *const *w, int64_t K,
                               const float *const *xr, float *res, const int pf) {
     __m512 a[4][4][2];
     for (int r = 0; r < nr; ++r)
@@ -512,7 +512,7 @@ BLZ_INLINE void f16_rows_avx2(const int nr, const int nx, const uint16_t *const 
 #elif defined(BLZ_AVX2)
 /* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx ((nr, nx) = (1..4, 1) or (1, 1..2),
  * constants after inlining): every pair by the same operations, whatever nr and nx. */
-BLZ_INLINE void f16_rows_avx2(const int nr, const int nx, const uint16_t *const *w, int64_t K,
+BLZ_INLINE void f16_rows_simd(const int nr, const int nx, const uint16_t *const *w, int64_t K,
                               const float *const *xr, float *res, const int pf) {
     __m256 a[4][2][4];
     for (int r = 0; r < nr; ++r)
@@ -554,12 +554,12 @@ BLZ_INLINE void f16_rows(const int mt, const uint16_t *restrict w, int64_t K, co
     const float *xr[4] = {x, x + K, x + 2 * K, x + 3 * K};
     const uint16_t *wr[1] = {w};
     switch (mt) {
-        case 1: f16_rows_avx2(1, 1, wr, K, xr, res, pf); break;
+        case 1: f16_rows_simd(1, 1, wr, K, xr, res, pf); break;
 #if F16_MX > 2
-        case 3: f16_rows_avx2(1, 3, wr, K, xr, res, pf); break;
-        case 4: f16_rows_avx2(1, 4, wr, K, xr, res, pf); break;
+        case 3: f16_rows_simd(1, 3, wr, K, xr, res, pf); break;
+        case 4: f16_rows_simd(1, 4, wr, K, xr, res, pf); break;
 #endif
-        default: f16_rows_avx2(1, 2, wr, K, xr, res, pf);
+        default: f16_rows_simd(1, 2, wr, K, xr, res, pf);
     }
 #else
     (void)pf;
@@ -579,8 +579,8 @@ static void f16_streams(const int nr, const int mt, const void *const *rows, int
     const float *xf = (const float *)x, *xr[4] = {xf, xf + K, xf + 2 * K, xf + 3 * K};
 #define F16_NR(NX, PF)                                           \
     switch (nr) {                                                \
-        case 1: f16_rows_avx2(1, NX, w, K, xr, res, PF); return; \
-        case 2: f16_rows_avx2(2, NX, w, K, xr, res, PF); return; \
+        case 1: f16_rows_simd(1, NX, w, K, xr, res, PF); return; \
+        case 2: f16_rows_simd(2, NX, w, K, xr, res, PF); return; \
     }
     switch (mt) {
         case 2: F16_NR(2, 1) break;
@@ -589,10 +589,10 @@ static void f16_streams(const int nr, const int mt, const void *const *rows, int
     }
 #undef F16_NR
     switch (nr) {
-        case 1: f16_rows_avx2(1, 1, w, K, xr, res, 0); break;
-        case 2: f16_rows_avx2(2, 1, w, K, xr, res, 0); break;
-        case 3: f16_rows_avx2(3, 1, w, K, xr, res, 0); break;
-        default: f16_rows_avx2(4, 1, w, K, xr, res, 0);
+        case 1: f16_rows_simd(1, 1, w, K, xr, res, 0); break;
+        case 2: f16_rows_simd(2, 1, w, K, xr, res, 0); break;
+        case 3: f16_rows_simd(3, 1, w, K, xr, res, 0); break;
+        default: f16_rows_simd(4, 1, w, K, xr, res, 0);
     }
 }
 #endif

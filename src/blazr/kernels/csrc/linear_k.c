@@ -626,24 +626,21 @@ static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tile
                       int swiglu) {
     const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
     int64_t lo, hi;
-    blz_thread_share(ntiles, &lo, &hi);
-    const int64_t q = (hi - lo + S - 1) / S;
+    const int64_t q = blz_stream_parts(ntiles, S, &lo, &hi);
     for (int64_t i = 0; i < q; ++i) {
         const uint8_t *rows[BLZ_STREAMS][2 * KR], *up[BLZ_STREAMS][2 * KR];
         int kinds[BLZ_STREAMS], apart[BLZ_STREAMS], up_kind[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
-        int64_t n0[BLZ_STREAMS];
-        int ns = 0;
-        for (int s = 0; s < S; ++s) {
-            const int64_t t = lo + s * q + i;
-            if (t >= hi) continue;
+        int64_t t[BLZ_STREAMS], n0[BLZ_STREAMS];
+        const int ns = blz_stream_step(lo, hi, q, S, i, t);
+        for (int s = 0; s < ns; ++s) {
             int k2[2], ap[2];
-            n0[ns] = tiles[2 * t];
-            nn[ns] = (int)tiles[2 * t + 1];
-            ktile_rows(sg, tab, nout, swiglu, n0[ns], nn[ns], rows[ns], up[ns], k2, ap);
-            kinds[ns] = k2[0];
-            apart[ns] = ap[0];
-            up_kind[ns] = k2[1];
-            up_apart[ns++] = ap[1];
+            n0[s] = tiles[2 * t[s]];
+            nn[s] = (int)tiles[2 * t[s] + 1];
+            ktile_rows(sg, tab, nout, swiglu, n0[s], nn[s], rows[s], up[s], k2, ap);
+            kinds[s] = k2[0];
+            apart[s] = ap[0];
+            up_kind[s] = k2[1];
+            up_apart[s] = ap[1];
         }
         for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
             memcpy(rows[ns + s], up[s], sizeof(up[s]));

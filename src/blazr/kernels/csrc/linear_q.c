@@ -425,14 +425,11 @@ static void q_streams(int kind, const uint8_t *w, int64_t group_bytes, int64_t n
                       const blz_act_t *a, const float *bias, const float *residual, float *out, int swiglu) {
     const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
     int64_t lo, hi;
-    blz_thread_share(ngroups, &lo, &hi);
-    const int64_t q = (hi - lo + S - 1) / S;
+    const int64_t q = blz_stream_parts(ngroups, S, &lo, &hi);
     for (int64_t i = 0; i < q; ++i) {
         const uint8_t *wg[BLZ_STREAMS];
         int64_t g[BLZ_STREAMS];
-        int ns = 0;
-        for (int s = 0; s < S; ++s)
-            if (lo + s * q + i < hi) g[ns++] = lo + s * q + i;
+        const int ns = blz_stream_step(lo, hi, q, S, i, g);
         for (int s = 0; s < ns; ++s) {
             wg[s] = w + g[s] * group_bytes;
             if (swiglu) wg[ns + s] = w + (nout / BLZ_RG + g[s]) * group_bytes;

@@ -232,21 +232,18 @@ static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes,
                         int swiglu) {
     const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
     int64_t lo, hi;
-    blz_thread_share(ntiles, &lo, &hi);
-    const int64_t q = (hi - lo + S - 1) / S;
+    const int64_t q = blz_stream_parts(ntiles, S, &lo, &hi);
     for (int64_t i = 0; i < q; ++i) {
         const uint8_t *rows[BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
-        int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS], ns = 0;
-        int64_t n0[BLZ_STREAMS];
-        for (int s = 0; s < S; ++s) {
-            const int64_t t = lo + s * q + i;
-            if (t >= hi) continue;
+        int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+        int64_t t[BLZ_STREAMS];
+        const int ns = blz_stream_step(lo, hi, q, S, i, t);
+        for (int s = 0; s < ns; ++s) {
             int ap[2];
-            n0[ns] = t * QR;
-            nn[ns] = (int)blz_min(QR, nout - t * QR);
-            tile_rows(w, tab, row_bytes, t * QR, nn[ns], nout, swiglu, rows[ns], up[ns], ap);
-            apart[ns] = ap[0];
-            up_apart[ns++] = ap[1];
+            nn[s] = (int)blz_min(QR, nout - t[s] * QR);
+            tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
+            apart[s] = ap[0];
+            up_apart[s] = ap[1];
         }
         for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
             memcpy(rows[ns + s], up[s], sizeof(up[s]));
@@ -260,7 +257,7 @@ static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes,
             default: tiles1_avx2(4, &rows[0][0], apart, a, r);
         }
         for (int s = 0; s < ns; ++s)
-            tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, n0[s], nn[s], N, nout, bias, residual, out, swiglu);
+            tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out, swiglu);
     }
 }
 #endif
