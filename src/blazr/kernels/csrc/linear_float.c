@@ -131,7 +131,7 @@ static void f32_streams(const int nr, const int mt, const void *const *rows, int
  * 16-element chunks, then of odd-numbered ones — so a single row runs four independent FMA chains (two
  * were latency-bound: ~20 GB/s hot on Zen 1); the tail of a weight row goes through a zero-padded copy (x
  * rows are zero-padded to ldx); the result is blz_hsum256((a0 + a1) + (a2 + a3)). The row and tile paths
- * both call bf16_rows_simd, so a result depends on its own pair only, never on M or the tile. */
+ * both call bf16_rows_avx2, so a result depends on its own pair only, never on M or the tile. */
 #define BF16_AVX2 1
 BLZ_INLINE void bf16x16_fma(__m256i wv, __m256i xv, __m256 *ae, __m256 *ao) {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
@@ -150,7 +150,7 @@ BLZ_INLINE __m256i bf16_tail(const uint16_t *w, int64_t n) {
 
 /* res[m] = weight row w · x row xr[m] for m < nx (1 or 2, a constant after inlining). pf: prefetch the
  * weight stream BF16_PF ahead. */
-BLZ_INLINE void bf16_rows_simd(const int nx, const uint16_t *restrict w, int64_t K, const uint16_t *const *xr,
+BLZ_INLINE void bf16_rows_avx2(const int nx, const uint16_t *restrict w, int64_t K, const uint16_t *const *xr,
                                float *res, const int pf) {
     __m256 a[2][4];
     for (int m = 0; m < 2; ++m)
@@ -180,8 +180,8 @@ BLZ_INLINE void bf16_row_avx2(const int mt, const uint16_t *restrict w, int64_t 
                               int64_t ldx, float *res, const int pf) {
     for (int m = 0; m < mt; m += 2) {
         const uint16_t *xr[2] = {xb + m * ldx, xb + (m + 1) * ldx};
-        if (m + 1 < mt) bf16_rows_simd(2, w, K, xr, res + m, pf && m == 0);
-        else bf16_rows_simd(1, w, K, xr, res + m, pf && m == 0);
+        if (m + 1 < mt) bf16_rows_avx2(2, w, K, xr, res + m, pf && m == 0);
+        else bf16_rows_avx2(1, w, K, xr, res + m, pf && m == 0);
     }
 }
 #endif
