@@ -1,6 +1,7 @@
 /* blazr kernels — the prefill GEMM of float weights (f32, f16, bf16) on fp32 FMAs: out[M, N] = x[M, K] · Wᵀ
- * (+ bias) (+ residual), or the SwiGLU form, for the many-row calls of linear_float.c and linear_f16.c (prefill, large decode
- * batches) on AVX2 hosts, AVX-512 ones included (fp32 FMAs on widened weights outran vdpbf16ps there, below).
+ * (+ bias) (+ residual), or the SwiGLU form, for the many-row calls of linear_float.c and linear_f16.c
+ * (prefill, large decode batches) on AVX2 hosts, AVX-512 ones included (fp32 FMAs on widened weights outran
+ * vdpbf16ps there, below).
  *
  * An outer-product GEMM, as BLIS / GotoBLAS lay one out:
  * - x is packed once per call, k-major in groups of PANEL_MR rows per block of PANEL_KC columns
