@@ -255,13 +255,29 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = blz_min(n, *lo + per);
 }
 
-/* Weight streams of a one-row (decode) linear. A GEMV reads every weight once, so its speed is the memory
- * bandwidth one core draws, which grows with the sequential streams it reads at once: on Sapphire Rapids (2
- * threads, weights beyond L3) 25-27 GB/s walking rows one after the other, 31-33 GB/s reading 4 far-apart
- * streams in 256-byte steps (NOTES §38). So an M = 1 float linear cuts each thread's block of output rows into
- * BLZ_STREAMS parts and computes row i of every part together — each row by the very operations it takes
- * alone, so no result changes. Hosts without AVX-512 keep one stream (unmeasured there; Zen 4 read 4
- * *adjacent* rows interleaved at 14 GB/s against 25 row by row). */
+/* FN(c, ...) with c = mt (1..3, else 4) a compile-time constant in each case: a kernel inlined per tile size. */
+#define BLZ_TILE_SWITCH(FN, mt, ...) \
+    switch (mt) {                    \
+        case 1:                      \
+            FN(1, __VA_ARGS__);      \
+            break;                   \
+        case 2:                      \
+            FN(2, __VA_ARGS__);      \
+            break;                   \
+        case 3:                      \
+            FN(3, __VA_ARGS__);      \
+            break;                   \
+        default:                     \
+            FN(4, __VA_ARGS__);      \
+    }
+
+/* Weight streams of a decode linear. A GEMV reads every weight once, so its speed is the memory bandwidth one
+ * core draws, which grows with the sequential streams it reads at once: on Sapphire Rapids (2 threads, weights
+ * beyond L3) 25-27 GB/s walking rows one after the other, 31-33 GB/s reading 4 far-apart streams in 256-byte
+ * steps (NOTES §38). So a one-row linear (f16: up to 4 rows) cuts each thread's block of output rows — or
+ * tiles, or packed groups — into BLZ_STREAMS parts and computes item i of every part together, each by the
+ * very operations it takes alone, so no result changes. Hosts without AVX-512 keep one stream (unmeasured
+ * there; Zen 4 read 4 *adjacent* rows interleaved at 14 GB/s against 25 row by row). */
 #ifdef BLZ_AVX512
 #define BLZ_STREAMS 4
 #else

@@ -143,12 +143,7 @@ static void f16_streams(const int nr, const int mt, const void *const *rows, int
         case 4: F16_NR(4, 1) break;
     }
 #undef F16_NR
-    switch (nr) {
-        case 1: f16_rows_simd(1, 1, w, K, xr, res, 0); break;
-        case 2: f16_rows_simd(2, 1, w, K, xr, res, 0); break;
-        case 3: f16_rows_simd(3, 1, w, K, xr, res, 0); break;
-        default: f16_rows_simd(4, 1, w, K, xr, res, 0);
-    }
+    BLZ_TILE_SWITCH(f16_rows_simd, nr, 1, w, K, xr, res, 0);
 }
 #endif
 

@@ -98,13 +98,7 @@ BLZ_INLINE void f32_rows1(const int nr, const float *const *w, int64_t K, const 
 
 static void f32_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
     (void)mt; /* one x row */
-    const float *const *w = (const float *const *)rows;
-    switch (nr) {
-        case 1: f32_rows1(1, w, K, x, res); break;
-        case 2: f32_rows1(2, w, K, x, res); break;
-        case 3: f32_rows1(3, w, K, x, res); break;
-        default: f32_rows1(4, w, K, x, res);
-    }
+    BLZ_TILE_SWITCH(f32_rows1, nr, (const float *const *)rows, K, x, res);
 }
 #endif
 
@@ -313,13 +307,7 @@ BLZ_INLINE void bf16_rows1(const int nr, const uint16_t *const *w, int64_t K, co
 
 static void bf16_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
     (void)mt; /* one x row */
-    const uint16_t *const *w = (const uint16_t *const *)rows;
-    switch (nr) {
-        case 1: bf16_rows1(1, w, K, x, res); break;
-        case 2: bf16_rows1(2, w, K, x, res); break;
-        case 3: bf16_rows1(3, w, K, x, res); break;
-        default: bf16_rows1(4, w, K, x, res);
-    }
+    BLZ_TILE_SWITCH(bf16_rows1, nr, (const uint16_t *const *)rows, K, x, res);
 }
 #endif
 
@@ -335,21 +323,6 @@ static void x_to_bf16(const float *restrict x, int64_t K, uint16_t *restrict xb,
     for (; k < K; ++k) xb[k] = blz_fp32_to_bf16(x[k]);
     for (; k < ldx; ++k) xb[k] = 0;
 }
-
-#define BLZ_TILE_SWITCH(FN, mt, ...) \
-    switch (mt) {                    \
-        case 1:                      \
-            FN(1, __VA_ARGS__);      \
-            break;                   \
-        case 2:                      \
-            FN(2, __VA_ARGS__);      \
-            break;                   \
-        case 3:                      \
-            FN(3, __VA_ARGS__);      \
-            break;                   \
-        default:                     \
-            FN(4, __VA_ARGS__);      \
-    }
 
 #define F32_ROWWISE_M 8 /* AVX2 without AVX-512: more x rows take gemm_float.c's panel GEMM */
 

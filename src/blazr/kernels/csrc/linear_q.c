@@ -213,7 +213,7 @@ BLZ_INLINE void group_vnni(const int kind, const int mt, const uint8_t *restrict
 #if BLZ_STREAMS > 1
 /* One activation row (M = 1) against ns ≤ BLZ_STREAMS groups far apart (one per stream, blazr_kernels.h),
  * their blocks walked together: acc_out[s] = group wg[s]'s dots by group_vnni's operations. */
-BLZ_INLINE void groups1_vnni(const int kind, const int ns, const uint8_t *const *wg, const blz_act_t *restrict a,
+BLZ_INLINE void groups1_vnni(const int ns, const int kind, const uint8_t *const *wg, const blz_act_t *restrict a,
                              float acc_out[][BLZ_RG]) {
     const int64_t tb = tile_bytes(kind);
     __m512 acc[BLZ_STREAMS];
@@ -403,19 +403,14 @@ int blz_act_alloc(blz_act_t *a, int64_t M, int64_t K) {
 }
 
 #if defined(BLZ_VNNI) && BLZ_STREAMS > 1
-/* groups1_vnni with kind and ns as constants. */
+/* groups1_vnni with ns and kind as constants. */
 static void groups1(int kind, int ns, const uint8_t *const *wg, const blz_act_t *a, float acc[][BLZ_RG]) {
-#define BLZ_NS(K)                                       \
-    switch (ns) {                                       \
-        case 1: groups1_vnni((K), 1, wg, a, acc); return; \
-        case 2: groups1_vnni((K), 2, wg, a, acc); return; \
-        case 3: groups1_vnni((K), 3, wg, a, acc); return; \
-        default: groups1_vnni((K), 4, wg, a, acc); return; \
-    }
-    if (kind == BLZ_Q4_0) BLZ_NS(BLZ_Q4_0)
-    if (kind == BLZ_Q4_1) BLZ_NS(BLZ_Q4_1)
-    BLZ_NS(BLZ_Q8_0)
-#undef BLZ_NS
+    if (kind == BLZ_Q4_0)
+        BLZ_TILE_SWITCH(groups1_vnni, ns, BLZ_Q4_0, wg, a, acc)
+    else if (kind == BLZ_Q4_1)
+        BLZ_TILE_SWITCH(groups1_vnni, ns, BLZ_Q4_1, wg, a, acc)
+    else
+        BLZ_TILE_SWITCH(groups1_vnni, ns, BLZ_Q8_0, wg, a, acc)
 }
 
 /* blz_linear_q at M = 1 (activations quantized in a; SwiGLU only with I a multiple of 16, so that an output

@@ -250,12 +250,7 @@ static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes,
             apart[ns + s] = up_apart[s];
         }
         float r[BLZ_STREAMS][QR];
-        switch (swiglu ? 2 * ns : ns) {
-            case 1: tiles1_avx2(1, &rows[0][0], apart, a, r); break;
-            case 2: tiles1_avx2(2, &rows[0][0], apart, a, r); break;
-            case 3: tiles1_avx2(3, &rows[0][0], apart, a, r); break;
-            default: tiles1_avx2(4, &rows[0][0], apart, a, r);
-        }
+        BLZ_TILE_SWITCH(tiles1_avx2, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
         for (int s = 0; s < ns; ++s)
             tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out, swiglu);
     }
