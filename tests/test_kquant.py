@@ -163,7 +163,7 @@ def test_q8k_activation_rounding_is_exact(lib: ops.Kernels) -> None:
 
 
 @pytest.mark.parametrize("kind", K_KINDS)
-@pytest.mark.parametrize("M", [1, 3, 8, 19])
+@pytest.mark.parametrize("M", [1, 3, 8, 19, 30])  # 30: the 16-row groups of AVX-512 VNNI builds (from 24)
 @pytest.mark.parametrize(("N", "K"), [(37, 512), (64, 768), (5, 256)])
 def test_linear_kquant(lib: ops.Kernels, kind: str, M: int, N: int, K: int) -> None:
     g = torch.Generator().manual_seed(M * 1000 + N + K)
@@ -178,7 +178,7 @@ def test_linear_kquant(lib: ops.Kernels, kind: str, M: int, N: int, K: int) -> N
     act = (dx.double().abs() * (0.5 + 2.0**-14)).repeat_interleave(QK_K, -1)  # bound on |x − x̂|
     act_err = act @ w_exact.abs().T
     for name in ("plain", "bias+residual", "swiglu"):
-        if name != "plain" and M not in (3, 8):
+        if name != "plain" and M not in (3, 8, 30):
             continue
         rows = N - N % 2 if name == "swiglu" else N
         qn = qw if rows == N else QuantizedWeight(kind, qw.data[:rows].contiguous(), rows, K)
@@ -203,24 +203,26 @@ def test_scalar_and_simd_builds_give_the_same_bits(
     g = torch.Generator().manual_seed(7)
     qw = _weight(kind, 53, 768, seed=2)
     bias = torch.randn(53, generator=g)
-    for M in (1, 5, 9, 17):
+    for M in (1, 5, 9, 17, 40):
         x = _acts(M, 768, g)
         assert torch.equal(native.linear(x, qw, bias), generic.linear(x, qw, bias)), M
     gate_up = QuantizedWeight(kind, qw.data[:52].contiguous(), 52, 768)
-    x = _acts(3, 768, g)
-    assert torch.equal(native.linear(x, gate_up, swiglu=True), generic.linear(x, gate_up, swiglu=True))
+    for M in (3, 30):
+        x = _acts(M, 768, g)
+        assert torch.equal(native.linear(x, gate_up, swiglu=True), generic.linear(x, gate_up, swiglu=True)), M
 
 
 def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row (the one-row path, tile1_avx2), bit for bit, wherever the row
-    falls in the 8-row tiles and the 16-row groups (a last group of one row takes the one-row path too)."""
+    falls in the 8-row tiles (up to 23 rows) or the 16-row weight groups re-laid for vpdpbusd (24 rows and
+    more on AVX-512 VNNI builds: 37, 30, 24)."""
     g = torch.Generator().manual_seed(11)
     x = _acts(37, 512, g)
     for kind in K_KINDS:
         qw = _weight(kind, 21, 512, seed=5)
         rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
         assert torch.equal(lib.linear(x, qw), rows), kind
-        for lo, hi in ((5, 12), (3, 15), (0, 16), (0, 17), (30, 37)):
+        for lo, hi in ((5, 12), (3, 15), (0, 16), (0, 17), (30, 37), (5, 35), (13, 37)):
             assert torch.equal(lib.linear(x[lo:hi], qw), rows[lo:hi]), (kind, lo, hi)
         gate_up = QuantizedWeight(kind, qw.data[:20].contiguous(), 20, 512)  # one row: its own decode path
         rows = torch.cat([lib.linear(x[i : i + 1], gate_up, swiglu=True) for i in range(len(x))])
@@ -238,7 +240,7 @@ def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
     assert mixed.kind == "kmix" and [(p.kind, p.out_features) for p in mixed.parts()] == [
         ("q4_k", 32), ("q6_k", 13), ("q5_k", 7)]  # fmt: skip
     assert torch.equal(dequantize(mixed), torch.cat([dequantize(p) for p in parts]))
-    for M in (1, 5, 12):
+    for M in (1, 5, 12, 29):  # 29: 16-row groups cut at the segment boundaries
         x = _acts(M, 512, g)
         bias = torch.randn(52, generator=g)
         want = torch.cat([lib.linear(x, p) for p in parts], -1) + bias
@@ -251,6 +253,9 @@ def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
         assert torch.equal(y, torch.nn.functional.silu(gate) * up), M
     ref = ops.linear_reference(x, gate_up, swiglu=True)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    x = _acts(26, 512, g)  # 16-row groups of different kinds for gate and up: each row's own bits
+    rows = torch.cat([lib.linear(x[i : i + 1], gate_up, swiglu=True) for i in range(len(x))])
+    assert torch.equal(lib.linear(x, gate_up, swiglu=True), rows)
     assert QuantizedWeight.from_parts(parts[:2]).kind == "q4_k"  # one kind: a plain weight
     bad = mixed.data.clone()
     bad[0] = 9  # 9 segments in the table

@@ -227,8 +227,9 @@ typedef struct {
 void *blz_scratch(size_t bytes);
 /* The same, from one of BLZ_SCRATCH_SLOTS independent buffers (slot 0 is blz_scratch's): a kernel that calls
  * other kernels keeps its own buffers in slot 1 while they use slot 0; slot 2 holds the float panel GEMM's
- * packed x (gemm_float.c), which a kernel of slot 1 may call. */
-#define BLZ_SCRATCH_SLOTS 3
+ * packed x (gemm_float.c), which a kernel of slot 1 may call; slot 3 each OpenMP thread's re-laid K-quant
+ * weight rows (linear_k_groups.c). */
+#define BLZ_SCRATCH_SLOTS 4
 void *blz_scratch_slot(int slot, size_t bytes);
 
 /* Multiply-adds below which a linear call runs on one thread: an OpenMP fork/join costs ~1-2 µs, about

@@ -40,11 +40,15 @@
  * With AVX-512 the group path pairs sub-blocks 2i and 2i+1 in one 512-bit register, so an activation row
  * takes 4 vpmaddubsw / vpmaddwd steps instead of 8 (the same int32 partials, folded to 256 bits before the
  * reduction: the same bits) — 1.05-1.27x at 16-512 rows on Sapphire Rapids (1B shapes, NOTES §36).
+ * On AVX-512 VNNI builds calls of KG_MIN rows and more take linear_k_groups.c instead: 16 weight rows re-laid
+ * per call so that vpdpbusd runs their dots side by side (the same bits; 1.6-1.8x at 64-512 rows).
  */
-#include "blazr_kernels.h"
+#include "kquant.h"
 
-#define QK_K 256
 #define KR 8 /* weight rows per tile (the fp32 lanes) */
+#ifndef KG_MIN
+#define KG_MIN 24 /* activation rows from which AVX-512 VNNI builds take linear_k_groups.c's path */
+#endif
 #ifndef KT
 #define KT 16 /* activation rows per tile, at most (512-row prefill, 1 thread: 8 → 16 rows 74 → 80-91 GFLOP/s
                * Q4_K, 68 → 82-93 Q6_K; 24 and 32 slower) */
@@ -56,17 +60,7 @@
 #define BLZ_K_PF 1
 #endif
 
-BLZ_INLINE int64_t kblock_bytes(int kind) { return kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210; }
-BLZ_INLINE int has_mins(int kind) { return kind != BLZ_Q6_K; }
 
-/* Q8_K activations of one call. */
-typedef struct {
-    int8_t *q;      /* [M][K] */
-    float *d;       /* [M][nb] dx */
-    int16_t *bs;    /* [M][nb][16] sums of q per 16 */
-    int16_t *xs;    /* [M][nb][8] sums of q per 32 (bs[2j] + bs[2j+1]) */
-    int64_t K, nb;
-} actk_t;
 
 /* Quantize one row x[K] to Q8_K (see the header comment). Plain C in every build: the work is M·K, small
  * next to the M·N·K of the dots, and the first-occurrence rule for the signed max is kept as written. */
@@ -103,24 +97,6 @@ static void quantize_q8k_row(const float *restrict x, int64_t nb, int8_t *restri
         for (int j = 0; j < 8; ++j) xs[8 * b + j] = (int16_t)(bs[16 * b + 2 * j] + bs[16 * b + 2 * j + 1]);
         d[b] = 1.0f / iscale;
     }
-}
-
-/* Q4_K / Q5_K: the 12-byte field → 8 six-bit scales (bytes of sc[0..1]) and 8 six-bit mins (mn[0..1]),
- * four bytes at a time: bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7, bytes 4-7
- * the same for the mins, bytes 8-11 the low 4 bits of scales 4-7 (low nibbles) and mins 4-7 (high). */
-BLZ_INLINE void k4_scales(const uint8_t *restrict p, uint32_t sc[2], uint32_t mn[2]) {
-    uint32_t w[3];
-    memcpy(w, p, 12);
-    sc[0] = w[0] & 0x3f3f3f3fu;
-    mn[0] = w[1] & 0x3f3f3f3fu;
-    sc[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
-    mn[1] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
-}
-
-BLZ_INLINE float f16_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return blz_fp16_to_fp32(h);
 }
 
 /* The unsigned quants u[256] of one super-block, in element order (Q6_K: q + 32 stored as 0..63). */
@@ -246,35 +222,6 @@ BLZ_INLINE __m256i bcast_pair(const int16_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
-}
-
-/* Q6_K: the unsigned quants (q + 32, 0..63) of half h of a super-block, sub-blocks 4h .. 4h+3 → w[0..3]
- * (32 bytes each, element order as unpack_scalar). */
-BLZ_INLINE void q6k_quants(const uint8_t *restrict blk, const int h, __m256i w[4]) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), b30 = _mm256_set1_epi8(0x30);
-    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-    const __m256i hh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-    w[0] = _mm256_or_si256(_mm256_and_si256(l0, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), b30));
-    w[1] = _mm256_or_si256(_mm256_and_si256(l1, lo4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), b30));
-    w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo4), _mm256_and_si256(hh, b30));
-    w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo4),
-                           _mm256_and_si256(_mm256_srli_epi16(hh, 2), b30));
-}
-
-/* Q4_K / Q5_K: the quants of sub-blocks 2c and 2c+1 (nibbles of the 32 bytes qs + 32c; Q5_K: bit 4 from
- * bit 2c / 2c+1 of qh, the super-block's 32 high-bit bytes) → w[0], w[1]. */
-BLZ_INLINE void k45_quants(const int kind, const uint8_t *restrict qs, const __m256i qh, const int c, __m256i w[2]) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f);
-    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-    w[0] = _mm256_and_si256(q, lo4);
-    w[1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
-    if (kind == BLZ_Q5_K)
-        for (int i = 0; i < 2; ++i) {
-            const __m256i bit = _mm256_set1_epi8((char)(1 << (2 * c + i)));
-            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
-                                                          _mm256_set1_epi8(0x10)));
-        }
 }
 
 /* AVX2 path of tile_scalar. Per super-block and weight row: the 256 quants unpacked to 8 registers of 32
@@ -512,18 +459,6 @@ static void tile_dots(int kind, const uint8_t *const rows[2 * KR], int listed, i
 #endif
 }
 
-/* Row segments of a weight: one for a plain kind; for BLZ_KMIX (a fused weight whose parts are stored in
- * different K-quant kinds, e.g. q|k in Q4_K and v in Q6_K — llama.cpp's Q4_K_M mixes) the table at the start
- * of the bytes: int32 count n ≤ KSEG_MAX, int32 kinds[KSEG_MAX], int32 rows[KSEG_MAX] (64 bytes), then each
- * segment's rows in its own ggml layout, one after another. */
-#define KSEG_MAX 7
-typedef struct {
-    int n;
-    int kind[KSEG_MAX];
-    int64_t row0[KSEG_MAX + 1]; /* first row of each segment; row0[n] = N */
-    const uint8_t *base[KSEG_MAX];
-    int64_t row_bytes[KSEG_MAX];
-} ksegs_t;
 
 static int ksegs_parse(int kind, const uint8_t *w, int64_t N, int64_t nb, ksegs_t *sg) {
     if (kind != BLZ_KMIX) {
@@ -549,19 +484,12 @@ static int ksegs_parse(int kind, const uint8_t *w, int64_t N, int64_t nb, ksegs_
     return sg->row0[sg->n] == N ? BLZ_OK : BLZ_EINVAL;
 }
 
-/* The segment holding row n. */
-BLZ_INLINE int kseg_of(const ksegs_t *sg, int64_t n) {
-    int i = 0;
-    while (n >= sg->row0[i + 1]) ++i;
-    return i;
-}
-
-/* Tiles of output rows [start, start + len), len ≤ KR, none crossing a segment boundary — of the gate rows
+/* Tiles of output rows [start, start + len), len ≤ size, none crossing a segment boundary — of the gate rows
  * or, in SwiGLU mode, of the up rows (boundaries shifted by nout). Returns the count, tiles in `t` (2 each). */
-static int64_t ktiles(const ksegs_t *sg, int64_t nout, int swiglu, int64_t *t) {
+static int64_t ktiles(const ksegs_t *sg, int64_t nout, int swiglu, int64_t size, int64_t *t) {
     int64_t count = 0, n = 0;
     while (n < nout) {
-        int64_t end = blz_min(n + KR, nout);
+        int64_t end = blz_min(n + size, nout);
         for (int i = 1; i < sg->n; ++i) {
             const int64_t b = sg->row0[i], bu = b - nout; /* a gate-row and an up-row boundary */
             if (b > n && b < end) end = b;
@@ -673,8 +601,28 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
     actk_t a;
     int64_t *tiles;
     if (actk_alloc(&a, M, K, nout / KR + 2 * KSEG_MAX + 1, &tiles)) return BLZ_ENOMEM;
-    const int64_t ntiles = ktiles(&sg, nout, swiglu, tiles);
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#ifdef BLZ_VNNI
+    if (M >= KG_MIN) {
+        const int64_t ngroups = ktiles(&sg, nout, swiglu, KG, tiles);
+        int rc = BLZ_OK;
+#pragma omp parallel num_threads(nt)
+        {
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; ++m)
+                quantize_q8k_row(x + m * K, a.nb, a.q + m * K, a.d + m * a.nb, a.bs + m * a.nb * 16, a.xs + m * a.nb * 8);
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < ngroups; ++g)
+                if (blz_kgroup_run(&sg, tab, &a, M, tiles[2 * g], (int)tiles[2 * g + 1], N, nout, bias, residual, out,
+                                   swiglu)) {
+#pragma omp atomic write
+                    rc = BLZ_ENOMEM;
+                }
+        }
+        return rc;
+    }
+#endif
+    const int64_t ntiles = ktiles(&sg, nout, swiglu, KR, tiles);
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
         quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
