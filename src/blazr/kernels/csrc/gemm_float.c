@@ -8,11 +8,13 @@
  *   (pack_x_group; bf16 weights see x rounded to bf16 values, as torch's `x.to(bfloat16)`), so the
  *   micro-kernel reads x as one sequential stream;
  * - a panel of PANEL_NR weight rows × PANEL_KC columns is widened to fp32 once (F16C, a shift, or a copy),
- *   transposed in 8 × 8 register blocks (k-major, PANEL_NR floats per k), into an L1-sized scratch;
+ *   transposed in 8 × 8 register blocks (k-major, PANEL_NR floats per k), into an L1-sized scratch (AVX-512,
+ *   f16 / bf16: 16 rows × 32 columns transposed while still 16-bit, then widened 16 lanes at a time);
  * - the micro-kernel walks the panel against PANEL_MR packed rows at a time — per k two panel loads, one
  *   broadcast of each x value, 2·PANEL_MR FMAs into as many registers (AVX-512: 32 outputs × 12 rows in 24
  *   of the 32 registers; AVX2: 16 × 6 in 12 of 16) —, carrying each output's sum through a
- *   [rows, PANEL_NR] buffer between column panels;
+ *   [rows, PANEL_NR] buffer between column panels; a last group of a few rows runs a quarter, half or three
+ *   quarters of the micro-kernel's rows, not all of them (16 rows on AVX-512: 12 + 4, not 12 + 12);
  * - blocks of PANEL_NR outputs are split over the threads; the x rows go in passes of PANEL_XBYTES of
  *   packed x, which stay in the last-level cache while the weights stream past (one pass for most prefill
  *   chunks).
@@ -22,7 +24,8 @@
  * Measured (2 threads, Llama-3.2-1B's shapes, warm weights): Zen 3, f16, 500 rows 150-175 GFLOP/s of a
  * ~190 FMA peak (the earlier unpacked version 115-155), 16 rows 80-100 (60-75). Sapphire Rapids, 512-bit
  * form: f16 / bf16 / f32 at 500 rows 280-340 GFLOP/s (torch's fp32 matmul 330-375; the 256-bit form 185-195),
- * 64 rows 250-270, 16 rows 135-165. A vdpbf16ps form (x and weights in bf16 pairs, half the k steps) was
+ * 64 rows 250-270, 16 rows 135-165; f16 16 rows cold (a pass over 8 layers' weights) 7.9 → 9.2 GB/s of
+ * weights with the quarter micro-kernels and the 16-bit transposition (NOTES §39). A vdpbf16ps form (x and weights in bf16 pairs, half the k steps) was
  * tried for bf16 and ran 185-218 at 64-500 rows: on that core vdpbf16ps issues at one 16-lane instruction
  * per cycle, where fp32 FMAs issue two; a 128-column panel measured no different from 256.
  */
@@ -117,6 +120,45 @@ static void pack_x_group(const float *restrict x, int64_t M, int64_t K, int64_t 
     }
 }
 
+#ifdef BLZ_AVX512
+/* 16 rows (src[0..15], NULL: a zero row) × 32 columns from k of 16-bit weights (f16, or bf16 when `bf16`)
+ * → panel[(k + c)·PANEL_NR + j] (j < 16) as fp32. Transposed while still 16-bit — unpacks of words, dwords
+ * and qwords within 128-bit lanes leave, per column offset i < 8, rows 0-7 and rows 8-15 of columns
+ * k + 8L + i in lane L of two registers; a qword permute puts both halves of two columns side by side —
+ * then widened 16 values at a time (half the shuffles of transposing fp32 8 × 8 blocks, and 16-lane
+ * conversions). */
+BLZ_INLINE void widen16x32(const uint8_t *const *src, int64_t k, const int bf16, float *restrict panel) {
+    __m512i r[16], a[16];
+    for (int j = 0; j < 16; ++j)
+        r[j] = src[j] ? _mm512_loadu_si512((const uint16_t *)src[j] + k) : _mm512_setzero_si512();
+    for (int j = 0; j < 16; j += 2) { /* per lane: rows j, j+1 interleaved, columns 0-3 | 4-7 */
+        a[j] = _mm512_unpacklo_epi16(r[j], r[j + 1]);
+        a[j + 1] = _mm512_unpackhi_epi16(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) /* rows j .. j+3: columns 0, 1 | 2, 3 | 4, 5 | 6, 7 */
+        for (int h = 0; h < 2; ++h) {
+            r[j + 2 * h] = _mm512_unpacklo_epi32(a[j + h], a[j + 2 + h]);
+            r[j + 2 * h + 1] = _mm512_unpackhi_epi32(a[j + h], a[j + 2 + h]);
+        }
+    for (int j = 0; j < 16; j += 8) /* rows j .. j+7: column 2q + e in a[j + 2q + e] */
+        for (int q = 0; q < 4; ++q) {
+            a[j + 2 * q] = _mm512_unpacklo_epi64(r[j + q], r[j + 4 + q]);
+            a[j + 2 * q + 1] = _mm512_unpackhi_epi64(r[j + q], r[j + 4 + q]);
+        }
+    const __m512i lanes01 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), lanes23 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    for (int i = 0; i < 8; ++i) /* column offset i: a[i] rows 0-7, a[8 + i] rows 8-15, lane L column 8L + i */
+        for (int h = 0; h < 2; ++h) {
+            const __m512i v = _mm512_permutex2var_epi64(a[i], h ? lanes23 : lanes01, a[8 + i]);
+            const __m256i c[2] = {_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)};
+            for (int e = 0; e < 2; ++e) {
+                const __m512 f = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(c[e]), 16))
+                                      : _mm512_cvtph_ps(c[e]);
+                _mm512_storeu_ps(panel + (k + 8 * (2 * h + e) + i) * PANEL_NR, f);
+            }
+        }
+}
+#endif
+
 /* panel[k·16 + j] = row n0 + j of w at column k0 + k as fp32 (rows j ≥ nr: 0), k < kc. */
 static void widen_panel(const void *w, const int64_t *tab, const int wk, int64_t n0, int nr, int64_t K, int64_t k0,
                         int64_t kc, float *restrict panel) {
@@ -125,6 +167,11 @@ static void widen_panel(const void *w, const int64_t *tab, const int wk, int64_t
     for (int j = 0; j < PANEL_NR; ++j)
         src[j] = j < nr ? blz_weight_row((const uint8_t *)w, tab, n0 + j, esize * K) + esize * k0 : NULL;
     int64_t k = 0;
+#ifdef BLZ_AVX512
+    if (wk != BLZ_PANEL_F32)
+        for (; k + 32 <= kc; k += 32)
+            for (int j0 = 0; j0 < PANEL_NR; j0 += 16) widen16x32(src + j0, k, wk == BLZ_PANEL_BF16, panel + j0);
+#endif
 #ifdef BLZ_AVX2
     for (; k + 8 <= kc; k += 8)
         for (int j0 = 0; j0 < PANEL_NR; j0 += 8) {
@@ -154,31 +201,31 @@ typedef __m256 vpanel;
 #define VP_FMADD _mm256_fmadd_ps
 #endif
 
-/* c[m][0..PANEL_NR-1] (+)= Σ_k xp[k][m] · panel[k][0..PANEL_NR-1] for m < PANEL_MR (xp: one packed group):
- * one fused multiply-add per (output, k) in k order, from 0 when `first`, else from c. */
-static void micro(const float *restrict panel, int64_t kc, const float *restrict xp, float *restrict c,
-                  const int first) {
+/* c[m][0..PANEL_NR-1] (+)= Σ_k xp[k][m] · panel[k][0..PANEL_NR-1] for m < mr ≤ PANEL_MR (xp: one packed
+ * group): one fused multiply-add per (output, k) in k order, from 0 when `first`, else from c. */
+BLZ_INLINE void micro_rows(const int mr, const float *restrict panel, int64_t kc, const float *restrict xp,
+                           float *restrict c, const int first) {
 #if defined(BLZ_AVX512) || defined(BLZ_AVX2)
     enum { H = PANEL_NR / 2 }; /* floats per vector */
     vpanel acc[PANEL_MR][2];
-    for (int m = 0; m < PANEL_MR; ++m) {
+    for (int m = 0; m < mr; ++m) {
         acc[m][0] = first ? VP_ZERO() : VP_LOAD(c + m * PANEL_NR);
         acc[m][1] = first ? VP_ZERO() : VP_LOAD(c + m * PANEL_NR + H);
     }
     for (int64_t k = 0; k < kc; ++k) {
         const vpanel p0 = VP_LOAD(panel + k * PANEL_NR), p1 = VP_LOAD(panel + k * PANEL_NR + H);
-        for (int m = 0; m < PANEL_MR; ++m) {
+        for (int m = 0; m < mr; ++m) {
             const vpanel xv = VP_SET1(xp[k * PANEL_MR + m]);
             acc[m][0] = VP_FMADD(p0, xv, acc[m][0]);
             acc[m][1] = VP_FMADD(p1, xv, acc[m][1]);
         }
     }
-    for (int m = 0; m < PANEL_MR; ++m) {
+    for (int m = 0; m < mr; ++m) {
         VP_STORE(c + m * PANEL_NR, acc[m][0]);
         VP_STORE(c + m * PANEL_NR + H, acc[m][1]);
     }
 #else
-    for (int m = 0; m < PANEL_MR; ++m)
+    for (int m = 0; m < mr; ++m)
         for (int j = 0; j < PANEL_NR; ++j) {
             float v = first ? 0.0f : c[m * PANEL_NR + j];
             for (int64_t k = 0; k < kc; ++k) v = fmaf(panel[k * PANEL_NR + j], xp[k * PANEL_MR + m], v);
@@ -187,15 +234,28 @@ static void micro(const float *restrict panel, int64_t kc, const float *restrict
 #endif
 }
 
-/* c [m1 − m0, 16] = packed x rows m0 .. m1−1 (multiples of PANEL_MR) · rows n0 .. n0+nr−1 of w, panel by
- * panel (panel: PANEL_KC · 16 floats of scratch). */
+/* micro_rows for the rows of a group that exist (`real`), rounded up to a quarter of PANEL_MR: a last
+ * group of a few rows does not pay for the padding (16 rows on AVX-512: 12 + 4, not 12 + 12). */
+static void micro(int real, const float *restrict panel, int64_t kc, const float *restrict xp, float *restrict c,
+                  const int first) {
+    enum { Q = PANEL_MR / 4 };
+    switch ((blz_min(real, PANEL_MR) + Q - 1) / Q) {
+        case 1: micro_rows(Q, panel, kc, xp, c, first); return;
+        case 2: micro_rows(2 * Q, panel, kc, xp, c, first); return;
+        case 3: micro_rows(3 * Q, panel, kc, xp, c, first); return;
+        default: micro_rows(PANEL_MR, panel, kc, xp, c, first);
+    }
+}
+
+/* c [m1 − m0, 16] = packed x rows m0 .. m1−1 (multiples of PANEL_MR; rows from M on are padding) · rows
+ * n0 .. n0+nr−1 of w, panel by panel (panel: PANEL_KC · 16 floats of scratch). */
 static void panel_block(const void *w, const int64_t *tab, const int wk, int64_t n0, int nr, int64_t K,
-                        const float *xp, int64_t Mp, int64_t m0, int64_t m1, float *panel, float *c) {
+                        const float *xp, int64_t M, int64_t Mp, int64_t m0, int64_t m1, float *panel, float *c) {
     for (int64_t k0 = 0; k0 < K; k0 += PANEL_KC) {
         const int64_t kc = blz_min(PANEL_KC, K - k0);
         widen_panel(w, tab, wk, n0, nr, K, k0, kc, panel);
         for (int64_t m = m0; m < m1; m += PANEL_MR)
-            micro(panel, kc, xp + k0 * Mp + m * kc, c + (m - m0) * PANEL_NR, k0 == 0);
+            micro((int)(M - m), panel, kc, xp + k0 * Mp + m * kc, c + (m - m0) * PANEL_NR, k0 == 0);
     }
 }
 
@@ -225,8 +285,8 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
                 if (!panel) continue;
                 const int64_t n0 = b * PANEL_NR;
                 const int nr = (int)blz_min(PANEL_NR, nout - n0);
-                panel_block(w, tab, wk, n0, nr, K, xp, Mp, m0, m1, panel, c);
-                if (swiglu) panel_block(w, tab, wk, n0 + nout, nr, K, xp, Mp, m0, m1, panel, cu);
+                panel_block(w, tab, wk, n0, nr, K, xp, M, Mp, m0, m1, panel, c);
+                if (swiglu) panel_block(w, tab, wk, n0 + nout, nr, K, xp, M, Mp, m0, m1, panel, cu);
                 for (int64_t m = m0; m < blz_min(M, m1); ++m)
                     for (int j = 0; j < nr; ++j) {
                         const float r = c[(m - m0) * PANEL_NR + j], g = swiglu ? cu[(m - m0) * PANEL_NR + j] : 0.0f;
