@@ -10,6 +10,7 @@ import ctypes
 import torch
 
 from blazr.kernels.calls import _F32, UnsupportedInput, _check
+from blazr.kernels.hugepages import empty_huge
 from blazr.kernels.quant import (
     BLOCK_BYTES,
     KQUANT_BYTES,
@@ -62,10 +63,9 @@ def _blocks_out(kind: str, out_features: int, in_features: int) -> torch.Tensor:
     """The uninitialised bytes of a `kind` weight [N, K]: row-packed [G, 16 · row_bytes], or q8_0g's ggml
     rows [N, row_bytes]."""
     if kind == Q8_0G:
-        return torch.empty(out_features, row_bytes(kind, in_features), dtype=torch.uint8)
-    return torch.empty(
-        -(-out_features // ROW_GROUP), ROW_GROUP * row_bytes(kind, in_features), dtype=torch.uint8
-    )
+        return empty_huge(out_features, row_bytes(kind, in_features), dtype=torch.uint8)
+    groups = -(-out_features // ROW_GROUP)
+    return empty_huge(groups, ROW_GROUP * row_bytes(kind, in_features), dtype=torch.uint8)
 
 
 class WeightFormatBindings:
@@ -85,7 +85,7 @@ class WeightFormatBindings:
             raise UnsupportedInput("pack_blocks: the blocks are not on the CPU")
         src = blocks.contiguous()
         g = -(-out_features // ROW_GROUP)
-        out = torch.empty(g, ROW_GROUP * in_features // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
+        out = empty_huge(g, ROW_GROUP * in_features // QK * BLOCK_BYTES[kind], dtype=torch.uint8)
         rc = self.lib.blz_pack_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
                                       out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "pack_blocks")
@@ -108,7 +108,7 @@ class WeightFormatBindings:
             raise ValueError(f"gather_rows: int64 CPU row addresses [N] and row_bytes > 0 expected, found "
                              f"{rows.dtype} {list(rows.shape)}, {row_bytes}")  # fmt: skip
         rows = rows.contiguous()
-        out = torch.empty(rows.numel(), row_bytes, dtype=torch.uint8)
+        out = empty_huge(rows.numel(), row_bytes, dtype=torch.uint8)
         rc = self.lib.blz_gather_rows(rows.data_ptr(), rows.numel(), row_bytes, out.data_ptr(),
                                       torch.get_num_threads())  # fmt: skip
         _check(rc, "gather_rows")
@@ -127,7 +127,7 @@ class WeightFormatBindings:
         if not blocks.is_cpu:
             raise UnsupportedInput("dequantize_blocks: the blocks are not on the CPU")
         src = blocks.contiguous()
-        out = torch.empty(out_features, in_features, dtype=_F32)
+        out = empty_huge(out_features, in_features, dtype=_F32)
         rc = self.lib.blz_dequantize_blocks(_KIND_CODES[kind], src.data_ptr(), out_features, in_features,
                                             out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "dequantize_blocks")

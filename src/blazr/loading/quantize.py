@@ -38,6 +38,7 @@ from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
     FLOAT_KINDS,
     GGML_KINDS,
+    Q8_0G,
     QK,
     QuantizedWeight,
     dequantize,
@@ -248,8 +249,8 @@ _TABLE_KIND = {"int8": "q8_0", "int4": "q8_0", "bf16": "bf16"}
 
 def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | None:
     """`--quantize int8 / int4 / bf16`: the token table of `model` (still on meta) as a QuantizedEmbedding
-    of `_TABLE_KIND[mode]` — Q8_0 rows quantized straight from the checkpoint's map (`quantize_rows`, no
-    float copy) and put in ggml's row order, or the bf16 values (a view of the map when stored bf16) —
+    of `_TABLE_KIND[mode]` — Q8_0 rows quantized straight from the checkpoint's map into ggml's row order
+    (`quantize_rows` to q8_0g, no float copy), or the bf16 values (a view of the map when stored bf16) —
     instead of a float32 table. Runs before `quantize_from_file`, whose tied head then quantizes its own
     copy from the checkpoint. Returns the table's kind, or None (the table then stays float)."""
     if mode not in _TABLE_KIND or model.tp is not None:
@@ -258,8 +259,8 @@ def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | N
     pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
     if kind != "bf16" and shape[1] % QK:  # Q8_0 quantizes blocks of 32
         return None
-    if kind != "bf16" and (qw := quantized_in_place(loader, pname, shape, kind)):
-        data = qw.ggml_blocks()
+    if kind != "bf16" and (qw := quantized_in_place(loader, pname, shape, Q8_0G)):  # in ggml's row order
+        data = qw.data
     else:  # bf16: read as bf16 (a view of the map when stored so); else the C quantizer could not read it
         data = _table_bytes(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
     model.embed_tokens = QuantizedEmbedding(RowTable(kind, data.contiguous(), *shape))

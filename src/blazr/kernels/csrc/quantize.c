@@ -25,7 +25,18 @@ BLZ_INLINE void load_block(const void *row, int type, int64_t b, float v[BLZ_QK]
         return;
     }
     const uint16_t *h = (const uint16_t *)row + at;
-    for (int j = 0; j < BLZ_QK; ++j) v[j] = type == BLZ_KV_BF16 ? blz_bf16_to_fp32(h[j]) : blz_fp16_to_fp32(h[j]);
+#if defined(BLZ_AVX2)
+    for (int i = 0; i < BLZ_QK; i += 8) { /* both widenings are exact: the scalar forms' values */
+        const __m128i u = _mm_loadu_si128((const __m128i *)(h + i));
+        _mm256_storeu_ps(v + i, type == BLZ_KV_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(u), 16))
+                                                    : _mm256_cvtph_ps(u));
+    }
+#else
+    if (type == BLZ_KV_BF16)
+        for (int j = 0; j < BLZ_QK; ++j) v[j] = blz_bf16_to_fp32(h[j]);
+    else
+        for (int j = 0; j < BLZ_QK; ++j) v[j] = blz_fp16_to_fp32(h[j]);
+#endif
 }
 
 BLZ_INLINE void put_f16(uint8_t *p, float v) {
@@ -71,6 +82,33 @@ BLZ_INLINE void store_nibbles(const __m256i q[4], uint8_t *out) {
     const __m256i b = bytes32(q[0], q[1], q[2], q[3]);
     const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
     _mm_storeu_si128((__m128i *)out, _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
+}
+#endif
+
+#if defined(BLZ_AVX512)
+/* Values at..at+15 of a row of element type `type` as fp32 (the widenings are exact). Read from the row itself:
+ * a 512-bit load of values just stored by 256-bit halves (load_block's buffer) cannot be forwarded and
+ * stalled this loop ~3x. */
+BLZ_INLINE __m512 load16(const void *row, int type, int64_t at) {
+    if (type == BLZ_KV_F32) return _mm512_loadu_ps((const float *)row + at);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + at));
+    return type == BLZ_KV_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+}
+
+/* q8_0_block of the 32 values x[0] | x[1]: the AVX2 form's operations, 16 lanes at a time. */
+BLZ_INLINE void q8_0_block16(const __m512 x[2], uint8_t *blk) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const float d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x[0]), _mm512_andnot_ps(sign, x[1]))) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    put_f16(blk, d);
+    for (int i = 0; i < 2; ++i) {
+        const __m512 p = _mm512_mul_ps(x[i], _mm512_set1_ps(id));
+        const __m512 a = _mm512_andnot_ps(sign, p), fl = _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        const __m512 f2 = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), _mm512_sub_ps(a, fl)),
+                                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        const __m512i q = _mm512_cvttps_epi32(_mm512_or_ps(_mm512_add_ps(fl, f2), _mm512_and_ps(sign, p)));
+        _mm_storeu_si128((__m128i *)(blk + 2 + 16 * i), _mm512_cvtsepi32_epi8(q));
+    }
 }
 #endif
 
@@ -152,10 +190,36 @@ static void q4_1_block(const float v[BLZ_QK], uint8_t *blk) {
 #endif
 }
 
+/* Fetch the values Q_PF elements after block b's (past the row's end too: a prefetch never faults). The
+ * hardware prefetcher left a q8_0 quantization of 64 MB of bf16 rows at 1.0 G values/s on one Sapphire
+ * Rapids thread, 2.7 with this (as fast as the same rows from L2). */
+#define Q_PF 1024
+BLZ_INLINE void prefetch_ahead(const void *row, int type, int64_t b) {
+#if defined(BLZ_AVX2)
+    const int64_t esize = blz_kv_elem_bytes(type);
+    const char *p = (const char *)row + esize * (b * BLZ_QK + Q_PF);
+    _mm_prefetch(p, _MM_HINT_T0);
+    if (esize == 4) _mm_prefetch(p + 64, _MM_HINT_T0); /* 32 fp32 values: two lines */
+#else
+    (void)row, (void)type, (void)b;
+#endif
+}
+
 /* One row of K values → its K/32 ggml blocks (bs bytes each) in `out`. */
 static void quantize_row(int kind, const void *row, int type, int64_t nb, int bs, uint8_t *out) {
+#if defined(BLZ_AVX512)
+    if (kind == BLZ_Q8_0) {
+        for (int64_t b = 0; b < nb; ++b) {
+            prefetch_ahead(row, type, b);
+            const __m512 x[2] = {load16(row, type, b * BLZ_QK), load16(row, type, b * BLZ_QK + 16)};
+            q8_0_block16(x, out + b * bs);
+        }
+        return;
+    }
+#endif
     float v[BLZ_QK];
     for (int64_t b = 0; b < nb; ++b) {
+        prefetch_ahead(row, type, b);
         load_block(row, type, b, v);
         uint8_t *blk = out + b * bs;
         if (kind == BLZ_Q8_0) q8_0_block(v, blk);
