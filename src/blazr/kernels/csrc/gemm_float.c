@@ -14,7 +14,9 @@
  *   broadcast of each x value, 2·PANEL_MR FMAs into as many registers (AVX-512: 32 outputs × 12 rows in 24
  *   of the 32 registers; AVX2: 16 × 6 in 12 of 16) —, carrying each output's sum through a
  *   [rows, PANEL_NR] buffer between column panels; a last group of a few rows runs a quarter, half or three
- *   quarters of the micro-kernel's rows, not all of them (16 rows on AVX-512: 12 + 4, not 12 + 12);
+ *   quarters of the micro-kernel's rows, not all of them (16 rows on AVX-512: 12 + 4, not 12 + 12); the
+ *   first micro-kernel call on a panel fetches the next panel's weights a line or two per k step (widening
+ *   a panel from DRAM waited on 32 row streams the hardware prefetcher did not run ahead of);
  * - blocks of PANEL_NR outputs are split over the threads; the x rows go in passes of PANEL_XBYTES of
  *   packed x, which stay in the last-level cache while the weights stream past (one pass for most prefill
  *   chunks).
@@ -24,8 +26,9 @@
  * Measured (2 threads, Llama-3.2-1B's shapes, warm weights): Zen 3, f16, 500 rows 150-175 GFLOP/s of a
  * ~190 FMA peak (the earlier unpacked version 115-155), 16 rows 80-100 (60-75). Sapphire Rapids, 512-bit
  * form: f16 / bf16 / f32 at 500 rows 280-340 GFLOP/s (torch's fp32 matmul 330-375; the 256-bit form 185-195),
- * 64 rows 250-270, 16 rows 135-165; f16 16 rows cold (a pass over 8 layers' weights) 7.9 → 9.2 GB/s of
- * weights with the quarter micro-kernels and the 16-bit transposition (NOTES §39). A vdpbf16ps form (x and weights in bf16 pairs, half the k steps) was
+ * 64 rows 250-270, 16 rows 135-165; f16 16 rows cold (a pass over 8 layers' weights) 7.9 → 9.5 GB/s of
+ * weights with the quarter micro-kernels, the 16-bit transposition and the next panel fetched during the
+ * micro-kernel (NOTES §39). A vdpbf16ps form (x and weights in bf16 pairs, half the k steps) was
  * tried for bf16 and ran 185-218 at 64-500 rows: on that core vdpbf16ps issues at one 16-lane instruction
  * per cycle, where fp32 FMAs issue two; a 128-column panel measured no different from 256.
  */
@@ -201,10 +204,17 @@ typedef __m256 vpanel;
 #define VP_FMADD _mm256_fmadd_ps
 #endif
 
+/* Where the micro-kernel fetches the next panel's weights while it runs (the panel after this one in the
+ * same rows): `lines` cache lines, row_lines of each row in turn, per_k of them a k step. */
+typedef struct {
+    const char *rows[PANEL_NR];
+    int64_t row_lines, lines, per_k;
+} pf_t;
+
 /* c[m][0..PANEL_NR-1] (+)= Σ_k xp[k][m] · panel[k][0..PANEL_NR-1] for m < mr ≤ PANEL_MR (xp: one packed
  * group): one fused multiply-add per (output, k) in k order, from 0 when `first`, else from c. */
 BLZ_INLINE void micro_rows(const int mr, const float *restrict panel, int64_t kc, const float *restrict xp,
-                           float *restrict c, const int first) {
+                           float *restrict c, const int first, const pf_t *pf) {
 #if defined(BLZ_AVX512) || defined(BLZ_AVX2)
     enum { H = PANEL_NR / 2 }; /* floats per vector */
     vpanel acc[PANEL_MR][2];
@@ -213,6 +223,9 @@ BLZ_INLINE void micro_rows(const int mr, const float *restrict panel, int64_t kc
         acc[m][1] = first ? VP_ZERO() : VP_LOAD(c + m * PANEL_NR + H);
     }
     for (int64_t k = 0; k < kc; ++k) {
+        if (pf) /* line k of the next panel's weights (row after row), two on f32 rows */
+            for (int64_t l = k * pf->per_k; l < (k + 1) * pf->per_k && l < pf->lines; ++l)
+                _mm_prefetch(pf->rows[l / pf->row_lines] + 64 * (l % pf->row_lines), _MM_HINT_T0);
         const vpanel p0 = VP_LOAD(panel + k * PANEL_NR), p1 = VP_LOAD(panel + k * PANEL_NR + H);
         for (int m = 0; m < mr; ++m) {
             const vpanel xv = VP_SET1(xp[k * PANEL_MR + m]);
@@ -225,6 +238,7 @@ BLZ_INLINE void micro_rows(const int mr, const float *restrict panel, int64_t kc
         VP_STORE(c + m * PANEL_NR + H, acc[m][1]);
     }
 #else
+    (void)pf;
     for (int m = 0; m < mr; ++m)
         for (int j = 0; j < PANEL_NR; ++j) {
             float v = first ? 0.0f : c[m * PANEL_NR + j];
@@ -237,13 +251,13 @@ BLZ_INLINE void micro_rows(const int mr, const float *restrict panel, int64_t kc
 /* micro_rows for the rows of a group that exist (`real`), rounded up to a quarter of PANEL_MR: a last
  * group of a few rows does not pay for the padding (16 rows on AVX-512: 12 + 4, not 12 + 12). */
 static void micro(int real, const float *restrict panel, int64_t kc, const float *restrict xp, float *restrict c,
-                  const int first) {
+                  const int first, const pf_t *pf) {
     enum { Q = PANEL_MR / 4 };
     switch ((blz_min(real, PANEL_MR) + Q - 1) / Q) {
-        case 1: micro_rows(Q, panel, kc, xp, c, first); return;
-        case 2: micro_rows(2 * Q, panel, kc, xp, c, first); return;
-        case 3: micro_rows(3 * Q, panel, kc, xp, c, first); return;
-        default: micro_rows(PANEL_MR, panel, kc, xp, c, first);
+        case 1: micro_rows(Q, panel, kc, xp, c, first, pf); return;
+        case 2: micro_rows(2 * Q, panel, kc, xp, c, first, pf); return;
+        case 3: micro_rows(3 * Q, panel, kc, xp, c, first, pf); return;
+        default: micro_rows(PANEL_MR, panel, kc, xp, c, first, pf);
     }
 }
 
@@ -251,11 +265,18 @@ static void micro(int real, const float *restrict panel, int64_t kc, const float
  * n0 .. n0+nr−1 of w, panel by panel (panel: PANEL_KC · 16 floats of scratch). */
 static void panel_block(const void *w, const int64_t *tab, const int wk, int64_t n0, int nr, int64_t K,
                         const float *xp, int64_t M, int64_t Mp, int64_t m0, int64_t m1, float *panel, float *c) {
+    const int64_t esize = wk == BLZ_PANEL_F32 ? 4 : 2;
     for (int64_t k0 = 0; k0 < K; k0 += PANEL_KC) {
-        const int64_t kc = blz_min(PANEL_KC, K - k0);
+        const int64_t kc = blz_min(PANEL_KC, K - k0), kn = blz_min(PANEL_KC, K - k0 - kc);
         widen_panel(w, tab, wk, n0, nr, K, k0, kc, panel);
+        pf_t pf = {.row_lines = (esize * kn + 63) / 64};
+        pf.lines = nr * pf.row_lines;
+        pf.per_k = (pf.lines + kc - 1) / kc;
+        for (int j = 0; kn > 0 && j < nr; ++j)
+            pf.rows[j] = (const char *)blz_weight_row((const uint8_t *)w, tab, n0 + j, esize * K) + esize * (k0 + kc);
         for (int64_t m = m0; m < m1; m += PANEL_MR)
-            micro((int)(M - m), panel, kc, xp + k0 * Mp + m * kc, c + (m - m0) * PANEL_NR, k0 == 0);
+            micro((int)(M - m), panel, kc, xp + k0 * Mp + m * kc, c + (m - m0) * PANEL_NR, k0 == 0,
+                  m == m0 && kn > 0 ? &pf : NULL);
     }
 }
 

@@ -60,8 +60,6 @@
 #define BLZ_K_PF 1
 #endif
 
-
-
 /* Quantize one row x[K] to Q8_K (see the header comment). Plain C in every build: the work is M·K, small
  * next to the M·N·K of the dots, and the first-occurrence rule for the signed max is kept as written. */
 static void quantize_q8k_row(const float *restrict x, int64_t nb, int8_t *restrict q, float *restrict d,
@@ -458,7 +456,6 @@ static void tile_dots(int kind, const uint8_t *const rows[2 * KR], int listed, i
     tile_scalar(kind, rows, nr, a, m0, mt, acc);
 #endif
 }
-
 
 static int ksegs_parse(int kind, const uint8_t *w, int64_t N, int64_t nb, ksegs_t *sg) {
     if (kind != BLZ_KMIX) {
