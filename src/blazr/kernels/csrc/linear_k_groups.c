@@ -31,7 +31,9 @@
 #define KG_Q 1408      /* uint8 q[64][16][4] */
 #define KG_BYTES 5504  /* one super-block of a group */
 #ifndef KG_MT
-#define KG_MT 6 /* activation rows per register tile (1B shapes, 512 rows: 4 / 6 / 8 / 12 → Q4_K 530 / 550 / 465 / 475 GFLOP/s) */
+/* Activation rows per register tile (1B shapes, 512 rows: 4 / 6 / 8 / 12 rows → Q4_K 530 / 550 / 465 / 475
+ * GFLOP/s). */
+#define KG_MT 6
 #endif
 
 /* u[r] (r = 0 .. 15): 8 dwords of row r → t[c] (c = 0 .. 7): dword c of row r in lane r. Rows r and r + 8
@@ -151,19 +153,13 @@ BLZ_INLINE void kgroup_dots(const int kind, const int mt, const uint8_t *restric
 
 /* kgroup_dots with kind and (for full tiles) mt as constants. */
 static void kgroup_tile(int kind, int mt, const uint8_t *pk, const actk_t *a, int64_t m0, float acc[KG_MT][KG]) {
-#define KG_CASE(k)                                                   \
-    case k:                                                          \
-        if (mt == KG_MT) kgroup_dots(k, KG_MT, pk, a, m0, acc);      \
-        else kgroup_dots(k, mt, pk, a, m0, acc);                     \
-        return;
+#define KG_DOTS(k) (mt == KG_MT ? kgroup_dots(k, KG_MT, pk, a, m0, acc) : kgroup_dots(k, mt, pk, a, m0, acc))
     switch (kind) {
-        KG_CASE(BLZ_Q4_K)
-        KG_CASE(BLZ_Q5_K)
-        default:
-            if (mt == KG_MT) kgroup_dots(BLZ_Q6_K, KG_MT, pk, a, m0, acc);
-            else kgroup_dots(BLZ_Q6_K, mt, pk, a, m0, acc);
+        case BLZ_Q4_K: KG_DOTS(BLZ_Q4_K); return;
+        case BLZ_Q5_K: KG_DOTS(BLZ_Q5_K); return;
+        default: KG_DOTS(BLZ_Q6_K);
     }
-#undef KG_CASE
+#undef KG_DOTS
 }
 
 int blz_kgroup_run(const ksegs_t *sg, const int64_t *tab, const actk_t *a, int64_t M, int64_t n0, int nn, int64_t N,
