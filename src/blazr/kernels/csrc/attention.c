@@ -60,14 +60,6 @@ static inline void pf_next(prefetcher_t *pf) {
 }
 
 #ifdef BLZ_AVX512
-/* Elements i .. i+15 of a cache row as fp32 (bf16: shift into the high half; f16: vcvtph2ps, exact). */
-BLZ_INLINE __m512 load16(const char *row, int64_t i, int kv_type) {
-    if (kv_type == BLZ_KV_F32) return _mm512_loadu_ps((const float *)row + i);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
-    if (kv_type == BLZ_KV_F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* Horizontal sums of 16 vectors at once: lane t of the result = Σ lanes of v[t]. A transpose-add tree
  * (16 → 8 → 4 → 2 → 1 vectors, 45 shuffles/adds) instead of 16 separate reductions. */
 BLZ_INLINE __m512 hsum16(const __m512 v[16]) {
@@ -100,7 +92,7 @@ BLZ_INLINE void pv_slices(const int64_t G, const int SL, const float *p, const i
     for (int t = 0; t < nk; ++t) {
         if (pf && t % BLZ_KEY_BLOCK == 0) pf_next(pf);
         __m512 v[4];
-        for (int s = 0; s < SL; ++s) v[s] = load16(vr[t], d0 + 16 * s, kv_type);
+        for (int s = 0; s < SL; ++s) v[s] = blz_kv_load16(vr[t], d0 + 16 * s, kv_type);
         for (int64_t g = 0; g < G; ++g) {
             const __m512 pg = _mm512_set1_ps(p[g * ldp + t]);
             for (int s = 0; s < SL; ++s) acc[g][s] = _mm512_fmadd_ps(pg, v[s], acc[g][s]);
@@ -120,7 +112,7 @@ BLZ_INLINE void qk16(const __m512 qv[BLZ_MAX_GROUP][BLZ_MAX_D / 16], const int64
     for (int t = 0; t < BLZ_KEY_BLOCK; ++t) {
         if (t < nk) {
             __m512 k[BLZ_MAX_D / 16];
-            for (int64_t i = 0; i < D / 16; ++i) k[i] = load16(kr[t], 16 * i, kv_type);
+            for (int64_t i = 0; i < D / 16; ++i) k[i] = blz_kv_load16(kr[t], 16 * i, kv_type);
             for (int64_t g = 0; g < G; ++g) {
                 __m512 a = _mm512_setzero_ps();
                 for (int64_t i = 0; i < D / 16; ++i) a = _mm512_fmadd_ps(qv[g][i], k[i], a);
@@ -191,14 +183,6 @@ BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char 
 #endif
 
 #if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
-/* Elements i .. i+7 of a cache row as fp32 (exact widening, as load16). */
-BLZ_INLINE __m256 load8(const char *row, int64_t i, int kv_type) {
-    if (kv_type == BLZ_KV_F32) return _mm256_loadu_ps((const float *)row + i);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
-    if (kv_type == BLZ_KV_F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 /* acc[g][d0 .. d0+8·SL) += Σ_t p[g·BLZ_CHUNK + t] · v_t[d0 ..] (as pv_slices, 8 lanes). */
 BLZ_INLINE void pv_slices8(const int64_t G, const int SL, const float *p, const char *const *vr, const int nk,
                            const int64_t d0, const int kv_type, float *acc_mem, const int64_t Dv,
@@ -209,7 +193,7 @@ BLZ_INLINE void pv_slices8(const int64_t G, const int SL, const float *p, const 
     for (int t = 0; t < nk; ++t) {
         if (pf && t % BLZ_KEY_BLOCK == 0) pf_next(pf);
         __m256 v[4];
-        for (int s = 0; s < SL; ++s) v[s] = load8(vr[t], d0 + 8 * s, kv_type);
+        for (int s = 0; s < SL; ++s) v[s] = blz_kv_load8(vr[t], d0 + 8 * s, kv_type);
         for (int64_t g = 0; g < G; ++g) {
             const __m256 pg = _mm256_set1_ps(p[g * BLZ_CHUNK + t]);
             for (int s = 0; s < SL; ++s) acc[g][s] = _mm256_fmadd_ps(pg, v[s], acc[g][s]);
@@ -229,7 +213,7 @@ BLZ_INLINE void chunk_head_avx2(const float *restrict q, const int64_t G, const 
     for (int t = 0; t < n; ++t) {
         if (t % BLZ_KEY_BLOCK == 0) pf_next(pf);
         __m256 k[BLZ_MAX_D / 8];
-        for (int64_t i = 0; i < D / 8; ++i) k[i] = load8(kr[t], 8 * i, kv_type);
+        for (int64_t i = 0; i < D / 8; ++i) k[i] = blz_kv_load8(kr[t], 8 * i, kv_type);
         for (int64_t g = 0; g < G; ++g) {
             const float *qg = q + g * D;
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();

@@ -371,6 +371,42 @@ BLZ_INLINE float blz_kv_load1(const char *row, int64_t i, int kv_type) {
     return kv_type == BLZ_KV_BF16 ? blz_bf16_to_fp32(h) : blz_fp16_to_fp32(h);
 }
 
+#ifdef BLZ_AVX2
+/* The 4 bytes at p (int8 quants, or an int16 pair) broadcast to every 32-bit lane: the second operand of
+ * vpmaddubsw / vpmaddwd / vpdpbusd / vpdpwssd steps. */
+BLZ_INLINE __m256i blz_bcast4_256(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Elements i .. i+7 of a row of element type kv_type (a cache row, or a float weight row) as fp32: exact
+ * widening (bf16: shifted into the high half; f16: vcvtph2ps), the values of blz_kv_load1. */
+BLZ_INLINE __m256 blz_kv_load8(const void *row, int64_t i, int kv_type) {
+    if (kv_type == BLZ_KV_F32) return _mm256_loadu_ps((const float *)row + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (kv_type == BLZ_KV_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+#ifdef BLZ_AVX512
+/* blz_bcast4_256 in 16 lanes. */
+BLZ_INLINE __m512i blz_bcast4_512(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* blz_kv_load8 for elements i .. i+15. */
+BLZ_INLINE __m512 blz_kv_load16(const void *row, int64_t i, int kv_type) {
+    if (kv_type == BLZ_KV_F32) return _mm512_loadu_ps((const float *)row + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    if (kv_type == BLZ_KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 /* Store one fp32 value into a cache row (bf16 / f16: round to nearest even, as torch's casts). */
 BLZ_INLINE void blz_kv_store1(char *row, int64_t i, float v, int kv_type) {
     if (kv_type == BLZ_KV_F32) ((float *)row)[i] = v;

@@ -216,12 +216,6 @@ BLZ_INLINE void transpose_mins(const __m128i mn[KR], __m256i mp[4]) {
     mp[3] = _mm256_unpackhi_epi64(t2, t3);
 }
 
-BLZ_INLINE __m256i bcast_pair(const int16_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
 /* AVX2 path of tile_scalar. Per super-block and weight row: the 256 quants unpacked to 8 registers of 32
  * unsigned bytes (sub-block j = elements 32j..32j+31) and 8 int16 scale vectors; per activation row,
  * Σ_j vpmaddwd(vpmaddubsw(W_j, X_j), S_j) — every partial an exact int32 — left in v[m][r] for the
@@ -307,8 +301,8 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * KR], con
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blz_hsum8x8_epi32(v[m])), _mm256_mul_ps(dwv, dx), acc[m]);
             if (has_mins(kind)) {
                 const int16_t *xs = a->xs + 8 * row;
-                __m256i summ = _mm256_madd_epi16(mp[0], bcast_pair(xs));
-                for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[p], bcast_pair(xs + 2 * p)));
+                __m256i summ = _mm256_madd_epi16(mp[0], blz_bcast4_256(xs));
+                for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[p], blz_bcast4_256(xs + 2 * p)));
                 acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmv, dx), acc[m]);
             }
         }
@@ -379,8 +373,8 @@ BLZ_INLINE __m256 block1_avx2(const int kind, const uint8_t *const *rows, const 
         __m256i mp[4];
         transpose_mins(mn, mp);
         const int16_t *xs = a->xs + 8 * row;
-        __m256i summ = _mm256_madd_epi16(mp[0], bcast_pair(xs));
-        for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[p], bcast_pair(xs + 2 * p)));
+        __m256i summ = _mm256_madd_epi16(mp[0], blz_bcast4_256(xs));
+        for (int p = 1; p < 4; ++p) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[p], blz_bcast4_256(xs + 2 * p)));
         acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dmv, dx), acc);
     }
     return acc;

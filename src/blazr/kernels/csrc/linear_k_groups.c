@@ -104,12 +104,6 @@ static void kgroup_pack(const int kind, const uint8_t *const rows[KG], const int
     }
 }
 
-BLZ_INLINE __m512i bcast4(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* acc_out[m][r] = the dots of the group at pk (of `kind`) with activation rows m0 .. m0+mt-1 (see the header).
  * Per super-block, each sub-block's chunks are loaded once for the mt rows; each row runs its chain and
  * adds the scaled sub-block to its int32 sumi. */
@@ -130,7 +124,7 @@ BLZ_INLINE void kgroup_dots(const int kind, const int mt, const uint8_t *restric
                 const int64_t row = (m0 + m) * a->nb + b;
                 const int8_t *xq = a->q + (m0 + m) * a->K + b * QK_K + 4 * C * j;
                 __m512i ch = kind == BLZ_Q6_K ? _mm512_set1_epi32(-32 * a->bs[16 * row + j]) : _mm512_setzero_si512();
-                for (int c = 0; c < C; ++c) ch = _mm512_dpbusd_epi32(ch, w[c], bcast4(xq + 4 * c));
+                for (int c = 0; c < C; ++c) ch = _mm512_dpbusd_epi32(ch, w[c], blz_bcast4_512(xq + 4 * c));
                 sumi[m] = _mm512_add_epi32(sumi[m], _mm512_mullo_epi32(ch, sc));
             }
         }
@@ -143,7 +137,7 @@ BLZ_INLINE void kgroup_dots(const int kind, const int mt, const uint8_t *restric
                 const int16_t *xs = a->xs + 8 * row;
                 __m512i summ = _mm512_setzero_si512();
                 for (int i = 0; i < 4; ++i)
-                    summ = _mm512_dpwssd_epi32(summ, _mm512_load_si512(p + KG_MN + 64 * i), bcast4(xs + 2 * i));
+                    summ = _mm512_dpwssd_epi32(summ, _mm512_load_si512(p + KG_MN + 64 * i), blz_bcast4_512(xs + 2 * i));
                 acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(dm, dx), acc[m]);
             }
         }

@@ -151,12 +151,6 @@ static void group_scalar(int kind, int mt, const uint8_t *restrict wg, const blz
 }
 
 #ifdef BLZ_VNNI
-BLZ_INLINE __m512i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* Block b of a group (its tile t) against activation rows m0 .. m0+mt-1: acc[m] + their step. Lane j of a
  * vector is row j of the group; the 8 weight chunks are loaded (and for Q4 split into low / high nibbles)
  * once for all mt rows; each row runs two chains of four vpdpbusd (elements 0-15, 16-31) against its
@@ -183,8 +177,8 @@ BLZ_INLINE void block_vnni(const int kind, const int mt, const uint8_t *restrict
         __m512i s0 = kind == BLZ_Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a->off[r]);
         __m512i s1 = _mm512_setzero_si512();
         for (int c = 0; c < 4; ++c) {
-            s0 = _mm512_dpbusd_epi32(s0, w[c], bcast4(xq + 4 * c));
-            s1 = _mm512_dpbusd_epi32(s1, w[c + 4], bcast4(xq + 16 + 4 * c));
+            s0 = _mm512_dpbusd_epi32(s0, w[c], blz_bcast4_512(xq + 4 * c));
+            s1 = _mm512_dpbusd_epi32(s1, w[c + 4], blz_bcast4_512(xq + 16 + 4 * c));
         }
         const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[r]));
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), sc, acc[m]);
@@ -226,12 +220,6 @@ BLZ_INLINE void groups1_vnni(const int ns, const int kind, const uint8_t *const 
 #endif
 
 #if defined(BLZ_AVX2) && !defined(BLZ_VNNI)
-BLZ_INLINE __m256i bcast4_256(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
 /* Lane j (int32) = Σ of the 4 products u8 × s8 of bytes 4j..4j+3. vpmaddubsw sums pairs into int16 with
  * saturation, so the caller keeps every pair sum within ±32767 (see group_avx2). */
 BLZ_INLINE __m256i maddubs_pairs(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
@@ -261,7 +249,7 @@ BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict
             if (kind == BLZ_Q8_0) {
                 d0 = d1 = _mm256_setzero_si256();
                 for (int c = 0; c < 8; ++c) {
-                    const __m256i xb = bcast4_256(xq + 4 * c);
+                    const __m256i xb = blz_bcast4_256(xq + 4 * c);
                     const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c)), flip);
                     const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32)), flip);
                     d0 = _mm256_add_epi32(
@@ -272,7 +260,7 @@ BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict
             } else {
                 __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
                 for (int p = 0; p < 4; ++p) {
-                    const __m256i xl = bcast4_256(xq + 4 * p), xh = bcast4_256(xq + 16 + 4 * p);
+                    const __m256i xl = blz_bcast4_256(xq + 4 * p), xh = blz_bcast4_256(xq + 16 + 4 * p);
                     const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p));
                     const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p + 32));
                     p0 = _mm256_add_epi16(p0, maddubs_pairs(_mm256_and_si256(v0, lo4), xl));
@@ -330,15 +318,15 @@ BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict
                 if (kind == BLZ_Q8_0) {
                     dot = _mm256_setzero_si256();
                     for (int c = 0; c < 8; ++c) {
-                        const __m256i xs = _mm256_sign_epi8(bcast4_256(xq + 4 * c), w[c]);
+                        const __m256i xs = _mm256_sign_epi8(blz_bcast4_256(xq + 4 * c), w[c]);
                         dot = _mm256_add_epi32(dot, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w[c]), xs), ones));
                     }
                 } else {
-                    __m256i p16 = maddubs_pairs(w[0], bcast4_256(xq));
-                    p16 = _mm256_add_epi16(p16, maddubs_pairs(w[4], bcast4_256(xq + 16)));
+                    __m256i p16 = maddubs_pairs(w[0], blz_bcast4_256(xq));
+                    p16 = _mm256_add_epi16(p16, maddubs_pairs(w[4], blz_bcast4_256(xq + 16)));
                     for (int c = 1; c < 4; ++c) {
-                        p16 = _mm256_add_epi16(p16, maddubs_pairs(w[c], bcast4_256(xq + 4 * c)));
-                        p16 = _mm256_add_epi16(p16, maddubs_pairs(w[c + 4], bcast4_256(xq + 16 + 4 * c)));
+                        p16 = _mm256_add_epi16(p16, maddubs_pairs(w[c], blz_bcast4_256(xq + 4 * c)));
+                        p16 = _mm256_add_epi16(p16, maddubs_pairs(w[c + 4], blz_bcast4_256(xq + 16 + 4 * c)));
                     }
                     dot = _mm256_madd_epi16(p16, ones);
                     if (kind == BLZ_Q4_0) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(a->off[r]));

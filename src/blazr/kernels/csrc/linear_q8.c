@@ -83,12 +83,6 @@ BLZ_INLINE void transpose_block(const uint8_t *const rows[QR], int64_t b, __m256
     for (int c = 0; c < 8; ++c) aw[c] = _mm256_abs_epi8(w[c]);
 }
 
-BLZ_INLINE __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
 /* acc + the sums of each dword's four products u·s (u unsigned bytes ≤ 128, s signed bytes ≥ −127: exact in
  * int32 either way) — one vpdpbusd with AVX512-VNNI, else vpmaddubsw (pair sums within ±2·128·127: no
  * saturation) widened by vpmaddwd: the same integers, so the same bits. */
@@ -131,7 +125,7 @@ BLZ_INLINE void tile_avx2(const uint8_t *const rows[2 * QR], const int listed, c
             const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
             __m256i dot = _mm256_setzero_si256();
             if (is_transposed) {
-                for (int c = 0; c < 8; ++c) dot = dot_u8s8(dot, aw[c], _mm256_sign_epi8(bcast4(xq + 4 * c), w[c]), ones);
+                for (int c = 0; c < 8; ++c) dot = dot_u8s8(dot, aw[c], _mm256_sign_epi8(blz_bcast4_256(xq + 4 * c), w[c]), ones);
             } else {
                 const __m256i x = _mm256_loadu_si256((const __m256i *)xq);
                 __m256i v[QR];

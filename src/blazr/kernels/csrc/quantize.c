@@ -20,22 +20,10 @@
 /* Values [32] of block b of a row of element type `type`, as fp32. */
 BLZ_INLINE void load_block(const void *row, int type, int64_t b, float v[BLZ_QK]) {
     const int64_t at = b * BLZ_QK;
-    if (type == BLZ_KV_F32) {
-        memcpy(v, (const float *)row + at, BLZ_QK * sizeof(float));
-        return;
-    }
-    const uint16_t *h = (const uint16_t *)row + at;
 #if defined(BLZ_AVX2)
-    for (int i = 0; i < BLZ_QK; i += 8) { /* both widenings are exact: the scalar forms' values */
-        const __m128i u = _mm_loadu_si128((const __m128i *)(h + i));
-        _mm256_storeu_ps(v + i, type == BLZ_KV_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(u), 16))
-                                                    : _mm256_cvtph_ps(u));
-    }
+    for (int i = 0; i < BLZ_QK; i += 8) _mm256_storeu_ps(v + i, blz_kv_load8(row, at + i, type));
 #else
-    if (type == BLZ_KV_BF16)
-        for (int j = 0; j < BLZ_QK; ++j) v[j] = blz_bf16_to_fp32(h[j]);
-    else
-        for (int j = 0; j < BLZ_QK; ++j) v[j] = blz_fp16_to_fp32(h[j]);
+    for (int j = 0; j < BLZ_QK; ++j) v[j] = blz_kv_load1(row, at + j, type);
 #endif
 }
 
@@ -86,15 +74,6 @@ BLZ_INLINE void store_nibbles(const __m256i q[4], uint8_t *out) {
 #endif
 
 #if defined(BLZ_AVX512)
-/* Values at..at+15 of a row of element type `type` as fp32 (the widenings are exact). Read from the row itself:
- * a 512-bit load of values just stored by 256-bit halves (load_block's buffer) cannot be forwarded and
- * stalled this loop ~3x. */
-BLZ_INLINE __m512 load16(const void *row, int type, int64_t at) {
-    if (type == BLZ_KV_F32) return _mm512_loadu_ps((const float *)row + at);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + at));
-    return type == BLZ_KV_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-}
-
 /* q8_0_block of the 32 values x[0] | x[1]: the AVX2 form's operations, 16 lanes at a time. */
 BLZ_INLINE void q8_0_block16(const __m512 x[2], uint8_t *blk) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
@@ -211,7 +190,9 @@ static void quantize_row(int kind, const void *row, int type, int64_t nb, int bs
     if (kind == BLZ_Q8_0) {
         for (int64_t b = 0; b < nb; ++b) {
             prefetch_ahead(row, type, b);
-            const __m512 x[2] = {load16(row, type, b * BLZ_QK), load16(row, type, b * BLZ_QK + 16)};
+            /* read from the row itself (blz_kv_load16): a 512-bit load of load_block's buffer, just stored
+             * by 256-bit halves, cannot be forwarded and stalled this loop ~3x */
+            const __m512 x[2] = {blz_kv_load16(row, b * BLZ_QK, type), blz_kv_load16(row, b * BLZ_QK + 16, type)};
             q8_0_block16(x, out + b * bs);
         }
         return;
