@@ -332,6 +332,34 @@ def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str) -> None:
             assert bool(((whole.double() - exact).abs() <= gamma(K + 8) * scale).all())
 
 
+@pytest.mark.parametrize("kind", ["f16", "f32"])
+def test_gemm_of_a_few_rows_sums_as_the_panel(lib: ops.Kernels, kind: str) -> None:
+    """13-16 x rows of a float GEMM call (f16 batched decode, f32 prefill) run with the x rows in a vector's
+    lanes on AVX-512 hosts (gemm_float.c `lanes_gemm`), where more rows take the panel GEMM: the same sums,
+    so each row has the bits it gets in a 20-row call — K with a tail of a 16-column step and of a 128-column
+    block, output blocks of 24 (SwiGLU 12) cut short, every epilogue, one thread and two — and the call
+    agrees with the exact product."""
+    g = torch.Generator().manual_seed(17)
+    threads = torch.get_num_threads()
+    for N, K in ((38, 1000), (48, 256), (6, 40), (62, 130)):
+        qw = quantize(_weights(N, K, seed=N), kind)
+        x = torch.randn(20, K, generator=g)
+        for name in EPILOGUES:
+            bias, residual, swiglu = _epilogue(name, 20, N, g)
+            whole = lib.linear(x, qw, bias, residual, swiglu=swiglu, prefill=True)
+            for M, nt in ((13, 2), (14, 1), (15, 2), (16, 1), (16, 2)):
+                res = None if residual is None else residual[:M]
+                try:
+                    torch.set_num_threads(nt)
+                    part = lib.linear(x[:M], qw, bias, res, swiglu=swiglu, prefill=True)
+                finally:
+                    torch.set_num_threads(threads)
+                assert torch.equal(part, whole[:M]), (N, K, name, M, nt)
+            if name == "plain":
+                exact, scale = x.double() @ qw.data.double().T, x.double().abs() @ qw.data.double().abs().T
+                assert bool(((whole[:16].double() - exact[:16]).abs() <= gamma(K + 8) * scale[:16]).all())
+
+
 def test_bf16_prefill_rounds_x_as_torch(lib: ops.Kernels) -> None:
     """The bf16 GEMM (M > 8) sees x rounded to bf16 exactly as torch rounds it — ties to even, ±inf, NaN
     and values near the largest bf16 — in the vector steps and the scalar tail of each row."""

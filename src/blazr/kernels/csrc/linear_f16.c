@@ -11,8 +11,9 @@
  *   two 16-lane registers (FMAs are lane-wise; a missing tail quarter adds +0·0, which changes no sum), so
  *   both widths give the same bits; there one-row to 4-row calls read several weight rows at once as
  *   streams (blz_gemv_streams).
- * - prefill (more rows): gemm_float.c's panel GEMM (on Zen 3, Llama-3.2-1B's shapes, the dot-product tiles
- *   before it ran at 50-77 GFLOP/s).
+ * - prefill and larger decode batches (more rows): gemm_float.c's GEMM — x rows in vector lanes at 13-16
+ *   rows on AVX-512, panels otherwise (on Zen 3, Llama-3.2-1B's shapes, the dot-product tiles before it ran
+ *   at 50-77 GFLOP/s).
  */
 #include "blazr_kernels.h"
 
