@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
 from blazr.errors import UnsupportedError
+from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.loader import prefill_dtype
@@ -274,7 +275,8 @@ def test_in_situ_quantization_keeps_no_float_table(tied: bool, tmp_path: Path) -
 def test_bf16_checkpoint_runs_as_stored(tmp_path: Path) -> None:
     """`--quantize bf16` on a checkpoint stored bf16 reads no weight into a tensor of its own: gate|up
     (HF stores gate_proj and up_proj back to back) and the single-tensor weights are views of the file's
-    map, q|k|v (stored apart) one gathered copy — with the same values, and the same logits, as the float32
+    map, q|k|v (stored apart) a MappedWeight — its rows read where the map has them, through a row table —
+    with the same values, and the same logits (decode, the row walk, the tiles and the GEMM), as the float32
     copy of the checkpoint rounded to bf16 at load."""
     model = build("LlamaForCausalLM", tmp_path / "f32", seed=9)
     model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
@@ -283,19 +285,24 @@ def test_bf16_checkpoint_runs_as_stored(tmp_path: Path) -> None:
     hf = model.model.layers
     for i in range(len(hf)):
         att, mlp = hf[i].self_attn, hf[i].mlp
-        qkv = layers[f"layers.{i}.attn.qkv_proj"].qweight.data
+        qkv = layers[f"layers.{i}.attn.qkv_proj"].qweight
+        assert isinstance(qkv, MappedWeight) and qkv._gathered is None  # type: ignore[attr-defined]
         gate_up = layers[f"layers.{i}.mlp.gate_up_proj"].qweight.data
-        assert torch.equal(qkv, torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
+        down = layers[f"layers.{i}.mlp.down_proj"].qweight.data
+        in_map = [mapped_file(a) for a in (int(qkv.rows.min()), gate_up.data_ptr(), down.data_ptr())]
+        assert all(f and f.endswith("model.safetensors") for f in in_map), in_map
+        assert torch.equal(qkv.data, torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
         assert torch.equal(gate_up, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-        in_map = [
-            mapped_file(w.data_ptr())
-            for w in (qkv, gate_up, layers[f"layers.{i}.mlp.down_proj"].qweight.data)
-        ]
-        assert in_map[0] is None and all(f and f.endswith("model.safetensors") for f in in_map[1:]), in_map
     ref = LLM(tmp_path / "f32", cpu=True, dtype="float32", quantize="bf16")
     batch = prompts([9, 30], seed=2, vocab=llm.config.vocab_size)
     for got, want in zip(full_logits(llm.runner, batch), full_logits(ref.runner, batch), strict=True):
         assert torch.equal(got, want)
+    for n in (1, 3, 10):  # token by token: one decode row (streams), the row walk, the tiles
+        batch = prompts([5] * n, seed=3, vocab=llm.config.vocab_size)
+        steps = [[1] * 5] * n
+        want = stepwise_logits(ref, batch, steps)
+        for got, w in zip(stepwise_logits(llm, batch, steps), want, strict=True):
+            assert torch.equal(got, w)
 
 
 def test_in_situ_quantization_invariants(tiny_llama: Path) -> None:

@@ -4,14 +4,14 @@ A GGUF file stores tensors sorted by name, so the parts of a fused weight lie ap
 with ffn_norm between them). Gathering those rows into one tensor is a copy the size of the weight into
 fresh memory; on the 1B Q8_0 GGUF that was 0.2 s of a 0.6 s load, nearly all of it first-touch page faults
 (benchmarks/NOTES.md §34). A MappedWeight keeps the rows in place and gives the kernels a row table instead
-— int64 [N], the address of each row's bytes, in any order — which q8_0g, the K-quant kinds and f16 read
-through the BLZ_ROWS flag (csrc/blazr_kernels.h). The loader uses it where a weight is a few runs of rows
-(loading/stored.py MAX_MAPPED_RUNS): rows in another order, such as q / k rows un-permuted for rope,
-read slower through the table than gathered.
+— int64 [N], the address of each row's bytes, in any order — which q8_0g, the K-quant kinds, f16 and bf16
+read through the BLZ_ROWS flag (csrc/blazr_kernels.h). The loader uses it where a weight is a few runs of
+rows (loading/stored.py MAX_MAPPED_RUNS; 16-bit rows in any order): short rows in another order, such as
+q8_0g / K-quant q / k rows un-permuted for rope, read slower through the table than gathered.
 
 Everything else sees an ordinary QuantizedWeight: `data` is the rows gathered into one [N, row_bytes]
-tensor (or [N, K] f16), made on first use and kept — the reference paths, dequantize, tests and any code
-that slices bytes get exactly the bytes the kernels read. The bytes must stay mapped: `holder`, a view of
+tensor (or [N, K] f16 / bf16), made on first use and kept — the reference paths, dequantize, tests and any
+code that slices bytes get exactly the bytes the kernels read. The bytes must stay mapped: `holder`, a view of
 the map that spans every row, keeps the mapping alive as long as the weight.
 """
 
@@ -26,7 +26,7 @@ from blazr.kernels.quant import FLOAT_KINDS, KQUANT_BYTES, Q8_0G, QuantizedWeigh
 
 log = logging.getLogger(__name__)
 
-MAPPED_KINDS = (Q8_0G, *KQUANT_BYTES, "f16")  # the kinds whose kernels take a row table
+MAPPED_KINDS = (Q8_0G, *KQUANT_BYTES, "f16", "bf16")  # the kinds whose kernels take a row table
 
 
 class MappedWeight(QuantizedWeight):
@@ -57,8 +57,8 @@ class MappedWeight(QuantizedWeight):
 
     @property
     def data(self) -> torch.Tensor:  # type: ignore[override]
-        """The rows gathered into one tensor (uint8 [N, row_bytes], f16 [N, K]), made on first use: for the
-        code that reads a weight's bytes (references, dequantize, slicing); the kernels never need it."""
+        """The rows gathered into one tensor (uint8 [N, row_bytes], f16 / bf16 [N, K]), made on first use: for
+        the code that reads a weight's bytes (references, dequantize, slicing); the kernels never need it."""
         if self._gathered is None:
             k = ops.kernels()
             step = row_bytes(self.kind, self.in_features)

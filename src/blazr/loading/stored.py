@@ -24,14 +24,14 @@ from blazr.loading.names import NameMap, RowOrder, cat_rows, unfuse
 from blazr.loading.weights import TensorSource, WeightLoader
 
 # Kinds whose fused parts lying apart the loader leaves in the map as a MappedWeight (read by row table).
-# Not f16, though its kernel reads row tables too: the 1B F16 GGUF's decode step measured 4-5% slower on
-# its mapped rows than on a gathered copy (three in-process A/Bs), where q8_0g and the K-quants measured the
-# same (0.97-1.02), and a gathered F16 copy loads in 0.1 s (benchmarks/NOTES.md §34).
-MAPPED_FROM_FILE = (Q8_0G, *K_KINDS)
-# ... and only when the rows are a few runs in order (fused parts lying apart: gate|up is 2); rows out of
-# order within a part (q / k un-permuted for rope: a run per row) are gathered — read through the table
-# they made the 8B Q4_K_M's decode step 3-8 % slower (three in-process A/Bs), where mapping gate|up alone
-# measured the same as gathering everything (0.98-1.01).
+MAPPED_FROM_FILE = (Q8_0G, *K_KINDS, "f16", "bf16")
+_ROWS_IN_ANY_ORDER = ("f16", "bf16")  # mapped however many runs their rows make (below)
+# ... q8_0g and the K-quants only when the rows are a few runs in order (fused parts lying apart: gate|up is
+# 2); rows out of order within a part (q / k un-permuted for rope: a run per row) are gathered — read through
+# the table they made the 8B Q4_K_M's decode step 3-8 % slower (three in-process A/Bs), where mapping gate|up
+# alone measured the same as gathering everything (0.98-1.01). 16-bit rows (2·K bytes, a page at K = 2048)
+# are mapped in any order: the 1B F16 GGUF's q|k|v read through the table cost its decode step 1.2-1.3 % and
+# its prefill nothing measurable, and save the 0.1-0.3 s gather of a 0.45 s load (benchmarks/NOTES.md §40).
 MAX_MAPPED_RUNS = 4
 
 # GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K) and the 16-bit floats.
@@ -124,7 +124,8 @@ def gguf_blocks(
     if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
         step, rows = row_bytes(kind, k), found[1]
         n_runs = runs(rows, step)
-        if kind in MAPPED_FROM_FILE and not is_stacked and 1 < n_runs <= MAX_MAPPED_RUNS:
+        mappable = kind in MAPPED_FROM_FILE and not is_stacked and n_runs > 1
+        if mappable and (kind in _ROWS_IN_ANY_ORDER or n_runs <= MAX_MAPPED_RUNS):
             lo, hi = int(rows.min()), int(rows.max()) + step
             return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
         return QuantizedWeight.from_ggml(found[0], _as_one(source, rows, step, n_runs), num_rows, k)
@@ -168,9 +169,10 @@ def quantized_in_place(
 def bf16_as_stored(loader: WeightLoader, pname: str, shape: tuple[int, ...]) -> QuantizedWeight | None:
     """`--quantize bf16` on a parameter `pname` [N, K] whose checkpoint rows are stored bf16: those rows as
     they lie — one run of the file (a single tensor, or parts stored back to back: HF's gate_proj, up_proj)
-    a view of the map, parts apart (q|k|v) gathered once by `gather_rows` (an OpenMP memcpy) —, never read
-    into per-part tensors and concatenated (two copies of every fused weight: 4.5 s of a 1B load). None when
-    the source has no map or a part is stored in another type."""
+    a view of the map, parts apart (q|k|v) a MappedWeight over the map (the kernels read them through a
+    row table; gathering them was 0.2 s of a 0.45 s 1B load) —, never read into per-part tensors and
+    concatenated (two copies of every fused weight: 4.5 s of a 1B load). None when the source has no map or
+    a part is stored in another type."""
     source = loader.source
     span = getattr(source, "span", None)
     sources = row_sources(loader.cfg, source, loader.names, pname, shape, is_stacked=False)
@@ -180,8 +182,11 @@ def bf16_as_stored(loader: WeightLoader, pname: str, shape: tuple[int, ...]) -> 
     rows, (num_rows, k) = found[1], shape
     step = row_bytes("bf16", k)
     n_runs = runs(rows, step)
-    data = _as_one(source, rows, step, n_runs)
-    loader.consume(pname, shape, is_copied=n_runs > 1)
+    loader.consume(pname, shape, is_copied=False)
+    if n_runs > 1:
+        lo, hi = int(rows.min()), int(rows.max()) + step
+        return MappedWeight("bf16", rows, span(lo, hi - lo), num_rows, k)
+    data = span(int(rows[0]), num_rows * step)
     return QuantizedWeight("bf16", data.view(torch.bfloat16).reshape(num_rows, k), num_rows, k)
 
 

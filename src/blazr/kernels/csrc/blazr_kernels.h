@@ -58,9 +58,9 @@ enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ
 enum { BLZ_ROW_F16 = 7, BLZ_ROW_BF16 = 8 };
 enum { BLZ_Q8_0G = 9 };
 #define BLZ_QK 32
-/* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 linear call: `w` is not the weight's
- * bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused weight's
- * parts apart in a checkpoint's map, rows in another order), so such a weight is never copied to run. */
+/* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
+ * weight's bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused
+ * weight's parts apart in a checkpoint's map, rows in another order), so such a weight is never copied. */
 #define BLZ_ROWS 0x100
 /* Kind flag of the f32 linear call: a prefill — many rows may take gemm_float.c's panel GEMM. Without it
  * every row takes the decode path, whose result for a row never depends on the call's other rows. */
@@ -89,6 +89,8 @@ int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, in
                         const float *residual, float *out, int swiglu, int nthreads, int gemm);
 int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                     const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_bf16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
+                         const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                    const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,

@@ -73,10 +73,11 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
             return blz_linear_f32_gemm(P(const float *, 1), i[2], i[3], P(const float *, 4), i[5],
                                        P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
                                        (int)i[10], (int)(i[0] & BLZ_GEMM));
-        case BLZ_OP_LINEAR_BF16:
-            return blz_linear_bf16(P(const float *, 1), i[2], i[3], P(const uint16_t *, 4), i[5],
-                                   P(const float *, 6), P(const float *, 7), P(float *, 8), (int)i[9],
-                                   (int)i[10]);
+        case BLZ_OP_LINEAR_BF16: /* i[0] & BLZ_ROWS: i[4] is a row table */
+            return blz_linear_bf16_rows(P(const float *, 1), i[2], i[3],
+                                        i[0] & BLZ_ROWS ? NULL : P(const uint16_t *, 4),
+                                        i[0] & BLZ_ROWS ? P(const int64_t *, 4) : NULL, i[5], P(const float *, 6),
+                                        P(const float *, 7), P(float *, 8), (int)i[9], (int)i[10]);
         case BLZ_OP_LINEAR_F16: /* i[0] & BLZ_ROWS: i[4] is a row table */
             return blz_linear_f16_rows(P(const float *, 1), i[2], i[3],
                                        i[0] & BLZ_ROWS ? NULL : P(const uint16_t *, 4),

@@ -200,11 +200,11 @@ BLZ_INLINE __m128 bf16_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
  * M = 16 decode: 27-29 vs 41 ms for SmolLM2's linears).
  * Products are exact (vdpbf16ps), sums fp32 in a fixed order: 32-element chunks in sequence per lane,
  * then bf16_hsum4. The scalar fallback sums in plain loops. */
-BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *restrict w, int64_t K,
+BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *const *w, int64_t K,
                           const uint16_t *restrict xb, int64_t ldx, float res[BF16_NR][BF16_MR], const int pf) {
 #ifdef BLZ_BF16
     const uint16_t *wr[BF16_NR];
-    for (int n = 0; n < BF16_NR; ++n) wr[n] = w + (n < nt ? n : nt - 1) * K; /* spare rows: discarded */
+    for (int n = 0; n < BF16_NR; ++n) wr[n] = w[n < nt ? n : nt - 1]; /* spare rows: discarded */
     __m512 acc[BF16_MR][BF16_NR];
     for (int m = 0; m < BF16_MR; ++m)
         for (int n = 0; n < BF16_NR; ++n) acc[m][n] = _mm512_setzero_ps();
@@ -234,11 +234,11 @@ BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *restrict w
         for (int n = 0; n < nt; ++n) res[n][m] = s[n];
     }
 #elif defined(BF16_AVX2)
-    for (int n = 0; n < nt; ++n) bf16_row_avx2(mt, w + n * K, K, xb, ldx, res[n], pf);
+    for (int n = 0; n < nt; ++n) bf16_row_avx2(mt, w[n], K, xb, ldx, res[n], pf);
 #else
     for (int n = 0; n < nt; ++n)
         for (int m = 0; m < mt; ++m) {
-            const uint16_t *wn = w + n * K, *xm = xb + m * ldx;
+            const uint16_t *wn = w[n], *xm = xb + m * ldx;
             float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
             for (int64_t k = 0; k < K; ++k) acc += blz_bf16_to_fp32(wn[k]) * blz_bf16_to_fp32(xm[k]);
@@ -277,7 +277,8 @@ BLZ_INLINE void bf16_row(const int mt, const uint16_t *restrict w, int64_t K, co
     bf16_row_avx2(mt, w, K, xb, ldx, res, mt >= 2);
 #else
     float r[BF16_NR][BF16_MR];
-    bf16_tile(mt, 1, w, K, xb, ldx, r, 0);
+    const uint16_t *wr[1] = {w};
+    bf16_tile(mt, 1, wr, K, xb, ldx, r, 0);
     for (int m = 0; m < mt; ++m) res[m] = r[0][m];
 #endif
 }
@@ -310,6 +311,11 @@ static void bf16_streams(const int nr, const int mt, const void *const *rows, in
     BLZ_TILE_SWITCH(bf16_rows1, nr, (const uint16_t *const *)rows, K, x, res);
 }
 #endif
+
+/* Row n of a bf16 weight of K columns: from w, or where the row table says. */
+BLZ_INLINE const uint16_t *bf16_weight_row(const uint16_t *w, const int64_t *tab, int64_t n, int64_t K) {
+    return (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n, 2 * K);
+}
 
 /* Round rows x[M, K] to bf16 into xb[M, ldx], zero-padding columns K .. ldx-1. */
 static void x_to_bf16(const float *restrict x, int64_t K, uint16_t *restrict xb, int64_t ldx) {
@@ -363,17 +369,17 @@ BLZ_EXPORT int blz_linear_f32(const float *x, int64_t M, int64_t K, const float 
     return blz_linear_f32_gemm(x, M, K, w, N, bias, residual, out, swiglu, nthreads, 0);
 }
 
-/* bf16 weights (uint16 bits): x [M, K] fp32, w [N, K], otherwise as blz_linear_f32. */
-BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
-                               const float *bias, const float *residual, float *out, int swiglu,
-                               int nthreads) {
+/* bf16 weights (uint16 bits): x [M, K] fp32, w [N, K] — or, with a row table `tab` (int64 [N], BLZ_ROWS),
+ * row n at tab[n] —, otherwise as blz_linear_f32. */
+int blz_linear_bf16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
+                         const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
     if (M < 0 || N < 0 || K <= 0 || (swiglu && (N % 2 || residual))) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t ldx = blz_round_up(K, 32), nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #if defined(BLZ_AVX2)
     if (M > BF16_PANEL_M) { /* prefill: the panel GEMM on x rounded to bf16 values */
-        return blz_panel_gemm(w, NULL, BLZ_PANEL_BF16, x, M, K, N, bias, residual, out, swiglu, nt);
+        return blz_panel_gemm(w, tab, BLZ_PANEL_BF16, x, M, K, N, bias, residual, out, swiglu, nt);
     }
 #endif
     uint16_t *xb = blz_scratch((size_t)(M * ldx) * sizeof(uint16_t));
@@ -385,7 +391,7 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
         for (int64_t m = 0; m < M; ++m) x_to_bf16(x + m * K, K, xb + m * ldx, ldx);
 #if defined(BLZ_BF16) && BLZ_STREAMS > 1
         if (M == 1)
-            blz_gemv_streams(bf16_streams, (const uint8_t *)w, NULL, 2 * K, K, xb, 1, N, bias, residual, out, swiglu);
+            blz_gemv_streams(bf16_streams, (const uint8_t *)w, tab, 2 * K, K, xb, 1, N, bias, residual, out, swiglu);
         else
 #endif
         for (int64_t mc = 0; mc < M; mc += BF16_MCHUNK) {
@@ -396,8 +402,9 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
                     for (int64_t m0 = mc; m0 < mend; m0 += BF16_MR) {
                         const int mt = (int)blz_min(BF16_MR, mend - m0);
                         float r[BF16_MR], g[BF16_MR];
-                        BLZ_TILE_SWITCH(bf16_row, mt, w + n * K, K, xb + m0 * ldx, ldx, r);
-                        if (swiglu) BLZ_TILE_SWITCH(bf16_row, mt, w + (n + nout) * K, K, xb + m0 * ldx, ldx, g);
+                        BLZ_TILE_SWITCH(bf16_row, mt, bf16_weight_row(w, tab, n, K), K, xb + m0 * ldx, ldx, r);
+                        if (swiglu)
+                            BLZ_TILE_SWITCH(bf16_row, mt, bf16_weight_row(w, tab, n + nout, K), K, xb + m0 * ldx, ldx, g);
                         blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
                     }
                 continue;
@@ -409,9 +416,13 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
                 for (int64_t m0 = mc; m0 < mend; m0 += BF16_MR) {
                     const int mt = (int)blz_min(BF16_MR, mend - m0);
                     float r[BF16_NR][BF16_MR], g[BF16_NR][BF16_MR];
-                    const uint16_t *xt = xb + m0 * ldx;
-                    BLZ_TILE_SWITCH(bf16_tile, mt, nn, w + n0 * K, K, xt, ldx, r, m0 == mc);
-                    if (swiglu) BLZ_TILE_SWITCH(bf16_tile, mt, nn, w + (n0 + nout) * K, K, xt, ldx, g, m0 == mc);
+                    const uint16_t *xt = xb + m0 * ldx, *wr[BF16_NR], *wu[BF16_NR];
+                    for (int n = 0; n < nn; ++n) {
+                        wr[n] = bf16_weight_row(w, tab, n0 + n, K);
+                        wu[n] = swiglu ? bf16_weight_row(w, tab, n0 + nout + n, K) : NULL;
+                    }
+                    BLZ_TILE_SWITCH(bf16_tile, mt, nn, wr, K, xt, ldx, r, m0 == mc);
+                    if (swiglu) BLZ_TILE_SWITCH(bf16_tile, mt, nn, wu, K, xt, ldx, g, m0 == mc);
                     for (int n = 0; n < nn; ++n)
                         blz_epilogue(r[n], g[n], mt, m0, n0 + n, N, nout, bias, residual, out, swiglu);
                 }
@@ -419,4 +430,11 @@ BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint1
         }
     }
     return BLZ_OK;
+}
+
+/* blz_linear_bf16_rows on a weight whose rows follow each other from w. */
+BLZ_EXPORT int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N,
+                               const float *bias, const float *residual, float *out, int swiglu,
+                               int nthreads) {
+    return blz_linear_bf16_rows(x, M, K, w, NULL, N, bias, residual, out, swiglu, nthreads);
 }
