@@ -119,9 +119,9 @@ _CFG = {**TINY, "hidden_size": 256, "intermediate_size": 512, "vocab_size": 64} 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K"])
 def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
     """A llama GGUF written as llama.cpp's converter writes one (tensors sorted by name, so ffn_gate and
-    ffn_up lie apart; q / k rows permuted): its Q8_0 / K-quant gate|up and every F16 fused weight are
-    MappedWeights over the file's map — nothing gathered —, the Q8_0 / K-quant q|k|v (rows out of order)
-    gathered, and the logits equal those with every fused weight gathered into one tensor."""
+    ffn_up lie apart; q / k rows permuted): its gate|up is a MappedWeight over the file's map — nothing
+    gathered —, q|k|v (rows out of order) gathered, and the logits equal those with every fused weight
+    gathered into one tensor."""
     from tests.gguf_fixtures import (
         hf_to_gguf_name,
         llama_metadata,
@@ -146,10 +146,8 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
     layers = {n: m.qweight for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
     fused = {n: w for n, w in layers.items() if n.endswith(("qkv_proj", "gate_up_proj"))}
     mapped = {n: w for n, w in fused.items() if isinstance(w, MappedWeight)}
-    if qtype == "F16":  # f16 rows stay in the map in any order (stored.py MAPPED_FROM_FILE): q|k|v too
-        assert len(fused) == 4 and sorted(mapped) == sorted(fused), fused
-    else:  # gate|up (two runs) stays in the map; q|k|v, its q / k rows un-permuted one by one, is gathered
-        assert sorted(mapped) == [f"layers.{i}.mlp.gate_up_proj" for i in range(2)], fused
+    # gate|up (two runs) stays in the map; q|k|v, its q / k rows un-permuted one by one, is gathered
+    assert sorted(mapped) == [f"layers.{i}.mlp.gate_up_proj" for i in range(2)], fused
     assert all(w._gathered is None for w in mapped.values())  # type: ignore[attr-defined]
     assert weight_bytes(model) >= sum(w.nbytes for w in fused.values())
     assert runs(torch.tensor([0, 8, 16, 100, 108]), 8) == 2 and runs(torch.tensor([8, 0]), 8) == 2

@@ -6,8 +6,8 @@ fresh memory; on the 1B Q8_0 GGUF that was 0.2 s of a 0.6 s load, nearly all of 
 (benchmarks/NOTES.md §34). A MappedWeight keeps the rows in place and gives the kernels a row table instead
 — int64 [N], the address of each row's bytes, in any order — which q8_0g, the K-quant kinds, f16 and bf16
 read through the BLZ_ROWS flag (csrc/blazr_kernels.h). The loader uses it where a weight is a few runs of
-rows (loading/stored.py MAX_MAPPED_RUNS; 16-bit rows in any order): short rows in another order, such as
-q8_0g / K-quant q / k rows un-permuted for rope, read slower through the table than gathered.
+rows (loading/stored.py MAX_MAPPED_RUNS): rows in another order, such as q / k rows un-permuted for rope,
+read slower through the table than gathered.
 
 Everything else sees an ordinary QuantizedWeight: `data` is the rows gathered into one [N, row_bytes]
 tensor (or [N, K] f16 / bf16), made on first use and kept — the reference paths, dequantize, tests and any

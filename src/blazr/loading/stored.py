@@ -25,13 +25,12 @@ from blazr.loading.weights import TensorSource, WeightLoader
 
 # Kinds whose fused parts lying apart the loader leaves in the map as a MappedWeight (read by row table).
 MAPPED_FROM_FILE = (Q8_0G, *K_KINDS, "f16", "bf16")
-_ROWS_IN_ANY_ORDER = ("f16", "bf16")  # mapped however many runs their rows make (below)
-# ... q8_0g and the K-quants only when the rows are a few runs in order (fused parts lying apart: gate|up is
-# 2); rows out of order within a part (q / k un-permuted for rope: a run per row) are gathered — read through
-# the table they made the 8B Q4_K_M's decode step 3-8 % slower (three in-process A/Bs), where mapping gate|up
-# alone measured the same as gathering everything (0.98-1.01). 16-bit rows (2·K bytes, a page at K = 2048)
-# are mapped in any order: the 1B F16 GGUF's q|k|v read through the table cost its decode step 1.2-1.3 % and
-# its prefill nothing measurable, and save the 0.1-0.3 s gather of a 0.45 s load (benchmarks/NOTES.md §40).
+# ... only when the rows are a few runs in order (fused parts lying apart: gate|up is 2, HF's q|k|v 3); rows
+# out of order within a part (a GGUF's q / k un-permuted for rope: a run per row) are gathered — read
+# through the table they made the 8B Q4_K_M's decode step 3-8 % slower (three in-process A/Bs), where
+# mapping gate|up alone measured the same as gathering everything (0.98-1.01); f16 q|k|v of the 1B shape
+# 12 % (one row) and 28 % (4 rows) slower at the kernel, 5 % of the 4-sequence decode step, for 0.07 s of
+# load (benchmarks/NOTES.md §40).
 MAX_MAPPED_RUNS = 4
 
 # GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K) and the 16-bit floats.
@@ -124,8 +123,7 @@ def gguf_blocks(
     if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
         step, rows = row_bytes(kind, k), found[1]
         n_runs = runs(rows, step)
-        mappable = kind in MAPPED_FROM_FILE and not is_stacked and n_runs > 1
-        if mappable and (kind in _ROWS_IN_ANY_ORDER or n_runs <= MAX_MAPPED_RUNS):
+        if kind in MAPPED_FROM_FILE and not is_stacked and 1 < n_runs <= MAX_MAPPED_RUNS:
             lo, hi = int(rows.min()), int(rows.max()) + step
             return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
         return QuantizedWeight.from_ggml(found[0], _as_one(source, rows, step, n_runs), num_rows, k)
@@ -170,7 +168,8 @@ def bf16_as_stored(loader: WeightLoader, pname: str, shape: tuple[int, ...]) -> 
     """`--quantize bf16` on a parameter `pname` [N, K] whose checkpoint rows are stored bf16: those rows as
     they lie — one run of the file (a single tensor, or parts stored back to back: HF's gate_proj, up_proj)
     a view of the map, parts apart (q|k|v) a MappedWeight over the map (the kernels read them through a
-    row table; gathering them was 0.2 s of a 0.45 s 1B load) —, never read into per-part tensors and
+    row table; gathering them was 0.2 s of a 0.45 s 1B load), rows out of order gathered by `gather_rows`
+    —, never read into per-part tensors and
     concatenated (two copies of every fused weight: 4.5 s of a 1B load). None when the source has no map or
     a part is stored in another type."""
     source = loader.source
@@ -182,11 +181,11 @@ def bf16_as_stored(loader: WeightLoader, pname: str, shape: tuple[int, ...]) -> 
     rows, (num_rows, k) = found[1], shape
     step = row_bytes("bf16", k)
     n_runs = runs(rows, step)
-    loader.consume(pname, shape, is_copied=False)
-    if n_runs > 1:
+    loader.consume(pname, shape, is_copied=n_runs > MAX_MAPPED_RUNS)
+    if 1 < n_runs <= MAX_MAPPED_RUNS:
         lo, hi = int(rows.min()), int(rows.max()) + step
         return MappedWeight("bf16", rows, span(lo, hi - lo), num_rows, k)
-    data = span(int(rows[0]), num_rows * step)
+    data = _as_one(source, rows, step, n_runs)
     return QuantizedWeight("bf16", data.view(torch.bfloat16).reshape(num_rows, k), num_rows, k)
 
 
