@@ -254,7 +254,8 @@ def test_in_situ_quantization_accuracy(tiny_llama: Path) -> None:
 def test_in_situ_quantization_keeps_no_float_table(tied: bool, tmp_path: Path) -> None:
     """`--quantize int8 / int4 / bf16` keeps no float32 token table: a QuantizedEmbedding of Q8_0 rows (in
     the 4-bit mode too) — the quantizer's bytes of the float table, in ggml's row order — or of the bf16
-    values; a tied head is still the table quantized to the mode's kind, whatever the table's kind."""
+    values; a tied head is still the table quantized to the mode's kind, whatever the table's kind (under
+    `int8` the table's own bytes)."""
     build("LlamaForCausalLM", tmp_path, seed=8, tie_word_embeddings=tied)
     float_table = LLM(tmp_path, cpu=True, dtype="float32", quantize="none").model.embed_tokens.weight
     for mode, head in (("int8", "q8_0g"), ("int4", "q4_1"), ("bf16", "bf16")):
@@ -270,6 +271,9 @@ def test_in_situ_quantization_keeps_no_float_table(tied: bool, tmp_path: Path) -
         assert isinstance(lm_head, QuantizedLinear) and lm_head.kind == head
         if tied:
             assert torch.equal(lm_head.qweight.data, quantize(float_table, head).data), mode
+            # int8's q8_0g head is the table's own Q8_0 rows (one copy, as a Q8_0 GGUF's tied head)
+            shares = lm_head.qweight.data.data_ptr() == table.table.data.data_ptr()
+            assert shares == (mode == "int8"), mode
 
 
 def test_bf16_checkpoint_runs_as_stored(tmp_path: Path) -> None:

@@ -102,6 +102,17 @@ def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
     return found
 
 
+def _table_as_head(model: CausalLM, kind: str) -> QuantizedWeight | None:
+    """A tied head of `kind` that reads the token table's own bytes — `int8`'s q8_0g head over the Q8_0 table
+    `embed_quantized` made (both ggml's rows of the same values), as a Q8_0 GGUF's tied head reads its table
+    —, else None. A second quantized copy was 0.1 GB more and, while quantized, 0.19 GB of the checkpoint's
+    table mapped: the 1B `--quantize int8` load's peak RSS 1.61 → 1.43 GiB (benchmarks/NOTES.md §40)."""
+    table = getattr(model.embed_tokens, "table", None)
+    if kind != Q8_0G or not isinstance(model.embed_tokens, QuantizedEmbedding) or table.kind != "q8_0":
+        return None
+    return QuantizedWeight(Q8_0G, table.data, table.num_rows, table.dim)
+
+
 def _set_module(model: CausalLM, name: str, module: nn.Module) -> None:
     parent_name, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, attr, module)
@@ -132,7 +143,9 @@ def quantize_from_file(
             kind = _ISQ_KIND[mode]
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
                 continue
-            if linear is None and not isinstance(model.embed_tokens, QuantizedEmbedding):
+            if linear is None and (shared := _table_as_head(model, kind)) is not None:
+                qw = shared
+            elif linear is None and not isinstance(model.embed_tokens, QuantizedEmbedding):
                 # the table itself is needed float: load it now, quantize a copy
                 weight = loader.parameter(pname, shape)
                 set_parameter(model, pname, weight)
@@ -251,8 +264,9 @@ def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | N
     """`--quantize int8 / int4 / bf16`: the token table of `model` (still on meta) as a QuantizedEmbedding
     of `_TABLE_KIND[mode]` — Q8_0 rows quantized straight from the checkpoint's map into ggml's row order
     (`quantize_rows` to q8_0g, no float copy), or the bf16 values (a view of the map when stored bf16) —
-    instead of a float32 table. Runs before `quantize_from_file`, whose tied head then quantizes its own
-    copy from the checkpoint. Returns the table's kind, or None (the table then stays float)."""
+    instead of a float32 table. Runs before `quantize_from_file`, whose tied head then reads the same Q8_0
+    rows (`int8`) or quantizes its own copy from the checkpoint. Returns the table's kind, or None (the
+    table then stays float)."""
     if mode not in _TABLE_KIND or model.tp is not None:
         return None
     cfg, kind = model.cfg, _TABLE_KIND[mode]
