@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from blazr.kernels import hugepages
 from blazr.kernels.hugepages import MIN_BYTES, empty_huge
 
 
@@ -26,12 +27,27 @@ def _vma_flags(address: int) -> list[str]:
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
+def test_empty_huge_advises_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without BLAZR_HUGEPAGES=1 no advice is given; with it, one call over the buffer's whole pages."""
+    calls: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(
+        hugepages, "_MADVISE", lambda start, length, advice: calls.append((start, length, advice)) or 0
+    )
+    monkeypatch.delenv("BLAZR_HUGEPAGES", raising=False)
+    empty_huge(MIN_BYTES, dtype=torch.bfloat16)
+    assert not calls
+    monkeypatch.setenv("BLAZR_HUGEPAGES", "1")
+    t = empty_huge(MIN_BYTES, dtype=torch.bfloat16)
+    assert len(calls) == 1, calls
+    start, length, advice = calls[0]
+    assert advice == hugepages.MADV_HUGEPAGE and start % hugepages.PAGE == 0 and length % hugepages.PAGE == 0
+    assert t.data_ptr() <= start and start + length <= t.data_ptr() + 2 * MIN_BYTES
+    empty_huge(3, 5, dtype=torch.float32)  # below MIN_BYTES: no call
+    assert len(calls) == 1
+
+
 def test_empty_huge_is_torch_empty_with_huge_pages_advised(monkeypatch: pytest.MonkeyPatch) -> None:
     thp = Path("/sys/kernel/mm/transparent_hugepage").is_dir()  # a Linux kernel built with THP
-    monkeypatch.delenv("BLAZR_HUGEPAGES", raising=False)
-    plain = empty_huge(MIN_BYTES, dtype=torch.bfloat16)
-    if thp:
-        assert "hg" not in _vma_flags(plain.data_ptr() + MIN_BYTES)
     monkeypatch.setenv("BLAZR_HUGEPAGES", "1")
     small = empty_huge(3, 5, dtype=torch.float32)
     assert small.shape == (3, 5) and small.dtype == torch.float32 and small.is_contiguous()
