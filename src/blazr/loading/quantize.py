@@ -106,7 +106,7 @@ def _table_as_head(model: CausalLM, kind: str) -> QuantizedWeight | None:
     """A tied head of `kind` that reads the token table's own bytes — `int8`'s q8_0g head over the Q8_0 table
     `embed_quantized` made (both ggml's rows of the same values), as a Q8_0 GGUF's tied head reads its table
     —, else None. A second quantized copy was 0.1 GB more and, while quantized, 0.19 GB of the checkpoint's
-    table mapped: the 1B `--quantize int8` load's peak RSS 1.61 → 1.43 GiB (benchmarks/NOTES.md §40)."""
+    table mapped: the 1B `--quantize int8` load's peak RSS 1.61 → 1.37-1.42 GiB (benchmarks/NOTES.md §40)."""
     table = getattr(model.embed_tokens, "table", None)
     if kind != Q8_0G or not isinstance(model.embed_tokens, QuantizedEmbedding) or table.kind != "q8_0":
         return None
