@@ -204,7 +204,8 @@ BLZ_INLINE void bf16_tile(const int mt, const int nt, const uint16_t *const *w, 
                           const uint16_t *restrict xb, int64_t ldx, float res[BF16_NR][BF16_MR], const int pf) {
 #ifdef BLZ_BF16
     const uint16_t *wr[BF16_NR];
-    for (int n = 0; n < BF16_NR; ++n) wr[n] = w[n < nt ? n : nt - 1]; /* spare rows: discarded */
+    const int top = nt > 1 ? nt - 1 : 0;
+    for (int n = 0; n < BF16_NR; ++n) wr[n] = w[n < top ? n : top]; /* spare rows (a copy of the last): discarded */
     __m512 acc[BF16_MR][BF16_NR];
     for (int m = 0; m < BF16_MR; ++m)
         for (int n = 0; n < BF16_NR; ++n) acc[m][n] = _mm512_setzero_ps();
