@@ -107,8 +107,8 @@ def _table_as_head(model: CausalLM, kind: str) -> QuantizedWeight | None:
     `embed_quantized` made (both ggml's rows of the same values), as a Q8_0 GGUF's tied head reads its table
     —, else None. A second quantized copy was 0.1 GB more and, while quantized, 0.19 GB of the checkpoint's
     table mapped: the 1B `--quantize int8` load's peak RSS 1.61 → 1.37-1.42 GiB (benchmarks/NOTES.md §40)."""
-    table = getattr(model.embed_tokens, "table", None)
-    if kind != Q8_0G or not isinstance(model.embed_tokens, QuantizedEmbedding) or table.kind != "q8_0":
+    table = model.embed_tokens.table if isinstance(model.embed_tokens, QuantizedEmbedding) else None
+    if kind != Q8_0G or table is None or table.kind != "q8_0":
         return None
     return QuantizedWeight(Q8_0G, table.data, table.num_rows, table.dim)
 

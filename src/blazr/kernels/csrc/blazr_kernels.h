@@ -76,8 +76,13 @@ static inline const uint8_t *blz_weight_row(const uint8_t *w, const int64_t *tab
     return tab ? (const uint8_t *)(intptr_t)tab[n] : w + n * row_bytes;
 }
 
-/* Element types of the KV-cache pools (attention and kv_write). */
+/* Element types of the KV-cache pools (attention and kv_write), and of float weight rows (gemm_float.c). */
 enum { BLZ_KV_F32 = 0, BLZ_KV_BF16 = 1, BLZ_KV_F16 = 2 };
+
+/* Row n of a weight of K 16-bit values a row (f16 / bf16): from w, or where the row table says. */
+static inline const uint16_t *blz_weight_row16(const uint16_t *w, const int64_t *tab, int64_t n, int64_t K) {
+    return (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n, 2 * K);
+}
 
 /* Exported kernels (documented where they are defined). */
 int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
@@ -98,7 +103,7 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
 /* gemm_float.c: the many-row GEMM of float weights w [N, K] (rows from w, or at tab[n] when a row table is
  * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (bf16: x rounded to bf16 values);
  * nt threads. Each output one sequential fp32 sum over k, whatever M. */
-enum { BLZ_PANEL_F16 = 0, BLZ_PANEL_BF16 = 1, BLZ_PANEL_F32 = 2 };
+enum { BLZ_PANEL_F16 = BLZ_KV_F16, BLZ_PANEL_BF16 = BLZ_KV_BF16, BLZ_PANEL_F32 = BLZ_KV_F32 }; /* widened by blz_kv_load* */
 /* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 4 x rows (row m at x + m·K elements) →
  * res[r·mt + m], each pair by the operations it takes alone. */
 typedef void (*blz_rows_fn)(int nr, int mt, const void *const *rows, int64_t K, const void *x, float *res);

@@ -79,20 +79,7 @@ BLZ_INLINE __m256 bf16_round8(__m256 v) {
     return _mm256_castsi256_ps(_mm256_and_si256(q, _mm256_set1_epi32((int)0xffff0000u)));
 }
 
-/* 8 weights of a row from k on, as fp32. */
-BLZ_INLINE __m256 widen8(const void *row, int64_t k, const int wk) {
-    if (wk == BLZ_PANEL_F32) return _mm256_loadu_ps((const float *)row + k);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + k));
-    return wk == BLZ_PANEL_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-                                : _mm256_cvtph_ps(h);
-}
 #endif
-
-BLZ_INLINE float widen1(const void *row, int64_t k, const int wk) {
-    if (wk == BLZ_PANEL_F32) return ((const float *)row)[k];
-    const uint16_t h = ((const uint16_t *)row)[k];
-    return wk == BLZ_PANEL_BF16 ? blz_bf16_to_fp32(h) : blz_fp16_to_fp32(h);
-}
 
 /* Pack group g of x's rows: xp[k0·Mp + g·kc·PANEL_MR + kk·PANEL_MR + m] = x[g·PANEL_MR + m][k0 + kk] for
  * each block of PANEL_KC columns from k0 (kc: that block's width), rows ≥ M zero, with `round_bf16` rounded
@@ -168,7 +155,7 @@ BLZ_INLINE void widen16x32(const uint8_t *const *src, int64_t k, const int bf16,
 /* panel[k·16 + j] = row n0 + j of w at column k0 + k as fp32 (rows j ≥ nr: 0), k < kc. */
 static void widen_panel(const void *w, const int64_t *tab, const int wk, int64_t n0, int nr, int64_t K, int64_t k0,
                         int64_t kc, float *restrict panel) {
-    const int64_t esize = wk == BLZ_PANEL_F32 ? 4 : 2;
+    const int64_t esize = blz_kv_elem_bytes(wk);
     const uint8_t *src[PANEL_NR];
     for (int j = 0; j < PANEL_NR; ++j)
         src[j] = j < nr ? blz_weight_row((const uint8_t *)w, tab, n0 + j, esize * K) + esize * k0 : NULL;
@@ -182,13 +169,13 @@ static void widen_panel(const void *w, const int64_t *tab, const int wk, int64_t
     for (; k + 8 <= kc; k += 8)
         for (int j0 = 0; j0 < PANEL_NR; j0 += 8) {
             __m256 r[8];
-            for (int j = 0; j < 8; ++j) r[j] = j0 + j < nr ? widen8(src[j0 + j], k, wk) : _mm256_setzero_ps();
+            for (int j = 0; j < 8; ++j) r[j] = j0 + j < nr ? blz_kv_load8(src[j0 + j], k, wk) : _mm256_setzero_ps();
             transpose8_ps(r);
             for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * PANEL_NR + j0, r[i]);
         }
 #endif
     for (; k < kc; ++k)
-        for (int j = 0; j < PANEL_NR; ++j) panel[k * PANEL_NR + j] = j < nr ? widen1(src[j], k, wk) : 0.0f;
+        for (int j = 0; j < PANEL_NR; ++j) panel[k * PANEL_NR + j] = j < nr ? blz_kv_load1((const char *)src[j], k, wk) : 0.0f;
 }
 
 #ifdef BLZ_AVX512 /* the micro-kernel's vector: PANEL_NR / 2 floats */
@@ -268,7 +255,7 @@ static void micro(int real, const float *restrict panel, int64_t kc, const float
  * n0 .. n0+nr−1 of w, panel by panel (panel: PANEL_KC · 16 floats of scratch). */
 static void panel_block(const void *w, const int64_t *tab, const int wk, int64_t n0, int nr, int64_t K,
                         const float *xp, int64_t M, int64_t Mp, int64_t m0, int64_t m1, float *panel, float *c) {
-    const int64_t esize = wk == BLZ_PANEL_F32 ? 4 : 2;
+    const int64_t esize = blz_kv_elem_bytes(wk);
     for (int64_t k0 = 0; k0 < K; k0 += PANEL_KC) {
         const int64_t kc = blz_min(PANEL_KC, K - k0), kn = blz_min(PANEL_KC, K - k0 - kc);
         widen_panel(w, tab, wk, n0, nr, K, k0, kc, panel);
@@ -337,31 +324,22 @@ static void pack_x_lanes(const float *restrict x, int64_t M, int64_t K, const in
 /* dst[k] = the weights from src on, as fp32, k < kc. */
 static void widen_row(const uint8_t *src, const int wk, int64_t kc, float *restrict dst) {
     int64_t k = 0;
-    if (wk == BLZ_PANEL_F32)
-        for (; k + 16 <= kc; k += 16) _mm512_store_ps(dst + k, _mm512_loadu_ps((const float *)src + k));
-    else
-        for (; k + 16 <= kc; k += 16) {
-            const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + k));
-            _mm512_store_ps(dst + k, wk == BLZ_PANEL_BF16
-                                         ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                                         : _mm512_cvtph_ps(h));
-        }
-    for (; k < kc; ++k) dst[k] = widen1(src, k, wk);
+    for (; k + 16 <= kc; k += 16) _mm512_store_ps(dst + k, blz_kv_load16(src, k, wk));
+    for (; k < kc; ++k) dst[k] = blz_kv_load1((const char *)src, k, wk);
 }
 
-/* acc[j] (+)= Σ_k buf[j][k] · xt[k] (16 lanes) for j < LANES_NR, k < kc, in k order; meanwhile `lines`
- * cache lines of the weights the next step reads, row after row (row_lines of each of rows[]), per_k a k
- * step, are fetched into L1. */
+/* acc[j] (+)= Σ_k buf[j][k] · xt[k] (16 lanes) for j < LANES_NR, k < kc, in k order; meanwhile the weights
+ * the next step reads (pf: row after row) are fetched into L1, pf->per_k lines a k step. */
 BLZ_INLINE void lanes_micro(const float *restrict buf, const float *restrict xt, int64_t kc, __m512 *acc,
-                            const char *const *rows, int64_t row_lines, int64_t lines, int64_t per_k) {
+                            const pf_t *pf) {
     __m512 a[LANES_NR];
 #pragma GCC unroll 24
     for (int j = 0; j < LANES_NR; ++j) a[j] = acc[j];
-    int64_t row = 0, line = 0; /* the next line to fetch */
+    int64_t row = 0, line = 0, lines = pf->lines; /* the next line to fetch */
     for (int64_t k = 0; k < kc; ++k) {
-        for (int64_t l = 0; l < per_k && lines > 0; ++l, --lines) {
-            _mm_prefetch(rows[row] + 64 * line, _MM_HINT_T0);
-            if (++line == row_lines) line = 0, ++row;
+        for (int64_t l = 0; l < pf->per_k && lines > 0; ++l, --lines) {
+            _mm_prefetch(pf->rows[row] + 64 * line, _MM_HINT_T0);
+            if (++line == pf->row_lines) line = 0, ++row;
         }
         const __m512 xv = _mm512_load_ps(xt + k * 16);
 #pragma GCC unroll 24
@@ -383,10 +361,9 @@ BLZ_INLINE const uint8_t *lanes_row(const void *w, const int64_t *tab, int64_t b
 static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const float *x, int64_t M, int64_t K, int64_t N,
                       const float *bias, const float *residual, float *out, int swiglu, int nt) {
     const int64_t nout = swiglu ? N / 2 : N, per = swiglu ? LANES_NR / 2 : LANES_NR;
-    const int64_t nblocks = (nout + per - 1) / per, esize = wk == BLZ_PANEL_F32 ? 4 : 2;
-    float *xt = blz_scratch_slot(2, (size_t)(K * 16 + 16) * sizeof(float));
+    const int64_t nblocks = (nout + per - 1) / per, esize = blz_kv_elem_bytes(wk);
+    float *xt = blz_scratch_slot(2, (size_t)(K * 16) * sizeof(float)); /* 64-byte aligned */
     if (!xt) return BLZ_ENOMEM;
-    xt = (float *)(((uintptr_t)xt + 63) & ~(uintptr_t)63);
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
@@ -403,20 +380,20 @@ static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const flo
         for (int64_t b = 0; b < nblocks; ++b) {
             if (!buf) continue;
             const uint8_t *src[LANES_NR];
-            const char *next[LANES_NR];
             for (int j = 0; j < LANES_NR; ++j) src[j] = lanes_row(w, tab, b, j, per, nout, esize * K);
             __m512 acc[LANES_NR];
             for (int j = 0; j < LANES_NR; ++j) acc[j] = _mm512_setzero_ps();
             for (int64_t k0 = 0; k0 < K; k0 += LANES_KC) {
                 const int64_t kc = blz_min(LANES_KC, K - k0), kn = blz_min(LANES_KC, K - k0 - kc);
+                pf_t pf = {.row_lines = (esize * (kn ? kn : blz_min(LANES_KC, K)) + 63) / 64};
+                pf.lines = LANES_NR * pf.row_lines;
+                pf.per_k = (pf.lines + kc - 1) / kc;
                 for (int j = 0; j < LANES_NR; ++j) { /* the next columns, or the next block's first ones */
                     const uint8_t *at = src[j] + esize * k0;
-                    next[j] = (const char *)(kn ? at + esize * kc : lanes_row(w, tab, b + 1, j, per, nout, esize * K));
+                    pf.rows[j] = (const char *)(kn ? at + esize * kc : lanes_row(w, tab, b + 1, j, per, nout, esize * K));
                     widen_row(at, wk, kc, buf + j * LANES_KC);
                 }
-                const int64_t row_lines = (esize * (kn ? kn : blz_min(LANES_KC, K)) + 63) / 64;
-                lanes_micro(buf, xt + k0 * 16, kc, acc, next, row_lines, LANES_NR * row_lines,
-                            (LANES_NR * row_lines + kc - 1) / kc);
+                lanes_micro(buf, xt + k0 * 16, kc, acc, &pf);
             }
             float *c = buf + LANES_NR * LANES_KC;
             for (int j = 0; j < LANES_NR; ++j) _mm512_store_ps(c + 16 * j, acc[j]);

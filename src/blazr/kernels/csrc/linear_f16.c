@@ -169,10 +169,10 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
             for (int64_t m0 = 0; m0 < M; m0 += F16_MX) {
                 const int mt = (int)blz_min(F16_MX, M - m0);
                 float r[F16_MX], g[F16_MX];
-                const uint16_t *wg = (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n, 2 * K);
+                const uint16_t *wg = blz_weight_row16(w, tab, n, K);
                 f16_rows(mt, wg, K, x + m0 * K, r, M >= 2 && m0 == 0);
                 if (swiglu) {
-                    const uint16_t *wu = (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n + nout, 2 * K);
+                    const uint16_t *wu = blz_weight_row16(w, tab, n + nout, K);
                     f16_rows(mt, wu, K, x + m0 * K, g, M >= 2 && m0 == 0);
                 }
                 blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);

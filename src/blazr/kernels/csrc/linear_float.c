@@ -313,11 +313,6 @@ static void bf16_streams(const int nr, const int mt, const void *const *rows, in
 }
 #endif
 
-/* Row n of a bf16 weight of K columns: from w, or where the row table says. */
-BLZ_INLINE const uint16_t *bf16_weight_row(const uint16_t *w, const int64_t *tab, int64_t n, int64_t K) {
-    return (const uint16_t *)blz_weight_row((const uint8_t *)w, tab, n, 2 * K);
-}
-
 /* Round rows x[M, K] to bf16 into xb[M, ldx], zero-padding columns K .. ldx-1. */
 static void x_to_bf16(const float *restrict x, int64_t K, uint16_t *restrict xb, int64_t ldx) {
     int64_t k = 0;
@@ -403,9 +398,9 @@ int blz_linear_bf16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w
                     for (int64_t m0 = mc; m0 < mend; m0 += BF16_MR) {
                         const int mt = (int)blz_min(BF16_MR, mend - m0);
                         float r[BF16_MR], g[BF16_MR];
-                        BLZ_TILE_SWITCH(bf16_row, mt, bf16_weight_row(w, tab, n, K), K, xb + m0 * ldx, ldx, r);
+                        BLZ_TILE_SWITCH(bf16_row, mt, blz_weight_row16(w, tab, n, K), K, xb + m0 * ldx, ldx, r);
                         if (swiglu)
-                            BLZ_TILE_SWITCH(bf16_row, mt, bf16_weight_row(w, tab, n + nout, K), K, xb + m0 * ldx, ldx, g);
+                            BLZ_TILE_SWITCH(bf16_row, mt, blz_weight_row16(w, tab, n + nout, K), K, xb + m0 * ldx, ldx, g);
                         blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
                     }
                 continue;
@@ -419,8 +414,8 @@ int blz_linear_bf16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w
                     float r[BF16_NR][BF16_MR], g[BF16_NR][BF16_MR];
                     const uint16_t *xt = xb + m0 * ldx, *wr[BF16_NR], *wu[BF16_NR];
                     for (int n = 0; n < nn; ++n) {
-                        wr[n] = bf16_weight_row(w, tab, n0 + n, K);
-                        wu[n] = swiglu ? bf16_weight_row(w, tab, n0 + nout + n, K) : NULL;
+                        wr[n] = blz_weight_row16(w, tab, n0 + n, K);
+                        wu[n] = swiglu ? blz_weight_row16(w, tab, n0 + nout + n, K) : NULL;
                     }
                     BLZ_TILE_SWITCH(bf16_tile, mt, nn, wr, K, xt, ldx, r, m0 == mc);
                     if (swiglu) BLZ_TILE_SWITCH(bf16_tile, mt, nn, wu, K, xt, ldx, g, m0 == mc);
