@@ -164,30 +164,3 @@ BLZ_EXPORT int blz_call_many(const blz_args_t *list, int64_t n, int64_t *failed)
 }
 #undef P
 
-/* A decode linear's output rows (mt ≤ 4 x rows) as weight streams (blazr_kernels.h), inside a parallel region:
- * this thread's block of rows [lo, hi) cut into S parts of q rows — S = BLZ_STREAMS for one x row, half as
- * many for more (the accumulators of S rows × mt x rows must fit in registers), halved again for SwiGLU,
- * whose up rows are streams too —, step i computing row lo + s·q + i of every part s at once. The epilogue
- * is blz_epilogue's, row by row. w: row n at w + n·row_bytes, or at tab[n] (BLZ_ROWS). */
-void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t K,
-                      const void *x, int mt, int64_t N, const float *bias, const float *residual, float *out,
-                      int swiglu) {
-    const int64_t nout = swiglu ? N / 2 : N;
-    const int S = (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
-    int64_t lo, hi;
-    const int64_t q = blz_stream_parts(nout, S, &lo, &hi);
-    for (int64_t i = 0; i < q; ++i) {
-        int64_t n[BLZ_STREAMS];
-        const void *rows[2 * BLZ_STREAMS];
-        const int ns = blz_stream_step(lo, hi, q, S, i, n);
-        for (int s = 0; s < ns; ++s) {
-            rows[s] = blz_weight_row(w, tab, n[s], row_bytes);
-            if (swiglu) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);
-        }
-        float r[2 * BLZ_STREAMS * 4];
-        fn(swiglu ? 2 * ns : ns, mt, rows, K, x, r);
-        for (int s = 0; s < ns; ++s)
-            blz_epilogue(r + s * mt, swiglu ? r + (ns + s) * mt : NULL, mt, 0, n[s], N, nout, bias, residual, out,
-                         swiglu);
-    }
-}
