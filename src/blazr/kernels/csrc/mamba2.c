@@ -62,6 +62,8 @@ static void head_step(float *restrict st, const float *restrict x, const float *
     }
 }
 
+#define CONV_PARTS 4 /* a decode step's conv channels of one sequence, split over the threads */
+
 BLZ_INLINE float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
 BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
@@ -82,10 +84,12 @@ BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < B; ++b) {
+        for (int64_t bc = 0; bc < B * CONV_PARTS; ++bc) { /* parts of a sequence's channels: B is often 1 */
+            const int64_t b = bc / CONV_PARTS, part = bc % CONV_PARTS;
             const float *xr = xbc + b * ld;
             float *cs = conv_pool + slots[b] * Cd * (K - 1), *ur = u + b * Cd;
-            for (int64_t c = 0; c < Cd; ++c) {
+            const int64_t c0 = Cd * part / CONV_PARTS, c1 = Cd * (part + 1) / CONV_PARTS;
+            for (int64_t c = c0; c < c1; ++c) {
                 const float *w = conv_w + c * K;
                 float *st = cs + c * (K - 1);
                 float acc = conv_b ? conv_b[c] : 0.0f;
@@ -95,7 +99,7 @@ BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld
                 st[K - 2] = xr[c];
                 ur[c] = blz_silu(acc);
             }
-            for (int64_t h = 0; h < H; ++h) {
+            for (int64_t h = 0; part == 0 && h < H; ++h) {
                 float dt = softplus(dt_raw[b * ld + h] + dt_bias[h]);
                 dts[b * H + h] = fminf(fmaxf(dt, dt_min), dt_max);
             }
