@@ -15,9 +15,10 @@
  *
  * Every SSM state row is read and written once, in place (the torch path gathers the states, builds
  * full-size temporaries and scatters them back). Work: the conv of every sequence first (OpenMP over
- * sequences), then OpenMP over (sequence, head) pairs. A sequence's results depend on its own inputs and
- * state only, never on the batch or the thread count. The state update is a·s + d·B by one fma each
- * (the torch reference rounds the product a·s and the sum separately: differences at fp32 rounding).
+ * CONV_PARTS parts of each sequence's channels: a decode batch is often one sequence), then OpenMP over
+ * (sequence, head) pairs. A sequence's results depend on its own inputs and state only, never on the batch
+ * or the thread count. The state update is a·s + d·B by one fma each (the torch reference rounds the
+ * product a·s and the sum separately: differences at fp32 rounding).
  */
 #include "blazr_kernels.h"
 
