@@ -2,8 +2,8 @@
 gguf's numpy quantizers (`gguf.quants.quantize`, ggml's reference rounding): the same bytes for Q8_0, Q4_0
 and Q4_1, on random weights and edge cases (zero blocks, overflowing scales, exact halves, ties, tiny and
 constant blocks), from f32, bf16 and f16, on the native and the portable (`generic`) builds; `quantize`
-dispatches to it; `quantize_rows` (rows found by address) quantizes gathered rows the same way; bad inputs
-are a ValueError."""
+dispatches to it; `quantize_rows` (rows found by address) quantizes gathered rows the same way, also where
+the threads map their outputs up front (a few MB); bad inputs are a ValueError."""
 
 from __future__ import annotations
 
@@ -215,3 +215,20 @@ def test_quantize_q8_0g_is_ggufs_q8_0_rows(lib: ops.Kernels, dtype: torch.dtype)
     order = torch.tensor([3, 0, 0, 20, 7])
     rows = w.data_ptr() + order * w.stride(0) * w.element_size()
     assert torch.equal(lib.quantize_rows("q8_0g", rows, dtype, 5, 128), want[order])
+
+
+@pytest.mark.parametrize("kind", ["q8_0g", "q4_0"])
+def test_quantize_large_outputs_mapped_up_front(native: ops.Kernels, kind: str) -> None:
+    """Outputs of a few MB, where each of two threads first maps its share of the fresh output in one call
+    (quantize.c's `populate`): the same bytes as the reference, from a whole weight and from rows by
+    address."""
+    w = (torch.randn(4096, 1024, generator=torch.Generator().manual_seed(11)) * 2).to(torch.bfloat16)
+    want = _gguf(w, "q8_0") if kind == "q8_0g" else quantize_reference(w, kind).data
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(native.quantize_blocks(kind, w), want)
+        rows = w.data_ptr() + torch.arange(4096) * w.stride(0) * w.element_size()
+        assert torch.equal(native.quantize_rows(kind, rows, torch.bfloat16, 4096, 1024), want)
+    finally:
+        torch.set_num_threads(threads)
