@@ -107,6 +107,7 @@ enum { BLZ_PANEL_F16 = BLZ_KV_F16, BLZ_PANEL_BF16 = BLZ_KV_BF16, BLZ_PANEL_F32 =
 /* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 4 x rows (row m at x + m·K elements) →
  * res[r·mt + m], each pair by the operations it takes alone. */
 typedef void (*blz_rows_fn)(int nr, int mt, const void *const *rows, int64_t K, const void *x, float *res);
+void blz_populate(uint8_t *p, int64_t n);
 int blz_panel_gemm(const void *w, const int64_t *tab, int wk, const float *x, int64_t M, int64_t K, int64_t N,
                    const float *bias, const float *residual, float *out, int swiglu, int nt);
 int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V, int64_t D,

@@ -1,6 +1,12 @@
 /* blazr kernels — library-wide helpers: ABI version, compiled-in SIMD features, per-thread scratch, and the
  * packed-argument entry points `blz_call` (one kernel) and `blz_call_many` (a recorded plan). */
 #include <stdlib.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; an older kernel refuses it (EINVAL) and pages fault as usual */
+#endif
+#endif
 
 #include "blazr_kernels.h"
 
@@ -24,6 +30,20 @@ BLZ_EXPORT int blz_features(void) {
     f |= 8;
 #endif
     return f;
+}
+
+/* Map fresh output memory [p, p + n) in one call instead of one page fault per 4 KB page as a load-time
+ * kernel first writes it (a 1B `--quantize int8`'s 1.14 GB: 0.23 s of faults from 2 threads, 0.14-0.16 s
+ * populated so, on Sapphire Rapids); each thread populates the part it will write. Advice only: a refusal
+ * changes nothing but the time; spans under 1 MB are left to fault. */
+void blz_populate(uint8_t *p, int64_t n) {
+#if defined(__linux__)
+    const uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1);
+    const uintptr_t b = ((uintptr_t)p + (uintptr_t)n) & ~(page - 1);
+    if (n >= (1 << 20) && b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#else
+    (void)p, (void)n;
+#endif
 }
 
 static _Thread_local void *scratch_ptr[BLZ_SCRATCH_SLOTS];

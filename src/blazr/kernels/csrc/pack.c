@@ -6,9 +6,9 @@
  * rows; a group is K/32 tiles, tile b holding block b of the group's 16 rows:
  *   [16 f16 d][16 f16 m, q4_1 only][quants: byte 4j + i of 64-byte chunk c = quant byte 4c + i of row j]
  * with q8_0's int8 values stored + 128 (xor 0x80; a padding row's quants therefore read 0x80 there). Plain
- * byte moves: the same code for every target, one row group per OpenMP iteration. `blz_pack_rows` takes
- * each row by address instead (a GGUF's fused, un-permuted or per-expert rows packed straight from the
- * file's map, never gathered first).
+ * byte moves: the same code for every target, each OpenMP thread a contiguous share of the row groups (its
+ * part of the output mapped first, `blz_populate`). `blz_pack_rows` takes each row by address instead (a
+ * GGUF's fused, un-permuted or per-expert rows packed straight from the file's map, never gathered first).
  */
 #include "blazr_kernels.h"
 
@@ -55,13 +55,18 @@ static int pack(int kind, const uint8_t *src, const int64_t *rows, int64_t N, in
     if (!bs || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     const int64_t nb = K / BLZ_QK, row = nb * bs, G = (N + 15) / 16;
     const uint32_t flip = kind == BLZ_Q8_0 ? 0x80808080u : 0;
-#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
-    for (int64_t g = 0; g < G; ++g) {
-        uint8_t *group = dst + g * 16 * row;
-        for (int j = 0; j < 16; ++j) {
-            const int64_t n = g * 16 + j;
-            const uint8_t *at = n >= N ? NULL : rows ? (const uint8_t *)(intptr_t)rows[n] : src + n * row;
-            blz_pack_row(at, nb, bs, header, flip, j, group);
+#pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
+    {
+        int64_t lo, hi;
+        blz_thread_share(G, &lo, &hi);
+        blz_populate(dst + lo * 16 * row, (hi - lo) * 16 * row);
+        for (int64_t g = lo; g < hi; ++g) {
+            uint8_t *group = dst + g * 16 * row;
+            for (int j = 0; j < 16; ++j) {
+                const int64_t n = g * 16 + j;
+                const uint8_t *at = n >= N ? NULL : rows ? (const uint8_t *)(intptr_t)rows[n] : src + n * row;
+                blz_pack_row(at, nb, bs, header, flip, j, group);
+            }
         }
     }
     return BLZ_OK;
@@ -85,7 +90,13 @@ BLZ_EXPORT int blz_pack_rows(int kind, const int64_t *rows, int64_t N, int64_t K
  * q/k rows put back — F16 / BF16 and K-quant rows are used as they are, only moved). */
 BLZ_EXPORT int blz_gather_rows(const int64_t *rows, int64_t N, int64_t row_bytes, uint8_t *dst, int nthreads) {
     if (N < 0 || row_bytes <= 0) return BLZ_EINVAL;
-#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
-    for (int64_t n = 0; n < N; ++n) memcpy(dst + n * row_bytes, (const uint8_t *)(intptr_t)rows[n], (size_t)row_bytes);
+#pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
+    {
+        int64_t lo, hi;
+        blz_thread_share(N, &lo, &hi);
+        blz_populate(dst + lo * row_bytes, (hi - lo) * row_bytes);
+        for (int64_t n = lo; n < hi; ++n)
+            memcpy(dst + n * row_bytes, (const uint8_t *)(intptr_t)rows[n], (size_t)row_bytes);
+    }
     return BLZ_OK;
 }

@@ -11,30 +11,11 @@
  * then moved into its 16-row group by pack.c's `blz_pack_row` (the layout of linear_q.c), so a quantized
  * weight is written once, in its final place. Input rows are f32, bf16 or f16 (BLZ_KV_* element codes); a
  * bf16 / f16 weight is widened exactly, so the bytes equal those of its f32 copy. Each OpenMP thread takes
- * one contiguous share of the rows (row groups), its part of the output mapped first (`populate`).
+ * one contiguous share of the rows (row groups), its part of the output mapped first (`blz_populate`).
  */
 #include <stdlib.h>
-#ifdef __linux__
-#include <sys/mman.h>
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14; an older kernel refuses it (EINVAL) and pages fault as usual */
-#endif
-#endif
 
 #include "blazr_kernels.h"
-
-/* Map fresh output memory [p, p + n) in one call instead of one page fault per 4 KB page as the quantizer
- * first writes it (the 1.14 GB of a 1B `--quantize int8`: 0.23 s of faults from 2 threads, 0.14-0.16 s
- * populated so, on Sapphire Rapids). Each thread populates the rows it will write. Advice only: a refusal
- * changes nothing but the time. */
-static void populate(uint8_t *p, int64_t n) {
-#if defined(__linux__)
-    const uintptr_t page = 4096, a = ((uintptr_t)p + page - 1) & ~(page - 1), b = ((uintptr_t)p + (uintptr_t)n) & ~(page - 1);
-    if (n >= (1 << 20) && b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
-#else
-    (void)p, (void)n;
-#endif
-}
 
 /* Values [32] of block b of a row of element type `type`, as fp32. */
 BLZ_INLINE void load_block(const void *row, int type, int64_t b, float v[BLZ_QK]) {
@@ -241,7 +222,7 @@ static int quantize_rows(int kind, const char *base, int64_t stride, const int64
         {
             int64_t lo, hi;
             blz_thread_share(N, &lo, &hi);
-            populate(dst + lo * row, (hi - lo) * row);
+            blz_populate(dst + lo * row, (hi - lo) * row);
             for (int64_t n = lo; n < hi; ++n)
                 quantize_row(BLZ_Q8_0, rows ? (const char *)(intptr_t)rows[n] : base + n * stride, type, nb, bs,
                              dst + n * row);
@@ -259,7 +240,7 @@ static int quantize_rows(int kind, const char *base, int64_t stride, const int64
         }
         int64_t glo, ghi;
         blz_thread_share(G, &glo, &ghi);
-        populate(dst + glo * 16 * row, (ghi - glo) * 16 * row);
+        blz_populate(dst + glo * 16 * row, (ghi - glo) * 16 * row);
         for (int64_t g = glo; g < ghi; ++g) {
             if (!blocks) continue;
             uint8_t *group = dst + g * 16 * row;
