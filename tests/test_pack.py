@@ -1,7 +1,8 @@
 """The C repack of ggml-ordered blocks (csrc/pack.c, `Kernels.pack_blocks`) against `pack_blocks_reference`:
 the same bytes, padding rows included, on the native and the portable (`generic`) builds; `pack_blocks`
 dispatches to it; `unpack_blocks` undoes it; `pack_rows` (rows found by address) packs gathered rows the
-same way; `gather_rows` moves rows found by address as they are; bad sizes are a ValueError."""
+same way; `gather_rows` moves rows found by address as they are (also where the threads map MB-sized
+outputs up front); bad sizes are a ValueError."""
 
 from __future__ import annotations
 
@@ -146,3 +147,20 @@ def test_gather_rows(lib: ops.Kernels) -> None:
         lib.gather_rows(rows.int(), 210)
     with pytest.raises(ValueError, match="row_bytes > 0"):
         lib.gather_rows(rows, 0)
+
+
+def test_pack_and_gather_large_outputs_mapped_up_front(native: ops.Kernels) -> None:
+    """Outputs of a few MB, where each of two threads first maps its share of the fresh output in one call
+    (common.c's `blz_populate`): the same bytes as the reference pack and as indexing."""
+    n, k = 4096, 1024
+    blocks = _blocks("q4_0", n, k, seed=5)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(2))
+    rows = blocks.data_ptr() + order * blocks.stride(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = pack_blocks_reference("q4_0", blocks, n, k)
+        assert torch.equal(native.pack_blocks("q4_0", blocks, n, k), want)
+        assert torch.equal(native.gather_rows(rows, blocks.shape[1]), blocks[order])
+    finally:
+        torch.set_num_threads(threads)
