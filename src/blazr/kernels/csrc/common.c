@@ -1,5 +1,6 @@
-/* blazr kernels — library-wide helpers: ABI version, compiled-in SIMD features, per-thread scratch, and the
- * packed-argument entry points `blz_call` (one kernel) and `blz_call_many` (a recorded plan). */
+/* blazr kernels — library-wide helpers: ABI version, compiled-in SIMD features, mapping fresh load-time
+ * outputs up front, per-thread scratch, and the packed-argument entry points `blz_call` (one kernel) and
+ * `blz_call_many` (a recorded plan). */
 #include <stdlib.h>
 #ifdef __linux__
 #include <sys/mman.h>
