@@ -24,6 +24,7 @@ from blazr.detect import inspect_checkpoint
 from blazr.info import describe
 from tests.drive import assert_logits_close, full_logits
 from tests.hf_parity import prompts
+from tests.threads import intra_op_threads
 from tests.tiny import build
 
 # GQA with head_dim 64 (2 query heads, 1 KV head at hidden 128): the head size detection assumes when
@@ -34,10 +35,8 @@ HEADS = dict(num_attention_heads=2, num_key_value_heads=1)
 def single_thread() -> Iterator[None]:
     """For a module-scoped fixture: run on one intra-op thread, then restore. Tiny models gain nothing from
     more, and on a shared 2-vCPU machine OpenMP spin-waiting made transformers' decode 20× slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with intra_op_threads(1):
+        yield
 
 
 @dataclasses.dataclass

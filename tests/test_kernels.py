@@ -35,6 +35,7 @@ from blazr.kernels.quant import (
     quantize,
 )
 from blazr.kernels.row_table import ROW_KINDS, RowTable
+from tests.threads import intra_op_threads
 
 U = 2.0**-24  # fp32 unit roundoff
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
@@ -340,7 +341,6 @@ def test_gemm_of_a_few_rows_sums_as_the_panel(lib: ops.Kernels, kind: str) -> No
     block, output blocks of 24 (SwiGLU 12) cut short, every epilogue, one thread and two — and the call
     agrees with the exact product."""
     g = torch.Generator().manual_seed(17)
-    threads = torch.get_num_threads()
     for N, K in ((38, 1000), (48, 256), (6, 40), (62, 130)):
         qw = quantize(_weights(N, K, seed=N), kind)
         x = torch.randn(20, K, generator=g)
@@ -349,11 +349,8 @@ def test_gemm_of_a_few_rows_sums_as_the_panel(lib: ops.Kernels, kind: str) -> No
             whole = lib.linear(x, qw, bias, residual, swiglu=swiglu, prefill=True)
             for M, nt in ((13, 2), (14, 1), (15, 2), (16, 1), (16, 2)):
                 res = None if residual is None else residual[:M]
-                try:
-                    torch.set_num_threads(nt)
+                with intra_op_threads(nt):
                     part = lib.linear(x[:M], qw, bias, res, swiglu=swiglu, prefill=True)
-                finally:
-                    torch.set_num_threads(threads)
                 assert torch.equal(part, whole[:M]), (N, K, name, M, nt)
             if name == "plain":
                 exact, scale = x.double() @ qw.data.double().T, x.double().abs() @ qw.data.double().abs().T
@@ -519,12 +516,8 @@ def test_paged_attention_decode(
             q[b : b + 1], k_pool, v_pool, idx[b : b + 1], seq[b : b + 1], D**-0.5, window=window
         )
         assert torch.equal(one[0], got[b])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with intra_op_threads(1):
         single = lib.paged_attention_decode(q, k_pool, v_pool, idx, seq, D**-0.5, window=window)
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(single, got)
 
 

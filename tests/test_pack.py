@@ -19,6 +19,7 @@ from blazr.kernels.quant import (
     pack_blocks_reference,
     unpack_blocks,
 )
+from tests.threads import intra_op_threads
 
 # N: one row, under a group, whole groups, a padded last group; K: one block, an odd count, a 1B-class width.
 SHAPES = [(1, 32), (5, 96), (16, 64), (17, 32), (40, 256), (61, 2048)]
@@ -156,11 +157,7 @@ def test_pack_and_gather_large_outputs_mapped_up_front(native: ops.Kernels) -> N
     blocks = _blocks("q4_0", n, k, seed=5)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(2))
     rows = blocks.data_ptr() + order * blocks.stride(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         want = pack_blocks_reference("q4_0", blocks, n, k)
         assert torch.equal(native.pack_blocks("q4_0", blocks, n, k), want)
         assert torch.equal(native.gather_rows(rows, blocks.shape[1]), blocks[order])
-    finally:
-        torch.set_num_threads(threads)

@@ -24,6 +24,7 @@ from blazr.kernels.quant import (
 )
 from blazr.loading.gguf import dequantize_reference
 from tests.gguf_fixtures import random_blocks
+from tests.threads import intra_op_threads
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
         "q4_1": gguf.GGMLQuantizationType.Q4_1}  # fmt: skip
@@ -224,11 +225,7 @@ def test_quantize_large_outputs_mapped_up_front(native: ops.Kernels, kind: str) 
     address."""
     w = (torch.randn(4096, 1024, generator=torch.Generator().manual_seed(11)) * 2).to(torch.bfloat16)
     want = _gguf(w, "q8_0") if kind == "q8_0g" else quantize_reference(w, kind).data
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         assert torch.equal(native.quantize_blocks(kind, w), want)
         rows = w.data_ptr() + torch.arange(4096) * w.stride(0) * w.element_size()
         assert torch.equal(native.quantize_rows(kind, rows, torch.bfloat16, 4096, 1024), want)
-    finally:
-        torch.set_num_threads(threads)
