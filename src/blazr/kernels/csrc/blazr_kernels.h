@@ -481,11 +481,13 @@ BLZ_INLINE void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t
         int64_t n[BLZ_STREAMS];
         const void *rows[2 * BLZ_STREAMS];
         int ns = 0;
-        for (int s = 0; s < S; ++s)
-            if (lo + s * q + i < hi) {
-                n[ns] = lo + s * q + i;
-                rows[ns++] = blz_weight_row(w, tab, lo + s * q + i, row_bytes);
+        for (int s = 0; s < S; ++s) {
+            const int64_t row = lo + s * q + i;
+            if (row < hi) {
+                n[ns] = row;
+                rows[ns++] = blz_weight_row(w, tab, row, row_bytes);
             }
+        }
         for (int s = 0; swiglu && s < ns; ++s) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);
         float r[2 * BLZ_STREAMS * 4];
         fn(swiglu ? 2 * ns : ns, mt, rows, K, x, r);
