@@ -15,7 +15,10 @@ without AVX-512). Tolerances are derived, not guessed:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -308,6 +311,58 @@ def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) 
             swiglu = torch.cat([lib.linear(x[i : i + 1], qw, swiglu=True) for i in range(8)])
             for M in (2, 4, 5):
                 assert torch.equal(lib.linear(x[:M], qw, swiglu=True), swiglu[:M]), (N, K, M)
+
+
+@contextlib.contextmanager
+def _held_thread(native: ops.Kernels, t: int) -> Iterator[list[int]]:
+    """Hold thread t of every balanced decode linear until its team-mates are done with their own steps
+    (csrc's blz_set_walk_hold), so they take all of t's; yields a list that gets the runs they took."""
+    hold = native.lib.blz_set_walk_hold
+    hold.argtypes, hold.restype = [ctypes.c_int], ctypes.c_int64
+    hold(t)
+    taken: list[int] = []
+    try:
+        yield taken
+    finally:
+        taken.append(hold(-1))
+
+
+def _decode_calls(
+    native: ops.Kernels, x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor, residual: torch.Tensor
+) -> list[torch.Tensor]:
+    """One decode linear plain, with bias and residual, and as SwiGLU."""
+    return [
+        native.linear(x, qw),
+        native.linear(x, qw, bias, residual.clone()),
+        native.linear(x, qw, swiglu=True),
+    ]
+
+
+@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS])
+def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: str) -> None:
+    """A decode linear's threads balance their shares (csrc's blz_walk_t: each walks its own block's steps
+    from the front, then takes what is left of the others' from the back). With one thread held until the
+    others are done, so that they compute all of its rows — thread 0 or 1 of 2, thread 1 of 3 —, every
+    output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 at 3 x rows too),
+    at sizes that leave parts short."""
+    g = torch.Generator().manual_seed(12)
+    K = 2048  # 38 rows × K: just enough work for the kernels to use 2 threads
+    for N in (38, 136, 1000):
+        qw = (
+            random_kquant(kind, N, K, g)
+            if kind in K_KINDS
+            else quantize(torch.randn(N, K, generator=g), kind)
+        )
+        x = torch.randn(3 if kind == "f16" else 1, K, generator=g)
+        bias, residual = torch.randn(N, generator=g), torch.randn(x.shape[0], N, generator=g)
+        with intra_op_threads(1):
+            alone = _decode_calls(native, x, qw, bias, residual)
+        for threads, held in ((2, 0), (2, 1), (3, 1)):
+            with intra_op_threads(threads), _held_thread(native, held) as taken:
+                got = _decode_calls(native, x, qw, bias, residual)
+            assert taken[0] > 0, (N, threads, held)  # the held thread's steps were taken
+            for a, b in zip(got, alone, strict=True):
+                assert torch.equal(a, b), (N, threads, held)
 
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])

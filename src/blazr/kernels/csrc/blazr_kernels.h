@@ -250,15 +250,32 @@ BLZ_INLINE int64_t blz_round_up(int64_t x, int64_t m) { return (x + m - 1) / m *
 BLZ_INLINE int64_t blz_min(int64_t a, int64_t b) { return a < b ? a : b; }
 BLZ_INLINE int64_t blz_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* This OpenMP thread's share [*lo, *hi) of n items: the contiguous block `omp for schedule(static)` gives it. */
-BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
-#ifdef _OPENMP
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads(), per = (n + nt - 1) / nt;
-#else
-    const int64_t t = 0, per = n;
-#endif
+/* Thread t of nt's share [*lo, *hi) of n items: the contiguous block `omp for schedule(static)` gives it. */
+BLZ_INLINE void blz_share(int64_t n, int64_t t, int64_t nt, int64_t *lo, int64_t *hi) {
+    const int64_t per = (n + nt - 1) / nt;
     *lo = blz_min(n, t * per);
     *hi = blz_min(n, *lo + per);
+}
+
+BLZ_INLINE int blz_thread_num(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+BLZ_INLINE int blz_num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+/* This OpenMP thread's share [*lo, *hi) of n items. */
+BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
+    blz_share(n, blz_thread_num(), blz_num_threads(), lo, hi);
 }
 
 /* FN(c, ...) with c = mt (1..3, else 4) a compile-time constant in each case: a kernel inlined per tile size. */
@@ -290,11 +307,94 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
 #define BLZ_STREAMS 1
 #endif
 
-/* This thread's n items (rows, tiles, groups) as S streams: its block [*lo, lo + S·q) cut into S parts of
- * *q items, part s starting at lo + s·q. Returns q, the steps to take. */
-BLZ_INLINE int64_t blz_stream_parts(int64_t n, int S, int64_t *lo, int64_t *hi) {
-    blz_thread_share(n, lo, hi);
-    return (*hi - *lo + S - 1) / S;
+/* Balancing those streams between the threads. A core's memory reads are bound by the misses it keeps in
+ * flight, not by the bus (Sapphire Rapids VM: one thread reads 15.7 GB/s, two 31), so a thread that finishes
+ * its share of a GEMV early idles half the bandwidth while the other finishes — in a 2-thread f32 hybrid
+ * decode they finished 7 % of each call apart. Each thread's share is still its contiguous block as S parts
+ * of q steps, step i computing item lo + s·q + i of every part; it takes its steps front to back in runs of
+ * BLZ_RUN claimed from its slot, and, its own done, the others' remaining runs from their backs, so two
+ * threads on one block meet in the middle without reading the same lines. Which thread computes a step
+ * changes no bits (each item by the operations it takes alone). */
+#define BLZ_RUN 8
+#define BLZ_BALANCE_MAX 64 /* threads that get slots; a bigger team walks its static shares */
+
+/* One thread's steps not yet taken, [front, back) = (steps >> 32, steps & 0xffffffff); a cache line each.
+ * A team of nt threads uses nt + 1 slots: slot nt counts the threads done (for blz_walk_hold). */
+typedef struct {
+    _Alignas(64) uint64_t steps;
+} blz_slot_t;
+
+/* Test hook (common.c; blz_set_walk_hold): thread blz_walk_hold of a balanced team (−1: none) starts its walk
+ * only once every other thread has finished, so they take all of its steps — the stealing, made certain;
+ * meanwhile blz_walk_taken counts the runs taken from other threads. */
+extern int blz_walk_hold;
+extern int64_t blz_walk_taken;
+
+typedef struct {
+    blz_slot_t *slots; /* NULL: this thread's own steps, no atomics */
+    int me, nt, pass;  /* pass p walks thread (me + p) % nt's steps */
+    int S;
+    int64_t n;
+    int64_t lo, hi, q; /* the block being walked: items [lo, hi) as S parts of q steps */
+} blz_walk_t;
+
+/* In the calling thread, before the parallel region of nt threads that will walk n items as S streams:
+ * the first values of slots[BLZ_BALANCE_MAX + 1]. Returns slots, or NULL where there is nothing to balance
+ * (nt 1, or above BLZ_BALANCE_MAX). */
+BLZ_INLINE blz_slot_t *blz_walk_slots(blz_slot_t *slots, int nt, int64_t n, int S) {
+    if (nt < 2 || nt > BLZ_BALANCE_MAX) return NULL;
+    for (int t = 0; t < nt; ++t) {
+        int64_t lo, hi;
+        blz_share(n, t, nt, &lo, &hi);
+        slots[t].steps = (uint64_t)((hi - lo + S - 1) / S);
+    }
+    slots[nt].steps = 0;
+    return slots;
+}
+
+/* In the parallel region: this thread's walk over slots cut for nt threads. A team of another size (a
+ * nested region) walks static shares. */
+BLZ_INLINE void blz_walk_begin(blz_walk_t *w, blz_slot_t *slots, int nt, int64_t n, int S) {
+    w->me = blz_thread_num();
+    w->nt = blz_num_threads();
+    w->slots = w->nt == nt ? slots : NULL;
+    if (w->slots && blz_walk_hold == w->me)
+        while (__atomic_load_n(&slots[nt].steps, __ATOMIC_ACQUIRE) < (uint64_t)(nt - 1)) {
+        }
+    w->pass = 0;
+    w->S = S;
+    w->n = n;
+    blz_share(n, w->me, w->nt, &w->lo, &w->hi);
+    w->q = (w->hi - w->lo + S - 1) / S;
+}
+
+/* The next run of steps [*i0, *i0 + count) of the block in w->lo / hi / q; 0 when no step is left. */
+BLZ_INLINE int64_t blz_walk_next(blz_walk_t *w, int64_t *i0) {
+    if (!w->slots) {
+        *i0 = 0;
+        return w->pass++ ? 0 : w->q;
+    }
+    for (;;) {
+        blz_slot_t *slot = &w->slots[(w->me + w->pass) % w->nt];
+        uint64_t v = __atomic_load_n(&slot->steps, __ATOMIC_RELAXED);
+        for (;;) {
+            const uint64_t f = v >> 32, b = v & 0xffffffffu;
+            if (f >= b) break;
+            const uint64_t c = b - f < BLZ_RUN ? b - f : BLZ_RUN;
+            const uint64_t nv = w->pass ? (f << 32) | (b - c) : ((f + c) << 32) | b;
+            if (__atomic_compare_exchange_n(&slot->steps, &v, nv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+                if (w->pass && blz_walk_hold >= 0) __atomic_add_fetch(&blz_walk_taken, 1, __ATOMIC_RELAXED);
+                *i0 = (int64_t)(w->pass ? b - c : f);
+                return (int64_t)c;
+            }
+        }
+        if (++w->pass == w->nt) {
+            if (blz_walk_hold >= 0) __atomic_add_fetch(&w->slots[w->nt].steps, 1, __ATOMIC_RELEASE);
+            return 0;
+        }
+        blz_share(w->n, (w->me + w->pass) % w->nt, w->nt, &w->lo, &w->hi);
+        w->q = (w->hi - w->lo + w->S - 1) / w->S;
+    }
 }
 
 /* Step i of those streams: idx[0..ns-1] = the items lo + s·q + i that exist (the last parts may be short);
@@ -469,31 +569,40 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
  * is blz_epilogue's, row by row. w: row n at w + n·row_bytes, or at tab[n] (BLZ_ROWS).
  * Inlined into each float kind (fn a constant there), and each step's row addresses taken from the row
  * numbers as they are found, not re-read from the n[] just stored (blz_stream_step's form): on Sapphire
- * Rapids a cold f32 GEMV of 100352 × 768 read 25-28 GB/s the old way, 29-32 this way (same bits). */
+ * Rapids a cold f32 GEMV of 100352 × 768 read 25-28 GB/s the old way, 29-32 this way (same bits).
+ * The steps are walked balanced (blz_walk_t) over `slots` that the caller cut for nt threads with
+ * blz_walk_slots(slots, nt, nout, blz_gemv_parts(mt, swiglu)), nout = N/2 for SwiGLU, else N. */
+BLZ_INLINE int blz_gemv_parts(int mt, int swiglu) {
+    return (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
+}
+
 BLZ_INLINE void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes,
                                  int64_t K, const void *x, int mt, int64_t N, const float *bias,
-                                 const float *residual, float *out, int swiglu) {
+                                 const float *residual, float *out, int swiglu, blz_slot_t *slots, int nt) {
     const int64_t nout = swiglu ? N / 2 : N;
-    const int S = (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
-    int64_t lo, hi;
-    const int64_t q = blz_stream_parts(nout, S, &lo, &hi);
-    for (int64_t i = 0; i < q; ++i) {
-        int64_t n[BLZ_STREAMS];
-        const void *rows[2 * BLZ_STREAMS];
-        int ns = 0;
-        for (int s = 0; s < S; ++s) {
-            const int64_t row = lo + s * q + i;
-            if (row < hi) {
-                n[ns] = row;
-                rows[ns++] = blz_weight_row(w, tab, row, row_bytes);
+    const int S = blz_gemv_parts(mt, swiglu);
+    blz_walk_t wk;
+    blz_walk_begin(&wk, slots, nt, nout, S);
+    int64_t i0, run;
+    while ((run = blz_walk_next(&wk, &i0)) > 0) {
+        for (int64_t i = i0; i < i0 + run; ++i) {
+            int64_t n[BLZ_STREAMS];
+            const void *rows[2 * BLZ_STREAMS];
+            int ns = 0;
+            for (int s = 0; s < S; ++s) {
+                const int64_t row = wk.lo + s * wk.q + i;
+                if (row < wk.hi) {
+                    n[ns] = row;
+                    rows[ns++] = blz_weight_row(w, tab, row, row_bytes);
+                }
             }
+            for (int s = 0; swiglu && s < ns; ++s) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);
+            float r[2 * BLZ_STREAMS * 4];
+            fn(swiglu ? 2 * ns : ns, mt, rows, K, x, r);
+            for (int s = 0; s < ns; ++s)
+                blz_epilogue(r + s * mt, swiglu ? r + (ns + s) * mt : NULL, mt, 0, n[s], N, nout, bias, residual,
+                             out, swiglu);
         }
-        for (int s = 0; swiglu && s < ns; ++s) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);
-        float r[2 * BLZ_STREAMS * 4];
-        fn(swiglu ? 2 * ns : ns, mt, rows, K, x, r);
-        for (int s = 0; s < ns; ++s)
-            blz_epilogue(r + s * mt, swiglu ? r + (ns + s) * mt : NULL, mt, 0, n[s], N, nout, bias, residual, out,
-                         swiglu);
     }
 }
 

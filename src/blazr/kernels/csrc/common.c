@@ -47,6 +47,18 @@ void blz_populate(uint8_t *p, int64_t n) {
 #endif
 }
 
+int blz_walk_hold = -1;
+int64_t blz_walk_taken;
+
+/* Test hook: hold thread t (−1: none) of every balanced team until the others are done (blz_walk_begin).
+ * Returns the runs of steps taken from other threads while the previous hold was set. */
+BLZ_EXPORT int64_t blz_set_walk_hold(int t) {
+    const int64_t taken = blz_walk_taken;
+    blz_walk_taken = 0;
+    blz_walk_hold = t;
+    return taken;
+}
+
 static _Thread_local void *scratch_ptr[BLZ_SCRATCH_SLOTS];
 static _Thread_local size_t scratch_cap[BLZ_SCRATCH_SLOTS];
 

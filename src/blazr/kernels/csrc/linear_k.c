@@ -539,39 +539,43 @@ static void ktile_rows(const ksegs_t *sg, const int64_t *tab, int64_t nout, int 
 
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
 /* blz_linear_k at M = 1 (activations quantized in a): this thread's block of tiles cut into BLZ_STREAMS parts
- * (SwiGLU: half as many, each read with its up rows), tile i of every part run together. */
+ * (SwiGLU: half as many, each read with its up rows), tile i of every part run together; the
+ * steps walked balanced between the threads (blz_walk_t). */
 static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tiles, int64_t ntiles, int64_t N,
                       int64_t nout, const actk_t *a, const float *bias, const float *residual, float *out,
-                      int swiglu) {
+                      int swiglu, blz_slot_t *slots, int nt) {
     const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
-    int64_t lo, hi;
-    const int64_t q = blz_stream_parts(ntiles, S, &lo, &hi);
-    for (int64_t i = 0; i < q; ++i) {
-        const uint8_t *rows[BLZ_STREAMS][2 * KR], *up[BLZ_STREAMS][2 * KR];
-        int kinds[BLZ_STREAMS], apart[BLZ_STREAMS], up_kind[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
-        int64_t t[BLZ_STREAMS], n0[BLZ_STREAMS];
-        const int ns = blz_stream_step(lo, hi, q, S, i, t);
-        for (int s = 0; s < ns; ++s) {
-            int k2[2], ap[2];
-            n0[s] = tiles[2 * t[s]];
-            nn[s] = (int)tiles[2 * t[s] + 1];
-            ktile_rows(sg, tab, nout, swiglu, n0[s], nn[s], rows[s], up[s], k2, ap);
-            kinds[s] = k2[0];
-            apart[s] = ap[0];
-            up_kind[s] = k2[1];
-            up_apart[s] = ap[1];
+    blz_walk_t wk;
+    blz_walk_begin(&wk, slots, nt, ntiles, S);
+    int64_t i0, run;
+    while ((run = blz_walk_next(&wk, &i0)) > 0) {
+        for (int64_t i = i0; i < i0 + run; ++i) {
+            const uint8_t *rows[BLZ_STREAMS][2 * KR], *up[BLZ_STREAMS][2 * KR];
+            int kinds[BLZ_STREAMS], apart[BLZ_STREAMS], up_kind[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+            int64_t t[BLZ_STREAMS], n0[BLZ_STREAMS];
+            const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
+            for (int s = 0; s < ns; ++s) {
+                int k2[2], ap[2];
+                n0[s] = tiles[2 * t[s]];
+                nn[s] = (int)tiles[2 * t[s] + 1];
+                ktile_rows(sg, tab, nout, swiglu, n0[s], nn[s], rows[s], up[s], k2, ap);
+                kinds[s] = k2[0];
+                apart[s] = ap[0];
+                up_kind[s] = k2[1];
+                up_apart[s] = ap[1];
+            }
+            for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
+                memcpy(rows[ns + s], up[s], sizeof(up[s]));
+                kinds[ns + s] = up_kind[s];
+                apart[ns + s] = up_apart[s];
+            }
+            float r[BLZ_STREAMS][KR];
+            tiles1_avx2(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
+            for (int s = 0; s < ns; ++s)
+                for (int j = 0; j < nn[s]; ++j)
+                    blz_epilogue(&r[s][j], swiglu ? &r[ns + s][j] : NULL, 1, 0, n0[s] + j, N, nout, bias, residual, out,
+                                 swiglu);
         }
-        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
-            memcpy(rows[ns + s], up[s], sizeof(up[s]));
-            kinds[ns + s] = up_kind[s];
-            apart[ns + s] = up_apart[s];
-        }
-        float r[BLZ_STREAMS][KR];
-        tiles1_avx2(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
-        for (int s = 0; s < ns; ++s)
-            for (int j = 0; j < nn[s]; ++j)
-                blz_epilogue(&r[s][j], swiglu ? &r[ns + s][j] : NULL, 1, 0, n0[s] + j, N, nout, bias, residual, out,
-                             swiglu);
     }
 }
 #endif
@@ -617,8 +621,10 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
         quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
+        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
+        blz_slot_t *sl = blz_walk_slots(slots, nt, ntiles, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
 #pragma omp parallel num_threads(nt)
-        k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu);
+        k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu, sl, nt);
         return BLZ_OK;
     }
 #endif

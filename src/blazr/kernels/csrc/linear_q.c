@@ -403,27 +403,32 @@ static void groups1(int kind, int ns, const uint8_t *const *wg, const blz_act_t 
 
 /* blz_linear_q at M = 1 (activations quantized in a; SwiGLU only with I a multiple of 16, so that an output
  * group's up rows are one packed group): this thread's block of groups cut into BLZ_STREAMS parts (SwiGLU:
- * half as many, each read with its up group), group i of every part run together. */
+ * half as many, each read with its up group), group i of every part run together; the
+ * steps walked balanced between the threads (blz_walk_t). */
 static void q_streams(int kind, const uint8_t *w, int64_t group_bytes, int64_t ngroups, int64_t N, int64_t nout,
-                      const blz_act_t *a, const float *bias, const float *residual, float *out, int swiglu) {
+                      const blz_act_t *a, const float *bias, const float *residual, float *out, int swiglu,
+                      blz_slot_t *slots, int nt) {
     const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
-    int64_t lo, hi;
-    const int64_t q = blz_stream_parts(ngroups, S, &lo, &hi);
-    for (int64_t i = 0; i < q; ++i) {
-        const uint8_t *wg[BLZ_STREAMS];
-        int64_t g[BLZ_STREAMS];
-        const int ns = blz_stream_step(lo, hi, q, S, i, g);
-        for (int s = 0; s < ns; ++s) {
-            wg[s] = w + g[s] * group_bytes;
-            if (swiglu) wg[ns + s] = w + (nout / BLZ_RG + g[s]) * group_bytes;
-        }
-        float r[BLZ_STREAMS][BLZ_RG] __attribute__((aligned(64)));
-        groups1(kind, swiglu ? 2 * ns : ns, wg, a, r);
-        for (int s = 0; s < ns; ++s) {
-            const int64_t n0 = g[s] * BLZ_RG;
-            const __m512 uv = swiglu ? _mm512_load_ps(r[ns + s]) : _mm512_setzero_ps();
-            blz_epilogue16(_mm512_load_ps(r[s]), uv, 0, n0, (int)blz_min(BLZ_RG, nout - n0), N, nout, bias, residual,
-                           out, swiglu);
+    blz_walk_t wk;
+    blz_walk_begin(&wk, slots, nt, ngroups, S);
+    int64_t i0, run;
+    while ((run = blz_walk_next(&wk, &i0)) > 0) {
+        for (int64_t i = i0; i < i0 + run; ++i) {
+            const uint8_t *wg[BLZ_STREAMS];
+            int64_t g[BLZ_STREAMS];
+            const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, g);
+            for (int s = 0; s < ns; ++s) {
+                wg[s] = w + g[s] * group_bytes;
+                if (swiglu) wg[ns + s] = w + (nout / BLZ_RG + g[s]) * group_bytes;
+            }
+            float r[BLZ_STREAMS][BLZ_RG] __attribute__((aligned(64)));
+            groups1(kind, swiglu ? 2 * ns : ns, wg, a, r);
+            for (int s = 0; s < ns; ++s) {
+                const int64_t n0 = g[s] * BLZ_RG;
+                const __m512 uv = swiglu ? _mm512_load_ps(r[ns + s]) : _mm512_setzero_ps();
+                blz_epilogue16(_mm512_load_ps(r[s]), uv, 0, n0, (int)blz_min(BLZ_RG, nout - n0), N, nout, bias,
+                               residual, out, swiglu);
+            }
         }
     }
 }
@@ -456,8 +461,10 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
 #if defined(BLZ_VNNI) && BLZ_STREAMS > 1
     if (M == 1 && (!swiglu || nout % BLZ_RG == 0)) {
         blz_quantize_act_row(x, K, weight_offset(kind), a.q, a.d, a.s, a.off);
+        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
+        blz_slot_t *sl = blz_walk_slots(slots, nt, ngroups, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
 #pragma omp parallel num_threads(nt)
-        q_streams(kind, w, group_bytes, ngroups, N, nout, &a, bias, residual, out, swiglu);
+        q_streams(kind, w, group_bytes, ngroups, N, nout, &a, bias, residual, out, swiglu, sl, nt);
         return BLZ_OK;
     }
 #endif

@@ -220,33 +220,38 @@ BLZ_INLINE void tiles1_avx2(const int ns, const uint8_t *const *const rows, cons
 }
 
 /* blz_linear_q8g at M = 1 (activations quantized in a): this thread's block of tiles cut into BLZ_STREAMS
- * parts (SwiGLU: half as many, each read with its up rows), tile i of every part run together. */
+ * parts (SwiGLU: half as many, each read with its up rows), tile i of every part run together; the
+ * steps walked balanced between the threads (blz_walk_t). */
 static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t ntiles, int64_t N,
                         int64_t nout, const blz_act_t *a, const float *bias, const float *residual, float *out,
-                        int swiglu) {
+                        int swiglu, blz_slot_t *slots, int nt) {
     const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
-    int64_t lo, hi;
-    const int64_t q = blz_stream_parts(ntiles, S, &lo, &hi);
-    for (int64_t i = 0; i < q; ++i) {
-        const uint8_t *rows[BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
-        int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
-        int64_t t[BLZ_STREAMS];
-        const int ns = blz_stream_step(lo, hi, q, S, i, t);
-        for (int s = 0; s < ns; ++s) {
-            int ap[2];
-            nn[s] = (int)blz_min(QR, nout - t[s] * QR);
-            tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
-            apart[s] = ap[0];
-            up_apart[s] = ap[1];
+    blz_walk_t wk;
+    blz_walk_begin(&wk, slots, nt, ntiles, S);
+    int64_t i0, run;
+    while ((run = blz_walk_next(&wk, &i0)) > 0) {
+        for (int64_t i = i0; i < i0 + run; ++i) {
+            const uint8_t *rows[BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
+            int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+            int64_t t[BLZ_STREAMS];
+            const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
+            for (int s = 0; s < ns; ++s) {
+                int ap[2];
+                nn[s] = (int)blz_min(QR, nout - t[s] * QR);
+                tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
+                apart[s] = ap[0];
+                up_apart[s] = ap[1];
+            }
+            for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
+                memcpy(rows[ns + s], up[s], sizeof(up[s]));
+                apart[ns + s] = up_apart[s];
+            }
+            float r[BLZ_STREAMS][QR];
+            BLZ_TILE_SWITCH(tiles1_avx2, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
+            for (int s = 0; s < ns; ++s)
+                tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out,
+                              swiglu);
         }
-        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
-            memcpy(rows[ns + s], up[s], sizeof(up[s]));
-            apart[ns + s] = up_apart[s];
-        }
-        float r[BLZ_STREAMS][QR];
-        BLZ_TILE_SWITCH(tiles1_avx2, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
-        for (int s = 0; s < ns; ++s)
-            tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out, swiglu);
     }
 }
 #endif
@@ -266,8 +271,10 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
         blz_quantize_act_row(x, K, 0, a.q, a.d, a.s, a.off);
+        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
+        blz_slot_t *sl = blz_walk_slots(slots, nt, ntiles, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
 #pragma omp parallel num_threads(nt)
-        q8g_streams(w, tab, row_bytes, ntiles, N, nout, &a, bias, residual, out, swiglu);
+        q8g_streams(w, tab, row_bytes, ntiles, N, nout, &a, bias, residual, out, swiglu, sl, nt);
         return BLZ_OK;
     }
 #endif
