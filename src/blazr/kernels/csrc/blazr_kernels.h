@@ -318,11 +318,18 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
 #define BLZ_RUN 8
 #define BLZ_BALANCE_MAX 64 /* threads that get slots; a bigger team walks its static shares */
 
-/* One thread's steps not yet taken, [front, back) = (steps >> 32, steps & 0xffffffff); a cache line each.
- * A team of nt threads uses nt + 1 slots: slot nt counts the threads done (for blz_walk_hold). */
+/* One thread's steps not yet taken, [front, back) = (steps >> 32, steps & 0xffffffff); a cache line each. */
 typedef struct {
     _Alignas(64) uint64_t steps;
 } blz_slot_t;
+
+/* A balanced team: nt threads walking n items as S streams each. slot[t] is thread t's steps; slot[nt]
+ * counts the threads done (for blz_walk_hold). Built in the calling thread, before the parallel region. */
+typedef struct {
+    blz_slot_t slot[BLZ_BALANCE_MAX + 1];
+    int nt, S; /* nt 1 or above BLZ_BALANCE_MAX: nothing to balance, each thread walks its static share */
+    int64_t n;
+} blz_team_t;
 
 /* Test hook (common.c; blz_set_walk_hold): thread blz_walk_hold of a balanced team (−1: none) starts its walk
  * only once every other thread has finished, so they take all of its steps — the stealing, made certain;
@@ -331,41 +338,45 @@ extern int blz_walk_hold;
 extern int64_t blz_walk_taken;
 
 typedef struct {
+    const blz_team_t *team;
     blz_slot_t *slots; /* NULL: this thread's own steps, no atomics */
     int me, nt, pass;  /* pass p walks thread (me + p) % nt's steps */
-    int S;
-    int64_t n;
     int64_t lo, hi, q; /* the block being walked: items [lo, hi) as S parts of q steps */
 } blz_walk_t;
 
-/* In the calling thread, before the parallel region of nt threads that will walk n items as S streams:
- * the first values of slots[BLZ_BALANCE_MAX + 1]. Returns slots, or NULL where there is nothing to balance
- * (nt 1, or above BLZ_BALANCE_MAX). */
-BLZ_INLINE blz_slot_t *blz_walk_slots(blz_slot_t *slots, int nt, int64_t n, int S) {
-    if (nt < 2 || nt > BLZ_BALANCE_MAX) return NULL;
+BLZ_INLINE int blz_team_balanced(int nt) { return nt >= 2 && nt <= BLZ_BALANCE_MAX; }
+
+BLZ_INLINE void blz_team_init(blz_team_t *tm, int nt, int64_t n, int S) {
+    tm->nt = nt;
+    tm->S = S;
+    tm->n = n;
+    if (!blz_team_balanced(nt)) return;
     for (int t = 0; t < nt; ++t) {
         int64_t lo, hi;
         blz_share(n, t, nt, &lo, &hi);
-        slots[t].steps = (uint64_t)((hi - lo + S - 1) / S);
+        tm->slot[t].steps = (uint64_t)((hi - lo + S - 1) / S);
     }
-    slots[nt].steps = 0;
-    return slots;
+    tm->slot[nt].steps = 0;
 }
 
-/* In the parallel region: this thread's walk over slots cut for nt threads. A team of another size (a
+/* Thread t's block [lo, hi) and its steps q as the walk's current block. */
+BLZ_INLINE void blz_walk_block(blz_walk_t *w, int t) {
+    blz_share(w->team->n, t, w->nt, &w->lo, &w->hi);
+    w->q = (w->hi - w->lo + w->team->S - 1) / w->team->S;
+}
+
+/* In the parallel region: this thread's walk in team tm. A team of another size than tm was built for (a
  * nested region) walks static shares. */
-BLZ_INLINE void blz_walk_begin(blz_walk_t *w, blz_slot_t *slots, int nt, int64_t n, int S) {
+BLZ_INLINE void blz_walk_begin(blz_walk_t *w, blz_team_t *tm) {
+    w->team = tm;
     w->me = blz_thread_num();
     w->nt = blz_num_threads();
-    w->slots = w->nt == nt ? slots : NULL;
+    w->slots = blz_team_balanced(tm->nt) && w->nt == tm->nt ? tm->slot : NULL;
     if (w->slots && blz_walk_hold == w->me)
-        while (__atomic_load_n(&slots[nt].steps, __ATOMIC_ACQUIRE) < (uint64_t)(nt - 1)) {
+        while (__atomic_load_n(&tm->slot[tm->nt].steps, __ATOMIC_ACQUIRE) < (uint64_t)(tm->nt - 1)) {
         }
     w->pass = 0;
-    w->S = S;
-    w->n = n;
-    blz_share(n, w->me, w->nt, &w->lo, &w->hi);
-    w->q = (w->hi - w->lo + S - 1) / S;
+    blz_walk_block(w, w->me);
 }
 
 /* The next run of steps [*i0, *i0 + count) of the block in w->lo / hi / q; 0 when no step is left. */
@@ -392,8 +403,7 @@ BLZ_INLINE int64_t blz_walk_next(blz_walk_t *w, int64_t *i0) {
             if (blz_walk_hold >= 0) __atomic_add_fetch(&w->slots[w->nt].steps, 1, __ATOMIC_RELEASE);
             return 0;
         }
-        blz_share(w->n, (w->me + w->pass) % w->nt, w->nt, &w->lo, &w->hi);
-        w->q = (w->hi - w->lo + w->S - 1) / w->S;
+        blz_walk_block(w, (w->me + w->pass) % w->nt);
     }
 }
 
@@ -570,19 +580,19 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
  * Inlined into each float kind (fn a constant there), and each step's row addresses taken from the row
  * numbers as they are found, not re-read from the n[] just stored (blz_stream_step's form): on Sapphire
  * Rapids a cold f32 GEMV of 100352 × 768 read 25-28 GB/s the old way, 29-32 this way (same bits).
- * The steps are walked balanced (blz_walk_t) over `slots` that the caller cut for nt threads with
- * blz_walk_slots(slots, nt, nout, blz_gemv_parts(mt, swiglu)), nout = N/2 for SwiGLU, else N. */
+ * The steps are walked balanced (blz_walk_t) in the team the caller built with blz_team_init(team, nt, nout,
+ * blz_gemv_parts(mt, swiglu)), nout = N/2 for SwiGLU, else N. */
 BLZ_INLINE int blz_gemv_parts(int mt, int swiglu) {
     return (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
 }
 
 BLZ_INLINE void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes,
                                  int64_t K, const void *x, int mt, int64_t N, const float *bias,
-                                 const float *residual, float *out, int swiglu, blz_slot_t *slots, int nt) {
+                                 const float *residual, float *out, int swiglu, blz_team_t *team) {
     const int64_t nout = swiglu ? N / 2 : N;
-    const int S = blz_gemv_parts(mt, swiglu);
+    const int S = team->S;
     blz_walk_t wk;
-    blz_walk_begin(&wk, slots, nt, nout, S);
+    blz_walk_begin(&wk, team);
     int64_t i0, run;
     while ((run = blz_walk_next(&wk, &i0)) > 0) {
         for (int64_t i = i0; i < i0 + run; ++i) {

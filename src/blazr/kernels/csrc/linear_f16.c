@@ -158,11 +158,11 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
     if (M <= F16_MX) {
-        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
-        blz_slot_t *sl = blz_walk_slots(slots, nt, nout, blz_gemv_parts((int)M, swiglu));
+        blz_team_t team;
+        blz_team_init(&team, nt, nout, blz_gemv_parts((int)M, swiglu));
 #pragma omp parallel num_threads(nt)
         blz_gemv_streams(f16_streams, (const uint8_t *)w, tab, 2 * K, K, x, (int)M, N, bias, residual, out, swiglu,
-                         sl, nt);
+                         &team);
         return BLZ_OK;
     }
 #endif

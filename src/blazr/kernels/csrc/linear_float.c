@@ -341,11 +341,10 @@ int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, in
         return blz_panel_gemm(w, NULL, BLZ_PANEL_F32, x, M, K, N, bias, residual, out, swiglu, nt);
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
     if (M == 1) {
-        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
-        blz_slot_t *sl = blz_walk_slots(slots, nt, nout, blz_gemv_parts(1, swiglu));
+        blz_team_t team;
+        blz_team_init(&team, nt, nout, blz_gemv_parts(1, swiglu));
 #pragma omp parallel num_threads(nt)
-        blz_gemv_streams(f32_streams, (const uint8_t *)w, NULL, 4 * K, K, x, 1, N, bias, residual, out, swiglu, sl,
-                         nt);
+        blz_gemv_streams(f32_streams, (const uint8_t *)w, NULL, 4 * K, K, x, 1, N, bias, residual, out, swiglu, &team);
         return BLZ_OK;
     }
 #endif
@@ -385,8 +384,8 @@ int blz_linear_bf16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w
     if (!xb) return BLZ_ENOMEM;
     const int64_t nblocks = (nout + BF16_NR - 1) / BF16_NR;
 #if defined(BLZ_BF16) && BLZ_STREAMS > 1
-    blz_slot_t slots[BLZ_BALANCE_MAX + 1];
-    blz_slot_t *sl = M == 1 ? blz_walk_slots(slots, nt, nout, blz_gemv_parts(1, swiglu)) : NULL;
+    blz_team_t team;
+    blz_team_init(&team, nt, nout, blz_gemv_parts(1, swiglu));
 #endif
 #pragma omp parallel num_threads(nt)
     {
@@ -395,7 +394,7 @@ int blz_linear_bf16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w
 #if defined(BLZ_BF16) && BLZ_STREAMS > 1
         if (M == 1)
             blz_gemv_streams(bf16_streams, (const uint8_t *)w, tab, 2 * K, K, xb, 1, N, bias, residual, out, swiglu,
-                             sl, nt);
+                             &team);
         else
 #endif
         for (int64_t mc = 0; mc < M; mc += BF16_MCHUNK) {

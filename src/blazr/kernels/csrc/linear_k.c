@@ -543,10 +543,10 @@ static void ktile_rows(const ksegs_t *sg, const int64_t *tab, int64_t nout, int 
  * steps walked balanced between the threads (blz_walk_t). */
 static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tiles, int64_t ntiles, int64_t N,
                       int64_t nout, const actk_t *a, const float *bias, const float *residual, float *out,
-                      int swiglu, blz_slot_t *slots, int nt) {
-    const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
+                      int swiglu, blz_team_t *team) {
+    const int S = team->S;
     blz_walk_t wk;
-    blz_walk_begin(&wk, slots, nt, ntiles, S);
+    blz_walk_begin(&wk, team);
     int64_t i0, run;
     while ((run = blz_walk_next(&wk, &i0)) > 0) {
         for (int64_t i = i0; i < i0 + run; ++i) {
@@ -621,10 +621,10 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
         quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
-        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
-        blz_slot_t *sl = blz_walk_slots(slots, nt, ntiles, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
+        blz_team_t team;
+        blz_team_init(&team, nt, ntiles, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
 #pragma omp parallel num_threads(nt)
-        k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu, sl, nt);
+        k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;
     }
 #endif

@@ -407,10 +407,10 @@ static void groups1(int kind, int ns, const uint8_t *const *wg, const blz_act_t 
  * steps walked balanced between the threads (blz_walk_t). */
 static void q_streams(int kind, const uint8_t *w, int64_t group_bytes, int64_t ngroups, int64_t N, int64_t nout,
                       const blz_act_t *a, const float *bias, const float *residual, float *out, int swiglu,
-                      blz_slot_t *slots, int nt) {
-    const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
+                      blz_team_t *team) {
+    const int S = team->S;
     blz_walk_t wk;
-    blz_walk_begin(&wk, slots, nt, ngroups, S);
+    blz_walk_begin(&wk, team);
     int64_t i0, run;
     while ((run = blz_walk_next(&wk, &i0)) > 0) {
         for (int64_t i = i0; i < i0 + run; ++i) {
@@ -461,10 +461,10 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
 #if defined(BLZ_VNNI) && BLZ_STREAMS > 1
     if (M == 1 && (!swiglu || nout % BLZ_RG == 0)) {
         blz_quantize_act_row(x, K, weight_offset(kind), a.q, a.d, a.s, a.off);
-        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
-        blz_slot_t *sl = blz_walk_slots(slots, nt, ngroups, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
+        blz_team_t team;
+        blz_team_init(&team, nt, ngroups, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
 #pragma omp parallel num_threads(nt)
-        q_streams(kind, w, group_bytes, ngroups, N, nout, &a, bias, residual, out, swiglu, sl, nt);
+        q_streams(kind, w, group_bytes, ngroups, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;
     }
 #endif

@@ -224,10 +224,10 @@ BLZ_INLINE void tiles1_avx2(const int ns, const uint8_t *const *const rows, cons
  * steps walked balanced between the threads (blz_walk_t). */
 static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t ntiles, int64_t N,
                         int64_t nout, const blz_act_t *a, const float *bias, const float *residual, float *out,
-                        int swiglu, blz_slot_t *slots, int nt) {
-    const int S = swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS;
+                        int swiglu, blz_team_t *team) {
+    const int S = team->S;
     blz_walk_t wk;
-    blz_walk_begin(&wk, slots, nt, ntiles, S);
+    blz_walk_begin(&wk, team);
     int64_t i0, run;
     while ((run = blz_walk_next(&wk, &i0)) > 0) {
         for (int64_t i = i0; i < i0 + run; ++i) {
@@ -271,10 +271,10 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
         blz_quantize_act_row(x, K, 0, a.q, a.d, a.s, a.off);
-        blz_slot_t slots[BLZ_BALANCE_MAX + 1];
-        blz_slot_t *sl = blz_walk_slots(slots, nt, ntiles, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
+        blz_team_t team;
+        blz_team_init(&team, nt, ntiles, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
 #pragma omp parallel num_threads(nt)
-        q8g_streams(w, tab, row_bytes, ntiles, N, nout, &a, bias, residual, out, swiglu, sl, nt);
+        q8g_streams(w, tab, row_bytes, ntiles, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;
     }
 #endif
