@@ -342,6 +342,7 @@ typedef struct {
     blz_slot_t *slots; /* NULL: this thread's own steps, no atomics */
     int me, nt, pass;  /* pass p walks thread (me + p) % nt's steps */
     int64_t lo, hi, q; /* the block being walked: items [lo, hi) as S parts of q steps */
+    int64_t i, end;    /* the run of its steps being taken */
 } blz_walk_t;
 
 BLZ_INLINE int blz_team_balanced(int nt) { return nt >= 2 && nt <= BLZ_BALANCE_MAX; }
@@ -376,6 +377,7 @@ BLZ_INLINE void blz_walk_begin(blz_walk_t *w, blz_team_t *tm) {
         while (__atomic_load_n(&tm->slot[tm->nt].steps, __ATOMIC_ACQUIRE) < (uint64_t)(tm->nt - 1)) {
         }
     w->pass = 0;
+    w->i = w->end = 0;
     blz_walk_block(w, w->me);
 }
 
@@ -405,6 +407,20 @@ BLZ_INLINE int64_t blz_walk_next(blz_walk_t *w, int64_t *i0) {
         }
         blz_walk_block(w, (w->me + w->pass) % w->nt);
     }
+}
+
+/* The walk's next step *i of the block in w->lo / hi / q (which may then be another thread's); 0 when no step
+ * is left. */
+BLZ_INLINE int blz_walk_step(blz_walk_t *w, int64_t *i) {
+    if (w->i == w->end) {
+        int64_t i0;
+        const int64_t run = blz_walk_next(w, &i0);
+        if (run == 0) return 0;
+        w->i = i0;
+        w->end = i0 + run;
+    }
+    *i = w->i++;
+    return 1;
 }
 
 /* Step i of those streams: idx[0..ns-1] = the items lo + s·q + i that exist (the last parts may be short);
@@ -593,26 +609,23 @@ BLZ_INLINE void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t
     const int S = team->S;
     blz_walk_t wk;
     blz_walk_begin(&wk, team);
-    int64_t i0, run;
-    while ((run = blz_walk_next(&wk, &i0)) > 0) {
-        for (int64_t i = i0; i < i0 + run; ++i) {
-            int64_t n[BLZ_STREAMS];
-            const void *rows[2 * BLZ_STREAMS];
-            int ns = 0;
-            for (int s = 0; s < S; ++s) {
-                const int64_t row = wk.lo + s * wk.q + i;
-                if (row < wk.hi) {
-                    n[ns] = row;
-                    rows[ns++] = blz_weight_row(w, tab, row, row_bytes);
-                }
+    for (int64_t i; blz_walk_step(&wk, &i);) {
+        int64_t n[BLZ_STREAMS];
+        const void *rows[2 * BLZ_STREAMS];
+        int ns = 0;
+        for (int s = 0; s < S; ++s) {
+            const int64_t row = wk.lo + s * wk.q + i;
+            if (row < wk.hi) {
+                n[ns] = row;
+                rows[ns++] = blz_weight_row(w, tab, row, row_bytes);
             }
-            for (int s = 0; swiglu && s < ns; ++s) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);
-            float r[2 * BLZ_STREAMS * 4];
-            fn(swiglu ? 2 * ns : ns, mt, rows, K, x, r);
-            for (int s = 0; s < ns; ++s)
-                blz_epilogue(r + s * mt, swiglu ? r + (ns + s) * mt : NULL, mt, 0, n[s], N, nout, bias, residual,
-                             out, swiglu);
         }
+        for (int s = 0; swiglu && s < ns; ++s) rows[ns + s] = blz_weight_row(w, tab, n[s] + nout, row_bytes);
+        float r[2 * BLZ_STREAMS * 4];
+        fn(swiglu ? 2 * ns : ns, mt, rows, K, x, r);
+        for (int s = 0; s < ns; ++s)
+            blz_epilogue(r + s * mt, swiglu ? r + (ns + s) * mt : NULL, mt, 0, n[s], N, nout, bias, residual,
+                         out, swiglu);
     }
 }
 

@@ -547,35 +547,32 @@ static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tile
     const int S = team->S;
     blz_walk_t wk;
     blz_walk_begin(&wk, team);
-    int64_t i0, run;
-    while ((run = blz_walk_next(&wk, &i0)) > 0) {
-        for (int64_t i = i0; i < i0 + run; ++i) {
-            const uint8_t *rows[BLZ_STREAMS][2 * KR], *up[BLZ_STREAMS][2 * KR];
-            int kinds[BLZ_STREAMS], apart[BLZ_STREAMS], up_kind[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
-            int64_t t[BLZ_STREAMS], n0[BLZ_STREAMS];
-            const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
-            for (int s = 0; s < ns; ++s) {
-                int k2[2], ap[2];
-                n0[s] = tiles[2 * t[s]];
-                nn[s] = (int)tiles[2 * t[s] + 1];
-                ktile_rows(sg, tab, nout, swiglu, n0[s], nn[s], rows[s], up[s], k2, ap);
-                kinds[s] = k2[0];
-                apart[s] = ap[0];
-                up_kind[s] = k2[1];
-                up_apart[s] = ap[1];
-            }
-            for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
-                memcpy(rows[ns + s], up[s], sizeof(up[s]));
-                kinds[ns + s] = up_kind[s];
-                apart[ns + s] = up_apart[s];
-            }
-            float r[BLZ_STREAMS][KR];
-            tiles1_avx2(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
-            for (int s = 0; s < ns; ++s)
-                for (int j = 0; j < nn[s]; ++j)
-                    blz_epilogue(&r[s][j], swiglu ? &r[ns + s][j] : NULL, 1, 0, n0[s] + j, N, nout, bias, residual, out,
-                                 swiglu);
+    for (int64_t i; blz_walk_step(&wk, &i);) {
+        const uint8_t *rows[BLZ_STREAMS][2 * KR], *up[BLZ_STREAMS][2 * KR];
+        int kinds[BLZ_STREAMS], apart[BLZ_STREAMS], up_kind[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+        int64_t t[BLZ_STREAMS], n0[BLZ_STREAMS];
+        const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
+        for (int s = 0; s < ns; ++s) {
+            int k2[2], ap[2];
+            n0[s] = tiles[2 * t[s]];
+            nn[s] = (int)tiles[2 * t[s] + 1];
+            ktile_rows(sg, tab, nout, swiglu, n0[s], nn[s], rows[s], up[s], k2, ap);
+            kinds[s] = k2[0];
+            apart[s] = ap[0];
+            up_kind[s] = k2[1];
+            up_apart[s] = ap[1];
         }
+        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
+            memcpy(rows[ns + s], up[s], sizeof(up[s]));
+            kinds[ns + s] = up_kind[s];
+            apart[ns + s] = up_apart[s];
+        }
+        float r[BLZ_STREAMS][KR];
+        tiles1_avx2(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
+        for (int s = 0; s < ns; ++s)
+            for (int j = 0; j < nn[s]; ++j)
+                blz_epilogue(&r[s][j], swiglu ? &r[ns + s][j] : NULL, 1, 0, n0[s] + j, N, nout, bias, residual, out,
+                             swiglu);
     }
 }
 #endif

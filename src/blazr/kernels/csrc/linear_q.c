@@ -411,24 +411,21 @@ static void q_streams(int kind, const uint8_t *w, int64_t group_bytes, int64_t n
     const int S = team->S;
     blz_walk_t wk;
     blz_walk_begin(&wk, team);
-    int64_t i0, run;
-    while ((run = blz_walk_next(&wk, &i0)) > 0) {
-        for (int64_t i = i0; i < i0 + run; ++i) {
-            const uint8_t *wg[BLZ_STREAMS];
-            int64_t g[BLZ_STREAMS];
-            const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, g);
-            for (int s = 0; s < ns; ++s) {
-                wg[s] = w + g[s] * group_bytes;
-                if (swiglu) wg[ns + s] = w + (nout / BLZ_RG + g[s]) * group_bytes;
-            }
-            float r[BLZ_STREAMS][BLZ_RG] __attribute__((aligned(64)));
-            groups1(kind, swiglu ? 2 * ns : ns, wg, a, r);
-            for (int s = 0; s < ns; ++s) {
-                const int64_t n0 = g[s] * BLZ_RG;
-                const __m512 uv = swiglu ? _mm512_load_ps(r[ns + s]) : _mm512_setzero_ps();
-                blz_epilogue16(_mm512_load_ps(r[s]), uv, 0, n0, (int)blz_min(BLZ_RG, nout - n0), N, nout, bias,
-                               residual, out, swiglu);
-            }
+    for (int64_t i; blz_walk_step(&wk, &i);) {
+        const uint8_t *wg[BLZ_STREAMS];
+        int64_t g[BLZ_STREAMS];
+        const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, g);
+        for (int s = 0; s < ns; ++s) {
+            wg[s] = w + g[s] * group_bytes;
+            if (swiglu) wg[ns + s] = w + (nout / BLZ_RG + g[s]) * group_bytes;
+        }
+        float r[BLZ_STREAMS][BLZ_RG] __attribute__((aligned(64)));
+        groups1(kind, swiglu ? 2 * ns : ns, wg, a, r);
+        for (int s = 0; s < ns; ++s) {
+            const int64_t n0 = g[s] * BLZ_RG;
+            const __m512 uv = swiglu ? _mm512_load_ps(r[ns + s]) : _mm512_setzero_ps();
+            blz_epilogue16(_mm512_load_ps(r[s]), uv, 0, n0, (int)blz_min(BLZ_RG, nout - n0), N, nout, bias,
+                           residual, out, swiglu);
         }
     }
 }

@@ -228,30 +228,27 @@ static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes,
     const int S = team->S;
     blz_walk_t wk;
     blz_walk_begin(&wk, team);
-    int64_t i0, run;
-    while ((run = blz_walk_next(&wk, &i0)) > 0) {
-        for (int64_t i = i0; i < i0 + run; ++i) {
-            const uint8_t *rows[BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
-            int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
-            int64_t t[BLZ_STREAMS];
-            const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
-            for (int s = 0; s < ns; ++s) {
-                int ap[2];
-                nn[s] = (int)blz_min(QR, nout - t[s] * QR);
-                tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
-                apart[s] = ap[0];
-                up_apart[s] = ap[1];
-            }
-            for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
-                memcpy(rows[ns + s], up[s], sizeof(up[s]));
-                apart[ns + s] = up_apart[s];
-            }
-            float r[BLZ_STREAMS][QR];
-            BLZ_TILE_SWITCH(tiles1_avx2, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
-            for (int s = 0; s < ns; ++s)
-                tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out,
-                              swiglu);
+    for (int64_t i; blz_walk_step(&wk, &i);) {
+        const uint8_t *rows[BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
+        int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+        int64_t t[BLZ_STREAMS];
+        const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
+        for (int s = 0; s < ns; ++s) {
+            int ap[2];
+            nn[s] = (int)blz_min(QR, nout - t[s] * QR);
+            tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
+            apart[s] = ap[0];
+            up_apart[s] = ap[1];
         }
+        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
+            memcpy(rows[ns + s], up[s], sizeof(up[s]));
+            apart[ns + s] = up_apart[s];
+        }
+        float r[BLZ_STREAMS][QR];
+        BLZ_TILE_SWITCH(tiles1_avx2, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
+        for (int s = 0; s < ns; ++s)
+            tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out,
+                          swiglu);
     }
 }
 #endif
