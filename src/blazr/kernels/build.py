@@ -25,6 +25,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 CSRC = Path(__file__).parent / "csrc"
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
@@ -134,7 +135,7 @@ def build(flags: tuple[str, ...] = DEFAULT_FLAGS, out_dir: Path | None = None, f
 
 
 _lock = threading.Lock()
-_state: dict[str, ctypes.CDLL | None] = {}
+_state: dict[str, Any] = {}  # "lib": the CDLL or None, "name": its file name
 
 
 def is_disabled() -> bool:
@@ -176,13 +177,22 @@ def load() -> ctypes.CDLL | None:
             lib = None
             if not is_disabled():
                 try:
-                    lib = open_library(_build_with_fallback())
+                    path = _build_with_fallback()
+                    lib = open_library(path)
+                    _state["name"] = path.name
                 except (BuildError, OSError) as e:
                     warnings.warn(
                         f"blazr kernels unavailable, using the torch reference path: {e}", stacklevel=2
                     )
             _state["lib"] = lib
     return _state["lib"]
+
+
+def loaded_name() -> str:
+    """The file name of the library in use (`kernels-<hash>.so`: its hash covers the sources, compiler,
+    flags and CPU), or "" when none is."""
+    load()
+    return _state.get("name", "")
 
 
 def available() -> bool:

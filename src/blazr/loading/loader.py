@@ -5,7 +5,8 @@ and the C kernels (`on_kernels`), the target linears of loading/quantize.py are 
 the file: a GGUF's quantized and 16-bit tensors as stored (`auto`: Q4_0 / Q4_1 / Q8_0 bytes repacked for the
 kernels, K-quants and F16 / BF16 used in place — and the token table kept as stored, looked up row by row —,
 never dequantized), or a float checkpoint's weights quantized one tensor at a time (`int8` / `int4` /
-`bf16`: only that tensor is ever float). Every parameter still on meta is then read in the compute dtype
+`bf16`: only that tensor is ever float; or, on a later load, mapped from the quantization cache that the
+first load wrote, loading/quant_cache.py). Every parameter still on meta is then read in the compute dtype
 (loading/weights.py: safetensors through `pread`, or as a view of the file's copy-on-write map when the
 stored dtype already is the compute dtype; GGUF tensors dequantized from `pread` bytes). Mapped pages that
 were only copied from are dropped (`release`), so peak memory stays near the weights' final size. Last, the
@@ -38,7 +39,9 @@ from blazr.loading.absorb import absorb_mla
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.gguf_hf import GGUFView
 from blazr.loading.names import name_map_for
+from blazr.loading.quant_cache import QuantCache
 from blazr.loading.quantize import (
+    ISQ_MODES,
     check_mode,
     embed_from_file,
     embed_quantized,
@@ -116,8 +119,9 @@ def load_model(
     num_params = len(list(model.parameters()))
     bar = tqdm(total=num_params, desc="loading", unit="tensor", file=sys.stderr, delay=1.0, leave=False,
                disable=not show_progress)  # fmt: skip
+    cache = QuantCache.open(ckpt.weight_files, quantize) if on_kernels and quantize in ISQ_MODES else None
     with bar:
-        loader = WeightLoader(ckpt.config, source, names, dtype, device, bar)
+        loader = WeightLoader(ckpt.config, source, names, dtype, device, bar, cache)
         made: Counter[str] = Counter()
         dense_dtype = prefill_dtype() if on_kernels else None
         if on_kernels:
@@ -132,6 +136,10 @@ def load_model(
     model = model.to(device).eval()
     if made:
         log.info("quantized linear layers (%s): %s", quantize, dict(made))
+    if cache is not None and cache.hits:
+        log.info("quantization cache: %d weights mapped from %s", cache.hits, cache.path)
+    if cache is not None:
+        cache.save()  # a background write when this load quantized anything the file did not hold
     if on_kernels and (wrapped := wrap_float_linears(model)):
         log.info("float32 linear layers on the f32 decode kernel: %d", wrapped)
     if on_kernels and (absorbed := absorb_mla(model, quantize)):

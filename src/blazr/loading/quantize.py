@@ -21,12 +21,16 @@ becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not
 is read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU
 with float32 activations; `dense_dtype` (loader.py `prefill_dtype`, on request only) adds a dense tensor for
 prefill GEMMs (see model/qlinear.py).
+Under `int8` / `int4` / `bf16` a weight the quantization cache holds (loading/quant_cache.py: what the first
+load of the same checkpoint made) is mapped from its file instead, and each weight made in fresh memory is
+handed to it (`_in_situ`).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy. How a weight is
 made from where its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import torch
@@ -56,6 +60,7 @@ MODES = ("auto", "none", "int8", "int4", "bf16")
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
 # place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
+ISQ_MODES = tuple(_ISQ_KIND)  # the modes that quantize a float checkpoint in situ
 _TARGETS = (
     "attn.qkv_proj",
     "attn.o_proj",
@@ -151,12 +156,8 @@ def quantize_from_file(
                 set_parameter(model, pname, weight)
                 loader.tick()
                 qw = quantize(weight, kind)
-            elif found := quantized_in_place(loader, pname, shape, kind):
-                qw = found
-            elif kind == "bf16" and (stored := bf16_as_stored(loader, pname, shape)) is not None:
-                qw = stored
             else:
-                qw = quantize(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
+                qw = _in_situ(loader, pname, shape, kind, entry=f"{name}.weight")
         bias = None
         if linear is not None and linear.bias is not None:
             bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
@@ -166,6 +167,34 @@ def quantize_from_file(
             for _ in linear.parameters():
                 loader.tick()
     return made
+
+
+def _in_situ(
+    loader: WeightLoader,
+    pname: str,
+    shape: tuple[int, ...],
+    kind: str,
+    entry: str | None = None,
+    is_stacked: bool = False,
+) -> QuantizedWeight:
+    """Parameter `pname` [*, K] quantized in situ to `kind`: the quantization cache's copy when it holds one
+    (loading/quant_cache.py: a view of its file), else made from the checkpoint — by the C quantizer from
+    where the rows lie in the file's map, as the bf16 rows stored (`bf16`), or read float and quantized —
+    and, when made in fresh memory, handed to the cache under `entry` (default: `pname`)."""
+    cache, entry = loader.cache, entry or pname
+    num_rows, k = math.prod(shape[:-1]), shape[-1]
+    if cache is not None and (cached := cache.get(entry, kind, num_rows, k)) is not None:
+        loader.consume(pname, shape, is_copied=False)
+        return cached
+    qw = quantized_in_place(loader, pname, shape, kind, is_stacked)
+    if qw is None and kind == "bf16" and not is_stacked:
+        qw = bf16_as_stored(loader, pname, shape)
+    if qw is None:
+        weight = loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind))
+        qw = quantize(weight.reshape(num_rows, k), kind)
+    if cache is not None and not isinstance(qw, MappedWeight) and is_copy(loader.source, qw.data):
+        cache.put(entry, qw)
+    return qw
 
 
 def _read_dtype(loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str) -> torch.dtype | None:
@@ -214,13 +243,7 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
             continue  # block kinds quantize blocks of 32
         else:
             kind = _ISQ_KIND[mode]
-            stacked = [
-                quantized_in_place(loader, p, shape, kind, is_stacked=True)
-                or quantize(
-                    loader.parameter(p, shape, _read_dtype(loader, p, shape, kind)).flatten(0, 1), kind
-                )
-                for p, shape in params
-            ]
+            stacked = [_in_situ(loader, p, shape, kind, is_stacked=True) for p, shape in params]
         try:
             experts.set_stacked(*stacked)  # type: ignore[arg-type]
         except ValueError:  # an expert's rows straddle a row group: keep them float
@@ -273,11 +296,9 @@ def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | N
     pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
     if kind != "bf16" and shape[1] % QK:  # Q8_0 quantizes blocks of 32
         return None
-    if kind != "bf16" and (qw := quantized_in_place(loader, pname, shape, Q8_0G)):  # in ggml's row order
-        data = qw.data
-    else:  # bf16: read as bf16 (a view of the map when stored so); else the C quantizer could not read it
-        data = _table_bytes(loader.parameter(pname, shape, _read_dtype(loader, pname, shape, kind)), kind)
-    model.embed_tokens = QuantizedEmbedding(RowTable(kind, data.contiguous(), *shape))
+    # Q8_0 rows in ggml's order (q8_0g), or the bf16 values (a view of the map when stored so)
+    data = _in_situ(loader, pname, shape, Q8_0G if kind != "bf16" else "bf16").data
+    model.embed_tokens = QuantizedEmbedding(RowTable(kind, data.contiguous().view(torch.uint8), *shape))
     loader.tick()
     return kind
 

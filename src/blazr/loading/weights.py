@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from tqdm import tqdm
 from blazr.config import ModelConfig
 from blazr.errors import CheckpointError
 from blazr.loading.names import NameMap, Part, unfuse
+
+if TYPE_CHECKING:
+    from blazr.loading.quant_cache import QuantCache
 
 log = logging.getLogger("blazr.loading")
 
@@ -53,7 +56,8 @@ def set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
 
 class WeightLoader:
     """Reads parameters of `cfg`'s model from `source` in `dtype` on `device`, recording which checkpoint
-    tensors were used; `progress` (a tqdm bar or None) advances by one per parameter made."""
+    tensors were used; `progress` (a tqdm bar or None) advances by one per parameter made; `cache` (or
+    None): where `--quantize` finds the weights an earlier load made (loading/quant_cache.py)."""
 
     def __init__(
         self,
@@ -63,10 +67,11 @@ class WeightLoader:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         progress: tqdm | None = None,
+        cache: QuantCache | None = None,
     ) -> None:
         self.cfg, self.source, self.names = cfg, source, names
         self.dtype, self.device = dtype, torch.device(device)
-        self.progress = progress
+        self.progress, self.cache = progress, cache
         self.available = source.names
         self.used: set[str] = set()
         self._can_alias = "alias" in inspect.signature(source.load).parameters
