@@ -57,7 +57,8 @@ def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
             choices=["auto", "none", "int8", "int4", "bf16"],
             help="linear weights on the CPU: auto keeps a GGUF's tensors as stored (Q4_0/Q4_1/Q8_0, "
             "K-quants, F16/BF16); int8 / int4 / bf16 convert any checkpoint at load (Q8_0 / Q4_1 blocks, "
-            "bfloat16); none keeps float weights",
+            "bfloat16) and keep the result for later loads (BLAZR_QUANT_CACHE=DIR|off, default "
+            "~/.cache/blazr/quantized); none keeps float weights",
         )
         p.add_argument(
             "--kv-cache-dtype",
