@@ -597,7 +597,8 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
  * numbers as they are found, not re-read from the n[] just stored (blz_stream_step's form): on Sapphire
  * Rapids a cold f32 GEMV of 100352 × 768 read 25-28 GB/s the old way, 29-32 this way (same bits).
  * The steps are walked balanced (blz_walk_t) in the team the caller built with blz_team_init(team, nt, nout,
- * blz_gemv_parts(mt, swiglu)), nout = N/2 for SwiGLU, else N. */
+ * blz_gemv_parts(mt, swiglu)), nout = N/2 for SwiGLU, else N. blz_gemv_parts(1, swiglu) is also the part
+ * count of the quantized kinds' one-row walks (q_streams, q8g_streams, k_streams: tiles or row groups). */
 BLZ_INLINE int blz_gemv_parts(int mt, int swiglu) {
     return (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
 }

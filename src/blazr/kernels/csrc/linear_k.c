@@ -628,7 +628,7 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
     if (M == 1) {
         quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
         blz_team_t team;
-        blz_team_init(&team, nt, ntiles, swiglu ? BLZ_STREAMS / 2 : BLZ_STREAMS);
+        blz_team_init(&team, nt, ntiles, blz_gemv_parts(1, swiglu));
 #pragma omp parallel num_threads(nt)
         k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;
