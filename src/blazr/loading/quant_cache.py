@@ -241,11 +241,8 @@ def _make_room(path: Path, nbytes: int) -> bool:
         log.info("quantization cache: %.2f GiB exceeds BLAZR_QUANT_CACHE_GB; not written", nbytes / 2**30)
         return False
     try:
-        others = sorted(
-            (p.stat().st_mtime_ns, p.stat().st_blocks * 512, p)
-            for p in path.parent.glob(f"*{SUFFIX}")
-            if p != path
-        )
+        stats = [(p, p.stat()) for p in path.parent.glob(f"*{SUFFIX}") if p != path]
+        others = sorted((st.st_mtime_ns, st.st_blocks * 512, p) for p, st in stats)
         total = sum(size for _, size, _ in others)
         for _, size, old in others:
             if total + nbytes <= cap:
