@@ -274,6 +274,38 @@ def test_a_format_can_follow_a_reasoning_block(llm):
     assert accepts(llm, regex, "why</r>42") and not accepts(llm, regex, "why</r>x")
 
 
+KIND_CASES = [  # (spec fields, an answer it takes, one it refuses): one per kind, Lark in each form
+    ({"json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}, '{"a": 1}', '{"a": "x"}'),
+    ({"json_object": True}, '{"b": [1]}', "[1]"),
+    ({"regex": "[0-9]+"}, "42", "4x"),
+    ({"choice": ["yes", "no"]}, "no", "maybe"),
+    ({"grammar": 'start: "a" NUM\nNUM: /[0-9]+/'}, "a12", "b12"),
+    ({"grammar": 'root ::= "(" [a-z]+ ")"'}, "(ab)", "(AB)"),  # GBNF: Lark with a %llguidance directive
+    (  # a forced tool call's shape: framing text around an embedded schema
+        {"grammar": 'start: "<tool_call>\\n" call "\\n</tool_call>"\n' + "call: " + lark_json(
+            {"type": "object", "properties": {"name": {"const": "f"}}, "required": ["name"]})},
+        '<tool_call>\n{"name": "f"}\n</tool_call>',
+        '<tool_call>\n{"name": "g"}\n</tool_call>',
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fields,good,bad", KIND_CASES, ids=lambda c: next(iter(c)) if isinstance(c, dict) else ""
+)
+def test_every_kind_can_follow_a_reasoning_block(llm, fields, good, bad):
+    """Each kind's grammar, whatever form llguidance gives it in (JSON for schemas and regexes, Lark text
+    for choice / Lark / GBNF), is put behind the block; its own rule names (`start`) do not clash."""
+    thought = "hmm { ( start: WS answer </think"  # text a grammar would refuse, a cut marker included
+    for opened in (True, False):
+        spec = StructuredOutput(**fields, think=ThinkFirst(opened=opened))
+        block = ("" if opened else "<think>") + thought + ">\n\n"
+        assert accepts(llm, spec, block + good), (fields, opened)
+        assert not accepts(llm, spec, block + bad), (fields, opened)
+        assert not accepts(llm, spec, block + good + "x"), (fields, opened)
+        assert accepts(llm, spec, good) != opened  # an opened block must be closed first
+
+
 # ------------------------------------------------------------------------------ regex, choice, grammars
 
 

@@ -141,9 +141,10 @@ def to_grammar(spec: StructuredOutput) -> str:
 
 def _after_thinking(grammar: str, think: ThinkFirst, kind: str) -> str:
     """`grammar` behind a reasoning block: a Lark start rule whose free text runs lazily to the end marker
-    (llguidance's `stop=`), then whitespace, then the answer grammar (by name)."""
-    parts = json.loads(grammar).get("grammars", [])
-    if len(parts) != 1:
+    (llguidance's `stop=`), then whitespace, then the answer grammar as a named sub-grammar (`@answer`: its
+    rules and lexer stay its own, so a client's Lark names cannot clash with these)."""
+    parts = grammar_parts(grammar)
+    if len(parts) != 1:  # (no kind makes several: a part's `@N` references would shift)
         raise BlazrError(f"structured output {kind}: a grammar of several parts cannot follow reasoning")
     answer = {**parts[0], "name": "answer"}
     block = "think" if think.opened else f"({json.dumps(think.start)} think)?"
@@ -154,6 +155,23 @@ def _after_thinking(grammar: str, think: ThinkFirst, kind: str) -> str:
         "answer: @answer\n"
     )
     return json.dumps({"grammars": [{"lark_grammar": lark}, answer]})
+
+
+def grammar_parts(grammar: str) -> list[dict[str, Any]]:
+    """The parts (llguidance's `GrammarWithLexer` objects) of a grammar in either form llguidance takes, read
+    as it reads them (`TopLevelGrammar::from_lark_or_grammar_list`): text whose first non-blank character is
+    `{` is the JSON form (`{"grammars": [...]}`: what `grammar_from_json_schema` and `grammar_from_regex`
+    return); any other text is one Lark grammar (what `grammar_from_lark` and `grammar_from("grammar", …)`
+    — GBNF converted to Lark — return)."""
+    if not grammar.lstrip().startswith("{"):
+        return [{"lark_grammar": grammar}]
+    try:
+        parts = json.loads(grammar).get("grammars")
+    except (ValueError, AttributeError):
+        parts = None
+    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+        raise BlazrError("structured output: the grammar is not llguidance's JSON form")
+    return parts
 
 
 def _answer_grammar(spec: StructuredOutput) -> str:
