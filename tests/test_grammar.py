@@ -304,6 +304,7 @@ def test_every_kind_can_follow_a_reasoning_block(llm, fields, good, bad):
         assert not accepts(llm, spec, block + bad), (fields, opened)
         assert not accepts(llm, spec, block + good + "x"), (fields, opened)
         assert accepts(llm, spec, good) != opened  # an opened block must be closed first
+        assert not accepts(llm, spec, "\n" + good)  # no block, no whitespace: the answer is the content
 
 
 # ------------------------------------------------------------------------------ regex, choice, grammars

@@ -66,7 +66,8 @@ class ThinkFirst:
     """The output may reason before the constrained part: free text up to `end` (`</think>`), then
     whitespace, then the grammar. `opened`: the prompt already opened the block (DeepSeek-R1's and Qwen3's
     templates write `<think>` themselves), so the output starts inside it; otherwise the block is optional
-    and starts with `start` when the model takes it."""
+    and starts with `start` when the model takes it (without it, the grammar holds from the first
+    character, whitespace included)."""
 
     start: str = "<think>"
     end: str = "</think>"
@@ -147,9 +148,11 @@ def _after_thinking(grammar: str, think: ThinkFirst, kind: str) -> str:
     if len(parts) != 1:  # (no kind makes several: a part's `@N` references would shift)
         raise BlazrError(f"structured output {kind}: a grammar of several parts cannot follow reasoning")
     answer = {**parts[0], "name": "answer"}
-    block = "think" if think.opened else f"({json.dumps(think.start)} think)?"
+    # the whitespace belongs to the block (the reasoning parser drops it after `end`): with no block, the
+    # answer starts the output, as it would without reasoning, and is the whole content
+    block = "think WS" if think.opened else f"({json.dumps(think.start)} think WS)?"
     lark = (
-        f"start: {block} WS answer\n"
+        f"start: {block} answer\n"
         f"think[stop={json.dumps(think.end)}]: /(.|\\n)*/\n"
         "WS: /[ \\t\\r\\n]*/\n"
         "answer: @answer\n"
