@@ -176,7 +176,7 @@ def build_app(
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes, on_reject=metrics.on_error)
     if config.api_key:
         app.add_middleware(ApiKey, api_key=config.api_key, on_reject=metrics.on_error)
-    app.add_middleware(RequestContext, on_in_flight=state.add_in_flight)
+    app.add_middleware(RequestContext, on_in_flight=state.add_in_flight, on_error=metrics.on_error)
     if config.allowed_origins:  # outermost: preflights and errors (401, 413) carry the CORS headers too
         app.add_middleware(
             CORSMiddleware,

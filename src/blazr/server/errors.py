@@ -1,9 +1,11 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the right HTTP status.
 
 `APIError` is what the serving code raises; `install_error_handlers` maps it, FastAPI's validation errors
-(malformed JSON, wrong types → 400), unknown paths (404) and anything unexpected (500: the traceback is
-logged under the request id, and only that id is sent) onto that JSON. A field the schema does not know
-is "unsupported field 'x'".
+(malformed JSON, wrong types → 400) and unknown paths (404) onto that JSON. Anything else a handler raises
+is `unexpected_error`'s to answer (middleware.py's `RequestContext` catches it, streaming or not): a
+`BlazrError` is the client's input (400, its one line), any other exception a server fault (500: the
+traceback is logged under the request id, and only that id is sent). A field the schema does not know is
+"unsupported field 'x'".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from blazr.errors import BlazrError
 from blazr.server.schemas import ErrorInfo, ErrorResponse
 
 log = logging.getLogger("blazr.server")
@@ -98,6 +101,15 @@ def _path(err: Any) -> list[str]:
 _TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal_error"}
 
 
+def unexpected_error(exc: BaseException, rid: str) -> APIError:
+    """The answer to an exception that no handler took (see the module docstring)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, BlazrError):
+        return APIError(400, str(exc))
+    return APIError(500, f"internal server error (request id {rid})", code="internal_error")
+
+
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None = None) -> None:
     """Register the handlers; `on_error(status)` is called for every error answered (metrics)."""
 
@@ -125,7 +137,9 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None 
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        note(500)
+        # the last resort, for a fault outside RequestContext (which answers all the others): Starlette
+        # re-raises after this, so uvicorn logs it too and closes the connection
         rid = request.scope.get("state", {}).get("request_id", "-")
-        log.error("request %s: unhandled error in %s %s", rid, request.method, request.url.path, exc_info=exc)
-        return error_response(500, f"internal server error (request id {rid})", "server_error")
+        error = unexpected_error(exc, rid)
+        note(error.status)
+        return error.response()

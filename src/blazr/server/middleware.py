@@ -1,8 +1,12 @@
 """The server's pure ASGI middlewares (pure, so that streamed responses pass through untouched).
 
 - `RequestContext`: gives every HTTP request an id (`scope["state"]["request_id"]`, echoed in the
-  `X-Request-Id` response header; error logs and 5xx messages name it), and counts the /v1 requests whose
-  response is not complete yet (a stream counts until its last byte) — what a drain waits on.
+  `X-Request-Id` response header; error logs and 5xx messages name it), counts the /v1 requests whose
+  response is not complete yet (a stream counts until its last byte) — what a drain waits on —, and is
+  where an exception that no handler took ends (`unexpected_error`): it is logged once and answered as
+  OpenAI error JSON (500, or 400 for a BlazrError), or, when an SSE stream had already started, as an
+  `error` event then `data: [DONE]` — never left to uvicorn, which would log it again and drop the
+  keep-alive connection. (FastAPI's own `Exception` handler cannot do this: Starlette re-raises after it.)
 - `BodyLimit`: a request body over `max_bytes` → 413 JSON, decided from Content-Length before anything is
   read, else while reading (chunked bodies or a lying Content-Length), before any parsing.
 - `ApiKey`: /v1/*, /tokenize, /detokenize and the API docs (/docs, /redoc, /openapi.json) require
@@ -13,11 +17,17 @@
 from __future__ import annotations
 
 import hmac
+import json
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from blazr.server.errors import error_response
+from starlette.requests import ClientDisconnect
+
+from blazr.server.errors import error_response, unexpected_error
+
+log = logging.getLogger("blazr.server")
 
 Scope = dict[str, Any]
 DOC_PATHS = ("/docs", "/redoc", "/openapi.json")
@@ -30,9 +40,12 @@ def request_id(scope: Scope) -> str:
 
 
 class RequestContext:
-    def __init__(self, app: Any, on_in_flight: Callable[[int], None]) -> None:
+    def __init__(
+        self, app: Any, on_in_flight: Callable[[int], None], on_error: Callable[[int], None] | None = None
+    ) -> None:
         self.app = app
         self.on_in_flight = on_in_flight
+        self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -41,10 +54,18 @@ class RequestContext:
         rid = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
         header = (b"x-request-id", rid.encode())
+        sent = {"start": False, "sse": False, "end": False}
 
         async def send_with_id(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), header]
+                sent["start"] = True
+                sent["sse"] = any(
+                    k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                    for k, v in message["headers"]
+                )
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                sent["end"] = True
             await send(message)
 
         counted = scope["path"].startswith("/v1")
@@ -52,9 +73,37 @@ class RequestContext:
             self.on_in_flight(+1)
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            log.info("request %s: client disconnected", rid)
+        except Exception as exc:
+            await self._answer(exc, scope, receive, send_with_id, sent)
         finally:
             if counted:
                 self.on_in_flight(-1)
+
+    async def _answer(
+        self, exc: Exception, scope: Scope, receive: Any, send: Any, sent: dict[str, bool]
+    ) -> None:
+        """Log `exc` once and answer it as well as what was already sent allows."""
+        rid = request_id(scope)
+        error = unexpected_error(exc, rid)
+        if error.status >= 500:
+            log.error(
+                "request %s: unhandled error in %s %s", rid, scope["method"], scope["path"], exc_info=exc
+            )
+        else:
+            log.info("request %s: %d %s", rid, error.status, error.message)
+        if self.on_error is not None:
+            self.on_error(error.status)
+        if not sent["start"]:
+            await error.response()(scope, receive, send)
+        elif sent["sse"] and not sent["end"]:
+            event = b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
+            await send(
+                {"type": "http.response.body", "body": event + b"data: [DONE]\n\n", "more_body": False}
+            )
+        # else: a response was complete (nothing to add), or a non-SSE one was cut short (no well-formed
+        # end exists: uvicorn closes the connection). blazr streams only SSE.
 
 
 class _TooLarge(Exception):
