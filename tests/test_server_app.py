@@ -376,8 +376,14 @@ def test_unknown_and_unsupported_fields_are_400_naming_them():
             ("/v1/completions", {"prompt": "hi", "stream_options": {"continuous_usage_stats": True}}, None),
             ("/v1/chat/completions", {**chat, "functions": []}, "functions"),
             ("/v1/chat/completions", {**chat, "tools": [{"type": "function"}]}, "tools.0.function"),
-            ("/v1/chat/completions", {**chat, "store": True}, "store"),
-            ("/v1/chat/completions", {**chat, "reasoning_effort": "low"}, "reasoning_effort"),
+            ("/v1/chat/completions", {**chat, "audio": {"voice": "alloy"}}, "audio"),
+            ("/v1/chat/completions", {**chat, "prediction": {"type": "content"}}, "prediction"),
+            ("/v1/chat/completions", {**chat, "web_search_options": {}}, "web_search_options"),
+            ("/v1/chat/completions", {**chat, "moderation": {"model": "m"}}, "moderation"),
+            ("/v1/chat/completions", {**chat, "modalities": ["text", "audio"]}, "modalities.1"),
+            ("/v1/chat/completions", {**chat, "reasoning_effort": "extreme"}, "reasoning_effort"),
+            ("/v1/chat/completions", {**chat, "verbosity": 3}, "verbosity"),
+            ("/v1/completions", {"prompt": "hi", "prompt_cache_key": "k"}, "prompt_cache_key"),
             ("/v1/chat/completions", {**chat, "temperature": 2.5}, "temperature"),
             ("/v1/chat/completions", {**chat, "stop": ["a"] * 17}, "stop"),
         ]
@@ -387,12 +393,17 @@ def test_unknown_and_unsupported_fields_are_400_naming_them():
             if param is not None:
                 assert r.json()["error"]["param"] == param, (body, r.json())
         assert client.post("/v1/completions", content=b'{"prompt": "a", "top_p": NaN}').status_code == 400
-        accepted = {
+        accepted = {  # implemented, or advisory (schemas.py)
             **chat,
-            "store": False,
+            "store": True,
+            "reasoning_effort": "low",
+            "verbosity": "low",
+            "prompt_cache_key": "k",
+            "prompt_cache_retention": "24h",
+            "service_tier": "priority",
+            "safety_identifier": "s1",
             "user": "u1",
             "metadata": {"k": "v"},
-            "service_tier": "auto",
             "tool_choice": "none",
             "response_format": {"type": "text"},
             "parallel_tool_calls": True,

@@ -76,8 +76,9 @@ def completion_prompts(
 
 def chat_messages(req: ChatPromptFields) -> list[dict[str, Any]]:
     """Messages as the chat template expects them (HF's conventions): `developer` is OpenAI's new name for
-    `system`; `name`, `tool_call_id` and `reasoning_content` are passed on; an assistant's `tool_calls`
-    carry their arguments as an object (templates iterate or `tojson` them), not as JSON text."""
+    `system`; `name`, `tool_call_id` and `reasoning_content` (or its other name, `reasoning`) are passed on;
+    an assistant's `tool_calls` carry their arguments as an object (templates iterate or `tojson` them), not
+    as JSON text."""
     out = []
     for i, m in enumerate(req.messages):
         content: Any = m.content
@@ -101,12 +102,23 @@ def chat_messages(req: ChatPromptFields) -> list[dict[str, Any]]:
             message["name"] = m.name
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
-        if m.reasoning_content is not None:
-            message["reasoning_content"] = m.reasoning_content
+        reasoning = _reasoning(m.reasoning_content, m.reasoning, i)
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         if m.tool_calls:
             message["tool_calls"] = [_tool_call(c, i, j) for j, c in enumerate(m.tool_calls)]
         out.append(message)
     return out
+
+
+def _reasoning(content: str | None, alias: str | None, i: int) -> str | None:
+    """A message's reasoning, given as `reasoning_content` or `reasoning` (vLLM's and Ollama's name); both
+    are fine when they agree."""
+    if content is not None and alias is not None and content != alias:
+        raise bad_request(
+            f"messages[{i}]: reasoning and reasoning_content differ; give one", f"messages.{i}.reasoning"
+        )
+    return content if content is not None else alias
 
 
 def _text_parts(content: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
@@ -156,12 +168,17 @@ def encode_chat(
     req: ChatPromptFields, tok: Tokenizer, tools: list[dict[str, Any]] | None = None
 ) -> list[int]:
     """The prompt ids of a conversation; `tools` (OpenAI tool dicts) rendered by the template when it
-    renders tools, else described in the system message (tool_prompt.py)."""
+    renders tools, else described in the system message (tool_prompt.py); `reasoning_effort` as the
+    template's variables (schemas.py's `ChatPromptFields`)."""
     kwargs = {
         k: v
         for k, v in (req.chat_template_kwargs or {}).items()
         if k not in ("messages", "add_generation_prompt", "self", "tools")
     }
+    if req.reasoning_effort is not None:  # a variable of the template's (gpt-oss's reads it)
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+        if req.reasoning_effort == "none":  # no thinking: Qwen3's (and its kin's) switch
+            kwargs.setdefault("enable_thinking", False)
     messages = chat_messages(req)
     if tok.chat_template.uses_tools:
         if tools:

@@ -1,15 +1,16 @@
 """Which Ray Serve replica of `blazr serve --ray` (server/ray_serve.py) takes a request.
 
-Routing (`PrefixAffinityRouter`, a Ray Serve `RequestRouter`, alpha API in Ray 2.60): "consistent hashing
-with bounded loads" (Mirrokni et al., 2018) over rendezvous hashing. A request whose prompt text is at least
+Routing (`PrefixAffinityRouter`, a Ray Serve `RequestRouter`, alpha API in Ray 2.60): "consistent hashing with
+bounded loads" (Mirrokni et al., 2018) over rendezvous hashing. A request whose prompt text is at least
 `prefix_chars` long (default 256 ≈ 64 tokens) is keyed by its first `prefix_chars` characters — for chat, the
 tool definitions and the messages in order, role-tagged — so a shared system prompt, and the next turn of a
-conversation, keep the same key. The replicas are ranked by `blake2b(key, replica id)`; the first one whose
-ongoing-request count is within `imbalance_threshold` of the least-loaded replica's takes the request, so an
-overloaded prefix spills to the same second replica each time (which then caches it too) instead of
-everywhere. Requests without a key (short prompts, GET, /tokenize) get Ray's power of two choices: the less
-loaded of two random replicas. The hash needs no shared state, so several ingress replicas would agree.
-Loads come from Ray's per-handle queue-length cache (each replica's ongoing requests, probed by Ray).
+conversation, keep the same key; a request's `prompt_cache_key` (OpenAI's field for this) is its key instead.
+The replicas are ranked by `blake2b(key, replica id)`; the first one whose ongoing-request count is within
+`imbalance_threshold` of the least-loaded replica's takes the request, so an overloaded prefix spills to the
+same second replica each time (which then caches it too) instead of everywhere. Requests without a key (short
+prompts, GET, /tokenize) get Ray's power of two choices: the less loaded of two random replicas. The hash
+needs no shared state, so several ingress replicas would agree. Loads come from Ray's per-handle queue-length
+cache (each replica's ongoing requests, probed by Ray).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 def routing_key(path: str, body: bytes, prefix_chars: int = DEFAULT_PREFIX_CHARS) -> str | None:
     """The first `prefix_chars` characters of the prompt a generation request will render, or None (no
-    affinity) for other paths, bodies that are not a JSON object, and prompts shorter than that."""
+    affinity) for other paths, bodies that are not a JSON object, and prompts shorter than that. A request
+    naming a `prompt_cache_key` is keyed by it instead, whatever its prompt: requests that share a key
+    share a replica, so its prefix cache (OpenAI's use of the key: cache-aware routing)."""
     if path not in ROUTED_PATHS or not body:
         return None
     try:
@@ -40,6 +43,9 @@ def routing_key(path: str, body: bytes, prefix_chars: int = DEFAULT_PREFIX_CHARS
         return None
     if not isinstance(data, dict):
         return None
+    cache_key = data.get("prompt_cache_key")
+    if isinstance(cache_key, str) and cache_key:  # the client's own affinity key (OpenAI's meaning)
+        return "prompt_cache_key:" + cache_key
     if path == "/v1/completions":
         text = _prompt_text(data.get("prompt"))
     else:

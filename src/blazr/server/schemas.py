@@ -4,9 +4,16 @@ Requests validate strictly (a string where a number belongs is a 400, not a coer
 refused) and **refuse unknown fields**: a field blazr does not honour is a 400 that names it, never silently
 ignored. The accepted fields are exactly the ones declared here:
   - OpenAI's, where blazr implements them (tools, tool_choice, parallel_tool_calls, response_format
-    among them); a few only in the value that asks for nothing blazr lacks (`store: false`,
-    `service_tier: auto|default`, `modalities: ["text"]`); `user` and `safety_identifier` are logged with
-    the request id, `metadata` is taken as a label (blazr stores nothing);
+    among them); `modalities` only as `["text"]`; `reasoning_effort` goes to the chat template (see
+    `ChatPromptFields`); `user` and `safety_identifier` are logged with the request id;
+  - OpenAI's advisory fields, which today's clients and agent frameworks send and which change nothing
+    blazr could honour otherwise, accepted and ignored: `store` (blazr stores nothing, whatever it says),
+    `metadata` (a label), `service_tier` (one tier; any of OpenAI's names), `verbosity` (a hint to
+    OpenAI's own models), `prompt_cache_retention` and `prompt_cache_key` (the prefix cache is automatic;
+    `blazr serve --ray` routes by the key, ray_router.py), `stream_options.include_obfuscation` (blazr
+    sends no obfuscation padding); an assistant message's `reasoning` is vLLM's name for
+    `reasoning_content`. What would change the output in a way blazr cannot (`audio`, `prediction`,
+    `web_search_options`, `moderation`, `functions`, …) stays a 400;
   - vLLM's extras, sent by `openai` clients through `extra_body`: top_k, min_p, repetition_penalty,
     min_tokens, ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output,
     return_tokens_as_token_ids, structured_outputs (and its older names guided_json, guided_regex,
@@ -27,7 +34,6 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
-    field_validator,
     model_serializer,
 )
 
@@ -60,6 +66,7 @@ Label = Annotated[str, Field(max_length=MAX_LABEL_CHARS)]
 class StreamOptions(_Request):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: the usage so far on every chunk (with include_usage)
+    include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: none is sent
 
 
 JsonObject = dict[str, Any]
@@ -166,7 +173,8 @@ class ToolCallItem(_Request):
 class ChatMessage(_Request):
     """A message; `content` is a string or a list of parts, of which blazr takes `{"type": "text", "text"}`
     (protocol.py names any other part in its 400). Assistant messages may carry `tool_calls` (then content
-    may be null) and `reasoning_content`; `tool` messages answer a call by its `tool_call_id`."""
+    may be null) and `reasoning_content` (or `reasoning`, vLLM's and Ollama's name for it: the same to the
+    template); `tool` messages answer a call by its `tool_call_id`."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
@@ -174,6 +182,7 @@ class ChatMessage(_Request):
     tool_calls: list[ToolCallItem] | None = None
     tool_call_id: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)] | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class FunctionDefinition(_Request):
@@ -197,11 +206,17 @@ class NamedToolChoice(_Request):
     function: NamedFunction
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's values
+
+
 class ChatPromptFields(_Request):
-    """A conversation as the chat template renders it (shared by chat completions and /tokenize)."""
+    """A conversation as the chat template renders it (shared by chat completions and /tokenize).
+    `reasoning_effort` is passed to the template as the variable of that name (gpt-oss's reads it), and
+    `"none"` also sets `enable_thinking` false (Qwen3's switch); `chat_template_kwargs` win over both."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     add_generation_prompt: bool = True  # vLLM extra
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM extra
 
@@ -214,18 +229,15 @@ class ChatCompletionRequest(SamplingFields, ChatPromptFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    store: bool | None = None
-    metadata: Annotated[dict[str, Label], Field(max_length=16)] | None = None
-    service_tier: Literal["auto", "default"] | None = None
     modalities: list[Literal["text"]] | None = None
     safety_identifier: Label | None = None
-
-    @field_validator("store")
-    @classmethod
-    def _no_store(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("store=true is not supported: blazr keeps no completions")
-        return value
+    # advisory (see the module docstring): accepted, no effect here
+    store: bool | None = None
+    metadata: Annotated[dict[str, Label], Field(max_length=16)] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    prompt_cache_key: Label | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
 
 
 class TokenizeRequest(_Request):
