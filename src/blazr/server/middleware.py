@@ -95,13 +95,15 @@ class RequestContext:
             log.info("request %s: %d %s", rid, error.status, error.message)
         if self.on_error is not None:
             self.on_error(error.status)
-        if not sent["start"]:
-            await error.response()(scope, receive, send)
-        elif sent["sse"] and not sent["end"]:
-            event = b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
-            await send(
-                {"type": "http.response.body", "body": event + b"data: [DONE]\n\n", "more_body": False}
-            )
+        try:
+            if not sent["start"]:
+                await error.response()(scope, receive, send)
+            elif sent["sse"] and not sent["end"]:
+                event = b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
+                end = {"type": "http.response.body", "body": event + b"data: [DONE]\n\n", "more_body": False}
+                await send(end)
+        except (OSError, ClientDisconnect):  # the client has gone: no one to answer
+            log.info("request %s: client disconnected before the error was sent", rid)
         # else: a response was complete (nothing to add), or a non-SSE one was cut short (no well-formed
         # end exists: uvicorn closes the connection). blazr streams only SSE.
 
