@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from blazr import LLM
-from blazr.config import ModelConfig
+from blazr.config import LayerConfig, ModelConfig
 from blazr.detect import inspect_checkpoint
 from blazr.info import describe
 from tests.drive import assert_logits_close, full_logits
@@ -100,19 +100,20 @@ def detect_with(src: Path, dst: Path, edit: Callable[[dict[str, Any]], None] | N
 
 
 def map_layers(cfg: ModelConfig, **fns: Callable[[Any], Any]) -> ModelConfig:
-    """Apply `fns[field](sub_config)` to that sub-config (mamba, attention, …) of every layer having one."""
-    layers = tuple(
-        dataclasses.replace(
-            layer, **{k: fn(getattr(layer, k)) for k, fn in fns.items() if getattr(layer, k) is not None}
-        )
-        for layer in cfg.layers
-    )
-    return dataclasses.replace(cfg, layers=layers)
+    """Apply `fns[name](sub_config)` to every layer's mixer of that kind (mamba2, attention, …) and its
+    feed-forward of that field (mlp, moe), where it has one."""
+
+    def mapped(layer: LayerConfig) -> LayerConfig:
+        mixers = tuple(fns[m.kind](m) if m.kind in fns else m for m in layer.mixers)
+        ffn = {k: fns[k](getattr(layer, k)) for k in ("mlp", "moe") if k in fns and getattr(layer, k)}
+        return dataclasses.replace(layer, mixers=mixers, **ffn)
+
+    return dataclasses.replace(cfg, layers=tuple(mapped(layer) for layer in cfg.layers))
 
 
 def runtime_free(cfg: ModelConfig) -> ModelConfig:
     """Drop what neither a shape carries nor changes the math: the SSD chunk size and the context limit."""
-    cfg = map_layers(cfg, mamba=lambda m: dataclasses.replace(m, chunk_size=0))
+    cfg = map_layers(cfg, mamba2=lambda m: dataclasses.replace(m, chunk_size=0))
     return dataclasses.replace(cfg, max_position_embeddings=0)
 
 
@@ -144,8 +145,7 @@ def check_state_bytes(pair: Pair, H: int, P: int, N: int, G: int, K: int, num_la
         info = describe(pair.llm.checkpoint, dtype)
         assert info["cache"]["state_bytes_per_sequence"] == mamba_state_bytes(H, P, N, G, K, num_layers, size)
     cache = pair.llm.runner.cache
-    state = [t for lc in cache.layers for t in (lc.conv, lc.ssm) if t is not None]
-    per_slot = sum(t[0].numel() * t.element_size() for t in state)
+    per_slot = sum(t[0].numel() * t.element_size() for t in cache.state)
     assert per_slot == mamba_state_bytes(H, P, N, G, K, num_layers, 4)
 
 

@@ -39,6 +39,7 @@ from blazr.kernels.build import available
 from blazr.kernels.quant import quantize
 from blazr.loading.absorb import absorb_mla
 from blazr.loading.quantize import wrap_float_linears
+from blazr.model.mixers import cache_layout
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.kv_cache import ModelCache
@@ -203,13 +204,11 @@ def _decode_step_logits(llm: LLM, prompts: list[list[int]]) -> tuple[torch.Tenso
 def _states(runner: ModelRunner) -> Callable[[], None]:
     """Snapshot the recurrent (Mamba2) states; the returned function puts them back (a decode step
     advances them in place, while attention only writes the new token's keys, the same each time)."""
-    layers = [runner.cache.layer(i) for i in range(len(runner.model.layers))]
-    saved = [(lc, lc.conv.clone(), lc.ssm.clone()) for lc in layers if lc.conv is not None]
+    saved = [(t, t.clone()) for t in runner.cache.state]
 
     def restore() -> None:
-        for lc, conv, ssm in saved:
-            lc.conv.copy_(conv)
-            lc.ssm.copy_(ssm)
+        for t, copy in saved:
+            t.copy_(copy)
 
     return restore
 
@@ -368,7 +367,7 @@ ROPE = RopeConfig(dim=32)
 ATTN = AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=32, rope=ROPE, softmax_scale=32**-0.5)
 MLP = MLPConfig(intermediate_size=128)
 MAMBA = Mamba2Config(num_heads=4, head_dim=32, state_size=16, n_groups=1, conv_kernel=4)
-ATTN_LAYER = LayerConfig(attention=ATTN, mlp=MLP)
+ATTN_LAYER = LayerConfig(mixers=(ATTN,), mlp=MLP)
 
 
 MOE = MoEConfig(num_experts=4, top_k=2, expert=MLPConfig(intermediate_size=32))
@@ -394,7 +393,7 @@ def _create(cfg: ModelConfig, wrap: bool = True, **engine: object) -> DecodePlan
     if wrap:
         wrap_float_linears(model)
         absorb_mla(model, "none")
-    cache = ModelCache(cfg, 256, 2, torch.float32)
+    cache = ModelCache(cache_layout(cfg), 256, 2, torch.float32)
     return DecodePlan.create(model, cache, engine_cfg, torch.device("cpu"), torch.float32)
 
 
@@ -407,15 +406,15 @@ def _cfg(*layers: LayerConfig, **changes: object) -> ModelConfig:
     "cfg",
     [
         _cfg(ATTN_LAYER, ATTN_LAYER),
-        _cfg(LayerConfig(mamba=MAMBA, mlp=MLP), ATTN_LAYER, LayerConfig(mamba=MAMBA)),
-        _cfg(LayerConfig(attention=AttentionConfig(4, 2, 32, None, 0.1), mlp=MLP)),
+        _cfg(LayerConfig(mixers=(MAMBA,), mlp=MLP), ATTN_LAYER, LayerConfig(mixers=(MAMBA,))),
+        _cfg(LayerConfig(mixers=(AttentionConfig(4, 2, 32, None, 0.1),), mlp=MLP)),
         _cfg(ATTN_LAYER, residual_multiplier=0.5, embedding_multiplier=2.0, logits_scale=0.5),
-        _cfg(LayerConfig(attention=ATTN, mamba=MAMBA, mlp=MLP)),  # FalconH1: two mixers side by side
-        _cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, activation="gelu"))),
-        _cfg(LayerConfig(attention=ATTN, mlp=MLPConfig(128, is_gated=False, activation="relu2"))),
-        _cfg(LayerConfig(attention=ATTN, moe=MOE)),
-        _cfg(LayerConfig(mla=MLA, mlp=MLP)),
-        _cfg(LayerConfig(mla=MLA_LORA, moe=MOE_V3), LayerConfig(mamba=MAMBA, moe=MOE_RELU2)),
+        _cfg(LayerConfig(mixers=(ATTN, MAMBA), mlp=MLP)),  # FalconH1: two mixers side by side
+        _cfg(LayerConfig(mixers=(ATTN,), mlp=MLPConfig(128, activation="gelu"))),
+        _cfg(LayerConfig(mixers=(ATTN,), mlp=MLPConfig(128, is_gated=False, activation="relu2"))),
+        _cfg(LayerConfig(mixers=(ATTN,), moe=MOE)),
+        _cfg(LayerConfig(mixers=(MLA,), mlp=MLP)),
+        _cfg(LayerConfig(mixers=(MLA_LORA,), moe=MOE_V3), LayerConfig(mixers=(MAMBA,), moe=MOE_RELU2)),
     ],
     ids=[
         "attention",
@@ -439,7 +438,7 @@ def test_create_accepts(cfg):
     "cfg, engine, why",
     [
         (_cfg(ATTN_LAYER), dict(fused_decode=False), None),
-        (_cfg(LayerConfig(mamba=MAMBA, norm=NormConfig("layer"))), {}, "model/norm.py"),
+        (_cfg(LayerConfig(mixers=(MAMBA,), norm=NormConfig("layer"))), {}, "model/norm.py"),
         (_cfg(ATTN_LAYER), dict(max_model_len=4096), "rope table"),  # positions past the rope table
     ],
     ids=["fused-off", "layernorm", "rope-len"],

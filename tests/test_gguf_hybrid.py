@@ -235,7 +235,7 @@ def made(tmp_path_factory) -> dict[str, Made]:
 def _comparable(cfg: ModelConfig) -> ModelConfig:
     """What a GGUF carries of a config: not the SSD chunk size or the context limit; Falcon-H1's µP
     multipliers are folded into its weights."""
-    cfg = map_layers(cfg, mamba=lambda m: dataclasses.replace(m, chunk_size=0))
+    cfg = map_layers(cfg, mamba2=lambda m: dataclasses.replace(m, chunk_size=0))
     cfg = dataclasses.replace(cfg, max_position_embeddings=0)
     if hasattr(cfg, "multipliers"):
         cfg = dataclasses.replace(

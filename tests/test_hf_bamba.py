@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from blazr.config import ModelConfig
+from blazr.config import AttentionConfig, ModelConfig
 from tests.drive import assert_logits_close, stepwise_logits
 from tests.hf_parity import (
     check_batched_equals_alone,
@@ -68,7 +68,7 @@ def pair(request, tmp_path_factory):
 def test_detected_config(pair):
     cfg = pair.llm.config
     assert layer_kinds(cfg) == KINDS[pair.name]
-    attn = next(layer.attention for layer in cfg.layers if layer.attention)
+    attn = next(a for layer in cfg.layers if (a := layer.mixer(AttentionConfig)))
     assert (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.rope.dim) == (2, 1, 64, 32)
     is_biased = pair.name == "bias-g2"
     assert attn.has_qkv_bias == attn.has_o_bias == is_biased
@@ -121,7 +121,7 @@ def test_state_bytes_per_sequence(pair):
 def _groups_not_inferable(cfg: ModelConfig) -> ModelConfig:
     """Shapes give only n_groups × state (2 × 16): read as Bamba's default 1 group of 32."""
     return map_layers(
-        cfg, mamba=lambda m: dataclasses.replace(m, n_groups=1, state_size=32, norm_group_size=m.d_inner)
+        cfg, mamba2=lambda m: dataclasses.replace(m, n_groups=1, state_size=32, norm_group_size=m.d_inner)
     )
 
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from blazr import LLM
-from blazr.config import ModelConfig, RopeConfig
+from blazr.config import MLAConfig, ModelConfig, RopeConfig
 from blazr.detect import inspect_checkpoint
 from blazr.detect.raw import yarn_mscale
 from blazr.errors import UnsupportedError
@@ -136,12 +136,13 @@ def test_detected_structure(models):
     assert (routing(moe2), weighting(moe2)) == (("softmax", 4, 2, "max"), (False, 1.5, False))
     assert (routing(moe3), weighting(moe3)) == (("sigmoid", 2, 1, "top2_sum"), (True, 2.5, True))
     assert moe3.shared is not None and moe3.shared.intermediate_size == 2 * 64
-    assert v2.config.layers[0].mla.q_lora_rank is None and v3.config.layers[0].mla.q_lora_rank == 48
-    mla = yarn.config.layers[0].mla
+    assert v2.config.layers[0].mixer(MLAConfig).q_lora_rank is None
+    assert v3.config.layers[0].mixer(MLAConfig).q_lora_rank == 48
+    mla = yarn.config.layers[0].mixer(MLAConfig)
     base = (16 + 8) ** -0.5
     assert mla.softmax_scale == pytest.approx(base * yarn_mscale(4.0, 0.8) ** 2)
     assert mla.rope.attention_factor == pytest.approx(yarn_mscale(4.0, 1.0) / yarn_mscale(4.0, 0.8))
-    assert v3.config.layers[0].mla.softmax_scale == pytest.approx(base)
+    assert v3.config.layers[0].mixer(MLAConfig).softmax_scale == pytest.approx(base)
 
 
 def _shape_free(cfg: ModelConfig) -> ModelConfig:
@@ -150,7 +151,8 @@ def _shape_free(cfg: ModelConfig) -> ModelConfig:
     (k, scaling factor, renormalisation, groups)."""
     layers = []
     for layer in cfg.layers:
-        mla = dataclasses.replace(layer.mla, rope=RopeConfig(dim=layer.mla.rope.dim), softmax_scale=0.0)
+        (mla,) = layer.mixers
+        mla = dataclasses.replace(mla, rope=RopeConfig(dim=mla.rope.dim), softmax_scale=0.0)
         moe = layer.moe and dataclasses.replace(
             layer.moe,
             top_k=1,
@@ -159,7 +161,7 @@ def _shape_free(cfg: ModelConfig) -> ModelConfig:
             num_groups=1,
             topk_groups=1,
         )
-        layers.append(dataclasses.replace(layer, mla=mla, moe=moe))
+        layers.append(dataclasses.replace(layer, mixers=(mla,), moe=moe))
     return dataclasses.replace(cfg, layers=tuple(layers), max_position_embeddings=0)
 
 
@@ -193,7 +195,7 @@ def test_half_split_rope_checkpoints(tmp_path):
     arch, overrides = VARIANTS["v3"]
     hf = build(arch, tmp_path, **{**MLA_SIZES, **MOE_SIZES, **overrides, "rope_interleave": False})
     llm = LLM(tmp_path, cpu=True, dtype="float32")
-    assert not llm.config.layers[0].mla.is_rope_interleaved
+    assert not llm.config.layers[0].mixer(MLAConfig).is_rope_interleaved
     hf_parity.check_logits(hf, llm)
 
 
@@ -224,11 +226,7 @@ def test_info_reports_latent_bytes_and_active_parameters(models, name):
     num_mla = len(llm.config.layer_indices("mla"))
     assert num_mla == 3
     assert info["cache"]["kv_bytes_per_token"] == (32 + 8) * 4 * num_mla
-    allocated = sum(
-        lc.latent[0].numel() * lc.latent.element_size()
-        for lc in llm.runner.cache.layers
-        if lc.latent is not None
-    )
+    allocated = sum(t[0].numel() * t.element_size() for t in llm.runner.cache.paged)  # the latents
     assert allocated == info["cache"]["kv_bytes_per_token"]
     params = info["parameters"]
     assert params["active_per_token"] < params["total"]

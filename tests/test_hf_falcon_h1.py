@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from blazr.config import ModelConfig
+from blazr.config import Mamba2Config, ModelConfig
 from blazr.detect.falcon_h1 import FalconH1ModelConfig, FalconH1Multipliers
 from tests.hf_parity import check_batched_equals_alone, check_cache_invariants, check_greedy, check_logits
 from tests.ssm_fixtures import (
@@ -79,7 +79,7 @@ def pair(request, tmp_path_factory):
 def test_detected_config(pair):
     cfg, c = pair.llm.config, pair.hf.config
     assert layer_kinds(cfg) == ["attention+mamba2+mlp"] * 2
-    m = cfg.layers[0].mamba
+    m = cfg.layers[0].mixer(Mamba2Config)
     assert (m.d_inner, m.n_groups, m.has_gated_norm) == (c.mamba_d_ssm, c.mamba_n_groups, c.mamba_rms_norm)
     assert m.is_norm_before_gate == c.mamba_norm_before_gate
     assert (cfg.embedding_multiplier, cfg.logits_scale) == (c.embedding_multiplier, c.lm_head_multiplier)
@@ -122,7 +122,7 @@ def _not_inferable(cfg: ModelConfig) -> ModelConfig:
             )
         return dataclasses.replace(m, is_norm_before_gate=True)
 
-    cfg = map_layers(cfg, mamba=mamba)
+    cfg = map_layers(cfg, mamba2=mamba)
     return dataclasses.replace(
         cfg, embedding_multiplier=1.0, logits_scale=1.0, multipliers=FalconH1Multipliers()
     )

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from blazr.config import ModelConfig
+from blazr.config import AttentionConfig, ModelConfig
 from tests.hf_parity import check_batched_equals_alone, check_cache_invariants, check_greedy, check_logits
 from tests.ssm_fixtures import (
     HEADS,
@@ -78,7 +78,7 @@ def test_detected_config(pair):
         c.residual_multiplier,
     )
     assert cfg.logits_scale == 1 / c.logits_scaling
-    attn = next(layer.attention for layer in cfg.layers if layer.attention)
+    attn = next(a for layer in cfg.layers if (a := layer.mixer(AttentionConfig)))
     assert attn.softmax_scale == c.attention_multiplier
     assert (attn.rope is None) == (c.position_embedding_type != "rope")
     assert cfg.tie_word_embeddings == c.tie_word_embeddings
@@ -115,7 +115,7 @@ def _not_inferable(cfg: ModelConfig) -> ModelConfig:
     cfg = map_layers(
         cfg,
         attention=lambda a: dataclasses.replace(a, rope=None, softmax_scale=1.0),
-        mamba=lambda m: dataclasses.replace(m, n_groups=1, state_size=32, norm_group_size=m.d_inner),
+        mamba2=lambda m: dataclasses.replace(m, n_groups=1, state_size=32, norm_group_size=m.d_inner),
     )
     return dataclasses.replace(cfg, embedding_multiplier=1.0, residual_multiplier=1.0, logits_scale=1.0)
 

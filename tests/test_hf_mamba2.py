@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from blazr.config import Mamba2Config
 from tests.hf_parity import check_batched_equals_alone, check_cache_invariants, check_greedy, check_logits
 from tests.ssm_fixtures import (
     check_state_bytes,
@@ -39,7 +40,7 @@ def pair(request, tmp_path_factory):
 def test_detected_config(pair):
     cfg, c = pair.llm.config, pair.hf.config
     assert layer_kinds(cfg) == ["mamba2", "mamba2"]
-    m = cfg.layers[0].mamba
+    m = cfg.layers[0].mixer(Mamba2Config)
     assert (m.num_heads, m.head_dim, m.state_size, m.n_groups) == (16, 16, 16, c.n_groups)
     assert m.norm_group_size == m.d_inner // c.n_groups
     assert m.has_in_proj_bias == m.has_out_proj_bias == c.use_bias
@@ -83,4 +84,4 @@ def test_legacy_config_spellings(pair, tmp_path):
 
     assert detect_with(pair.path, tmp_path / "v4", edit) == pair.llm.config
     limited = detect_with(pair.path, tmp_path / "dt", lambda raw: raw.update(time_step_limit=[0.01, 0.5]))
-    assert {(layer.mamba.dt_min, layer.mamba.dt_max) for layer in limited.layers} == {(0.01, 0.5)}
+    assert {(m.dt_min, m.dt_max) for layer in limited.layers for m in layer.mixers} == {(0.01, 0.5)}

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from blazr import LLM
+from blazr.config import AttentionConfig
 from blazr.detect import inspect_checkpoint
 from blazr.info import describe
 from tests import hf_parity
@@ -74,8 +75,9 @@ def test_detected_structure(models):
     _, llm, _ = models("mixtral-4x2-window")
     layer = llm.config.layers[0]
     assert [x.kind for x in llm.config.layers] == ["attention+moe"] * 2
-    assert (layer.attention.num_heads, layer.attention.num_kv_heads, layer.attention.head_dim) == (2, 1, 64)
-    assert (layer.attention.sliding_window, layer.attention.rope.theta) == (24, 1e6)
+    a = layer.mixer(AttentionConfig)
+    assert (a.num_heads, a.num_kv_heads, a.head_dim) == (2, 1, 64)
+    assert (a.sliding_window, a.rope.theta) == (24, 1e6)
     moe = layer.moe
     assert (moe.num_experts, moe.top_k, moe.expert.intermediate_size) == (4, 2, 256)
     assert (moe.scoring, moe.is_renormalized, moe.shared) == ("softmax", True, None)

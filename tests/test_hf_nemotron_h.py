@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from blazr.config import ModelConfig
+from blazr.config import AttentionConfig, Mamba2Config, ModelConfig
 from tests.hf_parity import check_batched_equals_alone, check_cache_invariants, check_greedy, check_logits
 from tests.ssm_fixtures import (
     check_state_bytes,
@@ -82,10 +82,10 @@ def test_detected_config(pair):
     )
     assert moe.is_renormalized == c.norm_topk_prob
     assert (moe.expert.activation, moe.expert.is_gated, moe.shared.intermediate_size) == ("relu2", False, 32)
-    assert all(layer.attention.rope is None for layer in cfg.layers if layer.attention)
-    assert {layer.mamba.dt_min for layer in cfg.layers if layer.mamba} == {c.time_step_min}
+    assert all(m.rope is None for layer in cfg.layers if (m := layer.mixer(AttentionConfig)))
+    assert {m.dt_min for layer in cfg.layers if (m := layer.mixer(Mamba2Config))} == {c.time_step_min}
     assert c.mamba_ssm_cache_dtype == "float32"
-    assert {lc.ssm.dtype for lc in pair.llm.runner.cache.layers if lc.ssm is not None} == {torch.float32}
+    assert {lc.ssm.dtype for lc in pair.llm.runner.cache.layers if hasattr(lc, "ssm")} == {torch.float32}
 
 
 def test_logits_match_transformers(pair):

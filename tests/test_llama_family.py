@@ -9,6 +9,7 @@ import random
 import pytest
 
 from blazr import LLM, SamplingParams
+from blazr.config import AttentionConfig
 from tests.drive import assert_logits_close, chunked, full_logits, stepwise_logits
 from tests.tiny import build, hf_greedy, hf_logits
 
@@ -99,7 +100,7 @@ def test_v4_and_v5_config_styles_agree(tmp_path):
     cfg["rope_scaling"] = params
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     llm = LLM(tmp_path, cpu=True)
-    rope = llm.config.layers[0].attention.rope
+    rope = llm.config.layers[0].mixer(AttentionConfig).rope
     assert (rope.scaling, rope.theta, rope.factor) == ("llama3", 500000.0, 8.0)
     prompt = _prompts([20], seed=5)[0]
     assert_logits_close(full_logits(llm.runner, [prompt])[0], hf_logits(hf, prompt))
@@ -120,7 +121,7 @@ def test_missing_config_json_is_inferred(tmp_path):
     (tmp_path / "config.json").unlink()
     inferred = LLM(tmp_path, cpu=True)
     assert inferred.config.architecture == "Qwen2ForCausalLM"
-    a, b = inferred.config.layers[0].attention, with_cfg.layers[0].attention
+    a, b = inferred.config.layers[0].mixer(AttentionConfig), with_cfg.layers[0].mixer(AttentionConfig)
     assert (a.num_heads, a.num_kv_heads, a.head_dim, a.has_qkv_bias) == (
         b.num_heads,
         b.num_kv_heads,

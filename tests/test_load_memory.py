@@ -144,10 +144,8 @@ def _resident_kib(address: int) -> int:
 
 
 def _nan_fill(llm: LLM) -> None:
-    for lc in llm.runner.cache.layers:
-        for t in (lc.k, lc.v, lc.latent, lc.conv, lc.ssm):
-            if t is not None:
-                t.fill_(float("nan"))
+    for t in llm.runner.cache.paged + llm.runner.cache.state:
+        t.fill_(float("nan"))
 
 
 SCHEDULES = {
@@ -162,10 +160,8 @@ def _check_nan_pools(make: callable, vocab: int) -> None:
     gives the logits of zero-filled pools, bit for bit."""
     batch = prompts([23, 11, 17], seed=3, vocab=vocab)
     zero, nan = make(), make()
-    for lc in zero.runner.cache.layers:
-        for t in (lc.k, lc.v, lc.latent, lc.conv, lc.ssm):
-            if t is not None:
-                t.zero_()
+    for t in zero.runner.cache.paged + zero.runner.cache.state:
+        t.zero_()
     _nan_fill(nan)
     for name, schedule in SCHEDULES.items():
         plan = [schedule(len(p)) for p in batch]
@@ -179,15 +175,16 @@ def _check_nan_pools(make: callable, vocab: int) -> None:
 
 def test_cpu_pools_are_not_zero_filled(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from blazr.detect import inspect_checkpoint
+    from blazr.model.mixers import cache_layout
     from blazr.state.kv_cache import ModelCache
 
-    cfg = inspect_checkpoint(tiny_llama).config
+    layout = cache_layout(inspect_checkpoint(tiny_llama).config)
 
     def no_zeros(*args: object, **kwargs: object) -> torch.Tensor:
         raise AssertionError("a CPU cache pool was zero-filled")
 
     monkeypatch.setattr(torch, "zeros", no_zeros)
-    cache = ModelCache(cfg, 4096, 2, torch.float32, "cpu")
+    cache = ModelCache(layout, 4096, 2, torch.float32, "cpu")
     assert cache.nbytes() == 2 * 2 * 4096 * 2 * 32 * 4
 
 
@@ -209,10 +206,10 @@ def test_nan_filled_state_slots_give_identical_logits(tmp_path: Path) -> None:
 
 
 def test_budget_sizes_the_pools(tiny_llama: Path) -> None:
-    from blazr.state.kv_cache import bytes_per_token
+    from blazr.model.mixers import cache_layout
 
     llm = LLM(tiny_llama, cpu=True, dtype="float32", max_model_len=256, max_num_seqs=8, cache_memory=0.001)
-    per_token = bytes_per_token(llm.config, torch.float32, llm.kv_dtype)
+    per_token = cache_layout(llm.config).bytes_per_token(torch.float32, llm.kv_dtype)
     plan = llm.runner.cache_plan
     assert plan.budget == int(0.001 * 2**30) and not plan.is_auto_budget
     # fewer than all at full length; one block more is reserved for graph padding

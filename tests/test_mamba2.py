@@ -19,10 +19,10 @@ from torch.overrides import TorchFunctionMode
 from blazr.config import Mamba2Config
 from blazr.kernels.ops import ssd_step_reference
 from blazr.model import ssd
-from blazr.model.mamba2 import Mamba2
+from blazr.model.mamba2 import SSM_STATE_DTYPE, Mamba2
 from blazr.model.ssd import ssd_chunked, ssd_reference
 from blazr.state.batch import ForwardBatch
-from blazr.state.kv_cache import SSM_STATE_DTYPE, LayerCache
+from blazr.state.kv_cache import LayerCache
 
 HIDDEN = 64
 

@@ -15,7 +15,7 @@ import torch
 
 from blazr.config import MLAConfig, RopeConfig
 from blazr.loading.absorb import absorb_mla
-from blazr.model.mla import MLA, interleaved_to_half_rows
+from blazr.model.mla import MLA, SPEC, interleaved_to_half_rows
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -475,7 +475,7 @@ def test_cache_holds_only_normed_latent_and_rotated_rope_key():
     x = torch.randn(11, D)
     mla(x, pool.batch([(1, 0, 11)]), pool.cache)
     assert pool.cache.latent.shape[1] == LKV + R
-    assert pool.cache.k is None and pool.cache.v is None
+    assert [t.shape for t in SPEC.cache(mla.cfg)] == [(LKV + R,)]  # what the kind declares: the latent row
     written = pool.slots(1, 0, 11)
     is_written = torch.zeros(pool.cache.latent.shape[0], dtype=torch.bool)
     is_written[written] = True

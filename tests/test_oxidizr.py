@@ -4,7 +4,6 @@ LlamaForCausalLM for the GQA-only model), and the whole-model cache invariants."
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 
@@ -18,6 +17,7 @@ from blazr.info import describe
 from blazr.state.batch import ForwardBatch
 from tests.drive import assert_logits_close, chunked, full_logits, stepwise_logits
 from tests.oxidizr_fixtures import GQA_ONLY, NANO, NANO_START, OxSizes, write_oxidizr
+from tests.ssm_fixtures import runtime_free
 
 SHAPES = {"nano-start": NANO_START, "nano": NANO, "gqa-only": GQA_ONLY}
 
@@ -49,21 +49,10 @@ def ox_hybrid(request, checkpoints):
     return checkpoints(request.param)
 
 
-def _runtime_free(cfg):
-    """Fields no tensor shape carries and that do not change the math: the SSD chunk and the context."""
-    layers = tuple(
-        dataclasses.replace(layer, mamba=dataclasses.replace(layer.mamba, chunk_size=0))
-        if layer.mamba
-        else layer
-        for layer in cfg.layers
-    )
-    return dataclasses.replace(cfg, layers=layers, max_position_embeddings=0)
-
-
 def test_same_config_with_and_without_config_json(ox):
     sizes, root, _, llm = ox
     inferred = LLM(root / "no-config", cpu=True)
-    assert _runtime_free(inferred.config) == _runtime_free(llm.config)
+    assert runtime_free(inferred.config) == runtime_free(llm.config)
     expected = {"Mamba2": "mamba2", "MlaWithMoe": "mla+moe", "Standard": "attention+mlp"}
     assert [layer.kind for layer in llm.config.layers] == [expected[k] for k in sizes.layers]
     prompt = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -242,20 +231,13 @@ def test_cache_bytes_from_allocated_tensors(ox):
     sizes, _, _, llm = ox
     cache = llm.runner.cache
     mla_bytes = sum(
-        lc.latent[0].numel() * lc.latent.element_size() for lc in cache.layers if lc.latent is not None
+        lc.latent[0].numel() * lc.latent.element_size() for lc in cache.layers if hasattr(lc, "latent")
     )
     num_mla = sizes.layers.count("MlaWithMoe")
     assert mla_bytes == (sizes.kv_latent + sizes.d_rope) * 4 * num_mla
     info = describe(llm.checkpoint)
-    per_token = sum(
-        t[0].numel() * t.element_size()
-        for lc in cache.layers
-        for t in (lc.k, lc.v, lc.latent)
-        if t is not None
-    )
+    per_token = sum(t[0].numel() * t.element_size() for t in cache.paged)
     assert info["cache"]["kv_bytes_per_token"] == per_token
-    state = sum(
-        t[0].numel() * t.element_size() for lc in cache.layers for t in (lc.conv, lc.ssm) if t is not None
-    )
+    state = sum(t[0].numel() * t.element_size() for t in cache.state)
     assert info["cache"]["state_bytes_per_sequence"] == state
     assert info["layer_kinds"] == [layer.kind for layer in llm.config.layers]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from blazr import LLM, SamplingParams
+from blazr.config import AttentionConfig, Mamba2Config
 from blazr.detect import inspect_checkpoint
 from blazr.distributed.group import destroy_group
 from blazr.distributed.shard import padded_vocab, shard_config, slice_tensor
@@ -177,10 +178,11 @@ def test_the_shards_add_up(checkpoints):
     cfg = ckpt.config
     half = shard_config(cfg, 2)
     layer, part = cfg.layers[1], half.layers[1]
-    assert part.attention.num_heads * 2 == layer.attention.num_heads
+    a = layer.mixer(AttentionConfig)
+    assert part.mixer(AttentionConfig).num_heads * 2 == a.num_heads
     assert part.moe.num_experts == layer.moe.num_experts  # the router sees every expert
-    assert part.mamba is None and half.layers[0].mamba.num_heads * 2 == cfg.layers[0].mamba.num_heads
-    a = layer.attention
+    assert part.mixer(Mamba2Config) is None
+    assert half.layers[0].mixer(Mamba2Config).num_heads * 2 == cfg.layers[0].mixer(Mamba2Config).num_heads
     qkv = torch.randn((a.num_heads + 2 * a.num_kv_heads) * a.head_dim, cfg.hidden_size)
     pieces = [slice_tensor("layers.1.attn.qkv_proj.weight", qkv, cfg, r, 2) for r in range(2)]
     q, k, v = qkv.split([a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.num_kv_heads * a.head_dim])

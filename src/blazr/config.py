@@ -1,8 +1,9 @@
 """Typed, frozen configuration: what the model math and the engine are allowed to know.
 
-`ModelConfig` describes one network as a tuple of `LayerConfig`s; each layer names the sub-configs of the
-mixers and the feed-forward it holds (GQA attention, MLA, Mamba2, dense MLP, MoE), so a hybrid model is just
-a tuple whose entries differ. Raw checkpoint keys (config.json, GGUF metadata, tensor names) are read only
+`ModelConfig` describes one network as a tuple of `LayerConfig`s; each layer holds the configs of its mixers
+(a tuple of `MixerConfig`s: GQA attention, MLA, Mamba2 — each kind's spec, beside its module, is registered
+in model/mixers.py) and of its feed-forward (dense MLP or MoE), so a hybrid model is just a tuple whose
+entries differ. Raw checkpoint keys (config.json, GGUF metadata, tensor names) are read only
 in `detect.py`, which builds these objects; nothing below the loader ever sees a dict.
 
 `EngineConfig` holds the serving limits (sequences, context, token budget, cache sizes).
@@ -11,7 +12,7 @@ in `detect.py`, which builds these objects; nothing below the loader ever sees a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import ClassVar, Literal, TypeVar
 
 import torch
 
@@ -50,8 +51,20 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
-class AttentionConfig:
+class MixerConfig:
+    """The config of one mixer of a layer; `kind` names its spec in the registry (model/mixers.py)."""
+
+    kind: ClassVar[str]
+
+
+M = TypeVar("M", bound=MixerConfig)
+
+
+@dataclass(frozen=True)
+class AttentionConfig(MixerConfig):
     """Grouped-query attention (Llama family). `rope=None` means no positional encoding (NoPE)."""
+
+    kind: ClassVar[str] = "attention"
 
     num_heads: int
     num_kv_heads: int
@@ -64,7 +77,7 @@ class AttentionConfig:
 
 
 @dataclass(frozen=True)
-class MLAConfig:
+class MLAConfig(MixerConfig):
     """Multi-head Latent Attention (DeepSeek V2/V3 and the oxidizr variant).
 
     q path: `q_lora_rank=None` → one `q_proj` to all heads × (nope + rope); else `q_a_proj` → (norm) →
@@ -74,6 +87,7 @@ class MLAConfig:
     rotated `k_rope`.
     """
 
+    kind: ClassVar[str] = "mla"
     num_heads: int
     q_lora_rank: int | None
     kv_lora_rank: int
@@ -89,10 +103,11 @@ class MLAConfig:
 
 
 @dataclass(frozen=True)
-class Mamba2Config:
+class Mamba2Config(MixerConfig):
     """Mamba2 mixer (SSD). `d_inner = num_heads * head_dim`; conv runs over x, B and C
     (`conv_dim = d_inner + 2 * n_groups * state_size`)."""
 
+    kind: ClassVar[str] = "mamba2"
     num_heads: int
     head_dim: int
     state_size: int
@@ -153,13 +168,11 @@ class MoEConfig:
 
 @dataclass(frozen=True)
 class LayerConfig:
-    """One residual block. Mixers present run in parallel on the same normed input and their outputs are
-    summed (FalconH1 holds attention and Mamba2; every other model holds one). `ffn` follows with its own
-    pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks)."""
+    """One residual block. Its `mixers` run in parallel on the same normed input and their outputs are
+    summed in order (FalconH1 holds attention and Mamba2; every other model holds one). `ffn` follows with
+    its own pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks)."""
 
-    attention: AttentionConfig | None = None
-    mla: MLAConfig | None = None
-    mamba: Mamba2Config | None = None
+    mixers: tuple[MixerConfig, ...] = ()
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
     norm: NormConfig = field(default_factory=NormConfig)  # before the mixer(s)
@@ -168,11 +181,12 @@ class LayerConfig:
     @property
     def kind(self) -> str:
         """Human-readable kind, e.g. "mamba2", "attention+mlp", "mla+moe"."""
-        mixers = [
-            n for n, c in (("attention", self.attention), ("mla", self.mla), ("mamba2", self.mamba)) if c
-        ]
         ffn = [n for n, c in (("mlp", self.mlp), ("moe", self.moe)) if c]
-        return "+".join(mixers + ffn)
+        return "+".join([m.kind for m in self.mixers] + ffn)
+
+    def mixer(self, of: type[M]) -> M | None:
+        """This layer's mixer of config type `of`, or None (for what knows one kind: its names, a test)."""
+        return next((m for m in self.mixers if isinstance(m, of)), None)
 
 
 @dataclass(frozen=True)
@@ -197,9 +211,9 @@ class ModelConfig:
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def layer_indices(self, kind: Literal["attention", "mla", "mamba"]) -> list[int]:
-        """Indices of the layers holding a mixer of this kind."""
-        return [i for i, layer in enumerate(self.layers) if getattr(layer, kind) is not None]
+    def layer_indices(self, kind: str) -> list[int]:
+        """Indices of the layers holding a mixer of this kind ("attention", "mla", "mamba2", …)."""
+        return [i for i, layer in enumerate(self.layers) if any(m.kind == kind for m in layer.mixers)]
 
     def with_(self, **changes: object) -> ModelConfig:
         return replace(self, **changes)

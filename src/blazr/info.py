@@ -13,9 +13,9 @@ import torch
 from blazr.config import EngineConfig, dtype_name
 from blazr.detect import Checkpoint
 from blazr.errors import BlazrError
+from blazr.model.mixers import cache_layout
 from blazr.model.model import CausalLM
 from blazr.state.budget import DEFAULT_FRACTION, cache_budget, plan_cache
-from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
 from blazr.tokenizer import vocab_for_size
 
 
@@ -49,10 +49,10 @@ def _tokenizer_choice(ckpt: Checkpoint) -> dict[str, Any]:
 
 def _budget(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> dict[str, Any]:
     """The cache budget and what fits in it at `engine`'s limits."""
-    cfg = ckpt.config
+    layout = cache_layout(ckpt.config)
     budget = cache_budget(engine)
-    per_token = bytes_per_token(cfg, dtype)
-    state = state_bytes_per_sequence(cfg, dtype)
+    per_token = layout.bytes_per_token(dtype)
+    state = layout.state_bytes_per_sequence(dtype)
     room = max(0, budget - engine.max_num_seqs * state)
     return {
         "memory_gib": round(budget / 2**30, 3),
@@ -69,7 +69,7 @@ def _budget(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> dict[
 def _plan(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> str:
     """The pools the engine would allocate, as the load log says it, or why it could not."""
     try:
-        return plan_cache(ckpt.config, engine, dtype).describe()
+        return plan_cache(cache_layout(ckpt.config), engine, dtype).describe()
     except BlazrError as e:
         return f"error: {e}"
 
@@ -85,7 +85,10 @@ def describe(
     with torch.device("meta"):
         model = CausalLM(cfg)
     total, active = count_parameters(model)
+    layout = cache_layout(cfg)
     config = dataclasses.asdict(cfg)
+    for layer, fields in zip(cfg.layers, config["layers"], strict=True):  # each mixer's config under its kind
+        fields["mixers"] = [{"kind": m.kind, **dataclasses.asdict(m)} for m in layer.mixers]
     return {
         "path": str(ckpt.path),
         "format": ckpt.format,
@@ -97,8 +100,8 @@ def describe(
         "parameters": {"total": total, "active_per_token": active},
         "cache": {
             "dtype": dtype_name(dtype),
-            "kv_bytes_per_token": bytes_per_token(cfg, dtype),
-            "state_bytes_per_sequence": state_bytes_per_sequence(cfg, dtype),
+            "kv_bytes_per_token": layout.bytes_per_token(dtype),
+            "state_bytes_per_sequence": layout.state_bytes_per_sequence(dtype),
             "prefix_caching": engine.enable_prefix_caching,
             "budget": _budget(ckpt, dtype, engine),
             "plan": _plan(ckpt, dtype, engine),

@@ -11,7 +11,7 @@ chunk 256, no dt limit; heads from the common head size that divides the project
 
 from __future__ import annotations
 
-from blazr.config import LayerConfig, MLPConfig, ModelConfig, NormConfig, RopeConfig
+from blazr.config import LayerConfig, MixerConfig, MLPConfig, ModelConfig, NormConfig, RopeConfig
 from blazr.detect.checkpoint import Shapes
 from blazr.detect.raw import Raw, activation, rope_from_raw
 from blazr.detect.ssm_common import (
@@ -76,26 +76,24 @@ def build_bamba(raw: Raw, shapes: Shapes) -> ModelConfig:
     for i, kind in enumerate(kinds):
         p = f"{PREFIX}layers.{i}."
         if kind == "mamba":
-            mixer = {
-                "mamba": mamba_config(
-                    raw,
-                    shapes,
-                    p + "mamba.",
-                    PREFIXED_KEYS,
-                    PREFIXED_DEFAULTS,
-                    dt_min=dt_min,
-                    dt_max=dt_max,
-                    norm_eps=norm.eps,
-                )
-            }
+            mixer: MixerConfig = mamba_config(
+                raw,
+                shapes,
+                p + "mamba.",
+                PREFIXED_KEYS,
+                PREFIXED_DEFAULTS,
+                dt_min=dt_min,
+                dt_max=dt_max,
+                norm_eps=norm.eps,
+            )
         else:
-            mixer = {"attention": attention_config(raw, shapes, p + "self_attn.", rope)}
+            mixer = attention_config(raw, shapes, p + "self_attn.", rope)
         mlp = MLPConfig(
             intermediate_size=require(shapes, p + "feed_forward.gate_proj.weight")[0],
             activation=act,
             has_bias=p + "feed_forward.gate_proj.bias" in shapes,
         )
-        layers.append(LayerConfig(norm=norm, ffn_norm=norm, mlp=mlp, **mixer))
+        layers.append(LayerConfig(mixers=(mixer,), norm=norm, ffn_norm=norm, mlp=mlp))
     return ModelConfig(
         architecture=ARCH,
         vocab_size=raw.int("vocab_size", vocab),

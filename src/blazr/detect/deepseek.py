@@ -252,9 +252,9 @@ def build_deepseek(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
     moe = _moe(raw, shapes, arch, is_moe.index(True)) if any(is_moe) else None
     mlp = _dense_mlp(raw, shapes, is_moe.index(False)) if not all(is_moe) else None
     layers = tuple(
-        LayerConfig(mla=mla, moe=moe, norm=norm, ffn_norm=norm)
+        LayerConfig(mixers=(mla,), moe=moe, norm=norm, ffn_norm=norm)
         if flag
-        else LayerConfig(mla=mla, mlp=mlp, norm=norm, ffn_norm=norm)
+        else LayerConfig(mixers=(mla,), mlp=mlp, norm=norm, ffn_norm=norm)
         for flag in is_moe
     )
     tied = raw.get("tie_word_embeddings")

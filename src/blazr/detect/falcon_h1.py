@@ -119,7 +119,7 @@ def build_falcon_h1(raw: Raw, shapes: Shapes) -> FalconH1ModelConfig:
             has_bias=p + "feed_forward.gate_proj.bias" in shapes,
         )
         attention = attention_config(raw, shapes, p + "self_attn.", rope)
-        layers.append(LayerConfig(attention=attention, mamba=mamba, mlp=mlp, norm=norm, ffn_norm=norm))
+        layers.append(LayerConfig(mixers=(attention, mamba), mlp=mlp, norm=norm, ffn_norm=norm))
     return FalconH1ModelConfig(
         architecture=ARCH,
         vocab_size=raw.int("vocab_size", vocab),

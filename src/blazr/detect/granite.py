@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from blazr.config import LayerConfig, MLPConfig, ModelConfig, MoEConfig, NormConfig, RopeConfig
+from blazr.config import LayerConfig, MixerConfig, MLPConfig, ModelConfig, MoEConfig, NormConfig, RopeConfig
 from blazr.detect.checkpoint import Shapes
 from blazr.detect.raw import Raw, activation, rope_from_raw
 from blazr.detect.ssm_common import (
@@ -91,22 +91,20 @@ def build_granite(raw: Raw, shapes: Shapes) -> ModelConfig:
     for i, kind in enumerate(kinds):
         p = f"{PREFIX}layers.{i}."
         if kind == "mamba":
-            mixer = {
-                "mamba": mamba_config(
-                    raw,
-                    shapes,
-                    p + "mamba.",
-                    PREFIXED_KEYS,
-                    PREFIXED_DEFAULTS,
-                    dt_min=dt_min,
-                    dt_max=dt_max,
-                    norm_eps=norm.eps,
-                )
-            }
+            mixer: MixerConfig = mamba_config(
+                raw,
+                shapes,
+                p + "mamba.",
+                PREFIXED_KEYS,
+                PREFIXED_DEFAULTS,
+                dt_min=dt_min,
+                dt_max=dt_max,
+                norm_eps=norm.eps,
+            )
         else:
             scale = raw.float("attention_multiplier", 1.0)
-            mixer = {"attention": attention_config(raw, shapes, p + "self_attn.", rope, scale)}
-        layers.append(LayerConfig(norm=norm, ffn_norm=norm, **mixer, **_ffn(raw, shapes, i)))
+            mixer = attention_config(raw, shapes, p + "self_attn.", rope, scale)
+        layers.append(LayerConfig(mixers=(mixer,), norm=norm, ffn_norm=norm, **_ffn(raw, shapes, i)))
     return ModelConfig(
         architecture=ARCH,
         vocab_size=raw.int("vocab_size", vocab),

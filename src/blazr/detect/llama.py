@@ -77,7 +77,7 @@ def llama_like(raw: Raw, shapes: Shapes, prefix: str, arch: str) -> ModelConfig:
     )
     mlp = MLPConfig(intermediate_size=intermediate, activation=activation(raw.get("hidden_act", "silu")))
     norm = NormConfig("rms", eps)
-    layer = LayerConfig(attention=attention, mlp=mlp, norm=norm, ffn_norm=norm)
+    layer = LayerConfig(mixers=(attention,), mlp=mlp, norm=norm, ffn_norm=norm)
     tied = raw.get("tie_word_embeddings")
     if tied is None:
         tied = "lm_head.weight" not in shapes

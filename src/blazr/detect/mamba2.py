@@ -46,15 +46,17 @@ def build_mamba2(raw: Raw, shapes: Shapes) -> ModelConfig:
     dt_min, dt_max = dt_limit(raw)
     layers = tuple(
         LayerConfig(
-            mamba=mamba_config(
-                raw,
-                shapes,
-                f"{PREFIX}layers.{i}.mixer.",
-                KEYS,
-                DEFAULTS,
-                dt_min=dt_min,
-                dt_max=dt_max,
-                norm_eps=norm.eps,
+            mixers=(
+                mamba_config(
+                    raw,
+                    shapes,
+                    f"{PREFIX}layers.{i}.mixer.",
+                    KEYS,
+                    DEFAULTS,
+                    dt_min=dt_min,
+                    dt_max=dt_max,
+                    norm_eps=norm.eps,
+                ),
             ),
             norm=norm,
         )

@@ -89,7 +89,7 @@ def build_mixtral(raw: Raw, shapes: Shapes) -> ModelConfig:
     max_pos = raw.int("max_position_embeddings", 32768)
     norm = NormConfig("rms", raw.float("rms_norm_eps", 1e-5))
     layer = LayerConfig(
-        attention=_attention(raw, shapes, hidden, max_pos), moe=_moe(raw, shapes), norm=norm, ffn_norm=norm
+        mixers=(_attention(raw, shapes, hidden, max_pos),), moe=_moe(raw, shapes), norm=norm, ffn_norm=norm
     )
     tied = raw.get("tie_word_embeddings")
     if tied is None:

@@ -131,11 +131,11 @@ def build_nemotron_h(raw: Raw, shapes: Shapes) -> ModelConfig:
             mamba = mamba_config(
                 raw, shapes, p, KEYS, DEFAULTS, dt_min=dt_min, dt_max=math.inf, norm_eps=norm.eps
             )
-            layers.append(LayerConfig(mamba=mamba, norm=norm))
+            layers.append(LayerConfig(mixers=(mamba,), norm=norm))
         elif kind == "attention":
             # NoPE; the head size is `head_dim` in v5 configs, `attention_head_dim` in the original ones
             attention = attention_config(raw, shapes, p, lambda _: None, None, HEAD_DIM_KEYS)
-            layers.append(LayerConfig(attention=attention, norm=norm))
+            layers.append(LayerConfig(mixers=(attention,), norm=norm))
         elif kind == "mlp":
             layers.append(LayerConfig(mlp=_relu2_mlp(raw, shapes, p), ffn_norm=norm))
         else:

@@ -233,14 +233,14 @@ def build_oxidizr(raw: Raw, shapes: Shapes) -> ModelConfig:
     layers = []
     for i, kind in enumerate(_layer_kinds(raw, shapes, num_layers)):
         if kind == "mamba2":
-            layers.append(LayerConfig(mamba=_mamba(raw, shapes, i, hidden), norm=MAMBA_BLOCK_NORM))
+            layers.append(LayerConfig(mixers=(_mamba(raw, shapes, i, hidden),), norm=MAMBA_BLOCK_NORM))
         elif kind == "attention+mlp":
             attn = _gqa(raw, shapes, i, hidden, rope_theta)
-            layers.append(LayerConfig(attention=attn, mlp=_mlp(raw, shapes, i), norm=rms, ffn_norm=rms))
+            layers.append(LayerConfig(mixers=(attn,), mlp=_mlp(raw, shapes, i), norm=rms, ffn_norm=rms))
         else:
             mla = _mla(raw, shapes, i, rope_theta, max_pos)
             ffn = {"moe": _moe(raw, shapes, i)} if kind == "mla+moe" else {"mlp": _mlp(raw, shapes, i)}
-            layers.append(LayerConfig(mla=mla, norm=rms, ffn_norm=rms, **ffn))
+            layers.append(LayerConfig(mixers=(mla,), norm=rms, ffn_norm=rms, **ffn))
     return ModelConfig(
         architecture="oxidizr",
         vocab_size=vocab,

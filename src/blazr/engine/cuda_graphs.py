@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 
 from blazr.config import EngineConfig, ModelConfig
+from blazr.model import mixers
 from blazr.model.model import CausalLM
 from blazr.state.batch import ForwardBatch, pad_kv_indices
 from blazr.state.kv_cache import ModelCache
@@ -59,11 +60,11 @@ def _bucket(n: int, lo: int = 1) -> int:
 
 
 def is_supported(cfg: ModelConfig) -> bool:
-    """Every layer GQA attention + a dense MLP (no Mamba2 state, no MLA, no data-dependent MoE routing)."""
+    """Every layer holds mixers of kinds a graph may hold (an allow-list: `MixerSpec.graph_windows`, GQA
+    attention today — no Mamba2 state, no MLA) and a dense MLP (no data-dependent MoE routing)."""
     return all(
-        layer.attention is not None
-        and layer.mla is None
-        and layer.mamba is None
+        layer.mixers
+        and all(mixers.spec_of(m).graph_windows is not None for m in layer.mixers)
         and layer.moe is None
         and layer.mlp is not None
         for layer in cfg.layers
@@ -93,7 +94,9 @@ class GraphDecoder:
         self.seq_lens = torch.ones(Bm, dtype=torch.long, device=dev)
         self.kv_indices = torch.full((Bm, max_len), pad_slot, dtype=torch.long, device=dev)
         self.cols = torch.arange(max_len, device=dev)
-        self.windows = sorted({layer.attention.sliding_window for layer in model.cfg.layers}, key=str)
+        specs = [(mixers.spec_of(m), m) for layer in model.cfg.layers for m in layer.mixers]
+        # the sliding windows (None: none) of the decode masks the mixers read, as is_supported found declared
+        self.windows = sorted({w for spec, m in specs for w in spec.graph_windows(m)}, key=str)
         self._graphs: dict[tuple[int, int], tuple[Replay, torch.Tensor]] = {}
         self.num_runs = 0
 
@@ -108,7 +111,7 @@ class GraphDecoder:
         capture: Capture | None = None,
     ) -> GraphDecoder | None:
         """The decoder for `model`, or None when graphs are off (`engine_cfg.cuda_graphs`), there is no
-        padding slot, no capture mechanism (not CUDA) or the model is not pure attention."""
+        padding slot, no capture mechanism (not CUDA) or the model is not one a graph may hold."""
         if capture is None and torch.device(device).type == "cuda":
             capture = cuda_capture
         if not engine_cfg.cuda_graphs or capture is None or pad_slot is None or not is_supported(model.cfg):

@@ -31,6 +31,7 @@ from blazr import kernels
 from blazr.config import EngineConfig
 from blazr.kernels.calls import UnsupportedInput
 from blazr.kernels.capture import Arena, CapturedPlan, capture
+from blazr.model.mixers import spec_of
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import use_kernels
 from blazr.model.rope import RotaryEmbedding
@@ -67,9 +68,16 @@ class DecodePlan:
         device: torch.device,
         dtype: torch.dtype,
     ) -> DecodePlan | None:
-        """The plan for `model` on `cache`, or None when fused decode is off, not a float32 CPU model, the
-        kernel library is unavailable, or the model's decode step is not kernel ops only (logged)."""
+        """The plan for `model` on `cache`, or None when fused decode is off, not a float32 CPU model, a
+        mixer's kind is not plan-safe (`MixerSpec.is_plan_safe`), the kernel library is unavailable, or the
+        model's decode step is not kernel ops only (logged)."""
         if not engine_cfg.fused_decode or torch.device(device).type != "cpu" or dtype != torch.float32:
+            return None
+        refused = {
+            s.kind for layer in model.cfg.layers for m in layer.mixers if not (s := spec_of(m)).is_plan_safe
+        }
+        if refused:  # an allow-list: a kind joins when its decode step is kernel ops
+            log.info("fused decode off: no kernel decode step for %s", ", ".join(sorted(refused)))
             return None
         if not kernels.available():
             log.info("fused decode off: the C kernel library is unavailable")

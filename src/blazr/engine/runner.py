@@ -29,6 +29,7 @@ from blazr.engine.cuda_graphs import GraphDecoder, is_supported
 from blazr.engine.decode_plan import DecodePlan
 from blazr.engine.scheduler import ScheduledBatch
 from blazr.engine.sequence import Sequence
+from blazr.model.mixers import cache_layout
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.batch import ForwardBatch, pad_kv_indices
@@ -87,11 +88,12 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.tp = tp if tp is not None and tp.world > 1 else None
-        plan = self.cache_plan = cache_plan or plan_cache(self.cfg, engine_cfg, dtype, kv_dtype, device)
+        layout = cache_layout(self.cfg)
+        plan = self.cache_plan = cache_plan or plan_cache(layout, engine_cfg, dtype, kv_dtype, device)
         self.block_size = bs = engine_cfg.block_size
         # one block past the plan's is never handed out: the padding rows of graph-captured steps write there
         self.cache = ModelCache(
-            self.cfg, (plan.num_blocks + 1) * bs, plan.num_state_slots + plan.num_snapshots, dtype, device,
+            layout, (plan.num_blocks + 1) * bs, plan.num_state_slots + plan.num_snapshots, dtype, device,
             kv_dtype=kv_dtype,
         )  # fmt: skip
         self.is_paged = self.cache.has_paged

@@ -31,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
 
 from blazr import kernels
+from blazr.config import AttentionConfig
 from blazr.detect import Checkpoint
 from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.errors import UnsupportedError
@@ -64,9 +65,9 @@ log = logging.getLogger("blazr.loading")
 
 def open_source(ckpt: Checkpoint) -> TensorSource:
     if ckpt.format == "gguf":
-        layers = ckpt.config.layers
-        q_heads = [layer.attention.num_heads if layer.attention else 0 for layer in layers]
-        kv_heads = [layer.attention.num_kv_heads if layer.attention else 0 for layer in layers]
+        attention = [layer.mixer(AttentionConfig) for layer in ckpt.config.layers]
+        q_heads = [a.num_heads if a else 0 for a in attention]
+        kv_heads = [a.num_kv_heads if a else 0 for a in attention]
         gguf = ckpt.gguf or GGUFFile(ckpt.weight_files[0])
         gguf.prefetch()
         return GGUFView(gguf, q_heads, kv_heads)

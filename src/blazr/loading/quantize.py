@@ -13,14 +13,15 @@ Modes:
   scale and minimum, 4-bit values); `bf16` → bfloat16 weights (the 16-bit path: half the bytes of fp32,
   fp32 activations).
 
-Targets (`quantize_from_file`): every linear called only through its forward — attention qkv/o, dense MLP,
-Mamba2 in/out projections, MLA q/kv_a/o projections, MoE shared experts — and the lm_head (tied embeddings:
-a quantized copy of the embedding); and (`stack_experts`) the routed MoE experts, stacked in one kernel
-weight per layer and projection. The token table itself stays as stored under `auto` (`embed_from_file`) and
-becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not MLA's kv_b_proj (its weight
-is read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on the CPU
-with float32 activations; `dense_dtype` (loader.py `prefill_dtype`, on request only) adds a dense tensor for
-prefill GEMMs (see model/qlinear.py).
+Targets (`quantize_from_file`): every linear called only through its forward — each mixer kind's declared
+ones (`MixerSpec.linears`: attention qkv/o, Mamba2 in/out projections, MLA q/kv_a/o projections), dense
+MLP, MoE shared experts — and the lm_head (tied embeddings: a quantized copy of the embedding); and
+(`stack_experts`) the routed MoE experts, stacked in one kernel weight per layer and projection. The token
+table itself stays as stored under `auto` (`embed_from_file`) and becomes Q8_0 / bf16 rows under `int8` /
+`int4` / `bf16` (`embed_quantized`). Not the linears a kind keeps float (`MixerSpec.float_linears`: MLA's
+kv_b_proj, read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on
+the CPU with float32 activations; `dense_dtype` (loader.py `prefill_dtype`, on request only) adds a dense
+tensor for prefill GEMMs (see model/qlinear.py).
 Under `int8` / `int4` / `bf16` a weight the quantization cache holds (loading/quant_cache.py: what the first
 load of the same checkpoint made) is mapped from its file instead, and each weight made in fresh memory is
 handed to it (`_in_situ`).
@@ -51,6 +52,7 @@ from blazr.kernels.quant import (
 from blazr.kernels.row_table import ROW_KINDS, RowTable
 from blazr.loading.stored import bf16_as_stored, gguf_blocks, is_copy, quantized_in_place, row_sources
 from blazr.loading.weights import WeightLoader, set_parameter
+from blazr.model import mixers
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
 from blazr.model.moe import Experts
@@ -61,20 +63,11 @@ MODES = ("auto", "none", "int8", "int4", "bf16")
 # place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
 ISQ_MODES = tuple(_ISQ_KIND)  # the modes that quantize a float checkpoint in situ
-_TARGETS = (
-    "attn.qkv_proj",
-    "attn.o_proj",
+# the feed-forward's linears; each mixer kind declares its own (`MixerSpec.linears`, model/mixers.py)
+_FFN_TARGETS = (
     "mlp.gate_up_proj",
     "mlp.up_proj",
     "mlp.down_proj",
-    "mamba.in_proj",
-    "mamba.out_proj",
-    "mla.q_proj",
-    "mla.q_a_proj",
-    "mla.q_b_proj",
-    "mla.q_rope_proj",
-    "mla.kv_a_proj",
-    "mla.o_proj",
     "moe.shared.gate_up_proj",
     "moe.shared.up_proj",
     "moe.shared.down_proj",
@@ -95,10 +88,11 @@ def check_mode(mode: str, device: torch.device, dtype: torch.dtype) -> None:
 def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
     """The float linears to swap, by module name; ("lm_head", None) stands for a tied head (a new layer made
     from the embedding table, which itself stays as it is)."""
+    targets = {*mixers.quantizable_linears(), *_FFN_TARGETS}
     found: list[tuple[str, nn.Linear | None]] = [
         (name, m)
         for name, m in model.named_modules()
-        if type(m) is nn.Linear and name.split(".", 2)[-1] in _TARGETS
+        if type(m) is nn.Linear and name.split(".", 2)[-1] in targets
     ]
     if type(model.lm_head) is nn.Linear:
         found.append(("lm_head", model.lm_head))

@@ -7,20 +7,30 @@ shared with MLA.
   paged pool by `kv_indices`, padded to the longest and masked;
 - prefill rows: per sequence, causal with an offset of `context_len` cached tokens (chunked prefill).
 
+`SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools'
+dtype (a prefix is its blocks); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from q, k and v;
+tensor parallel splits the heads and KV heads (each rank its own contiguous heads, q / k / v rows
+column-parallel, `o_proj` row-parallel); the decode plan and CUDA graphs may hold it.
+
 Shapes: T tokens, H query heads, Hkv kv heads, Dk / Dv head dims, S cache slots.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import AttentionConfig
+from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
 from blazr.kernels import ops
+from blazr.model.mixer_spec import FusedParts, MixerSpec
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
+from blazr.state.layout import CacheTensor, Snapshot
 
 
 def _sdpa(
@@ -149,3 +159,52 @@ class Attention(nn.Module):
             window=cfg.sliding_window,
         )
         return self.o_proj(o.view(B, H * Dh))
+
+
+# ------------------------------------------------------------------------------------------- the kind
+
+
+def _cache(cfg: AttentionConfig) -> tuple[CacheTensor, ...]:
+    row = (cfg.num_kv_heads, cfg.head_dim)
+    return CacheTensor("k", row, "kv"), CacheTensor("v", row, "kv")
+
+
+def _fused(cfg: AttentionConfig, leaf: str) -> FusedParts | None:
+    if not leaf.startswith("qkv_proj."):
+        return None
+    end = leaf.removeprefix("qkv_proj.")  # weight | bias
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return FusedParts(((f"q_proj.{end}", q), (f"k_proj.{end}", kv), (f"v_proj.{end}", kv)))
+
+
+def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
+    check_divisible(cfg.num_heads, world, f"{where} attention heads")
+    check_divisible(cfg.num_kv_heads, world, f"{where} KV heads")
+    return replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world)
+
+
+def _slice(cfg: AttentionConfig, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
+    if leaf.startswith("qkv_proj."):
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        return split_segments(t, [q, kv, kv], [True] * 3, rank, world)
+    if leaf == "o_proj.weight":
+        return split_block(t, 1, rank, world)
+    if leaf == "o_proj.bias":
+        return rank0_only(t, rank)
+    return None
+
+
+SPEC = MixerSpec(
+    config=AttentionConfig,
+    prefix="attn",
+    build=lambda cfg, hidden_size, rope_for, tp: Attention(cfg, hidden_size, rope_for(cfg.rope)),
+    cache=_cache,
+    snapshot=Snapshot.BLOCKS,
+    linears=("qkv_proj", "o_proj"),
+    float_linears=(),
+    fused=_fused,
+    shard=_shard,
+    slice=_slice,
+    is_plan_safe=True,
+    graph_windows=lambda cfg: (cfg.sliding_window,),
+)

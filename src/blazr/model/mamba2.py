@@ -23,24 +23,37 @@ dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max), the scan, D skip and gat
 to the input dtype before out_proj. Two deliberate differences from HF's torch path: softplus(dt) is float32
 (HF: model dtype; identical for float32 models), and the decode step clamps dt too (HF's recurrent step
 ignores `time_step_limit`, so its cached decode disagrees with its own full forward when a limit is set).
+
+`SPEC` declares the kind (model/mixer_spec.py): per sequence, conv [Cd, K-1] in the model dtype and SSM
+[H, P, N] float32 state (a prefix is a snapshot: a copy of the state slot's rows); `in_proj` and `out_proj`
+quantizable; tensor parallel splits the heads (in_proj's z | x | dt rows, conv's x channels, dt_bias, A_log,
+D, the norm, out_proj's columns) and B and C when the groups divide (else one group, replicated); conv and
+SSM state per rank follow from the sizes, and a gated norm spanning the whole width reduces its sum of
+squares across ranks (model/norm.py); the decode plan may hold it, a CUDA graph not.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from blazr.config import Mamba2Config
+from blazr.distributed.split import check_divisible, groups_split, rank0_only, split_block, split_segments
 from blazr.kernels import ops
+from blazr.model.mixer_spec import MixerSpec
 from blazr.model.norm import GatedRMSNorm
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
+from blazr.state.layout import CacheTensor, Snapshot
 
 if TYPE_CHECKING:
     from blazr.distributed.group import TPGroup
+
+SSM_STATE_DTYPE = torch.float32
 
 
 class Mamba2(nn.Module):
@@ -137,10 +150,11 @@ class Mamba2(nn.Module):
                 cfg.dt_max,
             )  # fmt: skip
             saves = [(int(slots[i]), cuts[i][r][1]) for i in rows if cuts[i][r][1] is not None]
-            if saves:
+            if saves:  # the snapshot: this layer's state rows, copied
                 src = torch.tensor([s for s, _ in saves], device=xBC.device)
                 dst = torch.tensor([d for _, d in saves], device=xBC.device)
-                cache.copy_state(src, dst)
+                for state in (cache.conv, cache.ssm):
+                    state[dst] = state[src]
             for i in rows:
                 done[i] = cuts[i][r][0]
         return y
@@ -152,3 +166,57 @@ class Mamba2(nn.Module):
         else:  # the gate alone
             y = ops.gated_rms_norm(y, z, None, y.shape[-1], 0.0, False)
         return self.out_proj(y.to(dtype))
+
+
+# ------------------------------------------------------------------------------------------- the kind
+
+
+def _cache(cfg: Mamba2Config) -> tuple[CacheTensor, ...]:
+    conv = CacheTensor("conv", (cfg.conv_dim, cfg.conv_kernel - 1), "model")
+    return conv, CacheTensor("ssm", (cfg.num_heads, cfg.head_dim, cfg.state_size), SSM_STATE_DTYPE)
+
+
+def _shard(cfg: Mamba2Config, world: int, where: str) -> Mamba2Config:
+    check_divisible(cfg.num_heads, world, f"{where} Mamba2 heads")
+    split = groups_split(cfg.n_groups, world)
+    full_norm = cfg.norm_group_size in (0, cfg.d_inner)
+    return replace(
+        cfg,
+        num_heads=cfg.num_heads // world,
+        n_groups=cfg.n_groups // world if split else cfg.n_groups,
+        norm_group_size=cfg.d_inner // world if full_norm else cfg.norm_group_size,
+        norm_spans_ranks=full_norm,
+    )
+
+
+def _slice(cfg: Mamba2Config, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
+    split = groups_split(cfg.n_groups, world)
+    gn = cfg.n_groups * cfg.state_size
+    if leaf.startswith("in_proj."):
+        sizes = [cfg.d_inner, cfg.d_inner, gn, gn, cfg.num_heads]
+        return split_segments(t, sizes, [True, True, split, split, True], rank, world)
+    if leaf.startswith("conv1d."):
+        return split_segments(t, [cfg.d_inner, gn, gn], [True, split, split], rank, world)
+    if leaf in ("dt_bias", "A_log", "D", "norm.weight"):
+        return split_block(t, 0, rank, world)
+    if leaf == "out_proj.weight":
+        return split_block(t, 1, rank, world)
+    if leaf == "out_proj.bias":
+        return rank0_only(t, rank)
+    return None
+
+
+SPEC = MixerSpec(
+    config=Mamba2Config,
+    prefix="mamba",
+    build=lambda cfg, hidden_size, rope_for, tp: Mamba2(cfg, hidden_size, tp),
+    cache=_cache,
+    snapshot=Snapshot.STATE_SLOT,
+    linears=("in_proj", "out_proj"),
+    float_linears=(),
+    fused=lambda cfg, leaf: None,
+    shard=_shard,
+    slice=_slice,
+    is_plan_safe=True,
+    graph_windows=None,
+)

@@ -33,11 +33,19 @@ Weights (all [out, in], no bias; H heads, Dn = qk_nope_head_dim, R = qk_rope_hea
 RoPE is the half-split (NeoX) layout on the last R features of q and the k_rope rows. DeepSeek checkpoints
 rotate interleaved pairs; `interleaved_to_half_rows` permutes their rope rows at load so the math is equal.
 
+`SPEC` declares the kind (model/mixer_spec.py): a paged latent row [Lkv + R] per token in the model dtype (a
+prefix is its blocks); every projection quantizable but `kv_b_proj` (read whole by the absorbed forms and
+made into the decode's per-head weights, loading/absorb.py); `kv_a_proj` fused from [c_kv | k_rope] and
+`kv_b_proj` per head from [k_nope; v] (oxidizr stores them apart); tensor parallel splits the heads (the q
+projections, `kv_b_proj` and `o_proj`'s columns) and replicates the latent (`q_a_proj`, `kv_a_proj`, their
+norms, the latent cache); the decode plan may hold it, a CUDA graph not.
+
 Shapes: T tokens, D hidden, H heads, Lq / Lkv latent ranks, Dn / R / Dv head dims, S cache slots, N key rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -45,13 +53,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import MLAConfig
+from blazr.distributed.split import check_divisible, split_block
 from blazr.kernels import ops
 from blazr.kernels.quant import QuantizedWeight
 from blazr.model.attention import causal_attention
+from blazr.model.mixer_spec import FusedParts, MixerSpec
 from blazr.model.norm import RMSNorm
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
+from blazr.state.layout import CacheTensor, Snapshot
 
 MLAImpl = Literal["auto", "naive", "absorb"]
 
@@ -338,3 +349,45 @@ class MLA(nn.Module):
             else:
                 runs.append((b, b + 1, is_absorbed))
         return runs
+
+
+# ------------------------------------------------------------------------------------------- the kind
+
+
+def _fused(cfg: MLAConfig, leaf: str) -> FusedParts | None:
+    if leaf == "kv_a_proj.weight":
+        return FusedParts((("kv_a_proj.latent", cfg.kv_lora_rank), ("kv_a_proj.rope", cfg.qk_rope_head_dim)))
+    if leaf == "kv_b_proj.weight":
+        H = cfg.num_heads
+        parts = (("kv_b_proj.k", H * cfg.qk_nope_head_dim), ("kv_b_proj.v", H * cfg.v_head_dim))
+        return FusedParts(parts, num_heads=H)
+    return None
+
+
+def _shard(cfg: MLAConfig, world: int, where: str) -> MLAConfig:
+    check_divisible(cfg.num_heads, world, f"{where} MLA heads")
+    return replace(cfg, num_heads=cfg.num_heads // world)
+
+
+def _slice(cfg: MLAConfig, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
+    if leaf.split(".")[0] in ("q_proj", "q_b_proj", "q_rope_proj", "kv_b_proj"):
+        return split_block(t, 0, rank, world)
+    if leaf == "o_proj.weight":
+        return split_block(t, 1, rank, world)
+    return None  # q_a_proj, kv_a_proj and their norms: the latent is replicated
+
+
+SPEC = MixerSpec(
+    config=MLAConfig,
+    prefix="mla",
+    build=lambda cfg, hidden_size, rope_for, tp: MLA(cfg, hidden_size, rope_for(cfg.rope)),
+    cache=lambda cfg: (CacheTensor("latent", (cfg.kv_lora_rank + cfg.qk_rope_head_dim,), "model"),),
+    snapshot=Snapshot.BLOCKS,
+    linears=("q_proj", "q_a_proj", "q_b_proj", "q_rope_proj", "kv_a_proj", "o_proj"),
+    float_linears=("kv_b_proj",),
+    fused=_fused,
+    shard=_shard,
+    slice=_slice,
+    is_plan_safe=True,
+    graph_windows=None,
+)

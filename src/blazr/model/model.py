@@ -1,8 +1,9 @@
 """CausalLM: embedding → blocks → final norm → lm head, for every architecture blazr runs.
 
 Parameters carry blazr's internal names (see loading/names.py for the renames from each format):
-`embed_tokens.weight`, `layers.{i}.{mixer_norm,attn,mla,mamba,ffn_norm,mlp,moe}.…`, `norm.weight`,
-`lm_head.weight` (absent when tied). The math is pure: `forward(input_ids, batch, cache)`.
+`embed_tokens.weight`, `layers.{i}.{mixer_norm,attn,mla,mamba,ffn_norm,mlp,moe}.…` (a mixer under its kind's
+prefix, model/mixers.py), `norm.weight`, `lm_head.weight` (absent when tied). The math is pure:
+`forward(input_ids, batch, cache)`.
 
 On the CPU kernels a GGUF's token table may stay as stored (model/embedding.py, loading/quantize.py).
 On float32 CPU activations every step of a decode-only batch is a kernel op (`kernels/ops.py`: embedding,
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from blazr.config import LayerConfig, ModelConfig, RopeConfig
+from blazr.config import ModelConfig, RopeConfig
 from blazr.kernels import ops
 from blazr.model.block import Block
 from blazr.model.embedding import QuantizedEmbedding
@@ -30,14 +31,6 @@ from blazr.state.kv_cache import ModelCache
 
 if TYPE_CHECKING:
     from blazr.distributed.group import TPGroup
-
-
-def _rope_of(layer: LayerConfig) -> RopeConfig | None:
-    if layer.attention is not None:
-        return layer.attention.rope
-    if layer.mla is not None:
-        return layer.mla.rope
-    return None
 
 
 class CausalLM(nn.Module):
@@ -61,8 +54,7 @@ class CausalLM(nn.Module):
 
         self.embed_tokens: nn.Embedding | QuantizedEmbedding = nn.Embedding(vocab, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            Block(layer, cfg.hidden_size, rope_for(_rope_of(layer)), cfg.residual_multiplier, tp)
-            for layer in cfg.layers
+            Block(layer, cfg.hidden_size, rope_for, cfg.residual_multiplier, tp) for layer in cfg.layers
         )
         self.norm = make_norm(cfg.final_norm, cfg.hidden_size)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab, bias=False)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from blazr.config import EngineConfig, ModelConfig
+from blazr.config import EngineConfig
 from blazr.errors import BlazrError
-from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
+from blazr.state.layout import CacheLayout
 
 DEFAULT_FRACTION = 0.5  # of the available memory, when no budget is given
 SNAPSHOT_FRACTION = 0.25  # of the budget, at most, for recurrent-state snapshots (prefix caching)
@@ -85,17 +85,17 @@ class CachePlan:
 
 
 def plan_cache(
-    cfg: ModelConfig,
+    layout: CacheLayout,
     engine: EngineConfig,
     dtype: torch.dtype,
     kv_dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
 ) -> CachePlan:
-    """Fit the pools into the budget (see the module docstring); `engine.num_kv_blocks` forces the block
-    count."""
-    per_token = bytes_per_token(cfg, dtype, kv_dtype)
+    """Fit the pools of `layout` (the model's, model/mixers.py `cache_layout`) into the budget (see the
+    module docstring); `engine.num_kv_blocks` forces the block count."""
+    per_token = layout.bytes_per_token(dtype, kv_dtype)
     bs = engine.block_size
-    per_snapshot = state_bytes_per_sequence(cfg, dtype)
+    per_snapshot = layout.state_bytes_per_sequence(dtype, kv_dtype)
     num_state_slots = engine.max_num_seqs if per_snapshot else 0
     state = num_state_slots * per_snapshot
     budget = cache_budget(engine, device)

@@ -6,11 +6,12 @@ is q, k and v; a stacked expert tensor is one slice per expert) with the shape e
 with an optional transform (a row permutation, a folded multiplier). Every rename in blazr lives here.
 
 Internal names: `embed_tokens.weight`, `norm.weight`, `lm_head.weight`, and per layer `layers.{i}.` +
-`mixer_norm`, `attn.{qkv_proj,o_proj}`, `mla.*`, `mamba.*`, `ffn_norm`,
+`mixer_norm`, each mixer under its kind's prefix (`attn.{qkv_proj,o_proj}`, `mla.*`, `mamba.*`), `ffn_norm`,
 `mlp.{gate_up_proj|up_proj,down_proj}`,
 `moe.{router.weight, router.correction_bias, experts.{gate_up_proj|up_proj, down_proj}, shared.*}`.
-Logical parts of fused ones: `attn.{q,k,v}_proj`, `*.{gate,up}_proj`, `moe.experts.{e}.{gate,up,down}_proj`,
-`mla.kv_a_proj.{latent,rope}` and `mla.kv_b_proj.{k,v}` (oxidizr stores these separately).
+Logical parts of fused ones: a mixer's as its kind declares (`MixerSpec.fused`: `attn.{q,k,v}_proj`,
+`mla.kv_a_proj.{latent,rope}` and `mla.kv_b_proj.{k,v}` — oxidizr stores these separately),
+`*.{gate,up}_proj`, `moe.experts.{e}.{gate,up,down}_proj`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from blazr.config import ModelConfig
 from blazr.errors import UnsupportedError
+from blazr.model import mixers
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 Combine = Callable[[list[torch.Tensor]], torch.Tensor]
@@ -71,13 +73,11 @@ def _stack(ts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _interleave_heads(num_heads: int) -> Combine:
-    """[k rows of all heads, v rows of all heads] → per head [k_h; v_h] (MLA kv_b_proj layout)."""
+    """[part 0 rows of all heads, part 1 rows of all heads, …] → per head [part0_h; part1_h; …] (e.g. MLA
+    kv_b_proj, per head [k_h; v_h])."""
 
     def combine(ts: list[torch.Tensor]) -> torch.Tensor:
-        k, v = ts
-        return torch.cat([k.unflatten(0, (num_heads, -1)), v.unflatten(0, (num_heads, -1))], dim=1).flatten(
-            0, 1
-        )
+        return torch.cat([t.unflatten(0, (num_heads, -1)) for t in ts], dim=1).flatten(0, 1)
 
     return combine
 
@@ -92,15 +92,16 @@ def unfuse(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[list[Pa
         return [Part(name, shape)], cat_rows
     i, rest = int(m.group(1)), m.group(2)
     p = f"layers.{i}."
-    layer = cfg.layers[i]
     kind = rest.rsplit(".", 1)[-1]
     tail = shape[1:]
-    if rest.startswith("attn.qkv_proj.") and layer.attention is not None:
-        a = layer.attention
-        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        return [
-            Part(f"{p}attn.{x}_proj.{kind}", (n, *tail)) for x, n in (("q", q), ("k", kv), ("v", kv))
-        ], cat_rows
+    prefix, _, leaf = rest.partition(".")
+    if (mixer := mixers.mixer_at(cfg.layers[i], prefix)) is not None:
+        spec, mixer_cfg = mixer
+        fused = spec.fused(mixer_cfg, leaf)
+        if fused is None:
+            return [Part(name, shape)], cat_rows
+        parts = [Part(f"{p}{prefix}.{part}", (rows, *tail)) for part, rows in fused.parts]
+        return parts, _interleave_heads(fused.num_heads) if fused.num_heads else cat_rows
     if rest == "moe.experts.gate_up_proj":
         E, two_i, D = shape
         parts = [
@@ -116,19 +117,6 @@ def unfuse(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[list[Pa
         module = rest[: -len(".gate_up_proj.") - len(kind)]
         half = shape[0] // 2
         return [Part(f"{p}{module}.{x}_proj.{kind}", (half, *tail)) for x in ("gate", "up")], cat_rows
-    if rest == "mla.kv_a_proj.weight" and layer.mla is not None:
-        lkv, r = layer.mla.kv_lora_rank, layer.mla.qk_rope_head_dim
-        return [
-            Part(f"{p}mla.kv_a_proj.latent", (lkv, *tail)),
-            Part(f"{p}mla.kv_a_proj.rope", (r, *tail)),
-        ], cat_rows
-    if rest == "mla.kv_b_proj.weight" and layer.mla is not None:
-        m_ = layer.mla
-        parts = [
-            Part(f"{p}mla.kv_b_proj.k", (m_.num_heads * m_.qk_nope_head_dim, *tail)),
-            Part(f"{p}mla.kv_b_proj.v", (m_.num_heads * m_.v_head_dim, *tail)),
-        ]
-        return parts, _interleave_heads(m_.num_heads)
     return [Part(name, shape)], cat_rows
 
 

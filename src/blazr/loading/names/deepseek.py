@@ -21,7 +21,7 @@ HF = r"model.layers.\1."
 
 
 def _mla_of(cfg: ModelConfig, m: re.Match[str]) -> MLAConfig:
-    mla = cfg.layers[int(m.group(1))].mla
+    mla = cfg.layers[int(m.group(1))].mixer(MLAConfig)
     assert mla is not None, "an mla.* parameter belongs to an MLA layer"
     return mla
 

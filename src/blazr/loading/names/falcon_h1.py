@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from blazr.config import ModelConfig
+from blazr.config import Mamba2Config, ModelConfig
 from blazr.detect.falcon_h1 import FalconH1ModelConfig, FalconH1Multipliers
 from blazr.loading.names import NameMap, Transform
 
@@ -33,7 +33,7 @@ def _in_proj(cfg: ModelConfig, mult: FalconH1Multipliers) -> Callable[[re.Match[
     """in_proj rows × mup_vector segment; weight columns × ssm_in (the input scale; not the bias)."""
 
     def transform(m: re.Match[str]) -> Transform | None:
-        s = cfg.layers[int(m.group(1))].mamba
+        s = cfg.layers[int(m.group(1))].mixer(Mamba2Config)
         assert s is not None
         GN = s.n_groups * s.state_size
         sizes = [s.d_inner, s.d_inner, GN, GN, s.num_heads]

@@ -4,7 +4,7 @@ block norm beside the mixer; MLA as separate w_* projections (split logical part
 
 from __future__ import annotations
 
-from blazr.config import ModelConfig
+from blazr.config import Mamba2Config, ModelConfig
 from blazr.loading.names import NameMap
 
 L = r"layers\.(\d+)\."
@@ -39,7 +39,7 @@ def oxidizr_names(cfg: ModelConfig) -> NameMap:
 
 
 def _is_mamba(cfg: ModelConfig):
-    return lambda m: cfg.layers[int(m.group(1))].mamba is not None
+    return lambda m: cfg.layers[int(m.group(1))].mixer(Mamba2Config) is not None
 
 
 NAME_MAPS = {"oxidizr": oxidizr_names}

@@ -1,0 +1,129 @@
+"""The registry of mixer kinds — attention, MLA, Mamba2 — and the lookups every consumer goes through
+instead of naming kinds: a layer's mixer modules (`build`), the model's cache (`cache_layout`), the
+quantizable linears (`quantizable_linears`), a parameter's kind (`mixer_at`: names, tensor parallel), and
+each config's spec (`spec_of`: plan and graph eligibility).
+
+Adding a kind: its config (config.py), its module with its `SPEC` (model/mixer_spec.py says what to
+declare) and one entry in `_KINDS` below; then its kernels, its detection (detect/) and its names
+(loading/names/). `register` refuses an incomplete or clashing spec, and a config of a kind not registered
+is refused by every consumer (`spec_of`); tests/test_mixers.py checks each consumer against each kind.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from blazr.config import LayerConfig, MixerConfig, ModelConfig
+from blazr.errors import UnsupportedError
+from blazr.model import attention, mamba2, mla
+from blazr.model.mixer_spec import MixerSpec, RopeFor
+from blazr.state.layout import CacheLayout, CacheTensor, LayerLayout, Snapshot
+
+if TYPE_CHECKING:
+    from blazr.distributed.group import TPGroup
+
+_SPECS: dict[type[MixerConfig], MixerSpec] = {}
+# a Block's own parts: no kind may take their names
+_RESERVED = ("mixer_norm", "ffn_norm", "mlp", "moe")
+_CALLABLES = ("build", "cache", "fused", "shard", "slice")
+
+
+def register(spec: MixerSpec) -> MixerSpec:
+    """Add a kind; ValueError naming every declaration that is mistyped or taken by another kind."""
+    found = _problems(spec)
+    if found:
+        raise ValueError(f"mixer kind {spec.config!r} cannot register: {'; '.join(found)}")
+    _SPECS[spec.config] = spec
+    return spec
+
+
+def _problems(spec: MixerSpec) -> list[str]:
+    found = []
+    config = spec.config
+    if not (isinstance(config, type) and issubclass(config, MixerConfig)):
+        return ["config: not a MixerConfig class"]
+    if not isinstance(config.__dict__.get("kind"), str) or not config.kind:
+        found.append("config: declares no `kind` of its own")
+    elif config.kind in {s.kind for s in _SPECS.values()}:
+        found.append(f"kind {config.kind!r}: registered already")
+    if (
+        not isinstance(spec.prefix, str)
+        or not spec.prefix.isidentifier()
+        or spec.prefix in {*_RESERVED, *(s.prefix for s in _SPECS.values())}
+    ):
+        found.append(f"prefix {spec.prefix!r}: not a free name")
+    found += [f"{name}: not callable" for name in _CALLABLES if not callable(getattr(spec, name))]
+    if spec.graph_windows is not None and not callable(spec.graph_windows):
+        found.append("graph_windows: neither None nor callable")
+    for name in ("linears", "float_linears"):
+        leaves = getattr(spec, name)
+        if not (isinstance(leaves, tuple) and all(isinstance(x, str) for x in leaves)):
+            found.append(f"{name}: not a tuple of names")
+    if not found and set(spec.linears) & set(spec.float_linears):
+        found.append("linears and float_linears overlap")
+    if not isinstance(spec.snapshot, Snapshot):
+        found.append("snapshot: not a Snapshot")
+    if not isinstance(spec.is_plan_safe, bool):
+        found.append("is_plan_safe: not a bool")
+    return found
+
+
+def specs() -> tuple[MixerSpec, ...]:
+    """Every registered kind, in registration order."""
+    return tuple(_SPECS.values())
+
+
+def spec_of(cfg: MixerConfig) -> MixerSpec:
+    """The spec of a mixer config's kind (UnsupportedError for a kind nobody registered)."""
+    spec = _SPECS.get(type(cfg))
+    if spec is None:
+        kinds = ", ".join(s.kind for s in _SPECS.values())
+        raise UnsupportedError(f"mixer {type(cfg).__name__} is no registered kind (model/mixers.py: {kinds})")
+    return spec
+
+
+def mixer_at(layer: LayerConfig, prefix: str) -> tuple[MixerSpec, MixerConfig] | None:
+    """The spec and config of `layer`'s mixer whose parameters are named `{prefix}.…`, or None."""
+    return next(((s, m) for m in layer.mixers if (s := spec_of(m)).prefix == prefix), None)
+
+
+def build(cfg: MixerConfig, hidden_size: int, rope_for: RopeFor, tp: TPGroup | None) -> nn.Module:
+    """The mixer module of `cfg` — ValueError when it holds a linear its kind declares neither
+    quantizable nor kept float (it would otherwise stay unquantized unnoticed)."""
+    spec = spec_of(cfg)
+    module = spec.build(cfg, hidden_size, rope_for, tp)
+    declared = {*spec.linears, *spec.float_linears}
+    stray = [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and n not in declared]
+    if stray:
+        raise ValueError(
+            f"mixer kind {spec.kind!r}: linears {stray} are in neither linears nor float_linears"
+        )
+    return module
+
+
+def quantizable_linears() -> tuple[str, ...]:
+    """`{prefix}.{leaf}` of every kind's quantizable linear (loading/quantize.py's mixer targets)."""
+    return tuple(f"{s.prefix}.{leaf}" for s in _SPECS.values() for leaf in s.linears)
+
+
+def cache_layout(cfg: ModelConfig) -> CacheLayout:
+    """The model's cache: per layer, its mixers' declared tensors — paged for `Snapshot.BLOCKS` kinds, one
+    row per sequence for `Snapshot.STATE_SLOT` ones (ValueError when two share a name in one layer)."""
+    layers = []
+    for i, layer in enumerate(cfg.layers):
+        rows: dict[Snapshot, list[CacheTensor]] = {Snapshot.BLOCKS: [], Snapshot.STATE_SLOT: []}
+        for m in layer.mixers:
+            spec = spec_of(m)
+            rows[spec.snapshot] += spec.cache(m)
+        names = [t.name for ts in rows.values() for t in ts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"layer {i}: its mixers' cache tensors {names} share a name")
+        layers.append(LayerLayout(tuple(rows[Snapshot.BLOCKS]), tuple(rows[Snapshot.STATE_SLOT])))
+    return CacheLayout(tuple(layers))
+
+
+_KINDS = (attention, mla, mamba2)  # the modules whose SPEC is a kind
+for _module in _KINDS:
+    register(_module.SPEC)

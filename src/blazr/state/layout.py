@@ -1,0 +1,84 @@
+"""What a model's cache holds, as data: per layer, the named tensors its mixers declare (each mixer kind's
+spec, model/mixers.py), split by how a sequence's prefix lives in them (`Snapshot`), and the bytes they cost.
+
+- `Snapshot.BLOCKS` (attention K / V, the MLA latent): paged rows, one per token slot. A prefix is its
+  blocks (shared by hash, engine/cache_manager.py); nothing is copied to keep or restore it, and rolling a
+  sequence back is cutting its block table.
+- `Snapshot.STATE_SLOT` (Mamba2 conv + SSM state): one row per state slot, holding a running sequence's
+  state after its last token. A prefix exists only where it was saved: a snapshot is a copy of the slot's
+  rows into a snapshot slot at a block boundary (those inside a step written by the mixer itself, at
+  `ForwardBatch.state_saves`), restored by copying it back (`ModelCache.copy_state_slots`).
+
+As llama.cpp sizes its recurrent memory from per-architecture numbers and builds a hybrid's as the
+composition of its parts, a layer's layout is the concatenation of its mixers' declarations, and the pools
+(state/kv_cache.py) and their budget (state/budget.py) are sized from it alone.
+
+Shapes: a `CacheTensor.shape` is one row's; a pool is [num_slots, *shape] (paged) or [S, *shape] (state).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+import torch
+
+
+class Snapshot(Enum):
+    """How a mixer kind's cache holds a sequence's prefix (prefix caching; later, speculative rollback)."""
+
+    BLOCKS = "blocks"  # paged rows: shared and rolled back through block tables, never copied
+    STATE_SLOT = "state slot"  # per-sequence rows: saved and restored by copying a state slot's rows
+
+
+@dataclass(frozen=True)
+class CacheTensor:
+    """One named cache tensor of a layer: one row's `shape`, and its element type — a fixed dtype, or the
+    model's ("model") or the KV pools' ("kv", `--kv-cache-dtype`; default the model's)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype | Literal["model", "kv"]
+
+    def dtype_for(self, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> torch.dtype:
+        if self.dtype == "model":
+            return dtype
+        if self.dtype == "kv":
+            return kv_dtype or dtype
+        return self.dtype
+
+    def row_bytes(self, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype_for(dtype, kv_dtype)).element_size()
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """One layer's cache tensors: `paged` (Snapshot.BLOCKS kinds) and `state` (Snapshot.STATE_SLOT kinds)."""
+
+    paged: tuple[CacheTensor, ...] = ()
+    state: tuple[CacheTensor, ...] = ()
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The cache of a whole model, layer by layer."""
+
+    layers: tuple[LayerLayout, ...]
+
+    @property
+    def has_paged(self) -> bool:
+        return any(layer.paged for layer in self.layers)
+
+    @property
+    def has_state(self) -> bool:
+        return any(layer.state for layer in self.layers)
+
+    def bytes_per_token(self, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> int:
+        """Paged cache bytes one token costs across all layers."""
+        return sum(t.row_bytes(dtype, kv_dtype) for layer in self.layers for t in layer.paged)
+
+    def state_bytes_per_sequence(self, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> int:
+        """Recurrent-state bytes one sequence (or one snapshot) costs across all layers."""
+        return sum(t.row_bytes(dtype, kv_dtype) for layer in self.layers for t in layer.state)
