@@ -15,18 +15,15 @@ from blazr.config import LayerConfig, MixerConfig, MLPConfig, ModelConfig, NormC
 from blazr.detect.checkpoint import Shapes
 from blazr.detect.raw import Raw, activation, rope_from_raw
 from blazr.detect.ssm_common import (
-    PREFIXED_DEFAULTS,
-    PREFIXED_KEYS,
     Kind,
     attention_config,
     check_silu,
-    dt_limit,
     is_tied,
     layer_kinds_from_list,
     layers_with,
-    mamba_config,
     mamba_or_attention,
     num_layers_of,
+    prefixed_mamba_config,
     require,
 )
 from blazr.errors import CheckpointError
@@ -68,7 +65,6 @@ def build_bamba(raw: Raw, shapes: Shapes) -> ModelConfig:
     def rope(head_dim: int) -> RopeConfig:
         return rope_from_raw(raw, int(head_dim * rotary), max_pos)
 
-    dt_min, dt_max = dt_limit(raw)
     if "mamba" in kinds:
         check_silu(raw, "hidden_act")
     act = activation(raw.get("hidden_act", "silu"))
@@ -76,16 +72,7 @@ def build_bamba(raw: Raw, shapes: Shapes) -> ModelConfig:
     for i, kind in enumerate(kinds):
         p = f"{PREFIX}layers.{i}."
         if kind == "mamba":
-            mixer: MixerConfig = mamba_config(
-                raw,
-                shapes,
-                p + "mamba.",
-                PREFIXED_KEYS,
-                PREFIXED_DEFAULTS,
-                dt_min=dt_min,
-                dt_max=dt_max,
-                norm_eps=norm.eps,
-            )
+            mixer: MixerConfig = prefixed_mamba_config(raw, shapes, p + "mamba.", norm.eps)
         else:
             mixer = attention_config(raw, shapes, p + "self_attn.", rope)
         mlp = MLPConfig(

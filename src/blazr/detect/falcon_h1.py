@@ -24,15 +24,12 @@ from blazr.config import LayerConfig, MLPConfig, ModelConfig, NormConfig, RopeCo
 from blazr.detect.checkpoint import Shapes
 from blazr.detect.raw import Raw, activation, rope_from_raw
 from blazr.detect.ssm_common import (
-    PREFIXED_DEFAULTS,
-    PREFIXED_KEYS,
     attention_config,
     check_silu,
-    dt_limit,
     is_tied,
     layers_with,
-    mamba_config,
     num_layers_of,
+    prefixed_mamba_config,
     require,
     to_float,
 )
@@ -91,7 +88,6 @@ def build_falcon_h1(raw: Raw, shapes: Shapes) -> FalconH1ModelConfig:
     num_layers = num_layers_of(raw, shapes, PREFIX + "layers.")
     max_pos = raw.int("max_position_embeddings", 8192)
     norm = NormConfig("rms", raw.float("rms_norm_eps", 1e-5))
-    dt_min, dt_max = dt_limit(raw)
     check_silu(raw, "hidden_act")
     act = activation(raw.get("hidden_act", "silu"))
 
@@ -101,15 +97,11 @@ def build_falcon_h1(raw: Raw, shapes: Shapes) -> FalconH1ModelConfig:
     layers = []
     for i in range(num_layers):
         p = f"{PREFIX}layers.{i}."
-        mamba = mamba_config(
+        mamba = prefixed_mamba_config(
             raw,
             shapes,
             p + "mamba.",
-            PREFIXED_KEYS,
-            PREFIXED_DEFAULTS,
-            dt_min=dt_min,
-            dt_max=dt_max,
-            norm_eps=norm.eps,
+            norm.eps,
             is_norm_before_gate=bool(raw.get("mamba_norm_before_gate", True)),
             has_gated_norm=None if raw.get("mamba_rms_norm") is None else bool(raw.get("mamba_rms_norm")),
         )

@@ -19,16 +19,13 @@ from blazr.config import LayerConfig, MixerConfig, MLPConfig, ModelConfig, MoECo
 from blazr.detect.checkpoint import Shapes
 from blazr.detect.raw import Raw, activation, rope_from_raw
 from blazr.detect.ssm_common import (
-    PREFIXED_DEFAULTS,
-    PREFIXED_KEYS,
     attention_config,
     check_silu,
-    dt_limit,
     is_tied,
     layer_kinds_from_list,
-    mamba_config,
     mamba_or_attention,
     num_layers_of,
+    prefixed_mamba_config,
     require,
 )
 from blazr.errors import CheckpointError
@@ -84,23 +81,13 @@ def build_granite(raw: Raw, shapes: Shapes) -> ModelConfig:
     def rope(head_dim: int) -> RopeConfig | None:
         return rope_from_raw(raw, head_dim, max_pos) if is_rope else None
 
-    dt_min, dt_max = dt_limit(raw)
     if "mamba" in kinds:
         check_silu(raw, "hidden_act")
     layers = []
     for i, kind in enumerate(kinds):
         p = f"{PREFIX}layers.{i}."
         if kind == "mamba":
-            mixer: MixerConfig = mamba_config(
-                raw,
-                shapes,
-                p + "mamba.",
-                PREFIXED_KEYS,
-                PREFIXED_DEFAULTS,
-                dt_min=dt_min,
-                dt_max=dt_max,
-                norm_eps=norm.eps,
-            )
+            mixer: MixerConfig = prefixed_mamba_config(raw, shapes, p + "mamba.", norm.eps)
         else:
             scale = raw.float("attention_multiplier", 1.0)
             mixer = attention_config(raw, shapes, p + "self_attn.", rope, scale)

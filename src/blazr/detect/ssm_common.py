@@ -166,6 +166,25 @@ PREFIXED_KEYS = MambaKeys(
 PREFIXED_DEFAULTS = MambaDefaults(n_groups=1, chunk_size=256)
 
 
+def prefixed_mamba_config(
+    raw: Raw, shapes: Shapes, prefix: str, norm_eps: float, **options: bool | None
+) -> Mamba2Config:
+    """`mamba_config` of the families naming their settings `mamba_*` (`PREFIXED_KEYS`), dt limited by
+    `time_step_limit`; `options`: mamba_config's `is_norm_before_gate` / `has_gated_norm`."""
+    dt_min, dt_max = dt_limit(raw)
+    return mamba_config(
+        raw,
+        shapes,
+        prefix,
+        PREFIXED_KEYS,
+        PREFIXED_DEFAULTS,
+        dt_min=dt_min,
+        dt_max=dt_max,
+        norm_eps=norm_eps,
+        **options,
+    )
+
+
 def mamba_or_attention(shapes: Shapes, layers_prefix: str, num_layers: int) -> list[Kind]:
     """Mamba2 (`N.mamba.`) or attention (`N.self_attn.`) per layer, from the tensor names alone."""
     kinds: list[Kind] = []
