@@ -87,7 +87,7 @@ def describe(
     total, active = count_parameters(model)
     layout = cache_layout(cfg)
     config = dataclasses.asdict(cfg)
-    for layer, fields in zip(cfg.layers, config["layers"], strict=True):  # each mixer's config under its kind
+    for layer, fields in zip(cfg.layers, config["layers"], strict=True):  # each mixer config with its kind
         fields["mixers"] = [{"kind": m.kind, **dataclasses.asdict(m)} for m in layer.mixers]
     return {
         "path": str(ckpt.path),

@@ -5,8 +5,8 @@ each config's spec (`spec_of`: plan and graph eligibility).
 
 Adding a kind: its config (config.py), its module with its `SPEC` (model/mixer_spec.py says what to
 declare) and one entry in `_KINDS` below; then its kernels, its detection (detect/) and its names
-(loading/names/). `register` refuses an incomplete or clashing spec, and a config of a kind not registered
-is refused by every consumer (`spec_of`); tests/test_mixers.py checks each consumer against each kind.
+(loading/names/). `register` refuses a mistyped or clashing spec, and a config of a kind not registered is
+refused by every consumer (`spec_of`); tests/test_mixers.py checks each consumer against each kind.
 """
 
 from __future__ import annotations
@@ -31,28 +31,26 @@ _CALLABLES = ("build", "cache", "fused", "shard", "slice")
 
 
 def register(spec: MixerSpec) -> MixerSpec:
-    """Add a kind; ValueError naming every declaration that is mistyped or taken by another kind."""
+    """Add a kind; ValueError naming every declaration that is mistyped or taken by another kind (one left
+    out cannot be written: MixerSpec has no defaults)."""
     found = _problems(spec)
     if found:
-        raise ValueError(f"mixer kind {spec.config!r} cannot register: {'; '.join(found)}")
+        raise ValueError(f"mixer kind {getattr(spec.config, 'kind', spec.config)!r}: {'; '.join(found)}")
     _SPECS[spec.config] = spec
     return spec
 
 
 def _problems(spec: MixerSpec) -> list[str]:
-    found = []
-    config = spec.config
+    config, taken = spec.config, _SPECS.values()
     if not (isinstance(config, type) and issubclass(config, MixerConfig)):
         return ["config: not a MixerConfig class"]
+    found = []
     if not isinstance(config.__dict__.get("kind"), str) or not config.kind:
         found.append("config: declares no `kind` of its own")
-    elif config.kind in {s.kind for s in _SPECS.values()}:
-        found.append(f"kind {config.kind!r}: registered already")
-    if (
-        not isinstance(spec.prefix, str)
-        or not spec.prefix.isidentifier()
-        or spec.prefix in {*_RESERVED, *(s.prefix for s in _SPECS.values())}
-    ):
+    elif config.kind in {s.kind for s in taken}:
+        found.append("kind: registered already")
+    names = {*_RESERVED, *(s.prefix for s in taken)}
+    if not isinstance(spec.prefix, str) or not spec.prefix.isidentifier() or spec.prefix in names:
         found.append(f"prefix {spec.prefix!r}: not a free name")
     found += [f"{name}: not callable" for name in _CALLABLES if not callable(getattr(spec, name))]
     if spec.graph_windows is not None and not callable(spec.graph_windows):
@@ -61,12 +59,12 @@ def _problems(spec: MixerSpec) -> list[str]:
         leaves = getattr(spec, name)
         if not (isinstance(leaves, tuple) and all(isinstance(x, str) for x in leaves)):
             found.append(f"{name}: not a tuple of names")
-    if not found and set(spec.linears) & set(spec.float_linears):
-        found.append("linears and float_linears overlap")
     if not isinstance(spec.snapshot, Snapshot):
         found.append("snapshot: not a Snapshot")
     if not isinstance(spec.is_plan_safe, bool):
         found.append("is_plan_safe: not a bool")
+    if not found and set(spec.linears) & set(spec.float_linears):
+        found.append("linears and float_linears overlap")
     return found
 
 
