@@ -23,7 +23,7 @@ Each measurement runs in a fresh process (this file with `--child`, the engine a
 
 Aggregate decode tok/s = tokens produced after the last sequence's first token / the time from that first
 token to the end (N × (gen - 1) when every decode step holds all N sequences; the child reports if not).
-Also shown: each engine's peak RSS (the child process's ru_maxrss; llama.cpp's mmapped weights count once
+Also shown: each engine's peak RSS (the child process's VmHWM; llama.cpp's mmapped weights count once
 touched). Sanity: llama.cpp's sequence 0 is re-run alone (same context, cache cleared) for its first two
 tokens (the prefill's and the first decode step's); a mismatch with the batched run prints a warning.
 Rounds alternate the engine order; the table holds medians. Speed is reported, never asserted. Each run's
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -191,11 +190,18 @@ def child_blazr(path: str, nseq: int, plen: int, gen: int, threads: int) -> dict
     }
 
 
+def peak_rss_gib() -> float:
+    """This process's peak RSS (VmHWM). Not ru_maxrss: Linux carries it over exec, so a child started by
+    a parent that had just built a checkpoint would report the parent's peak."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20
+
+
 def child(args: argparse.Namespace) -> None:
     engine, path, nseq, plen, gen, threads = args.child
     run = child_llama_cpp if engine == "llama.cpp" else child_blazr
     res = run(path, int(nseq), int(plen), int(gen), int(threads))
-    res["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    res["rss"] = peak_rss_gib()
     print(json.dumps(res), flush=True)
 
 

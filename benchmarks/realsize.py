@@ -63,7 +63,7 @@ KEEP_Q8_FREE_GIB = 40.0  # keep the 8B Q8_0 only if this much disk is still free
 GiB = 2**30
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 engine, path, quant, plen, gen, threads = sys.argv[1:7]
 plen, gen, threads = int(plen), int(gen), int(threads)
 prompt = [(i * 7919) % 40000 + 100 for i in range(plen)]
@@ -98,7 +98,8 @@ else:
         if first is None:
             first = time.perf_counter()
     end = time.perf_counter()
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so the child would report the parent's peak.
+rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 2**20
 prefill, decode = plen / (first - t), (gen - 1) / (end - first)
 imports = t0 - t_import
 print(json.dumps({"load": load, "imports": imports, "rss": rss, "prefill": prefill, "decode": decode,

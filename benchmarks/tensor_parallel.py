@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 CHILD = r"""
-import json, os, resource, sys, time, threading
+import json, os, sys, time, threading
 from blazr import LLM, SamplingParams
 model, world, plen, gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
@@ -54,7 +54,8 @@ for n in (1, 4):
     t = time.perf_counter(); llm.generate(ps, short); first = time.perf_counter() - t
     t = time.perf_counter(); llm.generate(ps, sp); total = time.perf_counter() - t
     out[n] = n * (gen - 1) / max(total - first, 1e-9)
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec (the parent's peak)
+rss = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')) * 1024
 llm.close()
 result = dict(load=load, prefill=prefill, decode1=out[1], decode4=out[4], rss=rss, peer_rss=peak_peer[0])
 print(json.dumps(result))

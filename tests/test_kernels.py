@@ -10,7 +10,7 @@ without AVX-512). Tolerances are derived, not guessed:
   covers rounding x·(127/amax) in fp32, the last term the fp16 scale), and against the dequantized fp32
   reference |Δy| ≤ Σ_blocks that bound · Σ_block |w| plus rounding;
 - against `int8_dot_reference` (the same integer algorithm in exact arithmetic) only fp32 rounding remains;
-- bf16 rounds x to bf16: |x − x̂| ≤ 2⁻⁹·|x|.
+- 16-bit float weights (f16, bf16) are widened exactly and x is used as given: only fp32 rounding remains.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ def test_native_build_uses_the_cpu_simd(native: ops.Kernels) -> None:
     if "avx512bw" in flags and "avx512vl" in flags:
         assert "avx512" in native.features
         assert ("avx512_vnni" in native.features) == ("avx512_vnni" in flags)
-        assert ("avx512_bf16" in native.features) == ("avx512_bf16" in flags)
     assert ("avx2" in native.features) == {"avx2", "fma", "f16c"}.issubset(flags)
 
 
@@ -236,36 +235,27 @@ def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int,
     qw = quantize(w, kind)
     x = torch.randn(M, K, generator=g)
     bias, residual, swiglu = _epilogue(epilogue, M, N, g)
-    xr = x.bfloat16() if kind == "bf16" else x  # the kernel's activations
-    exact = xr.double() @ qw.data.double().T
-    err = gamma(K + 8) * (xr.double().abs() @ qw.data.double().abs().T)
+    exact = x.double() @ qw.data.double().T  # x as given, every kind (16-bit weights widened exactly)
+    err = gamma(K + 8) * (x.double().abs() @ qw.data.double().abs().T)
     out = residual.clone() if residual is not None else None
     y = lib.linear(x, qw, bias, out, swiglu=swiglu, out=out)
     _check_linear(y, exact, err, bias, residual, swiglu)
-    if kind == "bf16":  # against torch's fp32 matmul on the unrounded x: + 2⁻⁹·Σ|w·x|
-        exact_x = x.double() @ qw.data.double().T
-        err_x = err + 2.0**-9 * (x.double().abs() @ qw.data.double().abs().T)
-        _check_linear(y, exact_x, err_x, bias, residual, swiglu)
 
 
 def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
-    or one tile of up to 16 (short calls); bf16 with vdpbf16ps tiles of 4 x rows × 4 weight rows + tails,
-    128-row passes, and the row walk up to 8 rows. f16, bf16 and f32 prefill calls on AVX2 hosts have two
-    paths, each row-independent on its own: the decode walk (up to 8 rows; bf16 with vdpbf16ps: its tiles up
-    to 16) and the prefill GEMM (gemm_float.c: packed row groups × output panels). f32 without `prefill`
-    takes its decode tiles at every M; the portable build's bf16, its tiles at every M."""
+    or one tile of up to 16 (short calls). f16, bf16 and f32 prefill calls have two paths, each
+    row-independent on its own: the decode walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed
+    row groups × output panels, x rows in vector lanes at 13-16 rows on AVX-512). f32 without `prefill`
+    takes its decode tiles at every M."""
     x = torch.randn(131, 576)
-    two_paths = {"f16": 8, "f32 prefill": 8}  # the decode path's most rows
-    if "avx2" in lib.features:
-        two_paths["bf16"] = 16 if "avx512_bf16" in lib.features else 8
+    two_paths = {"f16": 8, "bf16": 8, "f32 prefill": 8}  # the decode path's most rows
     for name, most in two_paths.items():
         kind, prefill = name.split()[0], name.endswith("prefill")
         qw = quantize(_weights(43, 576), kind)
         rows = torch.cat([lib.linear(x[i : i + 1], qw, prefill=prefill) for i in range(len(x))])
         whole = lib.linear(x, qw, prefill=prefill)
-        xk = x.bfloat16().double() if kind == "bf16" else x.double()  # bf16 rounds x in both paths
-        bound = 2 * gamma(576 + 8) * (xk.abs() @ qw.data.double().abs().T)  # two fp32 sum orders
+        bound = 2 * gamma(576 + 8) * (x.double().abs() @ qw.data.double().abs().T)  # two fp32 sum orders
         assert bool(((whole.double() - rows.double()).abs() <= bound).all()), kind
         for lo, hi in ((5, 12), (3, 5), (0, 8), (7, 9), (0, 16), (0, 17), (100, 131)):
             want = rows[lo:hi] if hi - lo <= most else whole[lo:hi]
@@ -343,11 +333,11 @@ def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: s
     """A decode linear's threads balance their shares (csrc's blz_walk_t: each walks its own block's steps
     from the front, then takes what is left of the others' from the back). With one thread held until the
     others are done, so that they compute all of its rows — thread 0 or 1 of 2, thread 1 of 3 —, every
-    output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 at 3 x rows too),
+    output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 and bf16 at 3 x rows),
     at sizes that leave parts short. The streams (and so the balancing) are built where the kind's one-row
-    kernel is: AVX-512 (bf16: + AVX512_BF16, the packed block kinds: + AVX512_VNNI); elsewhere no thread
-    takes another's rows and the bits are still the one-thread bits."""
-    needs = {"bf16": "avx512_bf16", "q4_0": "avx512_vnni", "q4_1": "avx512_vnni", "q8_0": "avx512_vnni"}
+    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI); elsewhere no thread takes another's rows and
+    the bits are still the one-thread bits."""
+    needs = {"q4_0": "avx512_vnni", "q4_1": "avx512_vnni", "q8_0": "avx512_vnni"}
     walks = "avx512" in native.features and needs.get(kind, "avx512") in native.features
     g = torch.Generator().manual_seed(12)
     K = 2048  # 38 rows × K: just enough work for the kernels to use 2 threads
@@ -357,7 +347,7 @@ def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: s
             if kind in K_KINDS
             else quantize(torch.randn(N, K, generator=g), kind)
         )
-        x = torch.randn(3 if kind == "f16" else 1, K, generator=g)
+        x = torch.randn(3 if kind in ("f16", "bf16") else 1, K, generator=g)
         bias, residual = torch.randn(N, generator=g), torch.randn(x.shape[0], N, generator=g)
         with intra_op_threads(1):
             alone = _decode_calls(native, x, qw, bias, residual)
@@ -374,12 +364,12 @@ def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str) -> None:
     """At a long K the float prefill GEMM (gemm_float.c) runs the x rows in passes (as many as ~4 MB of
     packed x holds: 128 rows at K = 8192); a row's bits do not depend on the pass it falls in nor on its
     place in the row groups, with every epilogue — and the call agrees with the exact product. Every window
-    has more than 16 rows, the decode path's most (bf16 on vdpbf16ps hosts)."""
+    has more than 16 rows."""
     K, N = 8192, 38
     g = torch.Generator().manual_seed(3)
     qw = quantize(_weights(N, K, seed=5), kind)
     x = torch.randn(140, K, generator=g)
-    xk = x.bfloat16().double() if kind == "bf16" else x.double()
+    xk = x.double()
     for name in EPILOGUES:
         bias, residual, swiglu = _epilogue(name, 140, N, g)
         whole = lib.linear(x, qw, bias, residual, swiglu=swiglu, prefill=True)
@@ -416,20 +406,36 @@ def test_gemm_of_a_few_rows_sums_as_the_panel(lib: ops.Kernels, kind: str) -> No
                 assert bool(((whole[:16].double() - exact[:16]).abs() <= gamma(K + 8) * scale[:16]).all())
 
 
-def test_bf16_prefill_rounds_x_as_torch(lib: ops.Kernels) -> None:
-    """The bf16 GEMM (M > 8) sees x rounded to bf16 exactly as torch rounds it — ties to even, ±inf, NaN
-    and values near the largest bf16 — in the vector steps and the scalar tail of each row."""
-    K = 100  # 96 in 8-wide steps, a tail of 4
+def test_bf16_weights_run_as_f16_on_x_as_given(lib: ops.Kernels) -> None:
+    """bf16 and f16 weights share one kernel (csrc/linear_16bit.c): each widened exactly, x used as given.
+    On weights that both formats hold exactly, bf16 gives f16's bits at every row count — the decode walk
+    and its streams (1-8 rows), the lanes GEMM (13-16) and the panel GEMM —, with every epilogue, K with a
+    tail; x values that a bf16 rounding would move (ties, the largest floats, subnormals, ±inf, NaN) pass
+    through unrounded: the same output as a float32 weight of those values, to fp32 rounding."""
     g = torch.Generator().manual_seed(11)
-    qw = quantize(_weights(21, K, seed=2), "bf16")
-    x = torch.randn(13, K, generator=g) * torch.logspace(-30, 30, K)
+    N, K = 22, 100  # 96 in 32-wide steps, a tail of 4
+    w = torch.randint(-255, 256, (N, K), generator=g) / 2.0 ** torch.randint(4, 12, (N, 1), generator=g)
+    as_bf16, as_f16 = quantize(w, "bf16"), quantize(w, "f16")
+    assert torch.equal(as_bf16.data.float(), w) and torch.equal(as_f16.data.float(), w)
     bits = [0x3F808000, 0x3F818000, 0xBF808000, 0x7F7FFFFF, 0x7F7F8000, 0x00008000, 0x3F80FFFF, 0x3F800001]
     special = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
-    x[:, 8:16] = special
-    x[3:, 96:100] = special[:4]
+    for M in (1, 3, 5, 8, 9, 13, 16, 17, 40):
+        x = torch.randn(M, K, generator=g) * torch.logspace(-3, 3, K)
+        x[:, 8:16] = special
+        x[:, 96:100] = special[:4]
+        for name in EPILOGUES:
+            bias, residual, swiglu = _epilogue(name, M, N, g)
+            for prefill in (False, True):
+                got = lib.linear(x, as_bf16, bias, residual, swiglu=swiglu, prefill=prefill)
+                want = lib.linear(x, as_f16, bias, residual, swiglu=swiglu, prefill=prefill)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (M, name, prefill)  # NaN too
+        finite = x[:, :8].contiguous()  # no rounding of x: the f32 weight's result, to fp32 rounding
+        exact = finite.double() @ w[:, :8].double().T
+        got = lib.linear(finite, quantize(w[:, :8].contiguous(), "bf16")).double()
+        assert bool(((got - exact).abs() <= gamma(16) * (finite.double().abs() @ w[:, :8].double().abs().T)).all())
+    x = torch.randn(9, K, generator=g)
     x[5, 40], x[6, 41], x[7, 98] = float("nan"), float("inf"), float("-inf")
-    got = lib.linear(x, qw)
-    want = lib.linear(x.bfloat16().float(), qw)
+    got, want = lib.linear(x, as_bf16), lib.linear(x, as_f16)
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
     assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
 

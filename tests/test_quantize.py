@@ -108,8 +108,8 @@ def test_gguf_16bit_tensors_kept_16bit(qtype: str, tmp_path: Path) -> None:
     cache, whole prefill, chunked prefill and cached decode of F16 agree with the float32 model (the same
     values, widened exactly; x stays fp32) within fp32 rounding and give its greedy tokens — the linears sum
     a row the same way in any batch; attention over a cached prefix rounds apart, as the float32 model's
-    own schedules do. The bf16 kernel rounds x to bf16 (kernels/csrc/linear_float.c): a BF16 file gives
-    the logits of the same weights quantized to bf16 on load (`--quantize bf16`) within fp32 rounding."""
+    own schedules do. BF16 the same (its values widened exactly as F16's, kernels/csrc/linear_16bit.c), and
+    `--quantize bf16` of those weights gives the kept file's logits bit for bit under every schedule."""
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(seed=6), TINY, qtype)
     kept = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", kv_cache_dtype="float32")
     plain = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", quantize="none")
@@ -137,10 +137,9 @@ def test_gguf_16bit_tensors_kept_16bit(qtype: str, tmp_path: Path) -> None:
     if qtype == "BF16":
         requantized = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", kv_cache_dtype="float32",
                           quantize="bf16")  # fmt: skip
-        for run in runs.values():
-            for got, want in zip(run, stepwise_logits(requantized, batch, schedules["whole"]), strict=True):
-                assert_logits_close(got, want)
-        return
+        for name, plan in schedules.items():
+            for got, want in zip(runs[name], stepwise_logits(requantized, batch, plan), strict=True):
+                assert torch.equal(got, want), name
     for run in runs.values():
         for got, want in zip(run, full_logits(plain.runner, batch), strict=True):
             assert_logits_close(got, want)

@@ -212,7 +212,7 @@ def features(lib: ctypes.CDLL) -> list[str]:
     bits = lib.blz_features()
     return [
         name
-        for bit, name in ((1, "avx512"), (2, "avx512_vnni"), (4, "avx512_bf16"), (8, "avx2"))
+        for bit, name in ((1, "avx512"), (2, "avx512_vnni"), (8, "avx2"))
         if bits & bit
     ]
 

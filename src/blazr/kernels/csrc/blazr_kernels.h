@@ -3,7 +3,6 @@
  * Every kernel file includes this header. It decides, at compile time, which SIMD paths exist:
  *   BLZ_AVX512  AVX-512 F + BW (+VL): attention, f32 linear, activation quantization
  *   BLZ_VNNI    + AVX512_VNNI: int8 dot products for the q4_0 / q4_1 / q8_0 linear kernels
- *   BLZ_BF16    + AVX512_BF16: bf16 dot products for the bf16 linear kernel
  *   BLZ_AVX2    AVX2 + FMA + F16C (every x86-64 CPU since Haswell / Zen 1): the linear kernels and
  *               activation quantization where the AVX-512 paths above are not compiled in
  * Every SIMD path has a portable scalar fallback (plain C that the compiler may auto-vectorise for the
@@ -27,9 +26,6 @@
 #define BLZ_AVX512 1
 #if defined(__AVX512VNNI__)
 #define BLZ_VNNI 1
-#endif
-#if defined(__AVX512BF16__)
-#define BLZ_BF16 1
 #endif
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -101,7 +97,7 @@ int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int6
 int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
                         const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 /* gemm_float.c: the many-row GEMM of float weights w [N, K] (rows from w, or at tab[n] when a row table is
- * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (bf16: x rounded to bf16 values);
+ * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (x as given: 16-bit weights widened exactly);
  * nt threads. Each output one sequential fp32 sum over k, whatever M. */
 enum { BLZ_PANEL_F16 = BLZ_KV_F16, BLZ_PANEL_BF16 = BLZ_KV_BF16, BLZ_PANEL_F32 = BLZ_KV_F32 }; /* widened by blz_kv_load* */
 /* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 4 x rows (row m at x + m·K elements) →

@@ -14,8 +14,8 @@
 /* ABI version of this library; ops.py checks it before binding. */
 BLZ_EXPORT int blz_abi_version(void) { return BLZ_ABI_VERSION; }
 
-/* Bit mask of the SIMD paths compiled in: 1 = AVX-512 (F/BW/VL), 2 = AVX512_VNNI, 4 = AVX512_BF16,
- * 8 = AVX2 (+ FMA, F16C). */
+/* Bit mask of the SIMD paths compiled in: 1 = AVX-512 (F/BW/VL), 2 = AVX512_VNNI, 8 = AVX2 (+ FMA, F16C).
+ * (4 was AVX512_BF16's vdpbf16ps, which no kernel uses since bf16 weights stopped rounding x: NOTES §44.) */
 BLZ_EXPORT int blz_features(void) {
     int f = 0;
 #ifdef BLZ_AVX512
@@ -23,9 +23,6 @@ BLZ_EXPORT int blz_features(void) {
 #endif
 #ifdef BLZ_VNNI
     f |= 2;
-#endif
-#ifdef BLZ_BF16
-    f |= 4;
 #endif
 #ifdef BLZ_AVX2
     f |= 8;

@@ -5,8 +5,7 @@
  *
  * An outer-product GEMM, as BLIS / GotoBLAS lay one out:
  * - x is packed once per call, k-major in groups of PANEL_MR rows per block of PANEL_KC columns
- *   (pack_x_group; bf16 weights see x rounded to bf16 values, as torch's `x.to(bfloat16)`), so the
- *   micro-kernel reads x as one sequential stream;
+ *   (pack_x_group), so the micro-kernel reads x as one sequential stream;
  * - a panel of PANEL_NR weight rows × PANEL_KC columns is widened to fp32 once (F16C, a shift, or a copy),
  *   transposed in 8 × 8 register blocks (k-major, PANEL_NR floats per k), into an L1-sized scratch (AVX-512,
  *   f16 / bf16: 16 rows × 32 columns transposed while still 16-bit, then widened 16 lanes at a time);
@@ -68,23 +67,12 @@ BLZ_INLINE void transpose8_ps(__m256 r[8]) {
     }
 }
 
-/* 8 floats rounded to bf16 values (round to nearest even; NaN stays NaN), as blz_fp32_to_bf16. */
-BLZ_INLINE __m256 bf16_round8(__m256 v) {
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i q = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
-    return _mm256_castsi256_ps(_mm256_and_si256(q, _mm256_set1_epi32((int)0xffff0000u)));
-}
-
 #endif
 
 /* Pack group g of x's rows: xp[k0·Mp + g·kc·PANEL_MR + kk·PANEL_MR + m] = x[g·PANEL_MR + m][k0 + kk] for
- * each block of PANEL_KC columns from k0 (kc: that block's width), rows ≥ M zero, with `round_bf16` rounded
- * to bf16 values; Mp = M rounded up to PANEL_MR. */
-static void pack_x_group(const float *restrict x, int64_t M, int64_t K, int64_t Mp, const int round_bf16,
+ * each block of PANEL_KC columns from k0 (kc: that block's width), rows ≥ M zero; Mp = M rounded up to
+ * PANEL_MR. */
+static void pack_x_group(const float *restrict x, int64_t M, int64_t K, int64_t Mp,
                          int64_t g, float *restrict xp) {
     const int mv = (int)blz_min(PANEL_MR, M - g * PANEL_MR); /* rows of the group that exist */
     for (int64_t k0 = 0; k0 < K; k0 += PANEL_KC) {
@@ -96,20 +84,15 @@ static void pack_x_group(const float *restrict x, int64_t M, int64_t K, int64_t 
         for (; kk + 8 <= kc; kk += 8)
             for (int s0 = 0; s0 < PANEL_MR; s0 += 8) { /* rows s0 .. s0+7 of the group */
                 __m256 r[8];
-                for (int m = 0; m < 8; ++m) {
+                for (int m = 0; m < 8; ++m)
                     r[m] = s0 + m < mv ? _mm256_loadu_ps(src + (s0 + m) * K + kk) : _mm256_setzero_ps();
-                    if (round_bf16) r[m] = bf16_round8(r[m]);
-                }
                 transpose8_ps(r); /* r[i]: column kk + i of rows s0 .. s0+7 */
                 const __m256i keep = blz_mask256(PANEL_MR - s0);
                 for (int i = 0; i < 8; ++i) _mm256_maskstore_ps(dst + (kk + i) * PANEL_MR + s0, keep, r[i]);
             }
 #endif
         for (; kk < kc; ++kk)
-            for (int m = 0; m < PANEL_MR; ++m) {
-                const float v = m < mv ? src[m * K + kk] : 0.0f;
-                dst[kk * PANEL_MR + m] = round_bf16 ? blz_bf16_to_fp32(blz_fp32_to_bf16(v)) : v;
-            }
+            for (int m = 0; m < PANEL_MR; ++m) dst[kk * PANEL_MR + m] = m < mv ? src[m * K + kk] : 0.0f;
     }
 }
 
@@ -286,39 +269,33 @@ static void panel_block(const void *w, const int64_t *tab, const int wk, int64_t
 #define LANES_NR 24   /* weight rows per block: 24 accumulators of the 32 registers */
 #define LANES_KC 128  /* columns per step: 12 KB of fp32 weights and 8 KB of x columns in L1 (256: 3-8 % slower) */
 
-/* xt[k·16 + m] = x[m][k] for k in [k0, k1) (k0 a multiple of 16), m < M ≤ 16, lanes ≥ M zero; with
- * `round_bf16` rounded to bf16 values. */
-static void pack_x_lanes(const float *restrict x, int64_t M, int64_t K, const int round_bf16, int64_t k0, int64_t k1,
-                         float *restrict xt) {
+/* xt[k·16 + m] = x[m][k] for k in [k0, k1) (k0 a multiple of 16), m < M ≤ 16, lanes ≥ M zero. */
+static void pack_x_lanes(const float *restrict x, int64_t M, int64_t K, int64_t k0, int64_t k1, float *restrict xt) {
     int64_t k = k0;
-    if (!round_bf16)
-        for (; k + 16 <= k1; k += 16) { /* a 16 × 16 transposition in registers */
-            __m512 r[16], t[16];
-            for (int m = 0; m < 16; ++m) r[m] = m < M ? _mm512_loadu_ps(x + m * K + k) : _mm512_setzero_ps();
-            for (int m = 0; m < 16; m += 2) { /* rows m, m+1 interleaved in 2-column pieces */
-                t[m] = _mm512_unpacklo_ps(r[m], r[m + 1]);
-                t[m + 1] = _mm512_unpackhi_ps(r[m], r[m + 1]);
-            }
-            for (int m = 0; m < 16; m += 4) /* r[m + c]: rows m .. m+3 at columns c, c+4, c+8, c+12 */
-                for (int h = 0; h < 2; ++h) {
-                    r[m + 2 * h] = _mm512_shuffle_ps(t[m + h], t[m + 2 + h], 0x44);
-                    r[m + 2 * h + 1] = _mm512_shuffle_ps(t[m + h], t[m + 2 + h], 0xEE);
-                }
-            for (int c = 0; c < 4; ++c) { /* gather the four 4-row pieces of each column */
-                const __m512 a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), b = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
-                const __m512 e = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88), f = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
-                t[c] = _mm512_shuffle_f32x4(a, e, 0x88);
-                t[8 + c] = _mm512_shuffle_f32x4(a, e, 0xDD);
-                t[4 + c] = _mm512_shuffle_f32x4(b, f, 0x88);
-                t[12 + c] = _mm512_shuffle_f32x4(b, f, 0xDD);
-            }
-            for (int c = 0; c < 16; ++c) _mm512_store_ps(xt + (k + c) * 16, t[c]);
+    for (; k + 16 <= k1; k += 16) { /* a 16 × 16 transposition in registers */
+        __m512 r[16], t[16];
+        for (int m = 0; m < 16; ++m) r[m] = m < M ? _mm512_loadu_ps(x + m * K + k) : _mm512_setzero_ps();
+        for (int m = 0; m < 16; m += 2) { /* rows m, m+1 interleaved in 2-column pieces */
+            t[m] = _mm512_unpacklo_ps(r[m], r[m + 1]);
+            t[m + 1] = _mm512_unpackhi_ps(r[m], r[m + 1]);
         }
+        for (int m = 0; m < 16; m += 4) /* r[m + c]: rows m .. m+3 at columns c, c+4, c+8, c+12 */
+            for (int h = 0; h < 2; ++h) {
+                r[m + 2 * h] = _mm512_shuffle_ps(t[m + h], t[m + 2 + h], 0x44);
+                r[m + 2 * h + 1] = _mm512_shuffle_ps(t[m + h], t[m + 2 + h], 0xEE);
+            }
+        for (int c = 0; c < 4; ++c) { /* gather the four 4-row pieces of each column */
+            const __m512 a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88), b = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+            const __m512 e = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88), f = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+            t[c] = _mm512_shuffle_f32x4(a, e, 0x88);
+            t[8 + c] = _mm512_shuffle_f32x4(a, e, 0xDD);
+            t[4 + c] = _mm512_shuffle_f32x4(b, f, 0x88);
+            t[12 + c] = _mm512_shuffle_f32x4(b, f, 0xDD);
+        }
+        for (int c = 0; c < 16; ++c) _mm512_store_ps(xt + (k + c) * 16, t[c]);
+    }
     for (; k < k1; ++k)
-        for (int m = 0; m < 16; ++m) {
-            const float v = m < M ? x[m * K + k] : 0.0f;
-            xt[k * 16 + m] = round_bf16 ? blz_bf16_to_fp32(blz_fp32_to_bf16(v)) : v;
-        }
+        for (int m = 0; m < 16; ++m) xt[k * 16 + m] = m < M ? x[m * K + k] : 0.0f;
 }
 
 /* dst[k] = the weights from src on, as fp32, k < kc. */
@@ -369,7 +346,7 @@ static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const flo
     {
         int64_t lo, hi;
         blz_thread_share((K + 15) / 16, &lo, &hi);
-        pack_x_lanes(x, M, K, wk == BLZ_PANEL_BF16, 16 * lo, blz_min(K, 16 * hi), xt);
+        pack_x_lanes(x, M, K, 16 * lo, blz_min(K, 16 * hi), xt);
         float *buf = blz_scratch((size_t)(LANES_NR * LANES_KC + LANES_NR * 16) * sizeof(float));
         if (!buf) {
 #pragma omp atomic write
@@ -424,7 +401,7 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
-        for (int64_t g = 0; g < Mp / PANEL_MR; ++g) pack_x_group(x, M, K, Mp, wk == BLZ_PANEL_BF16, g, xp);
+        for (int64_t g = 0; g < Mp / PANEL_MR; ++g) pack_x_group(x, M, K, Mp, g, xp);
         float *panel = blz_scratch(scratch);
         if (!panel) {
 #pragma omp atomic write
