@@ -1,13 +1,15 @@
-"""Fixtures shared by the kernel tests: the C kernel library built for this host (`native`), a second build
-with `-march=x86-64` (`generic`: the portable scalar fallbacks, as on a CI machine without the host's SIMD
-paths), and `lib`, each of them in turn. And, for every test, a quantization cache of the session's own
-(`--quantize` loads write and map their weights there, never in the user's ~/.cache)."""
+"""Fixtures shared by the kernel tests: the C kernel library built for this host (`native`), one build per
+ISA level of blazr.kernels.build this CPU can execute (`scalar`, `avx2`, `avx512`, `avx512_vnni`: each
+the SIMD paths some x86-64 CPU selects, so one host runs what another host's build would), `generic` (the
+portable scalar build), and `lib`, each distinct build in turn — the level whose paths equal native's runs
+as native. The run's summary lists the builds exercised and the paths this CPU cannot run. And, for
+every test, a quantization cache of the session's own (`--quantize` loads write and map their weights
+there, never in the user's ~/.cache)."""
 
 from __future__ import annotations
 
 import os
-import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -29,26 +31,67 @@ def session_quant_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         os.environ["BLAZR_QUANT_CACHE"] = before
 
 
+LEVELS = {level.name: level for level in build.runnable_levels()}
+# the highest runnable level selects the paths -march=native selects: it runs as `native`
+LIB_BUILDS = ["native", *list(LEVELS)[:-1]]
+_EXERCISED: dict[str, list[str]] = {}  # build → its SIMD paths, as the tests loaded it
+
+
 @pytest.fixture(scope="session")
 def native() -> ops.Kernels:
     k = ops.kernels()
     assert k is not None, "kernel library unavailable (no C compiler, or BLAZR_KERNELS=0)"
+    _EXERCISED["native"] = k.features
     return k
 
 
 @pytest.fixture(scope="session")
-def generic(tmp_path_factory: pytest.TempPathFactory) -> ops.Kernels:
-    is_x86 = platform.machine().lower() in ("x86_64", "amd64")
-    flags = ("-O3", "-march=x86-64", "-fopenmp") if is_x86 else ("-O3", "-fopenmp")  # no SIMD paths
-    try:
-        path = build.build(flags, out_dir=tmp_path_factory.mktemp("kernels"))
-    except build.BuildError as e:
-        pytest.fail(f"no C compiler: {e}")
-    k = ops.Kernels(build.open_library(path))
-    assert k.features == [], "the x86-64 build must not contain AVX-512 paths"
-    return k
+def isa_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], ops.Kernels]]:
+    """name → the library built at that ISA level (built once per session)."""
+    made: dict[str, ops.Kernels] = {}
+
+    def get(name: str) -> ops.Kernels:
+        if name not in made:
+            level = LEVELS[name]
+            try:
+                path = build.build(level.build_flags(), out_dir=tmp_path_factory.mktemp(f"kernels-{name}"))
+            except build.BuildError as e:
+                pytest.fail(f"the {name} build failed: {e}")
+            k = ops.Kernels(build.open_library(path))
+            assert k.features == list(level.paths), (name, k.features)  # the level selects its paths
+            made[name] = k
+            _EXERCISED[name] = k.features
+        return made[name]
+
+    yield get
 
 
-@pytest.fixture(params=["native", "generic"])
-def lib(request: pytest.FixtureRequest) -> ops.Kernels:
-    return request.getfixturevalue(request.param)
+@pytest.fixture(scope="session")
+def generic(isa_build: Callable[[str], ops.Kernels]) -> ops.Kernels:
+    """The portable build: no SIMD path (the scalar fallbacks)."""
+    return isa_build("scalar")
+
+
+@pytest.fixture(params=LIB_BUILDS)
+def lib(request: pytest.FixtureRequest, isa_build: Callable[[str], ops.Kernels]) -> ops.Kernels:
+    return request.getfixturevalue("native") if request.param == "native" else isa_build(request.param)
+
+
+@pytest.fixture(params=LIB_BUILDS[1:])
+def other_build(request: pytest.FixtureRequest, isa_build: Callable[[str], ops.Kernels]) -> ops.Kernels:
+    """Each runnable build whose paths differ from native's, in turn (for bit-for-bit comparisons)."""
+    return isa_build(request.param)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Which kernel builds ran on this CPU, and which paths it cannot run."""
+    if not _EXERCISED:
+        return
+    ran = ", ".join(f"{name} [{' '.join(paths) or 'scalar'}]" for name, paths in _EXERCISED.items())
+    missing = [level.name for level in build.isa_levels() if not level.runs_here()]
+    tw = terminalreporter
+    tw.write_sep("-", "blazr kernel builds")
+    tw.write_line(f"cpu: {build.cpu_model()}")
+    tw.write_line(f"builds exercised: {ran}")
+    tw.write_line(f"levels this CPU cannot run: {', '.join(missing) or 'none'}")
+    tw.write_line(f"ISA extensions no kernel uses (nothing to test): {', '.join(build.UNUSED_ISAS)}")

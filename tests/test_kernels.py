@@ -53,7 +53,8 @@ def gamma(n: int) -> float:
     return n * U / (1 - n * U)
 
 
-# The libraries under test (`native`, `generic`, and `lib`: each of them in turn) are tests/conftest.py's.
+# The libraries under test (`native`, `other_build`: each build of other paths, `lib`: each build in turn) are
+# tests/conftest.py's.
 
 
 def test_native_build_uses_the_cpu_simd(native: ops.Kernels) -> None:
@@ -62,6 +63,8 @@ def test_native_build_uses_the_cpu_simd(native: ops.Kernels) -> None:
         assert "avx512" in native.features
         assert ("avx512_vnni" in native.features) == ("avx512_vnni" in flags)
     assert ("avx2" in native.features) == {"avx2", "fma", "f16c"}.issubset(flags)
+    # the highest ISA level this CPU runs selects native's paths (so the tests' level builds cover the rest)
+    assert native.features == list(build.runnable_levels()[-1].paths)
 
 
 def test_build_is_cached_by_hash(tmp_path) -> None:
@@ -205,7 +208,7 @@ def test_linear_block_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int)
 
 @pytest.mark.parametrize("kind", LINEAR_BLOCK_KINDS)
 def test_block_kinds_give_the_same_bits_on_every_build(
-    native: ops.Kernels, generic: ops.Kernels, kind: str
+    native: ops.Kernels, other_build: ops.Kernels, kind: str
 ) -> None:
     """The block-quantized kernels compute an exact integer dot per block and then the same fp32 operations
     in every build (VNNI, AVX2, scalar), so their outputs are equal bit for bit — a model gives the same
@@ -217,7 +220,7 @@ def test_block_kinds_give_the_same_bits_on_every_build(
         x[0, :32] = 0
         x[-1, 32:64] = torch.tensor([3.0, -3.0] * 16)
         bias = torch.randn(53, generator=g)
-        assert torch.equal(native.linear(x, qw, bias), generic.linear(x, qw, bias))
+        assert torch.equal(native.linear(x, qw, bias), other_build.linear(x, qw, bias))
 
 
 # every batch size without epilogue; the epilogues at two batch sizes (keeps the test short)
@@ -428,11 +431,12 @@ def test_bf16_weights_run_as_f16_on_x_as_given(lib: ops.Kernels) -> None:
             for prefill in (False, True):
                 got = lib.linear(x, as_bf16, bias, residual, swiglu=swiglu, prefill=prefill)
                 want = lib.linear(x, as_f16, bias, residual, swiglu=swiglu, prefill=prefill)
-                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (M, name, prefill)  # NaN too
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (M, name, prefill)  # NaNs
         finite = x[:, :8].contiguous()  # no rounding of x: the f32 weight's result, to fp32 rounding
         exact = finite.double() @ w[:, :8].double().T
         got = lib.linear(finite, quantize(w[:, :8].contiguous(), "bf16")).double()
-        assert bool(((got - exact).abs() <= gamma(16) * (finite.double().abs() @ w[:, :8].double().abs().T)).all())
+        bound = gamma(16) * (finite.double().abs() @ w[:, :8].double().abs().T)
+        assert bool(((got - exact).abs() <= bound).all())
     x = torch.randn(9, K, generator=g)
     x[5, 40], x[6, 41], x[7, 98] = float("nan"), float("inf"), float("-inf")
     got, want = lib.linear(x, as_bf16), lib.linear(x, as_f16)

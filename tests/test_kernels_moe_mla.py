@@ -111,13 +111,13 @@ def test_moe_experts_rows_do_not_depend_on_the_batch(native: ops.Kernels, kind: 
         assert torch.equal(alone[0], together[t])
 
 
-def test_moe_experts_native_equals_generic(native: ops.Kernels, generic: ops.Kernels) -> None:
+def test_moe_experts_are_the_same_on_every_build(native: ops.Kernels, other_build: ops.Kernels) -> None:
     """Block-quantized experts: exact integer dots in every build, so the same bits."""
     w_up, w_down = _experts("q4_0", 8, 64, 32, True, seed=9)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(10))
     weights, ids = _routed(5, 8, 2, seed=11)
     args = (x, ids, weights, w_up, w_down, 8, "silu", True)
-    assert torch.equal(native.moe_experts(*args), generic.moe_experts(*args))
+    assert torch.equal(native.moe_experts(*args), other_build.moe_experts(*args))
 
 
 def test_moe_experts_bad_input(native: ops.Kernels) -> None:

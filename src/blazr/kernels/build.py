@@ -10,6 +10,12 @@ working on the torch references in `ops.py`.
   for another CPU. Written atomically (temporary file + rename), so concurrent builders are safe.
 - `python -m blazr.kernels.build` builds it (the Makefile's install step); `load()` builds on first use.
 - `BLAZR_KERNELS=0` disables the library: `load()` returns None and `available()` is False.
+
+The C code picks its SIMD paths at compile time (`BLZ_AVX2`, `BLZ_AVX512`, `BLZ_VNNI` in
+csrc/blazr_kernels.h), so a host runs only the paths its own CPU selects. `ISA_LEVELS` names one build per
+path set that some x86-64 CPU selects (scalar, AVX2, AVX-512, AVX-512 + VNNI); the tests run the kernel
+equivalence checks on every level this CPU can execute (`runnable_levels`), so one host exercises what
+another host's build would run. `python -m blazr.kernels.build --levels` lists them for this CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +86,72 @@ def cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def cpu_model() -> str:
+    """The CPU as /proc/cpuinfo names it, with its vendor, family, model and stepping (a VM may show only
+    "AMD EPYC"; family 25 is Zen 3 / Zen 4, 26 Zen 5), e.g. "AMD EPYC (AuthenticAMD family 26 model 2
+    stepping 1)"; platform.processor() elsewhere."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor only
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" not in fields:
+        return name
+    ident = " ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+    return f"{name} ({fields.get('vendor_id', '?')} {ident.replace('cpu family', 'family')})"
+
+
+@dataclass(frozen=True)
+class IsaLevel:
+    """One build of the library: its compiler flags (`-march=…`), the /proc/cpuinfo flags a CPU needs to
+    run it, and the SIMD paths it compiles in (`features()` of the built library)."""
+
+    name: str
+    flags: tuple[str, ...]
+    needs: frozenset[str]
+    paths: tuple[str, ...]
+
+    def runs_here(self) -> bool:
+        """Whether this CPU can execute the build (it has every instruction set the build may use)."""
+        return self.needs <= set(cpu_flags().split())
+
+    def build_flags(self) -> tuple[str, ...]:
+        return ("-O3", *self.flags, "-fopenmp")
+
+
+_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})  # x86-64-v3
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}  # x86-64-v4
+# One build per set of csrc's SIMD paths (BLZ_AVX2, BLZ_AVX512, BLZ_VNNI), lowest first. No kernel uses
+# AVX512_BF16, AVX512_FP16 or AMX: a CPU with them runs the highest level below.
+ISA_LEVELS: tuple[IsaLevel, ...] = (
+    IsaLevel("scalar", ("-march=x86-64",), frozenset(), ()),
+    IsaLevel("avx2", ("-march=x86-64-v3",), _V3, ("avx2",)),
+    IsaLevel("avx512", ("-march=x86-64-v4",), _V4, ("avx512", "avx2")),
+    IsaLevel("avx512_vnni", ("-march=x86-64-v4", "-mavx512vnni"), _V4 | {"avx512_vnni"},
+             ("avx512", "avx512_vnni", "avx2")),
+)  # fmt: skip
+UNUSED_ISAS = ("avx512_bf16", "avx512_fp16", "amx_tile")  # on some CPUs; no kernel path uses them
+
+
+def isa_levels() -> tuple[IsaLevel, ...]:
+    """The builds of distinct SIMD paths for this machine's architecture: x86-64's four levels, elsewhere
+    the portable build alone."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ISA_LEVELS
+    return (IsaLevel("scalar", (), frozenset(), ()),)
+
+
+def runnable_levels() -> tuple[IsaLevel, ...]:
+    """The levels this CPU can execute, lowest first (the last one selects the paths -march=native does)."""
+    return tuple(level for level in isa_levels() if level.runs_here())
 
 
 def usable_cores() -> int:
@@ -210,16 +283,20 @@ def features(lib: ctypes.CDLL) -> list[str]:
     """The SIMD paths compiled into a library."""
     lib.blz_features.restype = ctypes.c_int
     bits = lib.blz_features()
-    return [
-        name
-        for bit, name in ((1, "avx512"), (2, "avx512_vnni"), (8, "avx2"))
-        if bits & bit
-    ]
+    return [name for bit, name in ((1, "avx512"), (2, "avx512_vnni"), (8, "avx2")) if bits & bit]
 
 
 def main() -> int:
-    """`python -m blazr.kernels.build [--force] [--strict]`: build and report. A failed build exits 0 (blazr
-    falls back to torch) unless --strict."""
+    """`python -m blazr.kernels.build [--force] [--strict] [--levels]`: build and report. A failed build exits
+    0 (blazr falls back to torch) unless --strict. --levels lists the ISA levels and whether this CPU runs
+    each."""
+    if "--levels" in sys.argv:
+        print(f"cpu: {cpu_model()}")
+        for level in isa_levels():
+            where = "runs here" if level.runs_here() else "not on this CPU"
+            print(f"  {level.name:12s} {' '.join(level.flags) or '(portable)':32s} {where}")
+        print(f"  unused by any kernel: {', '.join(UNUSED_ISAS)}")
+        return 0
     try:
         path = build(force=True) if "--force" in sys.argv else _build_with_fallback()
         lib = open_library(path)
