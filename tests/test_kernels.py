@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blazr.kernels import build, ops
+from blazr.kernels import build, ops, tuning
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.quant import (
     BLOCK_KINDS,
@@ -304,6 +304,49 @@ def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) 
             swiglu = torch.cat([lib.linear(x[i : i + 1], qw, swiglu=True) for i in range(8)])
             for M in (2, 4, 5):
                 assert torch.equal(lib.linear(x[:M], qw, swiglu=True), swiglu[:M]), (N, K, M)
+
+
+def _knob_values(lib: ops.Kernels, knob: str) -> list[int]:
+    """The values of a host-tuning knob this build takes (kernels/tuning.py's candidates)."""
+    values = []
+    for v in next(k for k in tuning.KNOBS if k.name == knob).values:
+        try:
+            with lib.tuned(**{knob: v}):
+                values.append(v)
+        except ValueError:
+            pass
+    return values
+
+
+@pytest.mark.parametrize("knob", [k.name for k in tuning.KNOBS])
+@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS])
+def test_tuning_knobs_change_no_bit(lib: ops.Kernels, knob: str, kind: str) -> None:
+    """Every value of a host-tuning knob (the variants kernels/tuning.py picks per CPU: weight streams per
+    thread, K-quant one-row sums in 256- or 512-bit registers) gives the bits of the default, for one and a
+    few x rows, with bias + residual and as SwiGLU, on one thread and two, at sizes that leave streams short
+    or empty — so a host's choice changes the speed and nothing else."""
+    g = torch.Generator().manual_seed(21)
+
+    def calls(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor, residual: torch.Tensor) -> list:
+        return [
+            lib.linear(x[:1], qw),
+            lib.linear(x, qw),
+            lib.linear(x[:1], qw, bias, residual[:1].clone()),
+            lib.linear(x[:1], qw, swiglu=True),
+        ]
+
+    for N, K in ((40, 512), (1000, 1024)):
+        w = random_kquant(kind, N, K, g) if kind in K_KINDS else quantize(torch.randn(N, K), kind)
+        x, bias, residual = (torch.randn(*s, generator=g) for s in ((3, K), (N,), (3, N)))
+        args = (x, w, bias, residual)
+        for threads in (1, 2):
+            with intra_op_threads(threads):
+                want = calls(*args)
+                for v in _knob_values(lib, knob):
+                    with lib.tuned(**{knob: v}):
+                        got = calls(*args)
+                    for a, b in zip(got, want, strict=True):
+                        assert torch.equal(a, b), (N, K, knob, v, threads)
 
 
 @contextlib.contextmanager

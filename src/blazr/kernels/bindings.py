@@ -55,6 +55,10 @@ _OP_EMBEDDING_Q = 19
 _ROW_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "f16": 7, "bf16": 8}
 
 
+# csrc's BLZ_TUNE_* knobs (blazr_kernels.h): the variants kernels/tuning.py picks per host
+TUNE_KNOBS = {"streams": 0, "k1_zmm": 1}
+
+
 class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindings):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
@@ -79,7 +83,32 @@ class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindin
         self._call_many = lib.blz_call_many
         self._call_many.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         self._call_many.restype = ctypes.c_int
+        lib.blz_set_tune.argtypes, lib.blz_set_tune.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        lib.blz_get_tune.argtypes, lib.blz_get_tune.restype = [ctypes.c_int], ctypes.c_int
         self._tls = threading.local()
+
+    def set_tune(self, knob: str, value: int) -> int:
+        """Set a host-tuning knob (TUNE_KNOBS; csrc's BLZ_TUNE_*) for every later call and return its previous
+        value. Every value of a knob gives the same bits; a value this build does not have is a ValueError."""
+        if knob not in TUNE_KNOBS:
+            raise ValueError(f"unknown kernel tuning knob {knob!r} (known: {', '.join(TUNE_KNOBS)})")
+        old = self.lib.blz_set_tune(TUNE_KNOBS[knob], int(value))
+        if old < 0:
+            raise ValueError(f"kernel tuning knob {knob!r}: {value} is not a value of this build")
+        return old
+
+    def get_tune(self, knob: str) -> int:
+        return self.lib.blz_get_tune(TUNE_KNOBS[knob])
+
+    @contextlib.contextmanager
+    def tuned(self, **knobs: int) -> Iterator[None]:
+        """Run a block with some knobs set, restoring them after (tests and tuning.py's measurements)."""
+        old = {k: self.set_tune(k, v) for k, v in knobs.items()}
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                self.set_tune(k, v)
 
     @contextlib.contextmanager
     def record(self) -> Iterator[KernelPlan]:

@@ -39,7 +39,7 @@ DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
 # Always added: position-independent, C dialect, only BLZ_EXPORT symbols visible, no implicit FMA
 # contraction (scalar and SIMD paths then round the same way).
 _BASE_FLAGS = ("-fPIC", "-std=gnu11", "-fvisibility=hidden", "-ffp-contract=off", "-Wall")
-ABI_VERSION = 9  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
+ABI_VERSION = 10  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
 
 
 class BuildError(RuntimeError):
@@ -304,6 +304,13 @@ def main() -> int:
         print(f"blazr kernels: build failed, blazr will use the torch reference path.\n{e}", file=sys.stderr)
         return 1 if "--strict" in sys.argv else 0
     print(f"blazr kernels: {path} (simd: {', '.join(features(lib)) or 'scalar fallback'})")
+    from blazr.kernels import ops  # the host's kernel variants, measured once (kernels/tuning.py)
+
+    if (k := ops.kernels()) is not None:
+        from blazr.kernels.tuning import KNOBS
+
+        chosen = ", ".join(f"{n.name}={k.get_tune(n.name)}" for n in KNOBS)
+        print(f"blazr kernels tuned for this host: {chosen}")
     return 0
 
 

@@ -112,10 +112,16 @@ _default: list[Kernels | None] = []
 
 
 def kernels() -> Kernels | None:
-    """The bound default library, or None when unavailable / disabled (`BLAZR_KERNELS=0`)."""
+    """The bound default library, or None when unavailable / disabled (`BLAZR_KERNELS=0`); its host-tuning
+    knobs set at first use (kernels/tuning.py: read from the cache, measured once per host and build)."""
     if not _default:
+        from blazr.kernels import tuning
+
         lib = build.load()
-        _default.append(Kernels(lib) if lib is not None else None)
+        k = Kernels(lib) if lib is not None else None
+        _default.append(k)  # first: the measurement's own weights are made by kernels (no recursion)
+        if k is not None:
+            tuning.apply(k)
     return _default[0]
 
 

@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 9
+#define BLZ_ABI_VERSION 10
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -313,6 +313,17 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
  * changes no bits (each item by the operations it takes alone). */
 #define BLZ_RUN 8
 #define BLZ_BALANCE_MAX 64 /* threads that get slots; a bigger team walks its static shares */
+
+/* Host tuning. A kernel whose best form depends on the microarchitecture reads its variant here at run time;
+ * blazr/kernels/tuning.py measures the variants once per CPU model and library build and sets them at load
+ * (blz_set_tune). Every variant of a knob computes the same bits — only the speed differs — and the tests
+ * run each. Defaults: the forms measured best on Sapphire Rapids. */
+enum {
+    BLZ_TUNE_STREAMS = 0, /* weight streams per thread of a one-row decode linear, 1 .. BLZ_STREAMS */
+    BLZ_TUNE_K1_ZMM = 1,  /* K-quant one-row dots in 512-bit registers (1; AVX-512 builds) or 256-bit (0) */
+    BLZ_TUNE_COUNT
+};
+extern int blz_tune[BLZ_TUNE_COUNT];
 
 /* One thread's steps not yet taken, [front, back) = (steps >> 32, steps & 0xffffffff); a cache line each. */
 typedef struct {
@@ -596,7 +607,8 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
  * blz_gemv_parts(mt, swiglu)), nout = N/2 for SwiGLU, else N. blz_gemv_parts(1, swiglu) is also the part
  * count of the quantized kinds' one-row walks (q_streams, q8g_streams, k_streams: tiles or row groups). */
 BLZ_INLINE int blz_gemv_parts(int mt, int swiglu) {
-    return (int)blz_max(1, (mt == 1 ? BLZ_STREAMS : BLZ_STREAMS / 2) / (swiglu ? 2 : 1));
+    const int S = blz_tune[BLZ_TUNE_STREAMS];
+    return (int)blz_max(1, (mt == 1 ? S : S / 2) / (swiglu ? 2 : 1));
 }
 
 BLZ_INLINE void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes,

@@ -44,6 +44,34 @@ void blz_populate(uint8_t *p, int64_t n) {
 #endif
 }
 
+int blz_tune[BLZ_TUNE_COUNT] = {
+    [BLZ_TUNE_STREAMS] = BLZ_STREAMS,
+    [BLZ_TUNE_K1_ZMM] = 0,
+};
+
+/* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
+ * an unknown knob or a value outside its range in this build (streams: 1 .. BLZ_STREAMS; K-quant 512-bit
+ * dots: 0, or 1 on AVX-512 builds). Not for use while kernels run on other threads. */
+BLZ_EXPORT int blz_set_tune(int knob, int value) {
+    int top;
+    switch (knob) {
+        case BLZ_TUNE_STREAMS: top = BLZ_STREAMS; break;
+#ifdef BLZ_AVX512
+        case BLZ_TUNE_K1_ZMM: top = 1; break;
+#else
+        case BLZ_TUNE_K1_ZMM: top = 0; break;
+#endif
+        default: return BLZ_EINVAL;
+    }
+    if (value < (knob == BLZ_TUNE_STREAMS ? 1 : 0) || value > top) return BLZ_EINVAL;
+    const int old = blz_tune[knob];
+    blz_tune[knob] = value;
+    return old;
+}
+
+/* The current value of a knob (BLZ_EINVAL for an unknown one). */
+BLZ_EXPORT int blz_get_tune(int knob) { return knob >= 0 && knob < BLZ_TUNE_COUNT ? blz_tune[knob] : BLZ_EINVAL; }
+
 int blz_walk_hold = -1;
 int64_t blz_walk_taken;
 

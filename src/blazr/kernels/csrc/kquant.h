@@ -15,6 +15,7 @@ BLZ_INLINE int has_mins(int kind) { return kind != BLZ_Q6_K; }
 /* Q8_K activations of one call. */
 typedef struct {
     int8_t *q;      /* [M][K] */
+    int8_t *qz;     /* M = 1 with BLZ_TUNE_K1_ZMM: q in row1_sums512's order (linear_k.c), else NULL */
     float *d;       /* [M][nb] dx */
     int16_t *bs;    /* [M][nb][16] sums of q per 16 */
     int16_t *xs;    /* [M][nb][8] sums of q per 32 (bs[2j] + bs[2j+1]) */

@@ -363,17 +363,112 @@ BLZ_INLINE __m256i row1_sums(const int kind, const uint8_t *restrict blk, const 
     return _mm256_add_epi32(s0, s1);
 }
 
+#ifdef BLZ_AVX512
+/* vpshufb masks per 128-bit lane for k4 scales in 512 bits: lanes 0-1 (the first 256 bits, one sub-block)
+ * take scale byte a zero-extended to every int16, lanes 2-3 scale byte b. */
+#define B4(a, b) B2(a), B2(a), B2(b), B2(b)
+#define B2(a) a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80, a, 0x80
+static const uint8_t k4_zshuffle[4][64] __attribute__((aligned(64))) = {
+    {B4(0, 2)}, {B4(1, 3)}, {B4(4, 6)}, {B4(5, 7)},
+};
+#undef B2
+#undef B4
+/* vpermw indices of Q6_K's 16 int16 scales for 512 bits of pair sums: 128-bit lane k of quarter q (elements
+ * 64q .. 64q+63, 16 per lane) takes scale 4q + k. */
+#define W8(a) a, a, a, a, a, a, a, a
+static const uint16_t k6_zperm[4][32] __attribute__((aligned(64))) = {
+    {W8(0), W8(1), W8(2), W8(3)}, {W8(4), W8(5), W8(6), W8(7)},
+    {W8(8), W8(9), W8(10), W8(11)}, {W8(12), W8(13), W8(14), W8(15)},
+};
+#undef W8
+
+/* The Q4_K / Q5_K activations of one super-block in the order the 512-bit nibble split leaves the quants:
+ * per 128 elements [0-31, 64-95, 32-63, 96-127] (low nibbles of 64 quant bytes are sub-blocks 4i and 4i+2,
+ * high nibbles 4i+1 and 4i+3). */
+BLZ_INLINE void k4_permute_x(const int8_t *restrict xq, int8_t *restrict xz) {
+    for (int i = 0; i < 2; ++i)
+        for (int part = 0; part < 4; ++part) {
+            static const int from[4] = {0, 64, 32, 96};
+            memcpy(xz + 128 * i + 32 * part, xq + 128 * i + from[part], 32);
+        }
+}
+
+/* row1_sums in 512-bit registers: the same exact int32 sumi (lanes of the returned vector summing to it),
+ * half the multiply steps. xq: the super-block's activations, xz: the same in k4_permute_x's order (Q4_K /
+ * Q5_K; unused for Q6_K, whose quants come out in element order). */
+BLZ_INLINE __m256i row1_sums512(const int kind, const uint8_t *restrict blk, const int8_t *restrict xq,
+                                const int8_t *restrict xz, const int16_t *restrict bs, uint16_t *dh, uint16_t *mh,
+                                __m128i *mn) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    __m512i s = _mm512_setzero_si512();
+    if (kind == BLZ_Q6_K) {
+        memcpy(dh, blk + 208, 2);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        const __m512i scz = _mm512_castsi256_si512(sc16);
+        const __m512i b30 = _mm512_set1_epi8(0x30);
+        /* qh bytes 32h .. 32h+31 in both halves; bits 2t, 2t+1 of byte l are the top of element 128h + 32t + l */
+        const __m512i lsh = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), rsh = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+        for (int h = 0; h < 2; ++h) {
+            const __m512i l = _mm512_loadu_si512(blk + 64 * h);
+            const __m512i hh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+            /* elements 128h + 0..63 (t = 0, 1) and 128h + 64..127 (t = 2, 3) */
+            const __m512i w01 = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_sllv_epi64(hh, lsh), b30));
+            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), lo4),
+                                                _mm512_and_si512(_mm512_srlv_epi64(hh, rsh), b30));
+            const __m512i p01 = _mm512_maddubs_epi16(w01, _mm512_loadu_si512(xq + 128 * h));
+            const __m512i p23 = _mm512_maddubs_epi16(w23, _mm512_loadu_si512(xq + 128 * h + 64));
+            s = MADD_ACC512(s, p01, _mm512_permutexvar_epi16(_mm512_load_si512(k6_zperm[2 * h]), scz));
+            s = MADD_ACC512(s, p23, _mm512_permutexvar_epi16(_mm512_load_si512(k6_zperm[2 * h + 1]), scz));
+        }
+        const __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        const __m256i bsv = _mm256_loadu_si256((const __m256i *)bs);
+        return _mm256_sub_epi32(t, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsv), 5));
+    }
+    memcpy(dh, blk, 2);
+    memcpy(mh, blk + 2, 2);
+    const __m128i sm = k4_scales_sse(blk);
+    *mn = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    const __m512i s4 = _mm512_broadcast_i32x4(sm);
+    const uint8_t *qs = blk + (kind == BLZ_Q4_K ? 16 : 48);
+    const __m512i qh = kind == BLZ_Q5_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16)))
+                                        : _mm512_setzero_si512();
+    for (int i = 0; i < 2; ++i) {
+        const __m512i q = _mm512_loadu_si512(qs + 64 * i);
+        __m512i w[2] = {_mm512_and_si512(q, lo4), _mm512_and_si512(_mm512_srli_epi16(q, 4), lo4)};
+        if (kind == BLZ_Q5_K) /* bit j of qh: the 5th bit of sub-block j; w[e] holds sub-blocks 4i + e, 4i + 2 + e */
+            for (int e = 0; e < 2; ++e) {
+                const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (4 * i + e))),
+                                                       _mm256_set1_epi8((char)(1 << (4 * i + 2 + e))), 1);
+                w[e] = _mm512_or_si512(w[e], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bit), _mm512_set1_epi8(0x10)));
+            }
+        for (int e = 0; e < 2; ++e) {
+            const __m512i p = _mm512_maddubs_epi16(w[e], _mm512_loadu_si512(xz + 128 * i + 64 * e));
+            s = MADD_ACC512(s, p, _mm512_shuffle_epi8(s4, _mm512_load_si512(k4_zshuffle[2 * i + e])));
+        }
+    }
+    return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+#endif
+
 /* Super-block b of one activation row (m0) against a tile's 8 rows: acc + their dots' step, tile_avx2's
  * operations (the 8 rows' sums made one row at a time from registers: the general tile keeps every row's
  * unpacked quants and scales live, which at one activation row costs spills instead of saving work). */
-BLZ_INLINE __m256 block1_avx2(const int kind, const uint8_t *const *rows, const actk_t *restrict a,
+BLZ_INLINE __m256 block1_avx2(const int kind, const int zmm, const uint8_t *const *rows, const actk_t *restrict a,
                               const int64_t m0, const int64_t b, __m256 acc) {
     const int64_t bb = kblock_bytes(kind), row = m0 * a->nb + b;
     const int8_t *xq = a->q + m0 * a->K + b * QK_K;
     __m256i v[KR];
     __m128i mn[KR];
     uint16_t dh[KR], mh[KR];
+#ifdef BLZ_AVX512
+    if (zmm) {
+        const int8_t *xz = a->qz + b * QK_K;
+        for (int r = 0; r < KR; ++r)
+            v[r] = row1_sums512(kind, rows[r] + b * bb, xq, xz, a->bs + 16 * row, &dh[r], &mh[r], &mn[r]);
+    } else
+#endif
     for (int r = 0; r < KR; ++r) v[r] = row1_sums(kind, rows[r] + b * bb, xq, a->bs + 16 * row, &dh[r], &mh[r], &mn[r]);
+    (void)zmm;
     const __m256 dx = _mm256_set1_ps(a->d[row]);
     const __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(blz_hsum8x8_epi32(v)), _mm256_mul_ps(dwv, dx), acc);
@@ -398,17 +493,18 @@ BLZ_INLINE void tile1_avx2(const int kind, const uint8_t *const rows[2 * KR], co
 #if BLZ_K_PF
         if (m0 == 0) blz_prefetch_next_tile(rows, KR, listed, kblock_bytes(kind), b);
 #endif
-        acc = block1_avx2(kind, rows, a, m0, b, acc);
+        acc = block1_avx2(kind, 0, rows, a, m0, b, acc);
     }
     _mm256_storeu_ps(acc_out[0], acc);
 }
 
 #if BLZ_STREAMS > 1
 /* One activation row (M = 1) against ns ≤ BLZ_STREAMS tiles far apart (one per stream, blazr_kernels.h) of
- * kinds kinds[s], their super-blocks walked together: acc_out[s] = tile s's dots by tile1_avx2's operations,
- * each tile prefetching its successor as it goes. */
-static void tiles1_avx2(const int ns, const int *kinds, const uint8_t *const *rows, const int *apart,
-                        const actk_t *restrict a, float acc_out[][KR]) {
+ * kinds kinds[s], their super-blocks walked together: acc_out[s] = tile s's dots by tile1_avx2's operations
+ * (zmm: the integer sums in 512-bit registers, BLZ_TUNE_K1_ZMM — the same bits), each tile prefetching its
+ * successor as it goes. */
+BLZ_INLINE void tiles1_any(const int zmm, const int ns, const int *kinds, const uint8_t *const *rows,
+                           const int *apart, const actk_t *restrict a, float acc_out[][KR]) {
     __m256 acc[BLZ_STREAMS];
     for (int s = 0; s < ns; ++s) acc[s] = _mm256_setzero_ps();
     for (int64_t b = 0; b < a->nb; ++b)
@@ -418,13 +514,25 @@ static void tiles1_avx2(const int ns, const int *kinds, const uint8_t *const *ro
             blz_prefetch_next_tile(tr, KR, apart[s], kblock_bytes(kinds[s]), b);
 #endif
             switch (kinds[s]) {
-                case BLZ_Q4_K: acc[s] = block1_avx2(BLZ_Q4_K, tr, a, 0, b, acc[s]); break;
-                case BLZ_Q5_K: acc[s] = block1_avx2(BLZ_Q5_K, tr, a, 0, b, acc[s]); break;
-                default: acc[s] = block1_avx2(BLZ_Q6_K, tr, a, 0, b, acc[s]);
+                case BLZ_Q4_K: acc[s] = block1_avx2(BLZ_Q4_K, zmm, tr, a, 0, b, acc[s]); break;
+                case BLZ_Q5_K: acc[s] = block1_avx2(BLZ_Q5_K, zmm, tr, a, 0, b, acc[s]); break;
+                default: acc[s] = block1_avx2(BLZ_Q6_K, zmm, tr, a, 0, b, acc[s]);
             }
         }
     for (int s = 0; s < ns; ++s) _mm256_storeu_ps(acc_out[s], acc[s]);
 }
+
+static void tiles1_avx2(const int ns, const int *kinds, const uint8_t *const *rows, const int *apart,
+                        const actk_t *restrict a, float acc_out[][KR]) {
+    tiles1_any(0, ns, kinds, rows, apart, a, acc_out);
+}
+
+#ifdef BLZ_AVX512
+static void tiles1_avx512(const int ns, const int *kinds, const uint8_t *const *rows, const int *apart,
+                          const actk_t *restrict a, float acc_out[][KR]) {
+    tiles1_any(1, ns, kinds, rows, apart, a, acc_out);
+}
+#endif
 #endif
 #endif
 
@@ -507,7 +615,8 @@ static int64_t ktiles(const ksegs_t *sg, int64_t nout, int swiglu, int64_t size,
 static int actk_alloc(actk_t *a, int64_t M, int64_t K, int64_t ntiles, int64_t **tiles) {
     a->K = K;
     a->nb = K / QK_K;
-    const size_t qb = (size_t)blz_round_up(M * K, 64), db = (size_t)blz_round_up(M * a->nb * 4, 64);
+    a->qz = NULL;
+    const size_t qb = (size_t)blz_round_up(M * K, 64) * (M == 1 ? 2 : 1), /* M = 1: room for qz */ db = (size_t)blz_round_up(M * a->nb * 4, 64);
     const size_t sb = (size_t)blz_round_up(M * a->nb * 32, 64), xb = (size_t)blz_round_up(M * a->nb * 16, 64);
     const size_t tb = (size_t)blz_round_up(ntiles * 16, 64);
     uint8_t *buf = blz_scratch(qb + db + sb + xb + tb);
@@ -577,7 +686,12 @@ static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tile
             apart[ns + s] = up_apart[s];
         }
         float r[BLZ_STREAMS][KR];
-        tiles1_avx2(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
+#ifdef BLZ_AVX512
+        if (a->qz)
+            tiles1_avx512(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
+        else
+#endif
+            tiles1_avx2(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
         for (int s = 0; s < ns; ++s)
             for (int j = 0; j < nn[s]; ++j)
                 blz_epilogue(&r[s][j], swiglu ? &r[ns + s][j] : NULL, 1, 0, n0[s] + j, N, nout, bias, residual, out,
@@ -627,6 +741,12 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
         quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
+#ifdef BLZ_AVX512
+        if (blz_tune[BLZ_TUNE_K1_ZMM]) { /* the 512-bit sums' activation order (Q6_K reads a.q) */
+            a.qz = a.q + blz_round_up(K, 64);
+            for (int64_t b = 0; b < a.nb; ++b) k4_permute_x(a.q + b * QK_K, a.qz + b * QK_K);
+        }
+#endif
         blz_team_t team;
         blz_team_init(&team, nt, ntiles, blz_gemv_parts(1, swiglu));
 #pragma omp parallel num_threads(nt)

@@ -1,0 +1,196 @@
+"""Host tuning of the C kernels: the variant of each microarchitecture-dependent kernel form that runs fastest
+on this CPU, measured once per CPU model and library build, cached, and set at every load.
+
+The best form of some kernels depends on the core, not on the ISA the compiler saw — 256- or 512-bit
+registers on AMD's double-pumped AVX-512 (Zen 4) against full-width (Zen 5, Sapphire Rapids), the number of
+weight streams a core's prefetchers follow. The C code reads such a choice at run time from its tuning knobs
+(csrc/blazr_kernels.h `BLZ_TUNE_*`, `Kernels.set_tune`); every value of a knob computes the same bits, so the
+choice changes the speed and nothing else (the tests run every value). As oneDNN and FBGEMM dispatch, the
+choice is made on the host that runs it: `tune()` times each knob's values on representative work (cold
+weights at 1B-model shapes, alternating rounds, medians) and keeps a value only when it beats the
+library's default by more than `MARGIN`; the result is written to `<kernel cache dir>/tuning-<key>.json`,
+keyed by the library file (its hash covers the sources, compiler, flags and, for -march=native, the CPU's
+flags), the CPU model and the thread count, and later loads read it (~0.1 ms).
+
+- `apply(k)`: the cached choice set on library `k`, measured first when there is none (~1-2 s once;
+  `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
+  `ops.kernels()` on the default library.
+- `BLAZR_TUNE=off` keeps the defaults; `BLAZR_TUNE=force` measures again.
+- `python -m blazr.kernels.tuning [--force]` measures and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blazr.kernels import build
+from blazr.kernels.bindings import Kernels
+from blazr.kernels.quant import QuantizedWeight
+
+FORMAT = 1  # bumped when the file's meaning changes
+MARGIN = 0.03  # a value other than the default must be this much faster to be kept
+ROUNDS = 5
+# 1B-model shapes (Llama-3.2-1B: qkv, o, gate|up, down): [N, K]
+SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob: its values in the order tried (the first that this build refuses ends the list) and the
+    weight kinds whose one-row decode linear measures it."""
+
+    name: str
+    values: tuple[int, ...]
+    kinds: tuple[str, ...]
+
+
+KNOBS = (
+    Knob("streams", (4, 2, 1), ("bf16", "q8_0g", "q4_k")),
+    Knob("k1_zmm", (0, 1), ("q4_k", "q6_k")),
+)
+
+
+def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
+    from blazr.kernels.kquant import random_kquant
+    from blazr.kernels.quant import quantize
+
+    if kind in ("q4_k", "q5_k", "q6_k"):
+        return random_kquant(kind, n, k, g)
+    return quantize(torch.randn(n, k, generator=g) * 0.02, kind)
+
+
+def _l3_bytes() -> int:
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        return int(text[:-1]) << {"K": 10, "M": 20}[text[-1]]
+    except (OSError, ValueError, KeyError):
+        return 64 << 20
+
+
+def _decode_pass(k: Kernels, kind: str, g: torch.Generator) -> tuple[Callable[[], None], int]:
+    """A pass of one-row linears over enough copies of the 1B shapes of `kind` to leave the last-level cache
+    (what a decode step reads), and the bytes it reads."""
+    one = [_weight(kind, n, kk, g) for n, kk in SHAPES]
+    size = sum(w.data.numel() * w.data.element_size() for w in one)
+    copies = max(2, -(-3 * _l3_bytes() // size))
+    weights = [one] + [[_weight(kind, n, kk, g) for n, kk in SHAPES] for _ in range(copies - 1)]
+    xs = [torch.randn(1, kk, generator=g) for _, kk in SHAPES]
+
+    def run() -> None:
+        for ws in weights:
+            for w, x in zip(ws, xs, strict=True):
+                k.linear(x, w)
+
+    return run, size * copies
+
+
+def _accepted(k: Kernels, knob: Knob) -> tuple[int, ...]:
+    """The knob's values this build takes."""
+    ok = []
+    for v in knob.values:
+        try:
+            with k.tuned(**{knob.name: v}):
+                ok.append(v)
+        except ValueError:
+            break
+    return tuple(ok)
+
+
+def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time every knob's values on this host (each knob with the others at the values chosen before it) and
+    return {"knobs": {name: value}, "gbps": {name: {value: GB/s}}}; the knobs are left at the chosen
+    values."""
+    g = torch.Generator().manual_seed(0)
+    chosen: dict[str, int] = {}
+    rates: dict[str, dict[str, float]] = {}
+    for knob in KNOBS:
+        values = _accepted(k, knob)
+        default = k.get_tune(knob.name)
+        if len(values) < 2:
+            chosen[knob.name] = default
+            continue
+        passes = [_decode_pass(k, kind, g) for kind in knob.kinds]
+        times: dict[int, list[float]] = {v: [] for v in values}
+        for _ in range(ROUNDS):
+            for v in values:
+                with k.tuned(**{knob.name: v}):
+                    t0 = time.perf_counter()
+                    for run, _ in passes:
+                        run()
+                    times[v].append(time.perf_counter() - t0)
+        nbytes = sum(b for _, b in passes)
+        rate = {v: nbytes / statistics.median(ts) / 1e9 for v, ts in times.items()}
+        best = max(rate, key=rate.__getitem__)
+        chosen[knob.name] = best if rate[best] > rate[default] * (1 + MARGIN) else default
+        rates[knob.name] = {str(v): round(r, 2) for v, r in rate.items()}
+        k.set_tune(knob.name, chosen[knob.name])
+        if log:
+            cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in rate.items())
+            log(f"  {knob.name}: {cells} → {chosen[knob.name]}")
+    return {"knobs": chosen, "gbps": rates}
+
+
+def _key(k: Kernels) -> tuple[Path, dict[str, Any]]:
+    name = build.loaded_name() or "library"
+    ident = {"format": FORMAT, "library": name, "cpu": build.cpu_model(), "threads": torch.get_num_threads()}
+    stem = Path(name).stem.removeprefix("kernels-")
+    return build.cache_dir() / f"tuning-{stem}-t{ident['threads']}.json", ident
+
+
+def apply(k: Kernels, force: bool = False, log: Callable[[str], None] | None = None) -> dict[str, int]:
+    """Set the tuned knob values on `k`: read from the cache file, or measured and written (then also when
+    `force` or `BLAZR_TUNE=force`). `BLAZR_TUNE=off` leaves the defaults. Returns the values set."""
+    mode = os.environ.get("BLAZR_TUNE", "on").strip().lower()
+    if mode in ("0", "off", "false", "no"):
+        return {}
+    path, ident = _key(k)
+    if not force and mode != "force":
+        try:
+            data = json.loads(path.read_text())
+            if all(data.get(f) == v for f, v in ident.items()):
+                for name, value in data["knobs"].items():
+                    k.set_tune(name, value)
+                return dict(data["knobs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # absent, damaged or of another build: measure anew
+    result = measure(k, log)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({**ident, **result}, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: measured again next time
+    return dict(result["knobs"])
+
+
+def main() -> int:
+    """`python -m blazr.kernels.tuning [--force]`: measure (or read) this host's choice and print it."""
+    from blazr.kernels import ops
+
+    k = ops.kernels()  # tuned at first use (measured now if this host and build have no choice cached)
+    if k is None:
+        print("blazr kernels unavailable: nothing to tune", file=sys.stderr)
+        return 1
+    print(f"cpu: {build.cpu_model()}; library {build.loaded_name()}; threads {torch.get_num_threads()}")
+    knobs = apply(k, force="--force" in sys.argv, log=print)
+    path, _ = _key(k)
+    if path.exists() and "--force" not in sys.argv:
+        for name, rate in json.loads(path.read_text()).get("gbps", {}).items():
+            print(f"  {name}: " + ", ".join(f"{v}: {r} GB/s" for v, r in rate.items()))
+    print("tuned: " + (", ".join(f"{n}={v}" for n, v in knobs.items()) or "defaults (BLAZR_TUNE=off)"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Host tuning of the C kernels (kernels/tuning.py): measured once per CPU model and library build, cached,
+read back at later loads; off and forced on request; a damaged or foreign file measured anew. (That every
+value of every knob gives the same bits is test_kernels.py's test_tuning_knobs_change_no_bit.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blazr.kernels import build, ops, tuning
+
+
+@pytest.fixture
+def small(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Tuning on small shapes, one round, its files in tmp_path; the library's knobs restored after."""
+    k = ops.kernels()  # loaded (and tuned) from the real cache directory first
+    assert k is not None
+    monkeypatch.setattr(tuning, "SHAPES", ((64, 256), (32, 512)))
+    monkeypatch.setattr(tuning, "ROUNDS", 1)
+    monkeypatch.setattr(tuning, "_l3_bytes", lambda: 1 << 16)
+    monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
+    monkeypatch.delenv("BLAZR_TUNE", raising=False)
+    before = {knob.name: k.get_tune(knob.name) for knob in tuning.KNOBS}
+    yield tmp_path
+    for name, value in before.items():
+        k.set_tune(name, value)
+
+
+def _file(directory: Path) -> Path:
+    (path,) = directory.glob("tuning-*.json")
+    return path
+
+
+def test_measured_once_then_read(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    k = ops.kernels()
+    assert k is not None
+    chosen = tuning.apply(k)
+    assert set(chosen) == {knob.name for knob in tuning.KNOBS}
+    data = json.loads(_file(small).read_text())
+    assert data["cpu"] == build.cpu_model() and data["library"] == build.loaded_name()
+    assert data["knobs"] == chosen and {k.get_tune(n) for n in chosen} <= {v for v in chosen.values()}
+    for name, rates in data["gbps"].items():  # every value this build takes was timed
+        assert {int(v) for v in rates} <= set(next(x for x in tuning.KNOBS if x.name == name).values)
+    for name in chosen:  # scramble the knobs: a read sets the cached values back
+        k.set_tune(name, 1 if name == "streams" else 0)
+
+    def no_measure(*_: object) -> None:
+        raise AssertionError("a cached choice is read, not measured")
+
+    monkeypatch.setattr(tuning, "measure", no_measure)
+    assert tuning.apply(k) == chosen
+    assert {n: k.get_tune(n) for n in chosen} == chosen
+
+
+@pytest.mark.parametrize("damage", ["garbage", "other library", "other cpu", "other format", "no knobs"])
+def test_foreign_or_damaged_file_is_measured_anew(small: Path, damage: str) -> None:
+    k = ops.kernels()
+    assert k is not None
+    tuning.apply(k)
+    path = _file(small)
+    data = json.loads(path.read_text())
+    if damage == "garbage":
+        path.write_text("{not json")
+    else:
+        field = {"other library": "library", "other cpu": "cpu", "other format": "format"}
+        if damage == "no knobs":
+            del data["knobs"]
+        else:
+            data[field[damage]] = -1 if damage == "other format" else "something else"
+        path.write_text(json.dumps(data))
+    stamp = path.stat().st_mtime_ns
+    tuning.apply(k)
+    fresh = json.loads(path.read_text())
+    assert path.stat().st_mtime_ns != stamp and fresh["library"] == build.loaded_name()
+    assert fresh["format"] == tuning.FORMAT and "knobs" in fresh
+
+
+def test_off_keeps_the_defaults_and_force_measures(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    k = ops.kernels()
+    assert k is not None
+    k.set_tune("streams", 1)
+    monkeypatch.setenv("BLAZR_TUNE", "off")
+    assert tuning.apply(k) == {} and k.get_tune("streams") == 1 and not list(small.glob("tuning-*"))
+    monkeypatch.setenv("BLAZR_TUNE", "on")
+    tuning.apply(k)
+    calls: list[int] = []
+    real = tuning.measure
+    monkeypatch.setattr(tuning, "measure", lambda *a: calls.append(1) or real(*a))
+    tuning.apply(k)
+    assert calls == []  # cached
+    monkeypatch.setenv("BLAZR_TUNE", "force")
+    tuning.apply(k)
+    assert calls == [1]
+
+
+def test_unknown_knob_and_refused_value_are_clear_errors() -> None:
+    k = ops.kernels()
+    assert k is not None
+    with pytest.raises(ValueError, match="unknown kernel tuning knob 'warp'"):
+        k.set_tune("warp", 1)
+    with pytest.raises(ValueError, match="'streams': 99 is not a value of this build"):
+        k.set_tune("streams", 99)
