@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from blazr import LLM, SamplingParams  # noqa: I001
-from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence
+from blazr.model.mixers import cache_layout
 from tests.oxidizr_fixtures import OxSizes, write_oxidizr
 
 # oxidizr "nano" (spec §8): 123M parameters, Mamba2 ×6 + MLA/MoE ×2
@@ -137,7 +137,8 @@ def model_table(root: Path, repeats: int, dtype: str, contexts: tuple[int, ...] 
             p, d = prefill_decode(llm, c, 16 if long else 32, max(1, repeats - 1) if long else repeats)
             prefill = p if c == mid else prefill
             decode.append(f"{d:.2f}")
-        kv, state = bytes_per_token(llm.config, llm.dtype), state_bytes_per_sequence(llm.config, llm.dtype)
+        layout = cache_layout(llm.config)
+        kv, state = layout.bytes_per_token(llm.dtype), layout.state_bytes_per_sequence(llm.dtype)
         rows.append(
             f"| {name} | {params_of(llm):.1f}M | {prefill:.0f} | {' | '.join(decode)} | {kv} | {state} |"
         )

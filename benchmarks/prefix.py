@@ -18,7 +18,7 @@ a new conversation (new words), so no round finds the last one's turns; medians 
 Models: the embedded SmolLM2-135M (Q4_1 GGUF) and granite-4.0-h-350m's published shape (random weights,
 benchmarks/hybrid_peers.py builds it once; --hybrid-quantize int8 by default): 28 Mamba2 + 4 attention
 layers, so a hit resumes from a Mamba2 state snapshot. Snapshot memory = snapshots held ×
-`state_bytes_per_sequence` (conv + SSM state of every Mamba2 layer), per distinct cached prefix token; the
+`CacheLayout.state_bytes_per_sequence` (conv + SSM state of every Mamba2 layer), per distinct cached prefix token; the
 cache-on engine gets --snapshots snapshot slots (default 160: none is evicted in these runs, so the count
 is what the workload leaves, not what the default pool could keep).
 
@@ -72,7 +72,7 @@ from blazr.bench import WORDS  # noqa: E402
 from blazr.config import EngineConfig  # noqa: E402
 from blazr.distributed.worker import free_port  # noqa: E402
 from blazr.engine.engine import LLMEngine  # noqa: E402
-from blazr.state.kv_cache import bytes_per_token, state_bytes_per_sequence  # noqa: E402
+from blazr.model.mixers import cache_layout  # noqa: E402
 
 HYBRID = "granite-4.0-h-350m"
 MODELS = ("smollm2", HYBRID)
@@ -195,7 +195,7 @@ def warm(llm: LLM) -> None:
 
 def snapshot_bytes(llm: LLM) -> int:
     """Bytes one Mamba2 state snapshot takes (0 for a model without recurrent layers)."""
-    return state_bytes_per_sequence(llm.config, llm.dtype)
+    return cache_layout(llm.config).state_bytes_per_sequence(llm.dtype)
 
 
 def chat_params(args: argparse.Namespace) -> SamplingParams:
@@ -260,7 +260,7 @@ def chat_part(model: str, args: argparse.Namespace) -> dict[str, Any]:
         "snapshots_held": num_snapshots,
         "snapshot_bytes": snapshot_bytes(on),
         "held_prefix_tokens": held_tokens,
-        "kv_bytes_per_token": bytes_per_token(on.config, on.dtype, on.kv_dtype),
+        "kv_bytes_per_token": cache_layout(on.config).bytes_per_token(on.dtype, on.kv_dtype),
         "cache_plan": on.runner.cache_plan.describe(),
     }
     del engines, on
