@@ -18,7 +18,8 @@ a new conversation (new words), so no round finds the last one's turns; medians 
 Models: the embedded SmolLM2-135M (Q4_1 GGUF) and granite-4.0-h-350m's published shape (random weights,
 benchmarks/hybrid_peers.py builds it once; --hybrid-quantize int8 by default): 28 Mamba2 + 4 attention
 layers, so a hit resumes from a Mamba2 state snapshot. Snapshot memory = snapshots held ×
-`CacheLayout.state_bytes_per_sequence` (conv + SSM state of every Mamba2 layer), per distinct cached prefix token; the
+`CacheLayout.state_bytes_per_sequence` (conv + SSM state of every Mamba2 layer), per distinct cached prefix
+token; the
 cache-on engine gets --snapshots snapshot slots (default 160: none is evicted in these runs, so the count
 is what the workload leaves, not what the default pool could keep).
 
