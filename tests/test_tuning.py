@@ -44,7 +44,7 @@ def test_measured_once_then_read(small: Path, monkeypatch: pytest.MonkeyPatch) -
     for name, rates in data["gbps"].items():  # every value this build takes was timed
         assert {int(v) for v in rates} <= set(next(x for x in tuning.KNOBS if x.name == name).values)
     for name in chosen:  # scramble the knobs: a read sets the cached values back
-        k.set_tune(name, 1 if name == "streams" else 0)
+        k.set_tune(name, 1 if name.startswith("streams") else 0)
 
     def no_measure(*_: object) -> None:
         raise AssertionError("a cached choice is read, not measured")
@@ -80,9 +80,9 @@ def test_foreign_or_damaged_file_is_measured_anew(small: Path, damage: str) -> N
 def test_off_keeps_the_defaults_and_force_measures(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     k = ops.kernels()
     assert k is not None
-    k.set_tune("streams", 1)
+    k.set_tune("streams_f", 1)
     monkeypatch.setenv("BLAZR_TUNE", "off")
-    assert tuning.apply(k) == {} and k.get_tune("streams") == 1 and not list(small.glob("tuning-*"))
+    assert tuning.apply(k) == {} and k.get_tune("streams_f") == 1 and not list(small.glob("tuning-*"))
     monkeypatch.setenv("BLAZR_TUNE", "on")
     tuning.apply(k)
     calls: list[int] = []
@@ -100,5 +100,5 @@ def test_unknown_knob_and_refused_value_are_clear_errors() -> None:
     assert k is not None
     with pytest.raises(ValueError, match="unknown kernel tuning knob 'warp'"):
         k.set_tune("warp", 1)
-    with pytest.raises(ValueError, match="'streams': 99 is not a value of this build"):
-        k.set_tune("streams", 99)
+    with pytest.raises(ValueError, match="'streams_f': 99 is not a value of this build"):
+        k.set_tune("streams_f", 99)

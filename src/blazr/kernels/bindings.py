@@ -56,7 +56,7 @@ _ROW_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, 
 
 
 # csrc's BLZ_TUNE_* knobs (blazr_kernels.h): the variants kernels/tuning.py picks per host
-TUNE_KNOBS = {"streams": 0, "k1_zmm": 1}
+TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, "k1_zmm": 4}
 
 
 class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindings):
@@ -85,6 +85,7 @@ class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindin
         self._call_many.restype = ctypes.c_int
         lib.blz_set_tune.argtypes, lib.blz_set_tune.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         lib.blz_get_tune.argtypes, lib.blz_get_tune.restype = [ctypes.c_int], ctypes.c_int
+        self.tune_defaults = {knob: self.get_tune(knob) for knob in TUNE_KNOBS}  # the build's own values
         self._tls = threading.local()
 
     def set_tune(self, knob: str, value: int) -> int:

@@ -12,7 +12,7 @@ library's default by more than `MARGIN`; the result is written to `<kernel cache
 keyed by the library file (its hash covers the sources, compiler, flags and, for -march=native, the CPU's
 flags), the CPU model and the thread count, and later loads read it (~0.1 ms).
 
-- `apply(k)`: the cached choice set on library `k`, measured first when there is none (~1-2 s once;
+- `apply(k)`: the cached choice set on library `k`, measured first when there is none (~2-3 s once;
   `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
   `ops.kernels()` on the default library.
 - `BLAZR_TUNE=off` keeps the defaults; `BLAZR_TUNE=force` measures again.
@@ -40,6 +40,7 @@ from blazr.kernels.quant import QuantizedWeight
 FORMAT = 1  # bumped when the file's meaning changes
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
+MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
 # 1B-model shapes (Llama-3.2-1B: qkv, o, gate|up, down): [N, K]
 SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
 
@@ -55,18 +56,28 @@ class Knob:
 
 
 KNOBS = (
-    Knob("streams", (4, 2, 1), ("bf16", "q8_0g", "q4_k")),
+    Knob("streams_f", (4, 2, 1), ("bf16",)),
+    Knob("streams_q", (4, 2, 1), ("q4_0", "q4_1")),  # Zen 5: Q4_1 in 4 streams at half Q4_0's GB/s
+    Knob("streams_q8g", (4, 2, 1), ("q8_0g",)),
     Knob("k1_zmm", (0, 1), ("q4_k", "q6_k")),
+    Knob("streams_k", (4, 2, 1), ("q4_k", "q6_k")),
 )
 
 
 def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
+    """A random weight of `kind` made fast (random block bytes with a normal f16 scale; small floats): only
+    the speed of reading it is measured."""
     from blazr.kernels.kquant import random_kquant
-    from blazr.kernels.quant import quantize
+    from blazr.kernels.quant import BLOCK_BYTES, FLOAT_KINDS, Q8_0G, quantize
 
     if kind in ("q4_k", "q5_k", "q6_k"):
         return random_kquant(kind, n, k, g)
-    return quantize(torch.randn(n, k, generator=g) * 0.02, kind)
+    if kind in FLOAT_KINDS:
+        return quantize(torch.empty(n, k).uniform_(-0.05, 0.05, generator=g).to(FLOAT_KINDS[kind]), kind)
+    bs = BLOCK_BYTES["q8_0" if kind == Q8_0G else kind]
+    blocks = torch.randint(0, 256, (n * k // 32, bs), dtype=torch.uint8, generator=g)
+    blocks[:, :2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)  # d (Q4_1: m after it)
+    return QuantizedWeight.from_blocks(kind, blocks, n, k)
 
 
 def _l3_bytes() -> int:
@@ -82,7 +93,7 @@ def _decode_pass(k: Kernels, kind: str, g: torch.Generator) -> tuple[Callable[[]
     (what a decode step reads), and the bytes it reads."""
     one = [_weight(kind, n, kk, g) for n, kk in SHAPES]
     size = sum(w.data.numel() * w.data.element_size() for w in one)
-    copies = max(2, -(-3 * _l3_bytes() // size))
+    copies = -(-3 * _l3_bytes() // size)  # ≥ 3× the last-level cache: every pass reads from memory
     weights = [one] + [[_weight(kind, n, kk, g) for n, kk in SHAPES] for _ in range(copies - 1)]
     xs = [torch.randn(1, kk, generator=g) for _, kk in SHAPES]
 
@@ -113,21 +124,27 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
     g = torch.Generator().manual_seed(0)
     chosen: dict[str, int] = {}
     rates: dict[str, dict[str, float]] = {}
+    made: dict[str, tuple[Callable[[], None], int]] = {}
     for knob in KNOBS:
         values = _accepted(k, knob)
-        default = k.get_tune(knob.name)
+        default = k.tune_defaults[knob.name]
         if len(values) < 2:
             chosen[knob.name] = default
             continue
-        passes = [_decode_pass(k, kind, g) for kind in knob.kinds]
+        passes = [made.setdefault(kind, _decode_pass(k, kind, g)) for kind in knob.kinds]
+        t0 = time.perf_counter()
+        for run, _ in passes:
+            run()
+        reps = max(1, round(MIN_TIME / max(time.perf_counter() - t0, 1e-6)))  # each timing ≥ MIN_TIME
         times: dict[int, list[float]] = {v: [] for v in values}
         for _ in range(ROUNDS):
             for v in values:
                 with k.tuned(**{knob.name: v}):
                     t0 = time.perf_counter()
-                    for run, _ in passes:
-                        run()
-                    times[v].append(time.perf_counter() - t0)
+                    for _ in range(reps):
+                        for run, _ in passes:
+                            run()
+                    times[v].append((time.perf_counter() - t0) / reps)
         nbytes = sum(b for _, b in passes)
         rate = {v: nbytes / statistics.median(ts) / 1e9 for v, ts in times.items()}
         best = max(rate, key=rate.__getitem__)

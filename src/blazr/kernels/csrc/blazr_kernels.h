@@ -319,8 +319,14 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
  * (blz_set_tune). Every variant of a knob computes the same bits — only the speed differs — and the tests
  * run each. Defaults: the forms measured best on Sapphire Rapids. */
 enum {
-    BLZ_TUNE_STREAMS = 0, /* weight streams per thread of a one-row decode linear, 1 .. BLZ_STREAMS */
-    BLZ_TUNE_K1_ZMM = 1,  /* K-quant one-row dots in 512-bit registers (1; AVX-512 builds) or 256-bit (0) */
+    /* weight streams per thread of a one-row decode linear, 1 .. BLZ_STREAMS, per walker: float weights
+     * (f32 / f16 / bf16), packed Q4_0 / Q4_1 / Q8_0, Q8_0 as stored, K-quants (Zen 5: 4, 2, 1, 1 — Q4_1
+     * in 4 streams read 22 GB/s there, in 2 44) */
+    BLZ_TUNE_STREAMS_F = 0,
+    BLZ_TUNE_STREAMS_Q = 1,
+    BLZ_TUNE_STREAMS_Q8G = 2,
+    BLZ_TUNE_STREAMS_K = 3,
+    BLZ_TUNE_K1_ZMM = 4, /* K-quant one-row dots in 512-bit registers (1; AVX-512 builds) or 256-bit (0) */
     BLZ_TUNE_COUNT
 };
 extern int blz_tune[BLZ_TUNE_COUNT];
@@ -604,10 +610,11 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
  * numbers as they are found, not re-read from the n[] just stored (blz_stream_step's form): on Sapphire
  * Rapids a cold f32 GEMV of 100352 × 768 read 25-28 GB/s the old way, 29-32 this way (same bits).
  * The steps are walked balanced (blz_walk_t) in the team the caller built with blz_team_init(team, nt, nout,
- * blz_gemv_parts(mt, swiglu)), nout = N/2 for SwiGLU, else N. blz_gemv_parts(1, swiglu) is also the part
- * count of the quantized kinds' one-row walks (q_streams, q8g_streams, k_streams: tiles or row groups). */
-BLZ_INLINE int blz_gemv_parts(int mt, int swiglu) {
-    const int S = blz_tune[BLZ_TUNE_STREAMS];
+ * blz_gemv_parts(BLZ_TUNE_STREAMS_F, mt, swiglu)), nout = N/2 for SwiGLU, else N. blz_gemv_parts(knob, 1,
+ * swiglu) is also the part count of the quantized kinds' one-row walks (q_streams, q8g_streams, k_streams:
+ * tiles or row groups), each with its own stream-count knob. */
+BLZ_INLINE int blz_gemv_parts(int knob, int mt, int swiglu) {
+    const int S = blz_tune[knob];
     return (int)blz_max(1, (mt == 1 ? S : S / 2) / (swiglu ? 2 : 1));
 }
 

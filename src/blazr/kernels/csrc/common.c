@@ -45,17 +45,26 @@ void blz_populate(uint8_t *p, int64_t n) {
 }
 
 int blz_tune[BLZ_TUNE_COUNT] = {
-    [BLZ_TUNE_STREAMS] = BLZ_STREAMS,
+    [BLZ_TUNE_STREAMS_F] = BLZ_STREAMS,
+    [BLZ_TUNE_STREAMS_Q] = BLZ_STREAMS,
+    [BLZ_TUNE_STREAMS_Q8G] = BLZ_STREAMS,
+    [BLZ_TUNE_STREAMS_K] = BLZ_STREAMS,
     [BLZ_TUNE_K1_ZMM] = 0,
 };
 
 /* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
- * an unknown knob or a value outside its range in this build (streams: 1 .. BLZ_STREAMS; K-quant 512-bit
+ * an unknown knob or a value outside its range in this build (streams knobs: 1 .. BLZ_STREAMS; K-quant 512-bit
  * dots: 0, or 1 on AVX-512 builds). Not for use while kernels run on other threads. */
 BLZ_EXPORT int blz_set_tune(int knob, int value) {
-    int top;
+    int top, low = 0;
     switch (knob) {
-        case BLZ_TUNE_STREAMS: top = BLZ_STREAMS; break;
+        case BLZ_TUNE_STREAMS_F:
+        case BLZ_TUNE_STREAMS_Q:
+        case BLZ_TUNE_STREAMS_Q8G:
+        case BLZ_TUNE_STREAMS_K:
+            top = BLZ_STREAMS;
+            low = 1;
+            break;
 #ifdef BLZ_AVX512
         case BLZ_TUNE_K1_ZMM: top = 1; break;
 #else
@@ -63,7 +72,7 @@ BLZ_EXPORT int blz_set_tune(int knob, int value) {
 #endif
         default: return BLZ_EINVAL;
     }
-    if (value < (knob == BLZ_TUNE_STREAMS ? 1 : 0) || value > top) return BLZ_EINVAL;
+    if (value < low || value > top) return BLZ_EINVAL;
     const int old = blz_tune[knob];
     blz_tune[knob] = value;
     return old;

@@ -193,7 +193,7 @@ BLZ_INLINE int half_linear(const int bf, const float *x, int64_t M, int64_t K, c
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
     if (M <= HALF_MX) {
         blz_team_t team;
-        blz_team_init(&team, nt, nout, blz_gemv_parts((int)M, swiglu));
+        blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, (int)M, swiglu));
 #pragma omp parallel num_threads(nt)
         blz_gemv_streams(bf ? bf16_streams : f16_streams, (const uint8_t *)w, tab, 2 * K, K, x, (int)M, N, bias,
                          residual, out, swiglu, &team);

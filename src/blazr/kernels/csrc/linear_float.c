@@ -109,7 +109,7 @@ int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, in
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
     if (M == 1) {
         blz_team_t team;
-        blz_team_init(&team, nt, nout, blz_gemv_parts(1, swiglu));
+        blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, 1, swiglu));
 #pragma omp parallel num_threads(nt)
         blz_gemv_streams(f32_streams, (const uint8_t *)w, NULL, 4 * K, K, x, 1, N, bias, residual, out, swiglu, &team);
         return BLZ_OK;

@@ -748,7 +748,7 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
         }
 #endif
         blz_team_t team;
-        blz_team_init(&team, nt, ntiles, blz_gemv_parts(1, swiglu));
+        blz_team_init(&team, nt, ntiles, blz_gemv_parts(BLZ_TUNE_STREAMS_K, 1, swiglu));
 #pragma omp parallel num_threads(nt)
         k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;

@@ -459,7 +459,7 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
     if (M == 1 && (!swiglu || nout % BLZ_RG == 0)) {
         blz_quantize_act_row(x, K, weight_offset(kind), a.q, a.d, a.s, a.off);
         blz_team_t team;
-        blz_team_init(&team, nt, ngroups, blz_gemv_parts(1, swiglu));
+        blz_team_init(&team, nt, ngroups, blz_gemv_parts(BLZ_TUNE_STREAMS_Q, 1, swiglu));
 #pragma omp parallel num_threads(nt)
         q_streams(kind, w, group_bytes, ngroups, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;

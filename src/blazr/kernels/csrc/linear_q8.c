@@ -269,7 +269,7 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
     if (M == 1) {
         blz_quantize_act_row(x, K, 0, a.q, a.d, a.s, a.off);
         blz_team_t team;
-        blz_team_init(&team, nt, ntiles, blz_gemv_parts(1, swiglu));
+        blz_team_init(&team, nt, ntiles, blz_gemv_parts(BLZ_TUNE_STREAMS_Q8G, 1, swiglu));
 #pragma omp parallel num_threads(nt)
         q8g_streams(w, tab, row_bytes, ntiles, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;
