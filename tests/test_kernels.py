@@ -248,11 +248,11 @@ def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int,
 def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
     or one tile of up to 16 (short calls). f16, bf16 and f32 prefill calls have two paths, each
-    row-independent on its own: the decode walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed
-    row groups × output panels, x rows in vector lanes at 13-16 rows on AVX-512). f32 without `prefill`
-    takes its decode tiles at every M."""
+    row-independent on its own: the decode walk (up to 4 rows for 16-bit weights, 8 for f32 prefill calls)
+    and the prefill GEMM (gemm_float.c: packed row groups × output panels, x rows in vector lanes at 13-16
+    rows on AVX-512). f32 without `prefill` takes its decode tiles at every M."""
     x = torch.randn(131, 576)
-    two_paths = {"f16": 8, "bf16": 8, "f32 prefill": 8}  # the decode path's most rows
+    two_paths = {"f16": 4, "bf16": 4, "f32 prefill": 8}  # the decode path's most rows
     for name, most in two_paths.items():
         kind, prefill = name.split()[0], name.endswith("prefill")
         qw = quantize(_weights(43, 576), kind)
@@ -260,7 +260,7 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
         whole = lib.linear(x, qw, prefill=prefill)
         bound = 2 * gamma(576 + 8) * (x.double().abs() @ qw.data.double().abs().T)  # two fp32 sum orders
         assert bool(((whole.double() - rows.double()).abs() <= bound).all()), kind
-        for lo, hi in ((5, 12), (3, 5), (0, 8), (7, 9), (0, 16), (0, 17), (100, 131)):
+        for lo, hi in ((5, 12), (3, 5), (0, 4), (0, 8), (7, 9), (0, 16), (0, 17), (100, 131)):
             want = rows[lo:hi] if hi - lo <= most else whole[lo:hi]
             torch.testing.assert_close(lib.linear(x[lo:hi], qw, prefill=prefill), want, rtol=0, atol=0)
     for kind in ("q4_1", "q8_0", "q8_0g", "bf16", "f32"):
@@ -277,9 +277,9 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
 def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) -> None:
     """A decode linear reads its weights as several streams at once on AVX-512 hosts (each thread's block of
     output rows — of 8-row tiles for the block kinds — cut into parts, row or tile i of every part computed
-    together; f16 up to 4 x rows); every output still has the bits that the x row gets alone and in a larger
-    decode call — at row counts that leave parts short or empty, K with a tail, one thread and two, with
-    each epilogue."""
+    together; 16-bit weights up to 4 x rows, their decode path's most); every output still has the bits that
+    the x row gets alone and in a larger decode call — at row counts that leave parts short or empty, K with
+    a tail, one thread and two, with each epilogue."""
     g = torch.Generator().manual_seed(11)
     shapes = ((1, 96), (3, 100), (5, 608), (14, 1000), (301, 600), (1000, 1000))
     if kind in LINEAR_BLOCK_KINDS:
@@ -296,13 +296,14 @@ def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) 
         alone = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(8)])
         res = [residual[i : i + 1].clone() for i in range(8)]
         with_epilogue = torch.cat([lib.linear(x[i : i + 1], qw, bias, res[i]) for i in range(8)])
-        for M in (2, 3, 4, 5, 8):  # the decode path of every kind (f16: 4 x rows a pass)
+        rows = (2, 3, 4) if kind in ("f16", "bf16") else (2, 3, 4, 5, 8)  # each kind's decode path
+        for M in rows:
             assert torch.equal(lib.linear(x[:M], qw), alone[:M]), (N, K, M)
             got = lib.linear(x[:M], qw, bias, residual[:M].clone())
             assert torch.equal(got, with_epilogue[:M]), (N, K, M)
         if N % 2 == 0:
             swiglu = torch.cat([lib.linear(x[i : i + 1], qw, swiglu=True) for i in range(8)])
-            for M in (2, 4, 5):
+            for M in rows[1::2]:
                 assert torch.equal(lib.linear(x[:M], qw, swiglu=True), swiglu[:M]), (N, K, M)
 
 

@@ -10,8 +10,8 @@
  * larger, so chunked prefill and decode could leave the whole prefill's logits by 1 % on one host and not on
  * another; NOTES §44.) Two paths, each giving a row the same bits whatever the other rows of the call
  * (prefill and decode agree to fp32 rounding, as a float32 model's GEMM and GEMV):
- * - decode (M ≤ HALF_ROWWISE_M): weight rows streamed one at a time against up to HALF_MX x rows (AVX-512:
- *   4, AVX2: 2), widened as read (prefetched ahead into L2 from 2 x rows on); four accumulators per (row,
+ * - decode (M ≤ HALF_ROWWISE_M = 4): weight rows streamed one at a time against up to HALF_MX x rows
+ *   (AVX-512: 4, AVX2: 2), widened as read (prefetched ahead into L2 from 2 x rows on); four accumulators per (row,
  *   x row) pair — the 8-wide quarters of each 32-element chunk, the tail (masked x, zero-padded w) into
  *   quarters 0.. of one more —, summed as blz_hsum256((a0 + a1) + (a2 + a3)). AVX-512 holds quarters 0|1
  *   and 2|3 in two 16-lane registers (FMAs are lane-wise; a missing tail quarter adds +0·0, which changes
@@ -25,7 +25,10 @@
 
 #define HALF_PF 2048     /* prefetch distance of a decode weight row stream, in weights (4 KB) */
 #ifndef HALF_ROWWISE_M
-#define HALF_ROWWISE_M 8 /* up to 8 x rows: the decode path */
+/* up to 4 x rows: the decode path; more take the GEMM. Zen 5, cold 1B shapes, 2 threads (GB/s of weights,
+ * walk → GEMM): AVX-512 5 rows 26.5 → 25.4, 6 18.4 → 25.9, 8 13.2 → 24.4; the AVX2 build 6 13.8 → 17.1,
+ * 8 9.8 → 13.4 (its walk is the faster at 3-4 rows: 27.6 vs 18.1) */
+#define HALF_ROWWISE_M 4
 #endif
 #ifdef BLZ_AVX512
 #define HALF_MX 4 /* x rows per pass over a weight row (each weight widened once for them) */
