@@ -275,6 +275,10 @@ def main() -> None:
         f"{args.gen} tokens each, {args.threads} threads, medians of {args.rounds} rounds, "
         "each engine in a fresh process"
     )
+    sys.path.insert(0, str(HERE.parent.parent))
+    from benchmarks.host import host_line
+
+    print(f"\nmachine: {host_line()}")
     print()
     columns = (
         "weights", "sequences", "blazr decode tok/s (aggregate)", "llama.cpp decode tok/s (aggregate)",

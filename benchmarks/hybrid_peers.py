@@ -36,7 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.run import Row, load_blazr, load_llama_cpp, log, machine, measure_single, prompt_ids  # noqa: I001
+from benchmarks.host import host_line  # noqa: I001
+from benchmarks.run import Row, load_blazr, load_llama_cpp, log, measure_single, prompt_ids
 from benchmarks.run import batching_table, measure_batching, single_table, spread_note, versions
 from tests import llama_cpp_convert
 from tests.llama_cpp_convert import export_tokenizer, granite_as_published, nemotron_as_published
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print("# blazr vs llama.cpp: hybrid models at published shapes\n")
-    print(f"- machine: {machine()}\n- versions: {versions()}\n- threads: {args.threads} for every engine\n")
+    print(f"- machine: {host_line()}\n- versions: {versions()}\n- threads: {args.threads} for every engine\n")
     models, precisions = args.models.split(","), args.precisions.split(",")
     if precisions != [""]:
         print(report(models, precisions, args.prompt_len, args.gen, args.rounds, args.threads))

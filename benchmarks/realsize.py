@@ -344,7 +344,10 @@ def main() -> None:
         head = "1B shape (Llama-3.2-1B, 49k vocabulary), "
     head += f"{args.prompt_len}-token prompt, {args.gen} tokens, "
     print(head + f"{args.threads} threads, medians of {args.rounds} rounds, each engine in a fresh process")
-    print()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.host import host_line
+
+    print(f"\nmachine: {host_line()}\n")
     columns = (
         "weights", "blazr load s (+ imports)", "llama.cpp load s", "blazr peak RSS GiB",
         "llama.cpp peak RSS GiB", "blazr prefill / decode tok/s", "llama.cpp prefill / decode", "prefill ×",

@@ -47,7 +47,6 @@ import argparse
 import datetime
 import gc
 import importlib.metadata as md
-import os
 import platform
 import statistics
 import subprocess
@@ -59,6 +58,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.host import host_line
 
 Timing = tuple[float, float]  # (seconds to the first token, seconds from the first token to the last)
 Runner = Callable[[], Timing]  # one generation of --gen tokens after the prompt
@@ -353,37 +355,6 @@ def batching_table(rates: dict[int, list[float]]) -> str:
 # ------------------------------------------------------------------------------------------- header
 
 
-def machine() -> str:
-    from blazr.kernels.build import cpu_flags
-
-    cpu = platform.processor() or "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    flags = set(cpu_flags().split())
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-    have = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in wanted)
-    return (
-        f"{cpu}, {os.cpu_count()} cores ({usable} usable), torch threads {torch.get_num_threads()}, "
-        f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; flags: {have}"
-    )
-
-
-def llama_cpp_build() -> str:
-    try:
-        import llama_cpp
-    except ImportError:
-        return "not installed"
-    info = llama_cpp.llama_print_system_info().decode(errors="replace")
-    on = [kv.split("=")[0].strip() for kv in info.split("|") if kv.strip().endswith("= 1")]
-    return " ".join(on) or info.strip()
-
-
 def versions() -> str:
     out = [f"python {platform.python_version()}"]
     for pkg in ("blazr", "torch", "transformers", "llama-cpp-python"):
@@ -436,9 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         "# blazr speed report",
         "",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {machine()}",
+        f"- machine: {host_line()}",
         f"- versions: {versions()}",
-        f"- llama.cpp build: {llama_cpp_build()}",
         f"- threads: {args.threads} for every engine",
     ]
 

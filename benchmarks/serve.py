@@ -387,7 +387,12 @@ def _median_row(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def report(results: dict[str, object], args: argparse.Namespace) -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.host import host_line
+
     lines = [
+        f"machine: {host_line()}",
+        "",
         f"guidellm, {results['model']}, {args.prompt_tokens}-token prompts, {args.output_tokens} output "
         f"tokens, {args.requests} requests per level, {args.slots} slots, {args.threads} threads",
         "",
