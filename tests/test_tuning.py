@@ -102,3 +102,25 @@ def test_unknown_knob_and_refused_value_are_clear_errors() -> None:
         k.set_tune("warp", 1)
     with pytest.raises(ValueError, match="'streams_f': 99 is not a value of this build"):
         k.set_tune("streams_f", 99)
+
+
+def test_a_choice_measured_on_a_busy_host_is_measured_again_when_quiet(
+    small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Measured while other work loads the cores: used, marked, and measured again by the first load that
+    finds the host quiet (never while it stays busy); a quiet measurement is kept."""
+    k = ops.kernels()
+    assert k is not None
+    calls: list[bool] = []
+    real = tuning.measure
+    monkeypatch.setattr(tuning, "measure", lambda *a: calls.append(tuning.busy()) or real(*a))
+    monkeypatch.setattr(tuning, "busy", lambda: True)
+    tuning.apply(k)
+    assert json.loads(_file(small).read_text())["busy"] is True and calls == [True]
+    tuning.apply(k)  # still busy: the marked choice is used as it is
+    assert calls == [True]
+    monkeypatch.setattr(tuning, "busy", lambda: False)
+    tuning.apply(k)  # quiet now: measured again, and the mark goes
+    assert calls == [True, False] and json.loads(_file(small).read_text())["busy"] is False
+    tuning.apply(k)
+    assert calls == [True, False]

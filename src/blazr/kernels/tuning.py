@@ -6,11 +6,13 @@ registers on AMD's double-pumped AVX-512 (Zen 4) against full-width (Zen 5, Sapp
 weight streams a core's prefetchers follow. The C code reads such a choice at run time from its tuning knobs
 (csrc/blazr_kernels.h `BLZ_TUNE_*`, `Kernels.set_tune`); every value of a knob computes the same bits, so the
 choice changes the speed and nothing else (the tests run every value). As oneDNN and FBGEMM dispatch, the
-choice is made on the host that runs it: `tune()` times each knob's values on representative work (cold
-weights at 1B-model shapes, alternating rounds, medians) and keeps a value only when it beats the
-library's default by more than `MARGIN`; the result is written to `<kernel cache dir>/tuning-<key>.json`,
-keyed by the library file (its hash covers the sources, compiler, flags and, for -march=native, the CPU's
-flags), the CPU model and the thread count, and later loads read it (~0.1 ms).
+choice is made on the host that runs it: `apply()` times each knob's values on representative work (cold
+weights at 1B-model shapes, alternating rounds, the best round of each — the least disturbed) and keeps a
+value only when it beats the library's default by more than `MARGIN`. The result is written to
+`<kernel cache dir>/tuning-<key>.json`, keyed by the library file (its hash covers the sources, compiler,
+flags and, for -march=native, the CPU's flags), the CPU model and the thread count, and later loads read it
+(~0.1 ms); a choice measured while other work loaded the cores (`busy()`) is used but measured again by the
+first load that finds the host quiet.
 
 - `apply(k)`: the cached choice set on library `k`, measured first when there is none (~2-3 s once;
   `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -146,7 +147,7 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
                             run()
                     times[v].append((time.perf_counter() - t0) / reps)
         nbytes = sum(b for _, b in passes)
-        rate = {v: nbytes / statistics.median(ts) / 1e9 for v, ts in times.items()}
+        rate = {v: nbytes / min(ts) / 1e9 for v, ts in times.items()}  # the best round: least disturbed
         best = max(rate, key=rate.__getitem__)
         chosen[knob.name] = best if rate[best] > rate[default] * (1 + MARGIN) else default
         rates[knob.name] = {str(v): round(r, 2) for v, r in rate.items()}
@@ -155,6 +156,15 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
             cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in rate.items())
             log(f"  {knob.name}: {cells} → {chosen[knob.name]}")
     return {"knobs": chosen, "gbps": rates}
+
+
+def busy() -> bool:
+    """Whether other work competes for the cores now (1-minute load average above half the usable cores):
+    a choice measured then is used but marked, and measured again at a load that finds the host quiet."""
+    try:
+        return os.getloadavg()[0] > 0.5 * build.usable_cores()
+    except OSError:
+        return False
 
 
 def _key(k: Kernels) -> tuple[Path, dict[str, Any]]:
@@ -166,7 +176,8 @@ def _key(k: Kernels) -> tuple[Path, dict[str, Any]]:
 
 def apply(k: Kernels, force: bool = False, log: Callable[[str], None] | None = None) -> dict[str, int]:
     """Set the tuned knob values on `k`: read from the cache file, or measured and written (then also when
-    `force` or `BLAZR_TUNE=force`). `BLAZR_TUNE=off` leaves the defaults. Returns the values set."""
+    `force` or `BLAZR_TUNE=force`, or when the file's choice was measured on a busy host and this one is
+    quiet). `BLAZR_TUNE=off` leaves the defaults. Returns the values set."""
     mode = os.environ.get("BLAZR_TUNE", "on").strip().lower()
     if mode in ("0", "off", "false", "no"):
         return {}
@@ -174,13 +185,13 @@ def apply(k: Kernels, force: bool = False, log: Callable[[str], None] | None = N
     if not force and mode != "force":
         try:
             data = json.loads(path.read_text())
-            if all(data.get(f) == v for f, v in ident.items()):
+            if all(data.get(f) == v for f, v in ident.items()) and not (data.get("busy") and not busy()):
                 for name, value in data["knobs"].items():
                     k.set_tune(name, value)
                 return dict(data["knobs"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass  # absent, damaged or of another build: measure anew
-    result = measure(k, log)
+            pass  # absent, damaged, of another build, or measured on a busy host that is quiet now: anew
+    result = {"busy": busy(), **measure(k, log)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

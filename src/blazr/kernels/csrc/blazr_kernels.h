@@ -188,6 +188,12 @@ typedef struct {
     int64_t K, nb;
 } blz_act_t;
 int blz_act_alloc(blz_act_t *a, int64_t M, int64_t K);
+/* linear_q.c: one packed 16-row output group's dots for all M activation rows of `a`, then its epilogue (see
+ * there); linear_q8.c's prefill runs Q8_0 rows packed per call through it. */
+void blz_q_group_run(int kind, const blz_act_t *a, int64_t M, int64_t tile, const uint8_t *wg, const uint8_t *uw0,
+                     const uint8_t *uw1, int64_t shift, int64_t n0, int64_t nn, int64_t N, int64_t nout,
+                     const float *bias, const float *residual, float *out, int swiglu);
+#define BLZ_MT_LONG 8 /* activation rows per register tile of a packed group in a long (prefill) call */
 void blz_quantize_act_row(const float *restrict x, int64_t K, int32_t offset, int8_t *restrict q,
                           float *restrict d, float *restrict s, int32_t *restrict off);
 

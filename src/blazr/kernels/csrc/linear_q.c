@@ -35,9 +35,9 @@
 #define BLZ_MT 16 /* activation rows per register tile, at most (≤ 16) */
 #endif
 /* Rows per tile: a decode batch of up to BLZ_MT rows is one tile (each weight register unpacked once:
- * 16 sequences' step 12.4 → 11.7 ms on SmolLM2); longer calls (prefill) take tiles of 8, which keep the
- * accumulators and the unpacked weights in registers (16-row tiles prefilled 4% slower). */
-#define BLZ_MT_LONG 8
+ * 16 sequences' step 12.4 → 11.7 ms on SmolLM2); longer calls (prefill) take tiles of BLZ_MT_LONG = 8
+ * (blazr_kernels.h), which keep the accumulators and the unpacked weights in registers (16-row tiles
+ * prefilled 4% slower). */
 #ifndef BLZ_PF_TILES
 #define BLZ_PF_TILES 4 /* software prefetch distance of the weight stream, in tiles (0: none) */
 #endif
@@ -431,6 +431,39 @@ static void q_streams(int kind, const uint8_t *w, int64_t group_bytes, int64_t n
 }
 #endif
 
+/* Output group n0 .. n0+nn-1 (nn ≤ 16) for all M activation rows of `a`: the dots of packed group wg (and, in
+ * SwiGLU mode, of the up rows' packed groups uw0 / uw1, the outputs' up values starting at row `shift` of
+ * uw0 and running on into uw1, which may be NULL when they do not), then the epilogue. Activation rows in
+ * tiles of `tile`. */
+void blz_q_group_run(int kind, const blz_act_t *a, int64_t M, int64_t tile, const uint8_t *wg, const uint8_t *uw0,
+                     const uint8_t *uw1, int64_t shift, int64_t n0, int64_t nn, int64_t N, int64_t nout,
+                     const float *bias, const float *residual, float *out, int swiglu) {
+    float r[BLZ_MT][BLZ_RG] __attribute__((aligned(64)));
+    float u[2][BLZ_MT][BLZ_RG] __attribute__((aligned(64)));
+    for (int64_t m0 = 0; m0 < M; m0 += tile) {
+        const int mt = (int)blz_min(tile, M - m0);
+        group_dots(kind, mt, wg, a, m0, r);
+        if (swiglu) {
+            group_dots(kind, mt, uw0, a, m0, u[0]);
+            if (shift + nn > BLZ_RG && uw1) group_dots(kind, mt, uw1, a, m0, u[1]);
+        }
+        for (int m = 0; m < mt; ++m) {
+            float up[2 * BLZ_RG]; /* this row's up values for the group's outputs start at up[shift] */
+            if (swiglu) {
+                memcpy(up, u[0][m], sizeof(u[0][m]));
+                if (shift + nn > BLZ_RG) memcpy(up + BLZ_RG, u[1][m], sizeof(u[1][m]));
+            }
+#ifdef BLZ_AVX512
+            const __m512 uv = swiglu ? _mm512_loadu_ps(up + shift) : _mm512_setzero_ps();
+            blz_epilogue16(_mm512_load_ps(r[m]), uv, m0 + m, n0, (int)nn, N, nout, bias, residual, out, swiglu);
+#else
+            for (int64_t j = 0; j < nn; ++j)
+                blz_epilogue(&r[m][j], &up[shift + j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
+#endif
+        }
+    }
+}
+
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w packed [⌈N/16⌉
  * groups], bias [N] or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]).
  * SwiGLU: output group g takes gate rows 16g.. and up rows I + 16g.. (I = N/2); when I is not a multiple
@@ -473,35 +506,11 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
                              a.s + m * a.nb, a.off + m * a.nb);
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < ngroups; ++g) {
-            float r[BLZ_MT][BLZ_RG] __attribute__((aligned(64)));
-            float u[2][BLZ_MT][BLZ_RG] __attribute__((aligned(64)));
             const int64_t n0 = g * BLZ_RG, nn = blz_min(BLZ_RG, nout - n0);
             const int64_t ug = (nout + n0) / BLZ_RG, shift = (nout + n0) % BLZ_RG; /* SwiGLU up rows */
-            for (int64_t m0 = 0; m0 < M; m0 += tile) {
-                const int mt = (int)blz_min(tile, M - m0);
-                group_dots(kind, mt, w + g * group_bytes, &a, m0, r);
-                if (swiglu) {
-                    group_dots(kind, mt, w + ug * group_bytes, &a, m0, u[0]);
-                    if (shift + nn > BLZ_RG && ug + 1 < nall)
-                        group_dots(kind, mt, w + (ug + 1) * group_bytes, &a, m0, u[1]);
-                }
-                for (int m = 0; m < mt; ++m) {
-                    float up[2 * BLZ_RG]; /* this row's up values for the group's outputs start at up[shift] */
-                    if (swiglu) {
-                        memcpy(up, u[0][m], sizeof(u[0][m]));
-                        if (shift + nn > BLZ_RG) memcpy(up + BLZ_RG, u[1][m], sizeof(u[1][m]));
-                    }
-#ifdef BLZ_AVX512
-                    const __m512 uv = swiglu ? _mm512_loadu_ps(up + shift) : _mm512_setzero_ps();
-                    blz_epilogue16(_mm512_load_ps(r[m]), uv, m0 + m, n0, (int)nn, N, nout, bias, residual,
-                                   out, swiglu);
-#else
-                    for (int64_t j = 0; j < nn; ++j)
-                        blz_epilogue(&r[m][j], &up[shift + j], 1, m0 + m, n0 + j, N, nout, bias, residual, out,
-                                     swiglu);
-#endif
-                }
-            }
+            blz_q_group_run(kind, &a, M, tile, w + g * group_bytes, w + ug * group_bytes,
+                            ug + 1 < nall ? w + (ug + 1) * group_bytes : NULL, shift, n0, nn, N, nout, bias,
+                            residual, out, swiglu);
         }
     }
     return BLZ_OK;
