@@ -248,11 +248,11 @@ def test_linear_float_kinds(lib: ops.Kernels, kind: str, M: int, N: int, K: int,
 def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit: quantized tiles of 8 x rows + a tail (long calls)
     or one tile of up to 16 (short calls). f16, bf16 and f32 prefill calls have two paths, each
-    row-independent on its own: the decode walk (up to 4 rows for 16-bit weights, 8 for f32 prefill calls)
-    and the prefill GEMM (gemm_float.c: packed row groups × output panels, x rows in vector lanes at 13-16
-    rows on AVX-512). f32 without `prefill` takes its decode tiles at every M."""
+    row-independent on its own: the decode walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed
+    row groups × output panels, x rows in vector lanes at 13-16 rows on AVX-512). f32 without `prefill`
+    takes its decode tiles at every M."""
     x = torch.randn(131, 576)
-    two_paths = {"f16": 4, "bf16": 4, "f32 prefill": 8}  # the decode path's most rows
+    two_paths = {"f16": 8, "bf16": 8, "f32 prefill": 8}  # the decode path's most rows
     for name, most in two_paths.items():
         kind, prefill = name.split()[0], name.endswith("prefill")
         qw = quantize(_weights(43, 576), kind)
@@ -277,8 +277,8 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
 def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) -> None:
     """A decode linear reads its weights as several streams at once on AVX-512 hosts (each thread's block of
     output rows — of 8-row tiles for the block kinds — cut into parts, row or tile i of every part computed
-    together; 16-bit weights up to 4 x rows, their decode path's most); every output still has the bits that
-    the x row gets alone and in a larger decode call — at row counts that leave parts short or empty, K with
+    together; 16-bit weights up to 8 x rows, 5-8 in two passes); every output still has the bits that the x
+    row gets alone and in a larger decode call — at row counts that leave parts short or empty, K with
     a tail, one thread and two, with each epilogue."""
     g = torch.Generator().manual_seed(11)
     shapes = ((1, 96), (3, 100), (5, 608), (14, 1000), (301, 600), (1000, 1000))
@@ -296,7 +296,7 @@ def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) 
         alone = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(8)])
         res = [residual[i : i + 1].clone() for i in range(8)]
         with_epilogue = torch.cat([lib.linear(x[i : i + 1], qw, bias, res[i]) for i in range(8)])
-        rows = (2, 3, 4) if kind in ("f16", "bf16") else (2, 3, 4, 5, 8)  # each kind's decode path
+        rows = (2, 3, 4, 5, 8)  # each kind's decode path
         for M in rows:
             assert torch.equal(lib.linear(x[:M], qw), alone[:M]), (N, K, M)
             got = lib.linear(x[:M], qw, bias, residual[:M].clone())

@@ -10,8 +10,8 @@
  * larger, so chunked prefill and decode could leave the whole prefill's logits by 1 % on one host and not on
  * another; NOTES §44.) Two paths, each giving a row the same bits whatever the other rows of the call
  * (prefill and decode agree to fp32 rounding, as a float32 model's GEMM and GEMV):
- * - decode (M ≤ HALF_ROWWISE_M = 4): weight rows streamed one at a time against up to HALF_MX x rows
- *   (AVX-512: 4, AVX2: 2), widened as read (prefetched ahead into L2 from 2 x rows on); four accumulators per (row,
+ * - decode (M ≤ HALF_ROWWISE_M = 8): weight rows streamed one at a time against up to HALF_MX x rows
+ *   (AVX-512: 4 — 5-8 rows in two passes —, AVX2: 2), widened as read (prefetched ahead into L2 from 2 x rows on); four accumulators per (row,
  *   x row) pair — the 8-wide quarters of each 32-element chunk, the tail (masked x, zero-padded w) into
  *   quarters 0.. of one more —, summed as blz_hsum256((a0 + a1) + (a2 + a3)). AVX-512 holds quarters 0|1
  *   and 2|3 in two 16-lane registers (FMAs are lane-wise; a missing tail quarter adds +0·0, which changes
@@ -25,10 +25,11 @@
 
 #define HALF_PF 2048     /* prefetch distance of a decode weight row stream, in weights (4 KB) */
 #ifndef HALF_ROWWISE_M
-/* up to 4 x rows: the decode path; more take the GEMM. Zen 5, cold 1B shapes, 2 threads (GB/s of weights,
- * walk → GEMM): AVX-512 5 rows 26.5 → 25.4, 6 18.4 → 25.9, 8 13.2 → 24.4; the AVX2 build 6 13.8 → 17.1,
- * 8 9.8 → 13.4 (its walk is the faster at 3-4 rows: 27.6 vs 18.1) */
-#define HALF_ROWWISE_M 4
+/* up to 8 x rows: the decode path, whose result for a row never depends on the call's other rows (a decode
+ * batch, a MoE expert's tokens, MLA's heads); more take the GEMM. On AVX-512 the weight streams take 5-8
+ * rows as two passes of the 4-row kernel over each step's weight rows (the second from L1): Zen 5, cold 1B
+ * shapes, 2 threads, 8 rows 13.2 GB/s as the row walk, 24.4 as the GEMM. */
+#define HALF_ROWWISE_M 8
 #endif
 #ifdef BLZ_AVX512
 #define HALF_MX 4 /* x rows per pass over a weight row (each weight widened once for them) */
@@ -153,11 +154,12 @@ BLZ_INLINE void half_rows(const int mt, const int bf, const uint16_t *restrict w
 }
 
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
-/* nr rows × mt x rows: (1..4, 1) or (1..2, 2..4), as blz_gemv_streams makes them; prefetched from 2 x rows on. */
-BLZ_INLINE void half_streams(const int bf, const int nr, const int mt, const void *const *rows, int64_t K,
-                             const void *x, float *res) {
+/* nr rows × mt x rows: (1..4, 1) or (1..2, 2..8), as blz_gemv_streams makes them; prefetched from 2 x rows on;
+ * 5-8 x rows as rows 0-3 and then the rest against the same weight rows (each pair by the same operations). */
+BLZ_INLINE void half_streams4(const int bf, const int nr, const int mt, const void *const *rows, int64_t K,
+                              const float *xf, float *res) {
     const uint16_t *const *w = (const uint16_t *const *)rows;
-    const float *xf = (const float *)x, *xr[4] = {xf, xf + K, xf + 2 * K, xf + 3 * K};
+    const float *xr[4] = {xf, xf + K, xf + 2 * K, xf + 3 * K};
 
 #define HALF_NR(NX, PF)                                               \
     switch (nr) {                                                     \
@@ -173,6 +175,20 @@ BLZ_INLINE void half_streams(const int bf, const int nr, const int mt, const voi
 #define HALF_ONE_X(NR, ...) half_rows_simd(NR, 1, bf, __VA_ARGS__)
     BLZ_TILE_SWITCH(HALF_ONE_X, nr, w, K, xr, res, 0);
 #undef HALF_ONE_X
+}
+
+BLZ_INLINE void half_streams(const int bf, const int nr, const int mt, const void *const *rows, int64_t K,
+                             const void *x, float *res) {
+    const float *xf = (const float *)x;
+    if (mt <= 4) {
+        half_streams4(bf, nr, mt, rows, K, xf, res);
+        return;
+    }
+    float lo[2 * 4], hi[2 * 4];
+    half_streams4(bf, nr, 4, rows, K, xf, lo);
+    half_streams4(bf, nr, mt - 4, rows, K, xf + 4 * K, hi);
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < mt; ++m) res[r * mt + m] = m < 4 ? lo[r * 4 + m] : hi[r * (mt - 4) + m - 4];
 }
 
 static void f16_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
@@ -194,7 +210,7 @@ BLZ_INLINE int half_linear(const int bf, const float *x, int64_t M, int64_t K, c
     const int64_t nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
-    if (M <= HALF_MX) {
+    if (M <= HALF_ROWWISE_M) {
         blz_team_t team;
         blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, (int)M, swiglu));
 #pragma omp parallel num_threads(nt)

@@ -14,8 +14,10 @@
  * kernels (`code` = op · 16 + kind: op 1 block-quantized (kind BLZ_Q4_0 … ), 2 f32, 3 bf16, 18 f16), so a quantized
  * expert streams only its own quantized rows. The (token, slot) assignments are grouped by expert, each
  * expert runs one linear pair on its rows (M = tokens routed to it: one weight read for all of them), and
- * the k outputs of a token are summed in slot order j = 0..k-1. Every linear kernel computes a row the same
- * whatever the other rows of the call, so a token's output does not depend on what else is in the batch.
+ * the k outputs of a token are summed in slot order j = 0..k-1. The block-quantized and f32 linear kernels
+ * compute a row the same whatever the other rows of the call, so with those weights a token's output does
+ * not depend on what else is in the batch; 16-bit weights do so up to 8 tokens an expert, and from 9 on run
+ * the GEMM (linear_16bit.c), each row again independent of the others there: the two agree to fp32 rounding.
  *
  * Shapes: T tokens, D hidden, E experts, k chosen per token, I expert width, G groups.
  */
