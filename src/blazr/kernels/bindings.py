@@ -37,6 +37,7 @@ from blazr.kernels.calls import (
     _pool_ptrs,
     _rows_ptr,
 )
+from blazr.kernels.formats import FORMATS
 from blazr.kernels.quant import (
     QK,
     QuantizedWeight,
@@ -47,12 +48,11 @@ from blazr.kernels.row_table import RowTable
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _ROWS_FLAG = 0x100  # BLZ_ROWS: the weight pointer is a row table (kernels/mapped.py)
 _GEMM_FLAG = 0x200  # BLZ_GEMM: f32 rows may take the panel GEMM (a prefill call)
-_OP_LINEAR = {"q4_0": 1, "q4_1": 1, "q8_0": 1, "q8_0g": 1, "q4_k": 1, "q5_k": 1, "q6_k": 1, "kmix": 1,
-              "f32": 2, "bf16": 3, "f16": 18}  # fmt: skip
+_OP_LINEAR = {f.kind: f.op for f in FORMATS}  # the packed call's linear op of each weight kind
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
 _OP_EMBEDDING_Q = 19
-_ROW_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "f16": 7, "bf16": 8}
+_ROW_CODES = {f.kind: f.row_code for f in FORMATS if f.row_code is not None}  # blz_embedding_q's
 
 
 # csrc's BLZ_TUNE_* knobs (blazr_kernels.h): the variants kernels/tuning.py picks per host

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from blazr.kernels.calls import _F32, _KV_TYPES, UnsupportedInput, _f32_ptr, _i64_ptr
+from blazr.kernels.calls import _F32, UnsupportedInput, _f32_ptr, _i64_ptr
+from blazr.kernels.formats import ELEMENT_CODES
 from blazr.kernels.quant import QuantizedWeight
 from blazr.kernels.reference import ACTIVATIONS, head_stride
 
@@ -26,9 +27,9 @@ def _heads_ptr(t: torch.Tensor, what: str) -> tuple[int, int, int]:
 
 
 def _pool_ptr(pool: torch.Tensor, what: str) -> tuple[int, int]:
-    if pool.dtype not in _KV_TYPES or not pool.is_cpu or not pool.is_contiguous() or pool.dim() != 2:
+    if pool.dtype not in ELEMENT_CODES or not pool.is_cpu or not pool.is_contiguous() or pool.dim() != 2:
         raise UnsupportedInput(f"{what}: expected a contiguous CPU [S, W] fp32 / bf16 / fp16 pool")
-    return pool.data_ptr(), _KV_TYPES[pool.dtype]
+    return pool.data_ptr(), ELEMENT_CODES[pool.dtype]
 
 
 class MoEMLABindings:

@@ -10,6 +10,7 @@ import ctypes
 import torch
 
 from blazr.kernels.calls import _F32, UnsupportedInput, _check
+from blazr.kernels.formats import ELEMENT_CODES, FORMATS
 from blazr.kernels.hugepages import empty_huge
 from blazr.kernels.quant import (
     BLOCK_BYTES,
@@ -23,9 +24,7 @@ from blazr.kernels.quant import (
     row_bytes,
 )
 
-_ELEMENT_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # BLZ_KV_F32 / BF16 / F16
-_KIND_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, "kmix": 6, "q8_0g": 9,
-               "f32": 0, "bf16": 0, "f16": 0}  # fmt: skip
+_KIND_CODES = {f.kind: f.c_kind for f in FORMATS}  # blz_linear_q / pack / quantize kind codes
 
 
 def declare_weight_calls(lib: ctypes.CDLL) -> None:
@@ -138,13 +137,13 @@ class WeightFormatBindings:
         or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes] (q8_0g:
         ggml's rows [N, row_bytes])."""
         check_quantize(kind, w)
-        if not w.is_cpu or w.dtype not in _ELEMENT_CODES:
+        if not w.is_cpu or w.dtype not in ELEMENT_CODES:
             raise UnsupportedInput(f"quantize_blocks: a CPU f32 / bf16 / f16 weight expected, found "
                                    f"{w.dtype} on {w.device}")  # fmt: skip
         src = w.detach().contiguous()
         n, k = src.shape
         out = _blocks_out(kind, n, k)
-        rc = self.lib.blz_quantize_blocks(_KIND_CODES[kind], src.data_ptr(), _ELEMENT_CODES[src.dtype], n, k,
+        rc = self.lib.blz_quantize_blocks(_KIND_CODES[kind], src.data_ptr(), ELEMENT_CODES[src.dtype], n, k,
                                           out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "quantize_blocks")
         return out
@@ -156,9 +155,9 @@ class WeightFormatBindings:
         row's K values of `dtype` (f32 / bf16 / f16, aligned to it; the caller keeps that memory alive for
         the call) → uint8 [G, 16 · row_bytes] (q8_0g: [N, row_bytes])."""
         out, rows = _rows_out("quantize_rows", kind, rows, out_features, in_features), rows.contiguous()
-        if dtype not in _ELEMENT_CODES:
+        if dtype not in ELEMENT_CODES:
             raise UnsupportedInput(f"quantize_rows: f32 / bf16 / f16 rows expected, found {dtype}")
-        code, n, k = _ELEMENT_CODES[dtype], out_features, in_features
+        code, n, k = ELEMENT_CODES[dtype], out_features, in_features
         rc = self.lib.blz_quantize_rows(_KIND_CODES[kind], rows.data_ptr(), code, n, k, out.data_ptr(),
                                         torch.get_num_threads())  # fmt: skip
         _check(rc, "quantize_rows")

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from blazr.kernels.formats import ELEMENT_CODES
+
 _F32 = torch.float32
 _ERRORS = {-1: "invalid size or kind", -2: "index out of range", -3: "out of memory"}
 
@@ -50,18 +52,17 @@ def _rows_ptr(t: torch.Tensor, what: str) -> tuple[int, int]:
 
 
 # Element types of the KV pools the kernels read and write (BLZ_KV_* in csrc/blazr_kernels.h).
-_KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _pool_ptrs(k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int, int]:
     """(k ptr, v ptr, element type code) of contiguous CPU KV pools of one dtype: fp32, bf16 or fp16."""
     dt = k_pool.dtype
-    if dt not in _KV_TYPES or v_pool.dtype is not dt:
+    if dt not in ELEMENT_CODES or v_pool.dtype is not dt:
         raise UnsupportedInput(f"KV pools: expected both fp32, bf16 or fp16, found {dt} and {v_pool.dtype}")
     for t in (k_pool, v_pool):
         if not t.is_cpu or not t.is_contiguous():
             raise UnsupportedInput("KV pools: expected contiguous CPU tensors")
-    return k_pool.data_ptr(), v_pool.data_ptr(), _KV_TYPES[dt]
+    return k_pool.data_ptr(), v_pool.data_ptr(), ELEMENT_CODES[dt]
 
 
 def _i64_ptr(t: torch.Tensor, what: str) -> int:

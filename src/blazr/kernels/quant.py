@@ -57,27 +57,29 @@ from dataclasses import dataclass
 
 import torch
 
+from blazr.kernels.formats import BY_KIND, FORMATS, kinds, stored_kind, value_kind
+
+# The lists below are views of the one format table (kernels/formats.py).
 QK = 32  # weights per block
-BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+BLOCK_BYTES = {k: BY_KIND[k].block_bytes for k in kinds("packed")}
 BLOCK_KINDS = tuple(BLOCK_BYTES)
 QK_K = 256  # weights per K-quant super-block
-KQUANT_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+KQUANT_BYTES = {f.kind: f.block_bytes for f in FORMATS if f.layout == "ggml" and f.block == QK_K}
 K_KINDS = tuple(KQUANT_BYTES)
 # A fused weight whose parts (row segments) are stored in different K-quant kinds — llama.cpp's Q4_K_M keeps
 # attn_v in Q6_K where attn_q / attn_k are Q4_K. Its bytes: a 64-byte table (int32 count ≤ 7, int32 kind
 # codes [7], int32 rows [7]), then each part's ggml bytes in order (csrc/linear_k.c).
 KMIX = "kmix"
-_KMIX_CODES = {"q4_k": 3, "q5_k": 4, "q6_k": 5}  # BLZ_Q4_K .. BLZ_Q6_K (csrc/blazr_kernels.h)
+_KMIX_CODES = {k: BY_KIND[k].c_kind for k in K_KINDS}  # BLZ_Q4_K .. BLZ_Q6_K
 _KMIX_HEADER, _KMIX_MAX = 64, 7
 Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
-FLOAT_KINDS = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-KINDS = (*BLOCK_KINDS, Q8_0G, *K_KINDS, KMIX, *FLOAT_KINDS)
-# GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind.
-GGML_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
-              "BF16": "bf16", "F16": "f16", "F32": "f32"}  # fmt: skip
+FLOAT_KINDS: dict[str, torch.dtype] = {f.kind: f.dtype for f in FORMATS if f.dtype is not None}
+KINDS = tuple(f.kind for f in FORMATS)
+# GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind: the kind of their values.
+GGML_KINDS: dict[str, str] = {f.ggml: value_kind(f.ggml) for f in FORMATS if f.ggml}  # type: ignore[misc]
 # The kind a GGUF tensor of a value kind runs as when its bytes are kept as stored (`from_ggml`), where that
 # is not the value kind itself.
-AS_STORED = {"q8_0": Q8_0G}
+AS_STORED = {kind: stored for t, kind in GGML_KINDS.items() if (stored := stored_kind(t)) not in (None, kind)}
 
 
 ROW_GROUP = 16  # rows per packed group

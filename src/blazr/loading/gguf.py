@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 from blazr.errors import CheckpointError, UnsupportedError
+from blazr.kernels.formats import BY_KIND
+from blazr.kernels.quant import GGML_KINDS
 from blazr.loading.gguf_header import GGML_SIZES, GGML_TYPES, ByteOrderError, parse_header
 
 _MAGIC = b"GGUF"
@@ -214,8 +216,8 @@ _KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q8_K": _q8_k,
 }
 SUPPORTED_TYPES: tuple[str, ...] = tuple(_KERNELS)
-# types csrc/dequantize.c takes
-_C_KINDS = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
+# types csrc/dequantize.c takes: the block-quantized types of the format table (kernels/formats.py)
+_C_KINDS = {t: kind for t, kind in GGML_KINDS.items() if BY_KIND[kind].block > 1}
 
 # Blocks per kernel call: bounds the temporaries (a few × chunk × Q × 4 bytes) and keeps them in cache.
 _CHUNK_VALUES = 1 << 20
