@@ -398,3 +398,17 @@ def test_every_new_route_is_behind_the_key_in_its_own_error_shape():
         assert client.get("/health").status_code == 200
     finally:
         client.__exit__(None, None, None)
+
+
+def test_the_response_store_is_bounded_least_recently_used_first():
+    from blazr.server.response_store import ResponseStore
+
+    store = ResponseStore(max_responses=3, max_chars=1000)
+    message = [{"role": "user", "content": "x" * 100}]
+    for i in range(4):
+        store.put({"id": f"r{i}", "output": []}, message)
+    assert store.get("r0") is None and len(store) == 3  # the oldest went past 3
+    store.get("r1")  # used: now the most recent
+    store.put({"id": "big", "output": []}, [{"role": "user", "content": "y" * 800}])  # past 1000 characters
+    assert store.get("r1") is not None and store.get("r2") is None and store.get("big") is not None
+    assert store.delete("big") and not store.delete("big")

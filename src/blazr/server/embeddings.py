@@ -23,13 +23,13 @@ from blazr.engine.async_engine import EngineRequest
 from blazr.engine.sampling import SamplingParams
 from blazr.server import request_in
 from blazr.server.errors import bad_request
-from blazr.server.schemas import MAX_INT32, Label, TokenId, _Request, _Response
+from blazr.server.schemas import MAX_INT32, Label, RequestModel, ResponseModel, TokenId
 from blazr.server.serving import Serving
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs per call
 
 
-class EmbeddingRequest(_Request):
+class EmbeddingRequest(RequestModel):
     """POST /v1/embeddings."""
 
     input: (
@@ -48,18 +48,18 @@ class EmbeddingRequest(_Request):
     truncate_prompt_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)  # vLLM extra
 
 
-class EmbeddingData(_Response):
+class EmbeddingData(ResponseModel):
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
 
 
-class EmbeddingUsage(_Response):
+class EmbeddingUsage(ResponseModel):
     prompt_tokens: int
     total_tokens: int
 
 
-class EmbeddingResponse(_Response):
+class EmbeddingResponse(ResponseModel):
     object: Literal["list"] = "list"
     data: list[EmbeddingData]
     model: str

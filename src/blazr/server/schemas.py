@@ -58,6 +58,15 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class OpenResponse(BaseModel):
+    """A response documented loosely: the fields named, others allowed (the other APIs' own shapes)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+RequestModel, ResponseModel = _Request, _Response  # for the other APIs' schema modules
+
+
 # ------------------------------------------------------------------------------------------- requests
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]

@@ -22,31 +22,35 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from blazr.server.schemas import MAX_INT32, MAX_LABEL_CHARS, MAX_TOOLS, JsonObject, Label
+from blazr.server.schemas import (
+    MAX_INT32,
+    MAX_LABEL_CHARS,
+    MAX_TOOLS,
+    JsonObject,
+    Label,
+    OpenResponse,
+    RequestModel,
+)
 
 ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 Effort = Literal["low", "medium", "high", "xhigh", "max"]
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class CacheControl(_Request):
+class CacheControl(RequestModel):
     type: Literal["ephemeral"]
     ttl: Literal["5m", "1h"] | None = None
 
 
-class TextBlock(_Request):
+class TextBlock(RequestModel):
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
     citations: list[Any] | None = None
 
 
-class ToolUseBlock(_Request):
+class ToolUseBlock(RequestModel):
     type: Literal["tool_use"]
     id: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)]
     name: ToolName
@@ -56,7 +60,7 @@ class ToolUseBlock(_Request):
     toolset_name: Label | None = None
 
 
-class ToolResultBlock(_Request):
+class ToolResultBlock(RequestModel):
     type: Literal["tool_result"]
     tool_use_id: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)]
     content: str | list[TextBlock] | None = None
@@ -65,13 +69,13 @@ class ToolResultBlock(_Request):
     toolset_name: Label | None = None
 
 
-class ThinkingBlock(_Request):
+class ThinkingBlock(RequestModel):
     type: Literal["thinking"]
     thinking: str
     signature: str | None = None
 
 
-class RedactedThinkingBlock(_Request):
+class RedactedThinkingBlock(RequestModel):
     type: Literal["redacted_thinking"]
     data: str
 
@@ -82,12 +86,12 @@ ContentBlock = Annotated[
 ]
 
 
-class Message(_Request):
+class Message(RequestModel):
     role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
-class Tool(_Request):
+class Tool(RequestModel):
     name: ToolName
     input_schema: JsonObject
     description: str | None = None
@@ -100,34 +104,34 @@ class Tool(_Request):
     allowed_callers: list[str] | None = None
 
 
-class ToolChoice(_Request):
+class ToolChoice(RequestModel):
     type: Literal["auto", "any", "tool", "none"]
     name: ToolName | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class Thinking(_Request):
+class Thinking(RequestModel):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(default=None, ge=0, le=MAX_INT32)
     display: Literal["summarized", "omitted"] | None = None
 
 
-class JsonFormat(_Request):
+class JsonFormat(RequestModel):
     type: Literal["json_schema"]
     schema_: JsonObject = Field(alias="schema")
     model_config = ConfigDict(populate_by_name=True)
 
 
-class OutputConfig(_Request):
+class OutputConfig(RequestModel):
     effort: Effort | None = None
     format: JsonFormat | None = None
 
 
-class Metadata(_Request):
+class Metadata(RequestModel):
     user_id: Label | None = None
 
 
-class PromptFields(_Request):
+class PromptFields(RequestModel):
     """What the model is shown: shared by POST /v1/messages and /v1/messages/count_tokens."""
 
     model: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)]
@@ -178,11 +182,7 @@ class CountTokensRequest(PromptFields):
 # ------------------------------------------------------------------------------------------ responses
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class MessageResponse(_Out):
+class MessageResponse(OpenResponse):
     """A message: content blocks (`thinking`, `text`, `tool_use`), stop reason, usage."""
 
     id: str
@@ -195,16 +195,16 @@ class MessageResponse(_Out):
     usage: dict[str, Any]
 
 
-class TokenCount(_Out):
+class TokenCount(OpenResponse):
     input_tokens: int
 
 
-class AnthropicErrorInfo(_Out):
+class AnthropicErrorInfo(OpenResponse):
     type: str
     message: str
 
 
-class AnthropicError(_Out):
+class AnthropicError(OpenResponse):
     """Anthropic's error shape."""
 
     type: Literal["error"] = "error"

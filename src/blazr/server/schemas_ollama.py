@@ -13,19 +13,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from blazr.server.schemas import MAX_INT32, MAX_LABEL_CHARS, MAX_STOP_STRINGS, MAX_TOOLS, JsonObject, Tool
+from blazr.server.schemas import (
+    MAX_INT32,
+    MAX_LABEL_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOOLS,
+    JsonObject,
+    OpenResponse,
+    RequestModel,
+    Tool,
+)
 
 ModelName = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)]
 KeepAlive = float | str | None
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class Options(_Request):
+class Options(RequestModel):
     """Ollama's `options` (see the module docstring for which act)."""
 
     num_predict: int | None = Field(default=None, ge=-2, le=MAX_INT32)
@@ -63,19 +68,19 @@ class Options(_Request):
     penalize_newline: bool | None = None
 
 
-class ToolCallFunction(_Request):
+class ToolCallFunction(RequestModel):
     name: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)]
     arguments: JsonObject
     index: int | None = None
 
 
-class ToolCall(_Request):
+class ToolCall(RequestModel):
     function: ToolCallFunction
     id: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)] | None = None
     type: Literal["function"] | None = None
 
 
-class Message(_Request):
+class Message(RequestModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     thinking: str | None = None
@@ -89,7 +94,7 @@ Format = Literal["", "json"] | JsonObject
 Think = bool | Literal["low", "medium", "high"]
 
 
-class GenerationFields(_Request):
+class GenerationFields(RequestModel):
     model: ModelName
     format: Format | None = None
     options: Options | None = None
@@ -119,7 +124,7 @@ class GenerateRequest(GenerationFields):
     images: list[str] | None = None  # refused
 
 
-class EmbedRequest(_Request):
+class EmbedRequest(RequestModel):
     """POST /api/embed."""
 
     model: ModelName
@@ -130,7 +135,7 @@ class EmbedRequest(_Request):
     dimensions: int | None = Field(default=None, ge=1, le=MAX_INT32)
 
 
-class EmbeddingsRequest(_Request):
+class EmbeddingsRequest(RequestModel):
     """POST /api/embeddings (the older, one-prompt form)."""
 
     model: ModelName
@@ -139,7 +144,7 @@ class EmbeddingsRequest(_Request):
     keep_alive: KeepAlive = None
 
 
-class ShowRequest(_Request):
+class ShowRequest(RequestModel):
     """POST /api/show (`name` is the older spelling of `model`)."""
 
     model: ModelName | None = None
@@ -150,46 +155,42 @@ class ShowRequest(_Request):
 # ------------------------------------------------------------------------------------------ responses
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class OllamaError(_Out):
+class OllamaError(OpenResponse):
     error: str
 
 
-class VersionResponse(_Out):
+class VersionResponse(OpenResponse):
     version: str
 
 
-class ModelList(_Out):
+class ModelList(OpenResponse):
     models: list[dict[str, Any]]
 
 
-class ShowResponse(_Out):
+class ShowResponse(OpenResponse):
     model_info: dict[str, Any]
     details: dict[str, Any]
     capabilities: list[str]
 
 
-class ChatResponse(_Out):
+class ChatResponse(OpenResponse):
     model: str
     created_at: str
     message: dict[str, Any]
     done: bool
 
 
-class GenerateResponse(_Out):
+class GenerateResponse(OpenResponse):
     model: str
     created_at: str
     response: str
     done: bool
 
 
-class EmbedResponse(_Out):
+class EmbedResponse(OpenResponse):
     model: str
     embeddings: list[list[float]]
 
 
-class EmbeddingResponse(_Out):
+class EmbeddingResponse(OpenResponse):
     embedding: list[float]

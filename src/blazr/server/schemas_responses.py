@@ -35,13 +35,11 @@ from blazr.server.schemas import (
     FunctionName,
     JsonObject,
     Label,
+    OpenResponse,
     ReasoningEffort,
+    RequestModel,
     StopString,
 )
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class _Item(BaseModel):
@@ -53,19 +51,19 @@ class _Item(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-class InputText(_Request):
+class InputText(RequestModel):
     type: Literal["input_text"]
     text: str
 
 
-class OutputText(_Request):
+class OutputText(RequestModel):
     type: Literal["output_text"]
     text: str
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
 
 
-class Refusal(_Request):
+class Refusal(RequestModel):
     type: Literal["refusal"]
     refusal: str
 
@@ -96,12 +94,12 @@ class FunctionCallOutputItem(_Item):
     output: str | list[InputText | OutputText]
 
 
-class SummaryText(_Request):
+class SummaryText(RequestModel):
     type: Literal["summary_text"]
     text: str
 
 
-class ReasoningText(_Request):
+class ReasoningText(RequestModel):
     type: Literal["reasoning_text"]
     text: str
 
@@ -128,7 +126,7 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(_Request):
+class FunctionTool(RequestModel):
     type: Literal["function"]
     name: FunctionName
     description: str | None = None
@@ -136,12 +134,12 @@ class FunctionTool(_Request):
     strict: bool | None = None
 
 
-class FunctionChoice(_Request):
+class FunctionChoice(RequestModel):
     type: Literal["function"]
     name: FunctionName
 
 
-class TextFormat(_Request):
+class TextFormat(RequestModel):
     """`text.format`: `text`, `json_object`, or `json_schema` (`name`, `schema`, `strict`)."""
 
     model_config = ConfigDict(populate_by_name=True)
@@ -152,12 +150,12 @@ class TextFormat(_Request):
     strict: bool | None = None
 
 
-class TextConfig(_Request):
+class TextConfig(RequestModel):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ReasoningConfig(_Request):
+class ReasoningConfig(RequestModel):
     effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
@@ -165,7 +163,7 @@ class ReasoningConfig(_Request):
     mode: str | None = None
 
 
-class StreamOptions(_Request):
+class StreamOptions(RequestModel):
     include_obfuscation: bool | None = None
 
 
@@ -184,7 +182,7 @@ Includable = Literal[
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
-class ResponseInputFields(_Request):
+class ResponseInputFields(RequestModel):
     """What the model is shown: shared by POST /v1/responses and /v1/responses/input_tokens."""
 
     @field_validator("input", mode="before")
@@ -251,11 +249,7 @@ class InputTokensRequest(ResponseInputFields):
 # ------------------------------------------------------------------------------------------ responses
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ResponseObject(_Out):
+class ResponseObject(OpenResponse):
     """A response (`object: "response"`): its output items (`reasoning`, `message`, `function_call`),
     status, usage and the request's settings, as OpenAI's; documented loosely (the items are OpenAI's)."""
 
@@ -268,12 +262,12 @@ class ResponseObject(_Out):
     usage: dict[str, Any] | None = None
 
 
-class ResponseDeleted(_Out):
+class ResponseDeleted(OpenResponse):
     id: str
     object: Literal["response"] = "response"
     deleted: bool
 
 
-class InputTokensResponse(_Out):
+class InputTokensResponse(OpenResponse):
     object: Literal["response.input_tokens"] = "response.input_tokens"
     input_tokens: int
