@@ -7,8 +7,12 @@
 2. --rounds rounds of --clients concurrent streaming clients with the same prompts: every stream must end
    with [DONE], carry no error and equal its reference text; after each round the running / waiting gauges
    and the KV-cache usage must be back to 0.
-3. --disconnects clients start long streams and close the connection after a few chunks: their slots must
-   be freed (gauges back to 0, the abort counter up by as many).
+3. The other APIs: every client's prompt through the Responses API, Anthropic Messages, Ollama's /api/chat
+   and /api/generate, each once whole and once streamed, all at once: every stream must end as its API
+   ends one, without an error event, and equal its whole answer; /v1/embeddings and /api/embed must give
+   the same vectors; the gauges back to 0 after.
+   Then --disconnects clients start long streams and close the connection after a few chunks: their slots
+   must be freed (gauges back to 0, the abort counter up by as many).
 4. Drain: --clients streams again, and SIGTERM once tokens flow: /health must turn 503 "draining" and a new
    request get 503, every stream must still end in full (equal to its reference), and the process exit 0.
 Prints a markdown table (errors, mismatches, RSS after warm-up / after the rounds / growth, gauges, time);
@@ -69,6 +73,80 @@ async def _stream(http: httpx.AsyncClient, prompt: str, max_tokens: int) -> tupl
             return text, f"error event: {chunk['error']}"
         text += "".join(c["text"] for c in chunk["choices"])
     return text, None
+
+
+async def _api_text(
+    http: httpx.AsyncClient, api: str, prompt: str, max_tokens: int, stream: bool
+) -> tuple[str, str | None]:
+    """One greedy answer of `api` (responses, messages, chat, generate), whole or streamed: (its text,
+    problem or None)."""
+    user = [{"role": "user", "content": prompt}]
+    path, body = {
+        "responses": ("/v1/responses", {"input": prompt, "max_output_tokens": max_tokens, "temperature": 0}),
+        "messages": ("/v1/messages", {"messages": user, "max_tokens": max_tokens, "temperature": 0}),
+        "chat": ("/api/chat", {"messages": user, "options": {"num_predict": max_tokens, "temperature": 0}}),
+        "generate": (
+            "/api/generate",
+            {"prompt": prompt, "options": {"num_predict": max_tokens, "temperature": 0}},
+        ),
+    }[api]
+    body = {"model": "soak", **body, "stream": stream}
+    if not stream:
+        r = await http.post(path, json=body)
+        if r.status_code != 200:
+            return "", f"{api}: status {r.status_code}"
+        data = r.json()
+        if api == "responses":
+            return "".join(
+                c["text"] for o in data["output"] if o["type"] == "message" for c in o["content"]
+            ), None
+        if api == "messages":
+            return "".join(b["text"] for b in data["content"] if b["type"] == "text"), None
+        return (data["message"]["content"] if api == "chat" else data["response"]), None
+    text, last = "", ""
+    async with http.stream("POST", path, json=body) as r:
+        if r.status_code != 200:
+            return "", f"{api} stream: status {r.status_code}"
+        async for line in r.aiter_lines():
+            if api in ("chat", "generate"):
+                if not line:
+                    continue
+                data = json.loads(line)
+                if "error" in data:
+                    return text, f"{api}: error line {data['error']}"
+                text += data["message"]["content"] if api == "chat" else data["response"]
+                last = "done" if data.get("done") else ""
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                last = data["type"]
+                if last == "error":
+                    return text, f"{api}: error event {data}"
+                if last == "response.output_text.delta":
+                    text += data["delta"]
+                elif last == "content_block_delta" and data["delta"]["type"] == "text_delta":
+                    text += data["delta"]["text"]
+    ends = {"responses": ("response.completed", "response.incomplete"), "messages": ("message_stop",)}
+    if last not in ends.get(api, ("done",)):
+        return text, f"{api} stream ended with {last!r}"
+    return text, None
+
+
+async def _apis(http: httpx.AsyncClient, prompts: list[str], max_tokens: int) -> tuple[int, int, int]:
+    """Every API whole and streamed for every prompt, all at once: (answers, problems, mismatches), the
+    embeddings' disagreements counted as mismatches."""
+    apis = ("responses", "messages", "chat", "generate")
+    jobs = [(a, q) for a in apis for q in prompts]
+    whole = await asyncio.gather(*(_api_text(http, a, q, max_tokens, False) for a, q in jobs))
+    streamed = await asyncio.gather(*(_api_text(http, a, q, max_tokens, True) for a, q in jobs))
+    problems = sum(p is not None for _, p in whole + streamed)
+    mismatches = sum(
+        w[0] != s[0] for w, s in zip(whole, streamed, strict=True) if w[1] is None and s[1] is None
+    )
+    vectors = (await http.post("/v1/embeddings", json={"model": "soak", "input": prompts})).json()["data"]
+    ollama = (await http.post("/api/embed", json={"model": "soak", "input": prompts})).json()["embeddings"]
+    for v, o in zip(vectors, ollama, strict=True):
+        mismatches += max(abs(x - y) for x, y in zip(v["embedding"], o, strict=True)) > 1e-5
+    return len(jobs) * 2, problems, mismatches
 
 
 async def _walk_away(http: httpx.AsyncClient, prompt: str, max_tokens: int) -> bool:
@@ -190,6 +268,15 @@ def main() -> int:
                 ok &= growth < 0.05
                 rss = f"{rss0 / 2**20:.0f} → {rss1 / 2**20:.0f} MiB ({growth * 100:+.1f}%)"
                 rows.append(("RSS after warm-up → after rounds", rss))
+                t0 = time.perf_counter()
+                answers, problems, mismatches = await _apis(http, prompts, args.max_tokens)
+                gauges = _settle(server)
+                ok &= problems == 0 and mismatches == 0 and gauges == (0, 0, 0)
+                rows.append((
+                    "Responses, Messages, Ollama chat / generate: whole + streamed; embeddings both ways",
+                    f"{answers} answers, problems {problems}, stream != whole or vectors differ "
+                    f"{mismatches}, gauges after {gauges}, {time.perf_counter() - t0:.1f}s",
+                ))  # fmt: skip
                 aborted0 = server.metrics()['blazr:request_success_total{finished_reason="abort"}']
                 t0 = time.perf_counter()
                 long = (await http.get("/v1/models")).json()["data"][0]["max_model_len"] - 64

@@ -1,6 +1,8 @@
-"""A fuzzer for the OpenAI endpoints: malformed and adversarial requests, and the verdict on the answers.
+"""A fuzzer for every generation API — OpenAI's completions, chat, Responses and embeddings, Anthropic's
+Messages, Ollama's chat / generate / embed: malformed and adversarial requests, and the verdict on the
+answers.
 
-`generate(rng, model)` yields requests built from valid completions / chat bodies with random mutations —
+`generate(rng, model)` yields requests built from valid bodies of each API with random mutations —
 fields dropped, retyped, pushed to extremes (huge, negative, NaN/Infinity literals, 2**64), unknown fields,
 odd unicode and lone surrogates, deep nesting, truncated or non-JSON bodies, invalid UTF-8, wrong content
 types and methods, random logit_bias keys, stop lists, message roles and parts, chat_template_kwargs —
@@ -8,8 +10,10 @@ and, as often, valid requests with random sampling parameters (streamed or not) 
 batches with good ones.
 
 `run(url, requests, concurrency)` sends them and judges every answer: a 5xx is a failure (but a 503
-queue-full with Retry-After, the right answer to overload); any other non-200 must be OpenAI error JSON;
-a stream must end with `data: [DONE]`; /health must stay 200 throughout (an engine death is a failure).
+queue-full with Retry-After, the right answer to overload); any other non-200 must be error JSON in its
+API's shape (OpenAI's, Anthropic's, Ollama's); a stream must end as its API ends one (`data: [DONE]`,
+`response.completed` / `incomplete`, `message_stop`, a `done` NDJSON line, or that API's error event);
+/health must stay 200 throughout (an engine death is a failure).
 Used by tests/test_server_fuzz.py (bounded) and benchmarks/fuzz.py.
 """
 
@@ -130,7 +134,84 @@ UNKNOWN = ["functions", "function_call", "best_of", "suffix", "guided_decoding_b
            "frobnicate", "__proto__", "prompt_logprobs", "use_beam_search", "extra_body"]  # fmt: skip
 
 
+TOOL_SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}
+TEXTS = ["Hi!", "Tell me a joke.", "¿Qué tal?", "<|im_end|>{{x}}", "🦊 " * 20]
+
+
+def _other_api(rng: random.Random, model: str) -> tuple[str, dict[str, Any]]:
+    """A valid request to one of the other APIs (Responses, Anthropic, Ollama, embeddings)."""
+    stream = rng.random() < 0.4
+    text = rng.choice(TEXTS)
+    n = rng.randint(1, 6)
+    kind = rng.randrange(8)
+    if kind == 0:
+        body: dict[str, Any] = {"model": model, "input": text, "max_output_tokens": n, "stream": stream}
+        if rng.random() < 0.3:
+            body["input"] = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": text}]
+        if rng.random() < 0.2:
+            body["tools"] = [{"type": "function", "name": "w", "parameters": TOOL_SCHEMA, "strict": True}]
+            body["tool_choice"] = rng.choice(["auto", "required", {"type": "function", "name": "w"}])
+        if rng.random() < 0.2:
+            body["text"] = {"format": {"type": "json_object"}}
+        if rng.random() < 0.2:
+            body["reasoning"] = {"effort": rng.choice(["none", "low", "high"])}
+        return "/v1/responses", body
+    if kind == 1:
+        body = {
+            "model": model,
+            "max_tokens": n,
+            "messages": [{"role": "user", "content": text}],
+            "stream": stream,
+        }
+        if rng.random() < 0.3:
+            body["system"] = "Be brief."
+        if rng.random() < 0.2:
+            body["tools"] = [{"name": "w", "input_schema": TOOL_SCHEMA}]
+            body["tool_choice"] = rng.choice(
+                [{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "w"}]
+            )
+        if rng.random() < 0.2:
+            body["thinking"] = rng.choice([{"type": "enabled", "budget_tokens": 2}, {"type": "disabled"}])
+        if rng.random() < 0.2:
+            body["temperature"] = rng.choice([0, 0.5, 1])
+            body["stop_sequences"] = ["."]
+        return "/v1/messages", body
+    if kind == 2:
+        options = {"num_predict": n, "temperature": rng.choice([0, 0.7]), "seed": rng.randrange(10)}
+        body = {"model": model, "messages": [{"role": "user", "content": text}], "options": options}
+        if rng.random() < 0.5:
+            body["stream"] = stream
+        if rng.random() < 0.2:
+            body["format"] = rng.choice(["json", {"type": "object"}])
+        return "/api/chat", body
+    if kind == 3:
+        body = {"model": model + rng.choice(["", ":latest"]), "prompt": text, "options": {"num_predict": n}}
+        if rng.random() < 0.5:
+            body["stream"] = stream
+        if rng.random() < 0.2:
+            body["raw"] = True
+        return "/api/generate", body
+    if kind == 4:
+        return "/v1/embeddings", {"model": model, "input": rng.choice([text, [text, "x"], [1, 2, 3]])}
+    if kind == 5:
+        return "/api/embed", {"model": model, "input": rng.choice([text, [text, "y"]])}
+    if kind == 6:
+        return "/v1/messages/count_tokens", {"model": model, "messages": [{"role": "user", "content": text}]}
+    return "/v1/responses/input_tokens", {"model": model, "input": text}
+
+
+def is_stream(path: str, body: Any) -> bool:
+    """Whether a well-formed answer to this body is a stream (Ollama streams unless told not to)."""
+    if not isinstance(body, dict):
+        return False
+    if path.startswith("/api/"):
+        return path in ("/api/chat", "/api/generate") and body.get("stream", True) is True
+    return body.get("stream") is True
+
+
 def _valid(rng: random.Random, model: str, vocab: int) -> tuple[str, dict[str, Any]]:
+    if rng.random() < 0.4:
+        return _other_api(rng, model)
     stream = rng.random() < 0.4
     params: dict[str, Any] = {"model": model, "max_tokens": rng.randint(1, 8), "stream": stream}
     if rng.random() < 0.5:
@@ -186,9 +267,9 @@ def _mutate(rng: random.Random, body: dict[str, Any]) -> dict[str, Any] | bytes:
     elif kind == 3:  # an unknown or unsupported field
         body[rng.choice(UNKNOWN)] = rng.choice([True, {"type": "object"}, [], "x", 1])
     elif kind == 4:  # weird strings where strings go
-        target = "prompt" if "prompt" in body else "messages"
+        target = next((k for k in ("prompt", "input", "messages") if k in body), "messages")
         text = rng.choice(WEIRD_STRINGS)
-        body[target] = text if target == "prompt" else [{"role": "user", "content": text}]
+        body[target] = text if target != "messages" else [{"role": "user", "content": text}]
         if rng.random() < 0.5:
             body["stop"] = [rng.choice(WEIRD_STRINGS)[:50] or "x"]
     elif kind == 5:  # token ids out of range, negative, huge lists
@@ -238,7 +319,7 @@ def generate(rng: random.Random, model: str, vocab: int = 1000) -> Iterator[Fuzz
         path, body = _valid(rng, model, vocab)
         roll = rng.random()
         if roll < 0.45:
-            yield FuzzRequest("POST", path, json.dumps(body).encode(), is_stream=bool(body.get("stream")))
+            yield FuzzRequest("POST", path, json.dumps(body).encode(), is_stream=is_stream(path, body))
             continue
         if roll < 0.90:
             mutated = _mutate(rng, body)
@@ -246,7 +327,7 @@ def generate(rng: random.Random, model: str, vocab: int = 1000) -> Iterator[Fuzz
                 yield FuzzRequest("POST", path, mutated)
             else:
                 raw = json.dumps(mutated).encode()
-                yield FuzzRequest("POST", path, raw, is_stream=mutated.get("stream") is True)
+                yield FuzzRequest("POST", path, raw, is_stream=is_stream(path, mutated))
             continue
         raw = json.dumps(body).encode()
         yield rng.choice([
@@ -262,26 +343,55 @@ def generate(rng: random.Random, model: str, vocab: int = 1000) -> Iterator[Fuzz
             FuzzRequest("GET", "/v1/models/" + "%2e%2e/" * 20, b""),
             FuzzRequest("POST", "/v1/embeddings", raw),
             FuzzRequest("GET", "/v1/models/x" * 500, b""),
+            FuzzRequest("GET", rng.choice(["/api/tags", "/api/ps", "/api/version", "/v1/responses/x"]), b""),
+            FuzzRequest("DELETE", "/v1/responses/" + "%2e%2e/" * 5, b""),
+            FuzzRequest("POST", "/api/show", json.dumps({"model": rng.choice([model, "nope"])}).encode()),
+            FuzzRequest("POST", rng.choice(["/v1/messages", "/api/chat", "/v1/responses"]), raw[:-1]),
         ])  # fmt: skip
 
 
+def _stream_ended(path: str, text: str) -> bool:
+    """Whether a stream ends as its API ends one (a last event, or that API's error event)."""
+    text = text.rstrip()
+    if path.startswith("/api/"):
+        last = json.loads(text.splitlines()[-1]) if text else {}
+        return last.get("done") is True or bool(last.get("error"))
+    if path.startswith("/v1/messages"):
+        return text.endswith('{"type": "message_stop"}') or "event: error\ndata:" in text[-2000:]
+    if path.startswith("/v1/responses"):
+        last = text.rsplit("event: ", 1)[-1]
+        return last.startswith(("response.completed", "response.incomplete", "error\n"))
+    return text.endswith("data: [DONE]")
+
+
+def _error_json(path: str, text: str) -> bool:
+    """Whether `text` is an error in the API's own shape."""
+    try:
+        body = json.loads(text)
+        if path.startswith("/api/"):
+            return set(body) == {"error"} and isinstance(body["error"], str) and bool(body["error"])
+        if path.startswith("/v1/messages"):
+            return body["type"] == "error" and bool(body["error"]["type"]) and bool(body["error"]["message"])
+        return isinstance(body["error"]["message"], str) and bool(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def _judge(req: FuzzRequest, status: int, text: str, headers: httpx.Headers) -> str | None:
-    """What is wrong with this answer (None: nothing). A 503 `queue_full` with Retry-After is the right
-    answer when the requests in flight hold more sequences than the server admits (n up to 128)."""
-    if status == 503 and "queue_full" in text and "retry-after" in headers:
+    """What is wrong with this answer (None: nothing). A 503 with Retry-After is the right answer when the
+    requests in flight hold more sequences than the server admits (n up to 128)."""
+    if status == 503 and "retry-after" in headers and _error_json(req.path, text):
         return None
     if status >= 500:
         return f"{status} for {req.method} {req.path} {req.body[:300]!r}: {text[:300]}"
     if status == 200 and req.is_stream:
-        if not text.rstrip().endswith("data: [DONE]"):
-            return f"stream not ended with [DONE]: {req.body[:200]!r}: {text[-300:]}"
-        return None
-    if status != 200:
         try:
-            error = json.loads(text)["error"]
-            assert isinstance(error["message"], str) and error["message"]
-        except (ValueError, KeyError, TypeError, AssertionError):
-            return f"{status} without OpenAI error JSON for {req.body[:200]!r}: {text[:300]}"
+            ended = _stream_ended(req.path, text)
+        except ValueError:
+            ended = False
+        return None if ended else f"stream of {req.path} not ended: {req.body[:200]!r}: {text[-300:]}"
+    if status != 200 and not _error_json(req.path, text):
+        return f"{status} without {req.path}'s error JSON for {req.body[:200]!r}: {text[:300]}"
     return None
 
 

@@ -169,12 +169,14 @@ def write_tiny_llama_gguf(
     config: Any,
     qtype: str = "F32",
     vocab: Sequence[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write an HF llama state dict as llama.cpp's converter would: GGUF names, q/k rows permuted.
 
     `config` is an HF config (or its dict); `hf_state_dict` holds torch tensors or arrays. Matrices are
     encoded as `qtype` (F32, F16, or any type `gguf.quants.quantize` supports); 1-D tensors (norms,
-    biases) stay F32 as in llama.cpp. Pass `vocab` to add a minimal gpt2-style token list.
+    biases) stay F32 as in llama.cpp. Pass `vocab` to add a minimal gpt2-style token list, `metadata`
+    for more keys (`llama.pooling_type`, say).
     """
     cfg = _config_dict(config)
     num_heads = cfg["num_attention_heads"]
@@ -191,4 +193,4 @@ def write_tiny_llama_gguf(
             array,
             qtype if array.ndim >= 2 else "F32",
         )
-    return write_gguf(path, tensors, llama_metadata(cfg, vocab))
+    return write_gguf(path, tensors, {**llama_metadata(cfg, vocab), **(metadata or {})})

@@ -382,12 +382,13 @@ TOOL = {
 
 
 def test_a_template_that_renders_tools_gets_them_as_transformers_passes_them(smol_tok, smol_hf):
-    """The server's request → template path (protocol.encode_chat) against HF's apply_chat_template(tools=)
-    on the same template: tool definitions, an assistant's tool_calls (arguments as an object, not JSON
-    text) and a tool result render identically; the Hermes parser is chosen from the template's markers."""
-    from blazr.server import protocol
+    """The server's request → template path (openai_chat.conversation → ChatFormat.render) against HF's
+    apply_chat_template(tools=) on the same template: tool definitions, an assistant's tool_calls
+    (arguments as an object, not JSON text) and a tool result render identically; the Hermes parser is
+    chosen from the template's markers."""
+    from blazr.server.chat_format import ChatFormat, choose_tool_parser
+    from blazr.server.openai_chat import conversation
     from blazr.server.schemas import ChatCompletionRequest
-    from blazr.server.serving import choose_tool_parser
 
     call = {
         "id": "call_1",
@@ -406,7 +407,7 @@ def test_a_template_that_renders_tools_gets_them_as_transformers_passes_them(smo
     tok = copy.copy(smol_tok)
     tok.chat_template = ChatTemplate(TOOLS_TEMPLATE)
     assert tok.chat_template.uses_tools and choose_tool_parser(tok.chat_template) == "hermes"
-    ours = protocol.encode_chat(request, tok, [TOOL])
+    ours = ChatFormat(tok).render(conversation(request))
     hf_messages = [m.model_dump(exclude_none=True) for m in request.messages]
     hf_messages[2]["tool_calls"][0]["function"]["arguments"] = {"city": "Oslo"}
     theirs = smol_hf.apply_chat_template(

@@ -123,6 +123,22 @@ def test_routing_key_is_the_prompts_first_characters():
     assert routing_key("/v1/completions", b"[1, 2]", 256) is None
 
 
+def test_every_chat_api_keys_the_same_conversation_alike():
+    """Responses (instructions + input), Anthropic (system + messages) and Ollama's /api/chat route the
+    conversation that chat completions would, to the same replica; /api/generate by its prompt."""
+    system = "You answer in French. " * 15
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": "Bonjour ?"}]
+    bodies = {
+        "/v1/chat/completions": {"messages": chat},
+        "/v1/responses": {"instructions": system, "input": "Bonjour ?"},
+        "/v1/messages": {"system": system, "messages": chat[1:], "max_tokens": 5},
+        "/api/chat": {"messages": chat},
+    }
+    keys = {routing_key(path, json.dumps(b).encode(), 256) for path, b in bodies.items()}
+    assert len(keys) == 1 and None not in keys
+    assert routing_key("/api/generate", json.dumps({"prompt": system}).encode(), 256) == system[:256]
+
+
 def test_a_chats_next_turn_keeps_its_key_and_the_system_prompt_decides():
     system = {"role": "system", "content": "You answer in French. " * 15}
     turn1 = [system, {"role": "user", "content": "Bonjour ?"}]

@@ -107,6 +107,9 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [ord(c) % 256 for c in text]
 
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def encode_chat(
         self, messages: list[dict], add_generation_prompt: bool = True, **kw: object
     ) -> list[int]:

@@ -20,10 +20,10 @@ from fastapi.responses import StreamingResponse
 
 from blazr.distributed.worker import free_port
 from blazr.errors import BlazrError
-from blazr.server import constraints, serving
+from blazr.server import openai_chat
 from blazr.server.app import LoadedModel, build_app
+from blazr.server.openai_chat import ChatJob
 from blazr.server.options import ServerConfig
-from blazr.server.responses import ChatJob
 from tests.test_server_app import FakeEngine, FakeTokenizer
 
 SECRET = "/internal/secret/path.py"  # in every injected fault's text: it must never reach a client
@@ -133,7 +133,7 @@ def test_a_fault_before_the_answer_is_a_json_500_on_a_kept_alive_connection(live
     conn = _Connection(live.port)
     try:
         assert conn.post(CHAT)[0] == 200
-        monkeypatch.setattr(constraints, "tool_plan", _fault)
+        monkeypatch.setattr(openai_chat, "conversation", _fault)
         for stream in (False, True):  # a stream that never started answers JSON too
             error = _error(*conn.post({**CHAT, "stream": stream}), 500)
             assert error["type"] == "server_error" and error["code"] == "internal_error"
@@ -157,7 +157,7 @@ def test_a_blazr_error_escaping_a_handler_is_a_400(live, monkeypatch, caplog):
 
     conn = _Connection(live.port)
     try:
-        monkeypatch.setattr(constraints, "tool_plan", bad_input)
+        monkeypatch.setattr(openai_chat, "conversation", bad_input)
         error = _error(*conn.post(CHAT), 400)
         assert error["type"] == "invalid_request_error"
         assert error["message"] == "messages: the template cannot render this conversation"
@@ -181,13 +181,13 @@ def test_a_fault_after_a_stream_started_ends_it_with_an_error_event(live, monkey
     caplog.set_level(logging.INFO)
     if where == "events":
         events = ChatJob.events
-        monkeypatch.setattr(ChatJob, "events", lambda job, stream: _first_then_fault(events(job, stream)))
+        monkeypatch.setattr(ChatJob, "events", lambda job: _first_then_fault(events(job)))
     else:
 
         def unframed(events: AsyncIterator[bytes], stream: Any, rid: str) -> StreamingResponse:
             return StreamingResponse(_first_then_fault(events), media_type="text/event-stream")
 
-        monkeypatch.setattr(serving, "sse_response", unframed)
+        monkeypatch.setattr(openai_chat, "sse_response", unframed)
     conn = _Connection(live.port)
     try:
         got = _sse(*conn.post({**CHAT, "stream": True}))

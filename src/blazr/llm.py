@@ -16,13 +16,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from blazr.config import DTYPES, EngineConfig, dtype_name
 from blazr.detect import Checkpoint, inspect_checkpoint, resolve_model_path
 from blazr.engine.engine import LLMEngine, SeqOutput
+from blazr.engine.pooling import Pooling, declared_pooling
 from blazr.engine.runner import ModelRunner
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.sequence import TokenLogprob
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("blazr")
 
 Prompt = str | list[int]
+_GGUF_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+                    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+                    17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}  # fmt: skip
 
 
 @dataclass
@@ -174,6 +178,8 @@ class LLM:
             self.tp.broadcast_object((self.engine_config, self.runner.cache_plan, self.kv_dtype))
             atexit.register(self.close)  # the other ranks wait for rank 0's next step until told to stop
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config)
+        # embeddings: the pooling the checkpoint declares, else the mean (engine/pooling.py)
+        self.pooling: Pooling = declared_pooling(self.checkpoint) or Pooling("mean")
         self.load_seconds = time.perf_counter() - t0
         log.info(
             "loaded %s (%s, %s, kv cache %s) in %.1fs; cache: %s; prefix cache %s",
@@ -224,6 +230,30 @@ class LLM:
     @property
     def name(self) -> str:
         return self.checkpoint.name
+
+    def details(self) -> dict[str, Any]:
+        """What model listings (Ollama's /api/tags, /api/show) say of it: format, family, parameter count,
+        stored weights' kind, file size, context length."""
+        from blazr.info import count_parameters
+        from blazr.model.model import CausalLM
+
+        cfg = self.config
+        with torch.device("meta"):
+            total, _ = count_parameters(CausalLM(cfg))
+        size = sum(p.stat().st_size for p in self.checkpoint.weight_files if p.exists())
+        kind = dtype_name(self.checkpoint.weights_dtype).upper()
+        if self.checkpoint.gguf is not None:  # llama.cpp's file type (llama_ftype), by its name
+            kind = _GGUF_FILE_TYPES.get(self.checkpoint.gguf.metadata.get("general.file_type", -1), kind)
+        return {
+            "format": "gguf" if self.checkpoint.format == "gguf" else "safetensors",
+            "family": cfg.architecture,
+            "parameter_count": total,
+            "quantization_level": kind,
+            "size": size,
+            "context_length": self.engine_config.max_model_len,
+            "embedding_length": cfg.hidden_size,
+            "num_layers": cfg.num_layers,
+        }
 
     def encode(self, prompt: Prompt) -> list[int]:
         return list(prompt) if not isinstance(prompt, str) else self.tokenizer.encode(prompt)
@@ -284,6 +314,26 @@ class LLM:
         res.num_cached_tokens = out.num_cached_tokens
         if out.finished:
             c.finish_reason = out.finish_reason
+
+    def embed(self, prompts: Prompt | Sequence[Prompt]) -> list[list[float]]:
+        """The embedding of each prompt (a string or token ids): its final hidden states pooled as the
+        checkpoint declares (mean when it declares nothing), unit length; batched like generation."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = SamplingParams(max_tokens=1, pooling=self.pooling)
+        id_lists = [self.encode(p) for p in prompts]  # type: ignore[arg-type]
+        for prompt_ids in id_lists:
+            self.engine.validate(prompt_ids, params)
+        ids = [uuid.uuid4().hex for _ in id_lists]
+        for rid, prompt_ids in zip(ids, id_lists, strict=True):
+            self.engine.add_request(rid, prompt_ids, params)
+        vectors: dict[str, list[float]] = {}
+        for out in self._drain():
+            if out.finished and out.embedding is None:
+                raise BlazrError(f"embedding request {out.request_id} failed ({out.finish_reason})")
+            if out.embedding is not None:
+                vectors[out.request_id] = out.embedding
+        return [vectors[rid] for rid in ids]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Generate one prompt, yielding text as it is produced (used by `blazr generate` and `chat`)."""

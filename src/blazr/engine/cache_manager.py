@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from blazr.engine.sequence import Sequence
 from blazr.state.allocator import BlockAllocator, SlotAllocator, SnapshotPool
 from blazr.state.budget import CachePlan
-from blazr.state.prefix import BlockHash, extend_hashes
+from blazr.state.prefix import BlockHash, extend_hashes, hash_root
 
 
 @dataclass
@@ -105,7 +105,8 @@ class CacheManager:
         have = len(seq.block_hashes)
         if have < num_blocks:
             bs = self.block_size
-            extend_hashes(seq.block_hashes, seq.tokens(have * bs, num_blocks * bs), bs)
+            tokens = seq.tokens(have * bs, num_blocks * bs)
+            extend_hashes(seq.block_hashes, tokens, bs, hash_root(seq.params.cache_salt))
         return seq.block_hashes
 
     def _match(self, seq: Sequence) -> tuple[list[int], int, int | None]:
@@ -114,6 +115,8 @@ class CacheManager:
         if not self.is_prefix_caching or max_blocks == 0:
             return [], 0, None
         if seq.params.prompt_logprobs is not None and not seq.output_ids:
+            return [], 0, None
+        if seq.params.pooling is not None and seq.params.pooling.needs_every_position:
             return [], 0, None
         hashes = self._hashes(seq, max_blocks)[:max_blocks]
         depth, hit = len(hashes), []

@@ -32,6 +32,7 @@ from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
 from blazr.engine.scheduler import ScheduledBatch, Scheduler
 from blazr.engine.sequence import Sequence, Status, TokenLogprob
+from blazr.engine.thinking import ThinkingCounter
 from blazr.errors import BlazrError
 from blazr.tokenizer import Tokenizer
 
@@ -80,6 +81,7 @@ class SeqOutput:
     arrival_time: float = 0.0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
     error: BaseException | None = None  # finish_reason "error": what failed (for the log, not for clients)
+    embedding: list[float] | None = None  # a pooling request's vector (engine/pooling.py)
 
 
 @dataclass
@@ -128,6 +130,8 @@ class LLMEngine:
             )
         if params.structured is not None:
             self.grammars.compile(params.structured)  # cached: add_request's matchers copy it
+        if params.pooling is not None and (params.n != 1 or self.runner.tp is not None):
+            raise BlazrError("an embedding request takes n = 1 and one rank (no tensor parallelism)")
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.validate(prompt_ids, params)
@@ -150,6 +154,8 @@ class LLMEngine:
             seq.grammar = parent.grammar.fork()
         elif params.structured is not None:
             seq.grammar = self.grammars.matcher(params.structured, seq.stop_ids)
+        if params.thinking is not None:
+            seq.thinking = ThinkingCounter.build(params.thinking, self.tokenizer)
         req.seqs.append(seq)
         req.detoks[seq.seq_id] = Detokenizer(
             self.tokenizer.stream(skip_special=params.skip_special_tokens),
@@ -197,6 +203,8 @@ class LLMEngine:
         self.scheduler.commit(sched)
         outputs: list[SeqOutput] = []
         prompt_lps = self._prompt_logprobs(step, sched.seqs, outputs)
+        if step.pooled:
+            self._pool(step, sched, outputs)
         seqs, rows = self._expand_forks(step, outputs)
         if not seqs:
             return outputs
@@ -225,6 +233,8 @@ class LLMEngine:
         seq.output_ids.append(token)
         if seq.grammar is not None:  # output tokens are appended once (a recompute samples only the next)
             seq.grammar.advance(token)
+        if seq.thinking is not None:
+            seq.thinking.advance(token)
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.last_token_time = now
@@ -255,6 +265,32 @@ class LLMEngine:
             self.scheduler.finish(seq, finish)
             seq.grammar = None
         return self._output(req, seq, [token], text, lp)
+
+    def _pool(self, step: StepLogits, sched: ScheduledBatch, outputs: list[SeqOutput]) -> None:
+        """Embedding requests: each chunk's pooled part added up; one whose prompt is done finishes with
+        its vector (engine/pooling.py)."""
+        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+            pooling = seq.params.pooling
+            if pooling is None or seq.seq_id not in step.pooled:
+                continue
+            if seq.num_computed_tokens == n:  # the first chunk (again, after a preemption): start over
+                seq.pooled = None
+            seq.pooled = pooling.combine(seq.pooled, step.pooled[seq.seq_id])
+            req = self.requests.get(seq.request_id)
+            if seq.num_computed_tokens < seq.num_tokens or req is None:
+                continue
+            try:
+                assert seq.pooled is not None, "a finished prompt pooled nothing"
+                vector = pooling.finish(seq.pooled, seq.num_tokens)
+            except Exception as e:
+                outputs += self._fail(req, e, "pooling its prompt")
+                continue
+            self.scheduler.finish(seq, "stop")
+            seq.pooled = None
+            out = self._output(req, seq, [], "", [])
+            out.embedding = vector
+            outputs.append(out)
+            self.requests.pop(req.request_id, None)
 
     # ------------------------------------------------------------------------------------- failures
 
@@ -313,7 +349,15 @@ class LLMEngine:
         """Sample one token per row: (result, row in it) per sequence. If the batch fails, each row is
         sampled alone, and a row that fails alone fails its request (result None)."""
         requests = [
-            SampleRequest(s.params, s.prompt_ids, s.output_ids, s.generator, s.stop_ids, s.grammar)
+            SampleRequest(
+                s.params,
+                s.prompt_ids,
+                s.output_ids,
+                s.generator,
+                s.stop_ids,
+                s.grammar,
+                s.thinking.forced() if s.thinking is not None else None,
+            )
             for s in seqs
         ]
         try:

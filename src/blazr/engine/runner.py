@@ -19,7 +19,7 @@ shares its step (quantized layers compute differently in the decode kernels than
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,6 +56,7 @@ class StepLogits:
     sample_seqs: list[Sequence]
     sample: torch.Tensor  # [n, V] float32
     prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id → (first position predicted, [m, V])
+    pooled: dict[int, torch.Tensor | None] = field(default_factory=dict)  # seq_id → this chunk's part
 
     @staticmethod
     def split(
@@ -103,6 +104,7 @@ class ModelRunner:
             None if self.tp else DecodePlan.create(model, self.cache, engine_cfg, device, dtype)
         )
         self.graphs: GraphDecoder | None = None
+        self._pool_rows: dict[int, tuple[int, int, int, bool]] = {}  # the last `build`'s embedding rows
         if self.decode_plan is None and self.is_paged and is_supported(self.cfg) and not self.tp:
             self.graphs = GraphDecoder.create(model, self.cache, engine_cfg, self._pad_slot(), device)
         fast = self.decode_plan or self.graphs
@@ -143,6 +145,7 @@ class ModelRunner:
         sample_rows: list[int] = []  # hidden rows whose logits are sampled
         sample_seqs: list[Sequence] = []
         prompt_rows: dict[int, tuple[int, int, int]] = {}  # seq_id → (first predicted pos, offset, count)
+        pool_rows: dict[int, tuple[int, int, int, bool]] = {}  # seq_id → (row, count, position, is last)
         context_lens, query_lens = [], []
         state_saves = []  # (row, offset, snapshot slot): the state after `offset` of the row's tokens
         for b, (seq, n) in enumerate(zip(sched.seqs, sched.num_new_tokens, strict=True)):
@@ -161,7 +164,9 @@ class ModelRunner:
                 count = min(start + n, seq.num_prompt_tokens - 1) - start
                 prompt_rows[seq.seq_id] = (start + 1, len(prompt_logit_rows), count)
                 prompt_logit_rows.extend(range(row0, row0 + count))
-            if start + n == seq.num_tokens:
+            if seq.params.pooling is not None:  # an embedding: its hidden rows pooled, nothing sampled
+                pool_rows[seq.seq_id] = (row0, n, start, start + n == seq.num_tokens)
+            elif start + n == seq.num_tokens:
                 sample_rows.append(row0 + n - 1)
                 sample_seqs.append(seq)
         dev = self.device
@@ -181,6 +186,7 @@ class ModelRunner:
             batch.state_slots = torch.tensor([s.state_slot for s in sched.seqs], dtype=torch.long, device=dev)
             batch.state_saves = tuple(state_saves)
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        self._pool_rows = pool_rows
         return ids, batch, sample_seqs, prompt_rows
 
     def _kv_indices(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
@@ -303,13 +309,20 @@ class ModelRunner:
             return decoded
         rest = self._run_eager(sched.part(nd, len(seqs)))
         sample = torch.cat([decoded.sample, rest.sample])
-        return StepLogits(decoded.sample_seqs + rest.sample_seqs, sample, {**decoded.prompt, **rest.prompt})
+        seqs = decoded.sample_seqs + rest.sample_seqs
+        return StepLogits(seqs, sample, {**decoded.prompt, **rest.prompt}, rest.pooled)
 
     def _run_eager(self, sched: ScheduledBatch) -> StepLogits:
         ids, batch, sample_seqs, prompt_rows = self.build(sched)
         hidden = self.model(ids, batch, self.cache)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
-        return StepLogits.split(logits, sample_seqs, prompt_rows)
+        step = StepLogits.split(logits, sample_seqs, prompt_rows)
+        by_id = {seq.seq_id: seq for seq in sched.seqs}
+        for seq_id, (row0, n, start, is_last) in self._pool_rows.items():  # embeddings: pooled, not sampled
+            pooling = by_id[seq_id].params.pooling
+            assert pooling is not None
+            step.pooled[seq_id] = pooling.partial(hidden[row0 : row0 + n], start, is_last)
+        return step
 
     # ---------------------------------------------------------------------------------------- forking
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from blazr.engine.grammar import GrammarMatcher, StructuredOutput, apply_token_bitmask, fill_bitmasks
+from blazr.engine.pooling import Pooling
+from blazr.engine.thinking import ThinkingBudget
 from blazr.errors import BlazrError
 from blazr.kernels import ops
 
@@ -51,6 +53,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None  # what the output must match (JSON schema, regex, …)
+    thinking: ThinkingBudget | None = None  # the reasoning block's token budget (engine/thinking.py)
+    priority: int = 0  # waiting order: lower first, arrival order among equals (vLLM's)
+    cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share blocks
+    pooling: Pooling | None = None  # an embedding: the prompt's hidden states pooled, nothing sampled
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -108,6 +114,7 @@ class SampleRequest:
     generator: torch.Generator | None
     stop_ids: frozenset[int]  # masked while len(output_ids) < min_tokens
     grammar: GrammarMatcher | None = None  # constrained: only the tokens it allows
+    forced: int | None = None  # the token this row must take (a thinking budget's end marker)
 
 
 @dataclass
@@ -208,6 +215,10 @@ def sample(logits: torch.Tensor, rows: Seq[SampleRequest]) -> SampleResult:
         tokens[greedy] = ops.argmax_rows(logits[greedy])
         tokens[rest] = _filter_and_draw(logits[rest], [rows[b] for b in rest])
     result = SampleResult(tokens.tolist(), None, None, None)
+    for b, r in enumerate(rows):
+        if r.forced is not None:
+            result.token_ids[b] = r.forced
+            tokens[b] = r.forced
     if raw_logprobs is not None:
         result.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)
         k = max(want)

@@ -60,7 +60,13 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------ queue
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue a new sequence: after every waiting one of the same or a lower `priority` value."""
+        p = seq.params.priority
+        if not self.waiting or self.waiting[-1].params.priority <= p:
+            self.waiting.append(seq)
+            return
+        at = next(i for i, s in enumerate(self.waiting) if s.params.priority > p)
+        self.waiting.insert(at, seq)
 
     @property
     def num_waiting(self) -> int:

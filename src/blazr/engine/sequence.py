@@ -17,6 +17,7 @@ import torch
 
 from blazr.engine.grammar import GrammarMatcher
 from blazr.engine.sampling import SamplingParams
+from blazr.engine.thinking import ThinkingCounter
 
 _ids = itertools.count()
 
@@ -65,6 +66,8 @@ class Sequence:
     latest_snapshot: bytes | None = None
     num_cached_tokens: int = 0
     grammar: GrammarMatcher | None = None  # structured output: where its output stands in the grammar
+    thinking: ThinkingCounter | None = None  # a thinking budget: where its output stands in the block
+    pooled: torch.Tensor | None = None  # an embedding request: its prompt's hidden states pooled so far
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -3,8 +3,9 @@
 Startup: uvicorn binds at once and the lifespan starts a loader thread, so `/health` answers 503 while the
 model loads and 200 once the engine thread runs; a model that fails to load stops the server (exit 1,
 one-line error). SIGTERM / SIGINT drain (lifecycle.py); an engine that dies ends the process with status 1.
-Middlewares (middleware.py), outermost first: request id + in-flight count, API key (/v1/* and the docs;
-/health, /metrics and /version stay open so probes and scrapers need no secret), body-size limit.
+Routes: OpenAI's (routes.py), Anthropic's (routes_anthropic.py), Ollama's (routes_ollama.py).
+Middlewares (middleware.py), outermost first: request id + in-flight count, API key (/v1/*, /api/* and the
+docs; /health, /metrics and /version stay open so probes and scrapers need no secret), body-size limit.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -25,6 +27,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from blazr.config import dtype_name
 from blazr.engine.async_engine import AsyncEngine
 from blazr.engine.engine import LLMEngine
+from blazr.engine.pooling import Pooling
 from blazr.errors import BlazrError
 from blazr.kernels.build import usable_cores
 from blazr.server.errors import install_error_handlers
@@ -34,7 +37,9 @@ from blazr.server.middleware import ApiKey, BodyLimit, RequestContext
 from blazr.server.openapi import install_openapi
 from blazr.server.options import ServerConfig
 from blazr.server.routes import router
-from blazr.server.serving import OpenAIServing
+from blazr.server.routes_anthropic import router as anthropic_router
+from blazr.server.routes_ollama import router as ollama_router
+from blazr.server.serving import Serving
 from blazr.server.state import ServerState
 from blazr.tokenizer import Tokenizer
 
@@ -51,6 +56,8 @@ class LoadedModel:
     root: str
     description: str = ""
     is_cpu: bool = False
+    details: dict[str, Any] = field(default_factory=dict)  # format, family, sizes (Ollama's /api/show, /tags)
+    pooling: Pooling | None = None  # embeddings (engine/pooling.py); None: the engine's default, mean
 
 
 Loader = Callable[[ServerConfig], LoadedModel]
@@ -82,7 +89,10 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
     prefix = "on" if llm.engine_config.enable_prefix_caching else "off"
     desc = f"{llm.config.architecture}, {dtype}, kv cache {kv}, prefix cache {prefix}, {llm.device.type}"
     # root: the checkpoint's name, not its path (no absolute path reaches clients)
-    return LoadedModel(engine, llm.tokenizer, names, llm.name, desc, llm.device.type == "cpu")
+    loaded = LoadedModel(engine, llm.tokenizer, names, llm.name, desc, llm.device.type == "cpu")
+    loaded.details = llm.details()
+    loaded.pooling = llm.pooling
+    return loaded
 
 
 def engine_threads(cfg: ServerConfig, is_cpu: bool) -> int | None:
@@ -104,13 +114,15 @@ def _load(
         loaded = loader(state.config)
         threads = engine_threads(state.config, loaded.is_cpu)
         engine = AsyncEngine(loaded.engine, observer=state.metrics, num_threads=threads, on_fatal=on_fatal)
-        serving = OpenAIServing(
+        serving = Serving(
             engine,
             loaded.tokenizer,
             loaded.model_names,
             loaded.root,
             tool_call_parser=state.config.tool_call_parser,
             reasoning_parser=state.config.reasoning_parser,
+            details=loaded.details,
+            pooling=loaded.pooling,
         )
         engine.start()
         state.metrics.bind_engine(
@@ -136,10 +148,9 @@ def _load(
             callback(str(e))
         return
     threads = f", {engine.num_threads} threads" if engine.num_threads else ""
-    reasoning = f", reasoning {serving.reasoning_parser.name}" if serving.reasoning_parser else ""
     print(
-        f"blazr serve: ready — {loaded.model_names[0]} ({loaded.description}{threads}, tool calls "
-        f"{serving.tool_parser.name}{reasoning}) loaded in {state.load_seconds:.1f}s",
+        f"blazr serve: ready — {loaded.model_names[0]} ({loaded.description}{threads}, "
+        f"{serving.format.describe()}) loaded in {state.load_seconds:.1f}s",
         file=sys.stderr,
         flush=True,
     )
@@ -170,6 +181,8 @@ def build_app(
     app = FastAPI(title="blazr", version=_version(), lifespan=lifespan)
     app.state.blazr = state
     app.include_router(router)
+    app.include_router(anthropic_router)
+    app.include_router(ollama_router)
     install_error_handlers(app, metrics.on_error)
     install_openapi(app, has_api_key=bool(config.api_key))
     # add_middleware wraps: the last added is the outermost

@@ -18,7 +18,7 @@ why always): the prompt's tokens served from the prefix cache.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -109,8 +109,11 @@ class ChunkEncoder:
             )
         return (self._head + str(index) + self._field + _escape(text) + self._tail + end).encode()
 
-    def event(self, chunk: BaseModel) -> bytes:
+    def event(self, chunk: BaseModel, extra: dict[str, Any] | None = None) -> bytes:
         """Any chunk through its schema. Off: no `usage` key; final: `usage` as set (null but on the last
-        chunk); continuous: the caller sets the usage on every chunk."""
+        chunk); continuous: the caller sets the usage on every chunk. `extra`: top-level keys added (vLLM's
+        `prompt_logprobs` on the first chunks)."""
         text = chunk.model_dump_json(exclude={"usage"} if self.mode == "off" else None)
+        if extra:
+            text = text[:-1] + "," + json.dumps(extra, ensure_ascii=False)[1:]
         return b"data: " + _safe(text).encode() + b"\n\n"

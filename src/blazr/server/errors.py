@@ -1,18 +1,26 @@
-"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the right HTTP status.
+"""API errors with the right HTTP status, in the error shape of the API the request spoke (its dialect):
 
-`APIError` is what the serving code raises; `install_error_handlers` maps it, FastAPI's validation errors
-(malformed JSON, wrong types → 400) and unknown paths (404) onto that JSON. Anything else a handler raises
-is `unexpected_error`'s to answer (middleware.py's `RequestContext` catches it, streaming or not): a
-`BlazrError` is the client's input (400, its one line), any other exception a server fault (500: the
-traceback is logged under the request id, and only that id is sent). A field the schema does not know is
-"unsupported field 'x'".
+  openai      `{"error": {"message", "type", "param", "code"}}` (/v1/*, /tokenize, /detokenize, probes)
+  anthropic   `{"type": "error", "error": {"type", "message"}, "request_id"}` (/v1/messages*), the error
+              type named by the status (invalid_request_error, authentication_error, not_found_error,
+              request_too_large, api_error, overloaded_error)
+  ollama      `{"error": "message"}` (/api/*)
+
+`APIError` is what the serving code raises (`bad_request` for a client's mistake, naming the field);
+`install_error_handlers` maps it, FastAPI's validation errors (malformed JSON, wrong types → 400) and unknown
+paths (404) onto the request's dialect. Anything else a handler raises is `unexpected_error`'s to answer
+(middleware.py's `RequestContext` catches it, streaming or not): a `BlazrError` is the client's input (400,
+its one line), any other exception a server fault (500: the traceback is logged under the request id, and
+only that id is sent). A field the schema does not know is "unsupported field 'x'". Once a stream has
+started, an error is one more event in the stream's own framing (`stream_error`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +32,26 @@ from blazr.server.schemas import ErrorInfo, ErrorResponse
 
 log = logging.getLogger("blazr.server")
 
+Dialect = Literal["openai", "anthropic", "ollama"]
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error"}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def dialect_of(path: str) -> Dialect:
+    """The API a request path belongs to (whose error shape it gets)."""
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/api/"):
+        return "ollama"
+    return "openai"
 
 
 class APIError(Exception):
@@ -48,12 +75,24 @@ class APIError(Exception):
         self.code = code
         self.headers = headers
 
-    def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.type, self.param, self.code, self.headers)
+    def response(self, dialect: Dialect = "openai", rid: str | None = None) -> JSONResponse:
+        return JSONResponse(self.payload(dialect, rid), status_code=self.status, headers=self.headers)
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self, dialect: Dialect = "openai", rid: str | None = None) -> dict[str, Any]:
+        """The error body in `dialect`'s shape (`rid`: the request id Anthropic's shape carries)."""
+        if dialect == "ollama":
+            return {"error": self.message}
+        if dialect == "anthropic":
+            kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+            body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": self.message}}
+            return {**body, "request_id": rid} if rid else body
         info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
         return ErrorResponse(error=info).model_dump()
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """A client's mistake (400), naming the field."""
+    return APIError(400, message, param=param, code=code)
 
 
 def error_response(
@@ -63,9 +102,35 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
     headers: dict[str, str] | None = None,
+    dialect: Dialect = "openai",
+    rid: str | None = None,
 ) -> JSONResponse:
-    body = ErrorResponse(error=ErrorInfo(message=message, type=type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+    error = APIError(status, message, type=type, param=param, code=code, headers=headers)
+    return error.response(dialect, rid)
+
+
+Framing = Literal["openai", "responses", "anthropic", "ollama"]
+
+
+def framing_of(path: str) -> Framing:
+    """How a path's streams are framed (what its last, error event looks like)."""
+    if path.startswith("/v1/responses"):
+        return "responses"
+    return dialect_of(path)
+
+
+def stream_error(error: APIError, framing: Framing, rid: str | None = None) -> bytes:
+    """The last bytes of a stream that failed after it started, in its API's framing: an SSE `error` event
+    then `data: [DONE]` (chat / completions), an `error` event (Responses: `type`, `code`, `message`,
+    `param`; Anthropic: its error shape), or an NDJSON `{"error": …}` line (Ollama)."""
+    if framing == "ollama":
+        return json.dumps(error.payload("ollama")).encode() + b"\n"
+    if framing == "anthropic":
+        return b"event: error\ndata: " + json.dumps(error.payload("anthropic", rid)).encode() + b"\n\n"
+    if framing == "responses":
+        body = {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+        return b"event: error\ndata: " + json.dumps({**body, "sequence_number": 0}).encode() + b"\n\n"
+    return b"data: " + json.dumps(error.payload()).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 def validation_message(errors: list[Any]) -> tuple[str, str | None]:
@@ -117,29 +182,29 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None 
         if on_error is not None:
             on_error(status)
 
+    def answer(request: Request, error: APIError) -> JSONResponse:
+        note(error.status)
+        rid = request.scope.get("state", {}).get("request_id", "-")
+        return error.response(dialect_of(request.url.path), rid)
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        note(exc.status)
-        return exc.response()
+        return answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        note(400)
         message, param = validation_message(list(exc.errors()))
-        return error_response(400, message, "invalid_request_error", param)
+        return answer(request, bad_request(message, param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        note(exc.status_code)
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return error_response(exc.status_code, message, kind, headers=getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        return answer(request, APIError(exc.status_code, message, headers=headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # the last resort, for a fault outside RequestContext (which answers all the others): Starlette
         # re-raises after this, so uvicorn logs it too and closes the connection
         rid = request.scope.get("state", {}).get("request_id", "-")
-        error = unexpected_error(exc, rid)
-        note(error.status)
-        return error.response()
+        return answer(request, unexpected_error(exc, rid))

@@ -4,20 +4,21 @@
   `X-Request-Id` response header; error logs and 5xx messages name it), counts the /v1 requests whose
   response is not complete yet (a stream counts until its last byte) — what a drain waits on —, and is
   where an exception that no handler took ends (`unexpected_error`): it is logged once and answered as
-  OpenAI error JSON (500, or 400 for a BlazrError), or, when an SSE stream had already started, as an
-  `error` event then `data: [DONE]` — never left to uvicorn, which would log it again and drop the
-  keep-alive connection. (FastAPI's own `Exception` handler cannot do this: Starlette re-raises after it.)
+  error JSON in the request's API dialect (500, or 400 for a BlazrError), or, when a stream had already
+  started, as that stream's own error event (errors.py `stream_error`) — never left to uvicorn, which
+  would log it again and drop the keep-alive connection. (FastAPI's own `Exception` handler cannot do
+  this: Starlette re-raises after it.)
 - `BodyLimit`: a request body over `max_bytes` → 413 JSON, decided from Content-Length before anything is
   read, else while reading (chunked bodies or a lying Content-Length), before any parsing.
-- `ApiKey`: /v1/*, /tokenize, /detokenize and the API docs (/docs, /redoc, /openapi.json) require
-  `Authorization: Bearer <key>` (401 JSON otherwise, compared in constant time); /health, /metrics and
-  /version stay open for probes.
+- `ApiKey`: /v1/* (OpenAI's and Anthropic's routes), Ollama's /api/*, /tokenize, /detokenize and the API
+  docs (/docs, /redoc, /openapi.json) require the key as `Authorization: Bearer <key>` or Anthropic's
+  `x-api-key: <key>` (401 in the route's error shape otherwise, compared in constant time); /health,
+  /metrics and /version stay open for probes.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -25,13 +26,14 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from blazr.server.errors import error_response, unexpected_error
+from blazr.server.errors import APIError, dialect_of, framing_of, stream_error, unexpected_error
 
 log = logging.getLogger("blazr.server")
 
 Scope = dict[str, Any]
 DOC_PATHS = ("/docs", "/redoc", "/openapi.json")
-GUARDED_PATHS = ("/v1", "/tokenize", "/detokenize", *DOC_PATHS)  # behind the API key, when one is set
+GUARDED_PATHS = ("/v1", "/api/", "/tokenize", "/detokenize", *DOC_PATHS)  # behind the API key, if set
+STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
 
 
 def request_id(scope: Scope) -> str:
@@ -61,14 +63,13 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), header]
                 sent["start"] = True
                 sent["sse"] = any(
-                    k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                    for k, v in message["headers"]
+                    k.lower() == b"content-type" and v.startswith(STREAM_TYPES) for k, v in message["headers"]
                 )
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 sent["end"] = True
             await send(message)
 
-        counted = scope["path"].startswith("/v1")
+        counted = scope["path"].startswith(("/v1", "/api/"))
         if counted:
             self.on_in_flight(+1)
         try:
@@ -97,15 +98,14 @@ class RequestContext:
             self.on_error(error.status)
         try:
             if not sent["start"]:
-                await error.response()(scope, receive, send)
+                await error.response(dialect_of(scope["path"]), rid)(scope, receive, send)
             elif sent["sse"] and not sent["end"]:
-                event = b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
-                end = {"type": "http.response.body", "body": event + b"data: [DONE]\n\n", "more_body": False}
-                await send(end)
+                event = stream_error(error, framing_of(scope["path"]), rid)
+                await send({"type": "http.response.body", "body": event, "more_body": False})
         except (OSError, ClientDisconnect):  # the client has gone: no one to answer
             log.info("request %s: client disconnected before the error was sent", rid)
         # else: a response was complete (nothing to add), or a non-SSE one was cut short (no well-formed
-        # end exists: uvicorn closes the connection). blazr streams only SSE.
+        # end exists: uvicorn closes the connection). blazr streams only SSE and NDJSON.
 
 
 class _TooLarge(Exception):
@@ -118,13 +118,12 @@ class BodyLimit:
         self.max_bytes = max_bytes
         self.on_reject = on_reject
 
-    def _reject(self, status: int, message: str) -> Any:
+    def _reject(self, status: int, message: str, path: str) -> Any:
         if self.on_reject is not None:
             self.on_reject(status)
         code = "request_too_large" if status == 413 else None
-        return error_response(
-            status, message, "invalid_request_error", code=code, headers={"Connection": "close"}
-        )
+        error = APIError(status, message, code=code, headers={"Connection": "close"})
+        return error.response(dialect_of(path))
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -137,10 +136,12 @@ class BodyLimit:
                 try:
                     length = int(value)
                 except ValueError:
-                    await self._reject(400, "Content-Length is not a number")(scope, receive, send)
+                    await self._reject(400, "Content-Length is not a number", scope["path"])(
+                        scope, receive, send
+                    )
                     return
                 if length > limit:
-                    await self._reject(413, too_large)(scope, receive, send)
+                    await self._reject(413, too_large, scope["path"])(scope, receive, send)
                     return
         received = 0
         started = False
@@ -163,7 +164,7 @@ class BodyLimit:
             await self.app(scope, counting_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._reject(413, too_large)(scope, receive, send)
+                await self._reject(413, too_large, scope["path"])(scope, receive, send)
 
 
 class ApiKey:
@@ -182,25 +183,22 @@ class ApiKey:
         if not self._guarded(scope):
             await self.app(scope, receive, send)
             return
-        auth = b""
+        keys = []
         for name, value in scope["headers"]:
             if name == b"authorization":
-                auth = value
-                break
-        scheme, _, token = auth.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+                scheme, _, token = value.partition(b" ")
+                keys.append(token.strip() if scheme.lower() == b"bearer" else b"\0")
+            elif name == b"x-api-key":  # Anthropic's header
+                keys.append(value.strip())
+        if any(hmac.compare_digest(k, self.key) for k in keys):
             await self.app(scope, receive, send)
             return
         if self.on_reject is not None:
             self.on_reject(401)
         message = (
-            "Incorrect API key provided" if auth else "Missing API key: send `Authorization: Bearer <key>`"
+            "Incorrect API key provided"
+            if keys
+            else "Missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)"
         )
-        response = error_response(
-            401,
-            message,
-            "invalid_request_error",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-        await response(scope, receive, send)
+        error = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        await error.response(dialect_of(scope["path"]))(scope, receive, send)

@@ -38,18 +38,23 @@ def request_body(*models: type[BaseModel]) -> dict[str, Any]:
 
 
 def documented(
-    model: type[BaseModel], *statuses: int, stream: bool = False, model_503: type[BaseModel] | None = None
+    model: type[BaseModel],
+    *statuses: int,
+    stream: bool = False,
+    model_503: type[BaseModel] | None = None,
+    error_model: type[BaseModel] = ErrorResponse,
+    stream_type: str = "text/event-stream",
 ) -> dict[int | str, dict[str, Any]]:
-    """`responses` of a route: 200 with `model` (and text/event-stream when it can stream), then each
-    error status with the OpenAI error JSON (or `model_503` for 503)."""
+    """`responses` of a route: 200 with `model` (and `stream_type` when it can stream), then each error
+    status with `error_model` (OpenAI's error JSON unless the API has its own; `model_503` for 503)."""
     ok: dict[str, Any] = {"model": model, "description": "Success"}
     if stream:
-        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
-        ok["description"] = "JSON, or Server-Sent Events when `stream` is true"
+        ok["content"] = {stream_type: {"schema": {"type": "string"}}}
+        ok["description"] = "JSON, or a stream when `stream` is true"
     out: dict[int | str, dict[str, Any]] = {200: ok}
     for status in statuses:
-        error_model = model_503 if status == 503 and model_503 is not None else ErrorResponse
-        out[status] = {"model": error_model, "description": _DESCRIPTIONS[status]}
+        model_ = model_503 if status == 503 and model_503 is not None else error_model
+        out[status] = {"model": model_, "description": _DESCRIPTIONS[status]}
     return out
 
 
@@ -70,7 +75,7 @@ def install_openapi(app: FastAPI, has_api_key: bool) -> None:
         for path, item in doc.get("paths", {}).items():
             for operation in item.values():
                 operation.get("responses", {}).pop("422", None)
-                if has_api_key and path.startswith("/v1"):
+                if has_api_key and path.startswith(("/v1", "/api/")):
                     operation["security"] = [{"bearer": []}]
         if has_api_key:
             doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -24,7 +24,14 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 DEFAULT_PREFIX_CHARS = 256  # ≈ 64 tokens = 4 prefix-cache blocks of 16
-ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
+ROUTED_PATHS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/api/chat",
+    "/api/generate",
+)
 
 
 # ------------------------------------------------------------------------------------------ routing key
@@ -46,10 +53,19 @@ def routing_key(path: str, body: bytes, prefix_chars: int = DEFAULT_PREFIX_CHARS
     cache_key = data.get("prompt_cache_key")
     if isinstance(cache_key, str) and cache_key:  # the client's own affinity key (OpenAI's meaning)
         return "prompt_cache_key:" + cache_key
-    if path == "/v1/completions":
+    if path in ("/v1/completions", "/api/generate"):
         text = _prompt_text(data.get("prompt"))
+    elif path == "/v1/responses":  # the instructions, then the input (a string, or items like messages)
+        items = data.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        system = [{"role": "system", "content": data["instructions"]}] if data.get("instructions") else []
+        text = _chat_text([*system, *items] if isinstance(items, list) else None, data.get("tools"))
     else:
-        text = _chat_text(data.get("messages"), data.get("tools"))
+        system = data.get("system")  # Anthropic's
+        system_messages = [{"role": "system", "content": system}] if system else []
+        messages = data.get("messages")
+        messages = [*system_messages, *messages] if isinstance(messages, list) else None
+        text = _chat_text(messages, data.get("tools"))
     if text is None or len(text) < prefix_chars:
         return None
     return text[:prefix_chars]

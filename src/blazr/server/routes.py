@@ -1,4 +1,4 @@
-"""HTTP routes — thin: parse (off the event loop, schemas.py), hand over to `OpenAIServing`, return.
+"""HTTP routes — thin: parse (off the event loop, schemas.py), hand over to `Serving`, return.
 
 Open:       GET /health (200 ready; 503 loading, draining or failed), GET /metrics (Prometheus text),
             GET /version.
@@ -18,8 +18,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
 import blazr
-from blazr.server import tokenizing
+from blazr.server import embeddings, openai_chat, openai_completions, openai_responses, tokenizing
 from blazr.server.errors import APIError, validation_message
+from blazr.server.middleware import request_id
 from blazr.server.openapi import documented, request_body
 from blazr.server.schemas import (
     ChatCompletionRequest,
@@ -36,8 +37,16 @@ from blazr.server.schemas import (
     TokenizeResponse,
     VersionInfo,
 )
-from blazr.server.serving import OpenAIServing
+from blazr.server.schemas_responses import (
+    InputTokensRequest,
+    InputTokensResponse,
+    ResponseDeleted,
+    ResponseObject,
+    ResponsesRequest,
+)
+from blazr.server.serving import Serving
 from blazr.server.state import ServerState
+from blazr.server.transport import run_until_disconnect
 
 router = APIRouter()
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -50,7 +59,7 @@ def server_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(server_state)]
 
 
-def serving(state: State) -> OpenAIServing:
+def serving(state: State) -> Serving:
     """The loaded model, or 503: loading, draining (SIGTERM), failed (the process is exiting)."""
     if state.status == "ready" and state.serving is not None and state.serving.engine.is_alive:
         return state.serving
@@ -63,7 +72,7 @@ def serving(state: State) -> OpenAIServing:
     )
 
 
-Serving = Annotated[OpenAIServing, Depends(serving)]
+Serving = Annotated[Serving, Depends(serving)]
 
 
 @router.get("/health", responses=documented(HealthStatus, 503, model_503=HealthStatus))
@@ -100,7 +109,7 @@ async def get_model(model_id: str, s: Serving) -> JSONResponse:
     return JSONResponse(s.model(model_id).model_dump())
 
 
-async def parse(raw: Request, schema: type[RequestT], s: OpenAIServing) -> RequestT:
+async def parse(raw: Request, schema: type[RequestT], s: Serving) -> RequestT:
     """The JSON body, whatever its Content-Type (curl -d sends a form type), validated strictly (off the
     event loop) → 400 naming the field."""
     body = await raw.body()
@@ -120,7 +129,7 @@ GENERATION_ERRORS = (400, 401, 404, 413, 500, 503)
     responses=documented(CompletionResponse, *GENERATION_ERRORS, stream=True),
 )
 async def completions(raw: Request, s: Serving) -> Response:
-    return await s.completions(await parse(raw, CompletionRequest, s), raw)
+    return await openai_completions.completions(s, await parse(raw, CompletionRequest, s), raw)
 
 
 @router.post(
@@ -129,7 +138,47 @@ async def completions(raw: Request, s: Serving) -> Response:
     responses=documented(ChatCompletionResponse, *GENERATION_ERRORS, stream=True),
 )
 async def chat_completions(raw: Request, s: Serving) -> Response:
-    return await s.chat(await parse(raw, ChatCompletionRequest, s), raw)
+    return await openai_chat.chat(s, await parse(raw, ChatCompletionRequest, s), raw)
+
+
+@router.post(
+    "/v1/responses",
+    openapi_extra=request_body(ResponsesRequest),
+    responses=documented(ResponseObject, *GENERATION_ERRORS, stream=True),
+)
+async def responses(raw: Request, s: Serving) -> Response:
+    return await openai_responses.create(s, await parse(raw, ResponsesRequest, s), raw)
+
+
+@router.post(
+    "/v1/responses/input_tokens",
+    openapi_extra=request_body(InputTokensRequest),
+    responses=documented(InputTokensResponse, 400, 401, 404, 413, 503),
+)
+async def response_input_tokens(raw: Request, s: Serving) -> JSONResponse:
+    req = await parse(raw, InputTokensRequest, s)
+    return JSONResponse(await openai_responses.input_tokens(s, req))
+
+
+@router.get("/v1/responses/{response_id}", responses=documented(ResponseObject, 401, 404, 503))
+async def get_response(response_id: str, s: Serving) -> JSONResponse:
+    return JSONResponse(openai_responses.retrieve(s, response_id))
+
+
+@router.delete("/v1/responses/{response_id}", responses=documented(ResponseDeleted, 401, 404, 503))
+async def delete_response(response_id: str, s: Serving) -> JSONResponse:
+    return JSONResponse(openai_responses.delete(s, response_id))
+
+
+@router.post(
+    "/v1/embeddings",
+    openapi_extra=request_body(embeddings.EmbeddingRequest),
+    responses=documented(embeddings.EmbeddingResponse, *GENERATION_ERRORS),
+)
+async def create_embeddings(raw: Request, s: Serving) -> Response:
+    req = await parse(raw, embeddings.EmbeddingRequest, s)
+    rid = request_id(raw.scope)
+    return await run_until_disconnect(raw, embeddings.create(s, req, rid), rid)
 
 
 @router.post(

@@ -4,8 +4,8 @@ Requests validate strictly (a string where a number belongs is a 400, not a coer
 refused) and **refuse unknown fields**: a field blazr does not honour is a 400 that names it, never silently
 ignored. The accepted fields are exactly the ones declared here:
   - OpenAI's, where blazr implements them (tools, tool_choice, parallel_tool_calls, response_format
-    among them); `modalities` only as `["text"]`; `reasoning_effort` goes to the chat template (see
-    `ChatPromptFields`); `user` and `safety_identifier` are logged with the request id;
+    among them); `modalities` only as `["text"]`; `reasoning_effort` goes to the chat template and caps
+    the thinking (see `ChatPromptFields`); `user` and `safety_identifier` are logged with the request id;
   - OpenAI's advisory fields, which today's clients and agent frameworks send and which change nothing
     blazr could honour otherwise, accepted and ignored: `store` (blazr stores nothing, whatever it says),
     `metadata` (a label), `service_tier` (one tier; any of OpenAI's names), `verbosity` (a hint to
@@ -17,7 +17,9 @@ ignored. The accepted fields are exactly the ones declared here:
   - vLLM's extras, sent by `openai` clients through `extra_body`: top_k, min_p, repetition_penalty,
     min_tokens, ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output,
     return_tokens_as_token_ids, structured_outputs (and its older names guided_json, guided_regex,
-    guided_choice, guided_grammar); for chat also add_generation_prompt and chat_template_kwargs.
+    guided_choice, guided_grammar), prompt_logprobs, priority (the waiting queue's order: lower first),
+    cache_salt (only requests with the same salt share prefix-cache blocks); for chat also
+    add_generation_prompt, chat_template_kwargs and thinking_token_budget.
 Limits are part of the schema (and so of /openapi.json): temperature in OpenAI's [0, 2], at most
 `MAX_STOP_STRINGS` stop strings of at most `MAX_STOP_CHARS` characters, logprobs up to 20, …
 
@@ -54,6 +56,15 @@ class _Request(BaseModel):
 
 class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class OpenResponse(BaseModel):
+    """A response documented loosely: the fields named, others allowed (the other APIs' own shapes)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+RequestModel, ResponseModel = _Request, _Response  # for the other APIs' schema modules
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -133,6 +144,9 @@ class SamplingFields(_Request):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    priority: int = Field(default=0, ge=-MAX_INT32, le=MAX_INT32)
+    cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_CHARS)] | None = None
     # structured output: OpenAI's response_format, vLLM's structured_outputs (and its older guided_* names)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
@@ -172,7 +186,7 @@ class ToolCallItem(_Request):
 
 class ChatMessage(_Request):
     """A message; `content` is a string or a list of parts, of which blazr takes `{"type": "text", "text"}`
-    (protocol.py names any other part in its 400). Assistant messages may carry `tool_calls` (then content
+    (request_in.py names any other part in its 400). Assistant messages may carry `tool_calls` (then content
     may be null) and `reasoning_content` (or `reasoning`, vLLM's and Ollama's name for it: the same to the
     template); `tool` messages answer a call by its `tool_call_id`."""
 
@@ -212,13 +226,15 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "
 class ChatPromptFields(_Request):
     """A conversation as the chat template renders it (shared by chat completions and /tokenize).
     `reasoning_effort` is passed to the template as the variable of that name (gpt-oss's reads it), and
-    `"none"` also sets `enable_thinking` false (Qwen3's switch); `chat_template_kwargs` win over both."""
+    `"none"` also sets `enable_thinking` false (Qwen3's switch); `chat_template_kwargs` win over both. It
+    also caps the reasoning block (conversation.py `EFFORT_BUDGETS`) unless `thinking_token_budget` does."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     reasoning_effort: ReasoningEffort | None = None
     add_generation_prompt: bool = True  # vLLM extra
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM extra
+    thinking_token_budget: int | None = Field(default=None, ge=0, le=MAX_INT32)  # vLLM extra
 
 
 class ChatCompletionRequest(SamplingFields, ChatPromptFields):
@@ -301,12 +317,22 @@ class CompletionChoice(_Response):
     finish_reason: Literal["stop", "length"] | None = None
 
 
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]  # vLLM's: per position {token id: {logprob, …}}
+
+
+class CompletionBodyChoice(CompletionChoice):
+    """A choice of a whole (non-streamed) completion: with the request's `prompt_logprobs`, its prompt's
+    (vLLM's place for them)."""
+
+    prompt_logprobs: PromptLogprobs | None = None
+
+
 class CompletionResponse(_Response):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChoice]
+    choices: list[CompletionBodyChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
 
@@ -341,13 +367,15 @@ class ToolCallOut(_Response):
 
 
 class AssistantMessage(_Response):
-    """`reasoning_content`: the model's thinking (with --reasoning-parser), apart from `content`;
-    `tool_calls`: the calls the model made (finish_reason "tool_calls"), null when none."""
+    """`reasoning_content`: the model's thinking (with --reasoning-parser), apart from `content`, also as
+    `reasoning` (vLLM's and Ollama's name for it; clients read one or the other); `tool_calls`: the calls
+    the model made (finish_reason "tool_calls"), null when none."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
 
@@ -369,6 +397,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # with the request's prompt_logprobs (vLLM)
 
 
 class _DropNone(_Response):
@@ -399,6 +428,7 @@ class DeltaMessage(_DropNone):
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # the same text as reasoning_content (vLLM's name)
     tool_calls: list[DeltaToolCall] | None = None
 
 

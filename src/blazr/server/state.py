@@ -9,7 +9,7 @@ from typing import Literal
 
 from blazr.server.metrics import Metrics
 from blazr.server.options import ServerConfig
-from blazr.server.serving import OpenAIServing
+from blazr.server.serving import Serving
 
 # loading → ready → draining (SIGTERM) ; loading → failed (load error) ; ready → failed (engine died)
 Status = Literal["loading", "ready", "draining", "failed"]
@@ -21,7 +21,7 @@ class ServerState:
     metrics: Metrics
     status: Status = "loading"
     error: str | None = None  # why `failed`: one line for /health, never internal exception text
-    serving: OpenAIServing | None = None
+    serving: Serving | None = None
     load_seconds: float = 0.0
     num_in_flight: int = 0  # /v1 requests whose response is not complete (event-loop thread only)
     on_load_failed: list[Callable[[str], None]] = field(default_factory=list)

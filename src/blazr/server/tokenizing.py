@@ -1,11 +1,12 @@
 """vLLM's POST /tokenize and POST /detokenize: the ids the generation endpoints would prefill for a prompt
-or a conversation, and the text of ids. Functions of the served model (`OpenAIServing`); the routes are in
-routes.py."""
+or a conversation (rendered by the chat format, chat_format.py), and the text of ids. Functions of the
+served model (`Serving`); the routes are in routes.py."""
 
 from __future__ import annotations
 
-from blazr.server import protocol
-from blazr.server.protocol import bad_request
+from blazr.server import request_in
+from blazr.server.conversation import Conversation
+from blazr.server.errors import bad_request
 from blazr.server.schemas import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -13,16 +14,15 @@ from blazr.server.schemas import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from blazr.server.serving import OpenAIServing
+from blazr.server.serving import Serving
 
 
-async def tokenize(s: OpenAIServing, req: TokenizeRequest | TokenizeChatRequest) -> TokenizeResponse:
+async def tokenize(s: Serving, req: TokenizeRequest | TokenizeChatRequest) -> TokenizeResponse:
     """The ids the generation endpoints would prefill for this prompt or conversation."""
     s.check_model(req.model)
     tok = s.tokenizer
     if isinstance(req, TokenizeChatRequest):
-        tools = [t.model_dump(exclude_none=True) for t in req.tools or ()]
-        ids = await s.off_loop(protocol.encode_chat, req, tok, tools)
+        ids = await s.off_loop(_render, s, req)
     else:
         s.check_prompt_chars(len(req.prompt), "prompt")
         ids = await s.off_loop(tok.encode, req.prompt)
@@ -32,7 +32,7 @@ async def tokenize(s: OpenAIServing, req: TokenizeRequest | TokenizeChatRequest)
     return TokenizeResponse(count=len(ids), max_model_len=s.engine.max_model_len, tokens=ids, token_strs=strs)
 
 
-async def detokenize(s: OpenAIServing, req: DetokenizeRequest) -> DetokenizeResponse:
+async def detokenize(s: Serving, req: DetokenizeRequest) -> DetokenizeResponse:
     """The text of `req.tokens`, control tokens included (as vLLM's); an id past the vocabulary is a 400."""
     s.check_model(req.model)
     vocab = s.engine.vocab_size
@@ -40,3 +40,15 @@ async def detokenize(s: OpenAIServing, req: DetokenizeRequest) -> DetokenizeResp
         if t >= vocab:
             raise bad_request(f"token id {t} is out of range [0, {vocab})", f"tokens.{i}")
     return DetokenizeResponse(prompt=await s.off_loop(s.tokenizer.decode, req.tokens, False))
+
+
+def _render(s: Serving, req: TokenizeChatRequest) -> list[int]:
+    conv = Conversation(
+        messages=request_in.chat_messages(req),
+        tools=[t.model_dump(exclude_none=True) for t in req.tools or ()],
+        thinking_budget=req.thinking_token_budget,
+        reasoning_effort=req.reasoning_effort,
+        template_kwargs=dict(req.chat_template_kwargs or {}),
+        add_generation_prompt=req.add_generation_prompt,
+    )
+    return s.format.render(conv)

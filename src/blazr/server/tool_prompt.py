@@ -40,8 +40,8 @@ To call functions, answer with one JSON object per call, each inside <tool_call>
 
 
 def describe_tools(messages: list[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`messages` (as protocol.chat_messages builds them) rewritten so that a template without tool support
-    shows the model its tools, its earlier calls and their results. Unchanged when none of them occur."""
+    """`messages` (as a `Conversation` holds them, conversation.py) rewritten so that a template without tool
+    support shows the model its tools, its earlier calls and their results. Unchanged when none occur."""
     has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if not tools and not has_calls:
         return messages

@@ -1,7 +1,8 @@
-"""How an answer reaches the client: Server-Sent Events (the chunks' bytes from chunks.py, then
-`data: [DONE]\\n\\n`; an error after the first byte as an SSE `error` event before `[DONE]`), a
-non-streaming answer raced against the client's disconnect (499, requests aborted), and the API error each
-engine-side exception becomes (500 with the request id, or 503 on shutdown)."""
+"""How an answer reaches the client: a stream in its API's framing (OpenAI's SSE chunks then
+`data: [DONE]\\n\\n`; the Responses API's and Anthropic's named SSE events; Ollama's NDJSON lines) whose
+error after the first byte is one more event in that framing (errors.py `stream_error`), a non-streaming
+answer raced against the client's disconnect (499, requests aborted), and the API error each engine-side
+exception becomes (500 with the request id, or 503 on shutdown)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -21,12 +23,17 @@ from blazr.engine.async_engine import (
     RequestStream,
 )
 from blazr.errors import BlazrError
-from blazr.server.errors import APIError
-from blazr.server.protocol import bad_request
+from blazr.server.errors import APIError, Framing, bad_request, stream_error
 
 log = logging.getLogger("blazr.server")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MEDIA_TYPES = {
+    "openai": "text/event-stream",
+    "responses": "text/event-stream",
+    "anthropic": "text/event-stream",
+    "ollama": "application/x-ndjson",
+}
 
 
 def engine_error(error: BaseException, rid: str) -> APIError | None:
@@ -44,34 +51,41 @@ def engine_error(error: BaseException, rid: str) -> APIError | None:
     return None
 
 
-async def _sse(events: AsyncIterator[bytes], stream: RequestStream, rid: str) -> AsyncIterator[bytes]:
-    """SSE framing around `events` (each one or more whole `data:` events, chunks.py); an error after the
-    stream started becomes an error event (the openai client raises it), then `[DONE]`. However this
-    generator ends (done, cancelled, closed), unfinished requests abort."""
+async def _framed(
+    events: AsyncIterator[bytes], stream: RequestStream | None, rid: str, framing: Framing
+) -> AsyncIterator[bytes]:
+    """`events` (each one or more whole events) in their framing; an error after the stream started becomes
+    that framing's error event (the clients raise it), and OpenAI's chunk streams end with `[DONE]`.
+    However this generator ends (done, cancelled, closed), unfinished requests abort."""
     try:
         async for data in events:
             yield data
-    except APIError as e:
-        yield _sse_error(e)
-    except BlazrError as e:
-        yield _sse_error(bad_request(str(e)))
     except Exception as e:
-        err = engine_error(e, rid)
+        if isinstance(e, APIError):
+            err = e
+        elif isinstance(e, BlazrError):
+            err = bad_request(str(e))
+        else:
+            err = engine_error(e, rid)  # type: ignore[assignment]
         if err is None:  # a bug in this module: logged, and the client still gets a well-formed end
             log.exception("request %s: streaming failed", rid)
             err = APIError(500, f"internal server error (request id {rid})", code="internal_error")
-        yield _sse_error(err)
+        yield stream_error(err, framing, rid)
+        return
     finally:
-        stream.abort()
-    yield b"data: [DONE]\n\n"
+        if stream is not None:
+            stream.abort()
+    if framing == "openai":
+        yield b"data: [DONE]\n\n"
 
 
-def _sse_error(error: APIError) -> bytes:
-    return b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
-
-
-def sse_response(events: AsyncIterator[bytes], stream: RequestStream, rid: str) -> StreamingResponse:
-    return StreamingResponse(_sse(events, stream, rid), media_type="text/event-stream", headers=SSE_HEADERS)
+def sse_response(
+    events: AsyncIterator[bytes], stream: RequestStream | None, rid: str, framing: Framing = "openai"
+) -> StreamingResponse:
+    """A streamed answer: `events` in `framing` (SSE, or NDJSON for Ollama)."""
+    return StreamingResponse(
+        _framed(events, stream, rid, framing), media_type=MEDIA_TYPES[framing], headers=SSE_HEADERS
+    )
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -81,9 +95,11 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def run_until_disconnect(request: Request, work: Awaitable[BaseModel], rid: str) -> Response:
-    """Await `work` (a whole response); if the client goes away first, cancel it (which aborts its
-    requests) and answer nothing useful (499, nginx's 'client closed request')."""
+async def run_until_disconnect(
+    request: Request, work: Awaitable[BaseModel | dict[str, Any]], rid: str
+) -> Response:
+    """Await `work` (a whole response: a model, or a JSON object); if the client goes away first, cancel it
+    (which aborts its requests) and answer nothing useful (499, nginx's 'client closed request')."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -101,7 +117,8 @@ async def run_until_disconnect(request: Request, work: Awaitable[BaseModel], rid
             if err is None:
                 raise
             raise err from None
-        return Response(body.model_dump_json(), media_type="application/json")
+        text = body.model_dump_json() if isinstance(body, BaseModel) else json.dumps(body, ensure_ascii=False)
+        return Response(text, media_type="application/json")
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     log.info("request %s: client disconnected; request cancelled", rid)

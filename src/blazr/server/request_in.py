@@ -1,39 +1,31 @@
-"""From OpenAI requests to engine inputs, and from engine outputs back to OpenAI shapes.
+"""Request in: from OpenAI-shaped request fields to engine inputs (response_out.py is the way back).
 
-In:  a validated `CompletionRequest` / `ChatCompletionRequest` and the tokenizer.
-Out: `PromptInput`s (token ids + the text echoed back), a `SamplingParams` with OpenAI's defaults, and
-     logprobs in either layout — the legacy completions lists (`tokens`, `token_logprobs`, `top_logprobs`
-     dicts, `text_offset`) or chat's `content: [{token, logprob, bytes, top_logprobs}]`.
+In:  a validated `CompletionRequest` / `ChatCompletionRequest` (or the shared fields other front-ends fill
+     the same way) and the tokenizer.
+Out: `PromptInput`s (token ids + the text echoed back), chat messages in the chat template's conventions
+     (what a `Conversation`, conversation.py, holds), and a `SamplingParams` with OpenAI's defaults and
+     vLLM's extras (cache_salt, priority, prompt_logprobs, thinking_token_budget among them).
 Every client mistake becomes an `APIError` (400) naming the field.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from blazr.engine.sampling import SamplingParams
-from blazr.engine.sequence import TokenLogprob
 from blazr.errors import BlazrError
-from blazr.server import tool_prompt
-from blazr.server.errors import APIError
+from blazr.server.errors import bad_request
 from blazr.server.schemas import (
     ChatCompletionRequest,
-    ChatLogprobs,
     ChatPromptFields,
-    CompletionLogprobs,
     SamplingFields,
-    TokenLogprobEntry,
     ToolCallItem,
-    TopLogprob,
 )
 from blazr.tokenizer import Tokenizer
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
-MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 
 @dataclass
@@ -42,10 +34,6 @@ class PromptInput:
 
     ids: list[int]
     text: str | None = None
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
 
 
 def shorten(value: str, limit: int = 64) -> str:
@@ -164,33 +152,6 @@ def _tool_call(call: ToolCallItem, i: int, j: int) -> dict[str, Any]:
     }
 
 
-def encode_chat(
-    req: ChatPromptFields, tok: Tokenizer, tools: list[dict[str, Any]] | None = None
-) -> list[int]:
-    """The prompt ids of a conversation; `tools` (OpenAI tool dicts) rendered by the template when it
-    renders tools, else described in the system message (tool_prompt.py); `reasoning_effort` as the
-    template's variables (schemas.py's `ChatPromptFields`)."""
-    kwargs = {
-        k: v
-        for k, v in (req.chat_template_kwargs or {}).items()
-        if k not in ("messages", "add_generation_prompt", "self", "tools")
-    }
-    if req.reasoning_effort is not None:  # a variable of the template's (gpt-oss's reads it)
-        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
-        if req.reasoning_effort == "none":  # no thinking: Qwen3's (and its kin's) switch
-            kwargs.setdefault("enable_thinking", False)
-    messages = chat_messages(req)
-    if tok.chat_template.uses_tools:
-        if tools:
-            kwargs["tools"] = tools
-    else:
-        messages = tool_prompt.describe_tools(messages, tools or [])
-    try:
-        return tok.encode_chat(messages, add_generation_prompt=req.add_generation_prompt, **kwargs)
-    except (BlazrError, TypeError, ValueError) as e:
-        raise bad_request(str(e), "messages") from None
-
-
 # --------------------------------------------------------------------------------------------- params
 
 
@@ -248,82 +209,46 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
+            priority=req.priority,
+            cache_salt=req.cache_salt,
         )
     except BlazrError as e:
         raise bad_request(str(e)) from None
 
 
-# ------------------------------------------------------------------------------------------- logprobs
-
-
-def _clamp(value: float) -> float:
-    return MIN_LOGPROB if math.isnan(value) or value < MIN_LOGPROB else value
-
-
-class CompletionLogprobsWriter:
-    """Builds the legacy completions `logprobs` object piece by piece (one per stream chunk), carrying the
-    text offset across pieces. The top dict holds the top-k alternatives plus the chosen token."""
-
-    def __init__(self, tok: Tokenizer, as_token_ids: bool = False) -> None:
-        self.tok = tok
-        self.as_token_ids = as_token_ids
-        self.offset = 0
-
-    def _name(self, token_id: int) -> str:
-        return f"token_id:{token_id}" if self.as_token_ids else self.tok.token_text(token_id)
-
-    def prompt(self, prompt_ids: Sequence[int], lps: Sequence[TokenLogprob | None]) -> CompletionLogprobs:
-        """Echoed prompt tokens; the first one (and any without a logprob) gets null."""
-        entries = [(t, lps[i] if i < len(lps) else None) for i, t in enumerate(prompt_ids)]
-        return self._write(entries)
-
-    def generated(self, lps: Iterable[TokenLogprob]) -> CompletionLogprobs:
-        return self._write([(lp.token_id, lp) for lp in lps])
-
-    def _write(self, entries: Sequence[tuple[int, TokenLogprob | None]]) -> CompletionLogprobs:
-        out = CompletionLogprobs()
-        for token_id, lp in entries:
-            name = self._name(token_id)
-            out.tokens.append(name)
-            out.text_offset.append(self.offset)
-            self.offset += len(self.tok.token_text(token_id))
-            if lp is None:
-                out.token_logprobs.append(None)
-                out.top_logprobs.append(None)
-                continue
-            out.token_logprobs.append(_clamp(lp.logprob))
-            top = {self._name(t): _clamp(v) for t, v in lp.top}
-            top.setdefault(name, _clamp(lp.logprob))
-            out.top_logprobs.append(top)
-        return out
-
-
-def merge_completion_logprobs(parts: Iterable[CompletionLogprobs]) -> CompletionLogprobs:
-    out = CompletionLogprobs()
-    for p in parts:
-        out.tokens += p.tokens
-        out.token_logprobs += p.token_logprobs
-        out.top_logprobs += p.top_logprobs
-        out.text_offset += p.text_offset
-    return out
-
-
-def chat_logprobs(lps: Iterable[TokenLogprob], tok: Tokenizer, as_token_ids: bool = False) -> ChatLogprobs:
-    """Chat's layout: every entry with its UTF-8 bytes and the top-k alternatives (possibly [])."""
-
-    def name(token_id: int) -> str:
-        return f"token_id:{token_id}" if as_token_ids else tok.token_text(token_id)
-
-    entries = [
-        TokenLogprobEntry(
-            token=name(lp.token_id),
-            logprob=_clamp(lp.logprob),
-            bytes=list(tok.token_bytes(lp.token_id)),
-            top_logprobs=[
-                TopLogprob(token=name(t), logprob=_clamp(v), bytes=list(tok.token_bytes(t)))
-                for t, v in lp.top
-            ],
+def basic_params(
+    *,
+    max_tokens: int,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    repetition_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    stop: str | list[str] | None = None,
+    logprobs: int | None = None,
+    priority: int = 0,
+    cache_salt: str | None = None,
+) -> SamplingParams:
+    """The sampling parameters of the other front-ends (Responses, Anthropic, Ollama), OpenAI's defaults
+    where a field is absent (temperature 1, top_p 1, no top_k); a value the sampler refuses is a 400."""
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if temperature is None else temperature,
+            top_p=1.0 if top_p is None else top_p,
+            top_k=top_k or 0,
+            min_p=min_p or 0.0,
+            seed=seed,
+            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+            presence_penalty=presence_penalty or 0.0,
+            frequency_penalty=frequency_penalty or 0.0,
+            stop=[stop] if isinstance(stop, str) else list(stop or []),
+            logprobs=logprobs,
+            priority=priority,
+            cache_salt=cache_salt,
         )
-        for lp in lps
-    ]
-    return ChatLogprobs(content=entries)
+    except BlazrError as e:
+        raise bad_request(str(e)) from None
