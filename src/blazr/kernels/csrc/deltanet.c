@@ -69,12 +69,20 @@ static void dn_gates(const dn_geom *g, const float *ba, const float *dt_bias, co
     }
 }
 
-/* y[i] = (w[i] · (o[i] · r)) · silu(z[i]), r = 1 / sqrt(mean(o²) + eps), over one value head's Dv. */
+#define DN_GATE_CHUNK 256 /* silu(z) values computed at a time, on the stack */
+
+/* y[i] = (w[i] · (o[i] · r)) · silu(z[i]), r = 1 / sqrt(mean(o²) + eps), over one value head's Dv (silu by
+ * blz_silu_rows: the same bits on every path). */
 static void dn_gated_norm(const float *o, const float *z, const float *w, int64_t Dv, float eps, float *y) {
-    float ss = 0.0f;
+    float ss = 0.0f, g[DN_GATE_CHUNK];
     for (int64_t i = 0; i < Dv; ++i) ss = fmaf(o[i], o[i], ss);
     const float r = 1.0f / sqrtf(ss / (float)Dv + eps);
-    for (int64_t i = 0; i < Dv; ++i) y[i] = (w[i] * (o[i] * r)) * blz_silu(z[i]);
+    for (int64_t i0 = 0; i0 < Dv; i0 += DN_GATE_CHUNK) {
+        const int64_t n = blz_min(DN_GATE_CHUNK, Dv - i0);
+        memcpy(g, z + i0, (size_t)n * sizeof(float));
+        blz_silu_rows(g, n);
+        for (int64_t i = 0; i < n; ++i) y[i0 + i] = (w[i0 + i] * (o[i0 + i] * r)) * g[i];
+    }
 }
 
 /* ------------------------------------------------------------------------------------- decode state rows */
@@ -261,8 +269,9 @@ BLZ_EXPORT int blz_deltanet_step(const float *qkvz, const float *ba, const int64
                 acc = fmaf(w[K - 1], xr[c], acc);
                 for (int64_t j = 0; j < K - 2; ++j) st[j] = st[j + 1];
                 st[K - 2] = xr[c];
-                ur[c] = blz_silu(acc);
+                ur[c] = acc;
             }
+            blz_silu_rows(ur + c0, c1 - c0);
             if (part == 0) dn_gates(&g, ba + b * 2 * Hv, dt_bias, A_log, gates + b * 2 * Hv, gates + b * 2 * Hv + Hv);
         }
 #pragma omp for schedule(static)
@@ -337,12 +346,6 @@ static void dn_axpy(float *y, float c, const float *x, int64_t n) {
     for (; i < n; ++i) y[i] = fmaf(-c, x[i], y[i]);
 }
 
-static float dn_dot(const float *a, const float *b, int64_t n) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; ++i) s = fmaf(a[i], b[i], s);
-    return s;
-}
-
 /* The scratch of one (sequence, head) task for chunks of ≤ Cs tokens. */
 typedef struct {
     float *G, *L, *QK, *W, *V, *O, *KT;
@@ -373,13 +376,18 @@ static void dn_chunk(const dn_geom *g, int64_t h, float *S, const float *u, cons
     const float *v0 = u + r0 * C + 2 * g->Hk * Dk + h * Dv;
     float G = 0.0f;
     for (int64_t i = 0; i < n; ++i) c->G[i] = G += gl[(r0 + i) * Hv + h];
+    /* the Gram matrices q·kᵀ and k·kᵀ [n, n] through kᵀ [Dk, n] (their upper triangles unused) */
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t d = 0; d < Dk; ++d) c->KT[d * n + j] = k0[j * C + d];
+    dn_matmul(c->QK, n, NULL, 0, 0.0f, q0, C, n, Dk, c->KT, n, n);
+    dn_matmul(c->L, n, NULL, 0, 0.0f, k0, C, n, Dk, c->KT, n, n);
     /* L_ij = β_i (k_i·k_j) Γ_ij (j < i); QK_ij = (q_i·k_j) Γ_ij (j ≤ i); rows of W: [β v | β e^G k] */
     for (int64_t i = 0; i < n; ++i) {
-        const float *ki = k0 + i * C, *qi = q0 + i * C, bi = beta[(r0 + i) * Hv + h];
+        const float *ki = k0 + i * C, bi = beta[(r0 + i) * Hv + h];
         for (int64_t j = 0; j <= i; ++j) {
-            const float *kj = k0 + j * C, gam = dn_exp(c->G[i] - c->G[j]);
-            c->QK[i * n + j] = dn_dot(qi, kj, Dk) * gam;
-            if (j < i) c->L[i * n + j] = bi * dn_dot(ki, kj, Dk) * gam;
+            const float gam = dn_exp(c->G[i] - c->G[j]);
+            c->QK[i * n + j] *= gam;
+            if (j < i) c->L[i * n + j] = bi * c->L[i * n + j] * gam;
         }
         float *wi = c->W + i * Wd;
         const float *vi = v0 + i * C, eg = bi * dn_exp(c->G[i]);
@@ -399,11 +407,11 @@ static void dn_chunk(const dn_geom *g, int64_t h, float *S, const float *u, cons
         for (int64_t j = 0; j <= i; ++j) dn_axpy(oi, -c->QK[i * n + j], c->V + j * Dv, Dv);
         dn_gated_norm(oi, qkvz + (r0 + i) * g->ld + C + h * Dv, norm_w, Dv, g->eps, y + (r0 + i) * Hv * Dv + h * Dv);
     }
-    /* S ← e^{G_last} S + K'ᵀ V_new, K'[j] = k_j e^{G_last − G_j} (held transposed [Dk, n]) */
+    /* S ← e^{G_last} S + K'ᵀ V_new, K'[j] = k_j e^{G_last − G_j} (kᵀ [Dk, n] scaled in place) */
     const float last = c->G[n - 1];
     for (int64_t j = 0; j < n; ++j) {
-        const float *kj = k0 + j * C, e = dn_exp(last - c->G[j]);
-        for (int64_t d = 0; d < Dk; ++d) c->KT[d * n + j] = kj[d] * e;
+        const float e = dn_exp(last - c->G[j]);
+        for (int64_t d = 0; d < Dk; ++d) c->KT[d * n + j] *= e;
     }
     dn_matmul(S, Dv, S, Dv, dn_exp(last), c->KT, n, Dk, n, c->V, Dv, Dv);
 }
@@ -472,7 +480,7 @@ BLZ_EXPORT int blz_deltanet_prefill(const float *qkvz, const float *ba, const in
                         for (int64_t c = 0; c < C; ++c) ur[c] = fmaf(w[c], cs[c * (K - 1) + (K - 1) + r], ur[c]);
                     }
                 }
-                for (int64_t c = 0; c < C; ++c) ur[c] = blz_silu(ur[c]);
+                blz_silu_rows(ur, C);
                 dn_norm_qk(&g, ur);
                 dn_gates(&g, ba + (row0 + t) * 2 * Hv, dt_bias, A_log, gl + (row0 + t) * Hv, bt + (row0 + t) * Hv);
             }
