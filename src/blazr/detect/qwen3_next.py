@@ -6,8 +6,8 @@ is attention): gated DeltaNet (`linear_attn.*`) or gated attention (`self_attn.*
 per head, per-head q/k RMSNorm, partial rope — `partial_rotary_factor`, 0.25 by default; Qwen3.5's
 interleaved mRoPE is plain rope for text, whose three position rows are equal); then a SwiGLU MLP or a MoE
 (softmax top-k, renormalised where `norm_topk_prob`, with a shared expert gated by
-sigmoid(shared_expert_gate)) — Qwen3-Next on layers `(i + 1) % decoder_sparse_step == 0` not in
-`mlp_only_layers`, Qwen3.5-MoE on all.
+sigmoid(shared_expert_gate)) on the layers that hold a router (Qwen3-Next: by decoder_sparse_step and
+mlp_only_layers; Qwen3.5-MoE: all).
 Every RMSNorm but DeltaNet's gated one scales by (1 + w) (NormConfig.weight_offset = 1).
 
 The `…ForConditionalGeneration` checkpoints hold the language model under `model.language_model.` and its
@@ -108,16 +108,13 @@ def _attention(raw: Raw, shapes: Shapes, p: str, norm: NormConfig, max_pos: int)
     return cfg
 
 
-def _ffn(raw: Raw, shapes: Shapes, arch: str, p: str, i: int) -> dict[str, MLPConfig | MoEConfig]:
-    """The feed-forward of layer i (`p` = `…layers.i.`): a SwiGLU MLP or the MoE (gated shared expert)."""
+def _ffn(raw: Raw, shapes: Shapes, p: str) -> dict[str, MLPConfig | MoEConfig]:
+    """The feed-forward of the layer under `p` (`…layers.i.`): the MoE (gated shared expert) where it holds a
+    router (`mlp.gate.weight`: Qwen3-Next's decoder_sparse_step / mlp_only_layers are in the tensors), else a
+    SwiGLU MLP."""
     act = activation(raw.get("hidden_act", "silu"))
-    num_experts = raw.int("num_experts", 0 if arch in (NEXT, DENSE, DENSE_VL) else None)
-    sparse = raw.int("decoder_sparse_step", 1) or 1
-    is_moe = num_experts and (i + 1) % sparse == 0 and i not in (raw.get("mlp_only_layers") or [])
-    if arch in (MOE, MOE_VL) and num_experts is None:  # no config.json: the router says
-        num_experts = require(shapes, p + "mlp.gate.weight")[0]
-        is_moe = True
-    if not is_moe:
+    router = shapes.get(p + "mlp.gate.weight")
+    if router is None:
         gate = shapes.get(p + "mlp.gate_proj.weight")
         size = raw.int("intermediate_size", gate[0] if gate else None)
         if size is None:
@@ -133,7 +130,7 @@ def _ffn(raw: Raw, shapes: Shapes, arch: str, p: str, i: int) -> dict[str, MLPCo
         raise CheckpointError(f"{raw.path}: num_experts_per_tok is needed for a MoE (shapes cannot tell)")
     return {
         "moe": MoEConfig(
-            num_experts=num_experts,
+            num_experts=raw.int("num_experts", router[0]),
             top_k=top_k,
             expert=MLPConfig(intermediate_size=raw.int("moe_intermediate_size", moe_width), activation=act),
             scoring="softmax",
@@ -185,7 +182,7 @@ def build_qwen3_next(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
             raise CheckpointError(
                 f"{raw.path}: layer {i} is {kind!r}; expected linear_attention or full_attention"
             )
-        layers.append(LayerConfig(mixers=(mixer,), norm=norm, ffn_norm=norm, **_ffn(raw, shapes, arch, p, i)))
+        layers.append(LayerConfig(mixers=(mixer,), norm=norm, ffn_norm=norm, **_ffn(raw, shapes, p)))
     return ModelConfig(
         architecture=arch,
         vocab_size=raw.int("vocab_size", vocab),
