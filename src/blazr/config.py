@@ -220,13 +220,18 @@ class MoEConfig:
 class LayerConfig:
     """One residual block. Its `mixers` run in parallel on the same normed input and their outputs are
     summed in order (FalconH1 holds attention and Mamba2; every other model holds one). `ffn` follows with
-    its own pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks)."""
+    its own pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks).
+    Norms: before each part (`norm`, `ffn_norm`; None: none) and after it, on its output before the
+    residual add (`post_norm`, `ffn_post_norm`: OLMo 2 / 3 and OLMo-Hybrid's attention blocks norm only
+    after, Gemma both)."""
 
     mixers: tuple[MixerConfig, ...] = ()
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
-    norm: NormConfig = field(default_factory=NormConfig)  # before the mixer(s)
-    ffn_norm: NormConfig = field(default_factory=NormConfig)  # before the mlp / moe
+    norm: NormConfig | None = field(default_factory=NormConfig)  # before the mixer(s)
+    ffn_norm: NormConfig | None = field(default_factory=NormConfig)  # before the mlp / moe
+    post_norm: NormConfig | None = None  # on the mixers' output
+    ffn_post_norm: NormConfig | None = None  # on the mlp / moe output
 
     @property
     def kind(self) -> str:

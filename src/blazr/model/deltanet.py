@@ -18,8 +18,8 @@ One step's flat layout (see `ForwardBatch`), as Mamba2's:
 
 Parameters (internal names; loading/names maps each family's): in_proj_qkvz [2·Kd + 2·Vd, D] rows [q | k | v |
 z] (parts q_proj, k_proj, v_proj, z_proj), in_proj_ba [2·Hv, D] rows [b | a] (parts b_proj, a_proj),
-conv1d.weight [C, 1, K] (no bias), dt_bias, A_log [Hv], norm.weight [Dv] (shared by the value heads),
-out_proj [D, Vd].
+conv1d.weight [C, 1, K] (no bias; parts q_conv1d, k_conv1d, v_conv1d), dt_bias, A_log [Hv], norm.weight
+[Dv] (shared by the value heads), out_proj [D, Vd].
 Shapes: T tokens, D hidden, Hk / Hv key / value heads, Dk / Dv their dims, Kd = Hk·Dk, Vd = Hv·Dv,
 C = 2·Kd + Vd conv channels, K conv taps, S state slots, Bd decode rows.
 Numerics: conv + SiLU in the weights' dtype (as HF), all after it float32, y cast back before out_proj.
@@ -116,6 +116,8 @@ def _fused(cfg: GatedDeltaNetConfig, leaf: str) -> FusedParts | None:
         )
     if leaf == "in_proj_ba.weight":
         return FusedParts((("b_proj.weight", Hv), ("a_proj.weight", Hv)))
+    if leaf == "conv1d.weight":  # OLMo-Hybrid's checkpoints hold one conv per q, k, v
+        return FusedParts((("q_conv1d.weight", Kd), ("k_conv1d.weight", Kd), ("v_conv1d.weight", Vd)))
     return None
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 _SPECS: dict[type[MixerConfig], MixerSpec] = {}
 # a Block's own parts: no kind may take their names
-_RESERVED = ("mixer_norm", "ffn_norm", "mlp", "moe")
+_RESERVED = ("mixer_norm", "ffn_norm", "mixer_post_norm", "ffn_post_norm", "mlp", "moe")
 _CALLABLES = ("build", "cache", "fused", "shard", "slice")
 
 
