@@ -180,3 +180,15 @@ def test_quantize(pair, mode, kind):
     # on these sensitive models: measured up to 0.05 of the logit scale (int8); a wrong path is O(1)
     check_cache_invariants(llm, 0.15)
     check_batched_equals_alone(llm)
+
+
+@pytest.mark.parametrize("pair", ["qwen3_5-moe"], indirect=True)
+def test_fused_expert_tensors(pair, tmp_path):
+    """transformers' own names (`save_original_format=False`): the experts as fused 3-D tensors
+    (`mlp.experts.gate_up_proj` [E, 2I, D], `down_proj` [E, D, I]) load to the same model."""
+    from blazr import LLM
+
+    pair.hf.save_pretrained(tmp_path, save_original_format=False)
+    llm = LLM(tmp_path, cpu=True, dtype="float32", max_num_seqs=2)
+    batch = prompts([20], seed=9, vocab=llm.config.vocab_size)
+    assert torch.equal(full_logits(llm.runner, batch)[0], full_logits(pair.llm.runner, batch)[0])
