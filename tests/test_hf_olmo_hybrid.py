@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from blazr import LLM, SamplingParams
 from blazr.config import AttentionConfig, GatedDeltaNetConfig
 from blazr.errors import UnsupportedError
+from tests.drive import full_logits
 from tests.hf_parity import (
     check_batched_equals_alone,
     check_cache_invariants,
@@ -151,3 +152,27 @@ def test_tensor_parallel_is_refused(pair):
 
     with pytest.raises(UnsupportedError, match="q/k norm over all heads"):
         shard_config(pair.llm.config, 2)
+
+
+def test_without_config_json(tmp_path):
+    """No config.json: the tensor names say OLMo-Hybrid; heads come from the common head size (64: 2 heads
+    and 1 KV head here), the DeltaNet's from its projections and A_log; NoPE and β in (0, 2), as the
+    released checkpoints — the same model as with it."""
+    import transformers
+
+    from tests.ssm_fixtures import detect_with, runtime_free
+
+    sizes = {**TINY, **SIZES, "num_attention_heads": 2, "num_key_value_heads": 1}
+    cfg = transformers.OlmoHybridConfig(**sizes)
+    cfg.rope_parameters = None
+    torch.manual_seed(0)
+    hf = transformers.OlmoHybridForCausalLM(cfg).float().eval()
+    randomise(hf, 1)
+    save_as_published(hf, tmp_path / "with")
+    llm = LLM(tmp_path / "with", cpu=True, dtype="float32", max_num_seqs=2)
+    assert runtime_free(detect_with(tmp_path / "with", tmp_path / "without", None)) == runtime_free(
+        llm.config
+    )
+    other = LLM(tmp_path / "without", cpu=True, dtype="float32", max_num_seqs=2)
+    batch = prompts([13], seed=7, vocab=1024)
+    assert torch.equal(full_logits(other.runner, batch)[0], full_logits(llm.runner, batch)[0])

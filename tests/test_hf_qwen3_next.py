@@ -192,3 +192,20 @@ def test_fused_expert_tensors(pair, tmp_path):
     llm = LLM(tmp_path, cpu=True, dtype="float32", max_num_seqs=2)
     batch = prompts([20], seed=9, vocab=llm.config.vocab_size)
     assert torch.equal(full_logits(llm.runner, batch)[0], full_logits(pair.llm.runner, batch)[0])
+
+
+def test_without_config_json(tmp_path):
+    """No config.json: the tensor names say Qwen3.5 and the shapes every size (heads from the q_norm, the
+    DeltaNet value heads from A_log, its key heads from the conv width at HF's key head size, 128); what
+    no shape carries takes Qwen's defaults (rope θ 10000, partial rope 0.25, eps 1e-6, the layer kinds
+    from where self_attn lies) — the same model as with it."""
+    from blazr import LLM
+    from tests.ssm_fixtures import detect_with, runtime_free
+
+    sizes = dict(SIZES, linear_num_key_heads=1, linear_key_head_dim=128, linear_value_head_dim=32)
+    pair = load_pair(tmp_path / "with", "qwen3_5-128", "Qwen3_5ForCausalLM", **sizes, num_hidden_layers=4)
+    inferred = detect_with(pair.path, tmp_path / "without", None)
+    assert runtime_free(inferred) == runtime_free(pair.llm.config)
+    other = LLM(tmp_path / "without", cpu=True, dtype="float32", max_num_seqs=2)
+    batch = prompts([13], seed=7, vocab=1024)
+    assert torch.equal(full_logits(other.runner, batch)[0], full_logits(pair.llm.runner, batch)[0])

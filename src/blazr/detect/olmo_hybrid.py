@@ -134,3 +134,4 @@ def build_olmo_hybrid(raw: Raw, shapes: Shapes) -> ModelConfig:
 
 BUILDERS = {ARCH: build_olmo_hybrid}
 MODEL_TYPES = {"olmo_hybrid": ARCH}
+NAME_RULES = [(lambda shapes: any(".linear_attn.g_proj." in n for n in shapes), ARCH)]

@@ -194,7 +194,21 @@ def build_qwen3_next(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
     )
 
 
+def _arch_of(shapes: Shapes) -> str | None:
+    """The family member a checkpoint without config.json is, by its tensor names (None: not this family)."""
+    names = list(shapes)
+    if any(".linear_attn.in_proj_qkvz." in n for n in names):
+        return NEXT
+    if not any(".linear_attn.in_proj_qkv." in n for n in names):
+        return None
+    is_moe = any(n.endswith(".mlp.gate.weight") for n in names)
+    if any(n.startswith("model.language_model.") for n in names):
+        return MOE_VL if is_moe else DENSE_VL
+    return MOE if is_moe else DENSE
+
+
 BUILDERS = {arch: (lambda raw, shapes, a=arch: build_qwen3_next(raw, shapes, a)) for arch in PREFIXES}
+NAME_RULES = [(lambda shapes, a=arch: _arch_of(shapes) == a, arch) for arch in PREFIXES]
 MODEL_TYPES = {
     "qwen3_next": NEXT,
     "qwen3_5_text": DENSE,
