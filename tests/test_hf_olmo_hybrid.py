@@ -14,13 +14,7 @@ from blazr import LLM, SamplingParams
 from blazr.config import AttentionConfig, GatedDeltaNetConfig
 from blazr.errors import UnsupportedError
 from tests.drive import full_logits
-from tests.hf_parity import (
-    check_batched_equals_alone,
-    check_cache_invariants,
-    check_greedy,
-    check_logits,
-    prompts,
-)
+from tests.hf_parity import ParityTests, check_batched_equals_alone, check_cache_invariants, prompts
 from tests.ssm_fixtures import Pair, layer_kinds, randomise, single_thread
 from tests.tiny import TINY
 
@@ -89,20 +83,8 @@ def test_detected_config(pair):
     assert pair.llm.runner.decode_plan is not None  # post-norms and the full-width q/k norm are kernel ops
 
 
-def test_logits_match_transformers(pair):
-    check_logits(pair.hf, pair.llm)
-
-
-def test_greedy_tokens_match_transformers_with_cache(pair):
-    check_greedy(pair.hf, pair.llm)
-
-
-def test_cache_invariants(pair):
-    check_cache_invariants(pair.llm)
-
-
-def test_batched_generation_equals_each_alone(pair):
-    check_batched_equals_alone(pair.llm)
+class TestParity(ParityTests):
+    """Logits, greedy tokens, cache invariants and batched == alone against transformers."""
 
 
 def test_prefix_cache_on_equals_off(pair):

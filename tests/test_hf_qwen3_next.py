@@ -14,13 +14,7 @@ import torch.nn.functional as F
 
 from blazr.config import AttentionConfig, GatedDeltaNetConfig
 from tests.drive import assert_logits_close, full_logits
-from tests.hf_parity import (
-    check_batched_equals_alone,
-    check_cache_invariants,
-    check_greedy,
-    check_logits,
-    prompts,
-)
+from tests.hf_parity import ParityTests, check_batched_equals_alone, check_cache_invariants, prompts
 from tests.ssm_fixtures import layer_kinds, load_pair, randomise, single_thread
 from tests.tiny import hf_logits
 
@@ -75,20 +69,8 @@ def test_detected_config(pair):
     assert cfg.tie_word_embeddings == c.tie_word_embeddings
 
 
-def test_logits_match_transformers(pair):
-    check_logits(pair.hf, pair.llm)
-
-
-def test_greedy_tokens_match_transformers_with_cache(pair):
-    check_greedy(pair.hf, pair.llm)
-
-
-def test_cache_invariants(pair):
-    check_cache_invariants(pair.llm)
-
-
-def test_batched_generation_equals_each_alone(pair):
-    check_batched_equals_alone(pair.llm)
+class TestParity(ParityTests):
+    """Logits, greedy tokens, cache invariants and batched == alone against transformers."""
 
 
 def test_state_bytes_per_sequence(pair):

@@ -139,20 +139,20 @@ class DeltaNetBindings:
     def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         if x.dim() != 3 or weight.numel() != x.shape[2]:
             raise ValueError(f"head_rms_norm: x [T, H, D] and weight [D] expected, found {list(x.shape)}")
-        if x.dtype is not _F32 or not x.is_cpu or x.stride(2) != 1:
-            raise UnsupportedInput(f"head_rms_norm: expected fp32 CPU [T, H, D] views, found {x.dtype}")
         T, H, D = x.shape
-        ldh = x.stride(1) if H > 1 else D
-        ldt = x.stride(0) if T > 1 else H * ldh
+        if x.dtype is not _F32 or not x.is_cpu or x.stride(2) != 1 or (H > 1 and x.stride(1) != D):
+            raise UnsupportedInput(
+                f"head_rms_norm: expected fp32 CPU [T, H, D] rows of heads, found {x.dtype}"
+            )
         a, addr = self._args()
         a.op = _OP_HEAD_RMS_NORM
-        a.i[0:8] = (
+        ldt = x.stride(0) if T > 1 else H * D
+        a.i[0:7] = (
             x.data_ptr(),
             T,
             H,
             D,
             ldt,
-            ldh,
             _f32_ptr(weight, "head_rms_norm weight"),
             torch.get_num_threads(),
         )

@@ -536,7 +536,8 @@ def deltanet_prefill(
 
 def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each [D] group of x [T, H, D] in place (weight [D]): q or k heads of a fused projection's
-    output (strided views), or whole rows as one group (H = 1). Returns x."""
+    output (row-strided views, a token's heads back to back), or whole rows as one group (H = 1). Returns
+    x."""
     return _dispatch("head_rms_norm", head_rms_norm_reference, x, weight, eps)
 
 

@@ -224,8 +224,8 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                         P(float *, 12), i[13], i[14], i[15], i[16], i[17], (int)i[18], i[19],
                                         (float)a->f[0], (float)a->f[1], P(float *, 20), (int)i[21]);
         case BLZ_OP_HEAD_RMS_NORM:
-            return blz_head_rms_norm(P(float *, 0), i[1], i[2], i[3], i[4], i[5], P(const float *, 6),
-                                     (float)a->f[0], (int)i[7]);
+            return blz_head_rms_norm(P(float *, 0), i[1], i[2], i[3], i[4], P(const float *, 5), (float)a->f[0],
+                                     (int)i[6]);
         case BLZ_OP_SIGMOID_MUL:
             return blz_sigmoid_mul(P(float *, 0), i[1], i[2], i[3], P(const float *, 4), i[5], i[6], (int)i[7]);
     }

@@ -469,17 +469,7 @@ BLZ_EXPORT int blz_deltanet_prefill(const float *qkvz, const float *ba, const in
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < n; ++t) {
                 float *ur = u + (row0 + t) * C;
-                for (int64_t c = 0; c < C; ++c) ur[c] = 0.0f;
-                for (int64_t j = 0; j < K; ++j) {
-                    const int64_t r = t - (K - 1) + j;
-                    const float *w = wt + j * C;
-                    if (r >= 0) {
-                        const float *src = qkvz + (row0 + r) * g.ld;
-                        for (int64_t c = 0; c < C; ++c) ur[c] = fmaf(w[c], src[c], ur[c]);
-                    } else if (!fresh) {
-                        for (int64_t c = 0; c < C; ++c) ur[c] = fmaf(w[c], cs[c * (K - 1) + (K - 1) + r], ur[c]);
-                    }
-                }
+                blz_conv_row(qkvz + row0 * g.ld, g.ld, t, wt, NULL, fresh ? NULL : cs, C, K, ur);
                 blz_silu_rows(ur, C);
                 dn_norm_qk(&g, ur);
                 dn_gates(&g, ba + (row0 + t) * 2 * Hv, dt_bias, A_log, gl + (row0 + t) * Hv, bt + (row0 + t) * Hv);
