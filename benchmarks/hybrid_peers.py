@@ -41,6 +41,7 @@ from benchmarks.run import Row, load_blazr, load_llama_cpp, log, measure_single,
 from benchmarks.run import batching_table, measure_batching, single_table, spread_note, versions
 from tests import llama_cpp_convert
 from tests.llama_cpp_convert import export_tokenizer, granite_as_published, nemotron_as_published
+from tests.tiny import CONFIG_CLASSES
 
 CACHE = Path(__file__).parent / ".cache" / "hybrid"
 SDIST = "llama-cpp-python==0.3.36"
@@ -216,6 +217,67 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
         ),
         None,
     ),
+    # Gated DeltaNet + gated attention: Qwen/Qwen3.5-0.8B's published text config (24 layers, 3 DeltaNet : 1
+    # attention; DeltaNet 16 key / 16 value heads of 128; attention 8 heads of 256, 2 KV heads, a quarter
+    # rotated; 248320-token vocabulary, tied).
+    "qwen3.5-0.8b": (
+        "Qwen3_5ForCausalLM",
+        dict(
+            vocab_size=248320,
+            hidden_size=1024,
+            intermediate_size=3584,
+            num_hidden_layers=24,
+            layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(24)],
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=256,
+            linear_num_key_heads=16,
+            linear_num_value_heads=16,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25),
+            max_position_embeddings=262144,
+            tie_word_embeddings=True,
+        ),
+        None,
+    ),
+    # Qwen/Qwen3-Next-80B-A3B scaled to 0.86B parameters keeping its layer pattern (3 DeltaNet : 1
+    # attention), head sizes and ratios: attention heads of 256 whose q is twice the hidden width, KV heads
+    # an eighth of the heads; DeltaNet heads of 128, twice the value heads as key heads (key heads · 128 =
+    # the hidden width); experts a quarter of the hidden width, the gated shared expert one expert wide,
+    # the active experts 2× the hidden width (published 2.5×): hidden 1024 (½), 16 layers (⅓), 32 experts
+    # of 256, 8 per token (published 512 of 512, 10 per token).
+    "qwen3-next-scaled-0.85b": (
+        "Qwen3NextForCausalLM",
+        dict(
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=2560,
+            num_hidden_layers=16,
+            layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(16)],
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            head_dim=256,
+            linear_num_key_heads=8,
+            linear_num_value_heads=16,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_conv_kernel_dim=4,
+            num_experts=32,
+            num_experts_per_tok=8,
+            moe_intermediate_size=256,
+            shared_expert_intermediate_size=256,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+            rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25),
+            max_position_embeddings=262144,
+            tie_word_embeddings=False,
+        ),
+        None,
+    ),
 }
 
 # precision → (blazr --quantize, llama.cpp GGUF type)
@@ -233,13 +295,13 @@ def checkpoint(name: str) -> Path:
     import transformers
 
     log(f"# building {name} with transformers (random weights)")
-    config = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**cfg)
+    config = getattr(transformers, CONFIG_CLASSES.get(arch, arch.replace("ForCausalLM", "Config")))(**cfg)
     torch.manual_seed(0)
     model = getattr(transformers, arch)(config).float().eval()
-    with torch.no_grad():  # transformers leaves norms at 1 and A_log/D constant: give them spread
+    with torch.no_grad():  # transformers leaves norms at 1 (or 0: a (1 + w) norm) and A_log/D constant
         for pname, p in model.named_parameters():
             if p.dim() == 1 and pname.endswith("weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+                p.copy_((0 if bool((p == 0).all()) else 1) + 0.1 * torch.randn_like(p))
     if sum(t.numel() for t in model.parameters()) > 1e9:  # saved in bf16: half the disk and load time
         model = model.to(torch.bfloat16)
     model.save_pretrained(out)

@@ -1,6 +1,7 @@
 """The acceptance checks every HF architecture runs against transformers, shared by the per-family test
 files: logits on mixed-length prompts, greedy tokens with caches, cache invariants (prefill + N steps,
-chunked prefill 7 and 64, different schedules in one batch) and batched == alone."""
+chunked prefill 7 and 64, different schedules in one batch) and batched == alone — each a function, and
+all four as the tests of `ParityTests` (a family's module subclasses it, beside its `pair` fixture)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,20 @@ def check_batched_equals_alone(llm: LLM) -> None:
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     together = [r.outputs[0].token_ids for r in llm.generate(batch, params)]
     assert together == [llm.generate([p], params)[0].outputs[0].token_ids for p in batch]
+
+
+class ParityTests:
+    """The four checks as tests, for a module with a `pair` fixture (tests.ssm_fixtures.Pair: .hf, .llm):
+    `class TestParity(ParityTests): pass`."""
+
+    def test_logits_match_transformers(self, pair) -> None:
+        check_logits(pair.hf, pair.llm)
+
+    def test_greedy_tokens_match_transformers_with_cache(self, pair) -> None:
+        check_greedy(pair.hf, pair.llm)
+
+    def test_cache_invariants(self, pair) -> None:
+        check_cache_invariants(pair.llm)
+
+    def test_batched_generation_equals_each_alone(self, pair) -> None:
+        check_batched_equals_alone(pair.llm)

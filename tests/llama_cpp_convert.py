@@ -7,6 +7,7 @@ that go through it have SmolLM2's 49152-token vocabulary)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -44,16 +45,30 @@ def export_tokenizer(dst: Path) -> Path:
     return dst
 
 
+# architectures whose converter expects a multi-token-prediction head unless told there is none
+NO_MTP = (
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
+
+
 def convert(
     hf_dir: Path, tokenizer_dir: Path | None, out: Path, outtype: str = "f32", script: Path | None = None
 ) -> Path:
     """`hf_dir` (a saved transformers checkpoint; its tokenizer copied in from `tokenizer_dir` unless None)
-    → a GGUF at `out`, by llama.cpp's converter (`script`, default `converter()`)."""
+    → a GGUF at `out`, by llama.cpp's converter (`script`, default `converter()`); `--no-mtp` for the
+    Qwen3-Next / Qwen3.5 families, whose converter otherwise requires an MTP head."""
     for f in tokenizer_dir.iterdir() if tokenizer_dir is not None else ():
         shutil.copy(f, hf_dir / f.name)
     script = script or converter()
     env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
     cmd = [sys.executable, str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
+    archs = json.loads((hf_dir / "config.json").read_text()).get("architectures") or []
+    if any(a in NO_MTP for a in archs):
+        cmd.append("--no-mtp")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-3000:]}")

@@ -51,8 +51,9 @@ class Pair:
 
 @torch.no_grad()
 def randomise(model: nn.Module, seed: int) -> None:
-    """Give random values to what transformers initialises to constants (A_log, D, dt_bias, norm weights,
-    biases, the NemotronH correction bias), so that a swapped or dropped tensor changes the logits."""
+    """Give random values to what transformers initialises to constants (A_log, D, dt_bias, norm weights —
+    around 1, or around 0 for the (1 + w) norms initialised to zeros —, biases, the NemotronH correction
+    bias), so that a swapped or dropped tensor changes the logits."""
     g = torch.Generator().manual_seed(seed)
 
     def rand(t: torch.Tensor) -> torch.Tensor:
@@ -71,8 +72,10 @@ def randomise(model: nn.Module, seed: int) -> None:
             p.copy_(randn(p))
         elif leaf == "bias" and "conv1d" not in name:
             p.copy_(0.1 * randn(p))
-        elif leaf == "weight" and p.dim() == 1:  # every norm
-            p.copy_(1 + 0.2 * randn(p))
+        elif (
+            leaf == "weight" and p.dim() == 1
+        ):  # every norm; a zero-centred one's scale is 1 + w (Qwen3-Next)
+            p.copy_((0 if bool((p == 0).all()) else 1) + 0.2 * randn(p))
     for name, b in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             b.copy_(0.05 * randn(b))

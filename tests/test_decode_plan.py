@@ -46,6 +46,8 @@ from blazr.state.kv_cache import ModelCache
 from tests.drive import place, release
 from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
+from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.tiny import build
 
 
@@ -128,6 +130,9 @@ VARIANTS = {
             intermediate_size=96,
         ),
     ),
+    # Gated DeltaNet and gated attention (q/k norm, partial rope); Qwen3-Next's MoE, its gated shared expert.
+    "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),
+    "qwen3-next": ("Qwen3NextForCausalLM", dict(QWEN_SIZES, **QWEN_EXPERTS, num_hidden_layers=4)),
 }
 OVERRIDES = dict(VARIANTS.values())  # arch → its overrides
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -331,7 +336,9 @@ def _quantize_linears(model: CausalLM, kind: str) -> None:
             setattr(parent, attr, QuantizedLinear(quantize(m.weight.detach(), kind), bias))
 
 
-@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Mamba2ForCausalLM"])
+@pytest.mark.parametrize(
+    "arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Mamba2ForCausalLM", "Qwen3_5ForCausalLM"]
+)
 def test_quantized_weights(tmp_path, arch):
     """Q8_0 linears (the lm head too): the plan replays the same block-quantized kernel calls as the eager
     model — the same bits, although the kernels quantize activations to 8 bits, which would turn any last-bit

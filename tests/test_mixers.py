@@ -24,12 +24,14 @@ from blazr import kernels
 from blazr.config import (
     AttentionConfig,
     EngineConfig,
+    GatedDeltaNetConfig,
     LayerConfig,
     Mamba2Config,
     MixerConfig,
     MLAConfig,
     MLPConfig,
     ModelConfig,
+    NormConfig,
     RopeConfig,
 )
 from blazr.distributed.shard import shard_config, slice_tensor
@@ -52,6 +54,11 @@ SAMPLES: dict[str, list[MixerConfig]] = {
     "attention": [
         AttentionConfig(4, 2, 16, RopeConfig(dim=16), 0.25, has_qkv_bias=True, has_o_bias=True),
         AttentionConfig(4, 2, 16, None, 0.25, sliding_window=4),
+        # the DeltaNet hybrids': gated, (1 + w) per-head q/k norm, partial rope; a q/k norm over all heads
+        AttentionConfig(
+            4, 2, 16, RopeConfig(dim=4), 0.25, qk_norm=NormConfig(weight_offset=1.0), has_output_gate=True
+        ),
+        AttentionConfig(4, 2, 16, None, 0.25, qk_norm=NormConfig(), is_qk_norm_per_head=False),
     ],
     "mla": [
         MLAConfig(4, None, 32, 16, 8, 16, RopeConfig(dim=8), 0.1),
@@ -61,9 +68,13 @@ SAMPLES: dict[str, list[MixerConfig]] = {
         Mamba2Config(4, 8, 8, 2, 4, has_in_proj_bias=True, has_out_proj_bias=True, norm_group_size=16),
         Mamba2Config(4, 8, 8, 1, 4),
     ],
+    "deltanet": [
+        GatedDeltaNetConfig(2, 4, 8, 12, chunk_size=4),
+        GatedDeltaNetConfig(2, 4, 8, 8, conv_kernel=3, is_v_tiled=True, beta_scale=2.0),
+    ],
 }
 KINDS = [s.kind for s in mixers.specs()]
-CASES = [(kind, i) for kind in KINDS for i in range(2)]
+CASES = [(kind, i) for kind in KINDS for i in range(len(SAMPLES.get(kind, ())))]
 
 
 def _cfg(*mixer_cfgs: MixerConfig, mlp: bool = True) -> ModelConfig:
@@ -117,6 +128,12 @@ def test_every_declared_linear_exists_in_some_sample(kind):
 def test_tensor_parallel_cuts_every_parameter_to_the_shards_shape(kind, i):
     spec, m, cfg = _sample(kind, i)
     full = CausalLM(cfg)
+    if isinstance(m, AttentionConfig) and m.qk_norm is not None and not m.is_qk_norm_per_head:
+        with pytest.raises(
+            UnsupportedError, match="q/k norm over all heads"
+        ):  # its statistics span the ranks
+            shard_config(cfg, 2)
+        return
     shard = CausalLM(shard_config(cfg, 2))
     (part,) = shard.cfg.layers[0].mixers
     assert type(part) is type(m) and part != m

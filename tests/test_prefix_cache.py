@@ -1,6 +1,7 @@
 """Prefix caching (engine/cache_manager.py): cache on == cache off, token for token and logprobs within float
 tolerance, for every kind of cache — paged attention (Llama), MLA + MoE (DeepSeek-V3), recurrent state only
-(Mamba2) and both (GraniteMoeHybrid: Mamba2 + attention) — over the cases that exercise it: an exact repeat,
+(Mamba2) and both (GraniteMoeHybrid: Mamba2 + attention; Qwen3.5: gated DeltaNet + gated attention) — over
+the cases that exercise it: an exact repeat,
 a shared prefix ending mid-block and exactly on a block boundary, a prompt that is a prefix of a cached one,
 the next turn of a conversation, concurrent requests sharing a prefix, eviction under memory pressure,
 preemption, n > 1 and prompt logprobs. Each case also checks how many tokens were served from the
@@ -22,6 +23,7 @@ from blazr.config import EngineConfig
 from blazr.engine.engine import SeqOutput
 from tests.ssm_fixtures import HEADS, randomise, single_thread
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.tiny import build
 
 BS = 16  # block size
@@ -36,8 +38,15 @@ ARCHS = {
     "granite-hybrid": ("GraniteMoeHybridForCausalLM", dict(
         MAMBA, **HEADS, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], mamba_n_groups=1,
         num_local_experts=0, shared_intermediate_size=96)),
+    "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),  # gated DeltaNet + attention
 }  # fmt: skip
-HAS_STATE = {"llama": False, "deepseek-mla-moe": False, "mamba2": True, "granite-hybrid": True}
+HAS_STATE = {
+    "llama": False,
+    "deepseek-mla-moe": False,
+    "mamba2": True,
+    "granite-hybrid": True,
+    "qwen3_5": True,
+}
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)
 
 
@@ -286,20 +295,24 @@ def test_prompt_logprobs_of_a_sequence_preempted_mid_prefill(small, name):
     assert [len(r.prompt_logprobs or []) for r in got] == [100, 150]
 
 
-def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypatch):
-    """A prefill cut at snapshot points runs the C scan segment by segment, never the torch reference (it
-    did once: the segments were gathered into two buffers the kernel refuses, and the fallback was silent
-    — 20x slower)."""
+@pytest.mark.parametrize(
+    "name, reference",
+    [("granite-hybrid", "mamba2_prefill_reference"), ("qwen3_5", "deltanet_prefill_reference")],
+)
+def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypatch, name, reference):
+    """A prefill cut at snapshot points runs the C kernel (Mamba2's scan segment by segment, DeltaNet's with
+    its chunks cut there), never the torch reference (Mamba2's did once: the segments were gathered into two
+    buffers the kernel refuses, and the fallback was silent — 20x slower)."""
     from blazr.kernels import ops
     from blazr.kernels.build import available
 
     if not available():
         pytest.fail("the C kernels did not build")
-    llm = load(checkpoints["granite-hybrid"])
+    llm = load(checkpoints[name])
 
     def refuse(*args, **kwargs):
-        raise AssertionError("mamba2_prefill fell back to the torch reference")
+        raise AssertionError(f"{reference} ran: the kernel was not taken")
 
-    monkeypatch.setattr(ops, "mamba2_prefill_reference", refuse)
+    monkeypatch.setattr(ops, reference, refuse)
     got = run(llm, [tokens(150, seed=80)])[0]  # saves at 32, 64, 96, 128 and 144: cuts inside the chunk
     assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4

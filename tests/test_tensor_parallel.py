@@ -1,6 +1,7 @@
 """Tensor / expert parallelism on torch.distributed (gloo, 2 ranks on this machine): for a tiny random
 checkpoint of every family — Llama, Mixtral (expert parallel), DeepSeek V2 / V3 (MLA + MoE), Mamba2 (groups
-split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH, FalconH1 — the 2-rank engine
+split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH, FalconH1, Qwen3.5 and
+Qwen3-Next (gated DeltaNet by key heads, gated attention) — the 2-rank engine
 gives the 1-rank engine's greedy tokens and its logprobs (prompt and output, top 5 at every position)
 within float32 rounding; the per-rank config and slices are checked on their own; and a 2-rank server
 answers like a 1-rank one through the openai client."""
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from blazr import LLM, SamplingParams
-from blazr.config import AttentionConfig, Mamba2Config
+from blazr.config import AttentionConfig, LayerConfig, Mamba2Config, ModelConfig
 from blazr.detect import inspect_checkpoint
 from blazr.distributed.group import destroy_group
 from blazr.distributed.shard import padded_vocab, shard_config, slice_tensor
@@ -26,6 +27,8 @@ from blazr.engine.runner import TensorParallelStepError
 from blazr.errors import UnsupportedError
 from tests.server_util import ServerProcess
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
+from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.tiny import build
 
 TOL = 1e-4  # float32 logprobs: partial sums added in another order
@@ -112,6 +115,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             mlp_multipliers=[1.3, 0.6],
         ),
     ),
+    # gated DeltaNet (each rank its key heads and their value heads) + gated attention; Qwen3-Next's MoE with
+    # its gated shared expert (expert parallel)
+    "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),
+    "qwen3-next": ("Qwen3NextForCausalLM", dict(QWEN_SIZES, **QWEN_EXPERTS, num_hidden_layers=4)),
 }
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300], list(range(1, 42))]
 
@@ -201,6 +208,27 @@ def test_the_shards_add_up(checkpoints):
     assert torch.equal(biases[0] + biases[1], o_bias)  # counted once in the all-reduced sum
     with pytest.raises(UnsupportedError, match="Mamba2 has 2 groups, not divisible by 4"):
         shard_config(cfg, 4)
+
+
+def test_deltanet_shards_read_their_own_key_heads():
+    """Each rank's DeltaNet value heads are those of its key heads, in the shard's own order: grouped
+    (contiguous) or llama.cpp's tiled order (local value head h' reads local key head h' % (Hk / world))."""
+    from blazr.config import GatedDeltaNetConfig
+    from blazr.model.deltanet import v_head_order
+
+    for tiled in (False, True):
+        cfg = GatedDeltaNetConfig(4, 12, 8, 8, is_v_tiled=tiled)
+        shard = shard_config(ModelConfig("t", 16, 32, (LayerConfig(mixers=(cfg,)),)), 2).layers[0].mixers[0]
+        r, hk = 12 // 4, shard.num_k_heads
+        seen = []
+        for rank in range(2):
+            order = v_head_order(cfg, rank, 2)
+            for local, h in enumerate(order.tolist()):
+                key = h % 4 if tiled else h // r  # the key head global value head h reads
+                local_key = local % hk if tiled else local // r  # the one its shard reads
+                assert key == rank * hk + local_key, (tiled, rank, local, h)
+            seen += order.tolist()
+        assert sorted(seen) == list(range(12))
 
 
 @pytest.mark.parametrize("family", ["llama", "granite-moe-hybrid"])

@@ -20,10 +20,14 @@ TINY: dict[str, Any] = dict(
 )
 
 
+# text-only architectures whose config class is not `{Arch}Config` (that one is the multimodal model's)
+CONFIG_CLASSES = {"Qwen3_5ForCausalLM": "Qwen3_5TextConfig", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
+
+
 def build(arch: str, path: Path, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     import transformers
 
-    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    config_cls = getattr(transformers, CONFIG_CLASSES.get(arch, arch.replace("ForCausalLM", "Config")))
     model_cls = getattr(transformers, arch)
     config = config_cls(**{**TINY, **overrides})
     torch.manual_seed(seed)

@@ -1,9 +1,9 @@
 """Typed, frozen configuration: what the model math and the engine are allowed to know.
 
 `ModelConfig` describes one network as a tuple of `LayerConfig`s; each layer holds the configs of its mixers
-(a tuple of `MixerConfig`s: GQA attention, MLA, Mamba2 — each kind's spec, beside its module, is registered
-in model/mixers.py) and of its feed-forward (dense MLP or MoE), so a hybrid model is just a tuple whose
-entries differ. Raw checkpoint keys (config.json, GGUF metadata, tensor names) are read only
+(a tuple of `MixerConfig`s: GQA attention, MLA, Mamba2, gated DeltaNet — each kind's spec, beside its module,
+is registered in model/mixers.py) and of its feed-forward (dense MLP or MoE), so a hybrid model is just a
+tuple whose entries differ. Raw checkpoint keys (config.json, GGUF metadata, tensor names) are read only
 in `detect.py`, which builds these objects; nothing below the loader ever sees a dict.
 
 `EngineConfig` holds the serving limits (sequences, context, token budget, cache sizes).
@@ -22,10 +22,14 @@ Activation = Literal["silu", "gelu", "relu2"]
 
 @dataclass(frozen=True)
 class NormConfig:
-    """RMSNorm (`kind="rms"`) or LayerNorm with bias (`kind="layer"`, the oxidizr Mamba2 block norm)."""
+    """RMSNorm (`kind="rms"`) or LayerNorm with bias (`kind="layer"`, the oxidizr Mamba2 block norm).
+
+    `weight_offset`: the checkpoint stores w of a scale `offset + w` ("(1 + w)" RMSNorms: Qwen3-Next /
+    Qwen3.5, Gemma); the loader folds it into the weight, so the math is one RMSNorm with the whole scale."""
 
     kind: NormKind = "rms"
     eps: float = 1e-5
+    weight_offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,13 @@ M = TypeVar("M", bound=MixerConfig)
 
 @dataclass(frozen=True)
 class AttentionConfig(MixerConfig):
-    """Grouped-query attention (Llama family). `rope=None` means no positional encoding (NoPE)."""
+    """Grouped-query attention (Llama family). `rope=None` means no positional encoding (NoPE); a rope of
+    `dim` < head_dim rotates the first `dim` features (partial rope).
+
+    `qk_norm`: an RMSNorm of q and of k (own weights) before rope — over each head's features
+    (`is_qk_norm_per_head`: Qwen3, Qwen3-Next, Gemma 3) or over all heads' (OLMo 2 / 3, OLMo-Hybrid).
+    `has_output_gate`: the q projection emits a gate per head beside q (Qwen3-Next / Qwen3.5: q_proj's rows
+    per head [q_h; gate_h]); the attention output is multiplied by sigmoid(gate) before o_proj."""
 
     kind: ClassVar[str] = "attention"
 
@@ -74,6 +84,9 @@ class AttentionConfig(MixerConfig):
     has_qkv_bias: bool = False
     has_o_bias: bool = False
     sliding_window: int | None = None
+    qk_norm: NormConfig | None = None
+    is_qk_norm_per_head: bool = True
+    has_output_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,41 @@ class Mamba2Config(MixerConfig):
 
 
 @dataclass(frozen=True)
+class GatedDeltaNetConfig(MixerConfig):
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5 / 3.6, OLMo-Hybrid): a causal depthwise conv + SiLU over [q | k |
+    v], L2-normed q and k, and per value head a [Dk, Dv] state updated by the gated delta rule
+    (decay exp(g), g = −exp(A_log)·softplus(a + dt_bias); write strength β = beta_scale · sigmoid(b)); its
+    output through a gated RMSNorm (per value head, norm then · silu(z)) and out_proj.
+
+    Heads: Hk query / key heads of Dk features, Hv value heads of Dv (Hv a multiple of Hk). Value head h
+    reads q / k head h // (Hv / Hk) ("grouped", HF's order) or, with `is_v_tiled`, h % Hk ("tiled":
+    llama.cpp's converter orders Qwen3.5's value heads so; each per-value-head tensor follows that order)."""
+
+    kind: ClassVar[str] = "deltanet"
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int = 4
+    is_v_tiled: bool = False
+    beta_scale: float = 1.0  # OLMo-Hybrid's allow_neg_eigval: 2 (β in (0, 2))
+    norm_eps: float = 1e-6
+    chunk_size: int = 64  # tokens per chunk of the prefill's chunked (WY) form
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
 class MLPConfig:
     """Feed-forward: gated, `down(act(gate) * up)`, unless `is_gated=False`: `down(act(up))` (NemotronH)."""
 
@@ -151,6 +199,7 @@ class MoEConfig:
     Routing: scores = softmax or sigmoid of router logits; experts chosen by top-k over scores (+ correction
     bias for selection only, DeepSeek-V3); optional group-limited selection (`num_groups`, `topk_groups`);
     weights renormalised over the chosen k when `is_renormalized`; scaled by `routed_scaling_factor`.
+    `has_shared_gate`: the shared MLP's output is scaled per token by sigmoid of a [1, D] projection.
     """
 
     num_experts: int
@@ -164,19 +213,25 @@ class MoEConfig:
     group_score: Literal["max", "top2_sum"] = "max"
     has_correction_bias: bool = False
     shared: MLPConfig | None = None
+    has_shared_gate: bool = False  # the shared MLP's output × sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next)
 
 
 @dataclass(frozen=True)
 class LayerConfig:
     """One residual block. Its `mixers` run in parallel on the same normed input and their outputs are
     summed in order (FalconH1 holds attention and Mamba2; every other model holds one). `ffn` follows with
-    its own pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks)."""
+    its own pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks).
+    Norms: before each part (`norm`, `ffn_norm`; None: none) and after it, on its output before the
+    residual add (`post_norm`, `ffn_post_norm`: OLMo 2 / 3 and OLMo-Hybrid's attention blocks norm only
+    after, Gemma both)."""
 
     mixers: tuple[MixerConfig, ...] = ()
     mlp: MLPConfig | None = None
     moe: MoEConfig | None = None
-    norm: NormConfig = field(default_factory=NormConfig)  # before the mixer(s)
-    ffn_norm: NormConfig = field(default_factory=NormConfig)  # before the mlp / moe
+    norm: NormConfig | None = field(default_factory=NormConfig)  # before the mixer(s)
+    ffn_norm: NormConfig | None = field(default_factory=NormConfig)  # before the mlp / moe
+    post_norm: NormConfig | None = None  # on the mixers' output
+    ffn_post_norm: NormConfig | None = None  # on the mlp / moe output
 
     @property
     def kind(self) -> str:

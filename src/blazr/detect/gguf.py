@@ -14,11 +14,14 @@ Per architecture (keys without the `{arch}.` prefix):
   where present, follows the gate (llama.cpp's only order).
 - deepseek2: MLA ranks, experts, `expert_gating_func` (1 softmax = V2 routing, 2 sigmoid = V3),
   `expert_weights_{norm,scale}`, groups, YaRN (`rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim).
+- qwen3next, qwen35, qwen35moe: as llama, plus the DeltaNet sizes under `ssm.*`, layer kinds from
+  `attention.recurrent_layers`, experts; Qwen3.5's value heads in the converter's tiled order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +202,35 @@ def _deepseek2(key: Meta, num_layers: int) -> dict[str, Any]:
     return raw
 
 
+def _qwen3_next(key: Meta, num_layers: int, is_v_tiled: bool = False) -> dict[str, Any]:
+    """Qwen3-Next / Qwen3.5: DeltaNet sizes under `ssm.*` (group_count = key heads, state_size = key head
+    size, time_step_rank = value heads, inner_size = all value features); layer kinds from
+    `attention.recurrent_layers`; Qwen3.5's value heads in the converter's tiled order (`is_v_tiled`, passed
+    on as `blazr_v_heads_tiled`, which detect/qwen3_next.py reads); expert routing renormalised (llama.cpp's
+    only Qwen3-Next routing)."""
+    heads, inner = key("ssm.time_step_rank"), key("ssm.inner_size")
+    recurrent = key("attention.recurrent_layers")
+    raw = {
+        **_llama(key, num_layers),
+        "linear_num_key_heads": key("ssm.group_count"),
+        "linear_key_head_dim": key("ssm.state_size"),
+        "linear_num_value_heads": heads,
+        "linear_value_head_dim": inner // heads if heads and inner else None,
+        "linear_conv_kernel_dim": key("ssm.conv_kernel"),
+        "full_attention_interval": key("full_attention_interval"),
+        "num_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+        "shared_expert_intermediate_size": key("expert_shared_feed_forward_length"),
+        "norm_topk_prob": True,
+        "blazr_v_heads_tiled": is_v_tiled,
+    }
+    if isinstance(recurrent, list):
+        raw["layer_types"] = ["linear_attention" if r else "full_attention" for r in recurrent[:num_layers]]
+    raw.setdefault("partial_rotary_factor", 1.0)  # _rope sets it when the rope covers part of a head
+    return raw
+
+
 # llama.cpp architecture → its metadata as the HF config keys (every name loading/gguf_hf.ARCHES knows)
 _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "llama": _llama,
@@ -208,6 +240,9 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "nemotron_h_moe": _nemotron_h,
     "falcon-h1": _falcon_h1,
     "deepseek2": _deepseek2,
+    "qwen3next": _qwen3_next,
+    "qwen35": partial(_qwen3_next, is_v_tiled=True),
+    "qwen35moe": partial(_qwen3_next, is_v_tiled=True),
 }
 
 

@@ -3,8 +3,9 @@
 beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`,
-`rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `moe_route`,
-`moe_experts`, `mla_cache_write`, `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
+`rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `deltanet_step`,
+`deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`, `moe_route`, `moe_experts`, `mla_cache_write`,
+`mla_decode`, `linear_heads`; the token choice `argmax_rows`,
 `sample_rows`) runs the C kernel when the library is available and the inputs are CPU tensors of the
 supported dtypes and layouts (fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else
 its `*_reference` twin with the same signature.
@@ -52,6 +53,12 @@ from blazr.kernels.reference import (
     ssd_step_reference,
     stacked_slice,
 )
+from blazr.kernels.reference_deltanet import (
+    deltanet_prefill_reference,
+    deltanet_step_reference,
+    head_rms_norm_reference,
+    sigmoid_mul_reference,
+)
 from blazr.kernels.reference_sample import argmax_rows_reference, filtered_distribution, sample_rows_reference
 from blazr.kernels.row_table import RowTable
 
@@ -66,6 +73,10 @@ __all__ = [
     "argmax_rows",
     "argmax_rows_reference",
     "cpu_f32",
+    "deltanet_prefill",
+    "deltanet_prefill_reference",
+    "deltanet_step",
+    "deltanet_step_reference",
     "embedding",
     "embedding_reference",
     "embedding_rows",
@@ -73,6 +84,8 @@ __all__ = [
     "filtered_distribution",
     "gated_rms_norm",
     "gated_rms_norm_reference",
+    "head_rms_norm",
+    "head_rms_norm_reference",
     "int8_dot_reference",
     "kernels",
     "kv_write",
@@ -104,6 +117,8 @@ __all__ = [
     "rope_neox_reference",
     "sample_rows",
     "sample_rows_reference",
+    "sigmoid_mul",
+    "sigmoid_mul_reference",
     "ssd_step_reference",
     "stacked_slice",
 ]
@@ -460,3 +475,73 @@ def sample_rows(
     CDF at the row's uniform u in [0, 1) (see sample_rows_reference). logits [B, V]; temperature, min_p,
     top_p, u [B] fp32; top_k [B] int64 → [B] int64."""
     return _dispatch("sample_rows", sample_rows_reference, logits, temperature, min_p, top_k, top_p, u)
+
+
+def deltanet_step(
+    qkvz: torch.Tensor,
+    ba: torch.Tensor,
+    slots: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    norm_weight: torch.Tensor,
+    state: torch.Tensor,
+    num_k_heads: int,
+    is_v_tiled: bool,
+    beta_scale: float,
+    eps: float,
+) -> torch.Tensor:
+    """One gated-DeltaNet decode token for B sequences: conv step + SiLU, q/k L2 norms, gates, the delta-rule
+    update of state [S, Hv, Dk, Dv] and conv_state [S, C, K-1] in place at `slots` [B], and the gated norm.
+    qkvz [B, C + Hv·Dv] (in_proj_qkvz's output: [q | k | v | z]), ba [B, 2·Hv] ([b | a]); conv_weight
+    [C, K]; dt_bias, A_log [Hv]; norm_weight [Dv]. Returns y [B, Hv·Dv] (out_proj's input; see
+    deltanet_step_reference)."""
+    return _dispatch(
+        "deltanet_step", deltanet_step_reference, qkvz, ba, slots, conv_weight, conv_state, dt_bias, A_log,
+        norm_weight, state, num_k_heads, is_v_tiled, beta_scale, eps,
+    )  # fmt: skip
+
+
+def deltanet_prefill(
+    qkvz: torch.Tensor,
+    ba: torch.Tensor,
+    query_lens: Sequence[int],
+    slots: torch.Tensor,
+    fresh: Sequence[bool],
+    saves: Sequence[tuple[int, int, int]],
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    norm_weight: torch.Tensor,
+    state: torch.Tensor,
+    num_k_heads: int,
+    is_v_tiled: bool,
+    beta_scale: float,
+    eps: float,
+    chunk_size: int,
+) -> torch.Tensor:
+    """The prefill of one gated-DeltaNet layer for B sequences laid out one after another (query_lens [B]
+    rows each of qkvz [T, C + Hv·Dv] and ba [T, 2·Hv]), from zero states where fresh[b] (else from slot
+    slots[b]'s), leaving the final states at the slots and, for each (b, k, dst) of `saves`, sequence b's
+    states after its first k tokens at slot dst (prefix-cache snapshots). Returns y [T, Hv·Dv]. The C kernel
+    and the reference both run the chunked (WY) delta rule in chunks of `chunk_size`, cut at the saves."""
+    return _dispatch(
+        "deltanet_prefill", deltanet_prefill_reference, qkvz, ba, query_lens, slots, fresh, saves,
+        conv_weight, conv_state, dt_bias, A_log, norm_weight, state, num_k_heads, is_v_tiled, beta_scale, eps,
+        chunk_size,
+    )  # fmt: skip
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each [D] group of x [T, H, D] in place (weight [D]): q or k heads of a fused projection's
+    output (row-strided views, a token's heads back to back), or whole rows as one group (H = 1). Returns
+    x."""
+    return _dispatch("head_rms_norm", head_rms_norm_reference, x, weight, eps)
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [M, N] ← x · sigmoid(gate) in place, gate [M, N] (rows may be strided: a view into a projection's
+    output) or [M, 1] (one per row). Returns x."""
+    return _dispatch("sigmoid_mul", sigmoid_mul_reference, x, gate)

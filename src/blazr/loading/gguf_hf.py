@@ -3,8 +3,9 @@
 Owns, per llama.cpp architecture (`general.architecture`), which GGUF tensors make each HF tensor and how:
 the inverse of `convert_hf_to_gguf.py`. Names (`blk.N.ssm_in.weight` → `backbone.layers.N.mixer.in_proj.
 weight`), q/k rows un-permuted (llama.cpp's interleaved rotary pairs → HF's halves), `A = -exp(A_log)` back
-to A_log, Mamba's `[H, 1]` / `[G, Di/G]` / `[C, K]` reshapes undone, split tensors joined (gate | up rows,
-Granite's experts, DeepSeek's per-head k_b / v_b into kv_b_proj) and stacked experts sliced per expert.
+to A_log, Mamba's `[H, 1]` / `[G, Di/G]` / `[C, K]` reshapes undone, (1 + w) norms stored as 1 + w back to w
+(Qwen3-Next / Qwen3.5), split tensors joined (gate | up rows, Granite's experts, DeepSeek's per-head k_b /
+v_b into kv_b_proj) and stacked experts sliced per expert.
 With that, detection runs the HF builders and loading the HF name maps unchanged, and quantized linear
 weights pass through as stored bytes (`load_raw`: only row-wise ops, so ggml blocks stay whole).
 
@@ -39,6 +40,8 @@ CAT = "cat"  # rows of several tensors concatenated (gate | up)
 CAT_EXPERTS = "cat_experts"  # [E, I, C] × 2 → [E, 2I, C] (Granite's fused expert input)
 EXPERT = "expert"  # expert `arg` of a stacked [E, R, C] tensor → [R, C]
 KV_B = "kv_b"  # k_b [H, L, Dn], v_b [H, Dv, L] → kv_b_proj [H·(Dn + Dv), L], per head [k_bᵀ; v_b]
+OFFSET = "offset"  # a (1 + w) norm the converter stored as 1 + w → w
+ROW = "row"  # a one-row weight [1, C] (llama.cpp's quantizer writes it 1-D, [C])
 _ROWWISE = (SAME, QK, CAT, EXPERT, CAT_EXPERTS)  # ops whose stored bytes are whole rows: blocks pass through
 
 
@@ -54,7 +57,8 @@ class Recipe:
 
 # ---------------------------------------------------------------------------------------------------------
 # Per-architecture names. A rule is (HF tail, GGUF tails, op); `{a}` is the attention module's HF prefix,
-# `{m}` the Mamba2 mixer's, `{f}` the feed-forward's. Rules whose GGUF tensors are all present apply.
+# `{m}` the Mamba2 / DeltaNet mixer's, `{f}` the feed-forward's. Rules whose GGUF tensors are all present
+# apply.
 # ---------------------------------------------------------------------------------------------------------
 
 _Rule = tuple[str, tuple[str, ...], str]
@@ -225,6 +229,53 @@ ARCHES: dict[str, _Arch] = {
         permuted=False,
     ),
 }
+# Qwen3-Next / Qwen3.5 (the converter's Qwen3NextModel, Qwen3_5TextModel): (1 + w) norms stored as 1 + w;
+# gated attention's q_proj rows [q_h; gate_h] as HF keeps them (NEOX rope: no permutation); the DeltaNet's
+# in_proj_qkv / in_proj_z / in_proj_b / in_proj_a as stored — Qwen3.5's value heads in llama.cpp's tiled order
+# (detection says so: detect/gguf.py) — and, for qwen3next, attn_qkv / attn_gate (the converter's split of
+# in_proj_qkvz) read under Qwen3.5's names, which blazr's Qwen3-Next names take as well (its interleaved
+# in_proj_ba stays one tensor, ssm_ba); A = −exp(A_log) back to A_log, conv1d [C, K] → [C, 1, K].
+_QWEN3_NEXT: list[_Rule] = [
+    ("input_layernorm.weight", ("attn_norm.weight",), OFFSET),
+    ("post_attention_layernorm.weight", ("post_attention_norm.weight",), OFFSET),
+    *[(f"self_attn.{x}_proj.weight", (f"attn_{x}.weight",), SAME) for x in "qkv"],
+    ("self_attn.o_proj.weight", ("attn_output.weight",), SAME),
+    *[(f"self_attn.{x}_norm.weight", (f"attn_{x}_norm.weight",), OFFSET) for x in "qk"],
+    ("linear_attn.in_proj_qkv.weight", ("attn_qkv.weight",), SAME),
+    ("linear_attn.in_proj_z.weight", ("attn_gate.weight",), SAME),
+    ("linear_attn.in_proj_b.weight", ("ssm_beta.weight",), SAME),
+    ("linear_attn.in_proj_a.weight", ("ssm_alpha.weight",), SAME),
+    ("linear_attn.in_proj_ba.weight", ("ssm_ba.weight",), SAME),
+    ("linear_attn.A_log", ("ssm_a",), A_LOG),
+    ("linear_attn.dt_bias", ("ssm_dt.bias",), SAME),
+    ("linear_attn.conv1d.weight", ("ssm_conv1d.weight",), CONV),
+    ("linear_attn.norm.weight", ("ssm_norm.weight",), SAME),
+    ("linear_attn.out_proj.weight", ("ssm_out.weight",), SAME),
+    *[(f"mlp.{x}_proj.weight", (f"ffn_{x}.weight",), SAME) for x in ("gate", "up", "down")],
+    ("mlp.gate.weight", ("ffn_gate_inp.weight",), SAME),
+    *[
+        (f"mlp.shared_expert.{x}_proj.weight", (f"ffn_{x}_shexp.weight",), SAME)
+        for x in ("gate", "up", "down")
+    ],
+    ("mlp.shared_expert_gate.weight", ("ffn_gate_inp_shexp.weight",), ROW),
+]
+_QWEN3_NEXT_EXPERTS = [
+    (f"mlp.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")
+]
+_QWEN_GLOBALS = {**_MODEL, "output_norm": "model.norm.weight"}
+ARCHES.update(
+    {
+        gguf_arch: _Arch(
+            hf_arch, "model.layers.{i}.", _QWEN_GLOBALS, _QWEN3_NEXT, _QWEN3_NEXT_EXPERTS, {}, permuted=False
+        )
+        for gguf_arch, hf_arch in (
+            ("qwen3next", "Qwen3NextForCausalLM"),
+            ("qwen35", "Qwen3_5ForCausalLM"),
+            ("qwen35moe", "Qwen3_5MoeForCausalLM"),
+        )
+    }
+)
+_GLOBAL_OFFSET = {"qwen3next", "qwen35", "qwen35moe"}  # the output norm is a (1 + w) norm too
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
 
@@ -255,7 +306,8 @@ class GGUFView:
         used: set[str] = set()
         for name, hf in arch.globals.items():
             if f"{name}.weight" in gguf.tensor_names:
-                self._recipes[hf] = Recipe((f"{name}.weight",), gguf.tensor_shape(f"{name}.weight"))
+                op = OFFSET if name == "output_norm" and arch_name in _GLOBAL_OFFSET else SAME
+                self._recipes[hf] = Recipe((f"{name}.weight",), gguf.tensor_shape(f"{name}.weight"), op)
                 used.add(f"{name}.weight")
         by_layer: dict[int, set[str]] = {}
         for name in gguf.tensor_names:
@@ -308,6 +360,8 @@ class GGUFView:
         first = shapes[0]
         if op in (A_LOG, FLAT):
             return Recipe(sources, (math.prod(first),), op)
+        if op == ROW:
+            return Recipe(sources, (1, math.prod(first)), op)
         if op == CONV:
             return Recipe(sources, (first[0], 1, first[-1]), op)
         if op == CAT:
@@ -350,7 +404,9 @@ class GGUFView:
             return unpermute_qk(ts[0], r.arg)
         if r.op == A_LOG:
             return torch.log(-ts[0]).reshape(r.shape)
-        if r.op in (FLAT, CONV):
+        if r.op == OFFSET:
+            return ts[0] - 1
+        if r.op in (FLAT, CONV, ROW):
             return ts[0].reshape(r.shape)
         if r.op == CAT:
             return torch.cat(ts)

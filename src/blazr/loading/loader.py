@@ -52,7 +52,7 @@ from blazr.loading.quantize import (
     wrap_float_linears,
 )
 from blazr.loading.safetensors import SafetensorsCheckpoint
-from blazr.loading.weights import TensorSource, WeightLoader, load_weights, set_parameter
+from blazr.loading.weights import TensorSource, WeightLoader, load_weights, set_parameter, with_offset
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear
@@ -177,7 +177,7 @@ def load_shard(
         want = torch.float32 if getattr(param, "keep_float32", False) else dtype
         stored = loader.stored_dtype(pname, shapes[pname])  # read as stored, cut, then converted: only
         full = loader.parameter(pname, shapes[pname], stored or want)  # the rank's piece is ever converted
-        piece = slice_tensor(pname, full, ckpt.config, tp.rank, tp.world).to(want)
+        piece = with_offset(param, slice_tensor(pname, full, ckpt.config, tp.rank, tp.world).to(want))
         assert tuple(piece.shape) == tuple(param.shape), (pname, piece.shape, param.shape)
         set_parameter(model, pname, piece)  # (a dim-0 block of a mapped tensor stays a view of the file)
         if piece.untyped_storage().data_ptr() != full.untyped_storage().data_ptr():

@@ -69,7 +69,7 @@ def _reordered(rows: torch.Tensor, order: RowOrder | None) -> torch.Tensor:
     """A tensor indexed by rows (stored bytes [R, X], or addresses [R]) in `order`."""
     if order is None:
         return rows
-    return order(rows.unsqueeze(1)).reshape(rows.shape) if rows.dim() == 1 else order(rows)
+    return order(rows.unsqueeze(1)).reshape(-1) if rows.dim() == 1 else order(rows)
 
 
 def row_addresses(

@@ -135,10 +135,11 @@ class WeightLoader:
                 f"missing tensor {src} (expected shape {list(part.shape)}) in {_where(self.source)}"
             )
         src_shape = tuple(self.source.shape(src))
-        if src_shape != part.shape:
+        rows = getattr(transform, "source_rows", None)  # a RowOrder picking some of the stored rows
+        if src_shape != (part.shape if rows is None else (rows, *part.shape[1:])):
+            want = list(part.shape) if rows is None else [rows, *part.shape[1:]]
             raise CheckpointError(
-                f"tensor {src} in {self.source.file_of(src)}: "
-                f"expected shape {list(part.shape)}, found {list(src_shape)}"
+                f"tensor {src} in {self.source.file_of(src)}: expected shape {want}, found {list(src_shape)}"
             )
         self.used.add(src)
         if self._can_alias and self.device.type == "cpu":
@@ -154,7 +155,11 @@ class WeightLoader:
             self.progress.update(1)
 
     def warn_unused(self) -> None:
-        unused = sorted(n for n in self.available - self.used if not n.endswith(_IGNORED_SUFFIXES))
+        unused = sorted(
+            n
+            for n in self.available - self.used
+            if not n.endswith(_IGNORED_SUFFIXES) and not n.startswith(self.names.ignored_prefixes)
+        )
         if unused:
             more = f" (+{len(unused) - 5} more)" if len(unused) > 5 else ""
             log.warning(
@@ -168,8 +173,16 @@ def load_weights(model: nn.Module, loader: WeightLoader) -> None:
         if not param.is_meta:
             continue
         dtype = torch.float32 if getattr(param, "keep_float32", False) else None
-        set_parameter(model, pname, loader.parameter(pname, tuple(param.shape), dtype))
+        value = loader.parameter(pname, tuple(param.shape), dtype)
+        set_parameter(model, pname, with_offset(param, value))
         loader.tick()
+
+
+def with_offset(param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The value a parameter holds: the checkpoint's, plus the parameter's `weight_offset` where it declares
+    one (a "(1 + w)" RMSNorm's stored w, model/norm.py), added in the loaded dtype."""
+    offset = getattr(param, "weight_offset", 0.0)
+    return value + offset if offset else value
 
 
 def _where(source: TensorSource) -> str:

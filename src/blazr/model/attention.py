@@ -7,10 +7,16 @@ shared with MLA.
   paged pool by `kv_indices`, padded to the longest and masked;
 - prefill rows: per sequence, causal with an offset of `context_len` cached tokens (chunked prefill).
 
+Options (AttentionConfig): q/k RMSNorm per head or over all heads before rope (`ops.head_rms_norm` on views
+of the qkv output, in place), partial rope, and an output gate — qkv_proj's rows [q | k | v | gate], the
+attention output multiplied by sigmoid(gate) before o_proj (`ops.sigmoid_mul`).
+
 `SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools'
-dtype (a prefix is its blocks); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from q, k and v;
-tensor parallel splits the heads and KV heads (each rank its own contiguous heads, q / k / v rows
-column-parallel, `o_proj` row-parallel); the decode plan and CUDA graphs may hold it.
+dtype (a prefix is its blocks); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from q, k and v (and
+the gate, `q_gate`: a checkpoint's q_proj holds it beside q, each head's [q_h; gate_h]);
+tensor parallel splits the heads and KV heads (each rank its own contiguous heads, q / k / v / gate rows
+column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads refused);
+the decode plan and CUDA graphs may hold it.
 
 Shapes: T tokens, H query heads, Hkv kv heads, Dk / Dv head dims, S cache slots.
 """
@@ -25,8 +31,10 @@ from torch import nn
 
 from blazr.config import AttentionConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
+from blazr.errors import UnsupportedError
 from blazr.kernels import ops
 from blazr.model.mixer_spec import FusedParts, MixerSpec
+from blazr.model.norm import RMSNorm
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -105,25 +113,55 @@ def causal_attention(
 
 
 class Attention(nn.Module):
-    """GQA with fused qkv projection, optional RoPE (None = NoPE), optional biases and sliding window."""
+    """GQA with fused qkv projection, optional RoPE (None = NoPE), optional biases and sliding window, q/k
+    RMSNorm (`q_norm`, `k_norm`) and a sigmoid output gate (qkv_proj's rows [q | k | v | gate])."""
 
     def __init__(self, cfg: AttentionConfig, hidden_size: int, rope: RotaryEmbedding | None) -> None:
         super().__init__()
         self.cfg = cfg
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.has_qkv_bias)
+        self.gate_size = self.q_size if cfg.has_output_gate else 0
+        out = self.q_size + 2 * self.kv_size + self.gate_size
+        self.qkv_proj = nn.Linear(hidden_size, out, bias=cfg.has_qkv_bias)
         self.o_proj = nn.Linear(self.q_size, hidden_size, bias=cfg.has_o_bias)
+        if cfg.qk_norm is not None:  # per head: [Dh] weights; over all heads: [H·Dh], [Hkv·Dh]
+            n = cfg.qk_norm
+            self.q_norm = RMSNorm(
+                cfg.head_dim if cfg.is_qk_norm_per_head else self.q_size, n.eps, n.weight_offset
+            )
+            self.k_norm = RMSNorm(
+                cfg.head_dim if cfg.is_qk_norm_per_head else self.kv_size, n.eps, n.weight_offset
+            )
         self.rope = rope
+
+    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """q [T, H, Dh], k [T, Hkv, Dh] (views into the qkv output) normed in place, per head or per row."""
+        if self.cfg.qk_norm is None:
+            return
+        if not self.cfg.is_qk_norm_per_head:  # one group of all heads' features: [T, 1, H·Dh]
+            q, k = q.flatten(1).unsqueeze(1), k.flatten(1).unsqueeze(1)
+        ops.head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+        ops.head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+
+    def _gate(self, o: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """The output gate: o [T, H·Dh] · sigmoid(gate rows of qkv), in place (no gate: o as it is)."""
+        if self.gate_size:
+            ops.sigmoid_mul(o, qkv[:, self.q_size + 2 * self.kv_size :])
+        return o
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
             return self._decode(x, batch, cache)
         cfg, T = self.cfg, x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv[:, : self.q_size + 2 * self.kv_size].split(
+            [self.q_size, self.kv_size, self.kv_size], dim=-1
+        )
         q = q.view(T, cfg.num_heads, cfg.head_dim)
         k = k.view(T, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
+        self._qk_norm(q, k)
         if self.rope is not None:
             q = self.rope(q, batch.positions)
             k = self.rope(k, batch.positions)
@@ -133,7 +171,7 @@ class Attention(nn.Module):
             k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
             v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
-        return self.o_proj(o.reshape(T, self.q_size))
+        return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv))
 
     def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         """One token per sequence, float32 on the CPU, as kernel ops: RoPE on the q and k heads of the fused
@@ -141,12 +179,13 @@ class Attention(nn.Module):
         cfg, B = self.cfg, x.shape[0]
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         assert cache.k is not None and cache.v is not None and batch.slot_mapping is not None
-        qkv = self.qkv_proj(x)  # [B, (H + 2·Hkv)·Dh]
+        qkv = self.qkv_proj(x)  # [B, (H + 2·Hkv)·Dh (+ H·Dh gate)]
+        self._qk_norm(qkv[:, : H * Dh].view(B, H, Dh), qkv[:, H * Dh : (H + Hkv) * Dh].view(B, Hkv, Dh))
         if self.rope is not None:
             qk = qkv[:, : (H + Hkv) * Dh].view(B, H + Hkv, Dh)
             ops.rope_neox(qk, batch.positions, self.rope.cos, self.rope.sin, self.rope.dim)
         k = qkv[:, H * Dh : (H + Hkv) * Dh].view(B, Hkv, Dh)
-        v = qkv[:, (H + Hkv) * Dh :].view(B, Hkv, Dh)
+        v = qkv[:, (H + Hkv) * Dh : (H + 2 * Hkv) * Dh].view(B, Hkv, Dh)
         ops.kv_write(k, v, batch.slot_mapping, cache.k, cache.v)
         q = qkv[:, : H * Dh].view(B, H, Dh)
         o = ops.paged_attention_decode(
@@ -158,7 +197,7 @@ class Attention(nn.Module):
             cfg.softmax_scale,
             window=cfg.sliding_window,
         )
-        return self.o_proj(o.view(B, H * Dh))
+        return self.o_proj(self._gate(o.view(B, H * Dh), qkv))
 
 
 # ------------------------------------------------------------------------------------------- the kind
@@ -174,19 +213,26 @@ def _fused(cfg: AttentionConfig, leaf: str) -> FusedParts | None:
         return None
     end = leaf.removeprefix("qkv_proj.")  # weight | bias
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return FusedParts(((f"q_proj.{end}", q), (f"k_proj.{end}", kv), (f"v_proj.{end}", kv)))
+    gate = ((f"q_gate.{end}", q),) if cfg.has_output_gate else ()
+    return FusedParts(((f"q_proj.{end}", q), (f"k_proj.{end}", kv), (f"v_proj.{end}", kv), *gate))
 
 
 def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
     check_divisible(cfg.num_heads, world, f"{where} attention heads")
     check_divisible(cfg.num_kv_heads, world, f"{where} KV heads")
+    if cfg.qk_norm is not None and not cfg.is_qk_norm_per_head and world > 1:
+        raise UnsupportedError(
+            f"{where} attention: a q/k norm over all heads' features (OLMo) spans the ranks; tensor "
+            "parallelism does not split it (use one rank)"
+        )
     return replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world)
 
 
 def _slice(cfg: AttentionConfig, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
     if leaf.startswith("qkv_proj."):
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        return split_segments(t, [q, kv, kv], [True] * 3, rank, world)
+        sizes = [q, kv, kv, q] if cfg.has_output_gate else [q, kv, kv]
+        return split_segments(t, sizes, [True] * len(sizes), rank, world)
     if leaf == "o_proj.weight":
         return split_block(t, 1, rank, world)
     if leaf == "o_proj.bias":

@@ -1,7 +1,10 @@
 """One residual block of a hybrid model: pre-norm mixer(s), then pre-norm feed-forward.
 
-    h = norm(x);  x = x + r · Σ mixer(h)        (the layer's mixers, in order; FalconH1 runs two in parallel)
-    x = x + r · ffn(ffn_norm(x))                (MLP | MoE; absent in Mamba2 blocks)
+    h = norm(x);  x = x + r · post_norm(Σ mixer(h))    (the layer's mixers, in order; FalconH1 runs two)
+    x = x + r · ffn_post_norm(ffn(ffn_norm(x)))         (MLP | MoE; absent in Mamba2 blocks)
+
+Each norm is optional (LayerConfig): most models have the pre-norms only; OLMo-Hybrid's attention blocks
+the post-norms only.
 
 r is the model's residual multiplier (1 except Granite). Each mixer is built by its kind's spec
 (model/mixers.py) and held under the kind's prefix (`attn`, `mla`, `mamba`), the name its parameters carry.
@@ -48,27 +51,36 @@ class Block(nn.Module):
         self.mixer_names = tuple(mixers.spec_of(m).prefix for m in cfg.mixers)
         for name, m in zip(self.mixer_names, cfg.mixers, strict=True):
             self.add_module(name, mixers.build(m, hidden_size, rope_for, tp))
-        if self.mixer_names:
-            self.mixer_norm = make_norm(cfg.norm, hidden_size)
         self.mlp = MLP(cfg.mlp, hidden_size) if cfg.mlp is not None else None
         self.moe = MoE(cfg.moe, hidden_size, tp) if cfg.moe is not None else None
+        norms = {"mixer_norm": cfg.norm, "mixer_post_norm": cfg.post_norm} if self.mixer_names else {}
         if self.mlp is not None or self.moe is not None:
-            self.ffn_norm = make_norm(cfg.ffn_norm, hidden_size)
+            norms |= {"ffn_norm": cfg.ffn_norm, "ffn_post_norm": cfg.ffn_post_norm}
+        for name, norm in norms.items():
+            if norm is not None:
+                self.add_module(name, make_norm(norm, hidden_size))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         r = self.residual_multiplier
         if self.mixer_names:
-            h = self.mixer_norm(x)
+            h = self._norm("mixer_norm", x)
             out = None
             for name in self.mixer_names:
                 y = getattr(self, name)(h, batch, cache)
                 out = y if out is None else _add(out, y)
-            x = _add(x, self._reduce(out), r)
+            x = _add(x, self._norm("mixer_post_norm", self._reduce(out)), r)
         if self.mlp is not None:
-            x = _add(x, self._reduce(self.mlp(self.ffn_norm(x))), r)
+            y = self.mlp(self._norm("ffn_norm", x))
         elif self.moe is not None:
-            x = _add(x, self._reduce(self.moe(self.ffn_norm(x), batch)), r)
-        return x
+            y = self.moe(self._norm("ffn_norm", x), batch)
+        else:
+            return x
+        return _add(x, self._norm("ffn_post_norm", self._reduce(y)), r)
+
+    def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """x through the block's norm `name`, or x itself when the block has none there."""
+        norm = getattr(self, name, None)
+        return x if norm is None else norm(x)
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.tp is None else self.tp.all_reduce(y)

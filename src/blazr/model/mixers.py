@@ -1,5 +1,5 @@
-"""The registry of mixer kinds — attention, MLA, Mamba2 — and the lookups every consumer goes through
-instead of naming kinds: a layer's mixer modules (`build`), the model's cache (`cache_layout`), the
+"""The registry of mixer kinds — attention, MLA, Mamba2, gated DeltaNet — and the lookups every consumer goes
+through instead of naming kinds: a layer's mixer modules (`build`), the model's cache (`cache_layout`), the
 quantizable linears (`quantizable_linears`), a parameter's kind (`mixer_at`: names, tensor parallel), and
 each config's spec (`spec_of`: plan and graph eligibility).
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from blazr.config import LayerConfig, MixerConfig, ModelConfig
 from blazr.errors import UnsupportedError
-from blazr.model import attention, mamba2, mla
+from blazr.model import attention, deltanet, mamba2, mla
 from blazr.model.mixer_spec import MixerSpec, RopeFor
 from blazr.state.layout import CacheLayout, CacheTensor, LayerLayout, Snapshot
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 _SPECS: dict[type[MixerConfig], MixerSpec] = {}
 # a Block's own parts: no kind may take their names
-_RESERVED = ("mixer_norm", "ffn_norm", "mlp", "moe")
+_RESERVED = ("mixer_norm", "ffn_norm", "mixer_post_norm", "ffn_post_norm", "mlp", "moe")
 _CALLABLES = ("build", "cache", "fused", "shard", "slice")
 
 
@@ -122,6 +122,6 @@ def cache_layout(cfg: ModelConfig) -> CacheLayout:
     return CacheLayout(tuple(layers))
 
 
-_KINDS = (attention, mla, mamba2)  # the modules whose SPEC is a kind
+_KINDS = (attention, mla, mamba2, deltanet)  # the modules whose SPEC is a kind
 for _module in _KINDS:
     register(_module.SPEC)

@@ -24,6 +24,9 @@ Decode (a decode-only batch, float32 CPU activations): the whole layer is kernel
 be recorded (kernels/capture.py) — router logits through the f32 linear kernel, `moe_route`,
 `moe_experts` (float32 experts as an f32 view of their parameters, no copy), the shared MLP, `add`.
 
+Shared MLP gate (`has_shared_gate`, Qwen3-Next): shared(x) · sigmoid(shared_gate(x)), `shared_gate.weight`
+[1, D] kept float (as the router), run by the f32 linear kernel and `ops.sigmoid_mul` on float32 CPU rows.
+
 Weights: `router.weight` [E, D]; `router.correction_bias` [E] (float32; keep it so at load);
 `experts.gate_up_proj` [E, 2I, D] (gate rows first, then up) or `experts.up_proj` [E, I, D] (ungated,
 NemotronH relu²); `experts.down_proj` [E, D, I] — or, stacked in a kernel format, `experts.w_up`
@@ -191,13 +194,29 @@ class MoE(nn.Module):
         self.is_sharded = world > 1
         self.experts = Experts(cfg.expert, self.num_local, hidden_size)
         self.shared = MLP(cfg.shared, hidden_size) if cfg.shared is not None else None
+        # Qwen2-MoE / Qwen3-Next: the shared MLP's output scaled by sigmoid(shared_gate(x)), one per token
+        self.shared_gate = nn.Linear(hidden_size, 1, bias=False) if cfg.has_shared_gate else None
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
         if batch is not None and batch.is_decode_only and ops.cpu_f32(x) and not self.is_sharded:
             return self._decode(x)
         weights, ids = self._local(*self.router(x))
         out = self.experts(x, weights, ids).to(x.dtype)
-        return out + self.shared(x) if self.shared is not None else out
+        return out + self._shared(x) if self.shared is not None else out
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared MLP's output [T, D], gated when the config says so (kernel ops on float32 CPU rows)."""
+        assert self.shared is not None
+        y = self.shared(x)
+        if self.shared_gate is not None:
+            w = self.shared_gate.weight
+            g = (
+                ops.linear(x, QuantizedWeight("f32", w, 1, w.shape[1]))
+                if ops.cpu_f32(x)
+                else self.shared_gate(x)
+            )
+            ops.sigmoid_mul(y, g)
+        return y
 
     def _local(self, weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The routing restricted to this rank's experts: ids as local indices, -1 (and weight 0) for an
@@ -214,7 +233,7 @@ class MoE(nn.Module):
         logits = ops.linear(x, QuantizedWeight("f32", router.weight, *router.weight.shape))
         weights, ids = router.route(logits)
         out = self.experts.kernel(x, weights, ids)
-        return ops.add(out, self.shared(x), out=out) if self.shared is not None else out
+        return ops.add(out, self._shared(x), out=out) if self.shared is not None else out
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same function as a plain loop over tokens and their k experts (for tests)."""
@@ -224,4 +243,4 @@ class MoE(nn.Module):
             for j in range(ids.shape[1]):
                 out[t] += weights[t, j] * self.experts.expert(int(ids[t, j]), x[t : t + 1])[0].float()
         out = out.to(x.dtype)
-        return out + self.shared(x) if self.shared is not None else out
+        return out + self._shared(x) if self.shared is not None else out

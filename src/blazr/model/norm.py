@@ -22,9 +22,14 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    """`weight_offset` (NormConfig): the checkpoint stores w of the scale `offset + w`; the loader adds the
+    offset to the stored weight (loading/weights.py reads it from the parameter), so `weight` is the scale."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
+        if weight_offset:
+            self.weight.weight_offset = weight_offset
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,7 +55,11 @@ class LayerNorm(nn.Module):
 
 
 def make_norm(cfg: NormConfig, dim: int) -> nn.Module:
-    return RMSNorm(dim, cfg.eps) if cfg.kind == "rms" else LayerNorm(dim, cfg.eps)
+    if cfg.kind == "rms":
+        return RMSNorm(dim, cfg.eps, cfg.weight_offset)
+    if cfg.weight_offset:
+        raise ValueError("a LayerNorm with a weight offset is not supported")
+    return LayerNorm(dim, cfg.eps)
 
 
 class GatedRMSNorm(nn.Module):

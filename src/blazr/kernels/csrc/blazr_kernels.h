@@ -159,6 +159,17 @@ int blz_linear_heads(const float *x, int64_t ldx, int64_t hsx, int64_t B, int64_
 int blz_argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads);
 int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperature, const float *min_p,
                     const int64_t *top_k, const float *top_p, const float *u, int64_t *out, int nthreads);
+int blz_deltanet_step(const float *qkvz, const float *ba, const int64_t *slots, int64_t B, const float *conv_w,
+                      float *conv_pool, int64_t K, const float *dt_bias, const float *A_log, const float *norm_w,
+                      float *state_pool, int64_t S, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, int tiled,
+                      float beta_scale, float eps, float *y, int nthreads);
+int blz_deltanet_prefill(const float *qkvz, const float *ba, const int64_t *seqs, int64_t B, const int64_t *saves,
+                         int64_t ns, const float *conv_w, float *conv_pool, int64_t K, const float *dt_bias,
+                         const float *A_log, const float *norm_w, float *state_pool, int64_t S, int64_t Hk,
+                         int64_t Hv, int64_t Dk, int64_t Dv, int tiled, int64_t chunk, float beta_scale, float eps,
+                         float *y, int nthreads);
+int blz_head_rms_norm(float *x, int64_t T, int64_t H, int64_t D, int64_t ldt, const float *w, float eps, int nthreads);
+int blz_sigmoid_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw, int nthreads);
 
 /* Internal: pack.c's block size of a 32-block kind (and its per-row header bytes) and its move of one row of
  * ggml blocks into a 16-row group, shared with quantize.c. */
@@ -221,6 +232,10 @@ enum {
     BLZ_OP_LINEAR_F16 = 18,
     BLZ_OP_EMBEDDING_Q = 19,
     BLZ_OP_LINEAR_HEADS = 20,
+    BLZ_OP_DELTANET_STEP = 30, /* gated DeltaNet (deltanet.c) and gated attention / MoE pieces (gates.c) */
+    BLZ_OP_DELTANET_PREFILL = 31,
+    BLZ_OP_HEAD_RMS_NORM = 32,
+    BLZ_OP_SIGMOID_MUL = 33,
 };
 typedef struct {
     int64_t op;
@@ -771,5 +786,24 @@ BLZ_INLINE void blz_epilogue16(__m512 r, __m512 u, int64_t row, int64_t n0, int 
     }
 }
 #endif
+
+/* Row t of a causal depthwise conv over C channels, K taps, before its activation (Mamba2's and gated
+ * DeltaNet's prefill): u[c] = bias[c] (0 without) + Σ_j wt[j·C + c]·x(t − (K−1) + j, c), x(r) = rows[r·ld + c]
+ * for r ≥ 0 (rows: the sequence's first new row), else its conv state st[c·(K−1) + (K−1) + r] (zeros where
+ * st is NULL: a fresh sequence); wt: the taps transposed, [K, C]. One fma per tap, in tap order. */
+BLZ_INLINE void blz_conv_row(const float *rows, int64_t ld, int64_t t, const float *wt, const float *bias,
+                             const float *st, int64_t C, int64_t K, float *u) {
+    for (int64_t c = 0; c < C; ++c) u[c] = bias ? bias[c] : 0.0f;
+    for (int64_t j = 0; j < K; ++j) {
+        const int64_t r = t - (K - 1) + j;
+        const float *w = wt + j * C;
+        if (r >= 0) {
+            const float *src = rows + r * ld;
+            for (int64_t c = 0; c < C; ++c) u[c] = fmaf(w[c], src[c], u[c]);
+        } else if (st) {
+            for (int64_t c = 0; c < C; ++c) u[c] = fmaf(w[c], st[c * (K - 1) + (K - 1) + r], u[c]);
+        }
+    }
+}
 
 #endif /* BLAZR_KERNELS_H */

@@ -211,6 +211,23 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_AXPBY:
             return blz_axpby(P(const float *, 0), (float)a->f[0], P(const float *, 1), (float)a->f[1], i[2],
                              P(float *, 3));
+        case BLZ_OP_DELTANET_STEP:
+            return blz_deltanet_step(P(const float *, 0), P(const float *, 1), P(const int64_t *, 2), i[3],
+                                     P(const float *, 4), P(float *, 5), i[6], P(const float *, 7),
+                                     P(const float *, 8), P(const float *, 9), P(float *, 10), i[11], i[12], i[13],
+                                     i[14], i[15], (int)i[16], (float)a->f[0], (float)a->f[1], P(float *, 17),
+                                     (int)i[18]);
+        case BLZ_OP_DELTANET_PREFILL:
+            return blz_deltanet_prefill(P(const float *, 0), P(const float *, 1), P(const int64_t *, 2), i[3],
+                                        P(const int64_t *, 4), i[5], P(const float *, 6), P(float *, 7), i[8],
+                                        P(const float *, 9), P(const float *, 10), P(const float *, 11),
+                                        P(float *, 12), i[13], i[14], i[15], i[16], i[17], (int)i[18], i[19],
+                                        (float)a->f[0], (float)a->f[1], P(float *, 20), (int)i[21]);
+        case BLZ_OP_HEAD_RMS_NORM:
+            return blz_head_rms_norm(P(float *, 0), i[1], i[2], i[3], i[4], P(const float *, 5), (float)a->f[0],
+                                     (int)i[6]);
+        case BLZ_OP_SIGMOID_MUL:
+            return blz_sigmoid_mul(P(float *, 0), i[1], i[2], i[3], P(const float *, 4), i[5], i[6], (int)i[7]);
     }
     return BLZ_EINVAL;
 }

@@ -169,17 +169,7 @@ BLZ_EXPORT int blz_mamba2_prefill(const float *xbc, const float *dt_raw, int64_t
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < n; ++t) {
                 float *ur = u + (row0 + t) * Cd;
-                for (int64_t c = 0; c < Cd; ++c) ur[c] = conv_b ? conv_b[c] : 0.0f;
-                for (int64_t k = 0; k < K; ++k) {
-                    const int64_t r = t - (K - 1) + k;
-                    const float *w = wt + k * Cd;
-                    if (r >= 0) {
-                        const float *src = xbc + (row0 + r) * ld;
-                        for (int64_t c = 0; c < Cd; ++c) ur[c] = fmaf(w[c], src[c], ur[c]);
-                    } else if (!fresh) {
-                        for (int64_t c = 0; c < Cd; ++c) ur[c] = fmaf(w[c], cs[c * (K - 1) + (K - 1) + r], ur[c]);
-                    }
-                }
+                blz_conv_row(xbc + row0 * ld, ld, t, wt, conv_b, fresh ? NULL : cs, Cd, K, ur);
                 for (int64_t c = 0; c < Cd; ++c) ur[c] = blz_silu(ur[c]);
                 const float *dr = dt_raw + (row0 + t) * ld;
                 for (int64_t h = 0; h < H; ++h) {

@@ -36,9 +36,12 @@ Combine = Callable[[list[torch.Tensor]], torch.Tensor]
 class RowOrder:
     """A transform that only reorders rows (dim 0): it applies to anything indexed by the weight's rows — the
     weight, and equally the addresses of its stored rows — so quantized rows are moved as stored, never
-    dequantized to be permuted (loading/quantize.py)."""
+    dequantized to be permuted (loading/quantize.py). With `source_rows`, it picks some of the rows of a
+    stored tensor that has that many (one part of a tensor a checkpoint stores fused: Qwen3.5's
+    in_proj_qkv)."""
 
     reorder: Transform
+    source_rows: int | None = None
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         return self.reorder(t)
@@ -132,9 +135,16 @@ class Rule:
 class NameMap:
     """Ordered regex rules from logical part names to checkpoint names; the first rule that matches in
     full (and whose `only_if` accepts the match) wins. `transform(match)` may return a function applied to
-    the loaded tensor (a row permutation, a folded multiplier)."""
+    the loaded tensor (a row permutation, a folded multiplier). Tensors under `ignored_prefixes` are left
+    unread without a warning."""
 
     rules: list[Rule] = field(default_factory=list)
+    # checkpoint tensors blazr leaves unread on purpose (a multimodal checkpoint's vision tower): not reported
+    ignored_prefixes: tuple[str, ...] = ()
+
+    def ignore(self, *prefixes: str) -> NameMap:
+        self.ignored_prefixes += prefixes
+        return self
 
     def add(
         self,

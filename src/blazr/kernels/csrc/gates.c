@@ -1,0 +1,44 @@
+/* blazr kernels — the small elementwise pieces of gated attention and gated MoE (Qwen3-Next, Qwen3.5,
+ * OLMo-Hybrid, Qwen3 / Gemma's q/k norm), in place on views of a fused projection's output so that a decode
+ * step stays kernel calls only:
+ *   head_rms_norm: RMSNorm of each group of D features (a head's, or a whole row's) of a row-strided view;
+ *   sigmoid_mul:   x ← x · sigmoid(g), g one value per element or one per row.
+ * Plain C loops (`#pragma omp simd` vectorises them for the host), as norm_rope.c; rows split over OpenMP
+ * threads only when the call is large enough to pay for it.
+ */
+#include "blazr_kernels.h"
+
+#define GATES_PARALLEL_MIN 32768 /* elements below which a call stays on one thread */
+
+/* x[t·ldt + h·D + i] ← w[i] · (x / sqrt(mean_i(x²) + eps)) for t < T, h < H, i < D (each token's H groups
+ * back to back: q or k heads inside a fused projection's row; H = 1: one group of a whole row's width):
+ * blz_rms_norm on each token's [H, D] block, in place. */
+BLZ_EXPORT int blz_head_rms_norm(float *x, int64_t T, int64_t H, int64_t D, int64_t ldt, const float *w, float eps,
+                                 int nthreads) {
+    if (T < 0 || H <= 0 || D <= 0 || (T > 1 && ldt < H * D)) return BLZ_EINVAL;
+    if (T > 1 && ldt == H * D) return blz_rms_norm(x, w, T * H, D, eps, x, nthreads); /* one block of rows */
+    for (int64_t t = 0; t < T; ++t) {
+        const int rc = blz_rms_norm(x + t * ldt, w, H, D, eps, x + t * ldt, nthreads);
+        if (rc != BLZ_OK) return rc;
+    }
+    return BLZ_OK;
+}
+
+/* x[m·ldx + n] ← x · sigmoid(g[m·ldg + n]) (gw = N) or · sigmoid(g[m·ldg]) (gw = 1), m < M, n < N. */
+BLZ_EXPORT int blz_sigmoid_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw,
+                               int nthreads) {
+    if (M < 0 || N <= 0 || (gw != 1 && gw != N) || (M > 1 && (ldx < N || ldg < gw))) return BLZ_EINVAL;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) \
+    if (M * N >= GATES_PARALLEL_MIN && M > 1)
+    for (int64_t m = 0; m < M; ++m) {
+        float *xr = x + m * ldx;
+        const float *gr = g + m * ldg;
+        if (gw == 1) {
+            const float s = 1.0f / (1.0f + expf(-gr[0]));
+            for (int64_t n = 0; n < N; ++n) xr[n] *= s;
+        } else {
+            for (int64_t n = 0; n < N; ++n) xr[n] *= 1.0f / (1.0f + expf(-gr[n]));
+        }
+    }
+    return BLZ_OK;
+}
