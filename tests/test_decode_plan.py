@@ -128,6 +128,19 @@ VARIANTS = {
             intermediate_size=96,
         ),
     ),
+    # LFM2: short-conv layers around attention with q / k norms; LFM2-MoE's sigmoid experts with a bias.
+    "lfm2": ("Lfm2ForCausalLM", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"])),
+    "lfm2-moe": (
+        "Lfm2MoeForCausalLM",
+        dict(
+            num_hidden_layers=2,
+            layer_types=["conv", "full_attention"],
+            num_dense_layers=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+        ),
+    ),
 }
 OVERRIDES = dict(VARIANTS.values())  # arch → its overrides
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

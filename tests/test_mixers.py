@@ -25,12 +25,14 @@ from blazr.config import (
     AttentionConfig,
     EngineConfig,
     LayerConfig,
+    Mamba1Config,
     Mamba2Config,
     MixerConfig,
     MLAConfig,
     MLPConfig,
     ModelConfig,
     RopeConfig,
+    ShortConvConfig,
 )
 from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.engine.cuda_graphs import is_supported
@@ -51,7 +53,7 @@ HIDDEN = 64
 SAMPLES: dict[str, list[MixerConfig]] = {
     "attention": [
         AttentionConfig(4, 2, 16, RopeConfig(dim=16), 0.25, has_qkv_bias=True, has_o_bias=True),
-        AttentionConfig(4, 2, 16, None, 0.25, sliding_window=4),
+        AttentionConfig(4, 2, 16, None, 0.25, sliding_window=4, has_qk_norm=True),
     ],
     "mla": [
         MLAConfig(4, None, 32, 16, 8, 16, RopeConfig(dim=8), 0.1),
@@ -60,6 +62,11 @@ SAMPLES: dict[str, list[MixerConfig]] = {
     "mamba2": [
         Mamba2Config(4, 8, 8, 2, 4, has_in_proj_bias=True, has_out_proj_bias=True, norm_group_size=16),
         Mamba2Config(4, 8, 8, 1, 4),
+    ],
+    "short_conv": [ShortConvConfig(HIDDEN, 3), ShortConvConfig(HIDDEN, 4, has_bias=True)],
+    "mamba1": [
+        Mamba1Config(32, 16, 8, 4, has_proj_bias=True),
+        Mamba1Config(32, 8, 4, 3, has_conv_bias=False, has_dt_bc_norm=True, has_norm_weights=True),
     ],
 }
 KINDS = [s.kind for s in mixers.specs()]

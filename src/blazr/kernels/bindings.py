@@ -1,6 +1,7 @@
 """ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
 raising UnsupportedInput for dtypes / layouts the kernels do not take (the Mamba2 ones in
-bindings_mamba2.py, MoE and MLA in bindings_moe_mla.py, the load-time weight formats in
+bindings_mamba2.py, the short conv and per-head norm in bindings_conv.py, Mamba1 in bindings_mamba1.py, MoE
+and MLA in bindings_moe_mla.py, the load-time weight formats in
 bindings_weights.py, token choice in bindings_sample.py); inside `record()` the calls go to a `KernelPlan`
 (calls.py) instead of running.
 
@@ -18,6 +19,8 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from blazr.kernels import build
+from blazr.kernels.bindings_conv import ConvBindings
+from blazr.kernels.bindings_mamba1 import Mamba1Bindings
 from blazr.kernels.bindings_mamba2 import Mamba2Bindings
 from blazr.kernels.bindings_moe_mla import MoEMLABindings
 from blazr.kernels.bindings_sample import SampleBindings, declare_sample_calls
@@ -59,7 +62,9 @@ _ROW_CODES = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_k": 3, "q5_k": 4, "q6_k": 5, 
 TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, "k1_zmm": 4}
 
 
-class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindings):
+class Kernels(
+    Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindings, ConvBindings, Mamba1Bindings
+):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
     contiguous, not on the CPU) and ValueError for inconsistent shapes.

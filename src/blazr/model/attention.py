@@ -1,5 +1,6 @@
-"""Grouped-query attention (Llama, Qwen2, Mistral, Granite, Bamba …) and the causal attention kernel
-shared with MLA.
+"""Grouped-query attention (Llama, Qwen2, Mistral, Granite, Bamba, LFM2, Jamba …) and the causal attention
+kernel shared with MLA. Optionally a per-head RMSNorm of q and k before rope (`q_norm`, `k_norm` [Dh]: LFM2),
+applied in place on the fused qkv output by the kernel op `head_rms_norm`.
 
 `causal_attention` covers three cases in one step's flat layout:
 - no cache: each sequence attends to its own new tokens (reference / test forwards);
@@ -27,6 +28,7 @@ from blazr.config import AttentionConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
 from blazr.kernels import ops
 from blazr.model.mixer_spec import FusedParts, MixerSpec
+from blazr.model.norm import RMSNorm
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -115,12 +117,25 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.has_qkv_bias)
         self.o_proj = nn.Linear(self.q_size, hidden_size, bias=cfg.has_o_bias)
         self.rope = rope
+        if cfg.has_qk_norm:  # per-head RMSNorm of q and k before rope (LFM2)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.qk_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.qk_norm_eps)
+
+    def _qk_norm(self, qkv: torch.Tensor) -> None:
+        """The q and k heads of the fused qkv output [T, (H + 2·Hkv)·Dh] normed in place (head_rms_norm)."""
+        cfg = self.cfg
+        if cfg.has_qk_norm:
+            H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+            qk = qkv[:, : (H + Hkv) * Dh].view(qkv.shape[0], H + Hkv, Dh)
+            ops.head_rms_norm(qk, self.q_norm.weight, H, self.k_norm.weight, cfg.qk_norm_eps)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
             return self._decode(x, batch, cache)
         cfg, T = self.cfg, x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        self._qk_norm(qkv)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, cfg.num_heads, cfg.head_dim)
         k = k.view(T, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
@@ -142,6 +157,7 @@ class Attention(nn.Module):
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         assert cache.k is not None and cache.v is not None and batch.slot_mapping is not None
         qkv = self.qkv_proj(x)  # [B, (H + 2·Hkv)·Dh]
+        self._qk_norm(qkv)
         if self.rope is not None:
             qk = qkv[:, : (H + Hkv) * Dh].view(B, H + Hkv, Dh)
             ops.rope_neox(qk, batch.positions, self.rope.cos, self.rope.sin, self.rope.dim)

@@ -159,6 +159,16 @@ int blz_linear_heads(const float *x, int64_t ldx, int64_t hsx, int64_t B, int64_
 int blz_argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads);
 int blz_sample_rows(const float *x, int64_t B, int64_t V, const float *temperature, const float *min_p,
                     const int64_t *top_k, const float *top_p, const float *u, int64_t *out, int nthreads);
+int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index, int64_t B,
+                    int prefill, const float *w, const float *bias, float *state, int64_t S, int64_t C, int64_t K,
+                    int silu, float *y, int nthreads);
+int blz_mamba1_scan(const float *xc, const float *dt_raw, const float *bc, const float *z, int64_t ldz,
+                    const int64_t *index, int64_t B, int prefill, const float *A, const float *dskip, float *ssm,
+                    int64_t S, int64_t Di, int64_t N, float *y, int nthreads);
+int blz_mamba1_dt_bc(const float *dbc, int64_t T, int64_t R, int64_t N, const float *w_dt, const float *w_b,
+                     const float *w_c, int norm, float eps, float *dt_out, float *bc_out);
+int blz_head_rms_norm(float *x, int64_t T, int64_t ldx, int64_t H, int64_t Dh, const float *w1, int64_t H1,
+                      const float *w2, float eps, int nthreads);
 
 /* Internal: pack.c's block size of a 32-block kind (and its per-row header bytes) and its move of one row of
  * ggml blocks into a 16-row group, shared with quantize.c. */
@@ -215,6 +225,10 @@ enum {
     BLZ_OP_LINEAR_F16 = 18,
     BLZ_OP_EMBEDDING_Q = 19,
     BLZ_OP_LINEAR_HEADS = 20,
+    BLZ_OP_CAUSAL_CONV = 21,
+    BLZ_OP_MAMBA1_SCAN = 22,
+    BLZ_OP_MAMBA1_DT_BC = 23,
+    BLZ_OP_HEAD_RMS_NORM = 24,
 };
 typedef struct {
     int64_t op;

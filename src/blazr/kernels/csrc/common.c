@@ -211,6 +211,20 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_AXPBY:
             return blz_axpby(P(const float *, 0), (float)a->f[0], P(const float *, 1), (float)a->f[1], i[2],
                              P(float *, 3));
+        case BLZ_OP_CAUSAL_CONV:
+            return blz_causal_conv(P(const float *, 0), P(const float *, 1), P(const float *, 2), i[3],
+                                   P(const int64_t *, 4), i[5], (int)i[6], P(const float *, 7), P(const float *, 8),
+                                   P(float *, 9), i[10], i[11], i[12], (int)i[13], P(float *, 14), (int)i[15]);
+        case BLZ_OP_MAMBA1_SCAN:
+            return blz_mamba1_scan(P(const float *, 0), P(const float *, 1), P(const float *, 2), P(const float *, 3),
+                                   i[4], P(const int64_t *, 5), i[6], (int)i[7], P(const float *, 8),
+                                   P(const float *, 9), P(float *, 10), i[11], i[12], i[13], P(float *, 14), (int)i[15]);
+        case BLZ_OP_MAMBA1_DT_BC:
+            return blz_mamba1_dt_bc(P(const float *, 0), i[1], i[2], i[3], P(const float *, 4), P(const float *, 5),
+                                    P(const float *, 6), (int)i[7], (float)a->f[0], P(float *, 8), P(float *, 9));
+        case BLZ_OP_HEAD_RMS_NORM:
+            return blz_head_rms_norm(P(float *, 0), i[1], i[2], i[3], i[4], P(const float *, 5), i[6],
+                                     P(const float *, 7), (float)a->f[0], (int)i[8]);
     }
     return BLZ_EINVAL;
 }
