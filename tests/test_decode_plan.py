@@ -128,17 +128,18 @@ VARIANTS = {
             intermediate_size=96,
         ),
     ),
-    # LFM2: short-conv layers around attention with q / k norms; LFM2-MoE's sigmoid experts with a bias.
+    # LFM2: short-conv layers around attention with q / k norms.
     "lfm2": ("Lfm2ForCausalLM", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"])),
-    "lfm2-moe": (
-        "Lfm2MoeForCausalLM",
+    # Jamba: Mamba1 (weighted dt / B / C norms) + NoPE attention + softmax MoE.
+    "jamba": (
+        "JambaForCausalLM",
         dict(
-            num_hidden_layers=2,
-            layer_types=["conv", "full_attention"],
-            num_dense_layers=1,
+            num_hidden_layers=4,
+            attn_layer_period=4,
+            attn_layer_offset=1,
             num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=64,
+            intermediate_size=96,
+            mamba_dt_rank=8,
         ),
     ),
 }

@@ -39,8 +39,12 @@ ARCHS = {
         num_local_experts=0, shared_intermediate_size=96)),
     "lfm2": ("Lfm2ForCausalLM", dict(HEADS, num_hidden_layers=3,
                                      layer_types=["conv", "full_attention", "conv"])),
+    "falcon-mamba": ("FalconMambaForCausalLM", dict(num_hidden_layers=2, state_size=16, time_step_rank=8)),
+    "jamba": ("JambaForCausalLM", dict(HEADS, num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1,
+                                       num_experts=4, intermediate_size=96, mamba_dt_rank=8)),
 }  # fmt: skip
-HAS_STATE = {"llama": False, "deepseek-mla-moe": False, "mamba2": True, "granite-hybrid": True, "lfm2": True}
+HAS_STATE = {"llama": False, "deepseek-mla-moe": False, "mamba2": True, "granite-hybrid": True, "lfm2": True,
+             "falcon-mamba": True, "jamba": True}  # fmt: skip
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)
 
 
@@ -308,7 +312,10 @@ def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypat
     assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4
 
 
-@pytest.mark.parametrize(("name", "kernel"), [("lfm2", "causal_conv_prefill")])
+@pytest.mark.parametrize(
+    ("name", "kernel"),
+    [("lfm2", "causal_conv_prefill"), ("jamba", "causal_conv_prefill"), ("jamba", "mamba1_scan_prefill")],
+)
 def test_snapshots_inside_a_chunk_stay_on_the_kernels(checkpoints, monkeypatch, name, kernel):
     """The short conv's and Mamba1's prefills cut at snapshot points run their C kernels segment by
     segment, never the torch references."""
