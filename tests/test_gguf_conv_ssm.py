@@ -99,8 +99,8 @@ def spm_tokenizer(dst: Path, vocab: int = 600) -> Path:
     lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab, model_type="bpe", byte_fallback=True,
-        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
     )  # fmt: skip
     (dst / "tokenizer.model").write_bytes(model.getvalue())
     return dst
