@@ -16,8 +16,6 @@ Jamba's converter takes only a Llama-style tokenizer: its checkpoint gets a smal
 from __future__ import annotations
 
 import dataclasses
-import io
-import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from blazr.detect import inspect_checkpoint
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 from tests.hf_parity import check_greedy, check_logits
-from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer, quantize
+from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer, quantize, spm_tokenizer
 from tests.ssm_fixtures import HEADS, randomise, single_thread
 from tests.test_gguf_hybrid import _check_llama_cpp, _logits
 from tests.tiny import build
@@ -83,27 +81,6 @@ class Made:
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     yield from single_thread()
-
-
-def spm_tokenizer(dst: Path, vocab: int = 600) -> Path:
-    """A SentencePiece BPE model (byte fallback; <unk> 0, <s> 1, </s> 2) trained on random words: the
-    Llama-style tokenizer.model llama.cpp's Jamba converter requires."""
-    import sentencepiece
-
-    dst.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    words = [
-        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7)))
-        for _ in range(400)
-    ]
-    lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab, model_type="bpe",
-        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
-    )  # fmt: skip
-    (dst / "tokenizer.model").write_bytes(model.getvalue())
-    return dst
 
 
 def _build(name: str, hf_dir: Path) -> torch.nn.Module:

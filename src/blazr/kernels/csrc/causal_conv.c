@@ -66,6 +66,41 @@ static void conv_row(float *restrict y, const float *const *taps, const float *w
     if (gout) mul_rows(y + c0, y + c0, gout + c0, n);
 }
 
+/* y[c] = bias_c + Σ_{k<K−1} w[c, k]·st[k, c] + w[c, K−1]·u[c] for c in [c0, c1), the taps of w [C, K] gathered
+ * where they lie: the same fma order as conv_row's lanes. */
+static void conv_taps_in_place(float *restrict y, const float *restrict st, const float *restrict u,
+                               const float *restrict w, const float *bias, int64_t C, int64_t K, int64_t c0,
+                               int64_t c1) {
+    const int64_t Kw = K - 1;
+    int64_t c = c0;
+#if defined(BLZ_AVX512)
+    const __m512i lane = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)K));
+    for (; c + 16 <= c1 && (c + 16) * K < (1LL << 31); c += 16) {
+        __m512 acc = bias ? _mm512_loadu_ps(bias + c) : _mm512_setzero_ps();
+        for (int64_t k = 0; k < Kw; ++k)
+            acc = _mm512_fmadd_ps(_mm512_i32gather_ps(lane, w + c * K + k, 4), _mm512_loadu_ps(st + k * C + c), acc);
+        acc = _mm512_fmadd_ps(_mm512_i32gather_ps(lane, w + c * K + Kw, 4), _mm512_loadu_ps(u + c), acc);
+        _mm512_storeu_ps(y + c, acc);
+    }
+#elif defined(BLZ_AVX2)
+    const __m256i lane = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)K));
+    for (; c + 8 <= c1 && (c + 8) * K < (1LL << 31); c += 8) {
+        __m256 acc = bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps();
+        for (int64_t k = 0; k < Kw; ++k)
+            acc = _mm256_fmadd_ps(_mm256_i32gather_ps(w + c * K + k, lane, 4), _mm256_loadu_ps(st + k * C + c), acc);
+        acc = _mm256_fmadd_ps(_mm256_i32gather_ps(w + c * K + Kw, lane, 4), _mm256_loadu_ps(u + c), acc);
+        _mm256_storeu_ps(y + c, acc);
+    }
+#endif
+    for (; c < c1; ++c) {
+        const float *wc = w + c * K;
+        float acc = bias ? bias[c] : 0.0f;
+        for (int64_t k = 0; k < Kw; ++k) acc = fmaf(wc[k], st[k * C + c], acc);
+        y[c] = fmaf(wc[Kw], u[c], acc);
+    }
+}
+
 #define CONV_PARTS 4 /* a decode row's channels, split over the threads (a decode batch is often one row) */
 
 BLZ_EXPORT int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index,
@@ -83,6 +118,24 @@ BLZ_EXPORT int blz_causal_conv(const float *x, const float *gin, const float *go
     }
     if (T == 0) return BLZ_OK;
     const int64_t Kw = K - 1;
+    if (!prefill) { /* one row per sequence: the taps read where they lie (no transposed copy to make) */
+        float *u = blz_scratch((size_t)(B * C) * sizeof(float));
+        if (!u) return BLZ_ENOMEM;
+        const int nt = blz_threads(nthreads, B * C * K, 1 << 14);
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t bp = 0; bp < B * CONV_PARTS; ++bp) {
+            const int64_t b = bp / CONV_PARTS, part = bp % CONV_PARTS;
+            const int64_t c0 = C * part / CONV_PARTS, c1 = C * (part + 1) / CONV_PARTS;
+            float *st = state + index[b] * Kw * C, *ub = u + b * C, *yb = y + b * C;
+            mul_rows(ub + c0, x + b * ld + c0, gin ? gin + b * ld + c0 : NULL, c1 - c0);
+            conv_taps_in_place(yb, st, ub, w, bias, C, K, c0, c1);
+            if (silu) blz_silu_rows(yb + c0, c1 - c0);
+            if (gout) mul_rows(yb + c0, yb + c0, gout + b * ld + c0, c1 - c0);
+            for (int64_t k = 0; k + 1 < Kw; ++k) memcpy(st + k * C + c0, st + (k + 1) * C + c0, (size_t)(c1 - c0) * 4);
+            memcpy(st + (Kw - 1) * C + c0, ub + c0, (size_t)(c1 - c0) * sizeof(float));
+        }
+        return BLZ_OK;
+    }
     /* scratch: the taps transposed [K, C], the gated new rows u [T, C], a zero row */
     float *wt = blz_scratch((size_t)(K * C + T * C + C) * sizeof(float));
     if (!wt) return BLZ_ENOMEM;
@@ -91,22 +144,6 @@ BLZ_EXPORT int blz_causal_conv(const float *x, const float *gin, const float *go
         for (int64_t k = 0; k < K; ++k) wt[k * C + c] = w[c * K + k];
     memset(zero, 0, (size_t)C * sizeof(float));
     const int nt = blz_threads(nthreads, T * C * K, 1 << 14);
-    if (!prefill) {
-#pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t bp = 0; bp < B * CONV_PARTS; ++bp) {
-            const int64_t b = bp / CONV_PARTS, part = bp % CONV_PARTS;
-            const int64_t c0 = C * part / CONV_PARTS, c1 = C * (part + 1) / CONV_PARTS;
-            float *st = state + index[b] * Kw * C, *ub = u + b * C;
-            mul_rows(ub + c0, x + b * ld + c0, gin ? gin + b * ld + c0 : NULL, c1 - c0);
-            const float *taps[BLZ_CONV_MAX_K];
-            for (int64_t k = 0; k < Kw; ++k) taps[k] = st + k * C;
-            taps[Kw] = ub;
-            conv_row(y + b * C, taps, wt, bias, gout ? gout + b * ld : NULL, C, K, silu, c0, c1);
-            for (int64_t k = 0; k + 1 < Kw; ++k) memcpy(st + k * C + c0, st + (k + 1) * C + c0, (size_t)(c1 - c0) * 4);
-            memcpy(st + (Kw - 1) * C + c0, ub + c0, (size_t)(c1 - c0) * sizeof(float));
-        }
-        return BLZ_OK;
-    }
 #pragma omp parallel num_threads(nt)
     {
         for (int64_t b = 0; b < B; ++b) {
