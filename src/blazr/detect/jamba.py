@@ -22,7 +22,14 @@ from blazr.config import (
 from blazr.detect.checkpoint import Shapes
 from blazr.detect.mamba1 import mamba1_config
 from blazr.detect.raw import Raw, activation
-from blazr.detect.ssm_common import attention_config, has_prefix, is_tied, layers_with, num_layers_of, require
+from blazr.detect.ssm_common import (
+    attention_config,
+    is_tied,
+    layers_with,
+    mamba_or_attention,
+    num_layers_of,
+    require,
+)
 from blazr.errors import CheckpointError
 
 ARCH = "JambaForCausalLM"
@@ -49,13 +56,7 @@ def _is_attention(raw: Raw, shapes: Shapes, num_layers: int) -> list[bool]:
     every = _every(raw, "attn_layer_period", "attn_layer_offset", num_layers)
     if every is not None:
         return every
-    found = []
-    for i in range(num_layers):
-        p = f"{PREFIX}layers.{i}."
-        if not has_prefix(shapes, p + "mamba.") and not has_prefix(shapes, p + "self_attn."):
-            raise CheckpointError(f"layer {i}: no {p}mamba.* or {p}self_attn.* tensors")
-        found.append(has_prefix(shapes, p + "self_attn."))
-    return found
+    return [k == "attention" for k in mamba_or_attention(shapes, PREFIX + "layers.", num_layers)]
 
 
 def _is_moe(raw: Raw, shapes: Shapes, num_layers: int) -> list[bool]:

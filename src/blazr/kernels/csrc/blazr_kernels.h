@@ -169,6 +169,8 @@ int blz_mamba1_dt_bc(const float *dbc, int64_t T, int64_t R, int64_t N, const fl
                      const float *w_c, int norm, float eps, float *dt_out, float *bc_out);
 int blz_head_rms_norm(float *x, int64_t T, int64_t ldx, int64_t H, int64_t Dh, const float *w1, int64_t H1,
                       const float *w2, float eps, int nthreads);
+/* Internal (causal_conv.c): a recurrent kernel's slots / sequences checked, the rows they span in *T. */
+int blz_recurrent_rows(const int64_t *index, int64_t B, int prefill, int64_t S, int64_t *T);
 
 /* Internal: pack.c's block size of a 32-block kind (and its per-row header bytes) and its move of one row of
  * ggml blocks into a 16-row group, shared with quantize.c. */

@@ -101,22 +101,31 @@ static void conv_taps_in_place(float *restrict y, const float *restrict st, cons
     }
 }
 
-#define CONV_PARTS 4 /* a decode row's channels, split over the threads (a decode batch is often one row) */
-
-BLZ_EXPORT int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index,
-                               int64_t B, int prefill, const float *w, const float *bias, float *state, int64_t S,
-                               int64_t C, int64_t K, int silu, float *y, int nthreads) {
-    if (B < 0 || C <= 0 || K < 2 || K > BLZ_CONV_MAX_K || S < 0 || ld < C) return BLZ_EINVAL;
-    int64_t T = prefill ? 0 : B;
+/* Checks a recurrent kernel's `index` (the decode step's slots [B], or the prefill's (row0, n, slot, fresh)
+ * [B, 4]) against S state slots — slots in range and distinct, rows non-negative — and sets *T to the rows
+ * it spans. */
+int blz_recurrent_rows(const int64_t *index, int64_t B, int prefill, int64_t S, int64_t *T) {
+    *T = prefill ? 0 : B;
     for (int64_t b = 0; b < B; ++b) {
         const int64_t slot = prefill ? index[4 * b + 2] : index[b];
         if (prefill && (index[4 * b] < 0 || index[4 * b + 1] < 0)) return BLZ_EINVAL;
         if (slot < 0 || slot >= S) return BLZ_ERANGE;
         for (int64_t o = 0; o < b; ++o)
             if ((prefill ? index[4 * o + 2] : index[o]) == slot) return BLZ_EINVAL;
-        if (prefill) T = blz_max(T, index[4 * b] + index[4 * b + 1]);
+        if (prefill) *T = blz_max(*T, index[4 * b] + index[4 * b + 1]);
     }
-    if (T == 0) return BLZ_OK;
+    return BLZ_OK;
+}
+
+#define CONV_PARTS 4 /* a decode row's channels, split over the threads (a decode batch is often one row) */
+
+BLZ_EXPORT int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index,
+                               int64_t B, int prefill, const float *w, const float *bias, float *state, int64_t S,
+                               int64_t C, int64_t K, int silu, float *y, int nthreads) {
+    if (B < 0 || C <= 0 || K < 2 || K > BLZ_CONV_MAX_K || S < 0 || ld < C) return BLZ_EINVAL;
+    int64_t T;
+    const int rc = blz_recurrent_rows(index, B, prefill, S, &T);
+    if (rc != BLZ_OK || T == 0) return rc;
     const int64_t Kw = K - 1;
     if (!prefill) { /* one row per sequence: the taps read where they lie (no transposed copy to make) */
         float *u = blz_scratch((size_t)(B * C) * sizeof(float));

@@ -185,16 +185,9 @@ BLZ_EXPORT int blz_mamba1_scan(const float *xc, const float *dt_raw, const float
                                const int64_t *index, int64_t B, int prefill, const float *A, const float *dskip,
                                float *ssm, int64_t S, int64_t Di, int64_t N, float *y, int nthreads) {
     if (B < 0 || Di <= 0 || N <= 0 || S < 0 || ldz < Di) return BLZ_EINVAL;
-    int64_t T = prefill ? 0 : B;
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t slot = prefill ? index[4 * b + 2] : index[b];
-        if (prefill && (index[4 * b] < 0 || index[4 * b + 1] < 0)) return BLZ_EINVAL;
-        if (slot < 0 || slot >= S) return BLZ_ERANGE;
-        for (int64_t o = 0; o < b; ++o)
-            if ((prefill ? index[4 * o + 2] : index[o]) == slot) return BLZ_EINVAL;
-        if (prefill) T = blz_max(T, index[4 * b] + index[4 * b + 1]);
-    }
-    if (T == 0) return BLZ_OK;
+    int64_t T;
+    const int rc = blz_recurrent_rows(index, B, prefill, S, &T);
+    if (rc != BLZ_OK || T == 0) return rc;
     const int64_t nblk = (Di + M1_BLOCK - 1) / M1_BLOCK;
     const int nt = blz_threads(nthreads, T * Di * N, 1 << 14);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
