@@ -40,7 +40,12 @@ from benchmarks.host import host_line  # noqa: I001
 from benchmarks.run import Row, load_blazr, load_llama_cpp, log, measure_single, prompt_ids
 from benchmarks.run import batching_table, measure_batching, single_table, spread_note, versions
 from tests import llama_cpp_convert
-from tests.llama_cpp_convert import export_tokenizer, granite_as_published, nemotron_as_published
+from tests.llama_cpp_convert import (
+    export_tokenizer,
+    granite_as_published,
+    nemotron_as_published,
+    spm_tokenizer,
+)
 from tests.tiny import CONFIG_CLASSES
 
 CACHE = Path(__file__).parent / ".cache" / "hybrid"
@@ -220,6 +225,71 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
     # Gated DeltaNet + gated attention: Qwen/Qwen3.5-0.8B's published text config (24 layers, 3 DeltaNet : 1
     # attention; DeltaNet 16 key / 16 value heads of 128; attention 8 heads of 256, 2 KV heads, a quarter
     # rotated; 248320-token vocabulary, tied).
+    # Short convolutions: LiquidAI/LFM2-350M's published config (16 layers, attention at 2, 5, 8, 10, 12, 14;
+    # its FFN width 4608 is block_ff_dim 6656 after block_auto_adjust_ff_dim, given directly here).
+    "lfm2-350m": (
+        "Lfm2ForCausalLM",
+        dict(
+            vocab_size=65536,
+            hidden_size=1024,
+            num_hidden_layers=16,
+            layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            intermediate_size=4608,
+            block_auto_adjust_ff_dim=False,
+            conv_L_cache=3,
+            norm_eps=1e-5,
+            tie_word_embeddings=True,
+            max_position_embeddings=128000,
+        ),
+        None,
+    ),
+    # Mamba1: state-spaces/mamba-130m-hf's published config.
+    "mamba-130m": (
+        "MambaForCausalLM",
+        dict(
+            vocab_size=50280,
+            hidden_size=768,
+            num_hidden_layers=24,
+            intermediate_size=1536,
+            state_size=16,
+            conv_kernel=4,
+            time_step_rank=48,
+            use_bias=False,
+            use_conv_bias=True,
+            tie_word_embeddings=True,
+        ),
+        None,
+    ),
+    # Jamba (Mamba1 + attention + MoE): Jamba v0.1's block — attention at 4 of 8 layers, 16 experts (top 2) in
+    # every 2nd layer, state 16, conv 4, expand 2 — at 1024 wide with experts of 1024 (one block of 8 layers,
+    # ~0.4B parameters: the size of the tiny development model, whose exact config is not in reach here).
+    # Its converter takes only a Llama-style tokenizer: a small SentencePiece model beside SmolLM2's.
+    "jamba-block-1024": (
+        "JambaForCausalLM",
+        dict(
+            vocab_size=65536,
+            hidden_size=1024,
+            num_hidden_layers=8,
+            intermediate_size=1024,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            attn_layer_period=8,
+            attn_layer_offset=4,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=16,
+            num_experts_per_tok=2,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+            mamba_expand=2,
+            mamba_dt_rank=64,
+            tie_word_embeddings=False,
+            max_position_embeddings=262144,
+        ),
+        None,
+    ),
     "qwen3.5-0.8b": (
         "Qwen3_5ForCausalLM",
         dict(
@@ -311,6 +381,8 @@ def checkpoint(name: str) -> Path:
         edit(saved)
         cfg_path.write_text(json.dumps(saved, indent=2))
     export_tokenizer(out)
+    if arch == "JambaForCausalLM":  # its converter reads tokenizer.model; blazr the exported tokenizer.json
+        spm_tokenizer(out)
     return out
 
 

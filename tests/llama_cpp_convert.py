@@ -3,12 +3,15 @@ llama-cpp-python sdist that `make test` unpacks into .venv/llama-cpp-sdist, or $
 tiny transformers checkpoint, and llama.cpp's quantizer (`llama_model_quantize`) for the block types.
 
 The converter needs a tokenizer it recognises: SmolLM2's, exported from the embedded GGUF (so checkpoints
-that go through it have SmolLM2's 49152-token vocabulary)."""
+that go through it have SmolLM2's 49152-token vocabulary) — or, for converters that take only a Llama-style
+one (Jamba's), a small SentencePiece model trained here (`spm_tokenizer`)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -109,3 +112,24 @@ def nemotron_as_published(raw: dict, pattern: str) -> None:
         raw.pop(key, None)
     raw["hybrid_override_pattern"] = pattern
     raw["num_hidden_layers"] = len(pattern)
+
+
+def spm_tokenizer(dst: Path, vocab: int = 600) -> Path:
+    """A SentencePiece BPE model (byte fallback; <unk> 0, <s> 1, </s> 2) trained on random words: the
+    Llama-style tokenizer.model llama.cpp's Jamba converter requires."""
+    import sentencepiece
+
+    dst.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    words = [
+        "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7)))
+        for _ in range(400)
+    ]
+    lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+    )  # fmt: skip
+    (dst / "tokenizer.model").write_bytes(model.getvalue())
+    return dst

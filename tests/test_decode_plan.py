@@ -133,6 +133,20 @@ VARIANTS = {
     # Gated DeltaNet and gated attention (q/k norm, partial rope); Qwen3-Next's MoE, its gated shared expert.
     "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),
     "qwen3-next": ("Qwen3NextForCausalLM", dict(QWEN_SIZES, **QWEN_EXPERTS, num_hidden_layers=4)),
+    # LFM2: short-conv layers around attention with q / k norms.
+    "lfm2": ("Lfm2ForCausalLM", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"])),
+    # Jamba: Mamba1 (weighted dt / B / C norms) + NoPE attention + softmax MoE.
+    "jamba": (
+        "JambaForCausalLM",
+        dict(
+            num_hidden_layers=4,
+            attn_layer_period=4,
+            attn_layer_offset=1,
+            num_experts=4,
+            intermediate_size=96,
+            mamba_dt_rank=8,
+        ),
+    ),
 }
 OVERRIDES = dict(VARIANTS.values())  # arch → its overrides
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

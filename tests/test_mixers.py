@@ -26,6 +26,7 @@ from blazr.config import (
     EngineConfig,
     GatedDeltaNetConfig,
     LayerConfig,
+    Mamba1Config,
     Mamba2Config,
     MixerConfig,
     MLAConfig,
@@ -33,6 +34,7 @@ from blazr.config import (
     ModelConfig,
     NormConfig,
     RopeConfig,
+    ShortConvConfig,
 )
 from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.engine.cuda_graphs import is_supported
@@ -59,6 +61,8 @@ SAMPLES: dict[str, list[MixerConfig]] = {
             4, 2, 16, RopeConfig(dim=4), 0.25, qk_norm=NormConfig(weight_offset=1.0), has_output_gate=True
         ),
         AttentionConfig(4, 2, 16, None, 0.25, qk_norm=NormConfig(), is_qk_norm_per_head=False),
+        # LFM2's: per-head q/k norm, NoPE here, a window
+        AttentionConfig(4, 2, 16, None, 0.25, sliding_window=4, qk_norm=NormConfig()),
     ],
     "mla": [
         MLAConfig(4, None, 32, 16, 8, 16, RopeConfig(dim=8), 0.1),
@@ -71,6 +75,11 @@ SAMPLES: dict[str, list[MixerConfig]] = {
     "deltanet": [
         GatedDeltaNetConfig(2, 4, 8, 12, chunk_size=4),
         GatedDeltaNetConfig(2, 4, 8, 8, conv_kernel=3, is_v_tiled=True, beta_scale=2.0),
+    ],
+    "short_conv": [ShortConvConfig(HIDDEN, 3), ShortConvConfig(HIDDEN, 4, has_bias=True)],
+    "mamba1": [
+        Mamba1Config(32, 16, 8, 4, has_proj_bias=True),
+        Mamba1Config(32, 8, 4, 3, has_conv_bias=False, has_dt_bc_norm=True, has_norm_weights=True),
     ],
 }
 KINDS = [s.kind for s in mixers.specs()]

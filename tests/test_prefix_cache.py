@@ -6,6 +6,7 @@ a shared prefix ending mid-block and exactly on a block boundary, a prompt that 
 the next turn of a conversation, concurrent requests sharing a prefix, eviction under memory pressure,
 preemption, n > 1 and prompt logprobs. Each case also checks how many tokens were served from the
 cache, so a cache that silently misses fails too.
+The short-conv and Mamba1 families run the same cases (LFM2: short conv + attention).
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ ARCHS = {
         MAMBA, **HEADS, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], mamba_n_groups=1,
         num_local_experts=0, shared_intermediate_size=96)),
     "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),  # gated DeltaNet + attention
+    "lfm2": ("Lfm2ForCausalLM", dict(HEADS, num_hidden_layers=3,
+                                     layer_types=["conv", "full_attention", "conv"])),
+    "falcon-mamba": ("FalconMambaForCausalLM", dict(num_hidden_layers=2, state_size=16, time_step_rank=8)),
+    "jamba": ("JambaForCausalLM", dict(HEADS, num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1,
+                                       num_experts=4, intermediate_size=96, mamba_dt_rank=8)),
 }  # fmt: skip
-HAS_STATE = {
-    "llama": False,
-    "deepseek-mla-moe": False,
-    "mamba2": True,
-    "granite-hybrid": True,
-    "qwen3_5": True,
-}
+HAS_STATE = {"llama": False, "deepseek-mla-moe": False, "mamba2": True, "granite-hybrid": True,
+             "qwen3_5": True, "lfm2": True, "falcon-mamba": True, "jamba": True}  # fmt: skip
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)
 
 
@@ -315,4 +316,22 @@ def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypat
 
     monkeypatch.setattr(ops, reference, refuse)
     got = run(llm, [tokens(150, seed=80)])[0]  # saves at 32, 64, 96, 128 and 144: cuts inside the chunk
+    assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel"),
+    [("lfm2", "causal_conv_prefill"), ("jamba", "causal_conv_prefill"), ("jamba", "mamba1_scan_prefill")],
+)
+def test_snapshots_inside_a_chunk_stay_on_the_kernels(checkpoints, monkeypatch, name, kernel):
+    """The short conv's and Mamba1's prefills cut at snapshot points run their C kernels segment by
+    segment, never the torch references."""
+    from blazr.kernels import ops
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{kernel} fell back to the torch reference")
+
+    monkeypatch.setattr(ops, f"{kernel}_reference", refuse)
+    llm = load(checkpoints[name])
+    got = run(llm, [tokens(150, seed=80)])[0]
     assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4

@@ -183,6 +183,39 @@ class GatedDeltaNetConfig(MixerConfig):
 
 
 @dataclass(frozen=True)
+class ShortConvConfig(MixerConfig):
+    """LFM2's gated short convolution over `width` channels (the hidden size, or a tensor-parallel shard's
+    part of it): in_proj → [B | C | x]; y = C · causal depthwise conv_L(B · x); out_proj. Its state is the
+    last `conv_kernel − 1` inputs B · x."""
+
+    kind: ClassVar[str] = "short_conv"
+    width: int
+    conv_kernel: int
+    has_bias: bool = False
+
+
+@dataclass(frozen=True)
+class Mamba1Config(MixerConfig):
+    """Mamba1 selective scan (Mamba, Falcon-Mamba, Jamba): in_proj → [x | z]; causal conv + SiLU over x;
+    x_proj → [dt (dt_rank) | B | C (state_size each)], optionally RMS-normed (`has_dt_bc_norm`: Falcon-Mamba
+    without weights, Jamba with); dt = softplus(dt_proj(dt)); per channel d a state of `state_size` with
+    A = −exp(A_log[d]); y = C·state + D·x, gated by silu(z); out_proj."""
+
+    kind: ClassVar[str] = "mamba1"
+    d_inner: int
+    state_size: int
+    dt_rank: int
+    conv_kernel: int
+    has_conv_bias: bool = True
+    has_proj_bias: bool = False  # in_proj and out_proj biases
+    has_dt_bc_norm: bool = False
+    has_norm_weights: bool = (
+        False  # the dt / B / C norms have weights (Jamba); else weightless (Falcon-Mamba)
+    )
+    norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
 class MLPConfig:
     """Feed-forward: gated, `down(act(gate) * up)`, unless `is_gated=False`: `down(act(up))` (NemotronH)."""
 

@@ -16,6 +16,7 @@ Per architecture (keys without the `{arch}.` prefix):
   `expert_weights_{norm,scale}`, groups, YaRN (`rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim).
 - qwen3next, qwen35, qwen35moe: as llama, plus the DeltaNet sizes under `ssm.*`, layer kinds from
   `attention.recurrent_layers`, experts; Qwen3.5's value heads in the converter's tiled order.
+- lfm2 / lfm2moe, mamba (Mamba, Falcon-Mamba by `ssm.dt_b_c_rms`), jamba: see `_lfm2`, `_mamba1`, `_jamba`.
 """
 
 from __future__ import annotations
@@ -231,6 +232,51 @@ def _qwen3_next(key: Meta, num_layers: int, is_v_tiled: bool = False) -> dict[st
     return raw
 
 
+def _lfm2(key: Meta, num_layers: int) -> dict[str, Any]:
+    """LFM2 / LFM2-MoE: layer kinds from the per-layer `attention.head_count_kv` (0 = a short-conv layer).
+    llama.cpp always renormalises LFM2-MoE's chosen weights, and scales them by `expert_weights_scale` (1
+    when absent, as the converter writes it)."""
+    kv = _per_layer(key("attention.head_count_kv"), num_layers)
+    return {
+        "layer_types": ["full_attention" if n else "conv" for n in kv],
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": max(kv) or None,
+        "norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "conv_L_cache": key("shortconv.l_cache"),
+        "rope_theta": key("rope.freq_base"),
+        "num_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "num_dense_layers": key("leading_dense_block_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+        "routed_scaling_factor": key("expert_weights_scale") or 1.0,
+        "norm_topk_prob": True,
+    }
+
+
+def _mamba1(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Mamba (and Falcon-Mamba where `ssm.dt_b_c_rms`: its weightless dt / B / C norms take transformers'
+    `mixer_rms_eps` default, 1e-6; llama.cpp uses the block norm's eps there). Sizes come from the tensors."""
+    falcon = bool(key("ssm.dt_b_c_rms"))
+    return {
+        "architectures": ["FalconMambaForCausalLM" if falcon else "MambaForCausalLM"],
+        "layer_norm_epsilon": key("attention.layer_norm_rms_epsilon"),
+    }
+
+
+def _jamba(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Jamba: attention where the per-layer `attention.head_count_kv` is non-zero; MoE where the layer holds a
+    router (the builder's rule without the period keys)."""
+    kv = _per_layer(key("attention.head_count_kv"), num_layers)
+    return {
+        "layers_block_type": ["attention" if n else "mamba" for n in kv],
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": max(kv) or None,
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "num_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+    }
+
+
 # llama.cpp architecture → its metadata as the HF config keys (every name loading/gguf_hf.ARCHES knows)
 _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "llama": _llama,
@@ -243,6 +289,10 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "qwen3next": _qwen3_next,
     "qwen35": partial(_qwen3_next, is_v_tiled=True),
     "qwen35moe": partial(_qwen3_next, is_v_tiled=True),
+    "lfm2": _lfm2,
+    "lfm2moe": _lfm2,
+    "mamba": _mamba1,
+    "jamba": _jamba,
 }
 
 

@@ -1,8 +1,9 @@
 """ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
 raising UnsupportedInput for dtypes / layouts the kernels do not take (the Mamba2 ones in
-bindings_mamba2.py, gated DeltaNet and gated attention's in bindings_deltanet.py, MoE and MLA in
-bindings_moe_mla.py, the load-time weight formats in bindings_weights.py, token choice in
-bindings_sample.py); inside `record()` the calls go to a `KernelPlan` (calls.py) instead of running.
+bindings_mamba2.py, gated DeltaNet and gated attention's in bindings_deltanet.py, the short conv in
+bindings_conv.py, Mamba1 in bindings_mamba1.py, MoE and MLA in bindings_moe_mla.py, the load-time weight
+formats in bindings_weights.py, token choice in bindings_sample.py); inside `record()` the calls go to a
+`KernelPlan` (calls.py) instead of running.
 
 Calls pass their arguments through `blz_call` in a per-thread preallocated `blz_args_t` struct (~1 µs
 through ctypes, instead of ~0.3 µs per separately converted argument). Shapes as in `ops.py`.
@@ -18,7 +19,9 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from blazr.kernels import build
+from blazr.kernels.bindings_conv import ConvBindings
 from blazr.kernels.bindings_deltanet import DeltaNetBindings
+from blazr.kernels.bindings_mamba1 import Mamba1Bindings
 from blazr.kernels.bindings_mamba2 import Mamba2Bindings
 from blazr.kernels.bindings_moe_mla import MoEMLABindings
 from blazr.kernels.bindings_sample import SampleBindings, declare_sample_calls
@@ -60,7 +63,15 @@ _ROW_CODES = {f.kind: f.row_code for f in FORMATS if f.row_code is not None}  # 
 TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, "k1_zmm": 4}
 
 
-class Kernels(Mamba2Bindings, MoEMLABindings, SampleBindings, WeightFormatBindings, DeltaNetBindings):
+class Kernels(
+    Mamba2Bindings,
+    MoEMLABindings,
+    SampleBindings,
+    WeightFormatBindings,
+    DeltaNetBindings,
+    ConvBindings,
+    Mamba1Bindings,
+):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not
     contiguous, not on the CPU) and ValueError for inconsistent shapes.

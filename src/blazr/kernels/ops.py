@@ -1,10 +1,11 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
-(`reference.py`, `reference_sample.py`); both are re-exported here, so every `op` has its `op_reference`
-beside it.
+(`reference.py`, `reference_conv.py`, `reference_mamba1.py`, `reference_sample.py`); both are re-exported
+here, so every `op` has its `op_reference` beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`,
 `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `deltanet_step`,
-`deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`, `moe_route`, `moe_experts`, `mla_cache_write`,
+`deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`, `causal_conv_step`, `causal_conv_prefill`,
+`mamba1_dt_bc`, `mamba1_scan_step`, `mamba1_scan_prefill`, `moe_route`, `moe_experts`, `mla_cache_write`,
 `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
 `sample_rows`) runs the C kernel when the library is available and the inputs are CPU tensors of the
 supported dtypes and layouts (fp32 activations and states, int64 indices, fp32 or 16-bit KV pools), else
@@ -53,11 +54,17 @@ from blazr.kernels.reference import (
     ssd_step_reference,
     stacked_slice,
 )
+from blazr.kernels.reference_conv import causal_conv_prefill_reference, causal_conv_step_reference
 from blazr.kernels.reference_deltanet import (
     deltanet_prefill_reference,
     deltanet_step_reference,
     head_rms_norm_reference,
     sigmoid_mul_reference,
+)
+from blazr.kernels.reference_mamba1 import (
+    mamba1_dt_bc_reference,
+    mamba1_scan_prefill_reference,
+    mamba1_scan_step_reference,
 )
 from blazr.kernels.reference_sample import argmax_rows_reference, filtered_distribution, sample_rows_reference
 from blazr.kernels.row_table import RowTable
@@ -72,6 +79,10 @@ __all__ = [
     "add_reference",
     "argmax_rows",
     "argmax_rows_reference",
+    "causal_conv_prefill",
+    "causal_conv_prefill_reference",
+    "causal_conv_step",
+    "causal_conv_step_reference",
     "cpu_f32",
     "deltanet_prefill",
     "deltanet_prefill_reference",
@@ -94,6 +105,12 @@ __all__ = [
     "linear_heads",
     "linear_heads_reference",
     "linear_reference",
+    "mamba1_dt_bc",
+    "mamba1_dt_bc_reference",
+    "mamba1_scan_prefill",
+    "mamba1_scan_prefill_reference",
+    "mamba1_scan_step",
+    "mamba1_scan_step_reference",
     "mamba2_prefill",
     "mamba2_prefill_reference",
     "mamba2_step",
@@ -545,3 +562,99 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """x [M, N] ← x · sigmoid(gate) in place, gate [M, N] (rows may be strided: a view into a projection's
     output) or [M, 1] (one per row). Returns x."""
     return _dispatch("sigmoid_mul", sigmoid_mul_reference, x, gate)
+
+
+def causal_conv_step(
+    x: torch.Tensor,
+    gin: torch.Tensor | None,
+    gout: torch.Tensor | None,
+    slots: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor,
+    silu: bool,
+) -> torch.Tensor:
+    """One causal depthwise conv row for each of B sequences: y = gout · act(bias + Σ_k weight[:, k] ·
+    window_k) over the window (the K−1 inputs u = gin · x held at state slot slots[b], then this row's u), the
+    state shifted in place. x, gin, gout [B, C] (rows of one stride: column views of an in_proj output; gin /
+    gout None: no gate); weight [C, K]; state [S, K−1, C]; act SiLU when `silu`. Returns y [B, C] (see
+    causal_conv_step_reference). LFM2's short conv: gin = B, gout = C; Mamba1's: neither, SiLU."""
+    return _dispatch(
+        "causal_conv_step", causal_conv_step_reference, x, gin, gout, slots, weight, bias, state, silu
+    )
+
+
+def causal_conv_prefill(
+    x: torch.Tensor,
+    gin: torch.Tensor | None,
+    gout: torch.Tensor | None,
+    query_lens: Sequence[int],
+    slots: torch.Tensor,
+    fresh: Sequence[bool],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor,
+    silu: bool,
+) -> torch.Tensor:
+    """The conv of causal_conv_step over B sequences laid out one after another (query_lens [B] rows each),
+    starting from a zero state where fresh[b] (else slot slots[b]'s) and leaving each sequence's last K−1
+    inputs at its slot. Returns y [T, C] (see causal_conv_prefill_reference)."""
+    return _dispatch(
+        "causal_conv_prefill", causal_conv_prefill_reference, x, gin, gout, query_lens, slots, fresh, weight,
+        bias, state, silu,
+    )  # fmt: skip
+
+
+def mamba1_dt_bc(
+    dbc: torch.Tensor,
+    dt_rank: int,
+    state_size: int,
+    w_dt: torch.Tensor | None,
+    w_b: torch.Tensor | None,
+    w_c: torch.Tensor | None,
+    is_normed: bool,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba1's x_proj output dbc [T, R + 2N] = [dt | B | C] → (dt [T, R], [B | C] [T, 2N]), contiguous, each
+    part RMS-normed when `is_normed` (Falcon-Mamba: weights None; Jamba: w_dt [R], w_b / w_c [N])."""
+    return _dispatch(
+        "mamba1_dt_bc", mamba1_dt_bc_reference, dbc, dt_rank, state_size, w_dt, w_b, w_c, is_normed, eps
+    )
+
+
+def mamba1_scan_step(
+    xc: torch.Tensor,
+    dt_raw: torch.Tensor,
+    bc: torch.Tensor,
+    z: torch.Tensor,
+    slots: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor,
+    ssm: torch.Tensor,
+) -> torch.Tensor:
+    """One Mamba1 selective-scan row for each of B sequences, ssm [S, Di, N] advanced in place at slots [B]:
+    dt = softplus(dt_raw); state = exp(dt·A)·state + (dt·x)·B; y = (state·C + D·x)·silu(z). xc, dt_raw [B,
+    Di]; bc [B, 2N]; z [B, Di] (a column view of in_proj's output); A [Di, N] (= −exp(A_log)); D [Di]. Returns
+    y [B, Di] (see mamba1_scan_step_reference)."""
+    return _dispatch("mamba1_scan_step", mamba1_scan_step_reference, xc, dt_raw, bc, z, slots, A, D, ssm)
+
+
+def mamba1_scan_prefill(
+    xc: torch.Tensor,
+    dt_raw: torch.Tensor,
+    bc: torch.Tensor,
+    z: torch.Tensor,
+    query_lens: Sequence[int],
+    slots: torch.Tensor,
+    fresh: Sequence[bool],
+    A: torch.Tensor,
+    D: torch.Tensor,
+    ssm: torch.Tensor,
+) -> torch.Tensor:
+    """The scan of mamba1_scan_step over B sequences laid out one after another (query_lens [B] rows each),
+    from a zero state where fresh[b] (else slot slots[b]'s), each final state left at its slot. Returns
+    y [T, Di] (see mamba1_scan_prefill_reference)."""
+    return _dispatch(
+        "mamba1_scan_prefill", mamba1_scan_prefill_reference, xc, dt_raw, bc, z, query_lens, slots, fresh, A,
+        D, ssm,
+    )  # fmt: skip

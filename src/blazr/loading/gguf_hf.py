@@ -33,7 +33,7 @@ log = logging.getLogger("blazr.loading")
 # How a recipe makes its HF tensor from its GGUF sources.
 SAME = "same"  # one tensor as stored
 QK = "qk"  # one tensor, rows un-permuted per head (arg: heads)
-A_LOG = "a_log"  # ssm_a [H, 1] = -exp(A_log) → A_log [H]
+A_LOG = "a_log"  # ssm_a [H, 1] = -exp(A_log) → A_log [H] (Mamba1: [Di, N] → A_log [Di, N])
 FLAT = "flat"  # one tensor flattened to 1-D: ssm_d [H, 1] → D [H], ssm_norm [G, Di/G] → [Di]
 CONV = "conv"  # ssm_conv1d [C, K] → conv1d.weight [C, 1, K]
 CAT = "cat"  # rows of several tensors concatenated (gate | up)
@@ -276,6 +276,88 @@ ARCHES.update(
     }
 )
 _GLOBAL_OFFSET = {"qwen3next", "qwen35", "qwen35moe"}  # the output norm is a (1 + w) norm too
+# The short-conv and Mamba1 families (llama.cpp's lfm2 / lfm2moe, mamba — Mamba and Falcon-Mamba — and jamba).
+_LFM2: list[_Rule] = [
+    ("operator_norm.weight", ("attn_norm.weight",), SAME),
+    ("ffn_norm.weight", ("ffn_norm.weight",), SAME),
+    ("conv.conv.weight", ("shortconv.conv.weight",), CONV),
+    ("conv.in_proj.weight", ("shortconv.in_proj.weight",), SAME),
+    ("conv.out_proj.weight", ("shortconv.out_proj.weight",), SAME),
+    *[(f"self_attn.{x}_proj.weight", (f"attn_{x}.weight",), SAME) for x in "qkv"],
+    ("self_attn.out_proj.weight", ("attn_output.weight",), SAME),
+    *[(f"self_attn.{x}_layernorm.weight", (f"attn_{x}_norm.weight",), SAME) for x in "qk"],
+    *[
+        (f"feed_forward.{w}.weight", (f"ffn_{x}.weight",), SAME)
+        for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+    ],
+    ("feed_forward.gate.weight", ("ffn_gate_inp.weight",), SAME),
+    ("feed_forward.expert_bias", ("exp_probs_b.bias",), SAME),
+]
+_MAMBA1: list[_Rule] = [  # ssm_a holds A = −exp(A_log) [Di, N]
+    ("{m}in_proj.weight", ("ssm_in.weight",), SAME),
+    ("{m}in_proj.bias", ("ssm_in.bias",), SAME),
+    ("{m}conv1d.weight", ("ssm_conv1d.weight",), CONV),
+    ("{m}conv1d.bias", ("ssm_conv1d.bias",), SAME),
+    ("{m}x_proj.weight", ("ssm_x.weight",), SAME),
+    ("{m}dt_proj.weight", ("ssm_dt.weight",), SAME),
+    ("{m}dt_proj.bias", ("ssm_dt.bias",), SAME),
+    ("{m}A_log", ("ssm_a",), A_LOG),
+    ("{m}D", ("ssm_d",), SAME),
+    ("{m}out_proj.weight", ("ssm_out.weight",), SAME),
+    ("{m}out_proj.bias", ("ssm_out.bias",), SAME),
+    *[(f"{{m}}{x}_layernorm.weight", (f"ssm_{x}_norm.weight",), SAME) for x in ("dt", "b", "c")],  # Jamba
+]
+ARCHES.update(
+    lfm2=_Arch(
+        "Lfm2ForCausalLM",
+        "model.layers.{i}.",
+        {**_MODEL, "token_embd_norm": "model.embedding_norm.weight"},
+        _LFM2,
+        [],
+        {},
+        permuted=False,  # NEOX rope: q/k rows as HF keeps them
+    ),
+    lfm2moe=_Arch(
+        "Lfm2MoeForCausalLM",
+        "model.layers.{i}.",
+        {**_MODEL, "token_embd_norm": "model.embedding_norm.weight"},
+        _LFM2,
+        [
+            (f"feed_forward.experts.{{e}}.{w}.weight", f"ffn_{x}_exps.weight")
+            for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+        ],
+        {},
+        permuted=False,
+    ),
+    mamba=_Arch(
+        "MambaForCausalLM",  # Falcon-Mamba too: detection reads ssm.dt_b_c_rms
+        "backbone.layers.{i}.",
+        _BACKBONE,
+        [("norm.weight", ("attn_norm.weight",), SAME), *_MAMBA1],
+        [],
+        {"m": "mixer."},
+        permuted=False,
+    ),
+    jamba=_Arch(
+        "JambaForCausalLM",
+        "model.layers.{i}.",
+        {**_MODEL, "output_norm": "model.final_layernorm.weight"},
+        [
+            *_NORMS[:1],
+            ("pre_ff_layernorm.weight", ("ffn_norm.weight",), SAME),
+            *_MAMBA1,
+            *_ATTENTION,
+            *_SWIGLU,
+            ("feed_forward.router.weight", ("ffn_gate_inp.weight",), SAME),
+        ],
+        [
+            (f"feed_forward.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight")
+            for x in ("gate", "up", "down")
+        ],
+        {"a": "self_attn.", "m": "mamba.", "f": "feed_forward."},
+        permuted=False,  # NoPE
+    ),
+)
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
 
@@ -358,6 +440,8 @@ class GGUFView:
     def _recipe(self, sources: tuple[str, ...], op: str, heads: int) -> Recipe:
         shapes = [self.gguf.tensor_shape(s) for s in sources]
         first = shapes[0]
+        if op == A_LOG and len(first) == 2 and first[1] > 1:  # Mamba1's A [Di, N]: as stored
+            return Recipe(sources, first, op)
         if op in (A_LOG, FLAT):
             return Recipe(sources, (math.prod(first),), op)
         if op == ROW:

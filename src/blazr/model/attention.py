@@ -1,5 +1,5 @@
-"""Grouped-query attention (Llama, Qwen2, Mistral, Granite, Bamba …) and the causal attention kernel
-shared with MLA.
+"""Grouped-query attention (Llama, Qwen2, Mistral, Granite, Bamba, Qwen3-Next / Qwen3.5, LFM2, Jamba …) and
+the causal attention kernel shared with MLA.
 
 `causal_attention` covers three cases in one step's flat layout:
 - no cache: each sequence attends to its own new tokens (reference / test forwards);

@@ -170,6 +170,16 @@ int blz_deltanet_prefill(const float *qkvz, const float *ba, const int64_t *seqs
                          float *y, int nthreads);
 int blz_head_rms_norm(float *x, int64_t T, int64_t H, int64_t D, int64_t ldt, const float *w, float eps, int nthreads);
 int blz_sigmoid_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw, int nthreads);
+int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index, int64_t B,
+                    int prefill, const float *w, const float *bias, float *state, int64_t S, int64_t C, int64_t K,
+                    int silu, float *y, int nthreads);
+int blz_mamba1_scan(const float *xc, const float *dt_raw, const float *bc, const float *z, int64_t ldz,
+                    const int64_t *index, int64_t B, int prefill, const float *A, const float *dskip, float *ssm,
+                    int64_t S, int64_t Di, int64_t N, float *y, int nthreads);
+int blz_mamba1_dt_bc(const float *dbc, int64_t T, int64_t R, int64_t N, const float *w_dt, const float *w_b,
+                     const float *w_c, int norm, float eps, float *dt_out, float *bc_out);
+/* Internal (causal_conv.c): a recurrent kernel's slots / sequences checked, the rows they span in *T. */
+int blz_recurrent_rows(const int64_t *index, int64_t B, int prefill, int64_t S, int64_t *T);
 
 /* Internal: pack.c's block size of a 32-block kind (and its per-row header bytes) and its move of one row of
  * ggml blocks into a 16-row group, shared with quantize.c. */
@@ -232,6 +242,9 @@ enum {
     BLZ_OP_LINEAR_F16 = 18,
     BLZ_OP_EMBEDDING_Q = 19,
     BLZ_OP_LINEAR_HEADS = 20,
+    BLZ_OP_CAUSAL_CONV = 21, /* short convolutions and Mamba1 (causal_conv.c, mamba1.c) */
+    BLZ_OP_MAMBA1_SCAN = 22,
+    BLZ_OP_MAMBA1_DT_BC = 23,
     BLZ_OP_DELTANET_STEP = 30, /* gated DeltaNet (deltanet.c) and gated attention / MoE pieces (gates.c) */
     BLZ_OP_DELTANET_PREFILL = 31,
     BLZ_OP_HEAD_RMS_NORM = 32,

@@ -228,6 +228,17 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                      (int)i[6]);
         case BLZ_OP_SIGMOID_MUL:
             return blz_sigmoid_mul(P(float *, 0), i[1], i[2], i[3], P(const float *, 4), i[5], i[6], (int)i[7]);
+        case BLZ_OP_CAUSAL_CONV:
+            return blz_causal_conv(P(const float *, 0), P(const float *, 1), P(const float *, 2), i[3],
+                                   P(const int64_t *, 4), i[5], (int)i[6], P(const float *, 7), P(const float *, 8),
+                                   P(float *, 9), i[10], i[11], i[12], (int)i[13], P(float *, 14), (int)i[15]);
+        case BLZ_OP_MAMBA1_SCAN:
+            return blz_mamba1_scan(P(const float *, 0), P(const float *, 1), P(const float *, 2), P(const float *, 3),
+                                   i[4], P(const int64_t *, 5), i[6], (int)i[7], P(const float *, 8),
+                                   P(const float *, 9), P(float *, 10), i[11], i[12], i[13], P(float *, 14), (int)i[15]);
+        case BLZ_OP_MAMBA1_DT_BC:
+            return blz_mamba1_dt_bc(P(const float *, 0), i[1], i[2], i[3], P(const float *, 4), P(const float *, 5),
+                                    P(const float *, 6), (int)i[7], (float)a->f[0], P(float *, 8), P(float *, 9));
     }
     return BLZ_EINVAL;
 }
