@@ -65,3 +65,20 @@ def test_a_cache_salt_is_a_namespace_of_its_own():
     extend_hashes(b, tokens, 16, hash_root("tenant-b"))
     assert hash_root(None) == ROOT and a == a2
     assert len({plain[0], a[0], b[0]}) == 3 and len({plain[1], a[1], b[1]}) == 3
+
+
+def test_a_temperature_or_top_p_that_rounds_to_zero_still_samples():
+    """Found by benchmarks/fuzz.py: temperature 1e-320 (> 0 as a double, 0 in float32) reached the C draw,
+    which refuses a zero temperature (a 500). Below 1e-5 it is greedy (vLLM's rule); a top_p that small
+    keeps the top token alone, as it does."""
+    import torch
+
+    from blazr.engine.sampling import SampleRequest, sample
+
+    logits = torch.randn(2, 64)
+    rows = [
+        SampleRequest(SamplingParams(temperature=1e-320), [1], [], None, frozenset()),
+        SampleRequest(SamplingParams(temperature=0.7, top_p=1e-320), [1], [], None, frozenset()),
+    ]
+    assert rows[0].params.is_greedy
+    assert sample(logits, rows).token_ids == logits.argmax(-1).tolist()

@@ -298,3 +298,181 @@ def test_ray_routing_follows_prompt_cache_key():
         routing_key(path, json.dumps(short).encode()),
     )
     assert routing_key(path, json.dumps({**short, "prompt_cache_key": None}).encode()) is None  # short
+
+
+# ------------------------------------------------------------------------- the other front-ends
+
+
+def _history(front: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """HISTORY in a front-end's own shapes: (top-level fields, its messages / items)."""
+    system, turns = HISTORY[0]["content"], HISTORY[1:]
+    if front == "responses":
+        items: list[dict[str, Any]] = []
+        for m in turns:
+            if m["role"] == "assistant":
+                items.append(
+                    {
+                        "type": "reasoning",
+                        "summary": [],
+                        "content": [{"type": "reasoning_text", "text": m["reasoning"]}],
+                    }
+                )
+            items.append({"role": m["role"], "content": m["content"]})
+        return {"instructions": system}, items
+    if front == "anthropic":
+
+        def blocks(m: dict[str, Any]) -> list[dict[str, Any]]:
+            thought = {"type": "thinking", "thinking": m["reasoning"], "signature": ""}
+            return [thought, {"type": "text", "text": m["content"]}]
+
+        out = [{"role": "assistant", "content": blocks(m)} if m["role"] == "assistant" else m for m in turns]
+        return {"system": system}, out
+    out = [{"role": m["role"], "content": m["content"], "thinking": m.get("reasoning")} for m in HISTORY]
+    return {}, [{k: v for k, v in m.items() if v is not None} for m in out]
+
+
+RESPONSES_ADD = [{"type": "function", **ADD["function"]}]
+ANTHROPIC_ADD = [{"name": "add", "input_schema": ADD_PARAMS}]
+
+
+def _one_call(a: Answer) -> bool:
+    return _calls(a, single=True)
+
+
+SCHEMA_FORMATS = {
+    "responses": {"text": {"format": {"type": "json_schema", "name": "a", "schema": ANSWER}}},
+    "anthropic": {"output_config": {"format": {"type": "json_schema", "schema": ANSWER}}},
+    "ollama": {"format": ANSWER},
+}
+FRONT_KINDS: dict[str, dict[str, tuple[dict[str, Any], Any]]] = {  # front → kind → (fields, check)
+    "responses": {
+        "json_schema": (SCHEMA_FORMATS["responses"], _json_schema),
+        "json_object": ({"text": {"format": {"type": "json_object"}}}, _json_object),
+        "tool_required": (
+            {"tools": RESPONSES_ADD, "tool_choice": "required", "parallel_tool_calls": False},
+            _one_call,
+        ),
+        "tool_named": (
+            {"tools": RESPONSES_ADD, "tool_choice": {"type": "function", "name": "add"}},
+            _one_call,
+        ),
+    },
+    "anthropic": {
+        "json_schema": (SCHEMA_FORMATS["anthropic"], _json_schema),
+        "tool_any": (
+            {"tools": ANTHROPIC_ADD, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}},
+            _one_call,
+        ),
+        "tool_named": ({"tools": ANTHROPIC_ADD, "tool_choice": {"type": "tool", "name": "add"}}, _one_call),
+    },
+    "ollama": {
+        "json_schema": (SCHEMA_FORMATS["ollama"], _json_schema),
+        "json": ({"format": "json"}, _json_object),
+    },
+}
+FRONT_PATHS = {"responses": "/v1/responses", "anthropic": "/v1/messages", "ollama": "/api/chat"}
+
+
+def _read(front: str, data: dict[str, Any], a: Answer) -> None:
+    """Add one whole answer's (or one stream event's) reasoning, text and calls to `a`."""
+    kind = data.get("type", "")
+    if front == "ollama":
+        message = data["message"]
+        a.content = (a.content or "") + message.get("content", "")
+        a.reasoning = (a.reasoning or "") + message.get("thinking", "")
+        a.calls += [
+            (c["function"]["name"], json.dumps(c["function"]["arguments"]))
+            for c in message.get("tool_calls", ())
+        ]
+    elif front == "responses" and kind in ("", "response.completed", "response.incomplete"):
+        response = data.get("response", data)
+        for item in response["output"]:
+            if item["type"] == "reasoning":
+                a.reasoning = "".join(c["text"] for c in item["content"])
+            elif item["type"] == "message":
+                a.content = "".join(c["text"] for c in item["content"])
+            else:
+                a.calls.append((item["name"], item["arguments"]))
+        a.finish_reason = response["status"]
+    elif front == "anthropic" and kind in ("", "message"):
+        for block in data["content"]:
+            if block["type"] == "thinking":
+                a.reasoning = block["thinking"]
+            elif block["type"] == "text":
+                a.content = block["text"]
+            else:
+                a.calls.append((block["name"], json.dumps(block["input"])))
+        a.finish_reason = data["stop_reason"]
+    elif front == "anthropic" and kind == "content_block_delta":
+        d = data["delta"]
+        if d["type"] == "thinking_delta":
+            a.reasoning = (a.reasoning or "") + d["thinking"]
+        elif d["type"] == "text_delta":
+            a.content = (a.content or "") + d["text"]
+        elif d["type"] == "input_json_delta":
+            a.calls[-1] = (a.calls[-1][0], a.calls[-1][1] + d["partial_json"])
+    elif (
+        front == "anthropic" and kind == "content_block_start" and data["content_block"]["type"] == "tool_use"
+    ):
+        a.calls.append((data["content_block"]["name"], ""))
+    elif front == "anthropic" and kind == "message_delta":
+        a.finish_reason = data["delta"]["stop_reason"]
+
+
+async def _front(
+    http: httpx.AsyncClient, front: str, fields: dict[str, Any], stream: bool, extra: dict
+) -> Answer:
+    top, history = _history(front)
+    body: dict[str, Any] = {"model": "m", **top, **fields, **extra, "stream": stream}
+    if front == "responses":
+        body.update(input=history, max_output_tokens=60, temperature=0)
+    elif front == "anthropic":
+        body.update(messages=history, max_tokens=60, temperature=0)
+    else:
+        body.update(messages=history, options={"num_predict": 60, "temperature": 0})
+    a = Answer(None, None, None)
+    if not stream:
+        r = await http.post(FRONT_PATHS[front], json=body)
+        assert r.status_code == 200, r.text
+        _read(front, r.json(), a)
+    else:
+        async with http.stream("POST", FRONT_PATHS[front], json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if front == "ollama" and line:
+                    _read(front, json.loads(line), a)
+                elif line.startswith("data: "):
+                    _read(front, json.loads(line[6:]), a)
+    a.content, a.reasoning = a.content or None, a.reasoning or None
+    return a
+
+
+@pytest.mark.parametrize("mode", ["off", "opened"])
+def test_every_front_end_holds_its_formats_with_and_without_a_reasoning_block(plain, thinking, mode):
+    """The Responses API, Anthropic Messages and Ollama's chat hold each format they can ask for (a JSON
+    schema or object, a forced call — any, or to a named function) the way chat completions does, after
+    the reasoning block the history (in each API's own shape) taught the model to write; streamed or not
+    (all at once, batched)."""
+    server = plain if mode == "off" else thinking
+
+    async def run() -> list[tuple[str, str, Answer]]:
+        jobs = [
+            (front, kind, fields, stream)
+            for front, kinds in FRONT_KINDS.items()
+            for kind, (fields, _) in kinds.items()
+            for stream in (False, True)
+        ]
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
+            answers = await asyncio.gather(*(_front(http, f, fields, st, {}) for f, _, fields, st in jobs))
+        return [(f, k, a) for (f, k, _, _), a in zip(jobs, answers, strict=True)]
+
+    for front, kind, a in asyncio.run(run()):
+        check = FRONT_KINDS[front][kind][1]
+        assert check(a), (front, kind, a)
+        assert a.finish_reason in ("completed", "end_turn", "tool_use", None), (front, kind, a)
+        for text in (a.content or "", *(args for _, args in a.calls)):
+            assert "<think>" not in text and "</think>" not in text, (front, kind, a)
+        if mode == "off":
+            assert a.reasoning is None, (front, kind, a)
+        else:
+            assert a.reasoning and a.reasoning.strip(), (front, kind, a)

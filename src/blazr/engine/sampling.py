@@ -27,6 +27,9 @@ from blazr.engine.thinking import ThinkingBudget
 from blazr.errors import BlazrError
 from blazr.kernels import ops
 
+GREEDY_BELOW = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
+MIN_TOP_P = 1e-6  # top_p below this keeps the top token alone, as it does: raised to it (float32 > 0)
+
 
 @dataclass
 class SamplingParams:
@@ -94,10 +97,13 @@ class SamplingParams:
                 raise BlazrError(f"{message}, got {value!r}")
         if self.top_k == -1:
             self.top_k = 0
+        self.top_p = max(self.top_p, MIN_TOP_P)  # (the same draw: below it, top-p keeps the top token alone)
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or below `GREEDY_BELOW` (as vLLM: the draw would be the argmax anyway, and a
+        temperature that rounds to 0 in float32 cannot divide the logits)."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
