@@ -102,7 +102,7 @@ def test_cached_decode_matches_transformers_given_position_ids(pair):
     for n in range(12, 20):
         out = pair.hf(
             input_ids=torch.tensor([[ids[n]]]),
-            past_key_values=out.past_key_values,
+            cache=out.past_key_values,
             position_ids=torch.tensor([[n]]),
             use_cache=True,
         )
