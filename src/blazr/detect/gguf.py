@@ -3,7 +3,9 @@ llama.cpp's converter read, then that HF architecture's own builder over the fil
 names and shapes (loading/gguf_hf.py). The tokenizer comes from the file's own vocabulary.
 
 Per architecture (keys without the `{arch}.` prefix):
-- llama: head counts, rope (base, linear / YaRN scaling, partial rotary), eps, context.
+- llama: head counts, rope (base, linear / YaRN scaling, partial rotary), eps, context; a Mixtral where it
+  holds experts (`expert_count`, `expert_used_count`).
+- qwen2, qwen3: as llama (biases and q/k norms are in the tensors); qwen3moe: plus the experts, renormalised.
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
 - granitehybrid: as mamba2, plus per-layer `attention.head_count_kv` (0 = a Mamba2 layer), experts,
   `embedding_scale` / `residual_scale` / `logit_scale` / `attention.scale`; RoPE only where
@@ -75,6 +77,29 @@ def _llama(key: Meta, num_layers: int) -> dict[str, Any]:
         "head_dim": head_dim,
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
         **_rope(key, head_dim),
+    }
+
+
+def _llama_or_mixtral(key: Meta, num_layers: int) -> dict[str, Any]:
+    """llama: a Llama, or a Mixtral where the file holds experts (`expert_count`: its converter writes Mixtral
+    as `llama` with a router and stacked experts per layer)."""
+    raw = _llama(key, num_layers)
+    if key("expert_count"):
+        raw["architectures"] = ["MixtralForCausalLM"]
+        raw["num_local_experts"] = key("expert_count")
+        raw["num_experts_per_tok"] = key("expert_used_count")
+    return raw
+
+
+def _qwen3moe(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Qwen3-MoE: as llama, plus the experts; routing renormalised over the chosen k (llama.cpp's only
+    qwen3moe routing, and every published Qwen3-MoE's `norm_topk_prob`)."""
+    return {
+        **_llama(key, num_layers),
+        "num_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+        "norm_topk_prob": True,
     }
 
 
@@ -279,7 +304,10 @@ def _jamba(key: Meta, num_layers: int) -> dict[str, Any]:
 
 # llama.cpp architecture → its metadata as the HF config keys (every name loading/gguf_hf.ARCHES knows)
 _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
-    "llama": _llama,
+    "llama": _llama_or_mixtral,
+    "qwen2": _llama,
+    "qwen3": _llama,
+    "qwen3moe": _qwen3moe,
     "mamba2": _mamba2,
     "granitehybrid": _granite,
     "nemotron_h": _nemotron_h,

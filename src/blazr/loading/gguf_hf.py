@@ -137,12 +137,15 @@ _NORMS: list[_Rule] = [
 ]
 
 ARCHES: dict[str, _Arch] = {
-    "llama": _Arch(
+    "llama": _Arch(  # Mixtral too: its converter writes a `llama` file with a router and stacked experts
         "LlamaForCausalLM",
         "model.layers.{i}.",
         _MODEL,
-        [*_NORMS, *_ATTENTION, *_SWIGLU],
-        [],
+        [*_NORMS, *_ATTENTION, *_SWIGLU, ("block_sparse_moe.gate.weight", ("ffn_gate_inp.weight",), SAME)],
+        [
+            (f"block_sparse_moe.experts.{{e}}.{w}.weight", f"ffn_{x}_exps.weight")
+            for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+        ],
         {"a": "self_attn.", "f": "mlp."},
         permuted=True,
     ),
@@ -357,6 +360,34 @@ ARCHES.update(
         {"a": "self_attn.", "m": "mamba.", "f": "feed_forward."},
         permuted=False,  # NoPE
     ),
+)
+# Qwen2 / Qwen3 / Qwen3-MoE (the converter's Qwen2Model, Qwen3Model, Qwen3MoeModel): Llama's tensors with NEOX
+# rope (q/k rows as HF keeps them), q/k biases (Qwen2), per-head q/k norms (Qwen3), and on Qwen3-MoE's sparse
+# layers a router and stacked experts (its dense layers, `mlp_only_layers`, keep ffn_gate / up / down).
+_QWEN: list[_Rule] = [
+    *_NORMS,
+    *_ATTENTION,
+    *[(f"{{a}}{x}_norm.weight", (f"attn_{x}_norm.weight",), SAME) for x in "qk"],
+    *_SWIGLU,
+    ("mlp.gate.weight", ("ffn_gate_inp.weight",), SAME),
+]
+ARCHES.update(
+    {
+        gguf_arch: _Arch(
+            hf_arch,
+            "model.layers.{i}.",
+            _MODEL,
+            _QWEN,
+            [(f"mlp.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")],
+            {"a": "self_attn.", "f": "mlp."},
+            permuted=False,
+        )
+        for gguf_arch, hf_arch in (
+            ("qwen2", "Qwen2ForCausalLM"),
+            ("qwen3", "Qwen3ForCausalLM"),
+            ("qwen3moe", "Qwen3MoeForCausalLM"),
+        )
+    }
 )
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
