@@ -1,5 +1,6 @@
-"""GGUF files of llama.cpp's dense and MoE architectures `qwen2`, `qwen3`, `qwen3moe`, and Mixtral (which its
-converter writes as `llama` with a router and stacked experts), made by llama.cpp's own converter from tiny
+"""GGUF files of llama.cpp's dense and MoE architectures `qwen2`, `qwen3`, `qwen3moe`, `olmo2` (OLMo 2, and
+OLMo 3 with its sliding-window layers) and Mixtral (which its converter writes as `llama` with a router and
+stacked experts), made by llama.cpp's own converter from tiny
 transformers checkpoints, loaded by blazr and checked against transformers on the original:
 - F32: the detected config is the safetensors one (but the context limit); logits within 1e-4 of the logit
   scale, greedy tokens identical;
@@ -7,7 +8,9 @@ transformers checkpoints, loaded by blazr and checked against transformers on th
   stay within activation-quantization error of the same file dequantized; llama.cpp itself on that file
   (where it loads) agrees with blazr as closely as it agrees with the float values.
 
-Fixtures follow what llama.cpp runs: Qwen3-MoE renormalises its top-k (llama.cpp's only qwen3moe routing)
+Fixtures follow what llama.cpp runs: OLMo 3's sliding and full layers share one rope θ, as published
+(llama.cpp's graph rotates both with `rope.freq_base`; blazr reads `rope.freq_base_swa` for the sliding
+ones, as transformers); Qwen3-MoE renormalises its top-k (llama.cpp's only qwen3moe routing)
 and has no dense layers (`mlp_only_layers`: the converter cannot name their tensors). The files carry
 SmolLM2's tokenizer (the converter needs one it knows); the `qwen2` pre-tokenizer is checked on a real Qwen2
 vocabulary in test_gguf_vocab_files.py.
@@ -53,8 +56,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
         dict(SIZES, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
         True,
     ),
+    "olmo3-window": ("Olmo3ForCausalLM", dict(SIZES, num_hidden_layers=4, sliding_window=24), True),
 }  # fmt: skip
-GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3moe", "mixtral-as-llama": "llama"}
+GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3moe", "mixtral-as-llama": "llama",
+             "olmo3-window": "olmo2"}  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ Per architecture (keys without the `{arch}.` prefix):
 - llama: head counts, rope (base, linear / YaRN scaling, partial rotary), eps, context; a Mixtral where it
   holds experts (`expert_count`, `expert_used_count`).
 - qwen2, qwen3: as llama (biases and q/k norms are in the tensors); qwen3moe: plus the experts, renormalised.
+- olmo2: as llama; an OLMo 3 where `attention.sliding_window` is set (see `_olmo2`).
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
 - granitehybrid: as mamba2, plus per-layer `attention.head_count_kv` (0 = a Mamba2 layer), experts,
   `embedding_scale` / `residual_scale` / `logit_scale` / `attention.scale`; RoPE only where
@@ -100,6 +101,30 @@ def _qwen3moe(key: Meta, num_layers: int) -> dict[str, Any]:
         "num_experts_per_tok": key("expert_used_count"),
         "moe_intermediate_size": key("expert_feed_forward_length"),
         "norm_topk_prob": True,
+    }
+
+
+def _olmo2(key: Meta, num_layers: int) -> dict[str, Any]:
+    """OLMo 2, or OLMo 3 where the file has a sliding window: its layers from
+    `attention.sliding_window_pattern` (true: sliding; absent: every 4th layer full, llama.cpp's default), the
+    full layers' rope from
+    `rope.freq_base` and the scaling keys, the sliding ones' from `rope.freq_base_swa` without scaling."""
+    raw = _llama(key, num_layers)
+    window = key("attention.sliding_window")
+    if not window:
+        return raw
+    pattern = key("attention.sliding_window_pattern")
+    if not isinstance(pattern, list):
+        pattern = [(i + 1) % 4 != 0 for i in range(num_layers)]
+    scaling = raw.pop("rope_scaling", None) or {}
+    full = {"rope_type": "default", "rope_theta": raw.pop("rope_theta"), **scaling}
+    sliding = {"rope_type": "default", "rope_theta": key("rope.freq_base_swa") or full["rope_theta"]}
+    return {
+        **raw,
+        "architectures": ["Olmo3ForCausalLM"],
+        "sliding_window": window,
+        "layer_types": ["sliding_attention" if bool(p) else "full_attention" for p in pattern[:num_layers]],
+        "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
     }
 
 
@@ -308,6 +333,7 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "qwen2": _llama,
     "qwen3": _llama,
     "qwen3moe": _qwen3moe,
+    "olmo2": _olmo2,
     "mamba2": _mamba2,
     "granitehybrid": _granite,
     "nemotron_h": _nemotron_h,

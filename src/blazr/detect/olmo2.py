@@ -87,11 +87,11 @@ def build_olmo2(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
         )
         attention = replace(attention, qk_norm=norm, is_qk_norm_per_head=False)
         for x, heads in (("q", attention.num_heads), ("k", attention.num_kv_heads)):
-            found = require(shapes, f"{attn}{x}_norm.weight")
-            if found[0] != heads * attention.head_dim:
+            found, width = require(shapes, f"{attn}{x}_norm.weight"), heads * attention.head_dim
+            if found[0] != width:
                 raise CheckpointError(
-                    f"tensor {attn}{x}_norm.weight: expected [{heads * attention.head_dim}] (all {heads} heads "
-                    f"of {attention.head_dim}), found {list(found)}"
+                    f"tensor {attn}{x}_norm.weight: expected [{width}] (all {heads} heads of "
+                    f"{attention.head_dim}), found {list(found)}"
                 )
         layers.append(
             LayerConfig(

@@ -389,6 +389,22 @@ ARCHES.update(
         )
     }
 )
+# OLMo 2 / OLMo 3 (the converter's Olmo2Model): post-norm blocks, q/k norms over all heads, NEOX rope.
+ARCHES["olmo2"] = _Arch(
+    "Olmo2ForCausalLM",  # OLMo 3 where the file has sliding-window layers: detection reads the metadata
+    "model.layers.{i}.",
+    _MODEL,
+    [
+        ("post_attention_layernorm.weight", ("post_attention_norm.weight",), SAME),
+        ("post_feedforward_layernorm.weight", ("post_ffw_norm.weight",), SAME),
+        *_ATTENTION,
+        *[(f"{{a}}{x}_norm.weight", (f"attn_{x}_norm.weight",), SAME) for x in "qk"],
+        *_SWIGLU,
+    ],
+    [],
+    {"a": "self_attn.", "f": "mlp."},
+    permuted=False,
+)
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
 
