@@ -1,18 +1,19 @@
-"""GGUF files of llama.cpp's dense and MoE architectures `qwen2`, `qwen3`, `qwen3moe`, `olmo2` (OLMo 2, and
-OLMo 3 with its sliding-window layers) and Mixtral (which its converter writes as `llama` with a router and
-stacked experts), made by llama.cpp's own converter from tiny
-transformers checkpoints, loaded by blazr and checked against transformers on the original:
+"""GGUF files of llama.cpp's dense and MoE architectures — `qwen2`, `qwen3`, `qwen3moe`, `olmo2` (OLMo 3 with
+its sliding-window layers), `granite` and `granitemoe` (Granite 3 with µP scalars; MoE with a shared MLP),
+and Mixtral (which its converter writes as `llama` with a router and stacked experts) — made by llama.cpp's
+own converter from tiny transformers checkpoints, loaded by blazr and checked against transformers on the
+original:
 - F32: the detected config is the safetensors one (but the context limit); logits within 1e-4 of the logit
   scale, greedy tokens identical;
 - Q8_0 (llama.cpp's quantizer): the linear layers stay Q8_0 as stored, experts included, and the logits
   stay within activation-quantization error of the same file dequantized; llama.cpp itself on that file
-  (where it loads) agrees with blazr as closely as it agrees with the float values.
+  agrees with blazr as closely as it agrees with the float values.
 
 Fixtures follow what llama.cpp runs: OLMo 3's sliding and full layers share one rope θ, as published
 (llama.cpp's graph rotates both with `rope.freq_base`; blazr reads `rope.freq_base_swa` for the sliding
-ones, as transformers); Qwen3-MoE renormalises its top-k (llama.cpp's only qwen3moe routing)
-and has no dense layers (`mlp_only_layers`: the converter cannot name their tensors). The files carry
-SmolLM2's tokenizer (the converter needs one it knows); the `qwen2` pre-tokenizer is checked on a real Qwen2
+ones, as transformers); Qwen3-MoE renormalises its top-k (llama.cpp's only qwen3moe routing) and has no
+dense layers (`mlp_only_layers`: the converter cannot name their tensors). The files carry SmolLM2's
+tokenizer (the converter needs one it knows); the `qwen2` pre-tokenizer is checked on a real Qwen2
 vocabulary in test_gguf_vocab_files.py.
 """
 
@@ -37,29 +38,34 @@ from tests.drive import full_logits
 from tests.hf_parity import check_greedy, check_logits, prompts
 from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer, quantize
 from tests.ssm_fixtures import randomise, single_thread
+from tests.test_hf_granite3 import MUP as GRANITE_MUP
 from tests.tiny import build
 
 # widths multiples of 32, so every linear's rows are whole Q8_0 blocks
 SIZES = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
 EXPERTS = dict(num_experts_per_tok=2, moe_intermediate_size=64)
-# name → (transformers architecture, config overrides, llama.cpp loads it)
-VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
-    "qwen2": ("Qwen2ForCausalLM", dict(SIZES), True),
-    "qwen3": ("Qwen3ForCausalLM", dict(SIZES, head_dim=32, tie_word_embeddings=True), True),
+# name → (transformers architecture, config overrides)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2ForCausalLM", dict(SIZES)),
+    "qwen3": ("Qwen3ForCausalLM", dict(SIZES, head_dim=32, tie_word_embeddings=True)),
     "qwen3moe": (
         "Qwen3MoeForCausalLM",
         dict(SIZES, **EXPERTS, head_dim=32, num_experts=4, norm_topk_prob=True),
-        True,
     ),
     "mixtral-as-llama": (
         "MixtralForCausalLM",
         dict(SIZES, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
-        True,
     ),
-    "olmo3-window": ("Olmo3ForCausalLM", dict(SIZES, num_hidden_layers=4, sliding_window=24), True),
+    "olmo3-window": ("Olmo3ForCausalLM", dict(SIZES, num_hidden_layers=4, sliding_window=24)),
+    "granite": ("GraniteForCausalLM", dict(SIZES, **GRANITE_MUP)),
+    "granitemoeshared": (
+        "GraniteMoeSharedForCausalLM",
+        dict(SIZES, **GRANITE_MUP, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+             shared_intermediate_size=32),
+    ),
 }  # fmt: skip
 GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3moe", "mixtral-as-llama": "llama",
-             "olmo3-window": "olmo2"}  # fmt: skip
+             "olmo3-window": "olmo2", "granite": "granite", "granitemoeshared": "granitemoe"}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -79,7 +85,7 @@ def _one_thread():
 def _build(name: str, hf_dir: Path) -> torch.nn.Module:
     """The checkpoint; Qwen's config.json without its model_type, which would make the converter's
     AutoTokenizer swap in transformers' Qwen2 tokenizer class, whose pre-tokenizer it does not know."""
-    arch, overrides, _ = VARIANTS[name]
+    arch, overrides = VARIANTS[name]
     hf = build(arch, hf_dir, vocab_size=VOCAB, **overrides)
     randomise(hf, 1)
     hf.save_pretrained(hf_dir)
@@ -134,7 +140,7 @@ def test_q8_0_gguf_stays_quantized_and_matches_its_float_values(made, name):
     assert any(isinstance(m, QuantizedLinear) and m.kind == "q8_0g" for m in first.modules())
     assert not any(isinstance(m, QuantizedLinear) and m.kind == "f32" for m in first.modules())
     experts = [m for m in ours.model.modules() if isinstance(m, Experts)]
-    assert bool(experts) == (name in ("qwen3moe", "mixtral-as-llama"))
+    assert bool(experts) == (name in ("qwen3moe", "mixtral-as-llama", "granitemoeshared"))
     assert all(e.w_up is not None and e.w_up.kind == "q8_0g" for e in experts)
     batch = prompts([7, 30], seed=5, vocab=VOCAB)
     # 8-bit activations, as llama.cpp's: measured mean errors 0.2–0.4% of the logit scale (1.1% on a Qwen3-MoE
@@ -147,8 +153,7 @@ def test_q8_0_gguf_stays_quantized_and_matches_its_float_values(made, name):
         row_error = (got - want).abs().amax(-1)
         margin = want.amax(-1) - want.gather(-1, got.argmax(-1, keepdim=True)).squeeze(-1)
         assert (margin <= 2 * row_error).all(), (margin, row_error)
-    if VARIANTS[name][2]:
-        _check_llama_cpp(made.q8_0, ours, dequantized)
+    _check_llama_cpp(made.q8_0, ours, dequantized)
 
 
 def _check_llama_cpp(path: Path, ours: LLM, dequantized: LLM) -> None:

@@ -7,6 +7,8 @@ Per architecture (keys without the `{arch}.` prefix):
   holds experts (`expert_count`, `expert_used_count`).
 - qwen2, qwen3: as llama (biases and q/k norms are in the tensors); qwen3moe: plus the experts, renormalised.
 - olmo2: as llama; an OLMo 3 where `attention.sliding_window` is set (see `_olmo2`).
+- granite, granitemoe (Granite 3): as llama, plus `embedding_scale` / `residual_scale` / `attention.scale` /
+  `logit_scale` and the experts (shared ones: GraniteMoeShared).
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
 - granitehybrid: as mamba2, plus per-layer `attention.head_count_kv` (0 = a Mamba2 layer), experts,
   `embedding_scale` / `residual_scale` / `logit_scale` / `attention.scale`; RoPE only where
@@ -102,6 +104,23 @@ def _qwen3moe(key: Meta, num_layers: int) -> dict[str, Any]:
         "moe_intermediate_size": key("expert_feed_forward_length"),
         "norm_topk_prob": True,
     }
+
+
+def _granite3(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Granite 3 dense / MoE: as llama, plus the µP scalars and the experts (GraniteMoeShared where
+    `expert_shared_feed_forward_length` is set)."""
+    raw = {
+        **_llama(key, num_layers),
+        "embedding_multiplier": key("embedding_scale"),
+        "residual_multiplier": key("residual_scale"),
+        "attention_multiplier": key("attention.scale"),
+        "logits_scaling": key("logit_scale"),
+        "num_local_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+    }
+    if key("expert_shared_feed_forward_length"):
+        raw["architectures"] = ["GraniteMoeSharedForCausalLM"]
+    return raw
 
 
 def _olmo2(key: Meta, num_layers: int) -> dict[str, Any]:
@@ -334,6 +353,8 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "qwen3": _llama,
     "qwen3moe": _qwen3moe,
     "olmo2": _olmo2,
+    "granite": _granite3,
+    "granitemoe": _granite3,
     "mamba2": _mamba2,
     "granitehybrid": _granite,
     "nemotron_h": _nemotron_h,

@@ -389,6 +389,28 @@ ARCHES.update(
         )
     }
 )
+# Granite 3 (the converter's GraniteModel, GraniteMoeModel: LlamaModel's q/k permutation): the dense MLP as
+# Llama's; the experts' gate and up stored apart, joined per expert into input_linear, as hybrid Granite's.
+ARCHES.update(
+    granite=_Arch(
+        "GraniteForCausalLM",
+        "model.layers.{i}.",
+        _MODEL,
+        [*_NORMS, *_ATTENTION, *_SWIGLU],
+        [],
+        {"a": "self_attn.", "f": "mlp."},
+        permuted=True,
+    ),
+    granitemoe=_Arch(
+        "GraniteMoeForCausalLM",  # GraniteMoeShared with shared experts (detection reads the metadata)
+        "model.layers.{i}.",
+        _MODEL,
+        [*_NORMS, *_ATTENTION, *_GRANITE_FFN[:5]],
+        [],
+        {"a": "self_attn."},
+        permuted=True,
+    ),
+)
 # OLMo 2 / OLMo 3 (the converter's Olmo2Model): post-norm blocks, q/k norms over all heads, NEOX rope.
 ARCHES["olmo2"] = _Arch(
     "Olmo2ForCausalLM",  # OLMo 3 where the file has sliding-window layers: detection reads the metadata
