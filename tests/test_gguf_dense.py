@@ -1,8 +1,8 @@
 """GGUF files of llama.cpp's dense and MoE architectures — `qwen2`, `qwen3`, `qwen3moe`, `olmo2` (OLMo 3 with
 its sliding-window layers), `granite` and `granitemoe` (Granite 3 with µP scalars; MoE with a shared MLP),
-and Mixtral (which its converter writes as `llama` with a router and stacked experts) — made by llama.cpp's
-own converter from tiny transformers checkpoints, loaded by blazr and checked against transformers on the
-original:
+`smollm3` (NoPE every 4th layer) and Mixtral (which its converter writes as `llama` with a router and
+stacked experts) — made by llama.cpp's own converter from tiny transformers checkpoints, loaded by blazr and
+checked against transformers on the original:
 - F32: the detected config is the safetensors one (but the context limit); logits within 1e-4 of the logit
   scale, greedy tokens identical;
 - Q8_0 (llama.cpp's quantizer): the linear layers stay Q8_0 as stored, experts included, and the logits
@@ -39,6 +39,7 @@ from tests.hf_parity import check_greedy, check_logits, prompts
 from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer, quantize
 from tests.ssm_fixtures import randomise, single_thread
 from tests.test_hf_granite3 import MUP as GRANITE_MUP
+from tests.test_hf_smollm3 import SIZES as SMOLLM3_SIZES
 from tests.tiny import build
 
 # widths multiples of 32, so every linear's rows are whole Q8_0 blocks
@@ -58,6 +59,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "olmo3-window": ("Olmo3ForCausalLM", dict(SIZES, num_hidden_layers=4, sliding_window=24)),
     "granite": ("GraniteForCausalLM", dict(SIZES, **GRANITE_MUP)),
+    "smollm3": ("SmolLM3ForCausalLM", dict(SMOLLM3_SIZES, num_hidden_layers=4)),
     "granitemoeshared": (
         "GraniteMoeSharedForCausalLM",
         dict(SIZES, **GRANITE_MUP, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
@@ -65,7 +67,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }  # fmt: skip
 GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3moe", "mixtral-as-llama": "llama",
-             "olmo3-window": "olmo2", "granite": "granite", "granitemoeshared": "granitemoe"}  # fmt: skip
+             "olmo3-window": "olmo2", "granite": "granite", "granitemoeshared": "granitemoe",
+             "smollm3": "smollm3"}  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -7,6 +7,7 @@ Per architecture (keys without the `{arch}.` prefix):
   holds experts (`expert_count`, `expert_used_count`).
 - qwen2, qwen3: as llama (biases and q/k norms are in the tensors); qwen3moe: plus the experts, renormalised.
 - olmo2: as llama; an OLMo 3 where `attention.sliding_window` is set (see `_olmo2`).
+- smollm3: as llama (its NoPE layers, every 4th, have no key: llama.cpp's fixed step).
 - granite, granitemoe (Granite 3): as llama, plus `embedding_scale` / `residual_scale` / `attention.scale` /
   `logit_scale` and the experts (shared ones: GraniteMoeShared).
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
@@ -355,6 +356,7 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "olmo2": _olmo2,
     "granite": _granite3,
     "granitemoe": _granite3,
+    "smollm3": _llama,  # NoPE every 4th layer: llama.cpp's fixed step, the builder's default
     "mamba2": _mamba2,
     "granitehybrid": _granite,
     "nemotron_h": _nemotron_h,

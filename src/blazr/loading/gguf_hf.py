@@ -17,6 +17,7 @@ K conv kernel, G groups, R rows, Q block bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -411,6 +412,9 @@ ARCHES.update(
         permuted=True,
     ),
 )
+# SmolLM3 (the converter's SmolLM3Model: LlamaModel's tensors and q/k permutation; its NoPE layers, every 4th,
+# are llama.cpp's fixed step and SmolLM3's default, which detection assumes).
+ARCHES["smollm3"] = dataclasses.replace(ARCHES["llama"], hf_architecture="SmolLM3ForCausalLM", experts=[])
 # OLMo 2 / OLMo 3 (the converter's Olmo2Model): post-norm blocks, q/k norms over all heads, NEOX rope.
 ARCHES["olmo2"] = _Arch(
     "Olmo2ForCausalLM",  # OLMo 3 where the file has sliding-window layers: detection reads the metadata
