@@ -1,7 +1,8 @@
 """Qwen3 and Qwen3-MoE parity with transformers on tiny random checkpoints: per-head q/k RMSNorm (random
 weights), a head size other than hidden / heads, q/k/v biases and a sliding window on the layers from
-`max_window_layers` on (Qwen3); dense and sparse layers mixed by `mlp_only_layers`, routing not
-renormalised (Qwen3-MoE); detection without config.json and from transformers' fused expert tensors."""
+`max_window_layers` on (Qwen3); dense and sparse layers mixed by `mlp_only_layers` (routing not
+renormalised) or `decoder_sparse_step` (Qwen3-MoE); detection without config.json and from transformers'
+fused expert tensors; a q_norm of the wrong width refused with one line."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from blazr import LLM
 from blazr.config import AttentionConfig
+from blazr.errors import CheckpointError
 from tests.drive import full_logits
 from tests.hf_parity import ParityTests, prompts
 from tests.ssm_fixtures import detect_with, load_pair, single_thread
@@ -27,7 +29,16 @@ VARIANTS = {
         dict(SIZES, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
              mlp_only_layers=[1], norm_topk_prob=False, tie_word_embeddings=True),
     ),
+    "qwen3-moe-step2": (
+        "Qwen3MoeForCausalLM",
+        dict(SIZES, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+             decoder_sparse_step=2, norm_topk_prob=True),
+    ),
 }  # fmt: skip
+KINDS = {
+    "qwen3-moe": ["attention+moe", "attention+mlp", "attention+moe"],
+    "qwen3-moe-step2": ["attention+mlp", "attention+moe", "attention+mlp", "attention+moe"],
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,11 +60,12 @@ def test_detected_config(pair):
     cfg = pair.llm.config
     attn = [layer.mixer(AttentionConfig) for layer in cfg.layers]
     assert all(a.qk_norm is not None and a.is_qk_norm_per_head and a.head_dim == 32 for a in attn)
-    if pair.name == "qwen3-moe":
-        assert [layer.kind for layer in cfg.layers] == ["attention+moe", "attention+mlp", "attention+moe"]
-        moe = cfg.layers[0].moe
+    if pair.name in KINDS:
+        assert [layer.kind for layer in cfg.layers] == KINDS[pair.name]
+        moe = next(layer.moe for layer in cfg.layers if layer.moe)
         assert (moe.num_experts, moe.top_k, moe.expert.intermediate_size) == (4, 2, 48)
-        assert not moe.is_renormalized and cfg.tie_word_embeddings
+        assert moe.is_renormalized == (pair.name == "qwen3-moe-step2")
+        assert cfg.tie_word_embeddings == (pair.name == "qwen3-moe")
     else:
         assert [a.sliding_window for a in attn] == [None, 24] and attn[0].has_qkv_bias
 
@@ -66,6 +78,16 @@ def test_without_config_json(tmp_path):
     assert dataclasses.replace(inferred, max_position_embeddings=0) == dataclasses.replace(
         pair.llm.config, max_position_embeddings=0
     )
+
+
+@pytest.mark.parametrize("pair", ["qwen3-bias-window"], indirect=True)
+def test_mismatched_q_norm_is_one_clear_line(pair, tmp_path):
+    def edit(raw):
+        raw["head_dim"], raw["num_attention_heads"] = 16, 8  # q_norm is [32]: one head of 32
+
+    with pytest.raises(CheckpointError, match=r"q_norm\.weight: expected \[16\] .*found \[32\]$") as e:
+        detect_with(pair.path, tmp_path, edit)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("pair", ["qwen3-moe"], indirect=True)
