@@ -3,7 +3,13 @@ llama.cpp's converter read, then that HF architecture's own builder over the fil
 names and shapes (loading/gguf_hf.py). The tokenizer comes from the file's own vocabulary.
 
 Per architecture (keys without the `{arch}.` prefix):
-- llama: head counts, rope (base, linear / YaRN scaling, partial rotary), eps, context.
+- llama: head counts, rope (base, linear / YaRN scaling, partial rotary), eps, context; a Mixtral where it
+  holds experts (`expert_count`, `expert_used_count`).
+- qwen2, qwen3: as llama (biases and q/k norms are in the tensors); qwen3moe: plus the experts, renormalised.
+- olmo2: as llama; an OLMo 3 where `attention.sliding_window` is set (see `_olmo2`).
+- smollm3: as llama (its NoPE layers, every 4th, have no key: llama.cpp's fixed step).
+- granite, granitemoe (Granite 3): as llama, plus `embedding_scale` / `residual_scale` / `attention.scale` /
+  `logit_scale` and the experts (shared ones: GraniteMoeShared).
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
 - granitehybrid: as mamba2, plus per-layer `attention.head_count_kv` (0 = a Mamba2 layer), experts,
   `embedding_scale` / `residual_scale` / `logit_scale` / `attention.scale`; RoPE only where
@@ -75,6 +81,70 @@ def _llama(key: Meta, num_layers: int) -> dict[str, Any]:
         "head_dim": head_dim,
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
         **_rope(key, head_dim),
+    }
+
+
+def _llama_or_mixtral(key: Meta, num_layers: int) -> dict[str, Any]:
+    """llama: a Llama, or a Mixtral where the file holds experts (`expert_count`: its converter writes Mixtral
+    as `llama` with a router and stacked experts per layer)."""
+    raw = _llama(key, num_layers)
+    if key("expert_count"):
+        raw["architectures"] = ["MixtralForCausalLM"]
+        raw["num_local_experts"] = key("expert_count")
+        raw["num_experts_per_tok"] = key("expert_used_count")
+    return raw
+
+
+def _qwen3moe(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Qwen3-MoE: as llama, plus the experts; routing renormalised over the chosen k (llama.cpp's only
+    qwen3moe routing, and every published Qwen3-MoE's `norm_topk_prob`)."""
+    return {
+        **_llama(key, num_layers),
+        "num_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+        "norm_topk_prob": True,
+    }
+
+
+def _granite3(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Granite 3 dense / MoE: as llama, plus the µP scalars and the experts (GraniteMoeShared where
+    `expert_shared_feed_forward_length` is set)."""
+    raw = {
+        **_llama(key, num_layers),
+        "embedding_multiplier": key("embedding_scale"),
+        "residual_multiplier": key("residual_scale"),
+        "attention_multiplier": key("attention.scale"),
+        "logits_scaling": key("logit_scale"),
+        "num_local_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+    }
+    if key("expert_shared_feed_forward_length"):
+        raw["architectures"] = ["GraniteMoeSharedForCausalLM"]
+    return raw
+
+
+def _olmo2(key: Meta, num_layers: int) -> dict[str, Any]:
+    """OLMo 2, or OLMo 3 where the file has a sliding window: its layers from
+    `attention.sliding_window_pattern` (true: sliding; absent: every 4th layer full, llama.cpp's default), the
+    full layers' rope from
+    `rope.freq_base` and the scaling keys, the sliding ones' from `rope.freq_base_swa` without scaling."""
+    raw = _llama(key, num_layers)
+    window = key("attention.sliding_window")
+    if not window:
+        return raw
+    pattern = key("attention.sliding_window_pattern")
+    if not isinstance(pattern, list):
+        pattern = [(i + 1) % 4 != 0 for i in range(num_layers)]
+    scaling = raw.pop("rope_scaling", None) or {}
+    full = {"rope_type": "default", "rope_theta": raw.pop("rope_theta"), **scaling}
+    sliding = {"rope_type": "default", "rope_theta": key("rope.freq_base_swa") or full["rope_theta"]}
+    return {
+        **raw,
+        "architectures": ["Olmo3ForCausalLM"],
+        "sliding_window": window,
+        "layer_types": ["sliding_attention" if bool(p) else "full_attention" for p in pattern[:num_layers]],
+        "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
     }
 
 
@@ -279,7 +349,14 @@ def _jamba(key: Meta, num_layers: int) -> dict[str, Any]:
 
 # llama.cpp architecture → its metadata as the HF config keys (every name loading/gguf_hf.ARCHES knows)
 _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
-    "llama": _llama,
+    "llama": _llama_or_mixtral,
+    "qwen2": _llama,
+    "qwen3": _llama,
+    "qwen3moe": _qwen3moe,
+    "olmo2": _olmo2,
+    "granite": _granite3,
+    "granitemoe": _granite3,
+    "smollm3": _llama,  # NoPE every 4th layer: llama.cpp's fixed step, the builder's default
     "mamba2": _mamba2,
     "granitehybrid": _granite,
     "nemotron_h": _nemotron_h,

@@ -22,21 +22,19 @@ from blazr.errors import CheckpointError
 log = logging.getLogger("blazr.detect")
 
 
-def llama_like(raw: Raw, shapes: Shapes, prefix: str, arch: str) -> ModelConfig:
-    """Llama / Qwen2 / Mistral (HF `model.` prefix) and oxidizr GQA-only (no prefix)."""
-    embed = shape_of(shapes, prefix + "embed_tokens.weight")
-    if embed is None:
-        raise CheckpointError(f"missing tensor {prefix}embed_tokens.weight")
-    vocab, hidden = raw.int("vocab_size", embed[0]), raw.int("hidden_size", embed[1])
-    indices = layer_indices(shapes, prefix + "layers.")
-    num_layers = raw.int("num_hidden_layers", raw.int("num_layers", len(indices)))
-    if num_layers == 0:
-        raise CheckpointError(f"no {prefix}layers.N.* tensors found")
-    attn = f"{prefix}layers.0.self_attn."
+def llama_attention(
+    raw: Raw, shapes: Shapes, attn: str, hidden: int, max_pos: int, window: int | None = None
+) -> AttentionConfig:
+    """The GQA attention under `attn` (`…layers.N.self_attn.`): heads from config.json, else from q_proj /
+    k_proj rows (a per-head `q_norm` [Dh] gives the head size; else the common size that divides both,
+    with a warning); rope from the config's keys; biases where the tensors hold them."""
     q = shape_of(shapes, attn + "q_proj.weight")
     k = shape_of(shapes, attn + "k_proj.weight")
+    q_norm = shape_of(shapes, attn + "q_norm.weight")
     num_heads = raw.int("num_attention_heads")
     head_dim = raw.int("head_dim")
+    if num_heads is None and head_dim is None and q_norm is not None and q is not None and q[0] != q_norm[0]:
+        head_dim = q_norm[0]  # a per-head q/k norm (Qwen3) is one head wide
     if num_heads is None and head_dim is None:
         q_rows = need(q[0] if q else None, "num_attention_heads", f"{attn}q_proj.weight is missing")
         head_dim = guess_head_dim(q_rows, k[0] if k else None)
@@ -52,20 +50,9 @@ def llama_like(raw: Raw, shapes: Shapes, prefix: str, arch: str) -> ModelConfig:
     num_kv_heads = raw.int("num_key_value_heads", raw.int("num_kv_heads"))
     if num_kv_heads is None:
         num_kv_heads = k[0] // head_dim if k else num_heads
-    gate = shape_of(shapes, f"{prefix}layers.0.mlp.gate_proj.weight")
-    intermediate = need(
-        raw.int("intermediate_size", gate[0] if gate else None),
-        "intermediate_size",
-        f"{prefix}layers.0.mlp.gate_proj.weight is missing",
-    )
-    max_pos = raw.int("max_position_embeddings", raw.int("max_seq_len", 4096))
-    eps = raw.float("rms_norm_eps", 1e-5)
     has_bias = attn + "q_proj.bias" in shapes or bool(raw.get("attention_bias", False))
-    window = raw.int("sliding_window") if arch == "MistralForCausalLM" else None
-    if arch == "Qwen2ForCausalLM" and raw.get("use_sliding_window", False):
-        window = raw.int("sliding_window")
     rope = rope_from_raw(raw, int(head_dim * raw.float("partial_rotary_factor", 1.0)), max_pos)
-    attention = AttentionConfig(
+    return AttentionConfig(
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
@@ -75,6 +62,30 @@ def llama_like(raw: Raw, shapes: Shapes, prefix: str, arch: str) -> ModelConfig:
         has_o_bias=attn + "o_proj.bias" in shapes,
         sliding_window=window,
     )
+
+
+def llama_like(raw: Raw, shapes: Shapes, prefix: str, arch: str) -> ModelConfig:
+    """Llama / Qwen2 / Mistral (HF `model.` prefix) and oxidizr GQA-only (no prefix)."""
+    embed = shape_of(shapes, prefix + "embed_tokens.weight")
+    if embed is None:
+        raise CheckpointError(f"missing tensor {prefix}embed_tokens.weight")
+    vocab, hidden = raw.int("vocab_size", embed[0]), raw.int("hidden_size", embed[1])
+    indices = layer_indices(shapes, prefix + "layers.")
+    num_layers = raw.int("num_hidden_layers", raw.int("num_layers", len(indices)))
+    if num_layers == 0:
+        raise CheckpointError(f"no {prefix}layers.N.* tensors found")
+    gate = shape_of(shapes, f"{prefix}layers.0.mlp.gate_proj.weight")
+    intermediate = need(
+        raw.int("intermediate_size", gate[0] if gate else None),
+        "intermediate_size",
+        f"{prefix}layers.0.mlp.gate_proj.weight is missing",
+    )
+    max_pos = raw.int("max_position_embeddings", raw.int("max_seq_len", 4096))
+    eps = raw.float("rms_norm_eps", 1e-5)
+    window = raw.int("sliding_window") if arch == "MistralForCausalLM" else None
+    if arch == "Qwen2ForCausalLM" and raw.get("use_sliding_window", False):
+        window = raw.int("sliding_window")
+    attention = llama_attention(raw, shapes, f"{prefix}layers.0.self_attn.", hidden, max_pos, window)
     mlp = MLPConfig(intermediate_size=intermediate, activation=activation(raw.get("hidden_act", "silu")))
     norm = NormConfig("rms", eps)
     layer = LayerConfig(mixers=(attention,), mlp=mlp, norm=norm, ffn_norm=norm)
@@ -98,5 +109,14 @@ BUILDERS: dict[str, Callable[[Raw, Shapes], ModelConfig]] = {
     "MistralForCausalLM": lambda raw, shapes: llama_like(raw, shapes, "model.", "MistralForCausalLM"),
 }
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
-# Qwen2 is the Llama layout with q/k/v biases; anything else with Llama names is Llama.
-NAME_RULES = [(lambda shapes: any(".self_attn.q_proj.bias" in n for n in shapes), "Qwen2ForCausalLM")]
+# Qwen2 is the Llama layout with q/k/v biases (and no q/k norm: Qwen3 may have biases too); anything else
+# with Llama names is Llama.
+NAME_RULES = [
+    (
+        lambda shapes: (
+            any(".self_attn.q_proj.bias" in n for n in shapes)
+            and not any(".self_attn.q_norm." in n for n in shapes)
+        ),
+        "Qwen2ForCausalLM",
+    )
+]

@@ -17,6 +17,7 @@ K conv kernel, G groups, R rows, Q block bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -137,12 +138,15 @@ _NORMS: list[_Rule] = [
 ]
 
 ARCHES: dict[str, _Arch] = {
-    "llama": _Arch(
+    "llama": _Arch(  # Mixtral too: its converter writes a `llama` file with a router and stacked experts
         "LlamaForCausalLM",
         "model.layers.{i}.",
         _MODEL,
-        [*_NORMS, *_ATTENTION, *_SWIGLU],
-        [],
+        [*_NORMS, *_ATTENTION, *_SWIGLU, ("block_sparse_moe.gate.weight", ("ffn_gate_inp.weight",), SAME)],
+        [
+            (f"block_sparse_moe.experts.{{e}}.{w}.weight", f"ffn_{x}_exps.weight")
+            for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+        ],
         {"a": "self_attn.", "f": "mlp."},
         permuted=True,
     ),
@@ -357,6 +361,75 @@ ARCHES.update(
         {"a": "self_attn.", "m": "mamba.", "f": "feed_forward."},
         permuted=False,  # NoPE
     ),
+)
+# Qwen2 / Qwen3 / Qwen3-MoE (the converter's Qwen2Model, Qwen3Model, Qwen3MoeModel): Llama's tensors with NEOX
+# rope (q/k rows as HF keeps them), q/k biases (Qwen2), per-head q/k norms (Qwen3), and on Qwen3-MoE's sparse
+# layers a router and stacked experts (its dense layers, `mlp_only_layers`, keep ffn_gate / up / down).
+_QWEN: list[_Rule] = [
+    *_NORMS,
+    *_ATTENTION,
+    *[(f"{{a}}{x}_norm.weight", (f"attn_{x}_norm.weight",), SAME) for x in "qk"],
+    *_SWIGLU,
+    ("mlp.gate.weight", ("ffn_gate_inp.weight",), SAME),
+]
+ARCHES.update(
+    {
+        gguf_arch: _Arch(
+            hf_arch,
+            "model.layers.{i}.",
+            _MODEL,
+            _QWEN,
+            [(f"mlp.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")],
+            {"a": "self_attn.", "f": "mlp."},
+            permuted=False,
+        )
+        for gguf_arch, hf_arch in (
+            ("qwen2", "Qwen2ForCausalLM"),
+            ("qwen3", "Qwen3ForCausalLM"),
+            ("qwen3moe", "Qwen3MoeForCausalLM"),
+        )
+    }
+)
+# Granite 3 (the converter's GraniteModel, GraniteMoeModel: LlamaModel's q/k permutation): the dense MLP as
+# Llama's; the experts' gate and up stored apart, joined per expert into input_linear, as hybrid Granite's.
+ARCHES.update(
+    granite=_Arch(
+        "GraniteForCausalLM",
+        "model.layers.{i}.",
+        _MODEL,
+        [*_NORMS, *_ATTENTION, *_SWIGLU],
+        [],
+        {"a": "self_attn.", "f": "mlp."},
+        permuted=True,
+    ),
+    granitemoe=_Arch(
+        "GraniteMoeForCausalLM",  # GraniteMoeShared with shared experts (detection reads the metadata)
+        "model.layers.{i}.",
+        _MODEL,
+        [*_NORMS, *_ATTENTION, *_GRANITE_FFN[:5]],
+        [],
+        {"a": "self_attn."},
+        permuted=True,
+    ),
+)
+# SmolLM3 (the converter's SmolLM3Model: LlamaModel's tensors and q/k permutation; its NoPE layers, every 4th,
+# are llama.cpp's fixed step and SmolLM3's default, which detection assumes).
+ARCHES["smollm3"] = dataclasses.replace(ARCHES["llama"], hf_architecture="SmolLM3ForCausalLM", experts=[])
+# OLMo 2 / OLMo 3 (the converter's Olmo2Model): post-norm blocks, q/k norms over all heads, NEOX rope.
+ARCHES["olmo2"] = _Arch(
+    "Olmo2ForCausalLM",  # OLMo 3 where the file has sliding-window layers: detection reads the metadata
+    "model.layers.{i}.",
+    _MODEL,
+    [
+        ("post_attention_layernorm.weight", ("post_attention_norm.weight",), SAME),
+        ("post_feedforward_layernorm.weight", ("post_ffw_norm.weight",), SAME),
+        *_ATTENTION,
+        *[(f"{{a}}{x}_norm.weight", (f"attn_{x}_norm.weight",), SAME) for x in "qk"],
+        *_SWIGLU,
+    ],
+    [],
+    {"a": "self_attn.", "f": "mlp."},
+    permuted=False,
 )
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead

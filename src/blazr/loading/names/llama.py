@@ -1,4 +1,4 @@
-"""Renames for the Llama family (HF Llama, Qwen2, Mistral; GGUF llama after its HF renames)."""
+"""Renames for the Llama family (HF Llama, Qwen2, Mistral, SmolLM3; GGUF llama after its HF renames)."""
 
 from __future__ import annotations
 
@@ -21,5 +21,5 @@ def llama_names(prefix: str = "model.") -> NameMap:
 
 NAME_MAPS = {
     arch: (lambda cfg: llama_names())
-    for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+    for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "SmolLM3ForCausalLM")
 }
