@@ -233,6 +233,9 @@ class MoEConfig:
     bias for selection only, DeepSeek-V3); optional group-limited selection (`num_groups`, `topk_groups`);
     weights renormalised over the chosen k when `is_renormalized`; scaled by `routed_scaling_factor`.
     `has_shared_gate`: the shared MLP's output is scaled per token by sigmoid of a [1, D] projection.
+    `latent_size` (Nemotron 3 Super's latent MoE): the routed experts run in a smaller space — the router and
+    the shared MLP read the hidden state, the experts `latent_down(x)` [T, latent_size], and their weighted
+    sum goes back through `latent_up`; `has_latent_bias`: both projections have biases.
     """
 
     num_experts: int
@@ -247,6 +250,8 @@ class MoEConfig:
     has_correction_bias: bool = False
     shared: MLPConfig | None = None
     has_shared_gate: bool = False  # the shared MLP's output × sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next)
+    latent_size: int | None = None  # the experts' width in and out (None: the hidden size)
+    has_latent_bias: bool = False
 
 
 @dataclass(frozen=True)
