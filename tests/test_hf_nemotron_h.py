@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from blazr import LLM
 from blazr.config import AttentionConfig, Mamba2Config, ModelConfig
+from blazr.errors import CheckpointError
 from blazr.model.moe import MoE
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
@@ -199,3 +200,9 @@ def test_latent_moe_quantized_int8(tmp_path_factory):
         kl = F.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True, reduction="batchmean")
         assert top1 >= 0.75 and kl <= 0.05, (top1, kl)  # measured 0.85 / 0.016 (routing near-ties flip)
     check_batched_equals_alone(llm)
+
+
+def test_latent_size_mismatch_names_the_tensor(tmp_path_factory, tmp_path):
+    pair = _pair("latent", tmp_path_factory)
+    with pytest.raises(CheckpointError, match=r"fc1_latent_proj.weight: expected 32 rows.*\[64, 128\]"):
+        detect_with(pair.path, tmp_path, lambda raw: raw.update(moe_latent_size=32))
