@@ -17,7 +17,7 @@ from typing import ClassVar, Literal, TypeVar
 import torch
 
 NormKind = Literal["rms", "layer"]
-Activation = Literal["silu", "gelu", "relu2"]
+Activation = Literal["silu", "gelu", "relu2", "gelu_erf"]  # gelu: tanh approximation; gelu_erf: exact
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,13 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class MixerConfig:
-    """The config of one mixer of a layer; `kind` names its spec in the registry (model/mixers.py)."""
+    """The config of one mixer of a layer; `kind` names its spec in the registry (model/mixers.py).
+    `is_input_addend`: the mixer reads the un-normed residual (and the token embeddings) and its output is
+    added to the input of the layer's other mixers, before their norm, instead of to the residual (Zamba2's
+    shared transformer block; model/block.py)."""
 
     kind: ClassVar[str]
+    is_input_addend: ClassVar[bool] = False
 
 
 M = TypeVar("M", bound=MixerConfig)
@@ -87,6 +91,25 @@ class AttentionConfig(MixerConfig):
     qk_norm: NormConfig | None = None
     is_qk_norm_per_head: bool = True
     has_output_gate: bool = False
+
+
+@dataclass(frozen=True)
+class Zamba2SharedConfig(MixerConfig):
+    """One call of a Zamba2 shared transformer block (model/zamba2_shared.py). The block — `block` of the
+    model's shared blocks, its weights held once however many layers call it — is
+    `norm` → `attention` over concat(x, embeddings) [2D] (output D) → `norm` → gated `mlp`; each call adds
+    its own LoRA adapters (rank `attention_adapter_rank` on q / k / v when not None, `mlp_adapter_rank` on
+    gate_up), keeps its own KV cache, and projects the block's output through its own `linear` [D, D]. The
+    result is added to the input of the layer's Mamba2 mixer (`is_input_addend`)."""
+
+    kind: ClassVar[str] = "zamba2_shared"
+    is_input_addend: ClassVar[bool] = True
+    block: int
+    attention: AttentionConfig  # over the 2D-wide concat; head_dim 2D / H
+    mlp: MLPConfig
+    norm: NormConfig
+    attention_adapter_rank: int | None
+    mlp_adapter_rank: int
 
 
 @dataclass(frozen=True)
