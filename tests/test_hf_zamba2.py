@@ -18,12 +18,19 @@ from blazr import LLM, SamplingParams
 from blazr.config import EngineConfig, Mamba2Config, Zamba2SharedConfig
 from blazr.detect.ssm_common import guess_head_dim
 from blazr.distributed.shard import shard_config
-from blazr.errors import UnsupportedError
+from blazr.errors import CheckpointError, UnsupportedError
 from blazr.model.qlinear import QuantizedLinear
 from blazr.model.zamba2_shared import SharedCall
 from tests.drive import full_logits
 from tests.hf_parity import ParityTests, check_batched_equals_alone, check_cache_invariants, prompts
-from tests.ssm_fixtures import Pair, check_without_config_json, load_pair, map_layers, single_thread
+from tests.ssm_fixtures import (
+    Pair,
+    check_without_config_json,
+    detect_with,
+    load_pair,
+    map_layers,
+    single_thread,
+)
 
 ARCH = "Zamba2ForCausalLM"
 COMMON = dict(
@@ -186,3 +193,12 @@ def _not_inferable(cfg):
 
 def test_without_config_json(pair, tmp_path):
     check_without_config_json(pair, tmp_path, _not_inferable)
+
+
+def test_a_missing_shared_block_names_the_tensor(pair, tmp_path):
+    """config.json's num_mem_blocks asks for one block more than the checkpoint holds: one line naming the
+    tensor, what was expected and where the blocks were found."""
+    more = pair.hf.config.num_mem_blocks + 1
+    want = rf"shared_transformer.input_layernorm.weight: expected the weights of {more} shared blocks"
+    with pytest.raises(CheckpointError, match=want):
+        detect_with(pair.path, tmp_path, lambda raw: raw.update(num_mem_blocks=more))
