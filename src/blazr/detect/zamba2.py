@@ -65,7 +65,7 @@ def _is_hybrid(raw: Raw, shapes: Shapes, num_layers: int) -> list[bool]:
     kinds = raw.get("layers_block_type") or raw.get("layer_types")
     if kinds is None:
         return [has_prefix(shapes, f"{PREFIX}layers.{i}.mamba_decoder.") for i in range(num_layers)]
-    known = {"mamba": False, "linear_attention": False, "m": False, "hybrid": True, "g": True}
+    known = {"mamba": False, "linear_attention": False, "hybrid": True}
     if not isinstance(kinds, list) or len(kinds) != num_layers or any(k not in known for k in kinds):
         raise CheckpointError(
             f"{raw.path}: layers_block_type must list {num_layers} of mamba / linear_attention / hybrid, "
