@@ -130,6 +130,26 @@ VARIANTS = {
             intermediate_size=96,
         ),
     ),
+    # Nemotron 3 Super's latent MoE: the routed experts between biased projections into a 64-wide space.
+    "nemotron-h-latent": (
+        "NemotronHForCausalLM",
+        dict(
+            hybrid_override_pattern="M*E",
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=64,
+            mamba_num_heads=8,
+            mamba_head_dim=32,
+            ssm_state_size=16,
+            n_groups=2,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            moe_shared_expert_intermediate_size=32,
+            moe_latent_size=64,
+            mlp_bias=True,
+        ),
+    ),
     # Gated DeltaNet and gated attention (q/k norm, partial rope); Qwen3-Next's MoE, its gated shared expert.
     "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),
     "qwen3-next": ("Qwen3NextForCausalLM", dict(QWEN_SIZES, **QWEN_EXPERTS, num_hidden_layers=4)),

@@ -1,7 +1,7 @@
 """GGUF files of llama.cpp's hybrid and MLA architectures — mamba2, granitehybrid (dense and MoE),
-nemotron_h, nemotron_h_moe, falcon-h1, deepseek2 (V2 and V3 routing), qwen35, qwen35moe, qwen3next — made
-by llama.cpp's own converter from tiny transformers checkpoints, loaded by blazr and checked against
-transformers running the original checkpoint:
+nemotron_h, nemotron_h_moe (and its latent MoE), falcon-h1, deepseek2 (V2 and V3 routing), qwen35,
+qwen35moe, qwen3next — made by llama.cpp's own converter from tiny transformers checkpoints, loaded by
+blazr and checked against transformers running the original checkpoint:
 - F32: the detected config is the safetensors one (up to what no GGUF carries: the SSD chunk size, the
   context limit, and Falcon-H1's µP multipliers, which the converter folds into the weights); logits match
   transformers within 1e-4 of the logit scale; greedy tokens are identical.
@@ -143,6 +143,21 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], Edit | None, bool]] = {
             n_group=2,
             topk_group=1,
             routed_scaling_factor=2.0,
+        ),
+        None,
+        True,
+    ),
+    # Nemotron 3 Super's latent MoE (ffn_latent_down / ffn_latent_up around the experts)
+    "nemotron_h_moe-latent": (
+        "NemotronHForCausalLM",
+        dict(
+            NEMOTRON,
+            hybrid_override_pattern="ME*E",
+            moe_intermediate_size=64,
+            moe_shared_expert_intermediate_size=32,
+            num_experts_per_tok=2,
+            n_routed_experts=8,
+            moe_latent_size=64,
         ),
         None,
         True,

@@ -35,6 +35,7 @@ from blazr.config import (
     NormConfig,
     RopeConfig,
     ShortConvConfig,
+    Zamba2SharedConfig,
 )
 from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.engine.cuda_graphs import is_supported
@@ -80,6 +81,25 @@ SAMPLES: dict[str, list[MixerConfig]] = {
     "mamba1": [
         Mamba1Config(32, 16, 8, 4, has_proj_bias=True),
         Mamba1Config(32, 8, 4, 3, has_conv_bias=False, has_dt_bc_norm=True, has_norm_weights=True),
+    ],
+    # Zamba2's shared-block call (alone in a layer: it writes its keys and values, and feeds no mixer)
+    "zamba2_shared": [
+        Zamba2SharedConfig(
+            0,
+            AttentionConfig(4, 4, 32, RopeConfig(dim=32), 0.25),
+            MLPConfig(96, "gelu_erf"),
+            NormConfig(),
+            16,
+            16,
+        ),
+        Zamba2SharedConfig(
+            0,
+            AttentionConfig(4, 2, 32, None, 0.25),
+            MLPConfig(96, "gelu_erf", has_bias=True),
+            NormConfig(),
+            None,
+            8,
+        ),
     ],
 }
 KINDS = [s.kind for s in mixers.specs()]
@@ -141,6 +161,10 @@ def test_tensor_parallel_cuts_every_parameter_to_the_shards_shape(kind, i):
         with pytest.raises(
             UnsupportedError, match="q/k norm over all heads"
         ):  # its statistics span the ranks
+            shard_config(cfg, 2)
+        return
+    if isinstance(m, Zamba2SharedConfig):  # a shared block's calls: refused
+        with pytest.raises(UnsupportedError, match="Zamba2 shared transformer block"):
             shard_config(cfg, 2)
         return
     shard = CausalLM(shard_config(cfg, 2))

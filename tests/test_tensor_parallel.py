@@ -1,10 +1,10 @@
 """Tensor / expert parallelism on torch.distributed (gloo, 2 ranks on this machine): for a tiny random
 checkpoint of every family — Llama, Mixtral (expert parallel), DeepSeek V2 / V3 (MLA + MoE), Mamba2 (groups
-split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH, FalconH1, Qwen3.5 and
-Qwen3-Next (gated DeltaNet by key heads, gated attention) — the 2-rank engine
-gives the 1-rank engine's greedy tokens and its logprobs (prompt and output, top 5 at every position)
-within float32 rounding; the per-rank config and slices are checked on their own; and a 2-rank server
-answers like a 1-rank one through the openai client."""
+split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH (and its latent MoE), FalconH1,
+Qwen3.5 and Qwen3-Next (gated DeltaNet by key heads, gated attention) — the 2-rank engine gives the 1-rank
+engine's greedy tokens and its logprobs (prompt and output, top 5 at every position) within float32 rounding;
+the per-rank config and slices are checked on their own; and a 2-rank server answers like a 1-rank one through
+the openai client."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from blazr.engine.engine import EngineBrokenError
 from blazr.engine.runner import TensorParallelStepError
 from blazr.errors import UnsupportedError
 from tests.server_util import ServerProcess
+from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
@@ -98,6 +99,27 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             mlp_bias=True,
         ),
     ),
+    # Nemotron 3 Super's latent MoE: each rank projects its experts' latent sum back
+    "nemotron-h-latent": (
+        "NemotronHForCausalLM",
+        dict(
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=64,
+            mamba_num_heads=8,
+            mamba_head_dim=32,
+            ssm_state_size=16,
+            chunk_size=8,
+            moe_intermediate_size=64,
+            moe_shared_expert_intermediate_size=32,
+            num_experts_per_tok=2,
+            hybrid_override_pattern="M*E",
+            n_groups=2,
+            n_routed_experts=8,
+            moe_latent_size=64,
+            mlp_bias=True,
+        ),
+    ),
     "falcon-h1": (
         "FalconH1ForCausalLM",
         dict(
@@ -120,6 +142,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),
     "qwen3-next": ("Qwen3NextForCausalLM", dict(QWEN_SIZES, **QWEN_EXPERTS, num_hidden_layers=4)),
 }
+# biases (transformers initialises them to zeros) made random, so a bias counted on both ranks shows
+RANDOMISED = {"nemotron-h-latent"}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300], list(range(1, 42))]
 
 
@@ -128,7 +152,11 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name, (arch, overrides) in FAMILIES.items():
         path = tmp_path_factory.mktemp(name)
-        build(arch, path, **overrides)
+        hf = build(arch, path, **overrides)
+        if name in RANDOMISED:
+            with torch.no_grad():
+                randomise(hf, seed=1)
+            hf.save_pretrained(path)
         out[name] = path
     return out
 

@@ -17,7 +17,7 @@ from typing import ClassVar, Literal, TypeVar
 import torch
 
 NormKind = Literal["rms", "layer"]
-Activation = Literal["silu", "gelu", "relu2"]
+Activation = Literal["silu", "gelu", "relu2", "gelu_erf"]  # gelu: tanh approximation; gelu_erf: exact
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,13 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class MixerConfig:
-    """The config of one mixer of a layer; `kind` names its spec in the registry (model/mixers.py)."""
+    """The config of one mixer of a layer; `kind` names its spec in the registry (model/mixers.py).
+    `is_input_addend`: the mixer reads the un-normed residual (and the token embeddings) and its output is
+    added to the input of the layer's other mixers, before their norm, instead of to the residual (Zamba2's
+    shared transformer block; model/block.py)."""
 
     kind: ClassVar[str]
+    is_input_addend: ClassVar[bool] = False
 
 
 M = TypeVar("M", bound=MixerConfig)
@@ -87,6 +91,25 @@ class AttentionConfig(MixerConfig):
     qk_norm: NormConfig | None = None
     is_qk_norm_per_head: bool = True
     has_output_gate: bool = False
+
+
+@dataclass(frozen=True)
+class Zamba2SharedConfig(MixerConfig):
+    """One call of a Zamba2 shared transformer block (model/zamba2_shared.py). The block — `block` of the
+    model's shared blocks, its weights held once however many layers call it — is
+    `norm` → `attention` over concat(x, embeddings) [2D] (output D) → `norm` → gated `mlp`; each call adds
+    its own LoRA adapters (rank `attention_adapter_rank` on q / k / v when not None, `mlp_adapter_rank` on
+    gate_up), keeps its own KV cache, and projects the block's output through its own `linear` [D, D]. The
+    result is added to the input of the layer's Mamba2 mixer (`is_input_addend`)."""
+
+    kind: ClassVar[str] = "zamba2_shared"
+    is_input_addend: ClassVar[bool] = True
+    block: int
+    attention: AttentionConfig  # over the 2D-wide concat; head_dim 2D / H
+    mlp: MLPConfig
+    norm: NormConfig
+    attention_adapter_rank: int | None
+    mlp_adapter_rank: int
 
 
 @dataclass(frozen=True)
@@ -233,6 +256,9 @@ class MoEConfig:
     bias for selection only, DeepSeek-V3); optional group-limited selection (`num_groups`, `topk_groups`);
     weights renormalised over the chosen k when `is_renormalized`; scaled by `routed_scaling_factor`.
     `has_shared_gate`: the shared MLP's output is scaled per token by sigmoid of a [1, D] projection.
+    `latent_size` (Nemotron 3 Super's latent MoE): the routed experts run in a smaller space — the router and
+    the shared MLP read the hidden state, the experts `latent_down(x)` [T, latent_size], and their weighted
+    sum goes back through `latent_up`; `has_latent_bias`: both projections have biases.
     """
 
     num_experts: int
@@ -247,6 +273,8 @@ class MoEConfig:
     has_correction_bias: bool = False
     shared: MLPConfig | None = None
     has_shared_gate: bool = False  # the shared MLP's output × sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next)
+    latent_size: int | None = None  # the experts' width in and out (None: the hidden size)
+    has_latent_bias: bool = False
 
 
 @dataclass(frozen=True)

@@ -221,6 +221,7 @@ def _nemotron_h(key: Meta, num_layers: int) -> dict[str, Any]:
         "routed_scaling_factor": key("expert_weights_scale"),
         "n_group": key("expert_group_count"),
         "topk_group": key("expert_group_used_count"),
+        "moe_latent_size": key("moe_latent_size"),
     }
 
 

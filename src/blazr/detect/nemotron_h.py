@@ -1,9 +1,10 @@
 """HF `NemotronHForCausalLM` detection: one mixer per block, each block RMSNorm → mixer → residual. Block
 kinds: M Mamba2, * attention (NoPE, no biases), - relu² MLP (ungated), E MoE (sigmoid router with an
 `e_score_correction_bias` for selection, optional group-limited top-k over top-2-sum group scores, ungated
-relu² experts plus always-on shared experts). The MLP and MoE blocks are blazr layers with no mixer, so their
-norm is the layer's `ffn_norm`. Tensors live under `backbone.` (`embeddings`, `layers.N.{norm, mixer.*}`,
-`norm_f`).
+relu² experts plus always-on shared experts; Nemotron 3 Super's latent MoE runs the routed experts in a
+smaller space between `fc1_latent_proj` and `fc2_latent_proj`, its width from their shapes). The MLP and MoE
+blocks are blazr layers with no mixer, so their norm is the layer's `ffn_norm`. Tensors live under `backbone.`
+(`embeddings`, `layers.N.{norm, mixer.*}`, `norm_f`).
 
 Block kinds: `layers_block_type` / `layer_types` (v5 or legacy names), else `hybrid_override_pattern`
 ("M-*E" strings, as real checkpoints ship), else which mixer tensors each block holds. Legacy
@@ -36,7 +37,7 @@ from blazr.detect.ssm_common import (
     require,
     to_float,
 )
-from blazr.errors import CheckpointError, UnsupportedError
+from blazr.errors import CheckpointError
 
 log = logging.getLogger("blazr.detect")
 
@@ -89,8 +90,7 @@ def _relu2_mlp(raw: Raw, shapes: Shapes, prefix: str) -> MLPConfig:
 
 def _moe(raw: Raw, shapes: Shapes, i: int) -> MoEConfig:
     p = f"{PREFIX}layers.{i}.mixer."
-    if raw.get("moe_latent_size") is not None or p + "fc1_latent_proj.weight" in shapes:
-        raise UnsupportedError(f"block {i}: MoE latent projections (moe_latent_size) are not supported")
+    latent = _latent_size(raw, shapes, p)
     num_experts = raw.int("n_routed_experts", require(shapes, p + "gate.weight")[0])
     fused = shapes.get(p + "experts.up_proj")  # [E, I, D] when stored stacked
     expert_rows = fused[1] if fused else require(shapes, p + "experts.0.up_proj.weight")[0]
@@ -114,7 +114,31 @@ def _moe(raw: Raw, shapes: Shapes, i: int) -> MoEConfig:
         group_score="top2_sum",
         has_correction_bias=p + "gate.e_score_correction_bias" in shapes,
         shared=shared,
+        latent_size=latent,
+        has_latent_bias=latent is not None and p + "fc1_latent_proj.bias" in shapes,
     )
+
+
+def _latent_size(raw: Raw, shapes: Shapes, p: str) -> int | None:
+    """Nemotron 3 Super's latent MoE: the width of `fc1_latent_proj` [Lt, D] (config.json's
+    `moe_latent_size` must agree); None without the projections."""
+    down = shapes.get(p + "fc1_latent_proj.weight")
+    declared = raw.int("moe_latent_size")
+    if down is None:
+        if declared is not None:
+            raise CheckpointError(
+                f"{p}fc1_latent_proj.weight: expected a [{declared}, D] latent projection "
+                "(moe_latent_size in config.json), found none"
+            )
+        return None
+    up = require(shapes, p + "fc2_latent_proj.weight")
+    if declared is not None and declared != down[0]:
+        raise CheckpointError(
+            f"{p}fc1_latent_proj.weight: expected {declared} rows (moe_latent_size), found {list(down)}"
+        )
+    if tuple(up) != (down[1], down[0]):
+        raise CheckpointError(f"{p}fc2_latent_proj.weight: expected [{down[1]}, {down[0]}], found {list(up)}")
+    return down[0]
 
 
 def build_nemotron_h(raw: Raw, shapes: Shapes) -> ModelConfig:

@@ -6,7 +6,8 @@ and run unchanged on their shard:
   heads and KV heads, MLA heads with its latent replicated, Mamba2 heads and, where they divide, groups);
 - MLP and shared experts: the intermediate width split (gate/up column-parallel, down row-parallel);
 - routed experts: expert parallel — each rank holds E / world whole experts, the router is replicated
-  (model/moe.py masks the other ranks' experts);
+  (model/moe.py masks the other ranks' experts); a latent MoE's projections are replicated, `latent_up`'s
+  bias on rank 0 only (each rank projects its own experts' partial sum back);
 - embedding and lm_head: vocab-parallel, the vocabulary padded to a multiple of the world size.
 Row-parallel outputs (o_proj, down_proj, experts, out_proj) are partial sums: the block all-reduces each
 mixer's and each feed-forward's output once (model/block.py). A row-parallel bias is added by rank 0 only
@@ -103,4 +104,6 @@ def _slice_layer(
             return rank0_only(t, rank)
     if prefix == "moe" and leaf.startswith("experts."):
         return split_block(t, 0, rank, world)  # [E, …]: whole experts
+    if prefix == "moe" and leaf == "latent_up.bias":
+        return rank0_only(t, rank)  # each rank projects its experts' part back; the parts are summed
     return None

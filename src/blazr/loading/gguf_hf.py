@@ -192,6 +192,9 @@ ARCHES: dict[str, _Arch] = {
                 (f"mixer.shared_experts.{x}_proj.weight", (f"ffn_{x}_shexp.weight",), SAME)
                 for x in ("up", "down")
             ],
+            # Nemotron 3 Super's latent MoE: hidden → latent before the experts, latent → hidden after
+            ("mixer.fc1_latent_proj.weight", ("ffn_latent_down.weight",), SAME),
+            ("mixer.fc2_latent_proj.weight", ("ffn_latent_up.weight",), SAME),
         ],
         [(f"mixer.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("up", "down")],
         {"a": "mixer.", "m": "mixer.", "f": "mixer."},

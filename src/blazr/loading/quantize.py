@@ -13,15 +13,15 @@ Modes:
   scale and minimum, 4-bit values); `bf16` → bfloat16 weights (the 16-bit path: half the bytes of fp32,
   fp32 activations).
 
-Targets (`quantize_from_file`): every linear called only through its forward — each mixer kind's declared
-ones (`MixerSpec.linears`: attention qkv/o, Mamba2 in/out projections, MLA q/kv_a/o projections), dense
-MLP, MoE shared experts — and the lm_head (tied embeddings: a quantized copy of the embedding); and
-(`stack_experts`) the routed MoE experts, stacked in one kernel weight per layer and projection. The token
-table itself stays as stored under `auto` (`embed_from_file`) and becomes Q8_0 / bf16 rows under `int8` /
-`int4` / `bf16` (`embed_quantized`). Not the linears a kind keeps float (`MixerSpec.float_linears`: MLA's
-kv_b_proj, read directly by the absorbed decode) or routers. Quantized layers run on blazr's C kernels on
-the CPU with float32 activations; `dense_dtype` (loader.py `prefill_dtype`, on request only) adds a dense
-tensor for prefill GEMMs (see model/qlinear.py).
+Targets (`quantize_from_file`): every linear called only through its forward — each mixer kind's declared ones
+(`MixerSpec.linears`: attention qkv/o, Mamba2 in/out projections, MLA q/kv_a/o projections), dense MLP, MoE
+shared experts and latent projections, every linear of a Zamba2 shared block — and the lm_head (tied
+embeddings: a quantized copy of the embedding); and (`stack_experts`) the routed MoE experts, stacked in one
+kernel weight per layer and projection. The token table itself stays as stored under `auto`
+(`embed_from_file`) and becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not the
+linears a kind keeps float (`MixerSpec.float_linears`: MLA's kv_b_proj, read directly by the absorbed decode)
+or routers. Quantized layers run on blazr's C kernels on the CPU with float32 activations; `dense_dtype`
+(loader.py `prefill_dtype`, on request only) adds a dense tensor for prefill GEMMs (see model/qlinear.py).
 Under `int8` / `int4` / `bf16` a weight the quantization cache holds (loading/quant_cache.py: what the first
 load of the same checkpoint made) is mapped from its file instead, and each weight made in fresh memory is
 handed to it (`_in_situ`).
@@ -71,6 +71,8 @@ _FFN_TARGETS = (
     "moe.shared.gate_up_proj",
     "moe.shared.up_proj",
     "moe.shared.down_proj",
+    "moe.latent_down",  # a latent MoE's projections into and out of the experts' space
+    "moe.latent_up",
 )
 
 
@@ -92,7 +94,7 @@ def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
     found: list[tuple[str, nn.Linear | None]] = [
         (name, m)
         for name, m in model.named_modules()
-        if type(m) is nn.Linear and name.split(".", 2)[-1] in targets
+        if type(m) is nn.Linear and (name.split(".", 2)[-1] in targets or name.startswith("shared_blocks."))
     ]
     if type(model.lm_head) is nn.Linear:
         found.append(("lm_head", model.lm_head))

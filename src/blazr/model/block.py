@@ -3,6 +3,11 @@
     h = norm(x);  x = x + r · post_norm(Σ mixer(h))    (the layer's mixers, in order; FalconH1 runs two)
     x = x + r · ffn_post_norm(ffn(ffn_norm(x)))         (MLP | MoE; absent in Mamba2 blocks)
 
+A mixer whose config `is_input_addend` (Zamba2's shared transformer call) reads the un-normed x and the
+token embeddings e instead, and its output joins the other mixers' input rather than the residual:
+
+    h = norm(x + Σ addend(x, e));  x = x + r · post_norm(Σ mixer(h))
+
 Each norm is optional (LayerConfig): most models have the pre-norms only; OLMo-Hybrid's attention blocks
 the post-norms only.
 
@@ -49,6 +54,9 @@ class Block(nn.Module):
         self.residual_multiplier = residual_multiplier
         self.tp = tp
         self.mixer_names = tuple(mixers.spec_of(m).prefix for m in cfg.mixers)
+        self.addend_names = tuple(
+            n for n, m in zip(self.mixer_names, cfg.mixers, strict=True) if m.is_input_addend
+        )
         for name, m in zip(self.mixer_names, cfg.mixers, strict=True):
             self.add_module(name, mixers.build(m, hidden_size, rope_for, tp))
         self.mlp = MLP(cfg.mlp, hidden_size) if cfg.mlp is not None else None
@@ -60,15 +68,28 @@ class Block(nn.Module):
             if norm is not None:
                 self.add_module(name, make_norm(norm, hidden_size))
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        cache: LayerCache | None,
+        embeddings: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [T, D]; `embeddings` [T, D]: the token embeddings, for an input-addend mixer (else None)."""
         r = self.residual_multiplier
         if self.mixer_names:
-            h = self._norm("mixer_norm", x)
+            h = x
+            for name in self.addend_names:
+                assert embeddings is not None, "an input-addend mixer reads the token embeddings"
+                h = h + getattr(self, name)(x, batch, cache, embeddings)
+            h = self._norm("mixer_norm", h)
             out = None
             for name in self.mixer_names:
-                y = getattr(self, name)(h, batch, cache)
-                out = y if out is None else _add(out, y)
-            x = _add(x, self._norm("mixer_post_norm", self._reduce(out)), r)
+                if name not in self.addend_names:
+                    y = getattr(self, name)(h, batch, cache)
+                    out = y if out is None else _add(out, y)
+            if out is not None:
+                x = _add(x, self._norm("mixer_post_norm", self._reduce(out)), r)
         if self.mlp is not None:
             y = self.mlp(self._norm("ffn_norm", x))
         elif self.moe is not None:

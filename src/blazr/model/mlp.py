@@ -21,6 +21,8 @@ def activate(x: torch.Tensor, kind: Activation) -> torch.Tensor:
         return F.silu(x)
     if kind == "gelu":
         return F.gelu(x, approximate="tanh")
+    if kind == "gelu_erf":
+        return F.gelu(x)
     return torch.square(F.relu(x))
 
 

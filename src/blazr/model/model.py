@@ -2,8 +2,8 @@
 
 Parameters carry blazr's internal names (see loading/names.py for the renames from each format):
 `embed_tokens.weight`, `layers.{i}.{mixer_norm,attn,mla,mamba,ffn_norm,mlp,moe}.…` (a mixer under its kind's
-prefix, model/mixers.py), `norm.weight`, `lm_head.weight` (absent when tied). The math is pure:
-`forward(input_ids, batch, cache)`.
+prefix, model/mixers.py), `norm.weight`, `lm_head.weight` (absent when tied); Zamba2's shared transformer
+blocks `shared_blocks.{b}.…` (model/zamba2_shared.py). The math is pure: `forward(input_ids, batch, cache)`.
 
 On the CPU kernels a GGUF's token table may stay as stored (model/embedding.py, loading/quantize.py).
 On float32 CPU activations every step of a decode-only batch is a kernel op (`kernels/ops.py`: embedding,
@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from blazr.config import ModelConfig, RopeConfig
+from blazr.config import ModelConfig, RopeConfig, Zamba2SharedConfig
 from blazr.kernels import ops
 from blazr.model.block import Block
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.norm import make_norm
 from blazr.model.rope import RotaryEmbedding
+from blazr.model.zamba2_shared import bind_calls, shared_blocks
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import ModelCache
 
@@ -56,6 +57,11 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(
             Block(layer, cfg.hidden_size, rope_for, cfg.residual_multiplier, tp) for layer in cfg.layers
         )
+        # Zamba2: transformer blocks held once, called by several layers on (x, token embeddings)
+        self.reads_embeddings = any(m.is_input_addend for layer in cfg.layers for m in layer.mixers)
+        if any(isinstance(m, Zamba2SharedConfig) for layer in cfg.layers for m in layer.mixers):
+            self.shared_blocks = shared_blocks(cfg, rope_for)
+            bind_calls(self.layers, self.shared_blocks)
         self.norm = make_norm(cfg.final_norm, cfg.hidden_size)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab, bias=False)
 
@@ -73,8 +79,9 @@ class CausalLM(nn.Module):
             x = self.embed_tokens(input_ids)
             if scale != 1.0:
                 x = x * scale
+        embeddings = x.clone() if self.reads_embeddings else None  # the layers' adds may write x in place
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, cache.layer(i) if cache is not None else None)
+            x = layer(x, batch, cache.layer(i) if cache is not None else None, embeddings)
         return self.norm(x)
 
     def _embed_sharded(self, input_ids: torch.Tensor, tp: TPGroup) -> torch.Tensor:

@@ -24,15 +24,22 @@ Decode (a decode-only batch, float32 CPU activations): the whole layer is kernel
 be recorded (kernels/capture.py) — router logits through the f32 linear kernel, `moe_route`,
 `moe_experts` (float32 experts as an f32 view of their parameters, no copy), the shared MLP, `add`.
 
+Latent MoE (`latent_size`, Nemotron 3 Super): the router and the shared MLP read x [T, D]; the experts run on
+`latent_down(x)` [T, Lt] (their up_proj [E, I, Lt], down_proj [E, Lt, I]) and their weighted sum returns
+through `latent_up` [D, Lt]. Both are plain linears (quantized by --quantize, on the f32 kernel otherwise).
+Expert parallel: each rank sums its own experts in the latent space and applies `latent_up` to that part
+(linear, so the ranks' parts add up; its bias on rank 0 only).
+
 Shared MLP gate (`has_shared_gate`, Qwen3-Next): shared(x) · sigmoid(shared_gate(x)), `shared_gate.weight`
 [1, D] kept float (as the router), run by the f32 linear kernel and `ops.sigmoid_mul` on float32 CPU rows.
 
 Weights: `router.weight` [E, D]; `router.correction_bias` [E] (float32; keep it so at load);
 `experts.gate_up_proj` [E, 2I, D] (gate rows first, then up) or `experts.up_proj` [E, I, D] (ungated,
-NemotronH relu²); `experts.down_proj` [E, D, I] — or, stacked in a kernel format, `experts.w_up`
+NemotronH relu²); `experts.down_proj` [E, D, I] (D: Lt for a latent MoE); `latent_down.weight` [Lt, D],
+`latent_up.weight` [D, Lt] (+ biases) — or, stacked in a kernel format, `experts.w_up`
 [E·N, D] (N = 2I or I) and `experts.w_down` [E·D, I]; `shared.*` an `MLP` (blazr.model.mlp).
 
-Shapes: T tokens, D hidden, E experts, k experts per token, I expert width, G groups.
+Shapes: T tokens, D hidden, E experts, k experts per token, I expert width, G groups, Lt latent width.
 """
 
 from __future__ import annotations
@@ -192,7 +199,10 @@ class MoE(nn.Module):
         self.num_local = cfg.num_experts // world
         self.first_expert = rank * self.num_local
         self.is_sharded = world > 1
-        self.experts = Experts(cfg.expert, self.num_local, hidden_size)
+        latent, bias = cfg.latent_size, cfg.has_latent_bias
+        self.latent_down = nn.Linear(hidden_size, latent, bias=bias) if latent is not None else None
+        self.latent_up = nn.Linear(latent, hidden_size, bias=bias) if latent is not None else None
+        self.experts = Experts(cfg.expert, self.num_local, latent or hidden_size)
         self.shared = MLP(cfg.shared, hidden_size) if cfg.shared is not None else None
         # Qwen2-MoE / Qwen3-Next: the shared MLP's output scaled by sigmoid(shared_gate(x)), one per token
         self.shared_gate = nn.Linear(hidden_size, 1, bias=False) if cfg.has_shared_gate else None
@@ -201,8 +211,16 @@ class MoE(nn.Module):
         if batch is not None and batch.is_decode_only and ops.cpu_f32(x) and not self.is_sharded:
             return self._decode(x)
         weights, ids = self._local(*self.router(x))
-        out = self.experts(x, weights, ids).to(x.dtype)
+        out = self._up(self.experts(self._down(x), weights, ids).to(x.dtype))
         return out + self._shared(x) if self.shared is not None else out
+
+    def _down(self, x: torch.Tensor) -> torch.Tensor:
+        """The experts' input: x [T, D], or its latent projection [T, Lt]."""
+        return x if self.latent_down is None else self.latent_down(x)
+
+    def _up(self, y: torch.Tensor) -> torch.Tensor:
+        """The experts' weighted sum [T, D], or [T, Lt] projected back to [T, D]."""
+        return y if self.latent_up is None else self.latent_up(y)
 
     def _shared(self, x: torch.Tensor) -> torch.Tensor:
         """The shared MLP's output [T, D], gated when the config says so (kernel ops on float32 CPU rows)."""
@@ -232,15 +250,16 @@ class MoE(nn.Module):
         router = self.router
         logits = ops.linear(x, QuantizedWeight("f32", router.weight, *router.weight.shape))
         weights, ids = router.route(logits)
-        out = self.experts.kernel(x, weights, ids)
+        out = self._up(self.experts.kernel(self._down(x), weights, ids))
         return ops.add(out, self._shared(x), out=out) if self.shared is not None else out
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same function as a plain loop over tokens and their k experts (for tests)."""
         weights, ids = self.router(x)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        h = self._down(x)
+        out = torch.zeros(h.shape, dtype=torch.float32, device=x.device)
         for t in range(x.shape[0]):
             for j in range(ids.shape[1]):
-                out[t] += weights[t, j] * self.experts.expert(int(ids[t, j]), x[t : t + 1])[0].float()
-        out = out.to(x.dtype)
+                out[t] += weights[t, j] * self.experts.expert(int(ids[t, j]), h[t : t + 1])[0].float()
+        out = self._up(out.to(x.dtype))
         return out + self._shared(x) if self.shared is not None else out

@@ -1,7 +1,8 @@
 """Renames for HF `NemotronHForCausalLM`: `backbone.` prefix, `embeddings` / `norm_f`; every block has one
 `norm` and one `mixer` — Mamba2, attention (q/k/v/o_proj), MLP (up/down_proj) or MoE (`gate.weight`,
-`gate.e_score_correction_bias`, `experts.{e}.{up,down}_proj` per expert or stacked, `shared_experts.*`).
-A block without a mixer in blazr (MLP / MoE) reads its norm as `ffn_norm`."""
+`gate.e_score_correction_bias`, `experts.{e}.{up,down}_proj` per expert or stacked, `shared_experts.*`, a
+latent MoE's `fc1_latent_proj` (blazr's `latent_down`) and `fc2_latent_proj` (`latent_up`)). A block without a
+mixer in blazr (MLP / MoE) reads its norm as `ffn_norm`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def nemotron_h_names(cfg: ModelConfig) -> NameMap:
         .add(L + r"moe\.router\.correction_bias", B + "mixer.gate.e_score_correction_bias")
         .add(L + r"moe\.experts\.(.+)", B + r"mixer.experts.\2")
         .add(L + r"moe\.shared\.(.+)", B + r"mixer.shared_experts.\2")
+        .add(L + r"moe\.latent_down\.(.+)", B + r"mixer.fc1_latent_proj.\2")
+        .add(L + r"moe\.latent_up\.(.+)", B + r"mixer.fc2_latent_proj.\2")
     )
 
 

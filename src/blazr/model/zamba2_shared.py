@@ -1,0 +1,180 @@
+"""Zamba2's shared transformer block and its calls: the mixer kind `zamba2_shared`.
+
+A Zamba2 model holds `num_mem_blocks` transformer blocks (`SharedBlock`, the model's `shared_blocks.{b}`)
+and calls them, in turn, from its hybrid layers. Each call (`SharedCall`, the layer's `shared` mixer) runs
+the block on the un-normed residual x and the token embeddings e, with its own adapters, its own KV cache
+and its own output projection:
+
+    h = input_norm(concat(x, e))                                        [T, 2D]
+    q, k, v = q_proj(h) + q_adapter(h), …  (adapters: per call, when the model has them)
+    a = o_proj(attention(q, k, v))         (head_dim 2D / H, rope when the model has it)   [T, D]
+    a = ffn_norm(a)
+    g, u = gate_up_proj(a) + gate_up_adapter(a)
+    out = linear(down_proj(act(g) · u))                                 [T, D]
+
+and the layer adds `out` to the input of its Mamba2 mixer (`MixerConfig.is_input_addend`, model/block.py):
+x ← x + mamba(norm(x + out)). An adapter is two linears (`.0`: down to the rank, `.1`: back up), as the
+checkpoint stores them.
+
+The block's weights exist once (the model's `shared_blocks`); a call holds only its adapters and `linear`,
+and reaches its block through `bind` (not a submodule: its parameters keep one name, and a linear swapped
+for a quantized one by the loader is seen by every call). Every linear of a shared block is quantizable
+(loading/quantize.py), as are each call's.
+
+`SPEC`: the paged K and V of the call's attention (a prefix is its blocks); the decode plan and CUDA graphs
+do not hold it (the concat and the adapters run in torch); tensor parallelism is refused.
+
+Shapes: T tokens, D hidden, H heads, Hkv KV heads, Dh = 2D / H head size, I MLP width, R adapter rank.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blazr.config import ModelConfig, Zamba2SharedConfig
+from blazr.errors import UnsupportedError
+from blazr.model.attention import _cache as attention_cache
+from blazr.model.attention import causal_attention
+from blazr.model.mixer_spec import MixerSpec, RopeFor
+from blazr.model.mlp import activate
+from blazr.model.norm import RMSNorm
+from blazr.model.rope import RotaryEmbedding
+from blazr.state.batch import ForwardBatch
+from blazr.state.kv_cache import LayerCache
+from blazr.state.layout import Snapshot
+
+
+class _Attention(nn.Module):
+    """The shared attention's projections: q/k/v [H·Dh or Hkv·Dh, 2D], o_proj [D, H·Dh]."""
+
+    def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int) -> None:
+        super().__init__()
+        a = cfg.attention
+        self.q_proj = nn.Linear(2 * hidden_size, a.num_heads * a.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * hidden_size, a.num_kv_heads * a.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * hidden_size, a.num_kv_heads * a.head_dim, bias=False)
+        self.o_proj = nn.Linear(a.num_heads * a.head_dim, hidden_size, bias=False)
+
+
+class _MLP(nn.Module):
+    """The shared MLP's projections: gate_up_proj [2I, D] (gate rows first), down_proj [D, I]."""
+
+    def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int) -> None:
+        super().__init__()
+        width = cfg.mlp.intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * width, bias=cfg.mlp.has_bias)
+        self.down_proj = nn.Linear(width, hidden_size, bias=cfg.mlp.has_bias)
+
+
+class SharedBlock(nn.Module):
+    """One shared transformer block's weights (its calls run it: `SharedCall.forward`)."""
+
+    def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int, rope: RotaryEmbedding | None) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(2 * hidden_size, cfg.norm.eps)
+        self.attn = _Attention(cfg, hidden_size)
+        self.ffn_norm = RMSNorm(hidden_size, cfg.norm.eps)
+        self.mlp = _MLP(cfg, hidden_size)
+        self.rope = rope
+
+
+def _adapter(n_in: int, rank: int, n_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, rank, bias=False), nn.Linear(rank, n_out, bias=False))
+
+
+class SharedCall(nn.Module):
+    """One layer's call of a shared block: its adapters, its output `linear` [D, D] and (through the layer's
+    cache) its own keys and values. (x [T, D], embeddings [T, D]) → [T, D]."""
+
+    def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        a, wide = cfg.attention, 2 * hidden_size
+        if cfg.attention_adapter_rank is not None:
+            r = cfg.attention_adapter_rank
+            self.q_adapter = _adapter(wide, r, a.num_heads * a.head_dim)
+            self.k_adapter = _adapter(wide, r, a.num_kv_heads * a.head_dim)
+            self.v_adapter = _adapter(wide, r, a.num_kv_heads * a.head_dim)
+        self.gate_up_adapter = _adapter(hidden_size, cfg.mlp_adapter_rank, 2 * cfg.mlp.intermediate_size)
+        self.linear = nn.Linear(hidden_size, hidden_size, bias=False)
+        self._block: tuple[SharedBlock, ...] = ()  # a tuple: not a submodule (see the module docstring)
+
+    def bind(self, block: SharedBlock) -> None:
+        self._block = (block,)
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None, embeddings: torch.Tensor
+    ) -> torch.Tensor:
+        assert self._block, "a SharedCall runs only bound to its model's shared block"
+        block, cfg, T = self._block[0], self.cfg.attention, x.shape[0]
+        h = block.input_norm(torch.cat([x, embeddings], dim=-1))  # [T, 2D]
+        q, k, v = block.attn.q_proj(h), block.attn.k_proj(h), block.attn.v_proj(h)
+        if self.cfg.attention_adapter_rank is not None:
+            q, k, v = q + self.q_adapter(h), k + self.k_adapter(h), v + self.v_adapter(h)
+        q = q.view(T, cfg.num_heads, cfg.head_dim)
+        k = k.view(T, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
+        if block.rope is not None:
+            q, k = block.rope(q, batch.positions), block.rope(k, batch.positions)
+        k_pool = v_pool = None
+        if cache is not None and batch.has_cache:
+            k_pool, v_pool = cache.k, cache.v
+            k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
+            v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
+        o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
+        a = block.ffn_norm(block.attn.o_proj(o.reshape(T, -1)))  # [T, D]
+        gate, up = (block.mlp.gate_up_proj(a) + self.gate_up_adapter(a)).chunk(2, dim=-1)
+        y = block.mlp.down_proj(activate(gate, self.cfg.mlp.activation) * up)
+        return self.linear(y)
+
+
+def shared_blocks(cfg: ModelConfig, rope_for: RopeFor) -> nn.ModuleList:
+    """The model's shared blocks, `max(block) + 1` of them, each built from the first call that names it
+    (ValueError when two calls of one block disagree on its sizes, or a block is never called)."""
+    first: dict[int, Zamba2SharedConfig] = {}
+    for i, layer in enumerate(cfg.layers):
+        for m in layer.mixers:
+            if not isinstance(m, Zamba2SharedConfig):
+                continue
+            seen = first.setdefault(m.block, m)
+            if (seen.attention, seen.mlp, seen.norm) != (m.attention, m.mlp, m.norm):
+                raise ValueError(f"layer {i}: its call of shared block {m.block} disagrees on its sizes")
+    if sorted(first) != list(range(len(first))):
+        raise ValueError(f"shared blocks {sorted(first)}: every block from 0 up must be called")
+    return nn.ModuleList(
+        SharedBlock(first[b], cfg.hidden_size, rope_for(first[b].attention.rope)) for b in range(len(first))
+    )
+
+
+def bind_calls(layers: nn.ModuleList, blocks: nn.ModuleList) -> None:
+    """Point every layer's SharedCall at its block."""
+    for layer in layers:
+        for module in layer.children():
+            if isinstance(module, SharedCall):
+                module.bind(blocks[module.cfg.block])
+
+
+def _shard(cfg: Zamba2SharedConfig, world: int, where: str) -> Zamba2SharedConfig:
+    raise UnsupportedError(
+        f"{where} Zamba2 shared transformer block: tensor parallelism does not split it (use one rank)"
+    )
+
+
+SPEC = MixerSpec(
+    config=Zamba2SharedConfig,
+    prefix="shared",
+    build=lambda cfg, hidden_size, rope_for, tp: SharedCall(cfg, hidden_size),
+    cache=lambda cfg: attention_cache(cfg.attention),
+    snapshot=Snapshot.BLOCKS,
+    linears=(
+        *(f"{x}_adapter.{j}" for x in ("q", "k", "v", "gate_up") for j in (0, 1)),
+        "linear",
+    ),
+    float_linears=(),
+    fused=lambda cfg, leaf: None,
+    shard=_shard,
+    slice=lambda cfg, leaf, t, rank, world: None,
+    is_plan_safe=False,
+    graph_windows=None,
+)
