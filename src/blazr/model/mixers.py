@@ -17,7 +17,7 @@ from torch import nn
 
 from blazr.config import LayerConfig, MixerConfig, ModelConfig
 from blazr.errors import UnsupportedError
-from blazr.model import attention, deltanet, mamba1, mamba2, mla, short_conv
+from blazr.model import attention, deltanet, kda, mamba1, mamba2, mla, short_conv
 from blazr.model.mixer_spec import MixerSpec, RopeFor
 from blazr.state.layout import CacheLayout, CacheTensor, LayerLayout, Snapshot
 
@@ -122,6 +122,6 @@ def cache_layout(cfg: ModelConfig) -> CacheLayout:
     return CacheLayout(tuple(layers))
 
 
-_KINDS = (attention, mla, mamba2, deltanet, short_conv, mamba1)  # the modules whose SPEC is a kind
+_KINDS = (attention, mla, mamba2, deltanet, short_conv, mamba1, kda)  # the modules whose SPEC is a kind
 for _module in _KINDS:
     register(_module.SPEC)

@@ -1,0 +1,106 @@
+"""Kimi-Linear parity with transformers: Kimi Delta Attention layers (the delta rule with a channel-wise
+decay, q / k / v short convs, L2-normed q / k, β gate, sigmoid-gated output norm) interleaved 3:1 with NoPE
+MLA, a dense first layer then DeepSeek-V3-style MoE (sigmoid routing with the correction bias, expert groups,
+shared experts); the channel-wise delta rule's chunked form against its recurrence; detection without
+config.json; a mismatched tensor named in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from blazr.config import KimiDeltaConfig, MLAConfig
+from blazr.errors import CheckpointError
+from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
+from tests.hf_parity import ParityTests
+from tests.ssm_fixtures import detect_with, layer_kinds, load_pair, runtime_free, single_thread
+
+# 2 KDA heads of 16; MLA 4 heads (nope 16, rope 8, value 16, latent 32); 4 experts in 2 groups, top-2.
+SIZES = dict(
+    hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
+    qk_nope_head_dim=16, v_head_dim=16, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+    n_group=2, topk_group=1, linear_head_dim=16, linear_num_heads=2, linear_conv_kernel_dim=4, pad_token_id=0,
+    bos_token_id=1, eos_token_id=2, initializer_range=0.05,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    yield from single_thread()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return load_pair(tmp_path_factory.mktemp("kimi"), "kimi-linear", "KimiLinearForCausalLM", **SIZES)
+
+
+def test_detected_config(pair):
+    cfg = pair.llm.config
+    assert layer_kinds(cfg) == ["kda+mlp", "kda+moe", "kda+moe", "mla+moe"]
+    kda = cfg.layers[0].mixer(KimiDeltaConfig)
+    assert (kda.num_heads, kda.head_dim, kda.conv_kernel, kda.norm_eps) == (2, 16, 4, 1e-5)
+    mla = cfg.layers[3].mixer(MLAConfig)
+    assert mla.rope.scaling == "none" and mla.softmax_scale == 24**-0.5 and mla.q_lora_rank is None
+    moe = cfg.layers[1].moe
+    assert (moe.scoring, moe.num_groups, moe.topk_groups, moe.group_score) == ("sigmoid", 2, 1, "top2_sum")
+    assert moe.has_correction_bias and moe.is_renormalized and moe.routed_scaling_factor == 2.446
+    assert moe.shared is not None and moe.shared.intermediate_size == 32
+
+
+class TestParity(ParityTests):
+    """Logits, greedy tokens, cache invariants and batched == alone against transformers."""
+
+
+def test_state_bytes_per_sequence(pair):
+    """Per KDA layer: conv 3·H·Dh × (K − 1) in float32 and the [H, Dh, Dh] float32 state."""
+    per_layer = 3 * 32 * 3 * 4 + 2 * 16 * 16 * 4
+    cache = pair.llm.runner.cache
+    assert sum(t[0].numel() * t.element_size() for t in cache.state) == 3 * per_layer
+
+
+def test_channel_wise_chunked_equals_recurrence():
+    """The chunked (WY) form with a per-channel decay equals the token-by-token recurrence, across chunk
+    borders and from a nonzero state."""
+    g = torch.Generator().manual_seed(0)
+    L, H, Dk, Dv = 45, 3, 8, 6
+    q = torch.nn.functional.normalize(torch.randn(L, H, Dk, generator=g), dim=-1) * Dk**-0.5
+    k = torch.nn.functional.normalize(torch.randn(L, H, Dk, generator=g), dim=-1)
+    v, beta = torch.randn(L, H, Dv, generator=g), torch.rand(L, H, generator=g)
+    decay = -3 * torch.rand(L, H, Dk, generator=g)
+    S0 = torch.randn(H, Dk, Dv, generator=g)
+    o_seq, s_seq = delta_rule_sequential(q, k, v, decay, beta, S0)
+    for chunk in (1, 8, 64):
+        o, s = delta_rule_chunked(q, k, v, decay, beta, chunk, S0)
+        torch.testing.assert_close(o, o_seq, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s, s_seq, atol=1e-5, rtol=1e-5)
+
+
+def test_detected_without_config_json(pair, tmp_path):
+    """Only tensors: the same model but what no shape carries (top-k, the scaling factor: defaults)."""
+    found = detect_with(pair.path, tmp_path / "bare", None)
+    want = pair.llm.config
+    assert [layer.mixers for layer in found.layers] == [layer.mixers for layer in want.layers]
+    assert runtime_free(found).layers[0] == runtime_free(want).layers[0]
+    assert found.layers[1].moe.num_experts == 4 and found.layers[1].moe.top_k == 4  # min(8, E)
+
+
+def test_mismatched_tensor_named(pair, tmp_path):
+    """A dt_bias of the wrong width: one line naming the tensor, expected and found."""
+    from safetensors.torch import load_file, save_file
+
+    dst = tmp_path / "bad"
+    dst.mkdir()
+    shutil.copy(pair.path / "config.json", dst / "config.json")
+    tensors = load_file(pair.path / "model.safetensors")
+    tensors["model.layers.1.self_attn.dt_bias"] = torch.zeros(30)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    raw = json.loads((dst / "config.json").read_text())
+    assert raw["model_type"] == "kimi_linear"
+    said = r"model\.layers\.1\.self_attn\.dt_bias: expected \[32\] features \(2 heads of 16\), found \[30\]$"
+    with pytest.raises(CheckpointError, match=said):
+        detect_with(dst, tmp_path / "bad2", lambda c: None)
