@@ -11,11 +11,13 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from blazr.config import KimiDeltaConfig, MLAConfig
 from blazr.errors import CheckpointError
 from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
-from tests.hf_parity import ParityTests
+from tests.drive import full_logits
+from tests.hf_parity import ParityTests, check_batched_equals_alone, check_cache_invariants, prompts
 from tests.ssm_fixtures import detect_with, layer_kinds, load_pair, runtime_free, single_thread
 
 # 2 KDA heads of 16; MLA 4 heads (nope 16, rope 8, value 16, latent 32); 4 experts in 2 groups, top-2.
@@ -104,3 +106,33 @@ def test_mismatched_tensor_named(pair, tmp_path):
     said = r"model\.layers\.1\.self_attn\.dt_bias: expected \[32\] features \(2 heads of 16\), found \[30\]$"
     with pytest.raises(CheckpointError, match=said):
         detect_with(dst, tmp_path / "bad2", lambda c: None)
+
+
+def test_quantize_int8(pair):
+    """`--quantize int8`: every KDA and MLA linear, the MLP, the shared experts and the head become q8_0g,
+    each exactly the float weight quantized (f_b_proj / g_b_proj read Dh = 16 features here, under a block of
+    32: kept float32, as every such linear); logits stay close to the float model's, cached decode steps and
+    chunked prefill agree with the cacheless forward, batched greedy equals alone."""
+    from blazr import LLM
+    from blazr.kernels.quant import quantize
+    from blazr.model.qlinear import QuantizedLinear
+
+    llm = LLM(pair.path, cpu=True, dtype="float32", quantize="int8", max_num_seqs=4)
+    plain = pair.llm.model
+    wrapped = {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
+    kda = ("qkv_proj", "f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "b_proj", "o_proj")
+    names = [f"layers.0.kda.{leaf}" for leaf in kda] + ["layers.0.mlp.gate_up_proj", "layers.0.mlp.down_proj"]
+    names += ["layers.3.mla.kv_a_proj", "layers.3.mla.o_proj", "layers.1.moe.shared.gate_up_proj", "lm_head"]
+    for name in names:
+        got, float_weight = wrapped[name], plain.get_submodule(name).weight.detach()
+        kind = "f32" if float_weight.shape[1] % 32 else "q8_0g"
+        assert got.kind == kind, name
+        assert torch.equal(got.qweight.data, quantize(float_weight, kind).data), name
+    assert sum(wrapped[n].kind == "q8_0g" for n in names) == len(names) - 2
+    batch = prompts([40, 25], seed=6, vocab=llm.config.vocab_size)
+    got, want = torch.cat(full_logits(llm.runner, batch)), torch.cat(full_logits(pair.llm.runner, batch))
+    top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    kl = float(F.kl_div(got.log_softmax(-1), want.log_softmax(-1), log_target=True, reduction="batchmean"))
+    assert top1 >= 0.6 and 0 < kl <= 0.1, (top1, kl)
+    check_cache_invariants(llm, 0.15)  # 8-bit activations and the float16 latent cache (as Qwen3.5's)
+    check_batched_equals_alone(llm)
