@@ -1,8 +1,8 @@
 """Kimi-Linear parity with transformers: Kimi Delta Attention layers (the delta rule with a channel-wise
 decay, q / k / v short convs, L2-normed q / k, β gate, sigmoid-gated output norm) interleaved 3:1 with NoPE
 MLA, a dense first layer then DeepSeek-V3-style MoE (sigmoid routing with the correction bias, expert groups,
-shared experts); the channel-wise delta rule's chunked form against its recurrence; detection without
-config.json; a mismatched tensor named in one line."""
+shared experts); detection without config.json; a mismatched tensor named in one line; int8 (the kernels:
+tests/test_kda.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from blazr.config import KimiDeltaConfig, MLAConfig
 from blazr.errors import CheckpointError
-from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
 from tests.drive import full_logits
 from tests.hf_parity import ParityTests, check_batched_equals_alone, check_cache_invariants, prompts
 from tests.ssm_fixtures import detect_with, layer_kinds, load_pair, runtime_free, single_thread
@@ -63,23 +62,6 @@ def test_state_bytes_per_sequence(pair):
     per_layer = 3 * 32 * 3 * 4 + 2 * 16 * 16 * 4
     cache = pair.llm.runner.cache
     assert sum(t[0].numel() * t.element_size() for t in cache.state) == 3 * per_layer
-
-
-def test_channel_wise_chunked_equals_recurrence():
-    """The chunked (WY) form with a per-channel decay equals the token-by-token recurrence, across chunk
-    borders and from a nonzero state."""
-    g = torch.Generator().manual_seed(0)
-    L, H, Dk, Dv = 45, 3, 8, 6
-    q = torch.nn.functional.normalize(torch.randn(L, H, Dk, generator=g), dim=-1) * Dk**-0.5
-    k = torch.nn.functional.normalize(torch.randn(L, H, Dk, generator=g), dim=-1)
-    v, beta = torch.randn(L, H, Dv, generator=g), torch.rand(L, H, generator=g)
-    decay = -3 * torch.rand(L, H, Dk, generator=g)
-    S0 = torch.randn(H, Dk, Dv, generator=g)
-    o_seq, s_seq = delta_rule_sequential(q, k, v, decay, beta, S0)
-    for chunk in (1, 8, 64):
-        o, s = delta_rule_chunked(q, k, v, decay, beta, chunk, S0)
-        torch.testing.assert_close(o, o_seq, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(s, s_seq, atol=1e-5, rtol=1e-5)
 
 
 def test_detected_without_config_json(pair, tmp_path):

@@ -575,8 +575,8 @@ def kda_step(
     decay and β, the delta-rule update of state [S, H, D, D] and conv_state [S, 3·W, K-1] in place at `slots`
     [B], and the sigmoid-gated norm. qkv [B, 3·W], f, gate [B, W], b [B, H]; conv_weight [3·W, K]; dt_bias
     [W], A_log [H]; norm_weight [D]. Returns y [B, W] (o_proj's input; see kda_step_reference)."""
-    return kda_step_reference(  # no C kernel yet
-        qkv, f, b, gate, slots, conv_weight, conv_state, dt_bias, A_log,
+    return _dispatch(
+        "kda_step", kda_step_reference, qkv, f, b, gate, slots, conv_weight, conv_state, dt_bias, A_log,
         norm_weight, state, eps,
     )  # fmt: skip
 
@@ -604,8 +604,8 @@ def kda_prefill(
     the slots and, for each (b, k, dst) of `saves`, sequence b's states after its first k tokens at slot dst.
     Returns y [T, W]. The chunked delta rule with channel-wise decay, chunks of `chunk_size`, cut at the
     saves (see kda_prefill_reference)."""
-    return kda_prefill_reference(  # no C kernel yet
-        qkv, f, b, gate, query_lens, slots, fresh, saves, conv_weight,
+    return _dispatch(
+        "kda_prefill", kda_prefill_reference, qkv, f, b, gate, query_lens, slots, fresh, saves, conv_weight,
         conv_state, dt_bias, A_log, norm_weight, state, eps, chunk_size,
     )  # fmt: skip
 

@@ -1,6 +1,7 @@
 """Torch references of Kimi Delta Attention's kernels (Kimi-Linear): the decode step and the prefill of one
 layer, from the projections' outputs to the gated-norm output that o_proj reads, with the conv and
-delta-rule states advanced in place in their pools. `ops.kda_step` / `ops.kda_prefill` run them.
+delta-rule states advanced in place in their pools. `ops.kda_step` / `ops.kda_prefill` run the C kernels
+(csrc/kda.c) and fall back to these (other dtypes and devices).
 
 Per token, from qkv = [q | k | v] (the q / k / v projections' outputs, W = H·D each), f [W] (f_b(f_a(x)),
 the decay's input), b [H] (b_proj(x)) and gate [W] (g_b(g_a(x))):

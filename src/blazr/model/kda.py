@@ -5,13 +5,13 @@ strength β = sigmoid(b_proj(x))) → per-head RMSNorm · sigmoid(g_b(g_a(x))) �
 in blazr/kernels/reference_kda.py, the delta rule's two forms in blazr/model/delta_rule.py.
 
 One step's flat layout (see `ForwardBatch`), as gated DeltaNet's (model/deltanet.py):
-- no cache (reference forward): every sequence from zero states through throw-away pools (`kda_prefill_
-  reference`, the chunked delta rule);
-- decode rows (the first Bd sequences, one token each): one batched recurrent step, the op `kda_step`
-  (`cache.kda_conv` / `cache.kda_state` advanced in place at `state_slots`);
-- prefill rows: all sequences in one op `kda_prefill`, each from its slot's states when `context_len > 0`
-  or from zeros, its final states written back; prefix-cache snapshots (`batch.state_saves`) cut the
-  chunks there and copy the states at that point into their snapshot slots.
+- no cache (reference forward): every sequence from zero states through throw-away pools
+  (`kda_prefill_reference`, the chunked delta rule);
+- decode rows (the first Bd sequences, one token each): one batched recurrent step, the kernel op `kda_step`
+  (csrc/kda.c; `cache.kda_conv` / `cache.kda_state` advanced in place at `state_slots`);
+- prefill rows: all sequences in one kernel op `kda_prefill` (the chunked WY form in C), each from its
+  slot's states when `context_len > 0` or from zeros, its final states written back; prefix-cache snapshots
+  (`batch.state_saves`) cut the chunks there and copy the states at that point into their snapshot slots.
 
 Parameters (internal names; loading/names/kimi_linear.py maps HF's): qkv_proj [3·W, D] rows [q | k | v]
 (parts q_proj, k_proj, v_proj), f_a_proj [Dh, D], f_b_proj [W, Dh], g_a_proj [Dh, D], g_b_proj [W, Dh],
@@ -24,7 +24,7 @@ Numerics: conv + SiLU in the weights' dtype (as HF), all after it float32, y cas
 state [H, Dh, Dh] float32 (a prefix is a snapshot: a copy of the state slot's rows); every linear
 quantizable; tensor parallel splits the heads (each rank its heads' rows of qkv_proj / f_b_proj / g_b_proj /
 b_proj / conv, their dt_bias / A_log, o_proj's columns; f_a_proj / g_a_proj and the norm are replicated);
-the decode plan may not hold it until its step is a C kernel, a CUDA graph not.
+the decode plan may hold it (its step is kernel ops: the linears and `kda_step`), a CUDA graph not.
 """
 
 from __future__ import annotations
@@ -147,6 +147,6 @@ SPEC = MixerSpec(
     fused=_fused,
     shard=_shard,
     slice=_slice,
-    is_plan_safe=False,
+    is_plan_safe=True,
     graph_windows=None,
 )
