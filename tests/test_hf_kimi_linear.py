@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr.config import KimiDeltaConfig, MLAConfig
-from blazr.errors import CheckpointError
+from blazr.errors import CheckpointError, UnsupportedError
 from tests.drive import full_logits
 from tests.hf_parity import ParityTests, check_batched_equals_alone, check_cache_invariants, prompts
 from tests.ssm_fixtures import detect_with, layer_kinds, load_pair, runtime_free, single_thread
@@ -118,3 +118,18 @@ def test_quantize_int8(pair):
     assert top1 >= 0.6 and 0 < kl <= 0.1, (top1, kl)
     check_cache_invariants(llm, 0.15)  # 8-bit activations and the float16 latent cache (as Qwen3.5's)
     check_batched_equals_alone(llm)
+
+
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("mla_use_nope", False, "mla_use_nope = false"),
+        ("moe_router_activation_func", "softmax", "routes by sigmoid"),
+    ],
+)
+def test_unsupported_switches_are_refused(pair, tmp_path, key, value, said):
+    def edit(raw):
+        raw[key] = value
+
+    with pytest.raises(UnsupportedError, match=said):
+        detect_with(pair.path, tmp_path / "edited", edit)

@@ -181,7 +181,24 @@ def _ffn(raw: Raw, shapes: Shapes, p: str) -> dict[str, MLPConfig | MoEConfig]:
     }
 
 
+def _check_supported(raw: Raw) -> None:
+    """What moonshotai's config.json may switch that blazr (and transformers) do not run: MLA with rope,
+    another router activation, multi-token-prediction layers."""
+    if raw.get("mla_use_nope", True) is False:
+        raise UnsupportedError(
+            f"{raw.path}: mla_use_nope = false (rotary MLA) is not supported for Kimi-Linear"
+        )
+    act = raw.get("moe_router_activation_func", "sigmoid")
+    if act != "sigmoid":
+        raise UnsupportedError(
+            f"{raw.path}: moe_router_activation_func = {act!r}; Kimi-Linear routes by sigmoid"
+        )
+    if raw.int("num_nextn_predict_layers", 0):
+        log.info("%s: the multi-token-prediction layers are not loaded", raw.path)
+
+
 def build_kimi_linear(raw: Raw, shapes: Shapes) -> ModelConfig:
+    _check_supported(raw)
     vocab, hidden = require(shapes, "model.embed_tokens.weight")
     num_layers = num_layers_of(raw, shapes, _PREFIX)
     check_silu(raw, "hidden_act")
