@@ -22,7 +22,8 @@
  * per-channel cumulative log-decay from the chunk's start: (I + L)[U | W] = [βv | β(e^{G_i} ∘ k_i)] with
  * L_ij = β_i Σ_c k_ic k_jc e^{G_ic − G_jc}; v_new = U − W·S; o_i = (q_i ∘ e^{G_i})·S + Σ_{j≤i} (Σ_c q_ic k_jc
  * e^{G_ic − G_jc}) v_new_j; S ← diag(e^{G_last})·S + Σ_j (k_j ∘ e^{G_last − G_j}) v_newⱼᵀ. The Gram matrices
- * weigh each channel by its own decay (n²·D exps per chunk); the state products are register-blocked.
+ * weigh each channel by its own decay (n²·D exps per chunk, 8 lanes at a time: kda_gram_pair); the state
+ * products are register-blocked.
  */
 #include "blazr_kernels.h"
 
@@ -136,6 +137,34 @@ BLZ_EXPORT int blz_kda_step(const float *qkv, const float *f, const float *b, co
 
 /* ------------------------------------------------------------------------------------------------ prefill */
 
+/* One pair of the chunk's Gram matrices: *sq = Σ_d q_d·k'_d, *sk = Σ_d k_d·k'_d with k'_d = kj_d·e^{Gi_d − Gj_d}
+ * (the log-decay floored at DN_LOG_FLOOR), in 8 partial sums (lane d mod 8: the AVX2 lanes, or one by one
+ * on the scalar path, exp by blz_exp256 / blz_exp_poly: the same bits) added in a fixed order. */
+static void kda_gram_pair(const float *qi, const float *ki, const float *kj, const float *Gi, const float *Gj,
+                          int64_t D, float *sq, float *sk) {
+    float aq[8] = {0.0f}, ak[8] = {0.0f};
+    int64_t d = 0;
+#if defined(BLZ_AVX2)
+    __m256 vq = _mm256_setzero_ps(), vk = vq;
+    const __m256 floor = _mm256_set1_ps(DN_LOG_FLOOR);
+    for (; d + 8 <= D; d += 8) {
+        const __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(Gi + d), _mm256_loadu_ps(Gj + d)), floor);
+        const __m256 kje = _mm256_mul_ps(_mm256_loadu_ps(kj + d), blz_exp256(x));
+        vq = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), kje, vq);
+        vk = _mm256_fmadd_ps(_mm256_loadu_ps(ki + d), kje, vk);
+    }
+    _mm256_storeu_ps(aq, vq);
+    _mm256_storeu_ps(ak, vk);
+#endif
+    for (; d < D; ++d) {
+        const float kje = kj[d] * blz_exp_poly(fmaxf(Gi[d] - Gj[d], DN_LOG_FLOOR));
+        aq[d % 8] = fmaf(qi[d], kje, aq[d % 8]);
+        ak[d % 8] = fmaf(ki[d], kje, ak[d % 8]);
+    }
+    *sq = ((aq[0] + aq[1]) + (aq[2] + aq[3])) + ((aq[4] + aq[5]) + (aq[6] + aq[7]));
+    *sk = ((ak[0] + ak[1]) + (ak[2] + ak[3])) + ((ak[4] + ak[5]) + (ak[6] + ak[7]));
+}
+
 /* The scratch of one (sequence, head) task for chunks of ≤ Cs tokens. */
 typedef struct {
     float *G, *L, *QK, *Wm, *V, *O, *KT, *Q;
@@ -171,13 +200,8 @@ static void kda_chunk(const kda_geom *g, int64_t h, float *S, const float *u, co
     for (int64_t i = 0; i < n; ++i) {
         const float *qi = q0 + i * C, *ki = k0 + i * C, *Gi = c->G + i * D, bi = beta[(r0 + i) * H + h];
         for (int64_t j = 0; j <= i; ++j) {
-            const float *kj = k0 + j * C, *Gj = c->G + j * D;
-            float sq = 0.0f, sk = 0.0f;
-            for (int64_t d = 0; d < D; ++d) {
-                const float e = dn_exp(Gi[d] - Gj[d]), kje = kj[d] * e;
-                sq = fmaf(qi[d], kje, sq);
-                sk = fmaf(ki[d], kje, sk);
-            }
+            float sq, sk;
+            kda_gram_pair(qi, ki, k0 + j * C, Gi, c->G + j * D, D, &sq, &sk);
             c->QK[i * n + j] = sq;
             if (j < i) c->L[i * n + j] = bi * sk;
         }
