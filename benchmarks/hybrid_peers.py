@@ -43,6 +43,8 @@ from tests import llama_cpp_convert
 from tests.llama_cpp_convert import (
     export_tokenizer,
     granite_as_published,
+    kimi_as_published,
+    kimi_weights_as_published,
     nemotron_as_published,
     spm_tokenizer,
 )
@@ -348,6 +350,46 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
         ),
         None,
     ),
+    # moonshotai/Kimi-Linear-48B-A3B scaled to 0.88B parameters keeping its layer pattern (3 KDA : 1 NoPE
+    # MLA, the last layer MLA), head sizes and ratios: KDA and MLA heads of 128 (MLA: nope 128, rope 64,
+    # value 128, latent 512, no q LoRA), as many KDA heads as MLA heads (llama.cpp reads one count for both)
+    # and twice the hidden width; a dense first layer 4× the hidden width; experts a quarter of the hidden
+    # width (published 0.44×) with one shared, 8 of 32 per token (published 8 of 256), sigmoid routing
+    # scaled by 2.446: hidden 1024 (0.44×), 16 layers (published 27), vocabulary as published.
+    "kimi-linear-scaled-0.88b": (
+        "KimiLinearForCausalLM",
+        dict(
+            vocab_size=163840,
+            hidden_size=1024,
+            intermediate_size=4096,
+            moe_intermediate_size=256,
+            num_hidden_layers=16,
+            layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(16)],
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            kv_lora_rank=512,
+            q_lora_rank=None,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            linear_num_heads=16,
+            linear_head_dim=128,
+            linear_conv_kernel_dim=4,
+            num_local_experts=32,
+            num_experts_per_tok=8,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=2.446,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=262144,
+            pad_token_id=163839,
+            bos_token_id=163584,
+            eos_token_id=163586,
+            tie_word_embeddings=False,
+        ),
+        kimi_as_published,
+    ),
 }
 
 # precision → (blazr --quantize, llama.cpp GGUF type)
@@ -383,6 +425,8 @@ def checkpoint(name: str) -> Path:
     export_tokenizer(out)
     if arch == "JambaForCausalLM":  # its converter reads tokenizer.model; blazr the exported tokenizer.json
         spm_tokenizer(out)
+    if arch == "KimiLinearForCausalLM":  # the dense MLP under mlp., as moonshotai's files (the converter's)
+        kimi_weights_as_published(out)
     return out
 
 

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,36 @@ def nemotron_as_published(raw: dict, pattern: str) -> None:
         raw.pop(key, None)
     raw["hybrid_override_pattern"] = pattern
     raw["num_hidden_layers"] = len(pattern)
+
+
+def kimi_as_published(raw: dict) -> None:
+    """A Kimi-Linear config.json as moonshotai publishes it: the KDA sizes and the 1-based layer lists under
+    `linear_attn_config`, `first_k_dense_replace`, `moe_router_activation_func`, and no model_type (with
+    one, the converter lets transformers' AutoConfig rewrite the config, which drops `linear_attn_config`)."""
+    types = raw.pop("layer_types")
+    raw["linear_attn_config"] = {
+        "head_dim": raw.pop("linear_head_dim"),
+        "num_heads": raw.pop("linear_num_heads"),
+        "short_conv_kernel_size": raw.pop("linear_conv_kernel_dim"),
+        "kda_layers": [i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+        "full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"],
+    }
+    raw["first_k_dense_replace"] = raw.pop("mlp_layer_types").count("dense")
+    raw["max_position_embeddings"] = raw["model_max_length"]
+    raw["moe_router_activation_func"] = "sigmoid"
+    raw["n_group"] = raw["num_expert_group"]  # the key the converter's generic MoE metadata reads
+    raw.pop("model_type")
+
+
+def kimi_weights_as_published(hf_dir: Path) -> None:
+    """The dense layers' MLP under `mlp.` as moonshotai's files hold it (transformers saves every layer's
+    feed-forward under `block_sparse_moe.`, which llama.cpp's converter cannot map for a dense one)."""
+    from safetensors.torch import load_file, save_file
+
+    path = hf_dir / "model.safetensors"
+    dense = re.compile(r"(model\.layers\.\d+\.)block_sparse_moe\.((?:gate|up|down)_proj\.weight)")
+    tensors = {dense.sub(r"\1mlp.\2", n): t for n, t in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def spm_tokenizer(dst: Path, vocab: int = 600) -> Path:

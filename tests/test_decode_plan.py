@@ -1,7 +1,8 @@
 """The fused CPU decode step (engine/decode_plan.py: the model's own forward, captured) against the eager
 model: greedy tokens of batched generation identical with and without the plan (Llama, Qwen2 with q/k/v
 bias, Mistral with a sliding window shorter than the sequences, Mamba2, a Granite attention + Mamba2 hybrid
-with its multipliers, FalconH1, NemotronH, DeepSeek-V3's MLA + MoE, Mixtral, Granite with routed experts),
+with its multipliers, FalconH1, NemotronH, DeepSeek-V3's MLA + MoE, Mixtral, Granite with routed experts, the
+DeltaNet, short-conv, Mamba1 and Kimi-Linear (KDA + NoPE MLA) hybrids),
 batch sizes changing as sequences finish, one decode step's logits equal to the eager model's bit for bit
 (float, Q8_0 weights, 16-bit KV), and `create` refusing — with the reason logged — what the kernels do not
 cover."""
@@ -46,6 +47,7 @@ from blazr.state.kv_cache import ModelCache
 from tests.drive import place, release
 from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_kimi_linear import SIZES as KIMI_SIZES
 from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.tiny import build
@@ -153,6 +155,8 @@ VARIANTS = {
     # Gated DeltaNet and gated attention (q/k norm, partial rope); Qwen3-Next's MoE, its gated shared expert.
     "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),
     "qwen3-next": ("Qwen3NextForCausalLM", dict(QWEN_SIZES, **QWEN_EXPERTS, num_hidden_layers=4)),
+    # Kimi-Linear: KDA (channel-wise decay) + NoPE MLA, sigmoid-routed MoE with groups and shared experts.
+    "kimi-linear": ("KimiLinearForCausalLM", KIMI_SIZES),
     # LFM2: short-conv layers around attention with q / k norms.
     "lfm2": ("Lfm2ForCausalLM", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"])),
     # Jamba: Mamba1 (weighted dt / B / C norms) + NoPE attention + softmax MoE.

@@ -25,6 +25,7 @@ from blazr.config import (
     AttentionConfig,
     EngineConfig,
     GatedDeltaNetConfig,
+    KimiDeltaConfig,
     LayerConfig,
     Mamba1Config,
     Mamba2Config,
@@ -68,6 +69,7 @@ SAMPLES: dict[str, list[MixerConfig]] = {
     "mla": [
         MLAConfig(4, None, 32, 16, 8, 16, RopeConfig(dim=8), 0.1),
         MLAConfig(4, 24, 32, 16, 8, 16, RopeConfig(dim=8), 0.1, is_q_rope_from_hidden=True),
+        MLAConfig(4, None, 32, 16, 8, 16, RopeConfig(dim=8, scaling="none"), 0.1),  # Kimi-Linear's NoPE
     ],
     "mamba2": [
         Mamba2Config(4, 8, 8, 2, 4, has_in_proj_bias=True, has_out_proj_bias=True, norm_group_size=16),
@@ -78,6 +80,8 @@ SAMPLES: dict[str, list[MixerConfig]] = {
         GatedDeltaNetConfig(2, 4, 8, 8, conv_kernel=3, is_v_tiled=True, beta_scale=2.0),
     ],
     "short_conv": [ShortConvConfig(HIDDEN, 3), ShortConvConfig(HIDDEN, 4, has_bias=True)],
+    # Kimi-Linear's KDA (its NoPE MLA is the last "mla" sample)
+    "kda": [KimiDeltaConfig(2, 8, chunk_size=4), KimiDeltaConfig(4, 8, conv_kernel=3)],
     "mamba1": [
         Mamba1Config(32, 16, 8, 4, has_proj_bias=True),
         Mamba1Config(32, 8, 4, 3, has_conv_bias=False, has_dt_bc_norm=True, has_norm_weights=True),

@@ -1,6 +1,7 @@
 """Prefix caching (engine/cache_manager.py): cache on == cache off, token for token and logprobs within float
 tolerance, for every kind of cache — paged attention (Llama), MLA + MoE (DeepSeek-V3), recurrent state only
-(Mamba2) and both (GraniteMoeHybrid: Mamba2 + attention; Qwen3.5: gated DeltaNet + gated attention) — over
+(Mamba2) and both (GraniteMoeHybrid: Mamba2 + attention; Qwen3.5: gated DeltaNet + gated attention;
+Kimi-Linear: KDA + MLA) — over
 the cases that exercise it: an exact repeat,
 a shared prefix ending mid-block and exactly on a block boundary, a prompt that is a prefix of a cached one,
 the next turn of a conversation, concurrent requests sharing a prefix, eviction under memory pressure,
@@ -24,6 +25,7 @@ from blazr.config import EngineConfig
 from blazr.engine.engine import SeqOutput
 from tests.ssm_fixtures import HEADS, randomise, single_thread
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_kimi_linear import SIZES as KIMI_SIZES
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.tiny import build
 
@@ -45,9 +47,11 @@ ARCHS = {
     "falcon-mamba": ("FalconMambaForCausalLM", dict(num_hidden_layers=2, state_size=16, time_step_rank=8)),
     "jamba": ("JambaForCausalLM", dict(HEADS, num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1,
                                        num_experts=4, intermediate_size=96, mamba_dt_rank=8)),
+    "kimi-linear": ("KimiLinearForCausalLM", KIMI_SIZES),  # KDA (channel-wise decay) + NoPE MLA + MoE
 }  # fmt: skip
 HAS_STATE = {"llama": False, "deepseek-mla-moe": False, "mamba2": True, "granite-hybrid": True,
-             "qwen3_5": True, "lfm2": True, "falcon-mamba": True, "jamba": True}  # fmt: skip
+             "qwen3_5": True, "lfm2": True, "falcon-mamba": True, "jamba": True,
+             "kimi-linear": True}  # fmt: skip
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)
 
 

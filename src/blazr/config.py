@@ -38,12 +38,13 @@ class RopeConfig:
 
     Interleaved-pair checkpoints (GGUF llama, DeepSeek) are permuted into the half-split layout at load, so
     the math has one layout. `scaling` selects the frequency/attention-scale rule: "default", "linear",
-    "llama3" or "yarn" (`factor`, `original_max_position`, and the per-type fields below).
+    "llama3" or "yarn" (`factor`, `original_max_position`, and the per-type fields below); "none" is NoPE
+    kept in a rope's place (every angle 0: the `dim` features pass unrotated — Kimi-Linear's MLA).
     """
 
     dim: int
     theta: float = 10000.0
-    scaling: Literal["default", "linear", "llama3", "yarn"] = "default"
+    scaling: Literal["default", "linear", "llama3", "yarn", "none"] = "default"
     factor: float = 1.0
     original_max_position: int = 0
     low_freq_factor: float = 1.0  # llama3
@@ -203,6 +204,31 @@ class GatedDeltaNetConfig(MixerConfig):
     @property
     def conv_dim(self) -> int:
         return 2 * self.key_dim + self.value_dim
+
+
+@dataclass(frozen=True)
+class KimiDeltaConfig(MixerConfig):
+    """Kimi Delta Attention (Kimi-Linear): the gated delta rule with a channel-wise decay. Causal depthwise
+    conv + SiLU over [q | k | v] (H heads of D each, q and k L2-normed), per head a [D, D] state decayed per
+    key channel by exp(g), g = −exp(A_log[h]) · softplus(f_b(f_a(x)) + dt_bias) (one value per head and
+    channel), written with strength β = sigmoid(b_proj(x)); the output through a gated RMSNorm per head
+    (norm then · sigmoid(g_b(g_a(x)))) and o_proj. Key and value heads are one set (Hk = Hv = H, Dk = Dv =
+    D); the low-rank gate projections are D wide."""
+
+    kind: ClassVar[str] = "kda"
+    num_heads: int
+    head_dim: int
+    conv_kernel: int = 4
+    norm_eps: float = 1e-5
+    chunk_size: int = 64  # tokens per chunk of the prefill's chunked (WY) form
+
+    @property
+    def width(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 3 * self.width
 
 
 @dataclass(frozen=True)

@@ -280,8 +280,14 @@ BUILDERS = {
     V3: lambda raw, shapes: build_deepseek(raw, shapes, V3),
 }
 MODEL_TYPES = {"deepseek_v2": V2, "deepseek_v3": V3}
-# V3's router carries the selection bias; an MLA checkpoint without one is V2 (same math when dense)
-_is_mla = _has(".self_attn.kv_a_proj_with_mqa.")
+# V3's router carries the selection bias; an MLA checkpoint without one is V2 (same math when dense). MLA
+# beside linear-attention layers (`self_attn.A_log`) is Kimi-Linear's (detect/kimi_linear.py).
+
+
+def _is_mla(shapes: Shapes) -> bool:
+    return _has(".self_attn.kv_a_proj_with_mqa.")(shapes) and not _has(".self_attn.A_log")(shapes)
+
+
 NAME_RULES = [
     (lambda shapes: _is_mla(shapes) and _has(".mlp.gate.e_score_correction_bias")(shapes), V3),
     (_is_mla, V2),

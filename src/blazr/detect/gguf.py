@@ -22,6 +22,7 @@ Per architecture (keys without the `{arch}.` prefix):
   `expert_weights_{norm,scale}`, groups, YaRN (`rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim).
 - qwen3next, qwen35, qwen35moe: as llama, plus the DeltaNet sizes under `ssm.*`, layer kinds from
   `attention.recurrent_layers`, experts; Qwen3.5's value heads in the converter's tiled order.
+- kimi-linear: KDA / MLA layers from per-layer `attention.head_count_kv`, `kda.head_dim`, MLA ranks, experts.
 - lfm2 / lfm2moe, mamba (Mamba, Falcon-Mamba by `ssm.dt_b_c_rms`), jamba: see `_lfm2`, `_mamba1`, `_jamba`.
 """
 
@@ -303,6 +304,29 @@ def _qwen3_next(key: Meta, num_layers: int, is_v_tiled: bool = False) -> dict[st
     return raw
 
 
+def _kimi_linear(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Kimi-Linear: layer kinds from the per-layer `attention.head_count_kv` (0 = a KDA layer), the KDA head
+    size under `kda.head_dim` (its heads from the tensors), MLA ranks, experts and their routing (sigmoid,
+    renormalised: what llama.cpp's kimi-linear runs; groups as written)."""
+    kv = _per_layer(key("attention.head_count_kv"), num_layers)
+    return {
+        "layer_types": ["full_attention" if n else "linear_attention" for n in kv],
+        "linear_head_dim": key("kda.head_dim"),
+        "linear_conv_kernel_dim": key("ssm.conv_kernel"),
+        "num_attention_heads": key("attention.head_count"),
+        "kv_lora_rank": key("attention.kv_lora_rank"),
+        "q_lora_rank": key("attention.q_lora_rank"),
+        "qk_rope_head_dim": key("rope.dimension_count"),
+        "num_experts": key("expert_count"),
+        "num_experts_per_token": key("expert_used_count"),
+        "routed_scaling_factor": key("expert_weights_scale") or 1.0,
+        "moe_renormalize": True,
+        "num_expert_group": key("expert_group_count") or 1,
+        "topk_group": key("expert_group_used_count") or 1,
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+    }
+
+
 def _lfm2(key: Meta, num_layers: int) -> dict[str, Any]:
     """LFM2 / LFM2-MoE: layer kinds from the per-layer `attention.head_count_kv` (0 = a short-conv layer).
     llama.cpp always renormalises LFM2-MoE's chosen weights, and scales them by `expert_weights_scale` (1
@@ -367,6 +391,7 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "qwen3next": _qwen3_next,
     "qwen35": partial(_qwen3_next, is_v_tiled=True),
     "qwen35moe": partial(_qwen3_next, is_v_tiled=True),
+    "kimi-linear": _kimi_linear,
     "lfm2": _lfm2,
     "lfm2moe": _lfm2,
     "mamba": _mamba1,

@@ -1,6 +1,7 @@
 """ctypes bindings of one built kernel library: `Kernels`, one method per kernel, validating shapes and
 raising UnsupportedInput for dtypes / layouts the kernels do not take (the Mamba2 ones in
-bindings_mamba2.py, gated DeltaNet and gated attention's in bindings_deltanet.py, the short conv in
+bindings_mamba2.py, gated DeltaNet and gated attention's in bindings_deltanet.py, Kimi Delta Attention's in
+bindings_kda.py, the short conv in
 bindings_conv.py, Mamba1 in bindings_mamba1.py, MoE and MLA in bindings_moe_mla.py, the load-time weight
 formats in bindings_weights.py, token choice in bindings_sample.py); inside `record()` the calls go to a
 `KernelPlan` (calls.py) instead of running.
@@ -21,6 +22,7 @@ import torch
 from blazr.kernels import build
 from blazr.kernels.bindings_conv import ConvBindings
 from blazr.kernels.bindings_deltanet import DeltaNetBindings
+from blazr.kernels.bindings_kda import KDABindings
 from blazr.kernels.bindings_mamba1 import Mamba1Bindings
 from blazr.kernels.bindings_mamba2 import Mamba2Bindings
 from blazr.kernels.bindings_moe_mla import MoEMLABindings
@@ -71,6 +73,7 @@ class Kernels(
     DeltaNetBindings,
     ConvBindings,
     Mamba1Bindings,
+    KDABindings,
 ):
     """Bindings of one built kernel library. The methods take the same arguments as the dispatching module
     functions; they raise UnsupportedInput for inputs the kernels do not take (not fp32 / int64, not

@@ -4,7 +4,8 @@ here, so every `op` has its `op_reference` beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`,
 `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `deltanet_step`,
-`deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`, `causal_conv_step`, `causal_conv_prefill`,
+`deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`, `sigmoid_mul`, `causal_conv_step`,
+`causal_conv_prefill`,
 `mamba1_dt_bc`, `mamba1_scan_step`, `mamba1_scan_prefill`, `moe_route`, `moe_experts`, `mla_cache_write`,
 `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
 `sample_rows`) runs the C kernel when the library is available and the inputs are CPU tensors of the
@@ -61,6 +62,7 @@ from blazr.kernels.reference_deltanet import (
     head_rms_norm_reference,
     sigmoid_mul_reference,
 )
+from blazr.kernels.reference_kda import kda_prefill_reference, kda_step_reference
 from blazr.kernels.reference_mamba1 import (
     mamba1_dt_bc_reference,
     mamba1_scan_prefill_reference,
@@ -98,6 +100,10 @@ __all__ = [
     "head_rms_norm",
     "head_rms_norm_reference",
     "int8_dot_reference",
+    "kda_prefill",
+    "kda_prefill_reference",
+    "kda_step",
+    "kda_step_reference",
     "kernels",
     "kv_write",
     "kv_write_reference",
@@ -548,6 +554,59 @@ def deltanet_prefill(
         "deltanet_prefill", deltanet_prefill_reference, qkvz, ba, query_lens, slots, fresh, saves,
         conv_weight, conv_state, dt_bias, A_log, norm_weight, state, num_k_heads, is_v_tiled, beta_scale, eps,
         chunk_size,
+    )  # fmt: skip
+
+
+def kda_step(
+    qkv: torch.Tensor,
+    f: torch.Tensor,
+    b: torch.Tensor,
+    gate: torch.Tensor,
+    slots: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    norm_weight: torch.Tensor,
+    state: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """One Kimi Delta Attention decode token for B sequences: conv step + SiLU, q/k L2 norms, the channel-wise
+    decay and β, the delta-rule update of state [S, H, D, D] and conv_state [S, 3·W, K-1] in place at `slots`
+    [B], and the sigmoid-gated norm. qkv [B, 3·W], f, gate [B, W], b [B, H]; conv_weight [3·W, K]; dt_bias
+    [W], A_log [H]; norm_weight [D]. Returns y [B, W] (o_proj's input; see kda_step_reference)."""
+    return _dispatch(
+        "kda_step", kda_step_reference, qkv, f, b, gate, slots, conv_weight, conv_state, dt_bias, A_log,
+        norm_weight, state, eps,
+    )  # fmt: skip
+
+
+def kda_prefill(
+    qkv: torch.Tensor,
+    f: torch.Tensor,
+    b: torch.Tensor,
+    gate: torch.Tensor,
+    query_lens: Sequence[int],
+    slots: torch.Tensor,
+    fresh: Sequence[bool],
+    saves: Sequence[tuple[int, int, int]],
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    norm_weight: torch.Tensor,
+    state: torch.Tensor,
+    eps: float,
+    chunk_size: int,
+) -> torch.Tensor:
+    """The prefill of one Kimi Delta Attention layer for B sequences laid out one after another (query_lens
+    [B] rows each), from zero states where fresh[b] (else from slot slots[b]'s), leaving the final states at
+    the slots and, for each (b, k, dst) of `saves`, sequence b's states after its first k tokens at slot dst.
+    Returns y [T, W]. The chunked delta rule with channel-wise decay, chunks of `chunk_size`, cut at the
+    saves (see kda_prefill_reference)."""
+    return _dispatch(
+        "kda_prefill", kda_prefill_reference, qkv, f, b, gate, query_lens, slots, fresh, saves, conv_weight,
+        conv_state, dt_bias, A_log, norm_weight, state, eps, chunk_size,
     )  # fmt: skip
 
 

@@ -64,7 +64,7 @@ def _gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: flo
     return o.flatten(1) * F.silu(z.float())
 
 
-def _conv(
+def conv_silu(
     cols: torch.Tensor, prior: torch.Tensor | None, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cols [C, n] new inputs, prior [C, K-1] (None: zeros) → silu(conv) [n, C] and the whole window
@@ -146,7 +146,7 @@ def deltanet_prefill_reference(
         done = 0
         for cut in cuts:
             rows = slice(start + done, start + cut)
-            u, window = _conv(qkvz[rows, :C].t(), conv0, conv_weight)
+            u, window = conv_silu(qkvz[rows, :C].t(), conv0, conv_weight)
             q, k, v = _heads(u, num_k_heads, Dk, Hv, Dv, is_v_tiled)
             o, S = delta_rule_chunked(q, k, v, g[rows], beta[rows], chunk_size, S)
             y[rows] = _gated_norm(o, qkvz[rows, C:], norm_weight, eps)

@@ -36,7 +36,7 @@ SAME = "same"  # one tensor as stored
 QK = "qk"  # one tensor, rows un-permuted per head (arg: heads)
 A_LOG = "a_log"  # ssm_a [H, 1] = -exp(A_log) → A_log [H] (Mamba1: [Di, N] → A_log [Di, N])
 FLAT = "flat"  # one tensor flattened to 1-D: ssm_d [H, 1] → D [H], ssm_norm [G, Di/G] → [Di]
-CONV = "conv"  # ssm_conv1d [C, K] → conv1d.weight [C, 1, K]
+CONV = "conv"  # ssm_conv1d [C, K] (Kimi-Linear: [1, C, 1, K]) → conv1d.weight [C, 1, K]
 CAT = "cat"  # rows of several tensors concatenated (gate | up)
 CAT_EXPERTS = "cat_experts"  # [E, I, C] × 2 → [E, 2I, C] (Granite's fused expert input)
 EXPERT = "expert"  # expert `arg` of a stacked [E, R, C] tensor → [R, C]
@@ -282,6 +282,40 @@ ARCHES.update(
         )
     }
 )
+# Kimi-Linear (the converter's KimiLinearModel): KDA and MLA both under self_attn. — the KDA's q / k / v /
+# output projections share MLA's GGUF names (attn_q, attn_output: each layer holds one kind), its convs
+# [1, C, 1, K] → [C, 1, K], A = −exp(A_log) back to A_log, dt_bias stored as ssm_dt.bias; the dense MLP
+# under mlp. (moonshotai's layout), the MoE under block_sparse_moe. with w1 / w3 / w2 experts.
+_KIMI_LINEAR: list[_Rule] = [
+    *_NORMS,
+    *_MLA,
+    *[(f"self_attn.{x}_proj.weight", (f"attn_{x}.weight",), SAME) for x in "kv"],
+    *[(f"self_attn.{x}_conv1d.weight", (f"ssm_conv1d_{x}.weight",), CONV) for x in "qkv"],
+    ("self_attn.A_log", ("ssm_a",), A_LOG),
+    ("self_attn.dt_bias", ("ssm_dt.bias",), SAME),
+    ("self_attn.b_proj.weight", ("ssm_beta.weight",), SAME),
+    *[(f"self_attn.{x}_proj.weight", (f"ssm_{x}.weight",), SAME) for x in ("f_a", "f_b", "g_a", "g_b")],
+    ("self_attn.o_norm.weight", ("ssm_norm.weight",), SAME),
+    *[(f"mlp.{x}_proj.weight", (f"ffn_{x}.weight",), SAME) for x in ("gate", "up", "down")],
+    ("block_sparse_moe.gate.weight", ("ffn_gate_inp.weight",), SAME),
+    ("block_sparse_moe.gate.e_score_correction_bias", ("exp_probs_b.bias",), SAME),
+    *[
+        (f"block_sparse_moe.shared_experts.{x}_proj.weight", (f"ffn_{x}_shexp.weight",), SAME)
+        for x in ("gate", "up", "down")
+    ],
+]
+ARCHES["kimi-linear"] = _Arch(
+    "KimiLinearForCausalLM",
+    "model.layers.{i}.",
+    _MODEL,
+    _KIMI_LINEAR,
+    [
+        (f"block_sparse_moe.experts.{{e}}.{w}.weight", f"ffn_{x}_exps.weight")
+        for x, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))
+    ],
+    {"a": "self_attn."},
+    permuted=False,
+)
 _GLOBAL_OFFSET = {"qwen3next", "qwen35", "qwen35moe"}  # the output norm is a (1 + w) norm too
 # The short-conv and Mamba1 families (llama.cpp's lfm2 / lfm2moe, mamba — Mamba and Falcon-Mamba — and jamba).
 _LFM2: list[_Rule] = [
@@ -522,8 +556,8 @@ class GGUFView:
             return Recipe(sources, (math.prod(first),), op)
         if op == ROW:
             return Recipe(sources, (1, math.prod(first)), op)
-        if op == CONV:
-            return Recipe(sources, (first[0], 1, first[-1]), op)
+        if op == CONV:  # [C, K] (or Kimi-Linear's [1, C, 1, K]) → [C, 1, K]
+            return Recipe(sources, (math.prod(first[:-1]), 1, first[-1]), op)
         if op == CAT:
             return Recipe(sources, (sum(s[0] for s in shapes), *first[1:]), op)
         if op == CAT_EXPERTS:

@@ -115,7 +115,7 @@ def load_model(
     with torch.device("meta"), _NoInit():
         model = CausalLM(ckpt.config, max_len)
     source = open_source(ckpt)
-    names = name_map_for(ckpt.format, ckpt.config)
+    names = name_map_for(ckpt.format, ckpt.config, source.names)
     on_kernels = device.type == "cpu" and dtype == torch.float32 and kernels.available()
     num_params = len(list(model.parameters()))
     bar = tqdm(total=num_params, desc="loading", unit="tensor", file=sys.stderr, delay=1.0, leave=False,
@@ -168,8 +168,9 @@ def load_shard(
         model = CausalLM(shard_config(ckpt.config, tp.world), max_len, tp)
         whole = CausalLM(ckpt.config, max_len)
     shapes = {n: tuple(p.shape) for n, p in whole.named_parameters(remove_duplicate=True)}
+    source = open_source(ckpt)
     loader = WeightLoader(
-        ckpt.config, open_source(ckpt), name_map_for(ckpt.format, ckpt.config), dtype, device
+        ckpt.config, source, name_map_for(ckpt.format, ckpt.config, source.names), dtype, device
     )
     for pname, param in list(model.named_parameters(remove_duplicate=True)):
         if not param.is_meta:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -136,7 +137,12 @@ class WeightLoader:
             )
         src_shape = tuple(self.source.shape(src))
         rows = getattr(transform, "source_rows", None)  # a RowOrder picking some of the stored rows
-        if src_shape != (part.shape if rows is None else (rows, *part.shape[1:])):
+        is_unit_dims = (
+            rows is None and src_shape != part.shape and _squeezed(src_shape) == _squeezed(part.shape)
+        )
+        if is_unit_dims:  # the same values under other unit dims (Kimi-Linear's A_log [1, 1, H, 1] → [H])
+            transform = _reshaper(part.shape, transform)
+        elif src_shape != (part.shape if rows is None else (rows, *part.shape[1:])):
             want = list(part.shape) if rows is None else [rows, *part.shape[1:]]
             raise CheckpointError(
                 f"tensor {src} in {self.source.file_of(src)}: expected shape {want}, found {list(src_shape)}"
@@ -165,6 +171,17 @@ class WeightLoader:
             log.warning(
                 "ignored %d checkpoint tensors not used by the model: %s%s", len(unused), unused[:5], more
             )
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
+
+
+def _reshaper(
+    shape: tuple[int, ...], then: Callable[[torch.Tensor], torch.Tensor] | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A transform that views a stored tensor under `shape` (unit dims only differ), then applies `then`."""
+    return lambda t: t.reshape(shape) if then is None else then(t.reshape(shape))
 
 
 def load_weights(model: nn.Module, loader: WeightLoader) -> None:

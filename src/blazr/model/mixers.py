@@ -17,7 +17,7 @@ from torch import nn
 
 from blazr.config import LayerConfig, MixerConfig, ModelConfig
 from blazr.errors import UnsupportedError
-from blazr.model import attention, deltanet, mamba1, mamba2, mla, short_conv, zamba2_shared
+from blazr.model import attention, deltanet, kda, mamba1, mamba2, mla, short_conv, zamba2_shared
 from blazr.model.mixer_spec import MixerSpec, RopeFor
 from blazr.state.layout import CacheLayout, CacheTensor, LayerLayout, Snapshot
 
@@ -123,6 +123,6 @@ def cache_layout(cfg: ModelConfig) -> CacheLayout:
 
 
 # the modules whose SPEC is a kind
-_KINDS = (attention, mla, mamba2, deltanet, short_conv, mamba1, zamba2_shared)
+_KINDS = (attention, mla, mamba2, deltanet, short_conv, mamba1, kda, zamba2_shared)
 for _module in _KINDS:
     register(_module.SPEC)

@@ -1,5 +1,5 @@
-"""Rotary position embedding: frequency tables for the default, linear, llama3 and YaRN rules, and the
-half-split (NeoX) rotation applied to the first `dim` features of each head.
+"""Rotary position embedding: frequency tables for the default, linear, llama3 and YaRN rules (and NoPE's
+zero angles), and the half-split (NeoX) rotation applied to the first `dim` features of each head.
 
 Shapes: x [T, H, D] with D ≥ dim; positions [T] (absolute token positions, long); cos/sin tables
 [max_len, dim/2].
@@ -34,6 +34,8 @@ def inverse_frequencies(cfg: RopeConfig) -> torch.Tensor:
         return torch.where(is_medium, smoothed, scaled)
     if cfg.scaling == "yarn":
         return _yarn_inverse_frequencies(cfg)
+    if cfg.scaling == "none":  # NoPE in a rope's place: every angle 0 (cos 1, sin 0)
+        return torch.zeros_like(inv_freq)
     return inv_freq
 
 

@@ -168,6 +168,14 @@ int blz_deltanet_prefill(const float *qkvz, const float *ba, const int64_t *seqs
                          const float *A_log, const float *norm_w, float *state_pool, int64_t S, int64_t Hk,
                          int64_t Hv, int64_t Dk, int64_t Dv, int tiled, int64_t chunk, float beta_scale, float eps,
                          float *y, int nthreads);
+int blz_kda_step(const float *qkv, const float *f, const float *b, const float *gate, const int64_t *slots, int64_t B,
+                 const float *conv_w, float *conv_pool, int64_t K, const float *dt_bias, const float *A_log,
+                 const float *norm_w, float *state_pool, int64_t S, int64_t H, int64_t D, float eps, float *y,
+                 int nthreads);
+int blz_kda_prefill(const float *qkv, const float *f, const float *b, const float *gate, const int64_t *seqs,
+                    int64_t B, const int64_t *saves, int64_t ns, const float *conv_w, float *conv_pool, int64_t K,
+                    const float *dt_bias, const float *A_log, const float *norm_w, float *state_pool, int64_t S,
+                    int64_t H, int64_t D, int64_t chunk, float eps, float *y, int nthreads);
 int blz_head_rms_norm(float *x, int64_t T, int64_t H, int64_t D, int64_t ldt, const float *w, float eps, int nthreads);
 int blz_sigmoid_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw, int nthreads);
 int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index, int64_t B,
@@ -249,6 +257,8 @@ enum {
     BLZ_OP_DELTANET_PREFILL = 31,
     BLZ_OP_HEAD_RMS_NORM = 32,
     BLZ_OP_SIGMOID_MUL = 33,
+    BLZ_OP_KDA_STEP = 40, /* Kimi Delta Attention (kda.c) */
+    BLZ_OP_KDA_PREFILL = 41,
 };
 typedef struct {
     int64_t op;

@@ -223,6 +223,17 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                         P(const float *, 9), P(const float *, 10), P(const float *, 11),
                                         P(float *, 12), i[13], i[14], i[15], i[16], i[17], (int)i[18], i[19],
                                         (float)a->f[0], (float)a->f[1], P(float *, 20), (int)i[21]);
+        case BLZ_OP_KDA_STEP:
+            return blz_kda_step(P(const float *, 0), P(const float *, 1), P(const float *, 2), P(const float *, 3),
+                                P(const int64_t *, 4), i[5], P(const float *, 6), P(float *, 7), i[8],
+                                P(const float *, 9), P(const float *, 10), P(const float *, 11), P(float *, 12),
+                                i[13], i[14], i[15], (float)a->f[0], P(float *, 16), (int)i[17]);
+        case BLZ_OP_KDA_PREFILL:
+            return blz_kda_prefill(P(const float *, 0), P(const float *, 1), P(const float *, 2), P(const float *, 3),
+                                   P(const int64_t *, 4), i[5], P(const int64_t *, 6), i[7], P(const float *, 8),
+                                   P(float *, 9), i[10], P(const float *, 11), P(const float *, 12),
+                                   P(const float *, 13), P(float *, 14), i[15], i[16], i[17], i[18],
+                                   (float)a->f[0], P(float *, 19), (int)i[20]);
         case BLZ_OP_HEAD_RMS_NORM:
             return blz_head_rms_norm(P(float *, 0), i[1], i[2], i[3], i[4], P(const float *, 5), (float)a->f[0],
                                      (int)i[6]);

@@ -129,6 +129,8 @@ class Rule:
     template: str
     transform: Callable[[re.Match[str]], Transform | None] | None = None
     only_if: Callable[[re.Match[str]], bool] | None = None
+    # other names the checkpoint may hold the tensor under, tried in order when `template`'s is absent
+    alternatives: tuple[str, ...] = ()
 
 
 @dataclass
@@ -141,6 +143,8 @@ class NameMap:
     rules: list[Rule] = field(default_factory=list)
     # checkpoint tensors blazr leaves unread on purpose (a multimodal checkpoint's vision tower): not reported
     ignored_prefixes: tuple[str, ...] = ()
+    # the checkpoint's tensor names, where known: a rule's `alternatives` are picked against them
+    available: frozenset[str] = frozenset()
 
     def ignore(self, *prefixes: str) -> NameMap:
         self.ignored_prefixes += prefixes
@@ -152,15 +156,19 @@ class NameMap:
         template: str,
         transform: Callable[[re.Match[str]], Transform | None] | None = None,
         only_if: Callable[[re.Match[str]], bool] | None = None,
+        alternatives: tuple[str, ...] = (),
     ) -> NameMap:
-        self.rules.append(Rule(re.compile(pattern), template, transform, only_if))
+        self.rules.append(Rule(re.compile(pattern), template, transform, only_if, alternatives))
         return self
 
     def source(self, part: str) -> tuple[str, Transform | None] | None:
         for rule in self.rules:
             m = rule.pattern.fullmatch(part)
             if m is not None and (rule.only_if is None or rule.only_if(m)):
-                return m.expand(rule.template), (rule.transform(m) if rule.transform else None)
+                name = m.expand(rule.template)
+                if name not in self.available:
+                    name = next((n for a in rule.alternatives if (n := m.expand(a)) in self.available), name)
+                return name, (rule.transform(m) if rule.transform else None)
         return None
 
 
@@ -176,10 +184,13 @@ def _collect() -> dict[str, NameMapBuilder]:
     return maps
 
 
-def name_map_for(fmt: str, cfg: ModelConfig) -> NameMap:
-    """The renames of a checkpoint format / architecture (GGUF tensors arrive under their HF names)."""
+def name_map_for(fmt: str, cfg: ModelConfig, available: set[str] | frozenset[str] = frozenset()) -> NameMap:
+    """The renames of a checkpoint format / architecture (GGUF tensors arrive under their HF names);
+    `available`: the checkpoint's tensor names, against which rules with alternatives pick theirs."""
     maps = _collect()
     key = "oxidizr" if fmt == "oxidizr" else cfg.architecture
     if key not in maps:
         raise UnsupportedError(f"no tensor-name map for architecture {key}")
-    return maps[key](cfg)
+    names = maps[key](cfg)
+    names.available = frozenset(available)
+    return names
