@@ -1042,7 +1042,7 @@ def test_add(lib: ops.Kernels) -> None:
     assert lib.add(out, y, beta=0.5, out=out) is out and torch.equal(out, x + y * 0.5)
 
 
-@pytest.mark.parametrize("kind", ["silu", "gelu", "relu2"])
+@pytest.mark.parametrize("kind", ["silu", "gelu", "relu2", "gelu_erf"])
 @pytest.mark.parametrize("gated", [False, True])
 def test_activation(lib: ops.Kernels, kind: str, gated: bool) -> None:
     """The MLP activations against torch's (relu² the same bits; SiLU / GELU to fp32 rounding)."""

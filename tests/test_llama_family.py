@@ -30,6 +30,7 @@ VARIANTS = {
         ),
     ),
     "qwen2": ("Qwen2ForCausalLM", {}),
+    "llama-gelu-erf": ("LlamaForCausalLM", dict(hidden_act="gelu")),  # transformers' "gelu" is the exact one
     "mistral-window": ("MistralForCausalLM", dict(sliding_window=24)),
 }
 

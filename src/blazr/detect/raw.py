@@ -141,7 +141,16 @@ def int_or_none(value: Any) -> int | None:
 
 
 def activation(name: str) -> str:
-    acts = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu", "relu2": "relu2"}
+    """A transformers `hidden_act` as blazr's Activation: its "gelu" is the exact (erf) GELU, its
+    "gelu_pytorch_tanh" / "gelu_new" the tanh approximation."""
+    acts = {
+        "silu": "silu",
+        "swish": "silu",
+        "gelu": "gelu_erf",
+        "gelu_pytorch_tanh": "gelu",
+        "gelu_new": "gelu",
+        "relu2": "relu2",
+    }
     if name not in acts:
         raise UnsupportedError(f"activation {name!r} is not supported ({', '.join(acts)})")
     return acts[name]

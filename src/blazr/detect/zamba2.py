@@ -74,10 +74,6 @@ def _is_hybrid(raw: Raw, shapes: Shapes, num_layers: int) -> list[bool]:
     return [known[k] for k in kinds]
 
 
-def _activation(name: str) -> str:
-    return "gelu_erf" if name == "gelu" else activation(name)  # transformers' "gelu" is the erf one
-
-
 def build_zamba2(raw: Raw, shapes: Shapes) -> ModelConfig:
     vocab, hidden = require(shapes, PREFIX + "embed_tokens.weight")
     found = layer_indices(shapes, PREFIX + "layers.")
@@ -153,7 +149,7 @@ def _call(
     gate_up = require(shapes, p + "feed_forward.gate_up_proj.weight")
     mlp = MLPConfig(
         intermediate_size=gate_up[0] // 2,
-        activation=_activation(raw.get("hidden_act", "gelu")),  # type: ignore[arg-type]
+        activation=activation(raw.get("hidden_act", "gelu")),  # type: ignore[arg-type]
         has_bias=p + "feed_forward.gate_up_proj.bias" in shapes,
     )
     q_adapter = shapes.get(f"{p}self_attn.linear_q_adapter_list.{call}.0.weight")

@@ -245,8 +245,8 @@ def embedding_rows(
 
 
 def activation(x: torch.Tensor, kind: str, gated: bool = False) -> torch.Tensor:
-    """An MLP activation (`silu`, `gelu` (tanh), `relu2`) of x [..., N]; gated: act(first half) · second
-    half → [..., N/2] (see activation_reference)."""
+    """An MLP activation (`silu`, `gelu` (tanh), `gelu_erf` (exact), `relu2`) of x [..., N]; gated:
+    act(first half) · second half → [..., N/2] (see activation_reference)."""
     return _dispatch("activation", activation_reference, x, kind, gated)
 
 

@@ -164,17 +164,20 @@ def embedding_rows_reference(
     return embedding_reference(torch.arange(ids.numel()), dequantize(table.rows(ids)), scale, out)
 
 
-ACTIVATIONS = ("silu", "gelu", "relu2")  # kernel codes 0, 1, 2
+ACTIVATIONS = ("silu", "gelu", "relu2", "gelu_erf")  # kernel codes 0, 1, 2, 3
 
 
 def activation_reference(x: torch.Tensor, kind: str, gated: bool) -> torch.Tensor:
-    """An MLP activation (silu, gelu = tanh approximation, relu2 = relu(x)²) of x [..., N]; gated: of the
-    first half, times the second (the [gate; up] halves of a fused projection) → [..., N/2]."""
+    """An MLP activation (silu, gelu = tanh approximation, gelu_erf = exact, relu2 = relu(x)²) of
+    x [..., N]; gated: of the first half, times the second (the [gate; up] halves of a fused projection)
+    → [..., N/2]."""
     h = x.chunk(2, dim=-1)[0] if gated else x
     if kind == "silu":
         a = F.silu(h)
     elif kind == "gelu":
         a = F.gelu(h, approximate="tanh")
+    elif kind == "gelu_erf":
+        a = F.gelu(h)
     elif kind == "relu2":
         a = torch.square(F.relu(h))
     else:

@@ -43,10 +43,11 @@ BLZ_EXPORT int blz_axpby(const float *x, float a, const float *y, float b, int64
     return BLZ_OK;
 }
 
-/* The MLP activations, by code: 0 SiLU, 1 GELU (tanh approximation), 2 ReLU². */
+/* The MLP activations, by code: 0 SiLU, 1 GELU (tanh approximation), 2 ReLU², 3 GELU (exact, erf). */
 BLZ_INLINE float activate(float v, int kind) {
     if (kind == 0) return blz_silu(v);
     if (kind == 1) return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    if (kind == 3) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     const float r = v > 0.0f ? v : 0.0f;
     return r * r;
 }
@@ -54,7 +55,7 @@ BLZ_INLINE float activate(float v, int kind) {
 /* activation over rows of x [M, N]: gated → out [M, N/2] = act(x[:, :N/2]) · x[:, N/2:] (the [gate; up]
  * halves of a fused projection); else out [M, N] = act(x). out may equal x when not gated. */
 BLZ_EXPORT int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out) {
-    if (M < 0 || N <= 0 || kind < 0 || kind > 2 || (gated && N % 2)) return BLZ_EINVAL;
+    if (M < 0 || N <= 0 || kind < 0 || kind > 3 || (gated && N % 2)) return BLZ_EINVAL;
     const int64_t nout = gated ? N / 2 : N;
     for (int64_t m = 0; m < M; ++m) {
         const float *xm = x + m * N;

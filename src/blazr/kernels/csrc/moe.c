@@ -91,7 +91,7 @@ BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64
                                int64_t k, int64_t E, int code_up, const void *w_up, int64_t up_stride,
                                int code_down, const void *w_down, int64_t down_stride, int64_t I, int act,
                                int gated, float *out, int nthreads) {
-    if (T < 0 || D <= 0 || k <= 0 || E <= 0 || I <= 0 || act < 0 || act > 2) return BLZ_EINVAL;
+    if (T < 0 || D <= 0 || k <= 0 || E <= 0 || I <= 0 || act < 0 || act > 3) return BLZ_EINVAL;
     if (T == 0) return BLZ_OK;
     const int64_t A = T * k, Nup = gated ? 2 * I : I;
     for (int64_t a = 0; a < A; ++a)
