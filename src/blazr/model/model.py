@@ -43,7 +43,9 @@ class CausalLM(nn.Module):
         self.cfg = cfg
         self.tp = tp
         vocab = cfg.vocab_size if tp is None else -(-cfg.vocab_size // tp.world)
-        max_len = max(max_len or 0, cfg.max_position_embeddings)
+        # rope tables for the positions the engine can reach (its max_model_len), not the checkpoint's whole
+        # context: Kimi-Linear declares 1M positions (256 MB of tables), Llama 3.1 128k (64 MB)
+        max_len = max_len or cfg.max_position_embeddings
         ropes: dict[RopeConfig, RotaryEmbedding] = {}  # one table per distinct rope, shared by layers
 
         def rope_for(rope_cfg: RopeConfig | None) -> RotaryEmbedding | None:
