@@ -14,7 +14,8 @@ from blazr.kernels import build, ops, tuning
 
 @pytest.fixture
 def small(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Tuning on small shapes, one round, its files in tmp_path; the library's knobs restored after."""
+    """Tuning on small shapes, one round, its files in tmp_path, on a host taken as quiet (a test sets
+    `busy` where it matters); the library's knobs restored after."""
     k = ops.kernels()  # loaded (and tuned) from the real cache directory first
     assert k is not None
     monkeypatch.setattr(tuning, "SHAPES", ((64, 256), (32, 512)))
@@ -22,6 +23,7 @@ def small(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setattr(tuning, "_l3_bytes", lambda: 1 << 16)
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
     monkeypatch.delenv("BLAZR_TUNE", raising=False)
+    monkeypatch.setattr(tuning, "busy", lambda: False)
     before = {knob.name: k.get_tune(knob.name) for knob in tuning.KNOBS}
     yield tmp_path
     for name, value in before.items():
@@ -104,23 +106,27 @@ def test_unknown_knob_and_refused_value_are_clear_errors() -> None:
         k.set_tune("streams_f", 99)
 
 
-def test_a_choice_measured_on_a_busy_host_is_measured_again_when_quiet(
+def test_a_busy_host_keeps_the_defaults_until_it_is_quiet(
     small: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Measured while other work loads the cores: used, marked, and measured again by the first load that
-    finds the host quiet (never while it stays busy); a quiet measurement is kept."""
+    """While other work loads the cores nothing is measured (the timings would be noise) and the defaults
+    run; the first quiet load measures and keeps its choice, which later busy loads use. A choice forced on a
+    busy host is marked and measured again by the first quiet load."""
     k = ops.kernels()
     assert k is not None
     calls: list[bool] = []
     real = tuning.measure
     monkeypatch.setattr(tuning, "measure", lambda *a: calls.append(tuning.busy()) or real(*a))
     monkeypatch.setattr(tuning, "busy", lambda: True)
-    tuning.apply(k)
-    assert json.loads(_file(small).read_text())["busy"] is True and calls == [True]
-    tuning.apply(k)  # still busy: the marked choice is used as it is
-    assert calls == [True]
+    assert tuning.apply(k) == {} and calls == [] and not list(small.glob("tuning-*.json"))
+    monkeypatch.setattr(tuning, "busy", lambda: False)
+    chosen = tuning.apply(k)  # quiet: measured and kept
+    assert calls == [False] and json.loads(_file(small).read_text())["busy"] is False
+    monkeypatch.setattr(tuning, "busy", lambda: True)
+    assert tuning.apply(k) == chosen and calls == [False]  # busy again: the quiet choice is used
+    tuning.apply(k, force=True)  # forced while busy: measured, marked
+    assert calls == [False, True] and json.loads(_file(small).read_text())["busy"] is True
+    assert tuning.apply(k) and calls == [False, True]  # still busy: the marked choice is used
     monkeypatch.setattr(tuning, "busy", lambda: False)
     tuning.apply(k)  # quiet now: measured again, and the mark goes
-    assert calls == [True, False] and json.loads(_file(small).read_text())["busy"] is False
-    tuning.apply(k)
-    assert calls == [True, False]
+    assert calls == [False, True, False] and json.loads(_file(small).read_text())["busy"] is False

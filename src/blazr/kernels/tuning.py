@@ -11,8 +11,9 @@ weights at 1B-model shapes, alternating rounds, the best round of each — the l
 value only when it beats the library's default by more than `MARGIN`. The result is written to
 `<kernel cache dir>/tuning-<key>.json`, keyed by the library file (its hash covers the sources, compiler,
 flags and, for -march=native, the CPU's flags), the CPU model and the thread count, and later loads read it
-(~0.1 ms); a choice measured while other work loaded the cores (`busy()`) is used but measured again by the
-first load that finds the host quiet.
+(~0.1 ms). While other work loads the cores (`busy()`) nothing is measured — timings then are noise (1-4 GB/s
+where the quiet host reads 40-50, and the "winner" chosen by it a 1.6x slower form) — and the build's defaults
+run until a load finds the host quiet; a choice forced on a busy host is marked and measured again then.
 
 - `apply(k)`: the cached choice set on library `k`, measured first when there is none (~2-3 s once;
   `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
@@ -191,6 +192,8 @@ def apply(k: Kernels, force: bool = False, log: Callable[[str], None] | None = N
                 return dict(data["knobs"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # absent, damaged, of another build, or measured on a busy host that is quiet now: anew
+        if busy():
+            return {}  # no timing worth keeping now: the defaults, measured by a load that finds it quiet
     result = {"busy": busy(), **measure(k, log)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
