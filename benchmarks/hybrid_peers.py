@@ -456,10 +456,13 @@ def gguf(name: str, kind: str) -> Path:
     out = CACHE / name / f"{name}-{kind}.gguf"
     if out.exists():
         return out
+    part = out.with_suffix(".part")  # renamed when whole: a run stopped mid-write leaves no damaged cache
     if kind == "Q4_0":
-        return llama_cpp_convert.quantize(gguf(name, "F32"), out, kind)
-    log(f"# converting {name} to {kind} with llama.cpp's convert_hf_to_gguf.py")
-    return llama_cpp_convert.convert(checkpoint(name), None, out, kind.lower(), converter())
+        llama_cpp_convert.quantize(gguf(name, "F32"), part, kind)
+    else:
+        log(f"# converting {name} to {kind} with llama.cpp's convert_hf_to_gguf.py")
+        llama_cpp_convert.convert(checkpoint(name), None, part, kind.lower(), converter())
+    return part.replace(out)
 
 
 def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: int) -> list[Row]:
