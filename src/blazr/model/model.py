@@ -71,6 +71,8 @@ class CausalLM(nn.Module):
             x = ops.embedding(input_ids, embed.weight, scale)
         else:
             x = self.embed_tokens(input_ids)
+            if self.cfg.is_embedding_multiplier_rounded:  # the multiplier as a number of x's dtype (Gemma)
+                scale = float(torch.tensor(scale, dtype=x.dtype))
             if scale != 1.0:
                 x = x * scale
         for i, layer in enumerate(self.layers):
@@ -95,4 +97,7 @@ class CausalLM(nn.Module):
         scale = self.cfg.logits_scale
         if scale != 1.0:
             logits = ops.add(logits, None, scale) if logits.is_cpu else logits * scale
+        cap = self.cfg.final_logit_softcap
+        if cap is not None:  # torch ops: a CPU decode plan cannot record them, so such models decode eagerly
+            logits = torch.tanh(logits / cap) * cap
         return logits
