@@ -65,7 +65,8 @@ def _one_thread():
 
 
 def _build(name: str, root: Path) -> tuple[torch.nn.Module, Path]:
-    """The checkpoint (in the main thread: transformers' lazy imports are not thread-safe) and its tokenizer."""
+    """The checkpoint (built in the main thread: transformers' lazy imports are not thread-safe) and
+    its tokenizer."""
     arch, overrides = VARIANTS[name]
     hf = build(arch, root / "hf", **overrides)
     randomise(hf, 1)
@@ -115,4 +116,4 @@ def test_q8_0_gguf_stays_quantized_and_agrees_with_llama_cpp(made, name):
     first = ours.model.layers[0]
     assert any(isinstance(q, QuantizedLinear) and q.kind == "q8_0g" for q in first.modules())
     assert not any(isinstance(q, QuantizedLinear) and q.kind == "f32" for q in first.modules())
-    _check_llama_cpp(m.q8_0, ours, dequantized)
+    _check_llama_cpp(m.q8_0, ours, dequantized, vocab=ours.config.vocab_size)
