@@ -12,6 +12,7 @@ import torch
 from blazr import LLM
 from blazr.config import AttentionConfig
 from blazr.errors import CheckpointError
+from tests.drive import full_logits
 from tests.hf_parity import ParityTests, check_logits
 from tests.ssm_fixtures import detect_with, load_pair, randomise, single_thread
 
@@ -96,3 +97,18 @@ def test_mismatched_q_norm_is_one_clear_line(pair, tmp_path):
     with pytest.raises(CheckpointError, match=want) as e:
         detect_with(pair.path, tmp_path, edit)
     assert "\n" not in str(e.value)
+
+
+def test_bfloat16_embedding_multiplier_is_rounded_as_transformers(tmp_path):
+    """transformers multiplies the embeddings by sqrt(hidden) as a tensor of the weight's dtype: in bfloat16,
+    sqrt(72) = 8.485… is 8.5. blazr's bfloat16 forward feeds the first layer exactly those products."""
+    pair = load_pair(tmp_path / "hf", "bf16", "Gemma3ForCausalLM", **dict(SIZES, hidden_size=72))
+    llm = LLM(pair.path, cpu=True, dtype="bfloat16", max_num_seqs=2)
+    seen = []
+    llm.model.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    ids = [5, 17, 300, 1023]
+    full_logits(llm.runner, [ids])
+    table = llm.model.embed_tokens.weight[ids]
+    assert seen[0].dtype == torch.bfloat16
+    assert torch.equal(seen[0], table * torch.tensor(72**0.5, dtype=torch.bfloat16))
+    assert not torch.equal(seen[0], table * 72**0.5)  # the unrounded multiplier gives other values
