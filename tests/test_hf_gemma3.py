@@ -11,7 +11,7 @@ import torch
 
 from blazr import LLM
 from blazr.config import AttentionConfig
-from blazr.errors import CheckpointError
+from blazr.errors import CheckpointError, UnsupportedError
 from tests.drive import full_logits
 from tests.hf_parity import ParityTests, check_logits
 from tests.ssm_fixtures import detect_with, load_pair, randomise, single_thread
@@ -97,6 +97,14 @@ def test_mismatched_q_norm_is_one_clear_line(pair, tmp_path):
     with pytest.raises(CheckpointError, match=want) as e:
         detect_with(pair.path, tmp_path, edit)
     assert "\n" not in str(e.value)
+
+
+def test_bidirectional_attention_is_refused(pair, tmp_path):
+    def edit(raw):
+        raw["use_bidirectional_attention"] = True
+
+    with pytest.raises(UnsupportedError, match="use_bidirectional_attention"):
+        detect_with(pair.path, tmp_path, edit)
 
 
 def test_bfloat16_embedding_multiplier_is_rounded_as_transformers(tmp_path):

@@ -30,7 +30,7 @@ from blazr.detect.checkpoint import Shapes
 from blazr.detect.llama import llama_attention
 from blazr.detect.raw import Raw, activation, layer_indices, need
 from blazr.detect.ssm_common import is_tied, require
-from blazr.errors import CheckpointError
+from blazr.errors import CheckpointError, UnsupportedError
 
 GEMMA2, GEMMA3, GEMMA3_VL = "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"
 # the text model's tensor prefixes (the multimodal checkpoint's as the Hub's files and transformers save it)
@@ -89,6 +89,8 @@ def _softcap(raw: Raw, arch: str, key: str) -> float | None:
 def build_gemma(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
     if arch == GEMMA3_VL and isinstance(raw.get("text_config"), dict):
         raw = Raw(raw.get("text_config"), raw.path)
+    if raw.get("use_bidirectional_attention", False):
+        raise UnsupportedError(f"{raw.path}: use_bidirectional_attention (EmbeddingGemma) is not supported")
     prefix = text_prefix(shapes)
     vocab, hidden = require(shapes, prefix + "embed_tokens.weight")
     hidden = raw.int("hidden_size", hidden)
