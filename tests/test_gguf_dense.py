@@ -159,11 +159,11 @@ def test_q8_0_gguf_stays_quantized_and_matches_its_float_values(made, name):
     _check_llama_cpp(made.q8_0, ours, dequantized)
 
 
-def _check_llama_cpp(path: Path, ours: LLM, dequantized: LLM) -> None:
+def _check_llama_cpp(path: Path, ours: LLM, dequantized: LLM, vocab: int = VOCAB) -> None:
     """llama.cpp on the same file: blazr is as close to it as it is to the file's float values."""
     from llama_cpp import Llama
 
-    ids = prompts([40], seed=6, vocab=VOCAB)[0]
+    ids = prompts([40], seed=6, vocab=vocab)[0]
     ref = Llama(str(path), logits_all=True, n_ctx=128, n_batch=128, n_threads=1, verbose=False)
     ref.eval(ids)
     theirs = torch.tensor(np.array(ref.scores[: len(ids)]))

@@ -486,9 +486,8 @@ def test_gguf_sentencepiece_matches_sentencepiece(spm):
 
 
 def test_gguf_unsupported(spm):
+    """(A vocabulary without the dummy prefix is supported: test_gemma3_real.py checks Gemma 3's against
+    llama.cpp.)"""
     _, meta = spm
-    no_prefix = dict(meta, **{"tokenizer.ggml.add_space_prefix": False})
-    with pytest.raises(UnsupportedError, match="add_space_prefix"):
-        load_tokenizer(TokenizerSource(gguf_metadata=no_prefix))
     with pytest.raises(UnsupportedError, match="'t5'"):
         load_tokenizer(TokenizerSource(gguf_metadata=dict(meta, **{"tokenizer.ggml.model": "t5"})))

@@ -21,7 +21,11 @@ TINY: dict[str, Any] = dict(
 
 
 # text-only architectures whose config class is not `{Arch}Config` (that one is the multimodal model's)
-CONFIG_CLASSES = {"Qwen3_5ForCausalLM": "Qwen3_5TextConfig", "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig"}
+CONFIG_CLASSES = {
+    "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
+    "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig",
+    "Gemma3ForCausalLM": "Gemma3TextConfig",
+}
 
 
 def build(arch: str, path: Path, seed: int = 0, **overrides: Any) -> torch.nn.Module:

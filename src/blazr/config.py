@@ -77,7 +77,8 @@ class AttentionConfig(MixerConfig):
     `qk_norm`: an RMSNorm of q and of k (own weights) before rope — over each head's features
     (`is_qk_norm_per_head`: Qwen3, Qwen3-Next, Gemma 3) or over all heads' (OLMo 2 / 3, OLMo-Hybrid).
     `has_output_gate`: the q projection emits a gate per head beside q (Qwen3-Next / Qwen3.5: q_proj's rows
-    per head [q_h; gate_h]); the attention output is multiplied by sigmoid(gate) before o_proj."""
+    per head [q_h; gate_h]); the attention output is multiplied by sigmoid(gate) before o_proj.
+    `logit_softcap` c: the scaled scores s become c · tanh(s / c) before the mask and softmax (Gemma 2)."""
 
     kind: ClassVar[str] = "attention"
 
@@ -92,6 +93,7 @@ class AttentionConfig(MixerConfig):
     qk_norm: NormConfig | None = None
     is_qk_norm_per_head: bool = True
     has_output_gate: bool = False
+    logit_softcap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,9 @@ class ModelConfig:
     """A whole network: embedding, `layers`, final norm, lm head.
 
     Scalar multipliers (Granite/FalconH1 µP) stay explicit here; per-weight ones are folded at load.
+    `is_embedding_multiplier_rounded`: the multiplier is first rounded to the activations' dtype (Gemma's
+    sqrt(hidden), a tensor of the embedding's dtype in transformers). `final_logit_softcap` c: the logits
+    become c · tanh(logits / c) (Gemma 2).
     """
 
     architecture: str
@@ -348,6 +353,8 @@ class ModelConfig:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scale: float = 1.0  # logits are multiplied by this (Granite divides by logits_scaling)
+    is_embedding_multiplier_rounded: bool = False
+    final_logit_softcap: float | None = None
 
     @property
     def num_layers(self) -> int:

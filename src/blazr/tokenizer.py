@@ -11,7 +11,8 @@ Selection, first that applies:
   2. `tokenizer_dir/tokenizer.json` (+ tokenizer_config.json, chat_template.jinja beside it);
   3. GGUF vocabulary metadata: `gpt2` (byte-level BPE) is rebuilt as an HF tokenizer.json in memory with
      llama.cpp's pre-tokenizer for `tokenizer.ggml.pre`; `llama` (SentencePiece BPE) uses splintr's
-     SpmTokenizer, llama.cpp's algorithm;
+     SpmTokenizer, llama.cpp's algorithm — or, where the vocabulary has no dummy prefix (Gemma), which
+     SpmTokenizer always adds, spm_bpe.PrefixlessSpm;
   4. the model's vocab_size: <=100350 cl100k_base, <=128400 llama3, <=129300 deepseek_v3 (129280 rows),
      <=200100 o200k_base.
 Chat template: `chat_template_file` > chat_template.jinja > tokenizer_config.json > GGUF > a fallback
@@ -44,6 +45,7 @@ import splintr
 
 from blazr.chat_template import ChatTemplate, literal_pattern, template_from_tokenizer_config
 from blazr.errors import BlazrError
+from blazr.spm_bpe import PrefixlessSpm
 from blazr.vocab import TokenizerFiles, Vocab, bundled, from_gguf, from_tokenizer_json
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,7 @@ class Tokenizer:
         self.chat_template = chat_template  # also adds the template's end-of-turn marker to eos_token_ids
         self._control_ids = control_ids
         # SpmTokenizer neither matches nor drops control tokens; AnyTokenizer does both itself.
-        self._is_spm = isinstance(backend, splintr.SpmTokenizer)
+        self._is_spm = isinstance(backend, splintr.SpmTokenizer | PrefixlessSpm)
         # Added tokens past the model's embedding rows (splintr agent tokens on a base-vocab model) are never
         # matched in text: they would index past the embedding.
         usable = {s: i for s, i in self._added.items() if model_vocab_size <= 0 or i < model_vocab_size}

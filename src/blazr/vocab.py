@@ -20,6 +20,7 @@ import orjson
 import splintr
 
 from blazr.errors import BlazrError, CheckpointError, UnsupportedError
+from blazr.spm_bpe import PrefixlessSpm
 
 log = logging.getLogger(__name__)
 
@@ -278,13 +279,12 @@ def from_gguf(meta: Mapping[str, Any]) -> Vocab:
         name, add_bos = f"gguf:{pre}", pre in _LLAMA3_LIKE
     elif model == "llama":
         prefix = meta.get("tokenizer.ggml.add_space_prefix")
-        if prefix is not None and not bool(prefix):
-            raise UnsupportedError(
-                "GGUF SentencePiece vocabulary with add_space_prefix=false (Gemma-style): splintr's "
-                "SpmTokenizer always adds the prefix; pass --vocab NAME or a tokenizer.json"
-            )
         scores = [float(s) for s in _required(meta, "tokenizer.ggml.scores")]
-        backend = splintr.SpmTokenizer(tokens, scores)
+        if prefix is not None and not bool(prefix):  # Gemma: splintr's SpmTokenizer always adds the prefix
+            user = [i for i, k in enumerate(types) if k == _GGUF_USER_DEFINED]
+            backend = PrefixlessSpm(tokens, scores, user)
+        else:
+            backend = splintr.SpmTokenizer(tokens, scores)
         name, add_bos = "gguf:llama", True
     else:
         raise UnsupportedError(

@@ -98,7 +98,7 @@ def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
 
 def detect_format(shapes: Shapes, where: Path) -> Format:
     names = list(shapes)
-    if any(n.startswith(("model.", "backbone.")) for n in names):
+    if any(n.startswith(("model.", "backbone.", "language_model.model.")) for n in names):
         return "hf"
     if any(n.startswith("layers.") for n in names) and "embed_tokens.weight" in shapes:
         return "oxidizr"

@@ -8,6 +8,8 @@ Per architecture (keys without the `{arch}.` prefix):
 - qwen2, qwen3: as llama (biases and q/k norms are in the tensors); qwen3moe: plus the experts, renormalised.
 - olmo2: as llama; an OLMo 3 where `attention.sliding_window` is set (see `_olmo2`).
 - smollm3: as llama (its NoPE layers, every 4th, have no key: llama.cpp's fixed step).
+- gemma2, gemma3: as llama, plus the sliding window and its layers, the sliding layers' rope θ, the
+  soft-caps and llama.cpp's query scalar (see `_gemma`).
 - granite, granitemoe (Granite 3): as llama, plus `embedding_scale` / `residual_scale` / `attention.scale` /
   `logit_scale` and the experts (shared ones: GraniteMoeShared).
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
@@ -147,6 +149,44 @@ def _olmo2(key: Meta, num_layers: int) -> dict[str, Any]:
         "layer_types": ["sliding_attention" if bool(p) else "full_attention" for p in pattern[:num_layers]],
         "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
     }
+
+
+def _gemma(key: Meta, num_layers: int, arch: str) -> dict[str, Any]:
+    """Gemma 2 / Gemma 3 as llama.cpp runs them: sliding layers by `attention.sliding_window_pattern` (a list,
+    or every n-th layer full; absent: llama.cpp's fixed 2 / 6), none without `attention.sliding_window`
+    (Gemma 3); the query scalar is the head size but for the 27B models (46 / 62 layers: hidden / heads —
+    llama.cpp's rule, the file has no key for it); the sliding layers' rope θ `rope.freq_base_swa` (absent:
+    Gemma 2 the global one, Gemma 3 10000 — llama.cpp's defaults) without scaling; the soft-caps where set."""
+    raw = _llama(key, num_layers)
+    window = key("attention.sliding_window")
+    pattern = key("attention.sliding_window_pattern")
+    every = 2 if arch == "gemma2" else 6
+    if isinstance(pattern, int) and pattern > 0:
+        every, pattern = pattern, None
+    if not window:
+        kinds = ["full_attention"] * num_layers
+    elif isinstance(pattern, list):
+        kinds = ["sliding_attention" if bool(p) else "full_attention" for p in pattern[:num_layers]]
+    else:
+        kinds = [
+            "sliding_attention" if i % every < every - 1 else "full_attention" for i in range(num_layers)
+        ]
+    is_27b = num_layers == (46 if arch == "gemma2" else 62)
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    raw.update(
+        architectures=["Gemma2ForCausalLM" if arch == "gemma2" else "Gemma3ForCausalLM"],
+        layer_types=kinds,
+        sliding_window=window or None,
+        query_pre_attn_scalar=hidden // heads if is_27b else raw["head_dim"],
+        attn_logit_softcapping=key("attn_logit_softcapping"),
+        final_logit_softcapping=key("final_logit_softcapping"),
+    )
+    if arch == "gemma3":
+        scaling = raw.pop("rope_scaling", None) or {}
+        full = {"rope_type": "default", "rope_theta": raw.pop("rope_theta") or 1e6, **scaling}
+        sliding = {"rope_type": "default", "rope_theta": key("rope.freq_base_swa") or 10000.0}
+        raw["rope_parameters"] = {"full_attention": full, "sliding_attention": sliding}
+    return raw
 
 
 def _ssm(key: Meta) -> dict[str, Any]:
@@ -382,6 +422,8 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "granite": _granite3,
     "granitemoe": _granite3,
     "smollm3": _llama,  # NoPE every 4th layer: llama.cpp's fixed step, the builder's default
+    "gemma2": partial(_gemma, arch="gemma2"),
+    "gemma3": partial(_gemma, arch="gemma3"),
     "mamba2": _mamba2,
     "granitehybrid": _granite,
     "nemotron_h": _nemotron_h,

@@ -4,8 +4,8 @@ Owns, per llama.cpp architecture (`general.architecture`), which GGUF tensors ma
 the inverse of `convert_hf_to_gguf.py`. Names (`blk.N.ssm_in.weight` → `backbone.layers.N.mixer.in_proj.
 weight`), q/k rows un-permuted (llama.cpp's interleaved rotary pairs → HF's halves), `A = -exp(A_log)` back
 to A_log, Mamba's `[H, 1]` / `[G, Di/G]` / `[C, K]` reshapes undone, (1 + w) norms stored as 1 + w back to w
-(Qwen3-Next / Qwen3.5), split tensors joined (gate | up rows, Granite's experts, DeepSeek's per-head k_b /
-v_b into kv_b_proj) and stacked experts sliced per expert.
+(Qwen3-Next / Qwen3.5, Gemma 2 / 3), split tensors joined (gate | up rows, Granite's experts, DeepSeek's
+per-head k_b / v_b into kv_b_proj) and stacked experts sliced per expert.
 With that, detection runs the HF builders and loading the HF name maps unchanged, and quantized linear
 weights pass through as stored bytes (`load_raw`: only row-wise ops, so ggml blocks stay whole).
 
@@ -468,6 +468,26 @@ ARCHES["olmo2"] = _Arch(
     {"a": "self_attn.", "f": "mlp."},
     permuted=False,
 )
+# Gemma 2 / Gemma 3 (the converter's Gemma2Model, Gemma3Model): sandwich norms, every one a (1 + w) norm
+# stored as 1 + w (the output norm too), Gemma 3's per-head q/k norms; NEOX rope (q/k rows as HF keeps them).
+_GEMMA: list[_Rule] = [
+    ("input_layernorm.weight", ("attn_norm.weight",), OFFSET),
+    ("post_attention_layernorm.weight", ("post_attention_norm.weight",), OFFSET),
+    ("pre_feedforward_layernorm.weight", ("ffn_norm.weight",), OFFSET),
+    ("post_feedforward_layernorm.weight", ("post_ffw_norm.weight",), OFFSET),
+    *_ATTENTION,
+    *[(f"{{a}}{x}_norm.weight", (f"attn_{x}_norm.weight",), OFFSET) for x in "qk"],
+    *_SWIGLU,
+]
+ARCHES.update(
+    {
+        gguf_arch: _Arch(
+            hf_arch, "model.layers.{i}.", _MODEL, _GEMMA, [], {"a": "self_attn.", "f": "mlp."}, False
+        )
+        for gguf_arch, hf_arch in (("gemma2", "Gemma2ForCausalLM"), ("gemma3", "Gemma3ForCausalLM"))
+    }
+)
+_GLOBAL_OFFSET |= {"gemma2", "gemma3"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
 

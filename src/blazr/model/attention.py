@@ -8,8 +8,10 @@ the causal attention kernel shared with MLA.
 - prefill rows: per sequence, causal with an offset of `context_len` cached tokens (chunked prefill).
 
 Options (AttentionConfig): q/k RMSNorm per head or over all heads before rope (`ops.head_rms_norm` on views
-of the qkv output, in place), partial rope, and an output gate — qkv_proj's rows [q | k | v | gate], the
-attention output multiplied by sigmoid(gate) before o_proj (`ops.sigmoid_mul`).
+of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the torch path only — plain
+matmul / tanh / softmax, decode steps included: the C decode attention has no such step, so a CPU decode
+plan cannot hold such a layer and falls back to eager), and an output gate — qkv_proj's rows
+[q | k | v | gate], the attention output multiplied by sigmoid(gate) before o_proj (`ops.sigmoid_mul`).
 
 `SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools'
 dtype (a prefix is its blocks); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from q, k and v (and
@@ -48,8 +50,21 @@ def _sdpa(
     scale: float,
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q [B, H, Lq, Dk], k [B, Hkv, Lk, Dk], v [B, Hkv, Lk, Dv] → [B, H, Lq, Dv]."""
+    """q [B, H, Lq, Dk], k [B, Hkv, Lk, Dk], v [B, Hkv, Lk, Dv] → [B, H, Lq, Dv]; `mask` boolean (True:
+    attend). With `softcap` c the scores s = scale · q·kᵀ become c · tanh(s / c) before the mask (Gemma 2):
+    plain torch, as SDPA has no such step."""
+    if softcap is not None:
+        G = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
+        s = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * (scale / softcap)) * softcap  # [B, H, Lq, Lk]
+        if is_causal:
+            Lq, Lk = s.shape[-2:]
+            mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(Lk - Lq)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.matmul(s.softmax(-1), v)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
@@ -74,11 +89,12 @@ def causal_attention(
     k_pool: torch.Tensor | None = None,
     v_pool: torch.Tensor | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q [T, H, Dk]; k, v [T, Hkv, D*] for the new tokens (already written to the pools, if any);
     k_pool / v_pool [S, Hkv, D*], possibly of a narrower dtype than q: keys and values are then read back
     as stored (also a chunk's own new ones), so a prompt attends to the same values chunked or whole and
-    as its later decode steps do. Returns [T, H, Dv]."""
+    as its later decode steps do. `softcap`: scores soft-capped (see `_sdpa`). Returns [T, H, Dv]."""
     T, H, _ = q.shape
     if k_pool is not None and k_pool.dtype != q.dtype:
         k, v = k.to(k_pool.dtype).to(q.dtype), v.to(k_pool.dtype).to(q.dtype)
@@ -90,7 +106,7 @@ def causal_attention(
         idx = batch.kv_indices[:nd, : mask.shape[-1]]  # [Bd, L]
         kd = k_pool[idx].to(q.dtype).transpose(1, 2)  # [Bd, Hkv, L, Dk]
         vd = v_pool[idx].to(q.dtype).transpose(1, 2)
-        od = _sdpa(q[:nd].unsqueeze(2), kd, vd, scale, mask)  # [Bd, H, 1, Dv]
+        od = _sdpa(q[:nd].unsqueeze(2), kd, vd, scale, mask, softcap=softcap)  # [Bd, H, 1, Dv]
         out[:nd] = od.squeeze(2)
     starts = batch.query_starts
     for b in range(nd, batch.num_seqs):
@@ -105,9 +121,9 @@ def causal_attention(
         kb = kb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, ctx + n, Dk]
         vb = vb.transpose(0, 1).unsqueeze(0)
         if ctx == 0 and window is None:
-            ob = _sdpa(qb, kb, vb, scale, is_causal=True)
+            ob = _sdpa(qb, kb, vb, scale, is_causal=True, softcap=softcap)
         else:
-            ob = _sdpa(qb, kb, vb, scale, _prefill_mask(n, ctx, window, q.device))
+            ob = _sdpa(qb, kb, vb, scale, _prefill_mask(n, ctx, window, q.device), softcap=softcap)
         out[s : s + n] = ob.squeeze(0).transpose(0, 1)
     return out
 
@@ -151,7 +167,13 @@ class Attention(nn.Module):
         return o
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
-        if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
+        if (
+            cache is not None
+            and batch.is_decode_only
+            and batch.decode_lens is not None
+            and ops.cpu_f32(x)
+            and self.cfg.logit_softcap is None  # the C decode attention has no soft-capping
+        ):
             return self._decode(x, batch, cache)
         cfg, T = self.cfg, x.shape[0]
         qkv = self.qkv_proj(x)
@@ -170,7 +192,9 @@ class Attention(nn.Module):
             k_pool, v_pool = cache.k, cache.v
             k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
             v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
-        o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
+        o = causal_attention(
+            q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window, cfg.logit_softcap
+        )
         return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv))
 
     def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:

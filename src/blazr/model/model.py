@@ -79,6 +79,8 @@ class CausalLM(nn.Module):
             x = ops.embedding(input_ids, embed.weight, scale)
         else:
             x = self.embed_tokens(input_ids)
+            if self.cfg.is_embedding_multiplier_rounded:  # the multiplier as a number of x's dtype (Gemma)
+                scale = float(torch.tensor(scale, dtype=x.dtype))
             if scale != 1.0:
                 x = x * scale
         embeddings = x.clone() if self.reads_embeddings else None  # the layers' adds may write x in place
@@ -104,4 +106,7 @@ class CausalLM(nn.Module):
         scale = self.cfg.logits_scale
         if scale != 1.0:
             logits = ops.add(logits, None, scale) if logits.is_cpu else logits * scale
+        cap = self.cfg.final_logit_softcap
+        if cap is not None:  # torch ops: a CPU decode plan cannot record them, so such models decode eagerly
+            logits = torch.tanh(logits / cap) * cap
         return logits
