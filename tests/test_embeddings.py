@@ -104,3 +104,17 @@ def test_an_embedding_beside_generation_changes_neither(tiny):
     assert shared  # they ran in the same steps
     assert tokens == alone_gen
     assert vector is not None and torch.allclose(torch.tensor(vector), torch.tensor(alone_vec), atol=1e-5)
+
+
+def test_a_qwen3_embedding_checkpoint_as_published(tmp_path):
+    """Qwen3-Embedding as sentence-transformers writes it: the base model (`Qwen3Model`: `embed_tokens`,
+    `layers.N.…`, no `model.` prefix, no head) with last-token pooling — read as its causal LM's names (not
+    as an oxidizr checkpoint, whose names look the same), vectors equal transformers'."""
+    model = build("Qwen3ForCausalLM", tmp_path / "full")
+    model.model.save_pretrained(tmp_path / "base")
+    config = json.loads((tmp_path / "base" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3Model"]
+    st = sentence_transformers_dir(tmp_path / "base", tmp_path / "st", "last")
+    llm = LLM(st, cpu=True, dtype="float32")
+    assert llm.config.architecture == "Qwen3ForCausalLM" and llm.pooling == Pooling("last")
+    check(llm.embed(PROMPTS), model, "last")

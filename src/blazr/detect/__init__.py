@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,9 @@ def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
     if not shapes:
         raise CheckpointError(f"{files[0]}: the safetensors file holds no tensors")
     raw = read_json(root / "config.json")
+    if prefix := base_model_prefix(raw, shapes):
+        source = SafetensorsCheckpoint(files, prefix)
+        shapes = {n: source.shape(n) for n in source.names}
     fmt = detect_format(shapes, files[0])
     arch = detect_architecture(raw, shapes, fmt)
     builder = BUILDERS.get(arch)
@@ -81,6 +85,8 @@ def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
             f"unsupported architecture {arch}; supported: {', '.join(supported_architectures())}"
         )
     cfg = builder(Raw(raw, root / "config.json"), shapes)
+    if prefix and "lm_head.weight" not in shapes and not cfg.tie_word_embeddings:
+        cfg = replace(cfg, tie_word_embeddings=True)  # no head saved: logits on the token table
     dtypes = {source.dtype(n) for n in list(source.names)[:64]}
     weights_dtype = torch.float32 if torch.float32 in dtypes else next(iter(dtypes))
     gen = read_json(root / "generation_config.json")
@@ -93,7 +99,33 @@ def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
         is_oxidizr=fmt == "oxidizr",
     )
     name = root.name if path.is_dir() else path.stem
-    return Checkpoint(path, fmt, tuple(files), cfg, tok, weights_dtype, name)
+    return Checkpoint(path, fmt, tuple(files), cfg, tok, weights_dtype, name, name_prefix=prefix)
+
+
+def base_model_prefix(raw: Mapping[str, Any], shapes: Shapes) -> str:
+    """"model." for a transformers base-model save — `XModel` without its head: `embed_tokens.weight`,
+    `layers.N.…`, as sentence-transformers writes Qwen3-Embedding — whose config.json names a family blazr
+    builds (its `XForCausalLM`, or its model_type); "" otherwise (an oxidizr checkpoint's names are the same
+    but its config.json names no transformers family)."""
+    if "embed_tokens.weight" not in shapes or not any(n.startswith("layers.") for n in shapes):
+        return ""
+    return "model." if _transformers_architecture(raw) is not None else ""
+
+
+def _transformers_architecture(raw: Mapping[str, Any]) -> str | None:
+    """The transformers family config.json names that blazr builds: `architectures[0]`, else its
+    model_type's; None when it names none."""
+    archs = raw.get("architectures")
+    if isinstance(archs, list) and archs and _causal_lm(str(archs[0])) in BUILDERS:
+        return _causal_lm(str(archs[0]))
+    model_type = raw.get("model_type")
+    return MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+
+
+def _causal_lm(arch: str) -> str:
+    """A base model's class (`Qwen3Model`) as its causal LM's (`Qwen3ForCausalLM`) where blazr builds that."""
+    causal = arch.removesuffix("Model") + "ForCausalLM"
+    return causal if arch.endswith("Model") and causal in BUILDERS else arch
 
 
 def detect_format(shapes: Shapes, where: Path) -> Format:
@@ -114,7 +146,7 @@ def detect_architecture(raw: Mapping[str, Any], shapes: Shapes, fmt: Format) -> 
         return "oxidizr"
     archs = raw.get("architectures")
     if isinstance(archs, list) and archs:
-        return str(archs[0])
+        return _causal_lm(str(archs[0]))
     model_type = raw.get("model_type")
     if isinstance(model_type, str) and model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]

@@ -30,3 +30,4 @@ class Checkpoint:
     name: str  # a display name (served model id)
     # the GGUF file as opened (header parsed) by detection, so loading does not parse it a second time
     gguf: GGUFFile | None = field(default=None, compare=False, repr=False)
+    name_prefix: str = ""  # put before the stored tensor names ("model." for a base-model save)

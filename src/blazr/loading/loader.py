@@ -71,7 +71,7 @@ def open_source(ckpt: Checkpoint) -> TensorSource:
         gguf = ckpt.gguf or GGUFFile(ckpt.weight_files[0])
         gguf.prefetch()
         return GGUFView(gguf, q_heads, kv_heads)
-    return SafetensorsCheckpoint(list(ckpt.weight_files))
+    return SafetensorsCheckpoint(list(ckpt.weight_files), ckpt.name_prefix)
 
 
 class _NoInit(TorchFunctionMode):

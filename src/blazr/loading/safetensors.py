@@ -124,11 +124,14 @@ def _read_header(path: Path) -> dict[str, _Entry]:
 class SafetensorsCheckpoint:
     """Tensor names → shapes/dtypes and one-at-a-time reads across one or more safetensors files."""
 
-    def __init__(self, files: list[Path]) -> None:
+    def __init__(self, files: list[Path], prefix: str = "") -> None:
+        """`prefix`: put before every stored name (a transformers base-model save's `layers.N.…` read as
+        `model.layers.N.…`, detect.base_model_prefix)."""
         self.files = files
         self._entries: dict[str, _Entry] = {}
         for path in files:
-            for name, entry in _read_header(Path(path)).items():
+            for stored, entry in _read_header(Path(path)).items():
+                name = prefix + stored
                 if name in self._entries:
                     raise CheckpointError(f"{path}: tensor {name} also appears in {self._entries[name].path}")
                 self._entries[name] = entry
