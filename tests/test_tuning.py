@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from blazr.kernels import build, ops, tuning
+from blazr.loading.quantize import kernel_prefill_f32
 
 
 @pytest.fixture
@@ -24,6 +25,7 @@ def small(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
     monkeypatch.delenv("BLAZR_TUNE", raising=False)
     monkeypatch.setattr(tuning, "busy", lambda: False)
+    monkeypatch.setattr(tuning, "CHOICES", dict(tuning.CHOICES))
     before = {knob.name: k.get_tune(knob.name) for knob in tuning.KNOBS}
     yield tmp_path
     for name, value in before.items():
@@ -130,3 +132,24 @@ def test_a_busy_host_keeps_the_defaults_until_it_is_quiet(
     monkeypatch.setattr(tuning, "busy", lambda: False)
     tuning.apply(k)  # quiet now: measured again, and the mark goes
     assert calls == [False, True, False] and json.loads(_file(small).read_text())["busy"] is False
+
+
+def test_the_float32_prefill_gemm_is_chosen_on_this_host_and_followed(
+    small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float32 prefill's GEMM — the C panel or torch's sgemm — is timed with the knobs, kept in the
+    file beside its GFLOP/s, read back by a later load, and `kernel_prefill_f32` follows it."""
+    k = ops.kernels()
+    assert k is not None
+    tuning.CHOICES.clear()
+    tuning.apply(k)
+    data = json.loads(_file(small).read_text())
+    assert data["choices"]["f32_prefill"] in ("kernel", "sgemm")
+    assert set(data["gflops"]) == {"kernel", "sgemm"}
+    assert data["choices"] == tuning.CHOICES
+    tuning.CHOICES.clear()
+    tuning.apply(k)  # read back
+    assert data["choices"] == tuning.CHOICES
+    for choice in ("kernel", "sgemm"):
+        monkeypatch.setitem(tuning.CHOICES, "f32_prefill", choice)
+        assert kernel_prefill_f32() == (choice == "kernel" and "avx2" in k.features)

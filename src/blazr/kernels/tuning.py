@@ -39,12 +39,15 @@ from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.quant import QuantizedWeight
 
-FORMAT = 1  # bumped when the file's meaning changes
+FORMAT = 2  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice)
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
 MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
 # 1B-model shapes (Llama-3.2-1B: qkv, o, gate|up, down): [N, K]
 SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
+PREFILL_ROWS = 256  # a prompt chunk's rows for the float32 prefill GEMM's choice
+# host choices made above the C knobs, as measured or read by the last `apply` (name → value)
+CHOICES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,39 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
         if log:
             cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in rate.items())
             log(f"  {knob.name}: {cells} → {chosen[knob.name]}")
-    return {"knobs": chosen, "gbps": rates}
+    choice, gflops = _f32_prefill(k, g)
+    if log:
+        log(f"  f32_prefill: kernel {gflops['kernel']:.0f}, sgemm {gflops['sgemm']:.0f} GFLOP/s → {choice}")
+    return {"knobs": chosen, "gbps": rates, "choices": {"f32_prefill": choice}, "gflops": gflops}
+
+
+def _f32_prefill(k: Kernels, g: torch.Generator) -> tuple[str, dict[str, float]]:
+    """Float32 prefill: the C panel GEMM (blz_linear_f32's many-row path) or torch's sgemm, whichever runs
+    the 1B shapes at PREFILL_ROWS rows faster here (MKL's sgemm: 1.05-1.2x the panel on Sapphire Rapids,
+    0.4-0.8x it on Zen 5). The build's rule (the panel where AVX-512 is absent) is the default, kept unless
+    the other is MARGIN faster."""
+    from blazr.kernels.quant import quantize
+
+    ws = [torch.empty(n, kk).uniform_(-0.05, 0.05, generator=g) for n, kk in SHAPES]
+    qs = [quantize(w, "f32") for w in ws]
+    xs = [torch.randn(PREFILL_ROWS, kk, generator=g) for _, kk in SHAPES]
+    runs = {
+        "kernel": lambda: [k.linear(x, q, prefill=True) for x, q in zip(xs, qs, strict=True)],
+        "sgemm": lambda: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws, strict=True)],
+    }
+    best = dict.fromkeys(runs, float("inf"))
+    for run in runs.values():
+        run()
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    flops = 2 * PREFILL_ROWS * sum(n * kk for n, kk in SHAPES)
+    gflops = {name: round(flops / t / 1e9, 1) for name, t in best.items()}
+    default = "sgemm" if "avx512" in k.features else "kernel"
+    other = "kernel" if default == "sgemm" else "sgemm"
+    return (other if gflops[other] > gflops[default] * (1 + MARGIN) else default), gflops
 
 
 def busy() -> bool:
@@ -189,12 +224,14 @@ def apply(k: Kernels, force: bool = False, log: Callable[[str], None] | None = N
             if all(data.get(f) == v for f, v in ident.items()) and not (data.get("busy") and not busy()):
                 for name, value in data["knobs"].items():
                     k.set_tune(name, value)
+                CHOICES.update(data["choices"])
                 return dict(data["knobs"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # absent, damaged, of another build, or measured on a busy host that is quiet now: anew
         if busy():
             return {}  # no timing worth keeping now: the defaults, measured by a load that finds it quiet
     result = {"busy": busy(), **measure(k, log)}
+    CHOICES.update(result["choices"])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

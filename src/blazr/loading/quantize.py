@@ -340,9 +340,16 @@ def kernel_prefill_f32() -> bool:
     four hybrid families' float32 prefill went 1.03–1.46x → 1.27–1.51x llama.cpp's (NOTES §35); its rows are
     independent by construction, where the sgemm's rounding depends on M below 12 rows. On AVX-512 hosts the
     panel runs 512-bit (Sapphire Rapids, 1B shapes: 250–320 GFLOP/s at 500 rows) but torch's sgemm there
-    measured 1.05–1.2x it at 500 rows (NOTES §37), so those keep the sgemm."""
+    measured 1.05–1.2x it at 500 rows (NOTES §37), so those kept the sgemm. Which runs faster is the host's
+    (on Zen 5 the panel ran 1.3-2.4x MKL's sgemm): the choice host tuning measured (kernels/tuning.py
+    `f32_prefill`), else that rule."""
+    from blazr.kernels import tuning
+
     lib = kernel_ops.kernels()
-    return lib is not None and "avx2" in lib.features and "avx512" not in lib.features
+    if lib is None or "avx2" not in lib.features:
+        return False
+    measured = tuning.CHOICES.get("f32_prefill")
+    return measured == "kernel" if measured else "avx512" not in lib.features
 
 
 def wrap_float_linears(model: CausalLM) -> int:
