@@ -64,8 +64,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.host import host_line  # noqa: E402
 from benchmarks.hybrid_peers import checkpoint  # noqa: E402  (builds the published-shape hybrid once)
-from benchmarks.run import log, machine, spread, versions  # noqa: E402
+from benchmarks.run import log, spread, versions  # noqa: E402
 from benchmarks.serve import Server, embedded_gguf  # noqa: E402
 
 from blazr import LLM, SamplingParams  # noqa: E402
@@ -633,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     parts = args.parts.split(",")
     print("# Prefix caching: multi-turn chat, snapshot interval, server\n")
-    print(f"- machine: {machine()}\n- versions: {versions()}\n- threads: {args.threads}\n")
+    print(f"- machine: {host_line()}\n- versions: {versions()}\n- threads: {args.threads}\n")
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     if "chat" in parts:
         for model in args.models.split(","):

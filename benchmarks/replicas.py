@@ -30,7 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.run import log, machine, versions  # noqa: E402
+from benchmarks.host import host_line  # noqa: E402
+from benchmarks.run import log, versions  # noqa: E402
 from benchmarks.serve import Server  # noqa: E402
 from tests.server_util import descendants  # noqa: E402
 
@@ -150,7 +151,7 @@ def main() -> None:
     p.add_argument("--setups", default=",".join(SETUPS), help="which of: " + ", ".join(SETUPS))
     p.add_argument("--json", default=None, metavar="FILE")
     args = p.parse_args()
-    log(f"{machine()}\n{versions()}")
+    log(f"{host_line()}\n{versions()}")
     results = [
         run_setup(name, SETUPS[name], args, seed=1000 + i) for i, name in enumerate(args.setups.split(","))
     ]
