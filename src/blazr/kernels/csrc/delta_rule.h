@@ -206,4 +206,20 @@ static void dn_axpy(float *y, float c, const float *x, int64_t n) {
     for (; i < n; ++i) y[i] = fmaf(-c, x[i], y[i]);
 }
 
+/* The prefill's state snapshots of sequence `seq` (saves [ns, 3]: sequence, token offset, snapshot slot) in
+ * offset order: cuts[0..nc) the offsets, dsts the slots, then cuts[nc] = n (the sequence's end) with dsts[nc]
+ * = -1. Arrays of DN_MAX_CUTS + 1 (the callers' checks bound the count); returns nc. */
+static int64_t dn_snapshot_cuts(const int64_t *saves, int64_t ns, int64_t seq, int64_t n, int64_t *cuts,
+                                int64_t *dsts) {
+    int64_t nc = 0;
+    for (int64_t v = 0; v < ns; ++v) /* insertion sort */
+        if (saves[3 * v] == seq) {
+            int64_t p = nc++;
+            for (; p > 0 && cuts[p - 1] > saves[3 * v + 1]; --p) cuts[p] = cuts[p - 1], dsts[p] = dsts[p - 1];
+            cuts[p] = saves[3 * v + 1], dsts[p] = saves[3 * v + 2];
+        }
+    cuts[nc] = n, dsts[nc] = -1;
+    return nc;
+}
+
 #endif /* BLAZR_DELTA_RULE_H */

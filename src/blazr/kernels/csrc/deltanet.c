@@ -309,14 +309,8 @@ BLZ_EXPORT int blz_deltanet_prefill(const float *qkvz, const float *ba, const in
             float *st = state_pool + (seqs[4 * b + 2] * Hv + h) * Dk * Dv;
             if (seqs[4 * b + 3]) memset(st, 0, (size_t)(Dk * Dv) * sizeof(float));
             if (!buf) continue;
-            int64_t cuts[DN_MAX_CUTS + 1], dsts[DN_MAX_CUTS + 1], nc = 0;
-            for (int64_t s = 0; s < ns; ++s) /* insertion-sorted snapshot offsets of sequence b */
-                if (saves[3 * s] == b) {
-                    int64_t p = nc++;
-                    for (; p > 0 && cuts[p - 1] > saves[3 * s + 1]; --p) cuts[p] = cuts[p - 1], dsts[p] = dsts[p - 1];
-                    cuts[p] = saves[3 * s + 1], dsts[p] = saves[3 * s + 2];
-                }
-            cuts[nc] = n, dsts[nc] = -1;
+            int64_t cuts[DN_MAX_CUTS + 1], dsts[DN_MAX_CUTS + 1];
+            const int64_t nc = dn_snapshot_cuts(saves, ns, b, n, cuts, dsts);
             int64_t done = 0;
             for (int64_t s = 0; s <= nc; ++s) {
                 for (int64_t c0 = done; c0 < cuts[s]; c0 += Cs)

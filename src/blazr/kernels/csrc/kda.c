@@ -318,14 +318,8 @@ BLZ_EXPORT int blz_kda_prefill(const float *qkv, const float *f, const float *b,
             float *st = state_pool + (seqs[4 * s + 2] * H + h) * D * D;
             if (seqs[4 * s + 3]) memset(st, 0, (size_t)(D * D) * sizeof(float));
             if (!buf) continue;
-            int64_t cuts[DN_MAX_CUTS + 1], dsts[DN_MAX_CUTS + 1], nc = 0;
-            for (int64_t v = 0; v < ns; ++v) /* insertion-sorted snapshot offsets of sequence s */
-                if (saves[3 * v] == s) {
-                    int64_t p = nc++;
-                    for (; p > 0 && cuts[p - 1] > saves[3 * v + 1]; --p) cuts[p] = cuts[p - 1], dsts[p] = dsts[p - 1];
-                    cuts[p] = saves[3 * v + 1], dsts[p] = saves[3 * v + 2];
-                }
-            cuts[nc] = n, dsts[nc] = -1;
+            int64_t cuts[DN_MAX_CUTS + 1], dsts[DN_MAX_CUTS + 1];
+            const int64_t nc = dn_snapshot_cuts(saves, ns, s, n, cuts, dsts);
             int64_t done = 0;
             for (int64_t v = 0; v <= nc; ++v) {
                 for (int64_t c0 = done; c0 < cuts[v]; c0 += Cs)
