@@ -103,10 +103,10 @@ def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
 
 
 def base_model_prefix(raw: Mapping[str, Any], shapes: Shapes) -> str:
-    """"model." for a transformers base-model save — `XModel` without its head: `embed_tokens.weight`,
+    """`model.` for a transformers base-model save — `XModel` without its head: `embed_tokens.weight`,
     `layers.N.…`, as sentence-transformers writes Qwen3-Embedding — whose config.json names a family blazr
-    builds (its `XForCausalLM`, or its model_type); "" otherwise (an oxidizr checkpoint's names are the same
-    but its config.json names no transformers family)."""
+    builds (its `XForCausalLM`, or its model_type); empty otherwise (an oxidizr checkpoint's names are the
+    same but its config.json names no transformers family)."""
     if "embed_tokens.weight" not in shapes or not any(n.startswith("layers.") for n in shapes):
         return ""
     return "model." if _transformers_architecture(raw) is not None else ""
