@@ -4,9 +4,12 @@
   dequantized at load — cached after the first load);
 - the GGUF tokenizer (SentencePiece BPE over Gemma's 262k pieces, no dummy prefix, user-defined whitespace
   pieces, byte fallback) gives llama.cpp's ids on multilingual text and code, control tokens included;
-- its logits on a short prompt agree with llama.cpp's: top-1 equal except at near-ties (llama.cpp's own
-  margin between the two within NEAR_TIE — both engines quantize activations to 8 bits, differently
-  rounded; see test_llama_cpp.py), mean |Δ| a small share of the logit scale;
+- its logits on a paragraph agree with llama.cpp's, judged against the float model (the file's weights
+  dequantized, float32): where the two engines pick different tokens, the float model's margin between them
+  is within NEAR_TIE (both engines quantize activations to 8 bits, differently rounded: a 1-ulp difference
+  upstream moves a rounding step, so which near-tie wins depends on the path), blazr's top-1 agrees with the
+  float model's as often as llama.cpp's (one near-tie of slack), its perplexity of the paragraph is no
+  further from the float model's than llama.cpp's (+1 %), and mean |Δ| is a small share of the logit scale;
 - a greedy completion of a plain prompt reads sensibly: the week's days in order.
 """
 
@@ -17,11 +20,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
 from tests.drive import full_logits
 
-NEAR_TIE = 0.5  # logits (scale ~20): the widest llama.cpp margin at which the engines may pick differently
+PARAGRAPH = (  # ~110 tokens of plain prose: enough positions for agreement rates to mean something
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg, a "
+    "goldsmith from Mainz, combined movable metal type, oil-based ink and a wooden screw press into a"
+    " system that could produce books far faster than scribes. Within a few decades, presses had "
+    "spread to more than two hundred cities across Europe, and millions of volumes had been printed. "
+    "The consequences were profound: prices fell, literacy rose, and ideas travelled with a speed "
+    "that had never been possible before."
+)
+NEAR_TIE = 0.5  # logits (scale ~20): the widest float-model margin at which the engines may pick differently
 TEXTS = [
     "Hello world",
     " Leading space,  two spaces,\ttab\n\nand   three\n\n\n",
@@ -75,18 +87,26 @@ def test_tokenizer_ids_equal_llama_cpp(ours, path):
         assert "".join(stream.add(i) for i in tok.encode_ordinary(text)) + stream.flush() == text
 
 
-def test_logits_agree_with_llama_cpp_up_to_near_ties(ours, reference):
-    ids = ours.tokenizer.encode("The quick brown fox jumps over the lazy dog. In the morning, the fox")
+def test_logits_agree_with_llama_cpp_up_to_near_ties(path, ours, reference):
+    ids = ours.tokenizer.encode(PARAGRAPH)
     got = full_logits(ours.runner, [ids])[0].numpy()
     reference.reset()
     reference.eval(ids)
     want = np.array(reference.scores[: len(ids)], dtype=np.float32)
     scale = np.abs(want).max()
     assert np.abs(got - want).mean() <= 0.02 * scale
-    ours_top, ref_top = got.argmax(-1), want.argmax(-1)
-    margins = want[np.arange(len(ids)), ref_top] - want[np.arange(len(ids)), ours_top]
+    exact = LLM(path, cpu=True, dtype="float32", quantize="none", max_num_seqs=1)  # the dequantized file
+    fp = full_logits(exact.runner, [ids])[0].numpy()
+    rows, ours_top, ref_top, fp_top = np.arange(len(ids)), got.argmax(-1), want.argmax(-1), fp.argmax(-1)
+    margins = np.abs(fp[rows, ref_top] - fp[rows, ours_top])  # 0 where the engines agree
     assert (margins <= NEAR_TIE).all(), margins
-    assert (ours_top == ref_top).mean() >= 0.9
+    assert (ours_top == fp_top).sum() >= (ref_top == fp_top).sum() - 1  # one near-tie of slack
+
+    def perplexity(logits: np.ndarray) -> float:
+        return float(F.cross_entropy(torch.from_numpy(logits[:-1]), torch.tensor(ids[1:])).exp())
+
+    ours_ppl, ref_ppl, fp_ppl = perplexity(got), perplexity(want), perplexity(fp)
+    assert abs(ours_ppl - fp_ppl) <= abs(ref_ppl - fp_ppl) + 0.01 * fp_ppl, (ours_ppl, ref_ppl, fp_ppl)
 
 
 def test_greedy_completion_reads_sensibly(ours):
