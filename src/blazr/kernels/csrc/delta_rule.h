@@ -206,6 +206,52 @@ static void dn_axpy(float *y, float c, const float *x, int64_t n) {
     for (; i < n; ++i) y[i] = fmaf(-c, x[i], y[i]);
 }
 
+/* The prefill's sequences and snapshots checked (seqs [B, 4]: first row, tokens, slot, fresh; saves [ns, 3]:
+ * sequence, token offset, snapshot slot — inside the sequence, slots among S and distinct from the sequences',
+ * at most DN_MAX_CUTS a sequence); *T = the rows the sequences span. BLZ_OK, BLZ_EINVAL or BLZ_ERANGE. */
+static int dn_check_prefill(const int64_t *seqs, int64_t B, const int64_t *saves, int64_t ns, int64_t S,
+                            int64_t *T) {
+    *T = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t *q = seqs + 4 * b;
+        if (q[0] < 0 || q[1] < 0) return BLZ_EINVAL;
+        if (q[2] < 0 || q[2] >= S) return BLZ_ERANGE;
+        for (int64_t c = 0; c < b; ++c)
+            if (seqs[4 * c + 2] == q[2]) return BLZ_EINVAL;
+        *T = blz_max(*T, q[0] + q[1]);
+    }
+    for (int64_t s = 0; s < ns; ++s) {
+        const int64_t *sv = saves + 3 * s;
+        if (sv[0] < 0 || sv[0] >= B || sv[1] <= 0 || sv[1] >= seqs[4 * sv[0] + 1]) return BLZ_EINVAL;
+        if (sv[2] < 0 || sv[2] >= S) return BLZ_ERANGE;
+        for (int64_t b = 0; b < B; ++b)
+            if (seqs[4 * b + 2] == sv[2]) return BLZ_EINVAL;
+        int64_t cuts = 0;
+        for (int64_t r = 0; r < ns; ++r) cuts += saves[3 * r] == sv[0];
+        if (cuts > DN_MAX_CUTS) return BLZ_EINVAL;
+    }
+    return BLZ_OK;
+}
+
+/* Channel c's conv states after sequence `b` (seqs row `q`) of a prefill over x [T, ld]: each snapshot's, then
+ * the slot's own — the K−1 inputs before the offset (before the sequence: the slot's state, or 0 when fresh).
+ * conv_pool [S, C, K−1]. */
+static void dn_conv_states(const float *x, int64_t ld, const int64_t *q, int64_t b, const int64_t *saves,
+                           int64_t ns, float *conv_pool, int64_t C, int64_t K, int64_t c) {
+    const int64_t row0 = q[0], n = q[1], fresh = q[3];
+    float *st = conv_pool + q[2] * C * (K - 1) + c * (K - 1), next[DN_MAX_K];
+    for (int64_t s = 0; s <= ns; ++s) {
+        if (s < ns && saves[3 * s] != b) continue;
+        const int64_t at = s < ns ? saves[3 * s + 1] : n;
+        for (int64_t j = 0; j < K - 1; ++j) {
+            const int64_t r = at - (K - 1) + j;
+            next[j] = r >= 0 ? x[(row0 + r) * ld + c] : fresh ? 0.0f : st[(K - 1) + r];
+        }
+        float *dst = s < ns ? conv_pool + saves[3 * s + 2] * C * (K - 1) + c * (K - 1) : st;
+        memcpy(dst, next, (size_t)(K - 1) * sizeof(float));
+    }
+}
+
 /* The prefill's state snapshots of sequence `seq` (saves [ns, 3]: sequence, token offset, snapshot slot) in
  * offset order: cuts[0..nc) the offsets, dsts the slots, then cuts[nc] = n (the sequence's end) with dsts[nc]
  * = -1. Arrays of DN_MAX_CUTS + 1 (the callers' checks bound the count); returns nc. */

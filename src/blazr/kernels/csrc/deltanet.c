@@ -237,25 +237,9 @@ BLZ_EXPORT int blz_deltanet_prefill(const float *qkvz, const float *ba, const in
                                     int tiled, int64_t chunk, float beta_scale, float eps, float *y, int nthreads) {
     const dn_geom g = {Hk, Hv, Dk, Dv, K, 2 * Hk * Dk + Hv * Dv, 2 * Hk * Dk + 2 * Hv * Dv, S, tiled, beta_scale, eps};
     if (B < 0 || ns < 0 || chunk < 1 || chunk > DN_MAX_CHUNK || dn_check(&g)) return BLZ_EINVAL;
-    int64_t T = 0;
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t *q = seqs + 4 * b;
-        if (q[0] < 0 || q[1] < 0) return BLZ_EINVAL;
-        if (q[2] < 0 || q[2] >= S) return BLZ_ERANGE;
-        for (int64_t c = 0; c < b; ++c)
-            if (seqs[4 * c + 2] == q[2]) return BLZ_EINVAL;
-        T = blz_max(T, q[0] + q[1]);
-    }
-    for (int64_t s = 0; s < ns; ++s) {
-        const int64_t *sv = saves + 3 * s;
-        if (sv[0] < 0 || sv[0] >= B || sv[1] <= 0 || sv[1] >= seqs[4 * sv[0] + 1]) return BLZ_EINVAL;
-        if (sv[2] < 0 || sv[2] >= S) return BLZ_ERANGE;
-        for (int64_t b = 0; b < B; ++b)
-            if (seqs[4 * b + 2] == sv[2]) return BLZ_EINVAL;
-        int64_t cuts = 0;
-        for (int64_t r = 0; r < ns; ++r) cuts += saves[3 * r] == sv[0];
-        if (cuts > DN_MAX_CUTS) return BLZ_EINVAL;
-    }
+    int64_t T;
+    const int rc = dn_check_prefill(seqs, B, saves, ns, S, &T);
+    if (rc != BLZ_OK) return rc;
     if (T == 0 && ns == 0) return BLZ_OK;
     const int64_t C = g.C;
     float *u = blz_scratch((size_t)(T * C + 2 * T * Hv + K * C) * sizeof(float)); /* post-conv, gates, taps */
@@ -281,19 +265,7 @@ BLZ_EXPORT int blz_deltanet_prefill(const float *qkvz, const float *ba, const in
             }
             /* (implicit barrier) conv states: the snapshots', then the slot's — the K−1 inputs before the offset */
 #pragma omp for schedule(static)
-            for (int64_t c = 0; c < C; ++c) {
-                float *st = conv_pool + seqs[4 * b + 2] * C * (K - 1) + c * (K - 1), next[DN_MAX_K];
-                for (int64_t s = 0; s <= ns; ++s) {
-                    if (s < ns && saves[3 * s] != b) continue;
-                    const int64_t at = s < ns ? saves[3 * s + 1] : n;
-                    for (int64_t j = 0; j < K - 1; ++j) {
-                        const int64_t r = at - (K - 1) + j;
-                        next[j] = r >= 0 ? qkvz[(row0 + r) * g.ld + c] : fresh ? 0.0f : st[(K - 1) + r];
-                    }
-                    float *dst = s < ns ? conv_pool + saves[3 * s + 2] * C * (K - 1) + c * (K - 1) : st;
-                    memcpy(dst, next, (size_t)(K - 1) * sizeof(float));
-                }
-            }
+            for (int64_t c = 0; c < C; ++c) dn_conv_states(qkvz, g.ld, seqs + 4 * b, b, saves, ns, conv_pool, C, K, c);
         }
         const int64_t Cs = chunk;
         float *buf = blz_scratch_slot(1, dn_chunk_floats(Cs, Dk, Dv) * sizeof(float));

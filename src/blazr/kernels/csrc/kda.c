@@ -246,25 +246,9 @@ BLZ_EXPORT int blz_kda_prefill(const float *qkv, const float *f, const float *b,
                                float eps, float *y, int nthreads) {
     const kda_geom g = {H, D, K, 3 * H * D, H * D, S, eps};
     if (B < 0 || ns < 0 || chunk < 1 || chunk > DN_MAX_CHUNK || kda_check(&g)) return BLZ_EINVAL;
-    int64_t T = 0;
-    for (int64_t s = 0; s < B; ++s) {
-        const int64_t *q = seqs + 4 * s;
-        if (q[0] < 0 || q[1] < 0) return BLZ_EINVAL;
-        if (q[2] < 0 || q[2] >= S) return BLZ_ERANGE;
-        for (int64_t o = 0; o < s; ++o)
-            if (seqs[4 * o + 2] == q[2]) return BLZ_EINVAL;
-        T = blz_max(T, q[0] + q[1]);
-    }
-    for (int64_t s = 0; s < ns; ++s) {
-        const int64_t *sv = saves + 3 * s;
-        if (sv[0] < 0 || sv[0] >= B || sv[1] <= 0 || sv[1] >= seqs[4 * sv[0] + 1]) return BLZ_EINVAL;
-        if (sv[2] < 0 || sv[2] >= S) return BLZ_ERANGE;
-        for (int64_t o = 0; o < B; ++o)
-            if (seqs[4 * o + 2] == sv[2]) return BLZ_EINVAL;
-        int64_t cuts = 0;
-        for (int64_t r = 0; r < ns; ++r) cuts += saves[3 * r] == sv[0];
-        if (cuts > DN_MAX_CUTS) return BLZ_EINVAL;
-    }
+    int64_t T;
+    const int rc = dn_check_prefill(seqs, B, saves, ns, S, &T);
+    if (rc != BLZ_OK) return rc;
     if (T == 0 && ns == 0) return BLZ_OK;
     const int64_t C = g.C, W = g.W;
     float *u = blz_scratch((size_t)(T * C + T * W + T * H + K * C) * sizeof(float)); /* post-conv, gates, taps */
@@ -290,19 +274,7 @@ BLZ_EXPORT int blz_kda_prefill(const float *qkv, const float *f, const float *b,
             }
             /* (implicit barrier) conv states: the snapshots', then the slot's — the K−1 inputs before the offset */
 #pragma omp for schedule(static)
-            for (int64_t c = 0; c < C; ++c) {
-                float *st = conv_pool + seqs[4 * s + 2] * C * (K - 1) + c * (K - 1), next[DN_MAX_K];
-                for (int64_t v = 0; v <= ns; ++v) {
-                    if (v < ns && saves[3 * v] != s) continue;
-                    const int64_t at = v < ns ? saves[3 * v + 1] : n;
-                    for (int64_t j = 0; j < K - 1; ++j) {
-                        const int64_t r = at - (K - 1) + j;
-                        next[j] = r >= 0 ? qkv[(row0 + r) * C + c] : fresh ? 0.0f : st[(K - 1) + r];
-                    }
-                    float *dst = v < ns ? conv_pool + saves[3 * v + 2] * C * (K - 1) + c * (K - 1) : st;
-                    memcpy(dst, next, (size_t)(K - 1) * sizeof(float));
-                }
-            }
+            for (int64_t c = 0; c < C; ++c) dn_conv_states(qkv, C, seqs + 4 * s, s, saves, ns, conv_pool, C, K, c);
         }
         const int64_t Cs = chunk;
         float *buf = blz_scratch_slot(1, kda_chunk_floats(Cs, D) * sizeof(float));
