@@ -74,9 +74,8 @@ def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
     if not shapes:
         raise CheckpointError(f"{files[0]}: the safetensors file holds no tensors")
     raw = read_json(root / "config.json")
-    if prefix := base_model_prefix(raw, shapes):
-        source = SafetensorsCheckpoint(files, prefix)
-        shapes = {n: source.shape(n) for n in source.names}
+    if prefix := base_model_prefix(raw, shapes):  # the names loading reads (SafetensorsCheckpoint's prefix)
+        shapes = {prefix + n: shape for n, shape in shapes.items()}
     fmt = detect_format(shapes, files[0])
     arch = detect_architecture(raw, shapes, fmt)
     builder = BUILDERS.get(arch)
@@ -146,10 +145,9 @@ def detect_architecture(raw: Mapping[str, Any], shapes: Shapes, fmt: Format) -> 
         return "oxidizr"
     archs = raw.get("architectures")
     if isinstance(archs, list) and archs:
-        return _causal_lm(str(archs[0]))
-    model_type = raw.get("model_type")
-    if isinstance(model_type, str) and model_type in MODEL_TYPES:
-        return MODEL_TYPES[model_type]
+        return _causal_lm(str(archs[0]))  # one blazr does not build is refused by the caller, naming it
+    if found := _transformers_architecture(raw):  # by model_type
+        return found
     for matches, arch in NAME_RULES:
         if matches(shapes):
             return arch
