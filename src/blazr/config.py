@@ -382,6 +382,36 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+SpeculativeMethod = Literal["ngram", "draft"]
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (engine/speculative.py): each step a decoding sequence may carry up to
+    `num_speculative_tokens` drafted tokens, verified in the same forward. `method` "ngram": drafts continue
+    the latest earlier occurrence of the sequence's last `ngram_max` … `ngram_min` tokens (prompt lookup, no
+    extra model); "draft": a smaller model sharing the vocabulary (`draft_model`) drafts them greedily.
+    `adaptive`: each sequence's draft length follows its recent acceptance (and drafting stops while it
+    does not pay)."""
+
+    method: SpeculativeMethod = "ngram"
+    num_speculative_tokens: int = 4
+    ngram_min: int = 2
+    ngram_max: int = 4
+    draft_model: str | None = None
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in ("ngram", "draft"):
+            raise ValueError(f"speculative method {self.method!r}: expected ngram or draft")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens {self.num_speculative_tokens}: expected 1 … 16")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"n-gram sizes {self.ngram_min} … {self.ngram_max}: expected 1 ≤ min ≤ max")
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise ValueError("a draft model is given with method 'draft', and only then")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;
@@ -405,3 +435,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     state_snapshot_interval: int = 8
     num_state_snapshots: int = 0  # snapshot slots for recurrent state (0: a share of the budget)
+    speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Drafted tokens a sequence may carry in one step (0: speculation off)."""
+        return self.speculative.num_speculative_tokens if self.speculative is not None else 0

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from blazr.config import DTYPES, EngineConfig, dtype_name
+from blazr.config import DTYPES, EngineConfig, SpeculativeConfig, dtype_name
 from blazr.detect import Checkpoint, inspect_checkpoint, resolve_model_path
 from blazr.engine.engine import LLMEngine, SeqOutput
 from blazr.engine.pooling import Pooling, declared_pooling
@@ -108,6 +108,15 @@ def pick_kv_dtype(name: str, model: torch.nn.Module, dtype: torch.dtype, device:
     return torch.float16 if device.type == "cpu" and narrow else dtype
 
 
+def _speculative(spec: SpeculativeConfig | str | None, num_tokens: int) -> SpeculativeConfig | None:
+    """The speculative-decoding config of LLM(speculative=…): a method name stands for its defaults."""
+    if spec is None or isinstance(spec, SpeculativeConfig):
+        return spec
+    if spec != "ngram":
+        raise BlazrError(f"speculative {spec!r}: expected 'ngram' or a SpeculativeConfig")
+    return SpeculativeConfig(method=spec, num_speculative_tokens=num_tokens)
+
+
 class LLM:
     """A loaded model with its tokenizer and engine. `cache_memory`: GiB the KV / state pools may take
     (default: a share of the memory available after loading, state/budget.py); `enable_prefix_caching`:
@@ -133,10 +142,14 @@ class LLM:
         engine_config: EngineConfig | None = None,
         show_progress: bool = False,
         tensor_parallel_size: int = 1,
+        speculative: SpeculativeConfig | str | None = None,
+        num_speculative_tokens: int = 4,
     ) -> None:
         """`tensor_parallel_size` N > 1: the model is split over N ranks (torch.distributed; gloo on the
         CPU): this process is rank 0 (scheduler, sampler, server) and starts ranks 1 … N-1 on this machine,
-        unless torchrun launched it (distributed/worker.py)."""
+        unless torchrun launched it (distributed/worker.py). `speculative`: speculative decoding — "ngram"
+        (prompt lookup, `num_speculative_tokens` drafts a step) or a SpeculativeConfig
+        (engine/speculative.py)."""
         t0 = time.perf_counter()
         self.path = resolve_model_path(None if model is None else str(model))
         self.checkpoint = inspect_checkpoint(self.path, vocab_name=vocab)
@@ -156,6 +169,7 @@ class LLM:
             max_waiting=max_waiting,
             cache_memory_gib=cache_memory,
             enable_prefix_caching=enable_prefix_caching,
+            speculative=_speculative(speculative, num_speculative_tokens),
         )
         self._workers: list[subprocess.Popen[bytes]] = []  # tensor-parallel ranks this process started
         self.tp = self._start_ranks(tensor_parallel_size, vocab, quantize)

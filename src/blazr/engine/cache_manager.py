@@ -19,6 +19,13 @@ Prefix caching (on unless `EngineConfig.enable_prefix_caching` is off):
   moves on as it decodes — the next turn of a chat resumes there). Snapshots live in their own pool
   (`CachePlan.num_snapshots` slots), evicted least recently used first.
 
+Speculative decoding: a sequence verifying d drafted tokens computes them in its step, so its blocks grow for
+d + 1 tokens, and only the verified ones are named afterwards (`commit` sees the tokens the sequence kept).
+With recurrent layers, `reserve_drafts` also gives it d scratch state slots that receive the state after each
+drafted position (saves at offsets 1 … d); `settle_drafts` returns the copy that puts the state after the
+kept positions back in the sequence's own slot, and frees the scratch slots. Boundaries the drafts cross get
+no prefix snapshot (the step does not know yet which tokens stand); the next kept one does.
+
 Lookups are skipped for sequences that need prompt logprobs they have not produced yet (a hit computes no
 logits for the cached positions). Statistics count the first admission of each sequence: `queries` its
 prompt tokens, `hits` those found cached.
@@ -80,6 +87,11 @@ class CacheManager:
             else None
         )
         self.snapshot_interval = max(1, snapshot_interval)
+        # the drafts' scratch state slots: the state pool's rows after the running slots and snapshots
+        first_spec = plan.num_state_slots + plan.num_snapshots
+        spec = range(first_spec, first_spec + plan.num_spec_slots) if has_state else range(0)
+        self._spec_free = list(reversed(spec))  # popped from the end: lowest first
+        self._spec_held: dict[int, list[int]] = {}  # seq_id → its scratch slots, offset 1 first
         self.queries = 0  # prompt tokens looked up (first admissions)
         self.hits = 0  # of those, tokens found cached
         self._ops = CacheOps()
@@ -213,6 +225,34 @@ class CacheManager:
         ops, self._ops = self._ops, CacheOps()
         return ops
 
+    # --------------------------------------------------------------------------------------- drafts
+
+    def reserve_drafts(self, seq: Sequence, num_drafts: int) -> bool:
+        """Scratch state slots for the states after each of `seq`'s `num_drafts` drafted positions (its
+        saves at offsets 1 … num_drafts this step); False when too few are free. Stateless models keep
+        nothing: always True."""
+        if self.slots is None:
+            return True
+        if num_drafts > len(self._spec_free):
+            return False
+        held = [self._spec_free.pop() for _ in range(num_drafts)]
+        self._spec_held[seq.seq_id] = held
+        self._ops.saves.setdefault(seq.seq_id, []).extend((o + 1, slot) for o, slot in enumerate(held))
+        return True
+
+    def settle_drafts(self, seq: Sequence, num_kept: int) -> list[tuple[int, int]]:
+        """`seq`'s verification kept its first `num_kept` inputs of the step (its last token and the
+        accepted drafts): the (scratch slot → its state slot) copy that puts the state after them back — none
+        when every input was kept or the sequence holds no slot any more (it finished) — with its scratch
+        slots freed."""
+        held = self._spec_held.pop(seq.seq_id, None)
+        if held is None:
+            return []
+        self._spec_free.extend(reversed(held))
+        if num_kept > len(held) or seq.state_slot is None:
+            return []
+        return [(held[num_kept - 1], seq.state_slot)]
+
     # ---------------------------------------------------------------------------------- after a step
 
     def commit(self, seqs: list[Sequence]) -> None:
@@ -242,6 +282,9 @@ class CacheManager:
             self.snapshots.unreserve(p.slot)
         self._pending = []
         self._ops = CacheOps()
+        for held in self._spec_held.values():
+            self._spec_free.extend(reversed(held))
+        self._spec_held.clear()
 
     # ---------------------------------------------------------------------------------------- forking
 

@@ -17,7 +17,8 @@ that ran it. The runner then runs the eager model.
 A row's result does not depend on B, bit for bit: every kernel computes a row by the same operations
 whatever else is in the call, so a decode token is the same batched or alone.
 
-Shapes: B sequences (≤ Bmax = max_num_seqs), V vocabulary, Lmax kv_indices width (max_model_len rounded
+Shapes: B rows (≤ Bmax = max_num_seqs; × (1 + k) with k drafted tokens per sequence on a stateless model,
+whose drafts are rows too), V vocabulary, Lmax kv_indices width (max_model_len rounded
 up to blocks).
 """
 
@@ -87,7 +88,9 @@ class DecodePlan:
             log.info("fused decode off: positions up to max_model_len run past the rope table")
             return None
         bs = engine_cfg.block_size
-        plan = cls(model, cache, engine_cfg.max_num_seqs, -(-engine_cfg.max_model_len // bs) * bs)
+        # speculative decoding: a stateless model's drafts run as further rows (engine/runner.py)
+        rows = engine_cfg.max_num_seqs * (1 + (0 if cache.has_state else engine_cfg.num_speculative_tokens))
+        plan = cls(model, cache, rows, -(-engine_cfg.max_model_len // bs) * bs)
         try:
             plan._plan(1)  # records the step once: whatever the kernels do not cover fails here
         except UnsupportedInput as e:

@@ -1,5 +1,11 @@
 """LLMEngine: requests in, token/text deltas out; `step()` = schedule → run → sample → postprocess.
 
+Speculative decoding (`EngineConfig.speculative`): a sequence that carried drafts into the step is sampled
+position after position (`_verify`: its last token's row, then each draft's while the sampled token equals
+the draft) — the same sampler, grammar, penalties and generator as without drafts, so the output is the
+same (engine/speculative.py says why); the state of its recurrent layers is then put back to the kept
+position (the cache manager's `settle_drafts`).
+
 Synchronous and single-threaded: the offline API (`blazr.LLM`) drives it in a loop, and the server runs the
 same loop on its own thread (engine/async_engine.py). A request with n > 1 is prefilled once and forked
 into n sequences when its prompt is done.
@@ -32,6 +38,7 @@ from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
 from blazr.engine.scheduler import ScheduledBatch, Scheduler
 from blazr.engine.sequence import Sequence, Status, TokenLogprob
+from blazr.engine.speculative import Speculator
 from blazr.engine.thinking import ThinkingCounter
 from blazr.errors import BlazrError
 from blazr.tokenizer import Tokenizer
@@ -106,7 +113,8 @@ class LLMEngine:
             enable_prefix_caching=cfg.enable_prefix_caching,
             snapshot_interval=cfg.state_snapshot_interval,
         )
-        self.scheduler = Scheduler(cfg, self.cache)
+        self.speculator = Speculator(cfg.speculative) if cfg.speculative is not None else None
+        self.scheduler = Scheduler(cfg, self.cache, self.speculator)
         self.requests: dict[str, _Request] = {}
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.grammars = GrammarCompiler(tokenizer, self.vocab_size)  # structured output: specs → matchers
@@ -195,12 +203,23 @@ class LLMEngine:
         try:
             step = self.runner.run(sched)
         except Exception as e:
-            self.scheduler.rollback()
+            self.scheduler.rollback(sched)
             return self._forward_failed(sched, e)
         self.num_consecutive_failures = 0
         for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
-            seq.num_computed_tokens += n
+            seq.num_computed_tokens += 1 if seq.draft_ids else n  # drafts count once verified
         self.scheduler.commit(sched)
+        drafted = [seq for seq in sched.seqs if seq.draft_ids]
+        try:
+            return self._sample_step(step, sched, drafted)
+        finally:
+            for seq in drafted:  # what a verification did not settle (a failed request): dropped
+                if seq.draft_ids:
+                    self._settle(seq, 0)
+
+    def _sample_step(
+        self, step: StepLogits, sched: ScheduledBatch, drafted: list[Sequence]
+    ) -> list[SeqOutput]:
         outputs: list[SeqOutput] = []
         prompt_lps = self._prompt_logprobs(step, sched.seqs, outputs)
         if step.pooled:
@@ -225,7 +244,63 @@ class LLMEngine:
             outputs.append(out)
             if out.finished and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
                 self.requests.pop(req.request_id, None)
+        if drafted:
+            self._verify(step, drafted, outputs, now)
         return outputs
+
+    def _verify(
+        self, step: StepLogits, drafted: list[Sequence], outputs: list[SeqOutput], now: float
+    ) -> None:
+        """Sequences that carried drafts have sampled their last token's row; while a sequence's sampled
+        token equals its next draft, the row after that draft is sampled too (batched across sequences,
+        one round per draft position). Each sequence's tokens of the step are merged into one output;
+        then its computed count, blocks and recurrent state move to the kept position."""
+        index = {(o.request_id, o.index): i for i, o in enumerate(outputs)}  # each sequence's output
+        accepted = {seq.seq_id: 0 for seq in drafted}
+        for r in range(max(len(s.draft_ids) for s in drafted)):
+            going = [
+                s for s in drafted
+                if not s.is_finished and accepted[s.seq_id] == r and r < len(s.draft_ids)
+                and s.seq_id in step.drafts and s.output_ids and s.output_ids[-1] == s.draft_ids[r]
+                and s.request_id in self.requests
+            ]  # fmt: skip
+            if not going:
+                break
+            for s in going:
+                accepted[s.seq_id] += 1
+            logits = torch.stack([step.drafts[s.seq_id][r] for s in going])
+            results = self._sample(logits, going, outputs)
+            for seq, (result, b) in zip(going, results, strict=True):
+                req = self.requests.get(seq.request_id)
+                if req is None or seq.is_finished or result is None:
+                    continue
+                try:
+                    out = self._append(req, seq, result, b, now)
+                except Exception as e:
+                    outputs += self._fail(req, e, "processing its output")
+                    continue
+                at = index.get((out.request_id, out.index))
+                if at is None:
+                    index[(out.request_id, out.index)] = len(outputs)
+                    outputs.append(out)
+                else:
+                    outputs[at] = _merge(outputs[at], out)
+                if out.finished and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
+                    self.requests.pop(req.request_id, None)
+        for seq in drafted:
+            d, m = len(seq.draft_ids), accepted[seq.seq_id]
+            if self.speculator is not None:
+                self.speculator.record(seq, d, m)
+            self._settle(seq, m)
+
+    def _settle(self, seq: Sequence, num_accepted: int) -> None:
+        """`seq`'s verification kept `num_accepted` drafts: they count as computed, the blocks they filled
+        are named, its recurrent state goes back to the state after them, its drafts are gone."""
+        if not seq.is_finished:
+            seq.num_computed_tokens += num_accepted
+            self.cache.commit([seq])
+        self.runner.copy_states(self.cache.settle_drafts(seq, 1 + num_accepted))
+        seq.draft_ids = []
 
     def _append(self, req: _Request, seq: Sequence, result: SampleResult, b: int, now: float) -> SeqOutput:
         """Add row `b` of `result` to `seq`: its token, logprobs, text, and whether it finished."""
@@ -460,6 +535,16 @@ class LLMEngine:
     def prefix_cache_hits(self) -> int:
         """Of those, tokens found cached (cumulative)."""
         return self.cache.hits
+
+
+def _merge(first: SeqOutput, then: SeqOutput) -> SeqOutput:
+    """One sequence's two outputs of one step (a verified draft after the token before it) as one."""
+    first.token_ids = first.token_ids + then.token_ids
+    first.text += then.text
+    first.logprobs = first.logprobs + then.logprobs
+    first.finished, first.finish_reason = then.finished, then.finish_reason
+    first.num_output_tokens = then.num_output_tokens
+    return first
 
 
 def _score(seq: Sequence, first: int, logits: torch.Tensor) -> None:

@@ -50,22 +50,31 @@ class TensorParallelStepError(RuntimeError):
 
 @dataclass
 class StepLogits:
-    """Logits of one step: `sample[i]` belongs to `sample_seqs[i]` (sequences whose next token is due);
-    `prompt[seq]` holds the rows for prompt positions of sequences that asked for prompt logprobs."""
+    """Logits of one step: `sample[i]` belongs to `sample_seqs[i]` (sequences whose next token is due; for
+    one carrying drafts, the row of its last token); `drafts[seq]` the rows of a sequence's drafted
+    positions ([d, V]: row i follows draft i); `prompt[seq]` the rows for prompt positions of sequences
+    that asked for prompt logprobs."""
 
     sample_seqs: list[Sequence]
     sample: torch.Tensor  # [n, V] float32
     prompt: dict[int, tuple[int, torch.Tensor]]  # seq_id → (first position predicted, [m, V])
     pooled: dict[int, torch.Tensor | None] = field(default_factory=dict)  # seq_id → this chunk's part
+    drafts: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id → [d, V]
 
     @staticmethod
     def split(
-        logits: torch.Tensor, sample_seqs: list[Sequence], prompt_rows: dict[int, tuple[int, int, int]]
+        logits: torch.Tensor,
+        sample_seqs: list[Sequence],
+        prompt_rows: dict[int, tuple[int, int, int]],
+        draft_rows: dict[int, tuple[int, int]] | None = None,
     ) -> StepLogits:
-        """The rows of `logits` ([prompt-logprob rows; sampled rows], as `build` orders logits_indices)."""
+        """The rows of `logits` ([prompt-logprob rows; sampled rows; drafted rows], as `build` orders
+        logits_indices)."""
         prompt = {sid: (first, logits[r0 : r0 + cnt]) for sid, (first, r0, cnt) in prompt_rows.items()}
         num_prompt_rows = sum(cnt for _, _, cnt in prompt_rows.values())
-        return StepLogits(sample_seqs, logits[num_prompt_rows:], prompt)
+        d0 = num_prompt_rows + len(sample_seqs)
+        drafts = {sid: logits[d0 + r0 : d0 + r0 + d] for sid, (r0, d) in (draft_rows or {}).items()}
+        return StepLogits(sample_seqs, logits[num_prompt_rows:d0], prompt, drafts=drafts)
 
 
 class ModelRunner:
@@ -94,7 +103,7 @@ class ModelRunner:
         self.block_size = bs = engine_cfg.block_size
         # one block past the plan's is never handed out: the padding rows of graph-captured steps write there
         self.cache = ModelCache(
-            layout, (plan.num_blocks + 1) * bs, plan.num_state_slots + plan.num_snapshots, dtype, device,
+            layout, (plan.num_blocks + 1) * bs, plan.num_state_rows, dtype, device,
             kv_dtype=kv_dtype,
         )  # fmt: skip
         self.is_paged = self.cache.has_paged
@@ -136,7 +145,9 @@ class ModelRunner:
 
     # ------------------------------------------------------------------------------------ batch build
 
-    def build(self, sched: ScheduledBatch) -> tuple[torch.Tensor, ForwardBatch, list[Sequence], dict]:
+    def build(
+        self, sched: ScheduledBatch
+    ) -> tuple[torch.Tensor, ForwardBatch, list[Sequence], dict, dict[int, tuple[int, int]]]:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -146,12 +157,14 @@ class ModelRunner:
         sample_seqs: list[Sequence] = []
         prompt_rows: dict[int, tuple[int, int, int]] = {}  # seq_id → (first predicted pos, offset, count)
         pool_rows: dict[int, tuple[int, int, int, bool]] = {}  # seq_id → (row, count, position, is last)
+        draft_logit_rows: list[int] = []  # hidden rows after each drafted token (speculative decoding)
+        draft_rows: dict[int, tuple[int, int]] = {}  # seq_id → (offset in draft_logit_rows, drafts)
         context_lens, query_lens = [], []
         state_saves = []  # (row, offset, snapshot slot): the state after `offset` of the row's tokens
         for b, (seq, n) in enumerate(zip(sched.seqs, sched.num_new_tokens, strict=True)):
             start = seq.num_computed_tokens
             row0 = len(input_ids)
-            input_ids.extend(seq.tokens(start, start + n))
+            input_ids.extend(seq.step_tokens(start, n))
             positions.extend(range(start, start + n))
             state_saves += [(b, k, dst) for k, dst in sched.cache_ops.saves.get(seq.seq_id, ()) if k < n]
             if self.is_paged:
@@ -166,6 +179,12 @@ class ModelRunner:
                 prompt_logit_rows.extend(range(row0, row0 + count))
             if seq.params.pooling is not None:  # an embedding: its hidden rows pooled, nothing sampled
                 pool_rows[seq.seq_id] = (row0, n, start, start + n == seq.num_tokens)
+            elif seq.draft_ids:  # its last token's row is sampled, then each draft's verified
+                d = n - 1
+                sample_rows.append(row0)
+                sample_seqs.append(seq)
+                draft_rows[seq.seq_id] = (len(draft_logit_rows), d)
+                draft_logit_rows.extend(range(row0 + 1, row0 + n))
             elif start + n == seq.num_tokens:
                 sample_rows.append(row0 + n - 1)
                 sample_seqs.append(seq)
@@ -175,7 +194,9 @@ class ModelRunner:
             query_lens=tuple(query_lens),
             context_lens=tuple(context_lens),
             num_decodes=sched.num_decodes,
-            logits_indices=torch.tensor(prompt_logit_rows + sample_rows, dtype=torch.long, device=dev),
+            logits_indices=torch.tensor(
+                prompt_logit_rows + sample_rows + draft_logit_rows, dtype=torch.long, device=dev
+            ),
         )
         if self.is_paged:
             batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
@@ -187,7 +208,7 @@ class ModelRunner:
             batch.state_saves = tuple(state_saves)
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         self._pool_rows = pool_rows
-        return ids, batch, sample_seqs, prompt_rows
+        return ids, batch, sample_seqs, prompt_rows, draft_rows
 
     def _kv_indices(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
         """[B, Lmax] flat slot of every position of every sequence; past its length, the slot of its own
@@ -212,29 +233,45 @@ class ModelRunner:
         always are; hand-driven batches (tests) may mark 1-token prompt chunks as decodes."""
         nd = sched.num_decodes
         return all(
-            n == 1 and seq.num_computed_tokens + 1 == seq.num_tokens <= max_len
+            n == 1 and not seq.draft_ids and seq.num_computed_tokens + 1 == seq.num_tokens <= max_len
             for seq, n in zip(sched.seqs[:nd], sched.num_new_tokens[:nd], strict=True)
         )
 
     def _run_decode_plan(self, plan: DecodePlan | GraphDecoder, seqs: list[Sequence]) -> StepLogits:
         """The decode-only batch build (ids, positions, slots, block tables → kv_indices [B, L], state
-        slots) and the plan's (or graphs') step."""
+        slots) and the plan's (or graphs') step. A sequence carrying d drafts (stateless models only) runs
+        as d + 1 rows — its last token, then each draft — row i attending to the positions up to its own:
+        every row's keys are written before any row attends, so this is the decode step's own arithmetic
+        and a verified token is the token decoding alone would have produced."""
         bs = self.block_size
-        positions = [seq.num_computed_tokens for seq in seqs]
-        ids = torch.tensor([seq.token_at(p) for seq, p in zip(seqs, positions, strict=True)])
+        rows: list[tuple[Sequence, int, int]] = []  # (sequence, position, token)
+        for seq in seqs:
+            p = seq.num_computed_tokens
+            rows.append((seq, p, seq.token_at(p)))
+            rows += [(seq, p + 1 + i, t) for i, t in enumerate(seq.draft_ids)]
+        positions = [p for _, p, _ in rows]
+        ids = torch.tensor([t for _, _, t in rows])
         if self.is_paged:
             max_len = max(positions) + 1
             num_blocks = -(-max_len // bs)
-            tables = [seq.block_table[:num_blocks] for seq in seqs]
+            tables = [seq.block_table[:num_blocks] for seq, _, _ in rows]
             slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
             table = torch.tensor([t + [0] * (num_blocks - len(t)) for t in tables], dtype=torch.long)
             kv_indices = table[:, self._pos_block[:max_len]] * bs + self._pos_offset[:max_len]  # [B, L]
         else:
-            slots, kv_indices = [], torch.zeros(len(seqs), 0, dtype=torch.long)
+            slots, kv_indices = [], torch.zeros(len(rows), 0, dtype=torch.long)
         seq_lens = torch.tensor([p + 1 for p in positions])
-        state = torch.tensor([s.state_slot for s in seqs]) if self.has_state else None
+        state = torch.tensor([s.state_slot for s, _, _ in rows]) if self.has_state else None
         logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
-        return StepLogits(list(seqs), logits, {})
+        if len(rows) == len(seqs):
+            return StepLogits(list(seqs), logits, {})
+        first, drafts, r = [], {}, 0
+        for seq in seqs:
+            first.append(r)
+            if d := len(seq.draft_ids):
+                drafts[seq.seq_id] = logits[r + 1 : r + 1 + d]
+            r += 1 + d
+        return StepLogits(list(seqs), logits[first], {}, drafts=drafts)
 
     @torch.inference_mode()
     def run(self, sched: ScheduledBatch) -> StepLogits:
@@ -256,14 +293,14 @@ class ModelRunner:
     def _run_parallel(self, sched: ScheduledBatch, ends: list[tuple[int, int]]) -> StepLogits:
         """Rank 0's tensor-parallel step: the batch built once, sent to every rank, run on every shard."""
         assert self.tp is not None
-        ids, batch, sample_seqs, prompt_rows = self.build(sched)
+        ids, batch, sample_seqs, prompt_rows, draft_rows = self.build(sched)
         restores = sched.cache_ops.restores
         try:
             self.tp.broadcast_object(("step", ids, batch, restores, ends))
             logits = self.mirror_step(ids, batch, restores, ends)
         except Exception as e:
             raise TensorParallelStepError(f"tensor-parallel step failed: {type(e).__name__}: {e}") from e
-        return StepLogits.split(logits, sample_seqs, prompt_rows)
+        return StepLogits.split(logits, sample_seqs, prompt_rows, draft_rows)
 
     @torch.inference_mode()
     def mirror_step(
@@ -294,13 +331,31 @@ class ModelRunner:
             self.tp.broadcast_object(("stop",))
             self.tp = None
 
+    def _num_plan_drafts(self, sched: ScheduledBatch) -> int:
+        """How many sequences carrying drafts (they follow the decodes) the recorded plan runs with the
+        decodes: all of them on a stateless model whose plan holds their rows, else none (they run as a
+        chunk whose per-position states are kept)."""
+        plan, nd = self.decode_plan, sched.num_decodes
+        if plan is None or self.has_state:
+            return 0
+        nv = 0
+        while nd + nv < len(sched.seqs) and sched.seqs[nd + nv].draft_ids:
+            nv += 1
+        fits = sum(sched.num_new_tokens[: nd + nv]) <= plan.max_seqs and all(
+            seq.num_computed_tokens + n <= plan.max_len
+            for seq, n in zip(sched.seqs[nd : nd + nv], sched.num_new_tokens[nd : nd + nv], strict=True)
+        )
+        return nv if fits else 0
+
     def _forward(self, sched: ScheduledBatch) -> StepLogits:
-        plan, nd, seqs = self.decode_plan or self.graphs, sched.num_decodes, sched.seqs
+        plan, seqs = self.decode_plan or self.graphs, sched.seqs
+        nd = sched.num_decodes + self._num_plan_drafts(sched)
         if nd == 0:
             return self._run_eager(sched)
         if plan is not None and self._are_plain_decodes(sched, plan.max_len):
             decoded = self._run_decode_plan(plan, seqs[:nd])
         elif self.has_quantized:  # decode tokens on the quantized kernels, never on the dense copies
+            nd = sched.num_decodes
             with use_kernels():
                 decoded = self._run_eager(sched.part(0, nd))
         else:
@@ -310,13 +365,14 @@ class ModelRunner:
         rest = self._run_eager(sched.part(nd, len(seqs)))
         sample = torch.cat([decoded.sample, rest.sample])
         seqs = decoded.sample_seqs + rest.sample_seqs
-        return StepLogits(seqs, sample, {**decoded.prompt, **rest.prompt}, rest.pooled)
+        prompt, drafts = {**decoded.prompt, **rest.prompt}, {**decoded.drafts, **rest.drafts}
+        return StepLogits(seqs, sample, prompt, rest.pooled, drafts)
 
     def _run_eager(self, sched: ScheduledBatch) -> StepLogits:
-        ids, batch, sample_seqs, prompt_rows = self.build(sched)
+        ids, batch, sample_seqs, prompt_rows, draft_rows = self.build(sched)
         hidden = self.model(ids, batch, self.cache)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
-        step = StepLogits.split(logits, sample_seqs, prompt_rows)
+        step = StepLogits.split(logits, sample_seqs, prompt_rows, draft_rows)
         by_id = {seq.seq_id: seq for seq in sched.seqs}
         for seq_id, (row0, n, start, is_last) in self._pool_rows.items():  # embeddings: pooled, not sampled
             pooling = by_id[seq_id].params.pooling

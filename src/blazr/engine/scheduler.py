@@ -8,6 +8,11 @@ the budget, a state slot and cache blocks allow; a new sequence starts past its 
 preempted: its cache is freed and it is recomputed later (prompt + what it generated so far, from whatever
 of it is still cached).
 
+Speculative decoding (a `Speculator`): a decoding sequence may carry drafted tokens — up to the draft
+length, what max_tokens and max_model_len leave room for, the step's token budget, and (with recurrent
+state) the scratch state slots free — and then wants 1 + d tokens; such sequences follow the decodes in the
+batch. Drafts never preempt: when blocks for them are short, the sequence decodes plainly.
+
 Quarantine: when a step that held several requests fails, the engine cannot tell which request caused it,
 and the step may have half-written their caches. `quarantine(batch)` preempts every sequence of that step
 and queues it to run alone — one sequence per step, nothing else admitted — until it is back where the
@@ -25,11 +30,12 @@ from dataclasses import dataclass, field
 from blazr.config import EngineConfig
 from blazr.engine.cache_manager import CacheManager, CacheOps, Fork
 from blazr.engine.sequence import Sequence, Status
+from blazr.engine.speculative import Speculator
 
 
 @dataclass
 class ScheduledBatch:
-    seqs: list[Sequence]  # decodes first, then prefill (chunks)
+    seqs: list[Sequence]  # decodes first, then sequences carrying drafts, then prefill (chunks)
     num_new_tokens: list[int]
     num_decodes: int
     preempted: list[Sequence] = field(default_factory=list)
@@ -47,9 +53,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, cache: CacheManager) -> None:
+    def __init__(self, cfg: EngineConfig, cache: CacheManager, speculator: Speculator | None = None) -> None:
         self.cfg = cfg
         self.cache = cache
+        self.speculator = speculator
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._reserved = 0  # sequences promised to pending forks (n > 1)
@@ -107,6 +114,7 @@ class Scheduler:
             return self._schedule_alone(quarantined)
         budget = self.cfg.max_num_batched_tokens
         decodes: list[Sequence] = []
+        drafted: list[tuple[Sequence, int]] = []
         prefills: list[tuple[Sequence, int]] = []
         preempted: list[Sequence] = []
         for seq in list(self.running):
@@ -115,6 +123,10 @@ class Scheduler:
             want = seq.num_uncomputed
             num_new = min(want, budget)
             if num_new <= 0:
+                continue
+            if self._is_decode(seq, want) and self._draft(seq, budget):
+                drafted.append((seq, 1 + len(seq.draft_ids)))
+                budget -= 1 + len(seq.draft_ids)
                 continue
             while not self.cache.grow(seq, num_new):
                 victim = self.running[-1]
@@ -125,21 +137,45 @@ class Scheduler:
             if seq.status is not Status.RUNNING:
                 continue
             budget -= num_new
-            if want == 1 and seq.output_ids and seq.num_computed_tokens == seq.num_tokens - 1:
+            if self._is_decode(seq, want):
                 decodes.append(seq)
             else:
                 prefills.append((seq, num_new))
         if not preempted:
             self._admit(budget, prefills)
+        prefills = drafted + prefills
         seqs = decodes + [s for s, _ in prefills]
         num_new = [1] * len(decodes) + [n for _, n in prefills]
         return self._batch(seqs, num_new, len(decodes), preempted)
+
+    @staticmethod
+    def _is_decode(seq: Sequence, want: int) -> bool:
+        return want == 1 and bool(seq.output_ids) and seq.num_computed_tokens == seq.num_tokens - 1
+
+    def _draft(self, seq: Sequence, budget: int) -> bool:
+        """Give a decoding sequence its drafts for this step, with blocks and (recurrent state) scratch
+        slots for them; False when it has none (it then decodes plainly)."""
+        if self.speculator is None:
+            return False
+        room = min(
+            budget - 1,
+            seq.params.max_tokens - len(seq.output_ids) - 1,  # the step appends up to d + 1 tokens
+            self.cfg.max_model_len - seq.num_tokens,  # drafts take positions num_tokens …
+        )
+        drafts = self.speculator.propose(seq, room)
+        if not drafts or not self.cache.grow(seq, 1 + len(drafts)):
+            return False
+        if not self.cache.reserve_drafts(seq, len(drafts)):
+            return False
+        seq.draft_ids = drafts
+        return True
 
     def _batch(
         self, seqs: list[Sequence], num_new: list[int], num_decodes: int, preempted: list[Sequence]
     ) -> ScheduledBatch:
         for seq, n in zip(seqs, num_new, strict=True):
-            self.cache.plan_saves(seq, n)
+            # a drafted step: its boundaries past the first token are not known to stand yet
+            self.cache.plan_saves(seq, 1 if seq.draft_ids else n)
         return ScheduledBatch(seqs, num_new, num_decodes, preempted, self.cache.take_ops())
 
     def _admit(self, budget: int, prefills: list[tuple[Sequence, int]]) -> None:
@@ -174,7 +210,8 @@ class Scheduler:
         """A step holding several requests failed: preempt all of its sequences (their caches may be half
         written) and run each alone until it has passed the point the failed step would have reached."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            target = seq.num_computed_tokens + n
+            target = seq.num_computed_tokens + (1 if seq.draft_ids else n)  # drafts: only the token is due
+            seq.draft_ids = []
             if seq.status is Status.RUNNING:
                 self._preempt(seq)
             self._quarantine.append((seq, target))
@@ -203,7 +240,7 @@ class Scheduler:
                 victim = next(s for s in reversed(self.running) if s is not seq)
                 self._preempt(victim)
                 preempted.append(victim)
-        is_decode = num_new == 1 and bool(seq.output_ids) and seq.num_computed_tokens == seq.num_tokens - 1
+        is_decode = num_new == 1 and self._is_decode(seq, seq.num_uncomputed)
         return self._batch([seq], [num_new], int(is_decode), preempted)
 
     # ----------------------------------------------------------------------------------------- update
@@ -212,8 +249,10 @@ class Scheduler:
         """`sched` ran and its sequences' `num_computed_tokens` moved on: the cache names what it wrote."""
         self.cache.commit(sched.seqs)
 
-    def rollback(self) -> None:
-        """The scheduled step failed before anything of it was kept."""
+    def rollback(self, sched: ScheduledBatch) -> None:
+        """The scheduled step failed before anything of it was kept (its drafts are dropped too)."""
+        for seq in sched.seqs:
+            seq.draft_ids = []
         self.cache.rollback()
 
     def fork(self, parent: Sequence, children: list[Sequence]) -> Fork:
@@ -238,6 +277,8 @@ class Scheduler:
         if seq.status is Status.FINISHED:
             return
         self._release(seq)
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         seq.fork_pending = 0
         if seq in self.running:
             self.running.remove(seq)

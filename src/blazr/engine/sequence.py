@@ -68,6 +68,8 @@ class Sequence:
     grammar: GrammarMatcher | None = None  # structured output: where its output stands in the grammar
     thinking: ThinkingCounter | None = None  # a thinking budget: where its output stands in the block
     pooled: torch.Tensor | None = None  # an embedding request: its prompt's hidden states pooled so far
+    # speculative decoding: tokens drafted to follow the last one, verified in the scheduled step
+    draft_ids: list[int] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -89,11 +91,18 @@ class Sequence:
         n = len(self.prompt_ids)
         return self.prompt_ids[position] if position < n else self.output_ids[position - n]
 
+    def step_tokens(self, start: int, n: int) -> list[int]:
+        """The `n` input tokens of a step that starts at `start`: the sequence's own, then its drafts."""
+        end = min(start + n, self.num_tokens)
+        return self.tokens(start, end) + self.draft_ids[: start + n - end]
+
     def tokens(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_ids)
         if end <= n:
             return self.prompt_ids[start:end]
-        return (self.prompt_ids + self.output_ids)[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:] + self.output_ids[: end - n]
 
     @property
     def stop_ids(self) -> frozenset[int]:

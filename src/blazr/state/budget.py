@@ -7,6 +7,10 @@ recurrent-state pool one slot per sequence. The budget caps the two together: `c
 token slots (the scheduler then preempts and recomputes); a budget that cannot hold even one sequence of
 `max_model_len` tokens is an error, in one line naming the sizes and the flags that change them.
 
+With speculative decoding, models with recurrent layers also hold `num_speculative_tokens` scratch state
+slots for each of up to `SPEC_STATE_SEQS` sequences verifying drafts in one step: the state after each
+drafted position, kept until the verification says which one stands (engine/speculative.py).
+
 With prefix caching, models with recurrent layers also get a pool of state snapshots
 (engine/cache_manager.py): `num_state_snapshots` slots when set, else what is left of the budget after the
 paged and running-state pools, up to `SNAPSHOT_FRACTION` of it.
@@ -25,6 +29,7 @@ from blazr.state.layout import CacheLayout
 
 DEFAULT_FRACTION = 0.5  # of the available memory, when no budget is given
 SNAPSHOT_FRACTION = 0.25  # of the budget, at most, for recurrent-state snapshots (prefix caching)
+SPEC_STATE_SEQS = 4  # sequences with recurrent state that verify drafts in one step, at most
 _GiB = 1 << 30
 
 
@@ -56,8 +61,9 @@ def cache_budget(engine: EngineConfig, device: torch.device | str = "cpu") -> in
 class CachePlan:
     """Pool sizes: `num_blocks` paged blocks of `block_size` tokens (the pool holds one more, reserved for
     the padding rows of graph-captured steps), `num_state_slots` recurrent slots for running sequences and
-    `num_snapshots` for prefix-cache snapshots (`snapshot_bytes` each); `bytes` is what they all take,
-    `budget` the budget they were fitted into (bytes)."""
+    `num_snapshots` for prefix-cache snapshots (`snapshot_bytes` each), `num_spec_slots` for the states of
+    drafted positions; `bytes` is what they all take, `budget` the budget they were fitted into (bytes).
+    The state pool's rows: running slots, then snapshots, then the drafts' slots."""
 
     num_blocks: int
     block_size: int
@@ -67,6 +73,12 @@ class CachePlan:
     is_auto_budget: bool
     num_snapshots: int = 0
     snapshot_bytes: int = 0
+    num_spec_slots: int = 0
+
+    @property
+    def num_state_rows(self) -> int:
+        """Rows of the state pool: running slots, snapshots, drafts' slots."""
+        return self.num_state_slots + self.num_snapshots + self.num_spec_slots
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +90,7 @@ class CachePlan:
         parts = [f"{self.num_tokens} token slots"] if self.num_blocks else []
         parts += [f"{self.num_state_slots} state slots"] if self.num_state_slots else []
         parts += [f"{self.num_snapshots} state snapshots"] if self.num_snapshots else []
+        parts += [f"{self.num_spec_slots} draft states"] if self.num_spec_slots else []
         return (
             f"{' + '.join(parts)}, "
             f"{self.bytes / _GiB:.2f} GiB of a {self.budget / _GiB:.2f} GiB budget ({origin})"
@@ -97,7 +110,9 @@ def plan_cache(
     bs = engine.block_size
     per_snapshot = layout.state_bytes_per_sequence(dtype, kv_dtype)
     num_state_slots = engine.max_num_seqs if per_snapshot else 0
-    state = num_state_slots * per_snapshot
+    k = engine.num_speculative_tokens
+    num_spec_slots = k * min(engine.max_num_seqs, SPEC_STATE_SEQS) if per_snapshot else 0
+    state = (num_state_slots + num_spec_slots) * per_snapshot
     budget = cache_budget(engine, device)
     is_auto = engine.cache_memory_gib is None
     if per_token == 0:
@@ -128,4 +143,6 @@ def plan_cache(
         room = min(int(budget * SNAPSHOT_FRACTION), budget - total)
         num_snapshots = engine.num_state_snapshots or max(0, room) // per_snapshot
     total += num_snapshots * per_snapshot
-    return CachePlan(num_blocks, bs, num_state_slots, total, budget, is_auto, num_snapshots, per_snapshot)
+    return CachePlan(
+        num_blocks, bs, num_state_slots, total, budget, is_auto, num_snapshots, per_snapshot, num_spec_slots
+    )

@@ -1,0 +1,171 @@
+"""Speculator: which tokens a decoding sequence drafts this step, how many, and what came of them.
+
+Speculative decoding checks several tokens per read of the weights. A decoding sequence whose next tokens
+can be guessed carries them as drafts: the step computes its last token and the k drafts in one forward
+(engine/runner.py: stateless models as k + 1 decode rows of the recorded plan, models with recurrent state
+as one chunk whose per-position states are kept), and the engine samples position after position — the
+target's own sampler, with the request's penalties, grammar, seed — keeping drafts while the sampled token
+equals the draft (engine/engine.py `_verify`). A deterministic draft makes this rejection sampling exact:
+a token is accepted with the target's probability of it and otherwise replaced by a draw from the rest of
+the target's distribution, so the output is distributed as without speculation — and, since each sampled
+token takes one draw of the request's generator, is the same token for token under a seed.
+
+Drafts come from a `DraftSource`: the sequence itself (`NgramSource`, prompt lookup); the benchmark's replay
+mode and the tests hand in their own (drafts that are the known continuation, or that differ from it at a
+chosen position). Adaptive length (on by default): after
+a verification that kept m of d drafts the next draft is at most min(k, m + 1) long when some were
+rejected, growing by one after a full acceptance; a verification that kept none makes the sequence skip
+drafting for a backoff that doubles (1, 2, 4, … steps, up to `MAX_BACKOFF`) while it keeps failing — text
+that does not repeat then costs a lookup per step and little else.
+
+Counters (Prometheus, vLLM's spec-decode names): drafts, drafted tokens, accepted tokens, accepted tokens per
+draft position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from blazr.config import SpeculativeConfig
+from blazr.engine.ngram import NgramIndex
+from blazr.engine.sequence import Sequence
+
+MAX_BACKOFF = 32  # steps a sequence whose drafts keep failing waits, at most, before drafting again
+
+
+class DraftSource(Protocol):
+    """Where drafts come from: up to n tokens to follow a sequence's tokens."""
+
+    def propose(self, seq: Sequence, n: int) -> list[int]: ...
+
+    def forget(self, seq: Sequence) -> None: ...
+
+
+class NgramSource:
+    """Prompt lookup: each sequence's `NgramIndex`, fed with its tokens as they arrive."""
+
+    def __init__(self, n_min: int, n_max: int) -> None:
+        self.n_min, self.n_max = n_min, n_max
+        self._indexes: dict[int, NgramIndex] = {}  # seq_id → its index
+
+    def propose(self, seq: Sequence, n: int) -> list[int]:
+        index = self._indexes.get(seq.seq_id)
+        if index is None:
+            index = self._indexes[seq.seq_id] = NgramIndex(self.n_min, self.n_max)
+        have, num_prompt = len(index), seq.num_prompt_tokens
+        if have < num_prompt:
+            index.extend(seq.prompt_ids[have:])
+            have = num_prompt
+        index.extend(seq.output_ids[have - num_prompt :])
+        return index.propose(n)
+
+    def forget(self, seq: Sequence) -> None:
+        self._indexes.pop(seq.seq_id, None)
+
+
+@dataclass
+class DraftState:
+    """One sequence's drafting: the length of its next draft, its backoff."""
+
+    length: int  # the next draft's length, at most
+    skip: int = 0  # steps left without drafting
+    backoff: int = 0  # the next skip after a fully rejected draft (0: none yet)
+
+
+@dataclass
+class SpecStats:
+    """Cumulative counts over every verification."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+class Speculator:
+    """Drafts for decoding sequences (`propose`) and what their verification kept (`record`)."""
+
+    def __init__(self, cfg: SpeculativeConfig, source: DraftSource | None = None) -> None:
+        if source is None and cfg.method != "ngram":
+            raise ValueError(f"speculative method {cfg.method!r}: no draft source given")
+        self.cfg = cfg
+        self.k = cfg.num_speculative_tokens
+        self.source: DraftSource = source or NgramSource(cfg.ngram_min, cfg.ngram_max)
+        self.stats = SpecStats(accepted_per_position=[0] * self.k)
+        self._states: dict[int, DraftState] = {}  # seq_id → its drafting
+
+    def propose(self, seq: Sequence, limit: int) -> list[int]:
+        """Up to `limit` drafted tokens to follow `seq`'s tokens (its last one not yet computed)."""
+        if limit <= 0:
+            return []
+        state = self._states.get(seq.seq_id)
+        if state is None:
+            state = self._states[seq.seq_id] = DraftState(self.k)
+        if state.skip:
+            state.skip -= 1
+            return []
+        n = min(limit, state.length if self.cfg.adaptive else self.k)
+        return self.source.propose(seq, n)[:n]
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """A verification of `num_drafted` drafts of `seq` kept the first `num_accepted`."""
+        s = self.stats
+        s.num_drafts += 1
+        s.num_draft_tokens += num_drafted
+        s.num_accepted_tokens += num_accepted
+        for i in range(num_accepted):
+            s.accepted_per_position[i] += 1
+        state = self._states.get(seq.seq_id)
+        if state is None or not self.cfg.adaptive:
+            return
+        if num_accepted == num_drafted:
+            state.length = min(self.k, num_drafted + 1)
+            state.backoff = 0
+        elif num_accepted:
+            state.length = num_accepted + 1
+            state.backoff = 0
+        else:
+            state.length = 1
+            state.backoff = min(MAX_BACKOFF, max(1, 2 * state.backoff))
+            state.skip = state.backoff
+
+    def forget(self, seq: Sequence) -> None:
+        """`seq` finished: its drafting state goes."""
+        self._states.pop(seq.seq_id, None)
+        self.source.forget(seq)
+
+
+class ReplaySource:
+    """Drafts that are a known continuation of each prompt (the benchmark's replay mode: every draft is
+    accepted under greedy decoding), optionally wrong at one position per draft — `wrong_at(i)` for the
+    i-th draft of a sequence (None: all right) — so a verification rejects exactly there."""
+
+    def __init__(
+        self,
+        continuations: dict[tuple[int, ...], list[int]],
+        vocab_size: int,
+        wrong_at: Callable[[int], int | None] | None = None,
+    ) -> None:
+        self.continuations = continuations
+        self.vocab_size = vocab_size
+        self.wrong_at = wrong_at
+        self._count: dict[int, int] = {}  # seq_id → drafts proposed
+
+    def propose(self, seq: Sequence, n: int) -> list[int]:
+        known = self.continuations.get(tuple(seq.prompt_ids), [])
+        done = len(seq.output_ids)
+        drafts = list(known[done : done + n])
+        i = self._count[seq.seq_id] = self._count.get(seq.seq_id, -1) + 1
+        j = self.wrong_at(i) if self.wrong_at is not None else None
+        if j is not None and j < len(drafts):
+            drafts[j] = (drafts[j] + 1) % self.vocab_size
+        return drafts
+
+    def forget(self, seq: Sequence) -> None:
+        self._count.pop(seq.seq_id, None)
