@@ -21,10 +21,11 @@ Prefix caching (on unless `EngineConfig.enable_prefix_caching` is off):
 
 Speculative decoding: a sequence verifying d drafted tokens computes them in its step, so its blocks grow for
 d + 1 tokens, and only the verified ones are named afterwards (`commit` sees the tokens the sequence kept).
-With recurrent layers, `reserve_drafts` also gives it d scratch state slots that receive the state after each
-drafted position (saves at offsets 1 … d); `settle_drafts` returns the copy that puts the state after the
-kept positions back in the sequence's own slot, and frees the scratch slots. Boundaries the drafts cross get
-no prefix snapshot (the step does not know yet which tokens stand); the next kept one does.
+A recurrent state cannot be cut back to a position, so with recurrent layers `reserve_drafts` also gives the
+sequence a scratch state slot and copies its state there before the step; when the verification rejects a
+draft, `settle_drafts` returns the copy that puts that state back, and the step's kept tokens are computed
+again with the next one (the engine moves the sequence back to where the step began). Boundaries the drafts
+cross get no prefix snapshot (the step does not know which tokens stand); the next one reached does.
 
 Lookups are skipped for sequences that need prompt logprobs they have not produced yet (a hit computes no
 logits for the cached positions). Statistics count the first admission of each sequence: `queries` its
@@ -91,7 +92,7 @@ class CacheManager:
         first_spec = plan.num_state_slots + plan.num_snapshots
         spec = range(first_spec, first_spec + plan.num_spec_slots) if has_state else range(0)
         self._spec_free = list(reversed(spec))  # popped from the end: lowest first
-        self._spec_held: dict[int, list[int]] = {}  # seq_id → its scratch slots, offset 1 first
+        self._spec_held: dict[int, int] = {}  # seq_id → its scratch slot
         self.queries = 0  # prompt tokens looked up (first admissions)
         self.hits = 0  # of those, tokens found cached
         self._ops = CacheOps()
@@ -227,31 +228,35 @@ class CacheManager:
 
     # --------------------------------------------------------------------------------------- drafts
 
-    def reserve_drafts(self, seq: Sequence, num_drafts: int) -> bool:
-        """Scratch state slots for the states after each of `seq`'s `num_drafts` drafted positions (its
-        saves at offsets 1 … num_drafts this step); False when too few are free. Stateless models keep
-        nothing: always True."""
+    def reserve_drafts(self, seq: Sequence) -> bool:
+        """With recurrent state: a scratch slot that receives `seq`'s state before the step (the state to
+        return to if a draft is rejected); False when none is free. Stateless models keep nothing: True."""
         if self.slots is None:
             return True
-        if num_drafts > len(self._spec_free):
+        if not self._spec_free:
             return False
-        held = [self._spec_free.pop() for _ in range(num_drafts)]
-        self._spec_held[seq.seq_id] = held
-        self._ops.saves.setdefault(seq.seq_id, []).extend((o + 1, slot) for o, slot in enumerate(held))
+        assert seq.state_slot is not None
+        scratch = self._spec_free.pop()
+        self._spec_held[seq.seq_id] = scratch
+        self._ops.restores.append((seq.state_slot, scratch))
         return True
 
-    def settle_drafts(self, seq: Sequence, num_kept: int) -> list[tuple[int, int]]:
-        """`seq`'s verification kept its first `num_kept` inputs of the step (its last token and the
-        accepted drafts): the (scratch slot → its state slot) copy that puts the state after them back — none
-        when every input was kept or the sequence holds no slot any more (it finished) — with its scratch
-        slots freed."""
-        held = self._spec_held.pop(seq.seq_id, None)
-        if held is None:
+    def settle_drafts(self, seq: Sequence, is_whole: bool) -> list[tuple[int, int]]:
+        """`seq`'s verification kept every draft (`is_whole`) or not: the (scratch → its state slot) copy
+        that puts its state back to where the step began — none when all were kept, the sequence holds no
+        slot any more (it finished) or has no recurrent state — with the scratch slot freed."""
+        scratch = self._spec_held.pop(seq.seq_id, None)
+        if scratch is None:
             return []
-        self._spec_free.extend(reversed(held))
-        if num_kept > len(held) or seq.state_slot is None:
+        self._spec_free.append(scratch)
+        if is_whole or seq.state_slot is None:
             return []
-        return [(held[num_kept - 1], seq.state_slot)]
+        return [(scratch, seq.state_slot)]
+
+    @property
+    def replays_rejected(self) -> bool:
+        """Whether a rejected draft makes its step's kept tokens be computed again (recurrent state)."""
+        return self.slots is not None
 
     # ---------------------------------------------------------------------------------- after a step
 
@@ -282,8 +287,7 @@ class CacheManager:
             self.snapshots.unreserve(p.slot)
         self._pending = []
         self._ops = CacheOps()
-        for held in self._spec_held.values():
-            self._spec_free.extend(reversed(held))
+        self._spec_free.extend(self._spec_held.values())
         self._spec_held.clear()
 
     # ---------------------------------------------------------------------------------------- forking

@@ -294,12 +294,17 @@ class LLMEngine:
             self._settle(seq, m)
 
     def _settle(self, seq: Sequence, num_accepted: int) -> None:
-        """`seq`'s verification kept `num_accepted` drafts: they count as computed, the blocks they filled
-        are named, its recurrent state goes back to the state after them, its drafts are gone."""
+        """`seq`'s verification kept `num_accepted` drafts: they count as computed and the blocks they filled
+        are named — or, with recurrent state and a draft rejected, the state goes back to where the step
+        began and the step's kept tokens are computed again with the next one. Its drafts are gone."""
+        is_whole = num_accepted == len(seq.draft_ids)
         if not seq.is_finished:
-            seq.num_computed_tokens += num_accepted
-            self.cache.commit([seq])
-        self.runner.copy_states(self.cache.settle_drafts(seq, 1 + num_accepted))
+            if is_whole or not self.cache.replays_rejected:
+                seq.num_computed_tokens += num_accepted
+                self.cache.commit([seq])
+            else:
+                seq.num_computed_tokens -= 1  # the step's last token, counted when it ran
+        self.runner.copy_states(self.cache.settle_drafts(seq, is_whole))
         seq.draft_ids = []
 
     def _append(self, req: _Request, seq: Sequence, result: SampleResult, b: int, now: float) -> SeqOutput:

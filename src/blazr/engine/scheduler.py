@@ -9,9 +9,10 @@ preempted: its cache is freed and it is recomputed later (prompt + what it gener
 of it is still cached).
 
 Speculative decoding (a `Speculator`): a decoding sequence may carry drafted tokens — up to the draft
-length, what max_tokens and max_model_len leave room for, the step's token budget, and (with recurrent
-state) the scratch state slots free — and then wants 1 + d tokens; such sequences follow the decodes in the
-batch. Drafts never preempt: when blocks for them are short, the sequence decodes plainly.
+length, what max_tokens and max_model_len leave room for and the step's token budget — and then wants
+1 + d tokens; such sequences follow the decodes in the
+batch. Drafts never preempt: when blocks (or a scratch state slot) for them are short, the sequence decodes
+plainly.
 
 Quarantine: when a step that held several requests fails, the engine cannot tell which request caused it,
 and the step may have half-written their caches. `quarantine(batch)` preempts every sequence of that step
@@ -165,7 +166,7 @@ class Scheduler:
         drafts = self.speculator.propose(seq, room)
         if not drafts or not self.cache.grow(seq, 1 + len(drafts)):
             return False
-        if not self.cache.reserve_drafts(seq, len(drafts)):
+        if not self.cache.reserve_drafts(seq):
             return False
         seq.draft_ids = drafts
         return True
@@ -174,8 +175,8 @@ class Scheduler:
         self, seqs: list[Sequence], num_new: list[int], num_decodes: int, preempted: list[Sequence]
     ) -> ScheduledBatch:
         for seq, n in zip(seqs, num_new, strict=True):
-            # a drafted step: its boundaries past the first token are not known to stand yet
-            self.cache.plan_saves(seq, 1 if seq.draft_ids else n)
+            # a drafted step: the boundaries it crosses are not known to stand yet
+            self.cache.plan_saves(seq, 0 if seq.draft_ids else n)
         return ScheduledBatch(seqs, num_new, num_decodes, preempted, self.cache.take_ops())
 
     def _admit(self, budget: int, prefills: list[tuple[Sequence, int]]) -> None:

@@ -7,9 +7,8 @@ recurrent-state pool one slot per sequence. The budget caps the two together: `c
 token slots (the scheduler then preempts and recomputes); a budget that cannot hold even one sequence of
 `max_model_len` tokens is an error, in one line naming the sizes and the flags that change them.
 
-With speculative decoding, models with recurrent layers also hold `num_speculative_tokens` scratch state
-slots for each of up to `SPEC_STATE_SEQS` sequences verifying drafts in one step: the state after each
-drafted position, kept until the verification says which one stands (engine/speculative.py).
+With speculative decoding, models with recurrent layers also hold one scratch state slot per sequence: the
+state before a step that verifies drafts, to return to when one is rejected (engine/cache_manager.py).
 
 With prefix caching, models with recurrent layers also get a pool of state snapshots
 (engine/cache_manager.py): `num_state_snapshots` slots when set, else what is left of the budget after the
@@ -29,7 +28,6 @@ from blazr.state.layout import CacheLayout
 
 DEFAULT_FRACTION = 0.5  # of the available memory, when no budget is given
 SNAPSHOT_FRACTION = 0.25  # of the budget, at most, for recurrent-state snapshots (prefix caching)
-SPEC_STATE_SEQS = 4  # sequences with recurrent state that verify drafts in one step, at most
 _GiB = 1 << 30
 
 
@@ -61,8 +59,8 @@ def cache_budget(engine: EngineConfig, device: torch.device | str = "cpu") -> in
 class CachePlan:
     """Pool sizes: `num_blocks` paged blocks of `block_size` tokens (the pool holds one more, reserved for
     the padding rows of graph-captured steps), `num_state_slots` recurrent slots for running sequences and
-    `num_snapshots` for prefix-cache snapshots (`snapshot_bytes` each), `num_spec_slots` for the states of
-    drafted positions; `bytes` is what they all take, `budget` the budget they were fitted into (bytes).
+    `num_snapshots` for prefix-cache snapshots (`snapshot_bytes` each), `num_spec_slots` for the states before
+    verifying drafts; `bytes` is what they all take, `budget` the budget they were fitted into (bytes).
     The state pool's rows: running slots, then snapshots, then the drafts' slots."""
 
     num_blocks: int
@@ -110,8 +108,7 @@ def plan_cache(
     bs = engine.block_size
     per_snapshot = layout.state_bytes_per_sequence(dtype, kv_dtype)
     num_state_slots = engine.max_num_seqs if per_snapshot else 0
-    k = engine.num_speculative_tokens
-    num_spec_slots = k * min(engine.max_num_seqs, SPEC_STATE_SEQS) if per_snapshot else 0
+    num_spec_slots = num_state_slots if engine.speculative is not None else 0
     state = (num_state_slots + num_spec_slots) * per_snapshot
     budget = cache_budget(engine, device)
     is_auto = engine.cache_memory_gib is None
