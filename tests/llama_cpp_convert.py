@@ -4,7 +4,8 @@ tiny transformers checkpoint, and llama.cpp's quantizer (`llama_model_quantize`)
 
 The converter needs a tokenizer it recognises: SmolLM2's, exported from the embedded GGUF (so checkpoints
 that go through it have SmolLM2's 49152-token vocabulary) — or, for converters that take only a Llama-style
-one (Jamba's), a small SentencePiece model trained here (`spm_tokenizer`)."""
+one (Jamba's), a small SentencePiece model trained here (`spm_tokenizer`); GLM's converter looks up GLM's
+special tokens by name, added to SmolLM2's (`glm_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,23 @@ def export_tokenizer(dst: Path) -> Path:
     if not (dst / "tokenizer.json").is_file():
         gguf = default_model_path()
         transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(dst)
+    return dst
+
+
+GLM_SPECIAL = ("[gMASK]", "<|user|>", "<|observation|>")  # beside SmolLM2's <|endoftext|> (id 0)
+
+
+def glm_tokenizer(dst: Path) -> Path:
+    """SmolLM2's tokenizer with the special tokens llama.cpp's GLM converter (`_set_vocab_glm`) looks up —
+    `[gMASK]` (its BOS), `<|user|>` (EOT), `<|observation|>` (EOM) — added after its 49152 (ids 49152…
+    49154: a checkpoint's vocabulary must hold `VOCAB + len(GLM_SPECIAL)`); the pre-tokenizer, which the
+    converter recognises by its output on a fixed text, is SmolLM2's."""
+    import transformers
+
+    if not (dst / "tokenizer.json").is_file():
+        tok = transformers.AutoTokenizer.from_pretrained(export_tokenizer(dst))
+        tok.add_special_tokens({"additional_special_tokens": list(GLM_SPECIAL)})
+        tok.save_pretrained(dst)
     return dst
 
 

@@ -1,10 +1,10 @@
 """Tensor / expert parallelism on torch.distributed (gloo, 2 ranks on this machine): for a tiny random
 checkpoint of every family — Llama, Mixtral (expert parallel), DeepSeek V2 / V3 (MLA + MoE), Mamba2 (groups
 split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH (and its latent MoE), FalconH1,
-Qwen3.5 and Qwen3-Next (gated DeltaNet by key heads, gated attention) — the 2-rank engine gives the 1-rank
-engine's greedy tokens and its logprobs (prompt and output, top 5 at every position) within float32 rounding;
-the per-rank config and slices are checked on their own; and a 2-rank server answers like a 1-rank one through
-the openai client."""
+Qwen3.5 and Qwen3-Next (gated DeltaNet by key heads, gated attention), GLM-4.5 (per-head q/k norm, partial
+rope, grouped sigmoid routing, shared expert) — the 2-rank engine gives the 1-rank engine's greedy tokens and
+its logprobs (prompt and output, top 5 at every position) within float32 rounding; the per-rank config and
+slices are checked on their own; and a 2-rank server answers like a 1-rank one through the openai client."""
 
 from __future__ import annotations
 
@@ -141,9 +141,28 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # its gated shared expert (expert parallel)
     "qwen3_5": ("Qwen3_5ForCausalLM", dict(QWEN_SIZES, num_hidden_layers=4)),
     "qwen3-next": ("Qwen3NextForCausalLM", dict(QWEN_SIZES, **QWEN_EXPERTS, num_hidden_layers=4)),
+    # GLM-4.5: GQA with biases, per-head q/k norm and a partial rope (by heads), a dense first layer, then
+    # grouped sigmoid routing with a shared expert (expert parallel)
+    "glm4-moe": (
+        "Glm4MoeForCausalLM",
+        dict(
+            num_hidden_layers=3,
+            head_dim=32,
+            attention_bias=True,
+            use_qk_norm=True,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+        ),
+    ),
 }
 # biases (transformers initialises them to zeros) made random, so a bias counted on both ranks shows
-RANDOMISED = {"nemotron-h-latent"}
+RANDOMISED = {"nemotron-h-latent", "glm4-moe"}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300], list(range(1, 42))]
 
 

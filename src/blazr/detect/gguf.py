@@ -22,6 +22,8 @@ Per architecture (keys without the `{arch}.` prefix):
   where present, follows the gate (llama.cpp's only order).
 - deepseek2: MLA ranks, experts, `expert_gating_func` (1 softmax = V2 routing, 2 sigmoid = V3),
   `expert_weights_{norm,scale}`, groups, YaRN (`rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim).
+- glm4moe: as llama, plus DeepSeek-V3's routing, shared experts, the leading dense layers; `block_count` less
+  the `nextn_predict_layers` MTP blocks (see `_glm4moe`).
 - qwen3next, qwen35, qwen35moe: as llama, plus the DeltaNet sizes under `ssm.*`, layer kinds from
   `attention.recurrent_layers`, experts; Qwen3.5's value heads in the converter's tiled order.
 - kimi-linear: KDA / MLA layers from per-layer `attention.head_count_kv`, `kda.head_dim`, MLA ranks, experts.
@@ -40,7 +42,7 @@ import torch
 
 from blazr.detect.checkpoint import Checkpoint
 from blazr.detect.raw import Raw, int_or_none
-from blazr.errors import CheckpointError
+from blazr.errors import CheckpointError, UnsupportedError
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.gguf_hf import GGUFView
 from blazr.tokenizer import TokenizerSource
@@ -315,6 +317,34 @@ def _deepseek2(key: Meta, num_layers: int) -> dict[str, Any]:
     return raw
 
 
+def _glm4moe(key: Meta, num_layers: int) -> dict[str, Any]:
+    """GLM-4.5 / 4.6: as llama (biases and q/k norms are in the tensors; the rope over
+    `rope.dimension_count` of each head), plus DeepSeek-V3's routing (`expert_gating_func` 2, sigmoid:
+    llama.cpp's default for glm4moe; softmax is refused), groups, `expert_weights_{norm,scale}`, shared
+    experts and the leading dense layers. `block_count` counts the `nextn_predict_layers` MTP blocks after
+    the decoder: not decoder layers."""
+    gating = key("expert_gating_func")
+    if gating not in (None, 0, 2):
+        raise UnsupportedError(
+            f"glm4moe.expert_gating_func {gating}: only sigmoid routing (2) is supported for GLM-4.5"
+        )
+    raw = {
+        **_llama(key, num_layers),
+        "num_hidden_layers": num_layers - int(key("nextn_predict_layers") or 0),
+        "first_k_dense_replace": key("leading_dense_block_count") or 0,
+        "n_routed_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+        "n_shared_experts": key("expert_shared_count") or 0,
+        "routed_scaling_factor": key("expert_weights_scale") or 1.0,
+        "norm_topk_prob": bool(key("expert_weights_norm")),
+        "n_group": key("expert_group_count") or 1,
+        "topk_group": key("expert_group_used_count") or 1,
+    }
+    raw.setdefault("partial_rotary_factor", 1.0)  # _rope sets it when the rope covers part of a head
+    return raw
+
+
 def _qwen3_next(key: Meta, num_layers: int, is_v_tiled: bool = False) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5: DeltaNet sizes under `ssm.*` (group_count = key heads, state_size = key head
     size, time_step_rank = value heads, inner_size = all value features); layer kinds from
@@ -430,6 +460,7 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "nemotron_h_moe": _nemotron_h,
     "falcon-h1": _falcon_h1,
     "deepseek2": _deepseek2,
+    "glm4moe": _glm4moe,
     "qwen3next": _qwen3_next,
     "qwen35": partial(_qwen3_next, is_v_tiled=True),
     "qwen35moe": partial(_qwen3_next, is_v_tiled=True),

@@ -488,6 +488,43 @@ ARCHES.update(
     }
 )
 _GLOBAL_OFFSET |= {"gemma2", "gemma3"}
+# GLM-4.5 / 4.6 (the converter's Glm4MoeModel): Llama's tensors with NEOX rope (q/k rows as HF keeps
+# them), q/k biases, per-head q/k norms where the model has them, the post-attention norm written as
+# `post_attention_norm`; dense first layers' ffn_gate / up / down, then DeepSeek-V3's router (with
+# exp_probs_b), stacked experts and shared experts. The MTP block (`blk.{N}`, past the decoder's N layers: a
+# whole layer plus `nextn.*`) gets the HF names GLM's checkpoints give it, which the name map leaves unread.
+ARCHES["glm4moe"] = _Arch(
+    "Glm4MoeForCausalLM",
+    "model.layers.{i}.",
+    _MODEL,
+    [
+        *_NORMS[:1],
+        ("post_attention_layernorm.weight", ("post_attention_norm.weight",), SAME),
+        *_ATTENTION,
+        *[(f"{{a}}{x}_norm.weight", (f"attn_{x}_norm.weight",), SAME) for x in "qk"],
+        *_SWIGLU,
+        ("mlp.gate.weight", ("ffn_gate_inp.weight",), SAME),
+        ("mlp.gate.e_score_correction_bias", ("exp_probs_b.bias",), SAME),
+        *[
+            (f"mlp.shared_experts.{x}_proj.weight", (f"ffn_{x}_shexp.weight",), SAME)
+            for x in ("gate", "up", "down")
+        ],
+        *[
+            (f"{hf}.weight", (f"nextn.{gguf}.weight",), SAME)
+            for hf, gguf in (
+                ("eh_proj", "eh_proj"),
+                ("enorm", "enorm"),
+                ("hnorm", "hnorm"),
+                ("embed_tokens", "embed_tokens"),
+                ("shared_head.norm", "shared_head_norm"),
+                ("shared_head.head", "shared_head_head"),
+            )
+        ],
+    ],
+    [(f"mlp.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")],
+    {"a": "self_attn.", "f": "mlp."},
+    permuted=False,
+)
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
 
