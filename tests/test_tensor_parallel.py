@@ -2,9 +2,10 @@
 checkpoint of every family — Llama, Mixtral (expert parallel), DeepSeek V2 / V3 (MLA + MoE), Mamba2 (groups
 split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH (and its latent MoE), FalconH1,
 Qwen3.5 and Qwen3-Next (gated DeltaNet by key heads, gated attention), GLM-4.5 (per-head q/k norm, partial
-rope, grouped sigmoid routing, shared expert) — the 2-rank engine gives the 1-rank engine's greedy tokens and
-its logprobs (prompt and output, top 5 at every position) within float32 rounding; the per-rank config and
-slices are checked on their own; and a 2-rank server answers like a 1-rank one through the openai client."""
+rope, grouped sigmoid routing, shared expert), Phi-4-mini (fused qkv and gate_up, LongRoPE) — the 2-rank
+engine gives the 1-rank engine's greedy tokens and its logprobs (prompt and output, top 5 at every position)
+within float32 rounding; the per-rank config and slices are checked on their own; and a 2-rank server answers
+like a 1-rank one through the openai client."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from blazr.errors import UnsupportedError
 from tests.server_util import ServerProcess
 from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_phi3 import SIZES as PHI3_SIZES
+from tests.test_hf_phi3 import longrope as phi3_longrope
 from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.tiny import build
@@ -160,6 +163,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             routed_scaling_factor=2.5,
         ),
     ),
+    # fused qkv / gate_up (loaded whole, then split by blazr's own row layout), partial rope, LongRoPE
+    "phi4-mini": ("Phi3ForCausalLM", dict(PHI3_SIZES, num_key_value_heads=2, **phi3_longrope(4))),
 }
 # biases (transformers initialises them to zeros) made random, so a bias counted on both ranks shows
 RANDOMISED = {"nemotron-h-latent", "glm4-moe"}

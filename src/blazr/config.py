@@ -39,12 +39,15 @@ class RopeConfig:
     Interleaved-pair checkpoints (GGUF llama, DeepSeek) are permuted into the half-split layout at load, so
     the math has one layout. `scaling` selects the frequency/attention-scale rule: "default", "linear",
     "llama3" or "yarn" (`factor`, `original_max_position`, and the per-type fields below); "none" is NoPE
-    kept in a rope's place (every angle 0: the `dim` features pass unrotated — Kimi-Linear's MLA).
+    kept in a rope's place (every angle 0: the `dim` features pass unrotated — Kimi-Linear's MLA);
+    "longrope" (Phi-3 / Phi-4) divides each frequency by its own factor — `short_factor` for a context within
+    `original_max_position`, `long_factor` beyond it, chosen once per model from its context limit
+    (model/rope.py) — and multiplies cos/sin by `attention_factor`.
     """
 
     dim: int
     theta: float = 10000.0
-    scaling: Literal["default", "linear", "llama3", "yarn", "none"] = "default"
+    scaling: Literal["default", "linear", "llama3", "yarn", "longrope", "none"] = "default"
     factor: float = 1.0
     original_max_position: int = 0
     low_freq_factor: float = 1.0  # llama3
@@ -52,7 +55,9 @@ class RopeConfig:
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
     is_truncated: bool = True  # yarn: round the correction range to whole dims
-    attention_factor: float = 1.0  # cos/sin multiplier (yarn mscale); 1.0 otherwise
+    attention_factor: float = 1.0  # cos/sin multiplier (yarn mscale, longrope); 1.0 otherwise
+    short_factor: tuple[float, ...] = ()  # longrope: a divisor per frequency [dim/2], context ≤ original
+    long_factor: tuple[float, ...] = ()  # longrope: the same beyond original_max_position
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ Per architecture (keys without the `{arch}.` prefix):
 - qwen2, qwen3: as llama (biases and q/k norms are in the tensors); qwen3moe: plus the experts, renormalised.
 - olmo2: as llama; an OLMo 3 where `attention.sliding_window` is set (see `_olmo2`).
 - smollm3: as llama (its NoPE layers, every 4th, have no key: llama.cpp's fixed step).
+- phi3 (Phi-3 / Phi-4): as llama, plus `rope.scaling.original_context_length` and the sliding window
+  (`attention.sliding_window`, 0: none); LongRoPE's factors are tensors, not keys (see `_longrope`).
 - gemma2, gemma3: as llama, plus the sliding window and its layers, the sliding layers' rope θ, the
   soft-caps and llama.cpp's query scalar (see `_gemma`).
 - granite, granitemoe (Granite 3): as llama, plus `embedding_scale` / `residual_scale` / `attention.scale` /
@@ -41,7 +43,7 @@ import numpy as np
 import torch
 
 from blazr.detect.checkpoint import Checkpoint
-from blazr.detect.raw import Raw, int_or_none
+from blazr.detect.raw import Raw, int_or_none, longrope_attention_factor
 from blazr.errors import CheckpointError, UnsupportedError
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.gguf_hf import GGUFView
@@ -151,6 +153,45 @@ def _olmo2(key: Meta, num_layers: int) -> dict[str, Any]:
         "layer_types": ["sliding_attention" if bool(p) else "full_attention" for p in pattern[:num_layers]],
         "rope_parameters": {"full_attention": full, "sliding_attention": sliding},
     }
+
+
+def _phi3(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Phi-3 / Phi-4: as llama, plus the original context and the sliding window where set (the converter
+    writes Phi-4's none as 0). The window is kept as transformers runs it; llama.cpp runs Phi without one
+    (its phi3 loader turns it off), so the two part where a sequence outgrows the window."""
+    return {
+        **_llama(key, num_layers),
+        "original_max_position_embeddings": key("rope.scaling.original_context_length"),
+        "sliding_window": key("attention.sliding_window") or None,
+    }
+
+
+def _floats(gguf: GGUFFile, name: str) -> list[float]:
+    """A small float32 tensor as config.json's numbers (each the shortest decimal of its float32)."""
+    return [float(str(v)) for v in gguf.load(name, torch.float32).numpy().astype(np.float32)]
+
+
+def _longrope(gguf: GGUFFile, key: Meta) -> dict[str, Any]:
+    """LongRoPE (phi3), from the tensors the converter stores its factors in — `rope_factors_short.weight` /
+    `rope_factors_long.weight`, [rope dim / 2] — and `rope.scaling.attn_factor`, passed on only where it is
+    not the builder's own √(1 + ln s / ln orig) at float32 precision (it always is, as the converter
+    writes it: so the config equals the safetensors one). No factors: plain rope."""
+    if "rope_factors_long.weight" not in gguf.tensor_names:
+        return {}
+    scaling: dict[str, Any] = {
+        "rope_type": "longrope",
+        "short_factor": _floats(gguf, "rope_factors_short.weight"),
+        "long_factor": _floats(gguf, "rope_factors_long.weight"),
+    }
+    stored, orig, context = (
+        key("rope.scaling.attn_factor"),
+        key("rope.scaling.original_context_length"),
+        key("context_length"),
+    )
+    derived = longrope_attention_factor(context / orig, orig) if context and orig else None
+    if stored is not None and (derived is None or np.float32(stored) != np.float32(derived)):
+        scaling["attention_factor"] = stored
+    return {"rope_scaling": scaling}
 
 
 def _gemma(key: Meta, num_layers: int, arch: str) -> dict[str, Any]:
@@ -452,6 +493,7 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "granite": _granite3,
     "granitemoe": _granite3,
     "smollm3": _llama,  # NoPE every 4th layer: llama.cpp's fixed step, the builder's default
+    "phi3": _phi3,
     "gemma2": partial(_gemma, arch="gemma2"),
     "gemma3": partial(_gemma, arch="gemma3"),
     "mamba2": _mamba2,
@@ -470,6 +512,8 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "mamba": _mamba1,
     "jamba": _jamba,
 }
+# config values llama.cpp stores as tensors, read from the file (architecture → its reader)
+_TENSOR_KEYS: dict[str, Callable[[GGUFFile, Meta], dict[str, Any]]] = {"phi3": _longrope}
 
 
 def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoint:
@@ -491,6 +535,8 @@ def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoi
     view = GGUFView(gguf, q_heads, kv_heads)  # rejects an architecture it cannot name
     shapes = {n: view.shape(n) for n in view.names}
     specific = _CONFIG_KEYS[arch](key, num_layers)
+    if arch in _TENSOR_KEYS:
+        specific.update(_TENSOR_KEYS[arch](gguf, key))
     context = key("context_length")
     raw: dict[str, Any] = {
         "architectures": [view.hf_architecture],

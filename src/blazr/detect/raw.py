@@ -97,7 +97,45 @@ def rope_from_raw(raw: Raw, dim: int, max_pos: int) -> RopeConfig:
         )
     if kind == "yarn":
         return yarn_rope(dim, theta, merged, max_pos)
-    raise UnsupportedError(f"{raw.path}: rope type {kind!r} is not supported (default, linear, llama3, yarn)")
+    if kind in ("longrope", "su"):  # "su": Phi-3's first name for it
+        orig = merged.get("original_max_position_embeddings") or raw.int("original_max_position_embeddings")
+        if not orig:
+            raise CheckpointError(f"{raw.path}: longrope rope needs original_max_position_embeddings")
+        return longrope(raw, dim, theta, merged, max_pos, int(orig))
+    raise UnsupportedError(
+        f"{raw.path}: rope type {kind!r} is not supported (default, linear, llama3, yarn, longrope)"
+    )
+
+
+def longrope_attention_factor(factor: float, orig: int) -> float:
+    """LongRoPE's cos/sin multiplier for a context `factor` times the original `orig`:
+    √(1 + ln factor / ln orig)."""
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+
+
+def longrope(raw: Raw, dim: int, theta: float, p: Mapping[str, Any], max_pos: int, orig: int) -> RopeConfig:
+    """LongRoPE (transformers' `_compute_longrope_parameters`): `short_factor` / `long_factor`, one divisor
+    per frequency (dim/2 each); the attention factor as given, else from `factor`, else from the context
+    ratio max_position_embeddings / original_max_position_embeddings (Phi-3's rule)."""
+    factors = {}
+    for key in ("short_factor", "long_factor"):
+        value = p.get(key)
+        if not isinstance(value, list) or len(value) != dim // 2:
+            raise CheckpointError(
+                f"{raw.path}: rope {key} must list {dim // 2} numbers (rotary dim {dim} / 2), found {value!r}"
+            )
+        factors[key] = tuple(float(v) for v in value)
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = longrope_attention_factor(float(p.get("factor") or max_pos / orig), orig)
+    return RopeConfig(
+        dim=dim,
+        theta=theta,
+        scaling="longrope",
+        original_max_position=orig,
+        attention_factor=float(attention_factor),
+        **factors,
+    )
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:

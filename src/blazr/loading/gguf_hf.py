@@ -525,8 +525,26 @@ ARCHES["glm4moe"] = _Arch(
     {"a": "self_attn.", "f": "mlp."},
     permuted=False,
 )
+# Phi-3 / Phi-4 (the converter's Phi3MiniModel): q/k/v and gate | up stored fused as HF holds them (attn_qkv;
+# ffn_up with 2I rows, gate first: llama.cpp splits it in its graph), NEOX rope (q/k rows as HF keeps them).
+ARCHES["phi3"] = _Arch(
+    "Phi3ForCausalLM",
+    "model.layers.{i}.",
+    _MODEL,
+    [
+        *_NORMS,
+        ("{a}qkv_proj.weight", ("attn_qkv.weight",), SAME),
+        ("{a}o_proj.weight", ("attn_output.weight",), SAME),
+        ("{f}gate_up_proj.weight", ("ffn_up.weight",), SAME),
+        ("{f}down_proj.weight", ("ffn_down.weight",), SAME),
+    ],
+    [],
+    {"a": "self_attn.", "f": "mlp."},
+    permuted=False,
+)
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
-_IGNORED = ("rope_freqs.weight",)  # llama.cpp's precomputed rope factors: detection reads the config instead
+# llama.cpp's rope factors (llama3's precomputed, LongRoPE's short / long): detection reads them as config
+_IGNORED = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 
 
 def supported_architectures() -> list[str]:

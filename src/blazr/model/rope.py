@@ -1,5 +1,8 @@
-"""Rotary position embedding: frequency tables for the default, linear, llama3 and YaRN rules (and NoPE's
-zero angles), and the half-split (NeoX) rotation applied to the first `dim` features of each head.
+"""Rotary position embedding: frequency tables for the default, linear, llama3, YaRN and LongRoPE rules (and
+NoPE's zero angles), and the half-split (NeoX) rotation applied to the first `dim` features of each head.
+
+LongRoPE (Phi-3 / Phi-4) has two sets of per-frequency divisors; which one a model uses is fixed by its
+context limit (`longrope_factors`), so every position of every sequence is rotated the same way.
 
 Shapes: x [T, H, D] with D ≥ dim; positions [T] (absolute token positions, long); cos/sin tables
 [max_len, dim/2].
@@ -15,10 +18,28 @@ from torch import nn
 from blazr.config import RopeConfig
 
 
-def inverse_frequencies(cfg: RopeConfig) -> torch.Tensor:
-    """inv_freq [dim/2] in float32, after the scaling rule."""
+def longrope_factors(cfg: RopeConfig, max_len: int) -> tuple[float, ...]:
+    """LongRoPE's divisors for a model whose context limit is `max_len`: the long ones where the limit
+    exceeds `original_max_position`, else the short ones — one set for every position of every sequence.
+
+    llama.cpp (`get_rope_factors`: context per sequence > the original) and vLLM (max_model_len > the
+    original) choose the same way. transformers instead switches per forward on the sequence's own length
+    (and drops its cache when a generation crosses the original length), so the two agree wherever each
+    sequence lies on the limit's side: any sequence under a limit ≤ the original (short factors), sequences
+    longer than the original under a longer limit (long factors). Under a longer limit a sequence that is
+    still short is rotated with the long factors here, as llama.cpp and vLLM rotate it: one static choice
+    keeps cached keys valid as a sequence grows, and prefixes shareable between sequences."""
+    return cfg.long_factor if max_len > cfg.original_max_position else cfg.short_factor
+
+
+def inverse_frequencies(cfg: RopeConfig, max_len: int = 0) -> torch.Tensor:
+    """inv_freq [dim/2] in float32, after the scaling rule (LongRoPE's factors chosen for a context limit
+    of `max_len` positions)."""
     dim = cfg.dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    if cfg.scaling == "longrope":  # transformers' order: 1 / (factor · θ^(2i/dim))
+        factors = torch.tensor(longrope_factors(cfg, max_len), dtype=torch.float32, device="cpu")
+        return 1.0 / (factors * cfg.theta**exponents)
     inv_freq = 1.0 / (cfg.theta**exponents)
     if cfg.scaling == "linear":
         return inv_freq / cfg.factor
@@ -69,7 +90,7 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: RopeConfig, max_len: int) -> None:
         super().__init__()
         self.dim = cfg.dim
-        inv_freq = inverse_frequencies(cfg)
+        inv_freq = inverse_frequencies(cfg, max_len)
         angles = torch.outer(
             torch.arange(max_len, dtype=torch.float32, device="cpu"), inv_freq
         )  # [max_len, dim/2]
