@@ -24,6 +24,7 @@ from blazr.engine.grammar import StructuredOutput
 from blazr.engine.ngram import NgramIndex
 from blazr.engine.sequence import Sequence
 from blazr.engine.speculative import ReplaySource, Speculator
+from blazr.errors import BlazrError
 from tests.ssm_fixtures import randomise, single_thread
 from tests.test_prefix_cache import ARCHS, BS, Result, assert_same, run, tokens
 from tests.tiny import build
@@ -67,20 +68,25 @@ def _seq(tokens: list[int]) -> Sequence:
 def test_adaptive_length_shrinks_grows_and_backs_off():
     spec = Speculator(SpeculativeConfig(num_speculative_tokens=4, ngram_min=1, ngram_max=2))
     seq = _seq([1, 2, 3, 1, 2, 3, 1, 2])
-    assert spec.propose(seq, 8) == [3, 1, 2, 3]
+
+    def propose(limit: int = 8) -> list[int]:
+        return spec.propose([(seq, limit)]).get(seq.seq_id, [])
+
+    assert propose(2) == [3, 1]  # at most the limit
+    assert propose() == [3, 1, 2, 3]
     spec.record(seq, 4, 1)
-    assert len(spec.propose(seq, 8)) == 2  # one kept: the next draft is 2 long
+    assert len(propose()) == 2  # one kept: the next draft is 2 long
     spec.record(seq, 2, 2)
-    assert len(spec.propose(seq, 8)) == 3  # all kept: one longer
+    assert len(propose()) == 3  # all kept: one longer
     spec.record(seq, 3, 0)  # none kept: skip a step, then one token
-    assert spec.propose(seq, 8) == []
-    assert len(spec.propose(seq, 8)) == 1
+    assert propose() == []
+    assert len(propose()) == 1
     spec.record(seq, 1, 0)  # again none: skip two steps
-    assert spec.propose(seq, 8) == [] and spec.propose(seq, 8) == []
-    assert len(spec.propose(seq, 8)) == 1
+    assert propose() == [] and propose() == []
+    assert len(propose()) == 1
     assert spec.stats.num_drafts == 4 and spec.stats.num_draft_tokens == 10
     assert spec.stats.accepted_per_position == [2, 1, 0, 0]
-    assert spec.propose(seq, 0) == []
+    assert propose(0) == []
 
 
 # -------------------------------------------------------------------------------- every cache kind
@@ -301,3 +307,41 @@ def test_structured_output_masks_the_drafts(smollm2):
     got = on.generate(prompt, params)[0]
     assert got.outputs[0].token_ids == want.outputs[0].token_ids and got.text == "abc, abc, abc, abc, abc"
     assert spec.stats.num_draft_tokens > drafted
+
+
+# ------------------------------------------------------------------------------------------ a draft model
+
+
+@pytest.mark.parametrize("draft_seed", [3, 8])
+def test_a_draft_model(checkpoints, tmp_path, draft_seed):
+    """Llama drafted by itself (seed 3: every draft kept) and by another random Llama of the same vocabulary
+    (seed 8: most rejected): the target's tokens either way."""
+    target = checkpoints["llama"]
+    if draft_seed == 3:
+        draft = target
+    else:
+        arch, overrides = ARCHS["llama"]
+        draft = tmp_path / "draft"
+        hf = build(arch, draft, seed=draft_seed, **overrides)
+        randomise(hf, draft_seed)
+        hf.save_pretrained(draft)
+    prompts = [tokens(20, 1), tokens(9, 4)]
+    want = run(load(target, None), prompts, GREEDY)
+    on = load(target, SpeculativeConfig(method="draft", draft_model=str(draft), adaptive=False))
+    assert on.draft is not None and on.draft.engine.speculator is None
+    got = run(on, prompts, GREEDY)
+    assert_same(got, want)
+    spec = on.engine.speculator
+    assert spec is not None and spec.stats.num_draft_tokens > 0
+    if draft_seed == 3:
+        assert spec.stats.num_accepted_tokens == spec.stats.num_draft_tokens
+    else:
+        assert spec.stats.num_accepted_tokens < spec.stats.num_draft_tokens
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(checkpoints, tmp_path):
+    arch, overrides = ARCHS["llama"]
+    draft = tmp_path / "big-vocab"
+    build(arch, draft, seed=1, **{**overrides, "vocab_size": 2048})
+    with pytest.raises(BlazrError, match="vocabulary"):
+        load(checkpoints["llama"], SpeculativeConfig(method="draft", draft_model=str(draft)))

@@ -77,6 +77,27 @@ def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
             "starts ranks 1..N-1 on this machine, or run every rank under torchrun (several nodes too)",
         )
         _prefix_cache_flag(p)
+        _speculative_flags(p)
+
+
+def _speculative_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculative",
+        choices=["ngram", "draft"],
+        default=None,
+        help="speculative decoding: ngram drafts from the prompt and output (prompt lookup), draft from "
+        "--draft-model; greedy output is unchanged, sampled output keeps its distribution (off by default)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=4,
+        metavar="K",
+        help="drafted tokens a sequence may carry in one step (default 4; adaptive per sequence)",
+    )
+    p.add_argument(
+        "--draft-model", default=None, metavar="PATH", help="the draft model of --speculative draft"
+    )
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -108,6 +129,7 @@ def _params(args: argparse.Namespace):
 
 
 def _llm(args: argparse.Namespace, **kwargs):
+    from blazr.config import speculative_from_flags
     from blazr.llm import LLM
 
     return LLM(
@@ -122,6 +144,7 @@ def _llm(args: argparse.Namespace, **kwargs):
         enable_prefix_caching=not args.no_prefix_cache,
         show_progress=sys.stderr.isatty(),
         tensor_parallel_size=args.tensor_parallel_size,
+        speculative=speculative_from_flags(args.speculative, args.num_speculative_tokens, args.draft_model),
         **kwargs,
     )
 

@@ -417,6 +417,25 @@ class SpeculativeConfig:
             raise ValueError("a draft model is given with method 'draft', and only then")
 
 
+def speculative_from_flags(
+    method: str | None, num_tokens: int, draft_model: str | None
+) -> SpeculativeConfig | None:
+    """The SpeculativeConfig of `--speculative METHOD --num-speculative-tokens K --draft-model PATH` (None:
+    off); a combination that cannot be honoured is a BlazrError naming the flags."""
+    from blazr.errors import BlazrError
+
+    if method is None:
+        if draft_model is not None:
+            raise BlazrError("--draft-model needs --speculative draft")
+        return None
+    if method == "draft" and draft_model is None:
+        raise BlazrError("--speculative draft needs --draft-model PATH")
+    try:
+        return SpeculativeConfig(method=method, num_speculative_tokens=num_tokens, draft_model=draft_model)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise BlazrError(f"--speculative {method}: {e}") from None
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;

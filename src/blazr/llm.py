@@ -14,7 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ import torch
 
 from blazr.config import DTYPES, EngineConfig, SpeculativeConfig, dtype_name
 from blazr.detect import Checkpoint, inspect_checkpoint, resolve_model_path
+from blazr.engine.draft_model import DraftModelSource
 from blazr.engine.engine import LLMEngine, SeqOutput
 from blazr.engine.pooling import Pooling, declared_pooling
 from blazr.engine.runner import ModelRunner
@@ -113,7 +114,7 @@ def _speculative(spec: SpeculativeConfig | str | None, num_tokens: int) -> Specu
     if spec is None or isinstance(spec, SpeculativeConfig):
         return spec
     if spec != "ngram":
-        raise BlazrError(f"speculative {spec!r}: expected 'ngram' or a SpeculativeConfig")
+        raise BlazrError(f"speculative {spec!r}: expected 'ngram' or a SpeculativeConfig (a draft model's)")
     return SpeculativeConfig(method=spec, num_speculative_tokens=num_tokens)
 
 
@@ -191,7 +192,9 @@ class LLM:
         if self.tp is not None:
             self.tp.broadcast_object((self.engine_config, self.runner.cache_plan, self.kv_dtype))
             atexit.register(self.close)  # the other ranks wait for rank 0's next step until told to stop
-        self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config)
+        self.draft = self._load_draft(cpu, dtype, quantize, max_num_seqs)
+        source = DraftModelSource(self.draft.engine) if self.draft is not None else None
+        self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config, source)
         # embeddings: the pooling the checkpoint declares, else the mean (engine/pooling.py)
         self.pooling: Pooling = declared_pooling(self.checkpoint) or Pooling("mean")
         self.load_seconds = time.perf_counter() - t0
@@ -205,6 +208,24 @@ class LLM:
             self.runner.cache_plan.describe(),
             "on" if self.engine_config.enable_prefix_caching else "off",
         )
+
+    def _load_draft(self, cpu: bool, dtype: str, quantize: str, max_num_seqs: int) -> LLM | None:
+        """The draft model of `--speculative draft` (None for other methods): loaded like this one, with the
+        same limits and no speculation of its own; refused when its vocabulary is not this model's."""
+        spec = self.engine_config.speculative
+        if spec is None or spec.method != "draft":
+            return None
+        assert spec.draft_model is not None
+        cfg = replace(self.engine_config, speculative=None, cache_memory_gib=None, num_kv_blocks=0)
+        draft = LLM(spec.draft_model, cpu=cpu, dtype=dtype, quantize=quantize, engine_config=cfg)
+        probe = "The draft model's vocabulary: 12 345, naïve café — 東京 🙂 <|x|>"
+        if draft.config.vocab_size > self.config.vocab_size or draft.encode(probe) != self.encode(probe):
+            draft.close()
+            theirs, ours = (f"{m.tokenizer.name}, {m.config.vocab_size} ids" for m in (draft, self))
+            raise BlazrError(
+                f"draft model {draft.name}: its vocabulary ({theirs}) is not {self.name}'s ({ours})"
+            )
+        return draft
 
     def _start_ranks(self, world: int, vocab: str | None, quantize: str) -> TPGroup | None:
         """With tensor parallelism: the other ranks started (or found, under torchrun), the group joined as

@@ -44,6 +44,7 @@ import torch
 from blazr.engine.engine import LLMEngine, QueueFullError, SeqOutput
 from blazr.engine.grammar import StructuredOutput
 from blazr.engine.sampling import SamplingParams
+from blazr.engine.speculative import SpecStats
 from blazr.errors import BlazrError
 
 log = logging.getLogger("blazr.engine")
@@ -255,6 +256,12 @@ class AsyncEngine:
     def prefix_cache_hits(self) -> int:
         """Of those, the tokens found cached (their prefill skipped)."""
         return self.engine.prefix_cache_hits
+
+    @property
+    def spec_stats(self) -> SpecStats | None:
+        """Speculative decoding's cumulative counts (None: speculation off)."""
+        spec = self.engine.speculator
+        return spec.stats if spec is not None else None
 
     @property
     def vocab_size(self) -> int:

@@ -38,7 +38,7 @@ from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
 from blazr.engine.scheduler import ScheduledBatch, Scheduler
 from blazr.engine.sequence import Sequence, Status, TokenLogprob
-from blazr.engine.speculative import Speculator
+from blazr.engine.speculative import DraftSource, Speculator
 from blazr.engine.thinking import ThinkingCounter
 from blazr.errors import BlazrError
 from blazr.tokenizer import Tokenizer
@@ -101,7 +101,14 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, cfg: EngineConfig) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        cfg: EngineConfig,
+        draft_source: DraftSource | None = None,
+    ) -> None:
+        """`draft_source`: where speculative decoding's drafts come from (None: the method's own, n-gram)."""
         self.runner = runner
         self.tokenizer = tokenizer
         self.cfg = cfg
@@ -113,7 +120,8 @@ class LLMEngine:
             enable_prefix_caching=cfg.enable_prefix_caching,
             snapshot_interval=cfg.state_snapshot_interval,
         )
-        self.speculator = Speculator(cfg.speculative) if cfg.speculative is not None else None
+        spec = cfg.speculative
+        self.speculator = Speculator(spec, draft_source) if spec is not None else None
         self.scheduler = Scheduler(cfg, self.cache, self.speculator)
         self.requests: dict[str, _Request] = {}
         self.eos_ids = frozenset(tokenizer.eos_token_ids)

@@ -118,6 +118,7 @@ class Scheduler:
         drafted: list[tuple[Sequence, int]] = []
         prefills: list[tuple[Sequence, int]] = []
         preempted: list[Sequence] = []
+        drafts = self._propose(budget)
         for seq in list(self.running):
             if seq not in self.running:  # preempted below to make room for an older sequence
                 continue
@@ -125,7 +126,7 @@ class Scheduler:
             num_new = min(want, budget)
             if num_new <= 0:
                 continue
-            if self._is_decode(seq, want) and self._draft(seq, budget):
+            if seq.seq_id in drafts and self._draft(seq, drafts[seq.seq_id][: budget - 1]):
                 drafted.append((seq, 1 + len(seq.draft_ids)))
                 budget -= 1 + len(seq.draft_ids)
                 continue
@@ -153,17 +154,25 @@ class Scheduler:
     def _is_decode(seq: Sequence, want: int) -> bool:
         return want == 1 and bool(seq.output_ids) and seq.num_computed_tokens == seq.num_tokens - 1
 
-    def _draft(self, seq: Sequence, budget: int) -> bool:
-        """Give a decoding sequence its drafts for this step, with blocks and (recurrent state) scratch
-        slots for them; False when it has none (it then decodes plainly)."""
+    def _propose(self, budget: int) -> dict[int, list[int]]:
+        """The drafts of this step's decoding sequences (seq_id → tokens), each at most what max_tokens,
+        max_model_len and the step's token budget leave room for."""
         if self.speculator is None:
-            return False
-        room = min(
-            budget - 1,
-            seq.params.max_tokens - len(seq.output_ids) - 1,  # the step appends up to d + 1 tokens
-            self.cfg.max_model_len - seq.num_tokens,  # drafts take positions num_tokens …
-        )
-        drafts = self.speculator.propose(seq, room)
+            return {}
+        wants = [
+            (seq, min(
+                budget - 1,
+                seq.params.max_tokens - len(seq.output_ids) - 1,  # the step appends up to d + 1 tokens
+                self.cfg.max_model_len - seq.num_tokens,  # drafts take positions num_tokens …
+            ))
+            for seq in self.running
+            if self._is_decode(seq, seq.num_uncomputed)
+        ]  # fmt: skip
+        return self.speculator.propose(wants)
+
+    def _draft(self, seq: Sequence, drafts: list[int]) -> bool:
+        """Give a decoding sequence its drafts for this step, with blocks and (recurrent state) a scratch
+        slot for them; False when it has none (it then decodes plainly)."""
         if not drafts or not self.cache.grow(seq, 1 + len(drafts)):
             return False
         if not self.cache.reserve_drafts(seq):

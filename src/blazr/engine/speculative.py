@@ -36,9 +36,10 @@ MAX_BACKOFF = 32  # steps a sequence whose drafts keep failing waits, at most, b
 
 
 class DraftSource(Protocol):
-    """Where drafts come from: up to n tokens to follow a sequence's tokens."""
+    """Where drafts come from: for each (sequence, n), up to n tokens to follow the sequence's tokens — all
+    the step's sequences at once, so a draft model drafts them in one batch."""
 
-    def propose(self, seq: Sequence, n: int) -> list[int]: ...
+    def propose(self, wants: list[tuple[Sequence, int]]) -> list[list[int]]: ...
 
     def forget(self, seq: Sequence) -> None: ...
 
@@ -50,7 +51,10 @@ class NgramSource:
         self.n_min, self.n_max = n_min, n_max
         self._indexes: dict[int, NgramIndex] = {}  # seq_id → its index
 
-    def propose(self, seq: Sequence, n: int) -> list[int]:
+    def propose(self, wants: list[tuple[Sequence, int]]) -> list[list[int]]:
+        return [self._propose(seq, n) for seq, n in wants]
+
+    def _propose(self, seq: Sequence, n: int) -> list[int]:
         index = self._indexes.get(seq.seq_id)
         if index is None:
             index = self._indexes[seq.seq_id] = NgramIndex(self.n_min, self.n_max)
@@ -100,18 +104,24 @@ class Speculator:
         self.stats = SpecStats(accepted_per_position=[0] * self.k)
         self._states: dict[int, DraftState] = {}  # seq_id → its drafting
 
-    def propose(self, seq: Sequence, limit: int) -> list[int]:
-        """Up to `limit` drafted tokens to follow `seq`'s tokens (its last one not yet computed)."""
-        if limit <= 0:
-            return []
-        state = self._states.get(seq.seq_id)
-        if state is None:
-            state = self._states[seq.seq_id] = DraftState(self.k)
-        if state.skip:
-            state.skip -= 1
-            return []
-        n = min(limit, state.length if self.cfg.adaptive else self.k)
-        return self.source.propose(seq, n)[:n]
+    def propose(self, wants: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
+        """Drafts for decoding sequences, each (sequence, at most this many): seq_id → up to that many
+        tokens to follow its tokens (its last one not yet computed); a sequence backing off gets none."""
+        asks: list[tuple[Sequence, int]] = []
+        for seq, limit in wants:
+            state = self._states.get(seq.seq_id)
+            if state is None:
+                state = self._states[seq.seq_id] = DraftState(self.k)
+            if limit <= 0:
+                continue
+            if state.skip:
+                state.skip -= 1
+                continue
+            asks.append((seq, min(limit, state.length if self.cfg.adaptive else self.k)))
+        if not asks:
+            return {}
+        drafts = self.source.propose(asks)
+        return {seq.seq_id: d[:n] for (seq, n), d in zip(asks, drafts, strict=True) if d}
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A verification of `num_drafted` drafts of `seq` kept the first `num_accepted`."""
@@ -157,7 +167,10 @@ class ReplaySource:
         self.wrong_at = wrong_at
         self._count: dict[int, int] = {}  # seq_id → drafts proposed
 
-    def propose(self, seq: Sequence, n: int) -> list[int]:
+    def propose(self, wants: list[tuple[Sequence, int]]) -> list[list[int]]:
+        return [self._propose(seq, n) for seq, n in wants]
+
+    def _propose(self, seq: Sequence, n: int) -> list[int]:
         known = self.continuations.get(tuple(seq.prompt_ids), [])
         done = len(seq.output_ids)
         drafts = list(known[done : done + n])

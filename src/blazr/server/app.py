@@ -65,6 +65,7 @@ Loader = Callable[[ServerConfig], LoadedModel]
 
 def load_model(cfg: ServerConfig) -> LoadedModel:
     """The default loader: `blazr.LLM` with the server's limits."""
+    from blazr.config import speculative_from_flags
     from blazr.llm import LLM
 
     llm = LLM(
@@ -82,6 +83,7 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
         chat_template=cfg.chat_template,
         enable_prefix_caching=cfg.enable_prefix_caching,
         tensor_parallel_size=cfg.tensor_parallel_size,
+        speculative=speculative_from_flags(cfg.speculative, cfg.num_speculative_tokens, cfg.draft_model),
     )
     engine = llm.engine
     names = list(cfg.served_model_names) or [cfg.model or llm.path.name.split(".")[0]]
@@ -131,6 +133,7 @@ def _load(
             lambda: engine.cache_usage,
             lambda: engine.prefix_cache_queries,
             lambda: engine.prefix_cache_hits,
+            lambda: engine.spec_stats,
         )
         state.serving = serving
         serving.warm_up()

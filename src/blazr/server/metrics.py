@@ -18,6 +18,10 @@ its registry, so several apps can live in one process.
 | blazr:inter_token_latency_seconds | histogram | same |
 | blazr:e2e_request_latency_seconds | histogram | same |
 | blazr:request_prompt_tokens, blazr:request_generation_tokens | histogram | same |
+| blazr:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total | counter | same |
+| blazr:spec_decode_num_accepted_tokens_per_pos_total{position} | counter | same |
+
+The speculative-decoding counters (engine/speculative.py) exist only when speculation is on.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from blazr.engine.speculative import SpecStats
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -83,6 +89,36 @@ class _PrefixCacheCounters(Collector):
         yield CounterMetricFamily(*self.HITS, value=hits, created=self.created)
 
 
+class _SpecDecodeCounters(Collector):
+    """Speculative decoding's counts (vLLM's `spec_decode_*` names), read from the engine's speculator at
+    every scrape; nothing when speculation is off."""
+
+    NAMES = (
+        ("blazr:spec_decode_num_drafts", "Verifications of drafted tokens.", "num_drafts"),
+        ("blazr:spec_decode_num_draft_tokens", "Tokens drafted.", "num_draft_tokens"),
+        ("blazr:spec_decode_num_accepted_tokens", "Drafted tokens accepted.", "num_accepted_tokens"),
+    )
+    PER_POS = ("blazr:spec_decode_num_accepted_tokens_per_pos", "Drafted tokens accepted, by draft position.")
+
+    def __init__(self) -> None:
+        self.created = time.time()
+        self.read: Callable[[], SpecStats | None] = lambda: None
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        return iter(())  # present only once an engine with speculation is bound
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = self.read()
+        if stats is None:
+            return
+        for name, doc, field in self.NAMES:
+            yield CounterMetricFamily(name, doc, value=getattr(stats, field), created=self.created)
+        per_pos = CounterMetricFamily(*self.PER_POS, labels=["position"], created=self.created)
+        for i, n in enumerate(stats.accepted_per_position):
+            per_pos.add_metric([str(i)], n, created=self.created)
+        yield per_pos
+
+
 class Metrics:
     """The registry and every metric; implements `EngineObserver` for the engine thread."""
 
@@ -99,6 +135,8 @@ class Metrics:
         self.generation_tokens = Counter("blazr:generation_tokens", "Tokens generated.", registry=r)
         self.prefix_cache = _PrefixCacheCounters()
         r.register(self.prefix_cache)
+        self.spec_decode = _SpecDecodeCounters()
+        r.register(self.spec_decode)
         self.success = Counter(
             "blazr:request_success",
             "Finished requests by finish reason (abort: cancelled or client gone).",
@@ -149,8 +187,10 @@ class Metrics:
         cache_usage: Callable[[], float],
         prefix_cache_queries: Callable[[], int],
         prefix_cache_hits: Callable[[], int],
+        spec_stats: Callable[[], SpecStats | None] = lambda: None,
     ) -> None:
         """Read the gauges and the engine's own counters live from the engine at every scrape."""
+        self.spec_decode.read = spec_stats
         self.running.set_function(num_running)
         self.waiting.set_function(num_waiting)
         self.cache_usage.set_function(cache_usage)

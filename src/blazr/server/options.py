@@ -1,7 +1,8 @@
 """`blazr serve` flags and the typed `ServerConfig` built from them.
 
 cli.py adds the common flags (--model, --vocab, --cpu, --dtype, --quantize, --kv-cache-dtype,
---max-model-len, --cache-memory, --no-prefix-cache, --log-level); this module
+--max-model-len, --cache-memory, --no-prefix-cache, --speculative, --num-speculative-tokens, --draft-model,
+--log-level); this module
 adds the server's own. The API key comes from --api-key, else the BLAZR_API_KEY environment variable.
 --ray and the replica counts are read by server/ray_serve.py (replicas on Ray Serve).
 """
@@ -54,6 +55,9 @@ class ServerConfig:
     num_replicas: int | None = None  # --ray: fixed replica count (default 1), or autoscaling's initial count
     min_replicas: int | None = None  # --ray: autoscaling bounds (either one given turns autoscaling on)
     max_replicas: int | None = None
+    speculative: str | None = None  # speculative decoding: "ngram" or "draft" (engine/speculative.py)
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -87,6 +91,9 @@ class ServerConfig:
             num_replicas=args.num_replicas,
             min_replicas=args.min_replicas,
             max_replicas=args.max_replicas,
+            speculative=args.speculative,
+            num_speculative_tokens=args.num_speculative_tokens,
+            draft_model=args.draft_model,
         )
 
 
