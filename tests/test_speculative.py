@@ -12,6 +12,7 @@ adaptive draft length are unit-tested.
 from __future__ import annotations
 
 import math
+import threading
 import uuid
 from pathlib import Path
 
@@ -345,3 +346,66 @@ def test_a_draft_model_of_another_vocabulary_is_refused(checkpoints, tmp_path):
     build(arch, draft, seed=1, **{**overrides, "vocab_size": 2048})
     with pytest.raises(BlazrError, match="vocabulary"):
         load(checkpoints["llama"], SpeculativeConfig(method="draft", draft_model=str(draft)))
+
+
+# ------------------------------------------------------------------------------------- the real server
+
+
+def test_the_server_with_ngram_speculation(smollm2):
+    """`blazr serve --speculative ngram` (the app with its real loader): chat completions — streamed and
+    whole, a JSON-schema one and an n = 2 seeded one — sent together answer as the same requests do alone
+    without speculation; /metrics counts the drafts (vLLM's names)."""
+    import concurrent.futures as cf
+    import json as _json
+
+    from fastapi.testclient import TestClient
+
+    from blazr.server.app import build_app
+    from blazr.server.options import ServerConfig
+    from tests.server_util import parse_metrics
+
+    off, _ = smollm2
+    copy = [{"role": "user", "content": "Copy this code exactly:\n" + CODE}]
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    bodies = [
+        {"messages": copy, "max_tokens": 48, "temperature": 0},
+        {"messages": copy, "max_tokens": 48, "temperature": 0, "stream": True},
+        {"messages": [{"role": "user", "content": "Give a JSON object with a key a."}], "max_tokens": 30,
+         "temperature": 0, "response_format": {"type": "json_schema",
+                                               "json_schema": {"name": "x", "schema": schema}}},
+        {"messages": copy, "max_tokens": 24, "temperature": 0.8, "seed": 5, "n": 2},
+    ]  # fmt: skip
+    cfg = ServerConfig(max_num_seqs=4, max_model_len=1024, speculative="ngram")
+    with TestClient(build_app(cfg)) as client:
+        for _ in range(3000):
+            if client.get("/health").status_code == 200:
+                break
+            threading.Event().wait(0.01)
+
+        def ask(body: dict) -> list[str]:
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            if not body.get("stream"):
+                return [c["message"]["content"] for c in r.json()["choices"]]
+            chunks = [_json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+            return ["".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])]
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(ask, bodies))
+        metrics = parse_metrics(client.get("/metrics").text)
+    for body, got in zip(bodies, together, strict=True):
+        n = body.get("n", 1)
+        params = SamplingParams(
+            max_tokens=body["max_tokens"], temperature=body["temperature"], top_p=1.0, top_k=0,
+            seed=body.get("seed"), n=n,
+            structured=StructuredOutput(json_schema=schema) if "response_format" in body else None,
+        )  # fmt: skip
+        want = off.chat(body["messages"], params)[0]
+        assert got == [o.text for o in want.outputs], body
+    assert metrics["blazr:spec_decode_num_drafts_total"] > 0
+    assert (
+        0
+        < metrics["blazr:spec_decode_num_accepted_tokens_total"]
+        <= metrics["blazr:spec_decode_num_draft_tokens_total"]
+    )
+    assert metrics['blazr:spec_decode_num_accepted_tokens_per_pos_total{position="0"}'] > 0
