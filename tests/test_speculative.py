@@ -11,6 +11,7 @@ adaptive draft length are unit-tested.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import uuid
@@ -24,7 +25,7 @@ from blazr.config import EngineConfig, SpeculativeConfig
 from blazr.engine.grammar import StructuredOutput
 from blazr.engine.ngram import NgramIndex
 from blazr.engine.sequence import Sequence
-from blazr.engine.speculative import ReplaySource, Speculator
+from blazr.engine.speculative import ReplaySource, Speculator, best_length
 from blazr.errors import BlazrError
 from tests.ssm_fixtures import randomise, single_thread
 from tests.test_prefix_cache import ARCHS, BS, Result, assert_same, run, tokens
@@ -66,27 +67,32 @@ def _seq(tokens: list[int]) -> Sequence:
     return Sequence("r", 0, tokens, SamplingParams(), frozenset())
 
 
-def test_adaptive_length_shrinks_grows_and_backs_off():
-    spec = Speculator(SpeculativeConfig(num_speculative_tokens=4, ngram_min=1, ngram_max=2))
+def test_the_adaptive_length_follows_what_pays():
+    assert [best_length(a / 10, 4, 0.15) for a in range(11)] == [0, 0, 0, 1, 1, 2, 2, 3, 4, 4, 4]
+    assert best_length(0.5, 4, 0.3) < best_length(0.5, 4, 0.15)  # dearer rows: shorter drafts
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=4, ngram_min=1, ngram_max=2), row_cost=0.15)
     seq = _seq([1, 2, 3, 1, 2, 3, 1, 2])
 
     def propose(limit: int = 8) -> list[int]:
         return spec.propose([(seq, limit)]).get(seq.seq_id, [])
 
-    assert propose(2) == [3, 1]  # at most the limit
-    assert propose() == [3, 1, 2, 3]
-    spec.record(seq, 4, 1)
-    assert len(propose()) == 2  # one kept: the next draft is 2 long
-    spec.record(seq, 2, 2)
-    assert len(propose()) == 3  # all kept: one longer
-    spec.record(seq, 3, 0)  # none kept: skip a step, then one token
-    assert propose() == []
-    assert len(propose()) == 1
-    spec.record(seq, 1, 0)  # again none: skip two steps
-    assert propose() == [] and propose() == []
-    assert len(propose()) == 1
-    assert spec.stats.num_drafts == 4 and spec.stats.num_draft_tokens == 10
-    assert spec.stats.accepted_per_position == [2, 1, 0, 0]
+    assert propose() == [3, 1]  # the prior, α = 0.6
+    assert propose(1) == [3]  # at most the limit
+    kept = 0
+    for _ in range(3):
+        spec.record(seq, len(d := propose()), len(d))
+        kept += len(d)
+    assert len(propose()) == 4  # every draft kept: the longest
+    lengths = []
+    for _ in range(60):  # nothing kept from now on: shorter drafts, then one-token probes ever further apart
+        lengths.append(len(d := propose()))
+        if d:
+            spec.record(seq, len(d), 0)
+    assert lengths[:3] == sorted(lengths[:3], reverse=True) and lengths[0] >= 3
+    probes = [i for i, n in enumerate(lengths) if n == 1]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert set(lengths[-40:]) <= {0, 1} and gaps[-1] > gaps[-2] > 4, lengths  # 4, 8, 16 steps skipped
+    assert spec.stats.accepted_per_position[0] == 3 and spec.stats.num_accepted_tokens == kept
     assert propose(0) == []
 
 

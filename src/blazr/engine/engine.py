@@ -38,7 +38,7 @@ from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
 from blazr.engine.scheduler import ScheduledBatch, Scheduler
 from blazr.engine.sequence import Sequence, Status, TokenLogprob
-from blazr.engine.speculative import DraftSource, Speculator
+from blazr.engine.speculative import ROW_COST_CHUNK, ROW_COST_PLAN, DraftSource, Speculator
 from blazr.engine.thinking import ThinkingCounter
 from blazr.errors import BlazrError
 from blazr.tokenizer import Tokenizer
@@ -121,7 +121,10 @@ class LLMEngine:
             snapshot_interval=cfg.state_snapshot_interval,
         )
         spec = cfg.speculative
-        self.speculator = Speculator(spec, draft_source) if spec is not None else None
+        # drafts run as rows of the recorded decode plan (stateless models), else as a chunk
+        on_plan = runner.decode_plan is not None and not runner.has_state
+        row_cost = ROW_COST_PLAN if on_plan else ROW_COST_CHUNK
+        self.speculator = Speculator(spec, draft_source, row_cost) if spec is not None else None
         self.scheduler = Scheduler(cfg, self.cache, self.speculator)
         self.requests: dict[str, _Request] = {}
         self.eos_ids = frozenset(tokenizer.eos_token_ids)

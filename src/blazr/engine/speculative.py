@@ -12,11 +12,18 @@ token takes one draw of the request's generator, is the same token for token und
 
 Drafts come from a `DraftSource`: the sequence itself (`NgramSource`, prompt lookup); the benchmark's replay
 mode and the tests hand in their own (drafts that are the known continuation, or that differ from it at a
-chosen position). Adaptive length (on by default): after
-a verification that kept m of d drafts the next draft is at most min(k, m + 1) long when some were
-rejected, growing by one after a full acceptance; a verification that kept none makes the sequence skip
-drafting for a backoff that doubles (1, 2, 4, … steps, up to `MAX_BACKOFF`) while it keeps failing — text
-that does not repeat then costs a lookup per step and little else.
+chosen position).
+
+Adaptive length (on by default): a draft pays when the tokens it is expected to yield outweigh what its
+extra rows cost. Each sequence keeps a decayed estimate α of the chance a drafted token is accepted (kept
+drafts over drafts seen, each verification weighted `DECAY` times the one after it; seen = those up to and
+including the first rejected one). A draft of d tokens yields E(d) = 1 + α + … + α^d tokens for a step that
+costs 1 + β·d decode steps, β the verification's cost per drafted row (the engine's: `ROW_COST_PLAN` when
+drafts run as rows of the recorded decode plan, `ROW_COST_CHUNK` when they run as a chunk); the next draft
+is the length d ≤ k that maximises E(d) / (1 + β·d), and none when no length beats plain decoding by
+`MIN_GAIN`. A sequence that drafts nothing probes with one token after a backoff that doubles (4, 8, … up to
+`MAX_BACKOFF` steps), so its estimate can recover — text that does not repeat then costs a lookup per step
+and a rare one-token probe.
 
 Counters (Prometheus, vLLM's spec-decode names): drafts, drafted tokens, accepted tokens, accepted tokens per
 draft position.
@@ -32,7 +39,26 @@ from blazr.config import SpeculativeConfig
 from blazr.engine.ngram import NgramIndex
 from blazr.engine.sequence import Sequence
 
-MAX_BACKOFF = 32  # steps a sequence whose drafts keep failing waits, at most, before drafting again
+MAX_BACKOFF = 64  # steps a sequence whose drafts do not pay waits, at most, before probing again
+DECAY = 0.7  # weight of a verification in the acceptance estimate, against the one after it
+PRIOR = (1.2, 2.0)  # the estimate's starting (accepted, seen): α = 0.6
+MIN_GAIN = 1.05  # a draft must be expected to beat plain decoding by this factor
+# a verification's cost per drafted row, in decode steps (benchmarks/speculative.py, Zen 5, k = 4: SmolLM2
+# Q4_1 on the plan 1.6 for 4 rows; the granite-4.0-h-350m shape as a chunk 2.2)
+ROW_COST_PLAN = 0.15
+ROW_COST_CHUNK = 0.3
+
+
+def best_length(alpha: float, k: int, row_cost: float) -> int:
+    """The draft length d ≤ k that maximises the expected tokens per unit of cost, E(d) / (1 + row_cost·d);
+    0 when none beats plain decoding by MIN_GAIN."""
+    best, best_gain, expected = 0, MIN_GAIN, 1.0
+    for d in range(1, k + 1):
+        expected += alpha**d
+        gain = expected / (1 + row_cost * d)
+        if gain > best_gain:
+            best, best_gain = d, gain
+    return best
 
 
 class DraftSource(Protocol):
@@ -71,11 +97,16 @@ class NgramSource:
 
 @dataclass
 class DraftState:
-    """One sequence's drafting: the length of its next draft, its backoff."""
+    """One sequence's drafting: its acceptance estimate and its backoff."""
 
-    length: int  # the next draft's length, at most
+    accepted: float = PRIOR[0]  # decayed counts of drafted tokens accepted and seen
+    seen: float = PRIOR[1]
     skip: int = 0  # steps left without drafting
-    backoff: int = 0  # the next skip after a fully rejected draft (0: none yet)
+    backoff: int = 0  # the last skip (0: none yet)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.seen
 
 
 @dataclass
@@ -95,11 +126,15 @@ class SpecStats:
 class Speculator:
     """Drafts for decoding sequences (`propose`) and what their verification kept (`record`)."""
 
-    def __init__(self, cfg: SpeculativeConfig, source: DraftSource | None = None) -> None:
+    def __init__(
+        self, cfg: SpeculativeConfig, source: DraftSource | None = None, row_cost: float = ROW_COST_PLAN
+    ) -> None:
+        """`row_cost`: what a drafted row adds to a step, in decode steps (the adaptive length's β)."""
         if source is None and cfg.method != "ngram":
             raise ValueError(f"speculative method {cfg.method!r}: no draft source given")
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
+        self.row_cost = row_cost
         self.source: DraftSource = source or NgramSource(cfg.ngram_min, cfg.ngram_max)
         self.stats = SpecStats(accepted_per_position=[0] * self.k)
         self._states: dict[int, DraftState] = {}  # seq_id → its drafting
@@ -109,19 +144,28 @@ class Speculator:
         tokens to follow its tokens (its last one not yet computed); a sequence backing off gets none."""
         asks: list[tuple[Sequence, int]] = []
         for seq, limit in wants:
-            state = self._states.get(seq.seq_id)
-            if state is None:
-                state = self._states[seq.seq_id] = DraftState(self.k)
-            if limit <= 0:
-                continue
-            if state.skip:
-                state.skip -= 1
-                continue
-            asks.append((seq, min(limit, state.length if self.cfg.adaptive else self.k)))
+            n = self._length(seq) if self.cfg.adaptive else self.k
+            if n and limit > 0:
+                asks.append((seq, min(limit, n)))
         if not asks:
             return {}
         drafts = self.source.propose(asks)
         return {seq.seq_id: d[:n] for (seq, n), d in zip(asks, drafts, strict=True) if d}
+
+    def _length(self, seq: Sequence) -> int:
+        """The adaptive draft length of `seq` this step (0: none; see the module docstring)."""
+        state = self._states.get(seq.seq_id)
+        if state is None:
+            state = self._states[seq.seq_id] = DraftState()
+        if state.skip:
+            state.skip -= 1
+            return 0
+        n = best_length(state.alpha, self.k, self.row_cost)
+        if n:
+            return n
+        state.backoff = min(MAX_BACKOFF, max(4, 2 * state.backoff))
+        state.skip = state.backoff
+        return 1  # a probe, then the backoff
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A verification of `num_drafted` drafts of `seq` kept the first `num_accepted`."""
@@ -134,16 +178,11 @@ class Speculator:
         state = self._states.get(seq.seq_id)
         if state is None or not self.cfg.adaptive:
             return
-        if num_accepted == num_drafted:
-            state.length = min(self.k, num_drafted + 1)
+        seen = num_accepted + (num_accepted < num_drafted)  # up to the first rejected draft
+        state.accepted = DECAY * state.accepted + num_accepted
+        state.seen = DECAY * state.seen + seen
+        if num_accepted:
             state.backoff = 0
-        elif num_accepted:
-            state.length = num_accepted + 1
-            state.backoff = 0
-        else:
-            state.length = 1
-            state.backoff = min(MAX_BACKOFF, max(1, 2 * state.backoff))
-            state.skip = state.backoff
 
     def forget(self, seq: Sequence) -> None:
         """`seq` finished: its drafting state goes."""
