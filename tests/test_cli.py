@@ -49,6 +49,24 @@ def test_generate_prints_only_the_completion(tiny):
     assert "12 generated" in r.stderr and "tok/s" in r.stderr
 
 
+def test_generate_with_speculative_decoding(tiny):
+    """--speculative ngram (a prompt that repeats, so n-grams match): the completion without it; a draft
+    model drafts for itself; bad combinations of the flags are one-line errors."""
+    prompt = "one two three four " * 6
+    args = ["generate", "--model", str(tiny), "--prompt", prompt, "--max-tokens", "24", "--temperature", "0",
+            "--ignore-eos", "--cpu"]  # fmt: skip
+    plain = blazr(*args)
+    assert plain.returncode == 0, plain.stderr
+    for extra in (["--speculative", "ngram", "--num-speculative-tokens", "3"],
+                  ["--speculative", "draft", "--draft-model", str(tiny)]):  # fmt: skip
+        r = blazr(*args, *extra)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == plain.stdout
+    _error(blazr(*args, "--draft-model", str(tiny)), r"--draft-model needs --speculative draft")
+    _error(blazr(*args, "--speculative", "draft"), r"--speculative draft needs --draft-model")
+    _error(blazr(*args, "--speculative", "ngram", "--num-speculative-tokens", "0"), r"num_speculative_tokens")
+
+
 def test_generate_reads_the_prompt_from_stdin(tiny):
     args = ["generate", "--model", str(tiny), "--max-tokens", "4", "--temperature", "0", "--ignore-eos"]
     assert blazr(*args, stdin="Hello there").stdout == blazr(*args, "--prompt", "Hello there").stdout
@@ -196,15 +214,17 @@ def test_error_bad_sampling_flag(tiny):
 # -------------------------------------------------------------------------------------------- bench
 
 
-def test_bench_shared_prefix_and_cached_tokens():
+def test_bench_shared_prefix_cached_tokens_and_acceptance():
     """`blazr bench --shared-prefix-len N` against a stub server: every prompt (warm-up too) starts with the
     same N words, each level sends new prompts, and the server's `usage.prompt_tokens_details.cached_tokens`
-    becomes the table's cached share; a server that does not report it gets no such column."""
+    becomes the table's cached share; its speculative-decoding counters on /metrics (4 drafted, 3 accepted
+    per request) the acceptance column. A server that reports neither gets neither column."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     prompts: list[str] = []
     report_cached = [True]
+    spec = {"spec_decode_num_draft_tokens_total": 0, "spec_decode_num_accepted_tokens_total": 0}
 
     class Stub(BaseHTTPRequestHandler):
         def _send(self, body: bytes, kind: str) -> None:
@@ -215,11 +235,20 @@ def test_bench_shared_prefix_and_cached_tokens():
             self.wfile.write(body)
 
         def do_GET(self) -> None:
+            if self.path == "/metrics":
+                if not report_cached[0]:
+                    self._send(b"blazr:num_requests_running 0\n", "text/plain")
+                    return
+                text = "".join(f"# TYPE blazr:{k} counter\nblazr:{k} {v}.0\n" for k, v in spec.items())
+                self._send(text.encode(), "text/plain")
+                return
             self._send(json.dumps({"data": [{"id": "stub"}]}).encode(), "application/json")
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             prompts.append(body["prompt"])
+            spec["spec_decode_num_draft_tokens_total"] += 4
+            spec["spec_decode_num_accepted_tokens_total"] += 3
             usage = {"prompt_tokens": len(body["prompt"].split()), "completion_tokens": 2}
             if report_cached[0]:
                 usage["prompt_tokens_details"] = {"cached_tokens": 8}
@@ -244,15 +273,15 @@ def test_bench_shared_prefix_and_cached_tokens():
         assert len({" ".join(w[8:]) for w in words[1:]}) == 6  # new prompts at every level
         assert "after 8 shared words" in r.stderr
         table = [line for line in r.stdout.splitlines() if line.startswith("|")]
-        assert table[0].endswith(" cached |")
-        assert all(row.endswith(f" {100 * 8 / 13:.1f}% |") for row in table[2:]), table
+        assert table[0].endswith(" cached | accepted |")
+        assert all(row.endswith(f" {100 * 8 / 13:.1f}% | 75.0% |") for row in table[2:]), table
 
         prompts.clear()
         report_cached[0] = False
         r = blazr(*common, "--output-len", "2")
         assert r.returncode == 0, r.stderr
         assert all(len(p.split()) == 5 for p in prompts)
-        assert "cached" not in r.stdout
+        assert "cached" not in r.stdout and "accepted" not in r.stdout
     finally:
         server.shutdown()
     r = blazr(*common, "--shared-prefix-len", "-1")

@@ -9,7 +9,9 @@ answer a level's repeats of the last level's prompts from its cache); the table 
 server counted. `--shared-prefix-len N` puts the same N words before every prompt (a shared system prompt;
 the warm-up requests carry it too, so the levels measure a server whose cache already holds it), and when the
 server reports `usage.prompt_tokens_details.cached_tokens` the table adds the share of prompt tokens it
-served from its prefix cache.
+served from its prefix cache. When the server speculates (its /metrics has `…:spec_decode_num_draft_tokens`
+and `…_num_accepted_tokens`, blazr's or vLLM's names), each level's acceptance rate — drafted tokens
+accepted, from the counters' change over the level — is a column too.
 
 Metrics (vLLM's definitions): TTFT = time to the first chunk with text; ITL = gaps between chunks;
 TPOT = (E2EL − TTFT) / (output tokens − 1) per request; E2EL = request latency; throughputs divide totals
@@ -83,6 +85,8 @@ class LevelResult:
     p99_e2el_ms: float
     total_cached_tokens: int | None = None  # None: the server reported no cached tokens
     errors: list[str] = field(default_factory=list)
+    spec_draft_tokens: float | None = None  # drafted / accepted tokens over the level (None: no speculation)
+    spec_accepted_tokens: float | None = None
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -237,6 +241,29 @@ async def _level(client: Any, url: str, payloads: list[dict[str, Any]], concurre
     return summarize(concurrency, list(results), time.perf_counter() - start)
 
 
+SPEC_COUNTERS = ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
+
+
+async def spec_counts(client: Any, base: str) -> tuple[float, float] | None:
+    """(drafted, accepted) tokens so far from the server's /metrics (blazr:… or vllm:… names); None when it
+    has no such counters (no speculation) or no /metrics."""
+    try:
+        resp = await client.get(f"{base}/metrics")
+    except Exception:
+        return None
+    if resp.status_code != 200:
+        return None
+    found: dict[str, float] = {}
+    for line in resp.text.splitlines():
+        name, _, value = line.partition(" ")
+        for counter in SPEC_COUNTERS:
+            if name.endswith(":" + counter):
+                found[counter] = found.get(counter, 0.0) + float(value)
+    if len(found) != len(SPEC_COUNTERS):
+        return None
+    return found[SPEC_COUNTERS[0]], found[SPEC_COUNTERS[1]]
+
+
 async def _discover_model(client: Any, base: str) -> str:
     resp = await client.get(f"{base}/v1/models")
     if resp.status_code != 200:
@@ -268,7 +295,12 @@ async def bench(args: argparse.Namespace, levels: list[int]) -> tuple[str, list[
         results = []
         for i, c in enumerate(levels):
             payloads = [_payload(args, model, p) for p in prompts[i * n : (i + 1) * n]]
+            before = await spec_counts(client, base)
             results.append(await _level(client, url, payloads, c))
+            after = await spec_counts(client, base)
+            if before is not None and after is not None:
+                results[-1].spec_draft_tokens = after[0] - before[0]
+                results[-1].spec_accepted_tokens = after[1] - before[1]
             print(f"  concurrency {c}: done in {results[-1].duration_s:.1f}s", file=sys.stderr, flush=True)
     return model, results
 
@@ -280,20 +312,32 @@ def cached_share(r: LevelResult) -> str:
     return f"{100.0 * r.total_cached_tokens / max(1, r.total_input_tokens):.1f}%"
 
 
+def acceptance(r: LevelResult) -> str:
+    """Drafted tokens the server accepted over the level, as a percentage ("–" when it drafted none)."""
+    if not r.spec_draft_tokens or r.spec_accepted_tokens is None:
+        return "–"
+    return f"{100.0 * r.spec_accepted_tokens / r.spec_draft_tokens:.1f}%"
+
+
 def format_table(results: list[LevelResult]) -> str:
-    """A markdown table: one row per concurrency level (a `cached` column when the server reports it)."""
+    """A markdown table: one row per concurrency level (a `cached` column when the server reports it, an
+    `accepted` one when it speculates)."""
     has_cached = any(r.total_cached_tokens is not None for r in results)
+    has_spec = any(r.spec_draft_tokens is not None for r in results)
     head = (
         "| concurrency | ok/failed | duration s | req/s | out tok/s | total tok/s | TTFT mean ms "
         "| TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | TPOT mean ms | E2EL mean ms |"
         + (" cached |" if has_cached else "")
+        + (" accepted |" if has_spec else "")
     )
-    sep = "|" + "---:|" * (14 if has_cached else 13)
+    sep = "|" + "---:|" * (13 + has_cached + has_spec)
     rows = [
         f"| {r.concurrency} | {r.completed}/{r.failed} | {r.duration_s:.1f} | {r.request_throughput:.2f} "
         f"| {r.output_throughput:.1f} | {r.total_token_throughput:.1f} | {r.mean_ttft_ms:.0f} "
         f"| {r.median_ttft_ms:.0f} | {r.p99_ttft_ms:.0f} | {r.median_itl_ms:.1f} | {r.p99_itl_ms:.1f} "
-        f"| {r.mean_tpot_ms:.1f} | {r.mean_e2el_ms:.0f} |" + (f" {cached_share(r)} |" if has_cached else "")
+        f"| {r.mean_tpot_ms:.1f} | {r.mean_e2el_ms:.0f} |"
+        + (f" {cached_share(r)} |" if has_cached else "")
+        + (f" {acceptance(r)} |" if has_spec else "")
         for r in results
     ]
     return "\n".join([head, sep, *rows])
