@@ -132,11 +132,9 @@ def test_mxfp4_dequantization_equals_transformers():
     assert torch.equal(mxfp4.dequantize_hf(*again), mxfp4.dequantize_hf(blocks, scales))
 
 
-def test_mxfp4_checkpoint(tmp_path):
-    """The experts stored as MXFP4 (`*_blocks` / `*_scales`, a quantization_config as the Hub's): blazr
-    reads them to transformers' model with the dequantized experts, logits and greedy tokens."""
-    root = tmp_path / "mxfp4"
-    hf = build_gpt_oss(root, **VARIANTS["yarn-window"])
+def store_mxfp4_experts(root: Path, hf: torch.nn.Module) -> None:
+    """Rewrite the checkpoint under `root` with its experts as MXFP4 (`*_blocks` / `*_scales` and a
+    quantization_config, as the Hub's files) and set `hf`'s experts to the dequantized values."""
     tensors = load_file(str(root / "model.safetensors"))
     for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
         blocks, scales = mxfp4.quantize_hf(tensors.pop(name).transpose(1, 2))  # rows: output features
@@ -144,11 +142,16 @@ def test_mxfp4_checkpoint(tmp_path):
         hf.get_parameter(name).data.copy_(mxfp4.dequantize_hf_transposed(blocks, scales))
     save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
     raw = json.loads((root / "config.json").read_text())
-    raw["quantization_config"] = {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": ["model.layers.*.self_attn"],
-    }
+    raw["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["self_attn", "router"]}
     (root / "config.json").write_text(json.dumps(raw))
+
+
+def test_mxfp4_checkpoint(tmp_path):
+    """The experts stored as MXFP4: blazr reads them to transformers' model with the dequantized experts,
+    logits and greedy tokens."""
+    root = tmp_path / "mxfp4"
+    hf = build_gpt_oss(root, **VARIANTS["yarn-window"])
+    store_mxfp4_experts(root, hf)
     llm = LLM(root, cpu=True, dtype="float32", max_num_seqs=2)
     check_logits(hf, llm)
     check_greedy(hf, llm, n=16)

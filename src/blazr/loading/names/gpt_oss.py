@@ -3,7 +3,9 @@ router `mlp.router.{weight,bias}`, and transformers' fused expert tensors, turne
 `mlp.experts.gate_up_proj` [E, D, 2I] (gate and up columns interleaved: gate = [..., ::2], up = [..., 1::2])
 → `moe.experts.gate_up_proj` [E, 2I, D] with the gate rows first; `down_proj` [E, I, D] → [E, D, I]; the
 biases `gate_up_proj_bias` [E, 2I] de-interleaved the same way → `up_bias`, `down_proj_bias` → `down_bias`.
-MXFP4 checkpoints' `*_blocks` / `*_scales` arrive as those float tensors (loading/safetensors.py)."""
+MXFP4 checkpoints' `*_blocks` / `*_scales` arrive as those float tensors (loading/safetensors.py). A GGUF
+(loading/gguf_hf.py) gives the experts per expert, `mlp.experts.N.{gate,up,down}_proj.weight`, which blazr
+stacks (`unfuse`), kept as stored where the kernels run their type."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ def gpt_oss_names(cfg: ModelConfig) -> NameMap:
         .add(L + r"moe\.experts\.down_proj", M + "mlp.experts.down_proj", lambda m: DOWN)
         .add(L + r"moe\.experts\.up_bias", M + "mlp.experts.gate_up_proj_bias", lambda m: _bias)
         .add(L + r"moe\.experts\.down_bias", M + "mlp.experts.down_proj_bias")
+        .add(L + r"moe\.experts\.(\d+)\.(.+)", M + r"mlp.experts.\2.\3")  # per expert: from a GGUF
     )
 
 
