@@ -74,6 +74,8 @@ def random_blocks(qtype: str, num_values: int, seed: int = 0) -> np.ndarray:
             blocks[:, offset : offset + nbytes] = (
                 scale.astype(dtype).view(np.uint8).reshape(num_blocks, nbytes)
             )
+    if qtype == "MXFP4":  # the e8m0 scale byte: 2^(e − 127) around 1, finite
+        blocks[:, 0] = rng.integers(110, 140, size=num_blocks, dtype=np.uint8)
     return blocks
 
 

@@ -634,6 +634,26 @@ def test_paged_attention_decode(
     assert torch.equal(single, got)
 
 
+@pytest.mark.parametrize(("H", "Hkv", "D"), [(8, 2, 64), (6, 2, 40)])
+@pytest.mark.parametrize("window", [None, 50])
+def test_paged_attention_decode_with_sinks(lib: ops.Kernels, H: int, Hkv: int, D: int, window: int | None):
+    """GPT-OSS's attention sinks: one logit per head in the softmax's denominator (some above every score,
+    some far below), the SIMD and the portable paths; an empty sequence still gives zeros."""
+    g = torch.Generator().manual_seed(H + D)
+    lens, S = [1, 37, 300, 0], 512
+    k_pool, v_pool = torch.randn(S, Hkv, D, generator=g), torch.randn(S, Hkv, D, generator=g)
+    q, idx, seq = torch.randn(len(lens), H, D, generator=g) * 2, _paged_layout(lens, S, g), torch.tensor(lens)
+    sinks = torch.randn(H, generator=g) * 3
+    sinks[0], sinks[1] = 20.0, -30.0
+    want = ops.paged_attention_decode_reference(
+        q, k_pool, v_pool, idx, seq, D**-0.5, window=window, sinks=sinks
+    )
+    got = lib.paged_attention_decode(q, k_pool, v_pool, idx, seq, D**-0.5, window=window, sinks=sinks)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = lib.paged_attention_decode(q, k_pool, v_pool, idx, seq, D**-0.5, window=window)
+    assert (got - plain).abs().max() > 0.1 and torch.equal(got[3], torch.zeros(H, D))
+
+
 def test_rope_and_attention_on_fused_qkv_views(lib: ops.Kernels) -> None:
     """The decode step's layout: q, k, v are column blocks of one qkv output [T, (H + 2·Hkv)·D]; rope
     rotates the q and k heads in place through one strided view, attention reads q through another."""

@@ -17,7 +17,8 @@ from typing import ClassVar, Literal, TypeVar
 import torch
 
 NormKind = Literal["rms", "layer"]
-Activation = Literal["silu", "gelu", "relu2", "gelu_erf"]  # gelu: tanh approximation; gelu_erf: exact
+# gelu: tanh approximation; gelu_erf: exact; swiglu_oai: GPT-OSS's clamped gated unit (MLPConfig)
+Activation = Literal["silu", "gelu", "relu2", "gelu_erf", "swiglu_oai"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,9 @@ class AttentionConfig(MixerConfig):
     (`is_qk_norm_per_head`: Qwen3, Qwen3-Next, Gemma 3) or over all heads' (OLMo 2 / 3, OLMo-Hybrid).
     `has_output_gate`: the q projection emits a gate per head beside q (Qwen3-Next / Qwen3.5: q_proj's rows
     per head [q_h; gate_h]); the attention output is multiplied by sigmoid(gate) before o_proj.
-    `logit_softcap` c: the scaled scores s become c · tanh(s / c) before the mask and softmax (Gemma 2)."""
+    `logit_softcap` c: the scaled scores s become c · tanh(s / c) before the mask and softmax (Gemma 2).
+    `has_sinks`: a learned logit per query head (`sinks` [H]) joins each softmax's denominator and carries no
+    value, so a query may attend to "nothing" (GPT-OSS)."""
 
     kind: ClassVar[str] = "attention"
 
@@ -99,6 +102,7 @@ class AttentionConfig(MixerConfig):
     is_qk_norm_per_head: bool = True
     has_output_gate: bool = False
     logit_softcap: float | None = None
+    has_sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,12 +277,16 @@ class Mamba1Config(MixerConfig):
 
 @dataclass(frozen=True)
 class MLPConfig:
-    """Feed-forward: gated, `down(act(gate) * up)`, unless `is_gated=False`: `down(act(up))` (NemotronH)."""
+    """Feed-forward: gated, `down(act(gate) * up)`, unless `is_gated=False`: `down(act(up))` (NemotronH).
+    `swiglu_oai` (GPT-OSS, gated only): g = min(gate, limit), u = clamp(up, −limit, limit),
+    `down((u + 1) · g · sigmoid(alpha · g))` with `swiglu_alpha`, `swiglu_limit`."""
 
     intermediate_size: int
     activation: Activation = "silu"
     is_gated: bool = True
     has_bias: bool = False
+    swiglu_alpha: float = 1.702  # swiglu_oai only
+    swiglu_limit: float = 7.0  # swiglu_oai only
 
 
 @dataclass(frozen=True)
@@ -308,6 +316,7 @@ class MoEConfig:
     has_shared_gate: bool = False  # the shared MLP's output × sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next)
     latent_size: int | None = None  # the experts' width in and out (None: the hidden size)
     has_latent_bias: bool = False
+    has_router_bias: bool = False  # the router's logits = x · Wᵀ + b (GPT-OSS)
 
 
 @dataclass(frozen=True)

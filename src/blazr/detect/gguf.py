@@ -26,6 +26,7 @@ Per architecture (keys without the `{arch}.` prefix):
   `expert_weights_{norm,scale}`, groups, YaRN (`rope.scaling.yarn_log_multiplier` = 0.1 · mscale_all_dim).
 - glm4moe: as llama, plus DeepSeek-V3's routing, shared experts, the leading dense layers; `block_count` less
   the `nextn_predict_layers` MTP blocks (see `_glm4moe`).
+- gpt-oss: as llama, plus the experts, the sliding window, YaRN not truncated (see `_gpt_oss`).
 - qwen3next, qwen35, qwen35moe: as llama, plus the DeltaNet sizes under `ssm.*`, layer kinds from
   `attention.recurrent_layers`, experts; Qwen3.5's value heads in the converter's tiled order.
 - kimi-linear: KDA / MLA layers from per-layer `attention.head_count_kv`, `kda.head_dim`, MLA ranks, experts.
@@ -386,6 +387,27 @@ def _glm4moe(key: Meta, num_layers: int) -> dict[str, Any]:
     return raw
 
 
+def _gpt_oss(key: Meta, num_layers: int) -> dict[str, Any]:
+    """GPT-OSS: as llama (biases and sinks are in the tensors), plus the experts and the window (llama.cpp
+    slides every even layer, transformers' default `layer_types`). YaRN as the converter writes it, not
+    truncated (GPT-OSS's rope; the file has no such key); the clamped SwiGLU's alpha and limit are llama.cpp's
+    fixed 1.702 and 7, transformers' defaults."""
+    raw = {
+        **_llama(key, num_layers),
+        "num_local_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "intermediate_size": key("expert_feed_forward_length") or key("feed_forward_length"),
+        "sliding_window": key("attention.sliding_window"),
+    }
+    if "rope_scaling" in raw:
+        raw["rope_scaling"] |= {
+            "beta_fast": key("rope.scaling.yarn_beta_fast") or 32.0,
+            "beta_slow": key("rope.scaling.yarn_beta_slow") or 1.0,
+            "truncate": False,
+        }
+    return raw
+
+
 def _qwen3_next(key: Meta, num_layers: int, is_v_tiled: bool = False) -> dict[str, Any]:
     """Qwen3-Next / Qwen3.5: DeltaNet sizes under `ssm.*` (group_count = key heads, state_size = key head
     size, time_step_rank = value heads, inner_size = all value features); layer kinds from
@@ -503,6 +525,7 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "falcon-h1": _falcon_h1,
     "deepseek2": _deepseek2,
     "glm4moe": _glm4moe,
+    "gpt-oss": _gpt_oss,
     "qwen3next": _qwen3_next,
     "qwen35": partial(_qwen3_next, is_v_tiled=True),
     "qwen35moe": partial(_qwen3_next, is_v_tiled=True),

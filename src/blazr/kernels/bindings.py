@@ -355,6 +355,8 @@ class Kernels(
     def activation(self, x: torch.Tensor, kind: str, gated: bool) -> torch.Tensor:
         if kind not in ACTIVATIONS:
             raise ValueError(f"activation: unknown kind {kind!r}")
+        if kind == "swiglu_oai":  # its alpha and limit: only moe_experts takes them
+            raise UnsupportedInput("activation: swiglu_oai runs in moe_experts only")
         N = x.shape[-1]
         if gated and N % 2:
             raise ValueError(f"activation: gated needs an even width, found {N}")
@@ -405,10 +407,13 @@ class Kernels(
         *,
         window: int | None = None,
         out: torch.Tensor | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if not isinstance(seq_lens, torch.Tensor):
             seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
         B, H, D = q.shape
+        if sinks is not None and sinks.numel() != H:
+            raise ValueError(f"paged_attention_decode: sinks [{H}] expected, found {list(sinks.shape)}")
         S, Hkv, Dk = k_pool.shape
         Dv = v_pool.shape[2]
         if Dk != D or v_pool.shape[:2] != (S, Hkv) or H % Hkv:
@@ -427,7 +432,8 @@ class Kernels(
         (qp, ldq), (kp, vp, kv_type) = _rows_ptr(q, "attention q"), _pool_ptrs(k_pool, v_pool)
         ip, lp = _i64_ptr(kv_indices, "kv_indices"), _i64_ptr(seq_lens, "seq_lens")
         op, nt = _f32_ptr(out, "attention out"), torch.get_num_threads()
-        a.i[0:17] = (
+        sp = _f32_ptr(sinks, "attention sinks") if sinks is not None else 0
+        a.i[0:18] = (
             qp,
             ldq,
             kp,
@@ -445,9 +451,11 @@ class Kernels(
             window or 0,
             op,
             nt,
+            sp,
         )
         a.f[0] = scale
-        self._run(a, addr, "paged_attention_decode", q, k_pool, v_pool, kv_indices, seq_lens, out)
+        keep = (sinks,) if sinks is not None else ()
+        self._run(a, addr, "paged_attention_decode", q, k_pool, v_pool, kv_indices, seq_lens, out, *keep)
         return out
 
     def kv_write(

@@ -73,6 +73,11 @@ class MoEMLABindings:
         num_experts: int,
         activation: str,
         gated: bool,
+        *,
+        up_bias: torch.Tensor | None = None,
+        down_bias: torch.Tensor | None = None,
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
     ) -> torch.Tensor:
         T, D = x.shape
         E, k = num_experts, ids.shape[1]
@@ -93,16 +98,25 @@ class MoEMLABindings:
             )
         if not (w_up.data.is_cpu and w_down.data.is_cpu):
             raise UnsupportedInput("moe_experts: the expert weights are not on the CPU")
+        if (up_bias is not None and up_bias.shape != (E, n_up)) or (
+            down_bias is not None and down_bias.shape != (E, D)
+        ):
+            raise ValueError(f"moe_experts: biases [{E}, {n_up}] and [{E}, {D}] expected")
+        if activation == "swiglu_oai" and not gated:
+            raise ValueError("moe_experts: swiglu_oai is a gated activation")
         out = torch.empty(T, D, dtype=_F32)
         a, addr = self._args()
         a.op = _OP_MOE_EXPERTS
-        a.i[0:18] = (
+        a.i[0:20] = (
             _f32_ptr(x, "moe_experts x"), T, D, _i64_ptr(ids, "moe_experts ids"),
             _f32_ptr(weights, "moe_experts weights"), k, E, self.weight_code(w_up), w_up.data.data_ptr(),
             w_up.nbytes // E, self.weight_code(w_down), w_down.data.data_ptr(), w_down.nbytes // E, I,
             ACTIVATIONS.index(activation), int(gated), out.data_ptr(), torch.get_num_threads(),
+            _f32_ptr(up_bias, "moe_experts up bias"), _f32_ptr(down_bias, "moe_experts down bias"),
         )  # fmt: skip
-        self._run(a, addr, "moe_experts", x, ids, weights, w_up.data, w_down.data, out)
+        a.f[0], a.f[1] = swiglu_alpha, swiglu_limit
+        biases = tuple(b for b in (up_bias, down_bias) if b is not None)
+        self._run(a, addr, "moe_experts", x, ids, weights, w_up.data, w_down.data, out, *biases)
         return out
 
     def mla_cache_write(

@@ -305,12 +305,13 @@ def paged_attention_decode(
     *,
     window: int | None = None,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention, one query per sequence: q [B, H, D] against the keys/values of slots
     kv_indices[b, :seq_lens[b]] in k_pool [S, Hkv, D] / v_pool [S, Hkv, Dv] (GQA: head h reads kv head
-    h // (H/Hkv)); the last `window` keys only with a sliding window. Returns [B, H, Dv] fp32. q may be a
-    row-strided view (the q heads of a fused qkv output); the pools may be fp32 or bf16 (computed in
-    fp32)."""
+    h // (H/Hkv)); the last `window` keys only with a sliding window; `sinks` [H] float32: each head's
+    logit joins the softmax's denominator (no value). Returns [B, H, Dv] fp32. q may be a row-strided view
+    (the q heads of a fused qkv output); the pools may be fp32 or bf16 (computed in fp32)."""
     return _dispatch(
         "paged_attention_decode",
         paged_attention_decode_reference,
@@ -322,6 +323,7 @@ def paged_attention_decode(
         scale,
         window=window,
         out=out,
+        sinks=sinks,
     )
 
 
@@ -435,13 +437,20 @@ def moe_experts(
     num_experts: int,
     activation: str,
     gated: bool,
+    *,
+    up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
 ) -> torch.Tensor:
     """Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]) → [T, D] fp32, running only the chosen experts' rows of
     the stacked weights w_up [E·N, D] (N = 2I gated, [gate; up], else I) and w_down [E·D, I] in any kernel
-    weight format; tokens routed to one expert share one read of its weights."""
+    weight format; tokens routed to one expert share one read of its weights. Optional float32 biases
+    up_bias [E, N], down_bias [E, D]; `swiglu_alpha` / `swiglu_limit`: the swiglu_oai activation's."""
     return _dispatch(
-        "moe_experts", moe_experts_reference, x, ids, weights, w_up, w_down, num_experts, activation, gated
-    )
+        "moe_experts", moe_experts_reference, x, ids, weights, w_up, w_down, num_experts, activation, gated,
+        up_bias=up_bias, down_bias=down_bias, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+    )  # fmt: skip
 
 
 def mla_cache_write(

@@ -164,13 +164,25 @@ def embedding_rows_reference(
     return embedding_reference(torch.arange(ids.numel()), dequantize(table.rows(ids)), scale, out)
 
 
-ACTIVATIONS = ("silu", "gelu", "relu2", "gelu_erf")  # kernel codes 0, 1, 2, 3
+ACTIVATIONS = ("silu", "gelu", "relu2", "gelu_erf", "swiglu_oai")  # kernel codes 0 … 4
 
 
-def activation_reference(x: torch.Tensor, kind: str, gated: bool) -> torch.Tensor:
+def oai_glu_reference(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """GPT-OSS's clamped SwiGLU: (clamp(up, −limit, limit) + 1) · g · sigmoid(alpha · g), g = min(gate,
+    limit) — transformers' GptOssExperts._apply_gate on de-interleaved halves."""
+    g = gate.clamp(max=limit)
+    return (up.clamp(-limit, limit) + 1) * (g * torch.sigmoid(g * alpha))
+
+
+def activation_reference(
+    x: torch.Tensor, kind: str, gated: bool, alpha: float = 1.702, limit: float = 7.0
+) -> torch.Tensor:
     """An MLP activation (silu, gelu = tanh approximation, gelu_erf = exact, relu2 = relu(x)²) of
     x [..., N]; gated: of the first half, times the second (the [gate; up] halves of a fused projection)
-    → [..., N/2]."""
+    → [..., N/2]; swiglu_oai (gated only): `oai_glu_reference` of the halves with `alpha`, `limit`."""
+    if kind == "swiglu_oai":
+        gate, up = x.chunk(2, dim=-1)
+        return oai_glu_reference(gate, up, alpha, limit)
     h = x.chunk(2, dim=-1)[0] if gated else x
     if kind == "silu":
         a = F.silu(h)
@@ -221,9 +233,11 @@ def paged_attention_decode_reference(
     *,
     window: int | None = None,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per sequence: gather its keys from the pools, softmax(scale · q·kᵀ) · v in fp32; keys
-    [L − window, L) with a window; no keys → zeros."""
+    [L − window, L) with a window; no keys → zeros. `sinks` [H]: each head's logit joins the softmax as
+    one more score without a value."""
     B, H, _ = q.shape
     G = H // k_pool.shape[1]
     res = torch.zeros(B, H, v_pool.shape[2], dtype=torch.float32)
@@ -235,7 +249,11 @@ def paged_attention_decode_reference(
         idx = kv_indices[b, start:L]
         k = k_pool[idx].float().repeat_interleave(G, dim=1)  # [n, H, D]
         v = v_pool[idx].float().repeat_interleave(G, dim=1)
-        p = (torch.einsum("hd,nhd->hn", q[b].float(), k) * scale).softmax(-1)
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # [H, n]
+        if sinks is not None:
+            p = torch.cat([s, sinks.float()[:, None]], dim=1).softmax(-1)[:, :-1]
+        else:
+            p = s.softmax(-1)
         res[b] = torch.einsum("hn,nhd->hd", p, v)
     return res if out is None else out.copy_(res)
 
@@ -418,16 +436,26 @@ def moe_experts_reference(
     num_experts: int,
     activation: str,
     gated: bool,
+    *,
+    up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
 ) -> torch.Tensor:
-    """Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]) → [T, D] fp32, each expert MLP = act(x · W_upᵀ) (gated:
-    act(gate) · up of the [gate; up] halves) · W_downᵀ with its rows of the stacked w_up [E·N, D] /
-    w_down [E·D, I] (see stacked_slice); only the chosen experts are dequantized."""
+    """Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]) → [T, D] fp32, each expert MLP = act(x · W_upᵀ + b_up)
+    (gated: act(gate) · up of the [gate; up] halves; swiglu_oai: GPT-OSS's clamped unit) · W_downᵀ + b_down
+    with its rows of the stacked w_up [E·N, D] / w_down [E·D, I] (see stacked_slice) and of the optional
+    biases up_bias [E, N] / down_bias [E, D]; only the chosen experts are dequantized."""
     out = torch.zeros(x.shape, dtype=torch.float32)
     for e in ids.unique().tolist():
         t, j = (ids == e).nonzero(as_tuple=True)
         h = linear_reference(x[t].float(), stacked_slice(w_up, e, num_experts))
-        a = activation_reference(h, activation, gated)
+        if up_bias is not None:
+            h = h + up_bias[e].float()
+        a = activation_reference(h, activation, gated, swiglu_alpha, swiglu_limit)
         y = linear_reference(a, stacked_slice(w_down, e, num_experts))
+        if down_bias is not None:
+            y = y + down_bias[e].float()
         out.index_add_(0, t, y * weights[t, j, None].float())
     return out
 

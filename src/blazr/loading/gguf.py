@@ -39,6 +39,7 @@ import torch
 from blazr.errors import CheckpointError, UnsupportedError
 from blazr.kernels.formats import BY_KIND
 from blazr.kernels.quant import GGML_KINDS
+from blazr.loading import mxfp4
 from blazr.loading.gguf_header import GGML_SIZES, GGML_TYPES, ByteOrderError, parse_header
 
 _MAGIC = b"GGUF"
@@ -214,6 +215,7 @@ _KERNELS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "Q5_K": _q5_k,
     "Q6_K": _q6_k,
     "Q8_K": _q8_k,
+    "MXFP4": mxfp4.dequantize_gguf,
 }
 SUPPORTED_TYPES: tuple[str, ...] = tuple(_KERNELS)
 # types csrc/dequantize.c takes: the block-quantized types of the format table (kernels/formats.py)

@@ -43,6 +43,7 @@ EXPERT = "expert"  # expert `arg` of a stacked [E, R, C] tensor → [R, C]
 KV_B = "kv_b"  # k_b [H, L, Dn], v_b [H, Dv, L] → kv_b_proj [H·(Dn + Dv), L], per head [k_bᵀ; v_b]
 OFFSET = "offset"  # a (1 + w) norm the converter stored as 1 + w → w
 ROW = "row"  # a one-row weight [1, C] (llama.cpp's quantizer writes it 1-D, [C])
+INTERLEAVE = "interleave"  # [E, I] × 2 → [E, 2I], columns alternating (GPT-OSS's gate_up_proj_bias)
 _ROWWISE = (SAME, QK, CAT, EXPERT, CAT_EXPERTS)  # ops whose stored bytes are whole rows: blocks pass through
 
 
@@ -542,6 +543,27 @@ ARCHES["phi3"] = _Arch(
     {"a": "self_attn.", "f": "mlp."},
     permuted=False,
 )
+# GPT-OSS (the converter's GptOssModel): NEOX rope (q/k rows as HF keeps them), q/k/v/o biases, the
+# sinks `attn_sinks`, the post-attention norm written as `post_attention_norm`, the router with its bias,
+# the experts split into gate / up / down stacks (MXFP4 where the checkpoint's were) with their biases; the
+# HF names are transformers' but for the experts' weights, given per expert (the name map reads both).
+ARCHES["gpt-oss"] = _Arch(
+    "GptOssForCausalLM",
+    "model.layers.{i}.",
+    _MODEL,
+    [
+        *_NORMS[:1],
+        ("post_attention_layernorm.weight", ("post_attention_norm.weight",), SAME),
+        *_ATTENTION,
+        ("{a}sinks", ("attn_sinks.weight",), SAME),
+        *[(f"mlp.router.{k}", (f"ffn_gate_inp.{k}",), SAME) for k in ("weight", "bias")],
+        ("mlp.experts.gate_up_proj_bias", ("ffn_gate_exps.bias", "ffn_up_exps.bias"), INTERLEAVE),
+        ("mlp.experts.down_proj_bias", ("ffn_down_exps.bias",), SAME),
+    ],
+    [(f"mlp.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")],
+    {"a": "self_attn.", "f": "mlp."},
+    permuted=False,
+)
 _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 # llama.cpp's rope factors (llama3's precomputed, LongRoPE's short / long): detection reads them as config
 _IGNORED = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
@@ -635,6 +657,8 @@ class GGUFView:
             return Recipe(sources, (math.prod(first[:-1]), 1, first[-1]), op)
         if op == CAT:
             return Recipe(sources, (sum(s[0] for s in shapes), *first[1:]), op)
+        if op == INTERLEAVE:
+            return Recipe(sources, (first[0], 2 * first[1]), op)
         if op == CAT_EXPERTS:
             (E, R, C), (_, R2, _) = self._shape3(sources[0]), self._shape3(sources[1])
             return Recipe(sources, (E, R + R2, C), op)
@@ -679,6 +703,8 @@ class GGUFView:
             return ts[0].reshape(r.shape)
         if r.op == CAT:
             return torch.cat(ts)
+        if r.op == INTERLEAVE:
+            return torch.stack(ts, dim=-1).flatten(-2)
         if r.op == CAT_EXPERTS:
             return torch.cat(ts, dim=1)
         k_b, v_b = ts  # KV_B: [H, L, Dn], [H, Dv, L] → per head [Dn + Dv, L]

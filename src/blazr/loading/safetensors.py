@@ -14,6 +14,8 @@ one at a time, never the whole checkpoint at once:
   place (`--quantize int8|int4`: no float copy); `release(name)` then drops the tensor's mapped pages;
   `span(address, n)` views n bytes of a map (`--quantize bf16` on a bf16 checkpoint: gate|up stored back
   to back used where they lie).
+- MXFP4 pairs (`X_blocks` [E, N, G, 16] + `X_scales` [E, N, G], uint8: GPT-OSS's experts) are one float32
+  tensor `X` [E, 32·G, N], dequantized on `load` as transformers does (loading/mxfp4.py).
 
 Format: 8 bytes little-endian header length n, n bytes of JSON {name: {dtype, shape, data_offsets: [begin,
 end)}, "__metadata__": {...}}, then the data; offsets are relative to the end of the header.
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 from blazr.errors import CheckpointError
+from blazr.loading import mxfp4
 
 _DTYPES = {
     "F64": torch.float64,
@@ -136,23 +139,30 @@ class SafetensorsCheckpoint:
                     raise CheckpointError(f"{path}: tensor {name} also appears in {self._entries[name].path}")
                 self._entries[name] = entry
         self._maps: dict[Path, mmap.mmap] = {}
+        self._mxfp4 = mxfp4.paired(self._entries)  # float name → (blocks, scales)
+        self._names = set(self._entries).difference(*self._mxfp4.values()) | set(self._mxfp4)
 
     @property
     def names(self) -> set[str]:
-        return set(self._entries)
+        return set(self._names)
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self._mxfp4:
+            return mxfp4.hf_shape(self._entries[self._mxfp4[name][0]].shape)
         return self._entries[name].shape
 
     def dtype(self, name: str) -> torch.dtype:
-        return self._entries[name].dtype
+        return torch.float32 if name in self._mxfp4 else self._entries[name].dtype
 
     def file_of(self, name: str) -> Path:
-        return self._entries[name].path
+        return self._entries[self._mxfp4[name][0] if name in self._mxfp4 else name].path
 
     def load(self, name: str, dtype: torch.dtype | None = None, alias: bool = False) -> torch.Tensor:
         """Tensor `name` in `dtype` (default: as stored). A new tensor, unless `alias` and the stored dtype is
         `dtype` already: then a view of the copy-on-write map of the file (see the module docstring)."""
+        if name in self._mxfp4:
+            blocks, scales = (self.load(n) for n in self._mxfp4[name])
+            return mxfp4.dequantize_hf_transposed(blocks, scales).to(dtype or torch.float32)
         e = self._entries[name]
         want = dtype or e.dtype
         if alias and want == e.dtype and e.offset % e.dtype.itemsize == 0 and e.num_bytes:
@@ -165,7 +175,10 @@ class SafetensorsCheckpoint:
     def row_addresses(self, name: str) -> tuple[str, torch.Tensor] | None:
         """(stored dtype name, e.g. "BF16"; int64 [rows]: the address of each row of tensor `name` [*, C] in
         the file's copy-on-write map) for a reader that takes rows in place (the C quantizer); None for an
-        empty, scalar or misaligned tensor. The map lives as long as this object (`close` drops it)."""
+        empty, scalar or misaligned tensor (or an MXFP4 pair's float tensor). The map lives as long as this
+        object (`close` drops it)."""
+        if name in self._mxfp4:
+            return None
         e = self._entries[name]
         if not e.shape or not e.num_bytes or e.offset % e.dtype.itemsize:
             return None
@@ -187,6 +200,8 @@ class SafetensorsCheckpoint:
         """Drop the whole pages of tensor `name` from this process's map of its file: for a tensor whose
         values were copied out (quantized) and that no tensor views; they are clean copies of the page cache,
         read back if touched again."""
+        if name in self._mxfp4:
+            return
         e = self._entries[name]
         m = self._maps.get(e.path)
         page = mmap.PAGESIZE

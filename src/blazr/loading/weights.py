@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from blazr.config import ModelConfig
 from blazr.errors import CheckpointError
-from blazr.loading.names import NameMap, Part, unfuse
+from blazr.loading.names import NameMap, Part, Reshaping, unfuse
 
 if TYPE_CHECKING:
     from blazr.loading.quant_cache import QuantCache
@@ -137,13 +137,16 @@ class WeightLoader:
             )
         src_shape = tuple(self.source.shape(src))
         rows = getattr(transform, "source_rows", None)  # a RowOrder picking some of the stored rows
+        stored = part.shape if rows is None else (rows, *part.shape[1:])
+        if isinstance(transform, Reshaping):  # a transform to another shape (a transpose)
+            stored = transform.source_shape(part.shape)
         is_unit_dims = (
-            rows is None and src_shape != part.shape and _squeezed(src_shape) == _squeezed(part.shape)
+            stored == part.shape and src_shape != part.shape and _squeezed(src_shape) == _squeezed(part.shape)
         )
         if is_unit_dims:  # the same values under other unit dims (Kimi-Linear's A_log [1, 1, H, 1] → [H])
             transform = _reshaper(part.shape, transform)
-        elif src_shape != (part.shape if rows is None else (rows, *part.shape[1:])):
-            want = list(part.shape) if rows is None else [rows, *part.shape[1:]]
+        elif src_shape != stored:
+            want = list(stored)
             raise CheckpointError(
                 f"tensor {src} in {self.source.file_of(src)}: expected shape {want}, found {list(src_shape)}"
             )

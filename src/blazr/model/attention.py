@@ -10,7 +10,9 @@ the causal attention kernel shared with MLA.
 Options (AttentionConfig): q/k RMSNorm per head or over all heads before rope (`ops.head_rms_norm` on views
 of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the torch path only — plain
 matmul / tanh / softmax, decode steps included: the C decode attention has no such step, so a CPU decode
-plan cannot hold such a layer and falls back to eager), and an output gate — qkv_proj's rows
+plan cannot hold such a layer and falls back to eager), attention sinks (GPT-OSS: a learned logit per head,
+`sinks` [H] float32, in the softmax's denominator — the torch path as one more score column, the C decode
+attention in its merge, so such a layer stays in the decode plan), and an output gate — qkv_proj's rows
 [q | k | v | gate], the attention output multiplied by sigmoid(gate) before o_proj (`ops.sigmoid_mul`).
 
 `SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools'
@@ -51,20 +53,29 @@ def _sdpa(
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, H, Lq, Dk], k [B, Hkv, Lk, Dk], v [B, Hkv, Lk, Dv] → [B, H, Lq, Dv]; `mask` boolean (True:
-    attend). With `softcap` c the scores s = scale · q·kᵀ become c · tanh(s / c) before the mask (Gemma 2):
-    plain torch, as SDPA has no such step."""
-    if softcap is not None:
+    attend). With `softcap` c the scores s = scale · q·kᵀ become c · tanh(s / c) before the mask (Gemma 2);
+    with `sinks` [H] each head's logit joins the softmax's denominator as one more column without a value
+    (GPT-OSS): plain torch, as SDPA has neither step."""
+    if softcap is not None or sinks is not None:
         G = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-        s = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * (scale / softcap)) * softcap  # [B, H, Lq, Lk]
+        s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, H, Lq, Lk]
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
         if is_causal:
             Lq, Lk = s.shape[-2:]
             mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(Lk - Lq)
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
-        return torch.matmul(s.softmax(-1), v)
+        if sinks is None:
+            return torch.matmul(s.softmax(-1), v)
+        B, H, Lq, _ = s.shape
+        sink = sinks.to(s.dtype).view(1, H, 1, 1).expand(B, H, Lq, 1)
+        p = torch.cat([s, sink], dim=-1).softmax(-1)[..., :-1]  # the sink's share is dropped
+        return torch.matmul(p, v)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
@@ -90,11 +101,13 @@ def causal_attention(
     v_pool: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H, Dk]; k, v [T, Hkv, D*] for the new tokens (already written to the pools, if any);
     k_pool / v_pool [S, Hkv, D*], possibly of a narrower dtype than q: keys and values are then read back
     as stored (also a chunk's own new ones), so a prompt attends to the same values chunked or whole and
-    as its later decode steps do. `softcap`: scores soft-capped (see `_sdpa`). Returns [T, H, Dv]."""
+    as its later decode steps do. `softcap`: scores soft-capped, `sinks` [H]: per-head sink logits (see
+    `_sdpa`). Returns [T, H, Dv]."""
     T, H, _ = q.shape
     if k_pool is not None and k_pool.dtype != q.dtype:
         k, v = k.to(k_pool.dtype).to(q.dtype), v.to(k_pool.dtype).to(q.dtype)
@@ -106,7 +119,7 @@ def causal_attention(
         idx = batch.kv_indices[:nd, : mask.shape[-1]]  # [Bd, L]
         kd = k_pool[idx].to(q.dtype).transpose(1, 2)  # [Bd, Hkv, L, Dk]
         vd = v_pool[idx].to(q.dtype).transpose(1, 2)
-        od = _sdpa(q[:nd].unsqueeze(2), kd, vd, scale, mask, softcap=softcap)  # [Bd, H, 1, Dv]
+        od = _sdpa(q[:nd].unsqueeze(2), kd, vd, scale, mask, softcap=softcap, sinks=sinks)  # [Bd, H, 1, Dv]
         out[:nd] = od.squeeze(2)
     starts = batch.query_starts
     for b in range(nd, batch.num_seqs):
@@ -121,9 +134,11 @@ def causal_attention(
         kb = kb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, ctx + n, Dk]
         vb = vb.transpose(0, 1).unsqueeze(0)
         if ctx == 0 and window is None:
-            ob = _sdpa(qb, kb, vb, scale, is_causal=True, softcap=softcap)
+            ob = _sdpa(qb, kb, vb, scale, is_causal=True, softcap=softcap, sinks=sinks)
         else:
-            ob = _sdpa(qb, kb, vb, scale, _prefill_mask(n, ctx, window, q.device), softcap=softcap)
+            ob = _sdpa(
+                qb, kb, vb, scale, _prefill_mask(n, ctx, window, q.device), softcap=softcap, sinks=sinks
+            )
         out[s : s + n] = ob.squeeze(0).transpose(0, 1)
     return out
 
@@ -149,7 +164,13 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(
                 cfg.head_dim if cfg.is_qk_norm_per_head else self.kv_size, n.eps, n.weight_offset
             )
+        if cfg.has_sinks:  # one logit per query head, kept float32 (the C decode attention reads it so)
+            self.sinks = nn.Parameter(torch.empty(cfg.num_heads, dtype=torch.float32), requires_grad=False)
+            self.sinks.keep_float32 = True
         self.rope = rope
+
+    def _sinks(self) -> torch.Tensor | None:
+        return self.sinks if self.cfg.has_sinks else None
 
     def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """q [T, H, Dh], k [T, Hkv, Dh] (views into the qkv output) normed in place, per head or per row."""
@@ -193,8 +214,9 @@ class Attention(nn.Module):
             k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
             v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         o = causal_attention(
-            q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window, cfg.logit_softcap
-        )
+            q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window, cfg.logit_softcap,
+            self._sinks(),
+        )  # fmt: skip
         return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv))
 
     def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
@@ -220,6 +242,7 @@ class Attention(nn.Module):
             batch.decode_lens,
             cfg.softmax_scale,
             window=cfg.sliding_window,
+            sinks=self._sinks(),
         )
         return self.o_proj(self._gate(o.view(B, H * Dh), qkv))
 
@@ -261,6 +284,8 @@ def _slice(cfg: AttentionConfig, leaf: str, t: torch.Tensor, rank: int, world: i
         return split_block(t, 1, rank, world)
     if leaf == "o_proj.bias":
         return rank0_only(t, rank)
+    if leaf == "sinks":  # per query head: each rank its heads'
+        return split_block(t, 0, rank, world)
     return None
 
 

@@ -13,7 +13,15 @@ from torch import nn
 
 from blazr.config import Activation, MLPConfig
 from blazr.kernels import ops
+from blazr.kernels.reference import oai_glu_reference
 from blazr.model.qlinear import QuantizedLinear
+
+
+def gated_unit(gate: torch.Tensor, up: torch.Tensor, cfg: MLPConfig) -> torch.Tensor:
+    """act(gate) · up, or GPT-OSS's clamped SwiGLU (`swiglu_oai`, with the config's alpha and limit)."""
+    if cfg.activation == "swiglu_oai":
+        return oai_glu_reference(gate, up, cfg.swiglu_alpha, cfg.swiglu_limit)
+    return activate(gate, cfg.activation) * up
 
 
 def activate(x: torch.Tensor, kind: Activation) -> torch.Tensor:
@@ -29,6 +37,8 @@ def activate(x: torch.Tensor, kind: Activation) -> torch.Tensor:
 class MLP(nn.Module):
     def __init__(self, cfg: MLPConfig, hidden_size: int) -> None:
         super().__init__()
+        if cfg.activation == "swiglu_oai":
+            raise ValueError("swiglu_oai is an expert activation (GPT-OSS): a dense MLP does not take it")
         self.cfg = cfg
         if cfg.is_gated:
             self.gate_up_proj = nn.Linear(hidden_size, 2 * cfg.intermediate_size, bias=cfg.has_bias)

@@ -9,7 +9,10 @@ Routing (all in float32, from `MoEConfig`):
 - ids = top-k of choice; weights = the un-biased scores of those ids, renormalised over the k when
   `is_renormalized`, times `routed_scaling_factor`.
 Mixtral / Granite / oxidizr: softmax, renormalised. DeepSeek-V2: softmax, not renormalised, scaled.
-DeepSeek-V3 / NemotronH: sigmoid + bias, top-2-sum groups, renormalised, scaled.
+DeepSeek-V3 / NemotronH: sigmoid + bias, top-2-sum groups, renormalised, scaled. GPT-OSS: logits with a
+bias (`router.bias`), softmax renormalised over the k — transformers' softmax of the top-k logits.
+GPT-OSS's experts also have biases and the clamped SwiGLU (`swiglu_oai`, model/mlp.py `gated_unit`), both
+in the kernel op too.
 
 The choice itself is the kernel op `ops.moe_route` (its reference `moe_route_reference` is the rule above).
 
@@ -33,7 +36,9 @@ Expert parallel: each rank sums its own experts in the latent space and applies 
 Shared MLP gate (`has_shared_gate`, Qwen3-Next): shared(x) · sigmoid(shared_gate(x)), `shared_gate.weight`
 [1, D] kept float (as the router), run by the f32 linear kernel and `ops.sigmoid_mul` on float32 CPU rows.
 
-Weights: `router.weight` [E, D]; `router.correction_bias` [E] (float32; keep it so at load);
+Weights: `router.weight` [E, D]; `router.bias` [E] (GPT-OSS's logit bias, float32);
+`router.correction_bias` [E] (float32; keep it so at load); `experts.up_bias` [E, N], `experts.down_bias`
+[E, D] (GPT-OSS: the experts' biases, float32, [gate; up] as the up weight's rows);
 `experts.gate_up_proj` [E, 2I, D] (gate rows first, then up) or `experts.up_proj` [E, I, D] (ungated,
 NemotronH relu²); `experts.down_proj` [E, D, I] (D: Lt for a latent MoE); `latent_down.weight` [Lt, D],
 `latent_up.weight` [D, Lt] (+ biases) — or, stacked in a kernel format, `experts.w_up`
@@ -54,7 +59,7 @@ from blazr.config import MLPConfig, MoEConfig
 from blazr.errors import UnsupportedError
 from blazr.kernels import ops
 from blazr.kernels.quant import QuantizedWeight
-from blazr.model.mlp import MLP, activate
+from blazr.model.mlp import MLP, activate, gated_unit
 from blazr.state.batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -70,6 +75,9 @@ class Router(nn.Module):
         assert cfg.top_k <= cfg.topk_groups * cfg.num_experts // cfg.num_groups, "k experts fit the groups"
         self.cfg = cfg
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, hidden_size))
+        if cfg.has_router_bias:  # added to the logits (GPT-OSS), float32 as the logits are
+            self.bias = nn.Parameter(torch.zeros(cfg.num_experts, dtype=torch.float32), requires_grad=False)
+            self.bias.keep_float32 = True
         if cfg.has_correction_bias:
             self.correction_bias = nn.Parameter(
                 torch.zeros(cfg.num_experts, dtype=torch.float32), requires_grad=False
@@ -77,7 +85,11 @@ class Router(nn.Module):
             self.correction_bias.keep_float32 = True  # the loader keeps it in float32 whatever the dtype
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.route(F.linear(x.float(), self.weight.float()))
+        return self.route(F.linear(x.float(), self.weight.float(), self.logit_bias()))
+
+    def logit_bias(self) -> torch.Tensor | None:
+        """The router's bias [E] float32 (GPT-OSS), or None."""
+        return self.bias if self.cfg.has_router_bias else None
 
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits [T, E] float32 → (weights [T, k] float32, ids [T, k] long)."""
@@ -94,8 +106,8 @@ class Experts(nn.Module):
 
     def __init__(self, cfg: MLPConfig, num_experts: int, hidden_size: int) -> None:
         super().__init__()
-        if cfg.has_bias:
-            raise UnsupportedError("MoE experts with biases are not supported")
+        if cfg.activation == "swiglu_oai" and not cfg.is_gated:
+            raise UnsupportedError("swiglu_oai experts must be gated")
         self.cfg = cfg
         self.num_experts = E = num_experts
         I = cfg.intermediate_size
@@ -104,6 +116,10 @@ class Experts(nn.Module):
         else:
             self.up_proj = nn.Parameter(torch.empty(E, I, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(E, hidden_size, I))
+        if cfg.has_bias:  # GPT-OSS: per expert, [gate; up] as the weight's rows; float32 for the kernel
+            self.up_bias = nn.Parameter(torch.empty(E, (2 if cfg.is_gated else 1) * I, dtype=torch.float32))
+            self.down_bias = nn.Parameter(torch.empty(E, hidden_size, dtype=torch.float32))
+            self.up_bias.keep_float32 = self.down_bias.keep_float32 = True
         self.w_up: QuantizedWeight | None = None  # the stacked kernel-format weights (set_stacked)
         self.w_down: QuantizedWeight | None = None
 
@@ -148,12 +164,19 @@ class Experts(nn.Module):
         if self.w_up is not None:
             ids = torch.full((h.shape[0], 1), e, dtype=torch.long)
             return self.kernel(h.float(), torch.ones(h.shape[0], 1), ids).to(h.dtype)
+        b_up, b_down = self._biases(e, h.dtype)
         if self.cfg.is_gated:
-            gate, up = F.linear(h, self.gate_up_proj[e]).chunk(2, dim=-1)
-            a = activate(gate, self.cfg.activation) * up
+            gate, up = F.linear(h, self.gate_up_proj[e], b_up).chunk(2, dim=-1)
+            a = gated_unit(gate, up, self.cfg)
         else:
-            a = activate(F.linear(h, self.up_proj[e]), self.cfg.activation)
-        return F.linear(a, self.down_proj[e])
+            a = activate(F.linear(h, self.up_proj[e], b_up), self.cfg.activation)
+        return F.linear(a, self.down_proj[e], b_down)
+
+    def _biases(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Expert e's biases (up [N], down [D]) in `dtype`, or (None, None)."""
+        if not self.cfg.has_bias:
+            return None, None
+        return self.up_bias[e].to(dtype), self.down_bias[e].to(dtype)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, D], weights [T, k] float32, ids [T, k] (-1: none here, weight 0 — only in an expert-parallel
@@ -181,7 +204,11 @@ class Experts(nn.Module):
         if stacked is None:
             return self(x, weights, ids)
         cfg = self.cfg
-        return ops.moe_experts(x, ids, weights, *stacked, self.num_experts, cfg.activation, cfg.is_gated)
+        up_bias, down_bias = (self.up_bias, self.down_bias) if cfg.has_bias else (None, None)
+        return ops.moe_experts(
+            x, ids, weights, *stacked, self.num_experts, cfg.activation, cfg.is_gated, up_bias=up_bias,
+            down_bias=down_bias, swiglu_alpha=cfg.swiglu_alpha, swiglu_limit=cfg.swiglu_limit,
+        )  # fmt: skip
 
 
 class MoE(nn.Module):
@@ -248,7 +275,9 @@ class MoE(nn.Module):
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """Decode rows x [B, D] float32 on the CPU, as kernel ops only (recordable)."""
         router = self.router
-        logits = ops.linear(x, QuantizedWeight("f32", router.weight, *router.weight.shape))
+        logits = ops.linear(
+            x, QuantizedWeight("f32", router.weight, *router.weight.shape), router.logit_bias()
+        )
         weights, ids = router.route(logits)
         out = self._up(self.experts.kernel(self._down(x), weights, ids))
         return ops.add(out, self._shared(x), out=out) if self.shared is not None else out

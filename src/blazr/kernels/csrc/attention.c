@@ -3,7 +3,9 @@
  * out[b, h, :] = softmax_j(scale · q[b, h]·k_j) · v_j over the keys j of sequence b, where key j lives in
  * cache slot kv_indices[b, j]: k_j = k_pool[slot, h / G], v_j = v_pool[slot, h / G], G = H / Hkv.
  * Keys are j ∈ [L_b − window, L_b) with a sliding window, else [0, L_b) (L_b = seq_lens[b]); an empty
- * range gives zeros. Layouts: q [B, H, D] (row b at q + b·ldq, so q may be a view into a fused qkv
+ * range gives zeros. With `sinks` (may be NULL, else [H] fp32) head h's softmax has one more term e^{sinks[h]} in
+ * its denominator, with no value (GPT-OSS's attention sinks): it joins the merge of the chunks below, so
+ * the chunks themselves do not change. Layouts: q [B, H, D] (row b at q + b·ldq, so q may be a view into a fused qkv
  * buffer), k_pool [S, Hkv, D], v_pool [S, Hkv, Dv] of one element type — fp32, bf16 or f16 (BLZ_KV_*),
  * widened exactly to fp32 on load, so 16-bit pools halve the cache bytes read — kv_indices [B, Lmax]
  * (row stride idx_stride), seq_lens [B], out [B, H, Dv] fp32; int64 indices.
@@ -424,7 +426,7 @@ BLZ_EXPORT int blz_paged_attention_decode(const float *q, int64_t ldq, const voi
                                           const int64_t *kv_indices, int64_t idx_stride,
                                           const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv,
                                           int64_t D, int64_t Dv, float scale, int64_t window, float *out,
-                                          int nthreads) {
+                                          int nthreads, const float *sinks) {
     if (B < 0 || H <= 0 || Hkv <= 0 || H % Hkv || D <= 0 || Dv <= 0 || S < 0 || ldq < H * D)
         return BLZ_EINVAL;
     if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
@@ -489,7 +491,8 @@ BLZ_EXPORT int blz_paged_attention_decode(const float *q, int64_t ldq, const voi
             for (int64_t c = 0; c < ns[b]; ++c) mx = fmaxf(mx, partial[(item_off[b] + c) * psz + H * Dv + h]);
             for (int64_t d = 0; d < Dv; ++d) o[d] = 0.0f;
             if (mx == -INFINITY) continue; /* no keys */
-            float l = 0.0f;
+            if (sinks) mx = fmaxf(mx, sinks[h]);
+            float l = sinks ? expf(sinks[h] - mx) : 0.0f; /* the sink: in the denominator, no value */
             for (int64_t c = 0; c < ns[b]; ++c) {
                 const float *pp = partial + (item_off[b] + c) * psz;
                 const float mc = pp[H * Dv + h];

@@ -124,7 +124,8 @@ int blz_rope_neox(float *x, int64_t T, int64_t H, int64_t Dh, int64_t ldx, const
 int blz_paged_attention_decode(const float *q, int64_t ldq, const void *k_pool, const void *v_pool,
                                int kv_type, int64_t S, const int64_t *kv_indices, int64_t idx_stride,
                                const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                               int64_t Dv, float scale, int64_t window, float *out, int nthreads);
+                               int64_t Dv, float scale, int64_t window, float *out, int nthreads,
+                               const float *sinks);
 int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, const int64_t *slots, int64_t T,
                  int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_type, int64_t S);
 int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
@@ -145,7 +146,7 @@ int blz_moe_route(const float *logits, int64_t T, int64_t E, const float *bias, 
 int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64_t *ids, const float *weights, int64_t k,
                     int64_t E, int code_up, const void *w_up, int64_t up_stride, int code_down,
                     const void *w_down, int64_t down_stride, int64_t I, int act, int gated, float *out,
-                    int nthreads);
+                    int nthreads, const float *b_up, const float *b_down, float alpha, float limit);
 int blz_mla_cache_write(const float *kv, int64_t ldkv, int64_t T, int64_t L, int64_t R, const float *norm_w,
                         float eps, const int64_t *pos, const float *cos, const float *sin, int64_t P,
                         const int64_t *slots, void *pool, int kv_type, int64_t S);

@@ -163,7 +163,8 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
             return blz_paged_attention_decode(P(const float *, 0), i[1], P(const void *, 2),
                                               P(const void *, 3), (int)i[4], i[5], P(const int64_t *, 6),
                                               i[7], P(const int64_t *, 8), i[9], i[10], i[11], i[12], i[13],
-                                              (float)a->f[0], i[14], P(float *, 15), (int)i[16]);
+                                              (float)a->f[0], i[14], P(float *, 15), (int)i[16],
+                                              P(const float *, 17));
         case BLZ_OP_KV_WRITE:
             return blz_kv_write(P(const float *, 0), i[1], P(const float *, 2), i[3], P(const int64_t *, 4),
                                 i[5], i[6], i[7], i[8], P(void *, 9), P(void *, 10), (int)i[11], i[12]);
@@ -194,7 +195,8 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
             return blz_moe_experts(P(const float *, 0), i[1], i[2], P(const int64_t *, 3), P(const float *, 4),
                                    i[5], i[6], (int)i[7], P(const void *, 8), i[9], (int)i[10],
                                    P(const void *, 11), i[12], i[13], (int)i[14], (int)i[15], P(float *, 16),
-                                   (int)i[17]);
+                                   (int)i[17], P(const float *, 18), P(const float *, 19), (float)a->f[0],
+                                   (float)a->f[1]);
         case BLZ_OP_MLA_CACHE_WRITE:
             return blz_mla_cache_write(P(const float *, 0), i[1], i[2], i[3], i[4], P(const float *, 5),
                                        (float)a->f[0], P(const int64_t *, 6), P(const float *, 7),

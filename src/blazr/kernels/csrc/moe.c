@@ -14,7 +14,10 @@
  * kernels (`code` = op · 16 + kind: op 1 block-quantized (kind BLZ_Q4_0 … ), 2 f32, 3 bf16, 18 f16), so a quantized
  * expert streams only its own quantized rows. The (token, slot) assignments are grouped by expert, each
  * expert runs one linear pair on its rows (M = tokens routed to it: one weight read for all of them), and
- * the k outputs of a token are summed in slot order j = 0..k-1. The block-quantized and f32 linear kernels
+ * the k outputs of a token are summed in slot order j = 0..k-1. Optional biases (NULL: none): b_up [E, Nup]
+ * added to the up projection's output, b_down [E, D] to the down projection's (GPT-OSS). Activation codes
+ * (reference.py ACTIVATIONS): 0 silu, 1 gelu (tanh), 2 relu², 3 gelu (erf), 4 GPT-OSS's clamped SwiGLU
+ * (gated only): g = min(gate, limit), u = clamp(up, −limit, limit), (u + 1) · g · sigmoid(alpha · g). The block-quantized and f32 linear kernels
  * compute a row the same whatever the other rows of the call, so with those weights a token's output does
  * not depend on what else is in the batch; 16-bit weights do so up to 8 tokens an expert, and from 9 on run
  * the GEMM (linear_16bit.c), each row again independent of the others there: the two agree to fp32 rounding.
@@ -87,11 +90,31 @@ BLZ_EXPORT int blz_moe_route(const float *logits, int64_t T, int64_t E, const fl
     return BLZ_OK;
 }
 
+/* x[m, :] += b for the n rows of x [n, N]. */
+static void add_rows(float *x, int64_t n, int64_t N, const float *b) {
+    for (int64_t m = 0; m < n; ++m)
+        for (int64_t i = 0; i < N; ++i) x[m * N + i] += b[i];
+}
+
+/* GPT-OSS's clamped SwiGLU of h [n, 2I] ([gate; up] halves) → out [n, I]. */
+static void oai_glu(const float *h, int64_t n, int64_t I, float alpha, float limit, float *out) {
+    for (int64_t m = 0; m < n; ++m) {
+        const float *g = h + m * 2 * I, *u = g + I;
+        float *o = out + m * I;
+        for (int64_t i = 0; i < I; ++i) {
+            const float gi = fminf(g[i], limit), ui = fminf(fmaxf(u[i], -limit), limit);
+            o[i] = (ui + 1.0f) * gi / (1.0f + expf(-alpha * gi));
+        }
+    }
+}
+
 BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64_t *ids, const float *weights,
                                int64_t k, int64_t E, int code_up, const void *w_up, int64_t up_stride,
                                int code_down, const void *w_down, int64_t down_stride, int64_t I, int act,
-                               int gated, float *out, int nthreads) {
-    if (T < 0 || D <= 0 || k <= 0 || E <= 0 || I <= 0 || act < 0 || act > 3) return BLZ_EINVAL;
+                               int gated, float *out, int nthreads, const float *b_up, const float *b_down,
+                               float alpha, float limit) {
+    if (T < 0 || D <= 0 || k <= 0 || E <= 0 || I <= 0 || act < 0 || act > 4 || (act == 4 && !gated))
+        return BLZ_EINVAL;
     if (T == 0) return BLZ_OK;
     const int64_t A = T * k, Nup = gated ? 2 * I : I;
     for (int64_t a = 0; a < A; ++a)
@@ -115,7 +138,7 @@ BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64
     for (int64_t e = E; e > 0; --e) start[e] = start[e - 1]; /* back to the first row of each expert */
     start[0] = 0;
     for (int64_t p = 0; p < A; ++p) memcpy(xs + p * D, x + order[p] / k * D, (size_t)D * sizeof(float));
-    const int swiglu = gated && act == 0; /* SwiGLU in the linear kernel's epilogue */
+    const int swiglu = gated && act == 0 && !b_up; /* SwiGLU in the linear kernel's epilogue */
     for (int64_t e = 0; e < E; ++e) {
         const int64_t p0 = start[e], n = start[e + 1] - p0;
         if (!n) continue;
@@ -123,9 +146,12 @@ BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64
         float *he = h + p0 * Nup, *ae = swiglu ? he : act_out + p0 * I; /* SwiGLU: [n, I] written to h */
         int rc = blz_linear_by_code(code_up, xs + p0 * D, n, D, wu, Nup, he, swiglu, nthreads);
         if (rc != BLZ_OK) return rc;
-        if (!swiglu && (rc = blz_activation(he, n, Nup, act, gated, ae)) != BLZ_OK) return rc;
+        if (b_up) add_rows(he, n, Nup, b_up + e * Nup);
+        if (act == 4) oai_glu(he, n, I, alpha, limit, ae);
+        else if (!swiglu && (rc = blz_activation(he, n, Nup, act, gated, ae)) != BLZ_OK) return rc;
         rc = blz_linear_by_code(code_down, ae, n, I, wd, D, ys + p0 * D, 0, nthreads);
         if (rc != BLZ_OK) return rc;
+        if (b_down) add_rows(ys + p0 * D, n, D, b_down + e * D);
     }
     for (int64_t t = 0; t < T; ++t) {
         float *o = out + t * D;

@@ -48,6 +48,18 @@ class RowOrder:
 
 
 @dataclass(frozen=True)
+class Reshaping:
+    """A transform whose result has another shape than the stored tensor (transformers' GPT-OSS experts
+    [E, K, N] read as [E, N, K]): `source_shape(part shape)` is the shape the stored tensor must have."""
+
+    apply: Transform
+    source_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return self.apply(t)
+
+
+@dataclass(frozen=True)
 class Part:
     """One logical piece of an internal parameter and the shape it must have."""
 
