@@ -42,12 +42,14 @@ class RopeConfig:
     kept in a rope's place (every angle 0: the `dim` features pass unrotated — Kimi-Linear's MLA);
     "longrope" (Phi-3 / Phi-4) divides each frequency by its own factor — `short_factor` for a context within
     `original_max_position`, `long_factor` beyond it, chosen once per model from its context limit
-    (model/rope.py) — and multiplies cos/sin by `attention_factor`.
+    (model/rope.py) — and multiplies cos/sin by `attention_factor`; "proportional" (Gemma 4's full layers)
+    turns only the first `proportion` · dim/2 frequency pairs of the whole `dim` (θ^(−2i/dim) / `factor`) and
+    leaves the others at angle 0 (their features pass unrotated).
     """
 
     dim: int
     theta: float = 10000.0
-    scaling: Literal["default", "linear", "llama3", "yarn", "longrope", "none"] = "default"
+    scaling: Literal["default", "linear", "llama3", "yarn", "longrope", "proportional", "none"] = "default"
     factor: float = 1.0
     original_max_position: int = 0
     low_freq_factor: float = 1.0  # llama3
@@ -58,6 +60,7 @@ class RopeConfig:
     attention_factor: float = 1.0  # cos/sin multiplier (yarn mscale, longrope); 1.0 otherwise
     short_factor: tuple[float, ...] = ()  # longrope: a divisor per frequency [dim/2], context ≤ original
     long_factor: tuple[float, ...] = ()  # longrope: the same beyond original_max_position
+    proportion: float = 1.0  # proportional: the share of the dim/2 frequency pairs that turn
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ class MixerConfig:
 
     kind: ClassVar[str]
     is_input_addend: ClassVar[bool] = False
+
+    @property
+    def cache_source(self) -> int | None:
+        """The earlier layer whose cache this mixer reads instead of holding its own (None: its own)."""
+        return None
 
 
 M = TypeVar("M", bound=MixerConfig)
@@ -83,7 +91,13 @@ class AttentionConfig(MixerConfig):
     (`is_qk_norm_per_head`: Qwen3, Qwen3-Next, Gemma 3) or over all heads' (OLMo 2 / 3, OLMo-Hybrid).
     `has_output_gate`: the q projection emits a gate per head beside q (Qwen3-Next / Qwen3.5: q_proj's rows
     per head [q_h; gate_h]); the attention output is multiplied by sigmoid(gate) before o_proj.
-    `logit_softcap` c: the scaled scores s become c · tanh(s / c) before the mask and softmax (Gemma 2)."""
+    `logit_softcap` c: the scaled scores s become c · tanh(s / c) before the mask and softmax (Gemma 2).
+
+    Gemma 4: `kv_source` j — the layer has no k / v projections (qkv_proj holds q's rows only) and attends
+    to the keys and values layer j wrote to its cache (KV shared across layers: this layer's cache is
+    layer j's, state/layout.py); `is_v_from_k` — no v projection (qkv_proj's rows [q | k]): the values are
+    the k projection's output, taken before the k norm and rope; `has_v_norm` — the values are RMS-normed
+    per head without weights (eps of `qk_norm`)."""
 
     kind: ClassVar[str] = "attention"
 
@@ -99,6 +113,13 @@ class AttentionConfig(MixerConfig):
     is_qk_norm_per_head: bool = True
     has_output_gate: bool = False
     logit_softcap: float | None = None
+    kv_source: int | None = None
+    is_v_from_k: bool = False
+    has_v_norm: bool = False
+
+    @property
+    def cache_source(self) -> int | None:
+        return self.kv_source
 
 
 @dataclass(frozen=True)
@@ -311,13 +332,28 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class PerLayerInputConfig:
+    """Gemma 4's per-layer inputs: each layer l reads a [size] vector per token, made once per forward from
+    a second token table [vocab_size, L·size] (looked up, times sqrt(size)) and a projection of the scaled
+    token embeddings [L·size, D] (times D^-½, RMS-normed per layer by `norm`), summed and scaled by 2^-½.
+    Each layer gates it into its residual after the feed-forward:
+    x += post_norm(proj(act(gate(x)) · input_l)), gate [size, D], proj [D, size] (model/per_layer.py)."""
+
+    size: int
+    vocab_size: int
+    activation: Activation = "gelu"
+    norm: NormConfig = field(default_factory=NormConfig)
+
+
+@dataclass(frozen=True)
 class LayerConfig:
     """One residual block. Its `mixers` run in parallel on the same normed input and their outputs are
     summed in order (FalconH1 holds attention and Mamba2; every other model holds one). `ffn` follows with
     its own pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks).
     Norms: before each part (`norm`, `ffn_norm`; None: none) and after it, on its output before the
     residual add (`post_norm`, `ffn_post_norm`: OLMo 2 / 3 and OLMo-Hybrid's attention blocks norm only
-    after, Gemma both)."""
+    after, Gemma both). `has_output_scale`: the block's output (the whole residual) is multiplied by a
+    learned scalar `out_scale` [1] (Gemma 4's layer_scalar)."""
 
     mixers: tuple[MixerConfig, ...] = ()
     mlp: MLPConfig | None = None
@@ -326,6 +362,7 @@ class LayerConfig:
     ffn_norm: NormConfig | None = field(default_factory=NormConfig)  # before the mlp / moe
     post_norm: NormConfig | None = None  # on the mixers' output
     ffn_post_norm: NormConfig | None = None  # on the mlp / moe output
+    has_output_scale: bool = False
 
     @property
     def kind(self) -> str:
@@ -345,7 +382,7 @@ class ModelConfig:
     Scalar multipliers (Granite/FalconH1 µP) stay explicit here; per-weight ones are folded at load.
     `is_embedding_multiplier_rounded`: the multiplier is first rounded to the activations' dtype (Gemma's
     sqrt(hidden), a tensor of the embedding's dtype in transformers). `final_logit_softcap` c: the logits
-    become c · tanh(logits / c) (Gemma 2).
+    become c · tanh(logits / c) (Gemma 2). `per_layer_input`: Gemma 4's per-layer input embeddings.
     """
 
     architecture: str
@@ -360,6 +397,7 @@ class ModelConfig:
     logits_scale: float = 1.0  # logits are multiplied by this (Granite divides by logits_scaling)
     is_embedding_multiplier_rounded: bool = False
     final_logit_softcap: float | None = None
+    per_layer_input: PerLayerInputConfig | None = None
 
     @property
     def num_layers(self) -> int:

@@ -26,6 +26,7 @@ import torch
 
 from blazr.config import LayerConfig, ModelConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
+from blazr.errors import UnsupportedError
 from blazr.model import mixers
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -41,6 +42,8 @@ def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
     does not divide)."""
     if world == 1:
         return cfg
+    if cfg.per_layer_input is not None:
+        raise UnsupportedError("Gemma 4's per-layer inputs are not split across ranks (use one rank)")
     return cfg.with_(layers=tuple(_shard_layer(layer, i, world) for i, layer in enumerate(cfg.layers)))
 
 
