@@ -37,7 +37,7 @@ SIZES = dict(
     hidden_size_per_layer_input=8,
     vocab_size_per_layer_input=1024,
     sliding_window=12,
-    layer_types=[S, F, S, S, S, F],
+    layer_types=[S, S, S, F, S, F],  # llama.cpp assumes the last unshared layers S, F
     final_logit_softcapping=30.0,
     rope_parameters=dict(
         sliding_attention=dict(rope_type="default", rope_theta=10000.0),
@@ -80,12 +80,12 @@ class TestParity(ParityTests):
 def test_detected_config(pair):
     cfg = pair.llm.config
     attn = [layer.mixer(AttentionConfig) for layer in cfg.layers]
-    assert [a.kv_source for a in attn] == [None, None, None, None, 3, 1]
-    assert [a.sliding_window for a in attn] == [12, None, 12, 12, 12, None]
+    assert [a.kv_source for a in attn] == [None, None, None, None, 2, 3]
+    assert [a.sliding_window for a in attn] == [12, 12, 12, None, 12, None]
     assert [(a.head_dim, a.num_kv_heads, a.is_v_from_k) for a in attn] == [
-        (16, 2, False), (32, 1, True), (16, 2, False), (16, 2, False), (16, 2, False), (32, 1, True)
+        (16, 2, False), (16, 2, False), (16, 2, False), (32, 1, True), (16, 2, False), (32, 1, True)
     ]  # fmt: skip
-    full = attn[1].rope
+    full = attn[3].rope
     assert (full.dim, full.scaling, full.proportion, full.theta) == (32, "proportional", 0.25, 1e6)
     assert all(a.softmax_scale == 1.0 and a.has_v_norm and a.qk_norm.weight_offset == 0 for a in attn)
     assert [layer.mlp.intermediate_size for layer in cfg.layers] == [96] * 4 + [192] * 2
@@ -96,14 +96,14 @@ def test_detected_config(pair):
 
 def test_shared_layers_hold_no_cache(pair):
     """The sharing layers declare no pool: the engine's cache holds K / V for the first four layers only, and
-    layers 4 and 5 are handed layers 3's and 1's tensors themselves."""
+    layers 4 and 5 are handed layers 2's and 3's tensors themselves."""
     layout = cache_layout(pair.llm.config)
-    assert [layer.source for layer in layout.layers] == [None] * 4 + [3, 1]
+    assert [layer.source for layer in layout.layers] == [None] * 4 + [2, 3]
     assert [len(layer.paged) for layer in layout.layers] == [2, 2, 2, 2, 0, 0]
     per_token = 4 * (3 * 2 * 16 * 2 + 1 * 32 * 2)  # float32: 3 sliding layers [2, 16] K and V, 1 full [1, 32]
     assert layout.bytes_per_token(torch.float32) == per_token
     cache = pair.llm.runner.cache
-    assert cache.layer(4) is cache.layer(3) and cache.layer(5) is cache.layer(1)
+    assert cache.layer(4) is cache.layer(2) and cache.layer(5) is cache.layer(3)
     assert len(cache.paged) == 8
 
 
