@@ -313,6 +313,9 @@ class MoEConfig:
     `latent_size` (Nemotron 3 Super's latent MoE): the routed experts run in a smaller space — the router and
     the shared MLP read the hidden state, the experts `latent_down(x)` [T, latent_size], and their weighted
     sum goes back through `latent_up`; `has_latent_bias`: both projections have biases.
+    Gemma 4: with `input_norm` the MoE reads the layer's un-normed residual x — the experts its RMSNorm
+    `norm(x)` (own weights), the router the weightless RMSNorm of x times its `input_scale` [D] and D^-½;
+    with `has_expert_scale` the renormalised weights are multiplied by `expert_scale[id]`.
     """
 
     num_experts: int
@@ -329,6 +332,8 @@ class MoEConfig:
     has_shared_gate: bool = False  # the shared MLP's output × sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next)
     latent_size: int | None = None  # the experts' width in and out (None: the hidden size)
     has_latent_bias: bool = False
+    input_norm: NormConfig | None = None  # Gemma 4: the MoE norms the un-normed residual itself (see above)
+    has_expert_scale: bool = False  # Gemma 4: the chosen weights × a learned scale per expert [E]
 
 
 @dataclass(frozen=True)
@@ -353,7 +358,9 @@ class LayerConfig:
     Norms: before each part (`norm`, `ffn_norm`; None: none) and after it, on its output before the
     residual add (`post_norm`, `ffn_post_norm`: OLMo 2 / 3 and OLMo-Hybrid's attention blocks norm only
     after, Gemma both). `has_output_scale`: the block's output (the whole residual) is multiplied by a
-    learned scalar `out_scale` [1] (Gemma 4's layer_scalar)."""
+    learned scalar `out_scale` [1] (Gemma 4's layer_scalar). A layer with both an `mlp` and a `moe` runs them
+    side by side on the residual (Gemma 4's MoE layers): ffn_post_norm(mlp_post_norm(mlp(ffn_norm(x))) +
+    moe_post_norm(moe(x))) is added to x (the MoE norms its own input: MoEConfig.input_norm)."""
 
     mixers: tuple[MixerConfig, ...] = ()
     mlp: MLPConfig | None = None
@@ -363,6 +370,8 @@ class LayerConfig:
     post_norm: NormConfig | None = None  # on the mixers' output
     ffn_post_norm: NormConfig | None = None  # on the mlp / moe output
     has_output_scale: bool = False
+    mlp_post_norm: NormConfig | None = None  # an MLP beside a MoE: on the MLP's output
+    moe_post_norm: NormConfig | None = None  # an MLP beside a MoE: on the MoE's output
 
     @property
     def kind(self) -> str:

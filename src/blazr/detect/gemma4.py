@@ -12,7 +12,11 @@ Over Gemma 3 (detect/gemma.py) it changes or adds, as transformers' modeling_gem
 - KV shared across layers: the last `num_kv_shared_layers` layers have no k / v projections and read the
   cache of the last earlier layer of their type (sliding / full); `use_double_wide_mlp` doubles their MLP;
 - per-layer input embeddings (`hidden_size_per_layer_input` P > 0; table `vocab_size_per_layer_input`);
-- a learned output scalar per layer (`layer_scalar`), and the final-logit soft-cap.
+- a learned output scalar per layer (`layer_scalar`), and the final-logit soft-cap;
+- `enable_moe_block` (26B-A4B): every layer runs its MLP beside a MoE (`num_experts`, `top_k_experts`,
+  `moe_intermediate_size`; softmax top-k renormalised, times `router.per_expert_scale`), each with its own
+  post-norm; the experts read `pre_feedforward_layernorm_2` of the residual, the router its weightless
+  RMSNorm times `router.scale` and hidden^-½.
 The last layer is always a full one (transformers forces it so).
 """
 
@@ -25,6 +29,7 @@ from blazr.config import (
     LayerConfig,
     MLPConfig,
     ModelConfig,
+    MoEConfig,
     NormConfig,
     PerLayerInputConfig,
     RopeConfig,
@@ -145,6 +150,31 @@ def _attention(
     )
 
 
+def _moe(raw: Raw, act: str, norm: NormConfig) -> MoEConfig:
+    """Every layer's MoE beside its MLP: softmax top-k renormalised, times a learned scale per expert; the
+    experts and the router read the residual through their own norms (MoEConfig.input_norm)."""
+    num, k, width = raw.int("num_experts"), raw.int("top_k_experts"), raw.int("moe_intermediate_size")
+    if not (num and k and width):
+        raise CheckpointError(
+            f"{raw.path}: enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size"
+        )
+    expert = MLPConfig(intermediate_size=width, activation=act)
+    return MoEConfig(num_experts=num, top_k=k, expert=expert, input_norm=norm, has_expert_scale=True)
+
+
+def _check_experts(shapes: Shapes, lp: str, moe: MoEConfig, hidden: int) -> None:
+    E, I = moe.num_experts, moe.expert.intermediate_size
+    for name, want in (
+        ("experts.gate_up_proj", (E, 2 * I, hidden)),
+        ("experts.down_proj", (E, hidden, I)),
+        ("router.proj.weight", (E, hidden)),
+        ("router.per_expert_scale", (E,)),
+    ):
+        found = require(shapes, lp + name)
+        if tuple(found) != want:
+            raise CheckpointError(f"tensor {lp}{name}: expected {list(want)}, found {list(found)}")
+
+
 def build_gemma4(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
     if arch == GEMMA4_VL:
         text = raw.get("text_config")
@@ -169,8 +199,7 @@ def build_gemma4(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
     sources = kv_sources(kinds, raw.int("num_kv_shared_layers", 0) or 0)
     width = raw.int("intermediate_size", 9216) or 9216
     is_double_wide = bool(raw.get("use_double_wide_mlp", False))
-    if raw.get("enable_moe_block", False):
-        raise UnsupportedError(f"{raw.path}: Gemma 4's MoE block (enable_moe_block) is not supported yet")
+    moe = _moe(raw, act, norm) if raw.get("enable_moe_block", False) else None
     layers = []
     for i, (kind, source) in enumerate(zip(kinds, sources, strict=True)):
         lp = f"{prefix}layers.{i}."
@@ -183,15 +212,20 @@ def build_gemma4(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
             raise CheckpointError(
                 f"tensor {lp}mlp.gate_proj.weight: expected {mlp.intermediate_size} rows, found {found[0]}"
             )
+        if moe is not None:
+            _check_experts(shapes, lp, moe, hidden)
         layers.append(
             LayerConfig(
                 mixers=(attention,),
                 mlp=mlp,
+                moe=moe,
                 norm=norm,
                 ffn_norm=norm,
                 post_norm=norm,
                 ffn_post_norm=norm,
                 has_output_scale=lp + "layer_scalar" in shapes,
+                mlp_post_norm=norm if moe is not None else None,
+                moe_post_norm=norm if moe is not None else None,
             )
         )
     per_layer = None

@@ -56,6 +56,8 @@ def _shard_layer(layer: LayerConfig, i: int, world: int) -> LayerConfig:
         check_divisible(f.intermediate_size, world, f"{where} MLP width")
         changes["mlp"] = replace(f, intermediate_size=f.intermediate_size // world)
     if (e := layer.moe) is not None:
+        if e.input_norm is not None or e.has_expert_scale:
+            raise UnsupportedError(f"{where} MoE: Gemma 4's MoE is not split across ranks (use one rank)")
         check_divisible(e.num_experts, world, f"{where} experts")
         shared = e.shared
         if shared is not None:

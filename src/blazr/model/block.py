@@ -14,6 +14,10 @@ whole result by the learned scalar `out_scale` (`has_output_scale`):
 
     x = x + post_norm(proj(act(gate(x)) · per_layer_input));  x = out_scale · x
 
+A Gemma 4 MoE layer runs its MLP and its MoE side by side, each with its own post-norm:
+
+    x = x + r · ffn_post_norm(mlp_post_norm(mlp(ffn_norm(x))) + moe_post_norm(moe(x)))
+
 r is the model's residual multiplier (1 except Granite). Each mixer is built by its kind's spec
 (model/mixers.py) and held under the kind's prefix (`attn`, `mla`, `mamba`), the name its parameters carry.
 Shapes: x [T, D].
@@ -70,6 +74,8 @@ class Block(nn.Module):
         norms = {"mixer_norm": cfg.norm, "mixer_post_norm": cfg.post_norm} if self.mixer_names else {}
         if self.mlp is not None or self.moe is not None:
             norms |= {"ffn_norm": cfg.ffn_norm, "ffn_post_norm": cfg.ffn_post_norm}
+        if self.mlp is not None and self.moe is not None:  # side by side (Gemma 4)
+            norms |= {"mlp_post_norm": cfg.mlp_post_norm, "moe_post_norm": cfg.moe_post_norm}
         for name, norm in norms.items():
             if norm is not None:
                 self.add_module(name, make_norm(norm, hidden_size))
@@ -116,7 +122,10 @@ class Block(nn.Module):
                     out = y if out is None else _add(out, y)
             if out is not None:
                 x = _add(x, self._norm("mixer_post_norm", self._reduce(out)), r)
-        if self.mlp is not None:
+        if self.mlp is not None and self.moe is not None:  # side by side; the MoE norms its own input
+            y = self._norm("mlp_post_norm", self.mlp(self._norm("ffn_norm", x)))
+            y = y + self._norm("moe_post_norm", self.moe(x, batch))
+        elif self.mlp is not None:
             y = self.mlp(self._norm("ffn_norm", x))
         elif self.moe is not None:
             y = self.moe(self._norm("ffn_norm", x), batch)
