@@ -7,6 +7,7 @@ against llama.cpp on the file:
   identical;
 - Q8_0 (llama.cpp's quantizer): the linear layers stay Q8_0 as stored; llama.cpp itself on that file agrees
   with blazr as closely as it agrees with the file's float values;
+- the MoE variant the same way (its experts stacked Q8_0 as stored);
 - the file's vocabulary (`tokenizer.ggml.model` gemma4: SentencePiece-style BPE over merges, byte fallback)
   encodes as llama.cpp does.
 
@@ -33,7 +34,7 @@ from tests.hf_parity import check_greedy, check_logits
 from tests.llama_cpp_convert import convert, quantize, spm_tokenizer
 from tests.ssm_fixtures import single_thread
 from tests.test_gguf_dense import _check_llama_cpp
-from tests.test_hf_gemma4 import SIZES, randomise_gemma4
+from tests.test_hf_gemma4 import MOE, SIZES, randomise_gemma4
 from tests.tiny import build
 
 TEXTS = [
@@ -57,17 +58,21 @@ class Made:
     q8_0: Path
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory) -> Made:
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def made(request, tmp_path_factory) -> Made:
+    """The dense fixture, and the MoE variant (every layer's MLP beside a MoE: the router, its scales and
+    the stacked experts under llama.cpp's names)."""
     import transformers
 
-    root = tmp_path_factory.mktemp("gemma4")
+    root = tmp_path_factory.mktemp(f"gemma4_{request.param}")
     tok = transformers.GemmaTokenizer.from_pretrained(spm_tokenizer(root / "spm", 600))
     tok.save_pretrained(root / "tok")
     vocab = len(tok)
     # weights 3x the parity tests' (logits std ~2.4, not ~0.8): llama.cpp's own float forward lies ~1e-2 from
     # transformers' (its float16 KV cache and GELU table), enough to flip near-ties of flatter logits
     sizes = dict(SIZES, vocab_size=vocab, vocab_size_per_layer_input=vocab, initializer_range=0.3)
+    if request.param == "moe":
+        sizes |= MOE
     hf = build("Gemma4ForCausalLM", root / "hf", **sizes)
     randomise_gemma4(hf, 1)
     hf.save_pretrained(root / "hf")
@@ -94,6 +99,8 @@ def test_q8_0_gguf_stays_quantized_and_agrees_with_llama_cpp(made):
     ours, dequantized = _llm(made.q8_0), _llm(made.q8_0, quantize="none")
     first = ours.model.layers[0]
     assert any(isinstance(q, QuantizedLinear) and q.kind == "q8_0g" for q in first.modules())
+    if first.moe is not None:  # the stacked experts too
+        assert first.moe.experts.w_up is not None and first.moe.experts.w_up.kind == "q8_0g"
     _check_llama_cpp(made.q8_0, ours, dequantized, vocab=ours.config.vocab_size)
 
 

@@ -15,8 +15,9 @@ Per architecture (keys without the `{arch}.` prefix):
 - gemma4: layer kinds from `attention.sliding_window_pattern`, the full layers' head size
   (`attention.key_length`) and KV heads (per-layer `attention.head_count_kv`) beside the sliding ones'
   (`attention.key_length_swa`), `attention.shared_kv_layers`, per-layer `feed_forward_length` (double-wide
-  shared layers), `embedding_length_per_layer_input`; K = V where a full layer has no `attn_v`, and the
-  proportional rope's share from the `rope_freqs` tensor (see `_gemma4`, `_gemma4_tensors`).
+  shared layers), `embedding_length_per_layer_input`, the MoE variant's `expert_*` counts; K = V where a full
+  layer has no `attn_v`, and the proportional rope's share from the `rope_freqs` tensor (see `_gemma4`,
+  `_gemma4_tensors`).
 - granite, granitemoe (Granite 3): as llama, plus `embedding_scale` / `residual_scale` / `attention.scale` /
   `logit_scale` and the experts (shared ones: GraniteMoeShared).
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
@@ -263,6 +264,10 @@ def _gemma4(key: Meta, num_layers: int) -> dict[str, Any]:
         "sliding_window": key("attention.sliding_window"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
         "final_logit_softcapping": key("final_logit_softcapping"),
+        "enable_moe_block": bool(key("expert_count")),
+        "num_experts": key("expert_count"),
+        "top_k_experts": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
     }
 
 

@@ -545,8 +545,9 @@ ARCHES["phi3"] = _Arch(
 # Gemma 4 (the converter's Gemma4Model): Gemma 3's names with plain (w) norms stored as they are, q/k/v as
 # HF holds them (a shared-KV layer has attn_q only, a K = V layer no attn_v), the per-layer inputs (global
 # per_layer_token_embd / per_layer_model_proj / per_layer_proj_norm; per layer inp_gate, proj, post_norm) and
-# the layer scalar (layer_output_scale). The full layers' proportional rope is `rope_freqs` (read by
-# detection: 1 for the turning pairs, 1e30 for the still ones).
+# the layer scalar (layer_output_scale), and the MoE layers' router (ffn_gate_inp, its .scale, the
+# per-expert scales as ffn_down_exps.scale) and stacked experts. The full layers' proportional rope is
+# `rope_freqs` (read by detection: 1 for the turning pairs, 1e30 for the still ones).
 ARCHES["gemma4"] = _Arch(
     "Gemma4ForCausalLM",
     "model.layers.{i}.",
@@ -562,6 +563,15 @@ ARCHES["gemma4"] = _Arch(
         ("per_layer_projection.weight", ("proj.weight",), SAME),
         ("post_per_layer_input_norm.weight", ("post_norm.weight",), SAME),
         ("layer_scalar", ("layer_output_scale.weight",), SAME),
+        # the MoE variant: the router, 3-D experts as HF stacks them, the side-by-side branches' norms
+        ("router.proj.weight", ("ffn_gate_inp.weight",), SAME),
+        ("router.scale", ("ffn_gate_inp.scale",), SAME),
+        ("router.per_expert_scale", ("ffn_down_exps.scale",), SAME),
+        ("experts.gate_up_proj", ("ffn_gate_up_exps.weight",), SAME),
+        ("experts.down_proj", ("ffn_down_exps.weight",), SAME),
+        ("pre_feedforward_layernorm_2.weight", ("pre_ffw_norm_2.weight",), SAME),
+        ("post_feedforward_layernorm_1.weight", ("post_ffw_norm_1.weight",), SAME),
+        ("post_feedforward_layernorm_2.weight", ("post_ffw_norm_2.weight",), SAME),
     ],
     [],
     {"a": "self_attn.", "f": "mlp."},
