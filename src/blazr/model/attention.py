@@ -10,8 +10,11 @@ the causal attention kernel shared with MLA.
 Options (AttentionConfig): q/k RMSNorm per head or over all heads before rope (`ops.head_rms_norm` on views
 of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the torch path only — plain
 matmul / tanh / softmax, decode steps included: the C decode attention has no such step, so a CPU decode
-plan cannot hold such a layer and falls back to eager), and an output gate — qkv_proj's rows
-[q | k | v | gate], the attention output multiplied by sigmoid(gate) before o_proj (`ops.sigmoid_mul`).
+plan cannot hold such a layer and falls back to eager), Gemma 4's KV sharing (`kv_source`: qkv_proj holds q
+only; keys and values are read from the source layer's pools, this layer's cache), K = V (`is_v_from_k`:
+qkv_proj's rows [q | k], values a copy of k before its norm) and weightless value norms, and an output
+gate — qkv_proj's rows [q | k | v | gate], the attention output multiplied by sigmoid(gate) before o_proj
+(`ops.sigmoid_mul`).
 
 `SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools'
 dtype (a prefix is its blocks); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from q, k and v (and
