@@ -25,6 +25,7 @@ CONFIG_CLASSES = {
     "Qwen3_5ForCausalLM": "Qwen3_5TextConfig",
     "Qwen3_5MoeForCausalLM": "Qwen3_5MoeTextConfig",
     "Gemma3ForCausalLM": "Gemma3TextConfig",
+    "Gemma4ForCausalLM": "Gemma4TextConfig",
 }
 
 

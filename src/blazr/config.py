@@ -43,12 +43,14 @@ class RopeConfig:
     kept in a rope's place (every angle 0: the `dim` features pass unrotated — Kimi-Linear's MLA);
     "longrope" (Phi-3 / Phi-4) divides each frequency by its own factor — `short_factor` for a context within
     `original_max_position`, `long_factor` beyond it, chosen once per model from its context limit
-    (model/rope.py) — and multiplies cos/sin by `attention_factor`.
+    (model/rope.py) — and multiplies cos/sin by `attention_factor`; "proportional" (Gemma 4's full layers)
+    turns only the first `proportion` · dim/2 frequency pairs of the whole `dim` (θ^(−2i/dim) / `factor`) and
+    leaves the others at angle 0 (their features pass unrotated).
     """
 
     dim: int
     theta: float = 10000.0
-    scaling: Literal["default", "linear", "llama3", "yarn", "longrope", "none"] = "default"
+    scaling: Literal["default", "linear", "llama3", "yarn", "longrope", "proportional", "none"] = "default"
     factor: float = 1.0
     original_max_position: int = 0
     low_freq_factor: float = 1.0  # llama3
@@ -59,6 +61,7 @@ class RopeConfig:
     attention_factor: float = 1.0  # cos/sin multiplier (yarn mscale, longrope); 1.0 otherwise
     short_factor: tuple[float, ...] = ()  # longrope: a divisor per frequency [dim/2], context ≤ original
     long_factor: tuple[float, ...] = ()  # longrope: the same beyond original_max_position
+    proportion: float = 1.0  # proportional: the share of the dim/2 frequency pairs that turn
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,11 @@ class MixerConfig:
 
     kind: ClassVar[str]
     is_input_addend: ClassVar[bool] = False
+
+    @property
+    def cache_source(self) -> int | None:
+        """The earlier layer whose cache this mixer reads instead of holding its own (None: its own)."""
+        return None
 
 
 M = TypeVar("M", bound=MixerConfig)
@@ -86,7 +94,13 @@ class AttentionConfig(MixerConfig):
     per head [q_h; gate_h]); the attention output is multiplied by sigmoid(gate) before o_proj.
     `logit_softcap` c: the scaled scores s become c · tanh(s / c) before the mask and softmax (Gemma 2).
     `has_sinks`: a learned logit per query head (`sinks` [H]) joins each softmax's denominator and carries no
-    value, so a query may attend to "nothing" (GPT-OSS)."""
+    value, so a query may attend to "nothing" (GPT-OSS).
+
+    Gemma 4: `kv_source` j — the layer has no k / v projections (qkv_proj holds q's rows only) and attends
+    to the keys and values layer j wrote to its cache (KV shared across layers: this layer's cache is
+    layer j's, state/layout.py); `is_v_from_k` — no v projection (qkv_proj's rows [q | k]): the values are
+    the k projection's output, taken before the k norm and rope; `has_v_norm` — the values are RMS-normed
+    per head without weights (eps of `qk_norm`)."""
 
     kind: ClassVar[str] = "attention"
 
@@ -103,6 +117,13 @@ class AttentionConfig(MixerConfig):
     has_output_gate: bool = False
     logit_softcap: float | None = None
     has_sinks: bool = False
+    kv_source: int | None = None
+    is_v_from_k: bool = False
+    has_v_norm: bool = False
+
+    @property
+    def cache_source(self) -> int | None:
+        return self.kv_source
 
 
 @dataclass(frozen=True)
@@ -300,6 +321,9 @@ class MoEConfig:
     `latent_size` (Nemotron 3 Super's latent MoE): the routed experts run in a smaller space — the router and
     the shared MLP read the hidden state, the experts `latent_down(x)` [T, latent_size], and their weighted
     sum goes back through `latent_up`; `has_latent_bias`: both projections have biases.
+    Gemma 4: with `input_norm` the MoE reads the layer's un-normed residual x — the experts its RMSNorm
+    `norm(x)` (own weights), the router the weightless RMSNorm of x times its `input_scale` [D] and D^-½;
+    with `has_expert_scale` the renormalised weights are multiplied by `expert_scale[id]`.
     """
 
     num_experts: int
@@ -317,6 +341,22 @@ class MoEConfig:
     latent_size: int | None = None  # the experts' width in and out (None: the hidden size)
     has_latent_bias: bool = False
     has_router_bias: bool = False  # the router's logits = x · Wᵀ + b (GPT-OSS)
+    input_norm: NormConfig | None = None  # Gemma 4: the MoE norms the un-normed residual itself (see above)
+    has_expert_scale: bool = False  # Gemma 4: the chosen weights × a learned scale per expert [E]
+
+
+@dataclass(frozen=True)
+class PerLayerInputConfig:
+    """Gemma 4's per-layer inputs: each layer l reads a [size] vector per token, made once per forward from
+    a second token table [vocab_size, L·size] (looked up, times sqrt(size)) and a projection of the scaled
+    token embeddings [L·size, D] (times D^-½, RMS-normed per layer by `norm`), summed and scaled by 2^-½.
+    Each layer gates it into its residual after the feed-forward:
+    x += post_norm(proj(act(gate(x)) · input_l)), gate [size, D], proj [D, size] (model/per_layer.py)."""
+
+    size: int
+    vocab_size: int
+    activation: Activation = "gelu"
+    norm: NormConfig = field(default_factory=NormConfig)
 
 
 @dataclass(frozen=True)
@@ -326,7 +366,10 @@ class LayerConfig:
     its own pre-norm; a block may have no mixer (NemotronH MLP/MoE blocks) or no ffn (Mamba2 blocks).
     Norms: before each part (`norm`, `ffn_norm`; None: none) and after it, on its output before the
     residual add (`post_norm`, `ffn_post_norm`: OLMo 2 / 3 and OLMo-Hybrid's attention blocks norm only
-    after, Gemma both)."""
+    after, Gemma both). `has_output_scale`: the block's output (the whole residual) is multiplied by a
+    learned scalar `out_scale` [1] (Gemma 4's layer_scalar). A layer with both an `mlp` and a `moe` runs them
+    side by side on the residual (Gemma 4's MoE layers): ffn_post_norm(mlp_post_norm(mlp(ffn_norm(x))) +
+    moe_post_norm(moe(x))) is added to x (the MoE norms its own input: MoEConfig.input_norm)."""
 
     mixers: tuple[MixerConfig, ...] = ()
     mlp: MLPConfig | None = None
@@ -335,6 +378,9 @@ class LayerConfig:
     ffn_norm: NormConfig | None = field(default_factory=NormConfig)  # before the mlp / moe
     post_norm: NormConfig | None = None  # on the mixers' output
     ffn_post_norm: NormConfig | None = None  # on the mlp / moe output
+    has_output_scale: bool = False
+    mlp_post_norm: NormConfig | None = None  # an MLP beside a MoE: on the MLP's output
+    moe_post_norm: NormConfig | None = None  # an MLP beside a MoE: on the MoE's output
 
     @property
     def kind(self) -> str:
@@ -354,7 +400,7 @@ class ModelConfig:
     Scalar multipliers (Granite/FalconH1 µP) stay explicit here; per-weight ones are folded at load.
     `is_embedding_multiplier_rounded`: the multiplier is first rounded to the activations' dtype (Gemma's
     sqrt(hidden), a tensor of the embedding's dtype in transformers). `final_logit_softcap` c: the logits
-    become c · tanh(logits / c) (Gemma 2).
+    become c · tanh(logits / c) (Gemma 2). `per_layer_input`: Gemma 4's per-layer input embeddings.
     """
 
     architecture: str
@@ -369,6 +415,7 @@ class ModelConfig:
     logits_scale: float = 1.0  # logits are multiplied by this (Granite divides by logits_scaling)
     is_embedding_multiplier_rounded: bool = False
     final_logit_softcap: float | None = None
+    per_layer_input: PerLayerInputConfig | None = None
 
     @property
     def num_layers(self) -> int:

@@ -3,8 +3,10 @@ says about added/control tokens, BOS and EOS.
 
 Three sources: a bundled splintr vocabulary by name; a HF `tokenizer.json` (with tokenizer_config.json
 beside it); a GGUF vocabulary (`tokenizer.ggml.*`), where byte-level BPE (`gpt2`) is rebuilt as an HF
-tokenizer.json in memory with llama.cpp's pre-tokenizer regexes for `tokenizer.ggml.pre`, and SentencePiece
-(`llama`) uses splintr's SpmTokenizer. `tokenizer.py` chooses among them and wraps the result.
+tokenizer.json in memory with llama.cpp's pre-tokenizer regexes for `tokenizer.ggml.pre`, SentencePiece
+(`llama`) uses splintr's SpmTokenizer, and Gemma 4's SentencePiece-style BPE (`gemma4`: merges over raw UTF-8
+with spaces as `▁`, byte fallback) is rebuilt as an HF tokenizer.json too. `tokenizer.py` chooses among them
+and wraps the result.
 """
 
 from __future__ import annotations
@@ -169,6 +171,60 @@ def _bpe_tokenizer_json(metadata: Mapping[str, Any], tokens: list[str], types: l
     return _json_bytes(doc)
 
 
+def _spm_bpe_tokenizer_json(metadata: Mapping[str, Any], tokens: list[str], types: list[int]) -> bytes:
+    """An HF tokenizer.json for a GGUF SentencePiece-style BPE vocabulary (`tokenizer.ggml.model ==
+    "gemma4"`), as llama.cpp runs it (LLAMA_VOCAB_PRE_TYPE_GEMMA4): spaces become `▁` (no prefix), the text
+    is split into runs of newlines and runs of anything else, BPE merges (their rank order) run on raw UTF-8
+    characters, and a piece outside the vocabulary falls back to its bytes' `<0xNN>` tokens. Added tokens as
+    in `_bpe_tokenizer_json`. (llama.cpp takes a whole newline run as one token where the vocabulary has it,
+    merges or not; here the merges decide.)"""
+    merges: list[Any] = _strings(metadata, "tokenizer.ggml.merges")
+    if "\n".join(merges).count(" ") != len(merges):
+        merges = [m.split(" ", 1) for m in merges]
+    added_kinds = (_GGUF_CONTROL, _GGUF_UNKNOWN, _GGUF_USER_DEFINED)
+    added = [
+        {"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": kind != _GGUF_USER_DEFINED}
+        for i, kind in enumerate(types)
+        if kind in added_kinds
+    ]  # fmt: skip
+    doc = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        "pre_tokenizer": {
+            "type": "Split",
+            "pattern": {"Regex": r"[^\n]+|[\n]+"},
+            "behavior": "Isolated",
+            "invert": False,
+        },
+        "post_processor": None,
+        "decoder": {
+            "type": "Sequence",
+            "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"},
+                {"type": "Fuse"},
+            ],
+        },
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": dict(zip(reversed(tokens), range(len(tokens) - 1, -1, -1), strict=True)),
+            "merges": merges,
+        },
+    }
+    return _json_bytes(doc)
+
+
 @dataclass
 class Vocab:
     """A loaded backend plus what the vocabulary itself says about specials, BOS and EOS."""
@@ -286,9 +342,13 @@ def from_gguf(meta: Mapping[str, Any]) -> Vocab:
         else:
             backend = splintr.SpmTokenizer(tokens, scores)
         name, add_bos = "gguf:llama", True
+    elif model == "gemma4":
+        backend = splintr.from_json_bytes(_spm_bpe_tokenizer_json(meta, tokens, types))
+        name, add_bos = "gguf:gemma4", True
     else:
         raise UnsupportedError(
-            f"GGUF tokenizer.ggml.model={model!r}: expected 'gpt2' (byte-level BPE) or 'llama' (SPM)"
+            f"GGUF tokenizer.ggml.model={model!r}: expected 'gpt2' (byte-level BPE), 'llama' (SPM) or "
+            "'gemma4' (SPM-style BPE)"
         )
     kinds = (_GGUF_CONTROL, _GGUF_UNKNOWN, _GGUF_USER_DEFINED)
     added = {t: i for i, (t, k) in enumerate(zip(tokens, types, strict=True)) if k in kinds}

@@ -154,8 +154,10 @@ def build_gemma(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
 
 
 def _is_gemma(shapes: Shapes) -> bool:
-    """Sandwich norms: `pre_feedforward_layernorm` beside `input_layernorm`."""
+    """Sandwich norms: `pre_feedforward_layernorm` beside `input_layernorm` (and no Gemma 4 layer_scalar)."""
     names = list(shapes)
+    if any(n.endswith(".layer_scalar") for n in names):
+        return False
     return any(n.endswith(".pre_feedforward_layernorm.weight") for n in names) and any(
         n.endswith(".input_layernorm.weight") for n in names
     )

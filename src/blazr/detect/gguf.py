@@ -12,6 +12,12 @@ Per architecture (keys without the `{arch}.` prefix):
   (`attention.sliding_window`, 0: none); LongRoPE's factors are tensors, not keys (see `_longrope`).
 - gemma2, gemma3: as llama, plus the sliding window and its layers, the sliding layers' rope θ, the
   soft-caps and llama.cpp's query scalar (see `_gemma`).
+- gemma4: layer kinds from `attention.sliding_window_pattern`, the full layers' head size
+  (`attention.key_length`) and KV heads (per-layer `attention.head_count_kv`) beside the sliding ones'
+  (`attention.key_length_swa`), `attention.shared_kv_layers`, per-layer `feed_forward_length` (double-wide
+  shared layers), `embedding_length_per_layer_input`, the MoE variant's `expert_*` counts; K = V where a full
+  layer has no `attn_v`, and the proportional rope's share from the `rope_freqs` tensor (see `_gemma4`,
+  `_gemma4_tensors`).
 - granite, granitemoe (Granite 3): as llama, plus `embedding_scale` / `residual_scale` / `attention.scale` /
   `logit_scale` and the experts (shared ones: GraniteMoeShared).
 - mamba2: `ssm.{inner_size, state_size, group_count, conv_kernel, time_step_rank}` (= Mamba2 heads).
@@ -231,6 +237,64 @@ def _gemma(key: Meta, num_layers: int, arch: str) -> dict[str, Any]:
         sliding = {"rope_type": "default", "rope_theta": key("rope.freq_base_swa") or 10000.0}
         raw["rope_parameters"] = {"full_attention": full, "sliding_attention": sliding}
     return raw
+
+
+def _gemma4(key: Meta, num_layers: int) -> dict[str, Any]:
+    """Gemma 4 as llama.cpp's converter writes it (config keys of Gemma4TextConfig, per_layer_config for the
+    full layers); the tensor-borne parts come from `_gemma4_tensors`."""
+    pattern = key("attention.sliding_window_pattern")
+    if not isinstance(pattern, list) or len(pattern) < num_layers:
+        raise CheckpointError(f"gemma4: attention.sliding_window_pattern must list {num_layers} layers")
+    kinds = ["sliding_attention" if bool(p) else "full_attention" for p in pattern[:num_layers]]
+    kv = _per_layer(key("attention.head_count_kv"), num_layers)
+    ff = _per_layer(key("feed_forward_length"), num_layers)
+    shared = int(key("attention.shared_kv_layers") or 0)
+    full = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    sliding = [i for i, k in enumerate(kinds) if k == "sliding_attention"]
+    head_full = key("attention.key_length")
+    return {
+        "layer_types": kinds,
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": kv[sliding[0]] if sliding else kv[0],
+        "head_dim": key("attention.key_length_swa") or head_full,
+        "per_layer_config": {str(i): {"head_dim": head_full, "num_key_value_heads": kv[i]} for i in full},
+        "num_kv_shared_layers": shared,
+        "intermediate_size": ff[0],
+        "use_double_wide_mlp": shared > 0 and ff[-1] == 2 * ff[0],
+        "hidden_size_per_layer_input": key("embedding_length_per_layer_input") or 0,
+        "sliding_window": key("attention.sliding_window"),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "final_logit_softcapping": key("final_logit_softcapping"),
+        "enable_moe_block": bool(key("expert_count")),
+        "num_experts": key("expert_count"),
+        "top_k_experts": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+    }
+
+
+def _gemma4_tensors(gguf: GGUFFile, key: Meta) -> dict[str, Any]:
+    """K = V where the first full layer has no `attn_v`; the ropes — the sliding layers' default, the full
+    layers' proportional from `rope_freqs` [head/2] (1: a turning pair, 1e30: a still one — the converter's
+    encoding of partial_rotary_factor), default without it."""
+    kinds = key("attention.sliding_window_pattern") or []
+    full = next((i for i, p in enumerate(kinds) if not p), None)
+    out: dict[str, Any] = {
+        "attention_k_eq_v": full is not None
+        and f"blk.{full}.attn_k.weight" in gguf.tensor_names
+        and f"blk.{full}.attn_v.weight" not in gguf.tensor_names
+    }
+    full_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": key("rope.freq_base") or 1e6}
+    if "rope_freqs.weight" in gguf.tensor_names:
+        factors = gguf.load("rope_freqs.weight", torch.float32).flatten()
+        turning = int((factors == 1.0).sum())
+        if not (
+            torch.equal(factors[:turning], torch.ones(turning)) and bool((factors[turning:] > 1e20).all())
+        ):
+            raise UnsupportedError(f"{gguf.path}: rope_freqs is not a proportional rope's (1s, then 1e30s)")
+        full_rope |= {"rope_type": "proportional", "partial_rotary_factor": turning / factors.numel()}
+    sliding_rope = {"rope_type": "default", "rope_theta": key("rope.freq_base_swa") or 10000.0}
+    out["rope_parameters"] = {"sliding_attention": sliding_rope, "full_attention": full_rope}
+    return out
 
 
 def _ssm(key: Meta) -> dict[str, Any]:
@@ -518,6 +582,7 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "phi3": _phi3,
     "gemma2": partial(_gemma, arch="gemma2"),
     "gemma3": partial(_gemma, arch="gemma3"),
+    "gemma4": _gemma4,
     "mamba2": _mamba2,
     "granitehybrid": _granite,
     "nemotron_h": _nemotron_h,
@@ -536,7 +601,10 @@ _CONFIG_KEYS: dict[str, Callable[[Meta, int], dict[str, Any]]] = {
     "jamba": _jamba,
 }
 # config values llama.cpp stores as tensors, read from the file (architecture → its reader)
-_TENSOR_KEYS: dict[str, Callable[[GGUFFile, Meta], dict[str, Any]]] = {"phi3": _longrope}
+_TENSOR_KEYS: dict[str, Callable[[GGUFFile, Meta], dict[str, Any]]] = {
+    "phi3": _longrope,
+    "gemma4": _gemma4_tensors,
+}
 
 
 def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoint:

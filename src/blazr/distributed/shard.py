@@ -26,6 +26,7 @@ import torch
 
 from blazr.config import LayerConfig, ModelConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
+from blazr.errors import UnsupportedError
 from blazr.model import mixers
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -41,6 +42,8 @@ def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
     does not divide)."""
     if world == 1:
         return cfg
+    if cfg.per_layer_input is not None:
+        raise UnsupportedError("Gemma 4's per-layer inputs are not split across ranks (use one rank)")
     return cfg.with_(layers=tuple(_shard_layer(layer, i, world) for i, layer in enumerate(cfg.layers)))
 
 
@@ -53,6 +56,8 @@ def _shard_layer(layer: LayerConfig, i: int, world: int) -> LayerConfig:
         check_divisible(f.intermediate_size, world, f"{where} MLP width")
         changes["mlp"] = replace(f, intermediate_size=f.intermediate_size // world)
     if (e := layer.moe) is not None:
+        if e.input_norm is not None or e.has_expert_scale:
+            raise UnsupportedError(f"{where} MoE: Gemma 4's MoE is not split across ranks (use one rank)")
         check_divisible(e.num_experts, world, f"{where} experts")
         shared = e.shared
         if shared is not None:

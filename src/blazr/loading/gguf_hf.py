@@ -4,8 +4,8 @@ Owns, per llama.cpp architecture (`general.architecture`), which GGUF tensors ma
 the inverse of `convert_hf_to_gguf.py`. Names (`blk.N.ssm_in.weight` → `backbone.layers.N.mixer.in_proj.
 weight`), q/k rows un-permuted (llama.cpp's interleaved rotary pairs → HF's halves), `A = -exp(A_log)` back
 to A_log, Mamba's `[H, 1]` / `[G, Di/G]` / `[C, K]` reshapes undone, (1 + w) norms stored as 1 + w back to w
-(Qwen3-Next / Qwen3.5, Gemma 2 / 3), split tensors joined (gate | up rows, Granite's experts, DeepSeek's
-per-head k_b / v_b into kv_b_proj) and stacked experts sliced per expert.
+(Qwen3-Next / Qwen3.5, Gemma 2 / 3; Gemma 4's are plain), split tensors joined (gate | up rows, Granite's
+experts, DeepSeek's per-head k_b / v_b into kv_b_proj) and stacked experts sliced per expert.
 With that, detection runs the HF builders and loading the HF name maps unchanged, and quantized linear
 weights pass through as stored bytes (`load_raw`: only row-wise ops, so ggml blocks stay whole).
 
@@ -561,6 +561,41 @@ ARCHES["gpt-oss"] = _Arch(
         ("mlp.experts.down_proj_bias", ("ffn_down_exps.bias",), SAME),
     ],
     [(f"mlp.experts.{{e}}.{x}_proj.weight", f"ffn_{x}_exps.weight") for x in ("gate", "up", "down")],
+    {"a": "self_attn.", "f": "mlp."},
+    permuted=False,
+)
+# Gemma 4 (the converter's Gemma4Model): Gemma 3's names with plain (w) norms stored as they are, q/k/v as
+# HF holds them (a shared-KV layer has attn_q only, a K = V layer no attn_v), the per-layer inputs (global
+# per_layer_token_embd / per_layer_model_proj / per_layer_proj_norm; per layer inp_gate, proj, post_norm) and
+# the layer scalar (layer_output_scale), and the MoE layers' router (ffn_gate_inp, its .scale, the
+# per-expert scales as ffn_down_exps.scale) and stacked experts. The full layers' proportional rope is
+# `rope_freqs` (read by detection: 1 for the turning pairs, 1e30 for the still ones).
+ARCHES["gemma4"] = _Arch(
+    "Gemma4ForCausalLM",
+    "model.layers.{i}.",
+    {
+        **_MODEL,
+        "per_layer_token_embd": "model.embed_tokens_per_layer.weight",
+        "per_layer_model_proj": "model.per_layer_model_projection.weight",
+        "per_layer_proj_norm": "model.per_layer_projection_norm.weight",
+    },
+    [
+        *[(hf, gguf, SAME) for hf, gguf, _ in _GEMMA],
+        ("per_layer_input_gate.weight", ("inp_gate.weight",), SAME),
+        ("per_layer_projection.weight", ("proj.weight",), SAME),
+        ("post_per_layer_input_norm.weight", ("post_norm.weight",), SAME),
+        ("layer_scalar", ("layer_output_scale.weight",), SAME),
+        # the MoE variant: the router, 3-D experts as HF stacks them, the side-by-side branches' norms
+        ("router.proj.weight", ("ffn_gate_inp.weight",), SAME),
+        ("router.scale", ("ffn_gate_inp.scale",), SAME),
+        ("router.per_expert_scale", ("ffn_down_exps.scale",), SAME),
+        ("experts.gate_up_proj", ("ffn_gate_up_exps.weight",), SAME),
+        ("experts.down_proj", ("ffn_down_exps.weight",), SAME),
+        ("pre_feedforward_layernorm_2.weight", ("pre_ffw_norm_2.weight",), SAME),
+        ("post_feedforward_layernorm_1.weight", ("post_ffw_norm_1.weight",), SAME),
+        ("post_feedforward_layernorm_2.weight", ("post_ffw_norm_2.weight",), SAME),
+    ],
+    [],
     {"a": "self_attn.", "f": "mlp."},
     permuted=False,
 )

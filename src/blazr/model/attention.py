@@ -12,8 +12,11 @@ of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the tor
 matmul / tanh / softmax, decode steps included: the C decode attention has no such step, so a CPU decode
 plan cannot hold such a layer and falls back to eager), attention sinks (GPT-OSS: a learned logit per head,
 `sinks` [H] float32, in the softmax's denominator — the torch path as one more score column, the C decode
-attention in its merge, so such a layer stays in the decode plan), and an output gate — qkv_proj's rows
-[q | k | v | gate], the attention output multiplied by sigmoid(gate) before o_proj (`ops.sigmoid_mul`).
+attention in its merge, so such a layer stays in the decode plan), Gemma 4's KV sharing (`kv_source`:
+qkv_proj holds q only; keys and values are read from the source layer's pools, this layer's cache), K = V
+(`is_v_from_k`: qkv_proj's rows [q | k], values a copy of k before its norm) and weightless value norms, and
+an output gate — qkv_proj's rows [q | k | v | gate], the attention output multiplied by sigmoid(gate) before
+o_proj (`ops.sigmoid_mul`).
 
 `SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools'
 dtype (a prefix is its blocks); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from q, k and v (and
@@ -153,7 +156,9 @@ class Attention(nn.Module):
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.gate_size = self.q_size if cfg.has_output_gate else 0
-        out = self.q_size + 2 * self.kv_size + self.gate_size
+        # the k and v rows qkv_proj holds: none (KV read from another layer), k only (v = k), or both
+        self.num_kv_rows = 0 if cfg.kv_source is not None else (1 if cfg.is_v_from_k else 2) * self.kv_size
+        out = self.q_size + self.num_kv_rows + self.gate_size
         self.qkv_proj = nn.Linear(hidden_size, out, bias=cfg.has_qkv_bias)
         self.o_proj = nn.Linear(self.q_size, hidden_size, bias=cfg.has_o_bias)
         if cfg.qk_norm is not None:  # per head: [Dh] weights; over all heads: [H·Dh], [Hkv·Dh]
@@ -161,30 +166,49 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(
                 cfg.head_dim if cfg.is_qk_norm_per_head else self.q_size, n.eps, n.weight_offset
             )
-            self.k_norm = RMSNorm(
-                cfg.head_dim if cfg.is_qk_norm_per_head else self.kv_size, n.eps, n.weight_offset
-            )
+            if cfg.kv_source is None:
+                self.k_norm = RMSNorm(
+                    cfg.head_dim if cfg.is_qk_norm_per_head else self.kv_size, n.eps, n.weight_offset
+                )
         if cfg.has_sinks:  # one logit per query head, kept float32 (the C decode attention reads it so)
             self.sinks = nn.Parameter(torch.empty(cfg.num_heads, dtype=torch.float32), requires_grad=False)
             self.sinks.keep_float32 = True
+        if cfg.has_v_norm:  # weightless: a constant scale of ones for the kernel op
+            self.register_buffer("v_norm_scale", torch.ones(cfg.head_dim, device="cpu"), persistent=False)
         self.rope = rope
 
     def _sinks(self) -> torch.Tensor | None:
         return self.sinks if self.cfg.has_sinks else None
 
-    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> None:
-        """q [T, H, Dh], k [T, Hkv, Dh] (views into the qkv output) normed in place, per head or per row."""
+    def _qk_norm(self, q: torch.Tensor, k: torch.Tensor | None) -> None:
+        """q [T, H, Dh], k [T, Hkv, Dh] (views into the qkv output; None: KV read from another layer) normed
+        in place, per head or per row."""
         if self.cfg.qk_norm is None:
             return
         if not self.cfg.is_qk_norm_per_head:  # one group of all heads' features: [T, 1, H·Dh]
-            q, k = q.flatten(1).unsqueeze(1), k.flatten(1).unsqueeze(1)
+            q = q.flatten(1).unsqueeze(1)
+            k = None if k is None else k.flatten(1).unsqueeze(1)
         ops.head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-        ops.head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        if k is not None:
+            ops.head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+
+    def _values(self, qkv: torch.Tensor, T: int) -> torch.Tensor:
+        """v [T, Hkv, Dh]: qkv's v rows, or (`is_v_from_k`) a copy of its k rows taken before the k norm;
+        RMS-normed without weights (`has_v_norm`, in place). Call before the k norm."""
+        cfg, q, kv = self.cfg, self.q_size, self.kv_size
+        if cfg.is_v_from_k:
+            v = qkv[:, q : q + kv].reshape(T, cfg.num_kv_heads, cfg.head_dim).clone()
+        else:
+            v = qkv[:, q + kv : q + 2 * kv].view(T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.has_v_norm:
+            assert cfg.qk_norm is not None
+            ops.head_rms_norm(v, self.v_norm_scale, cfg.qk_norm.eps)
+        return v
 
     def _gate(self, o: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """The output gate: o [T, H·Dh] · sigmoid(gate rows of qkv), in place (no gate: o as it is)."""
         if self.gate_size:
-            ops.sigmoid_mul(o, qkv[:, self.q_size + 2 * self.kv_size :])
+            ops.sigmoid_mul(o, qkv[:, self.q_size + self.num_kv_rows :])
         return o
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
@@ -198,12 +222,11 @@ class Attention(nn.Module):
             return self._decode(x, batch, cache)
         cfg, T = self.cfg, x.shape[0]
         qkv = self.qkv_proj(x)
-        q, k, v = qkv[:, : self.q_size + 2 * self.kv_size].split(
-            [self.q_size, self.kv_size, self.kv_size], dim=-1
-        )
-        q = q.view(T, cfg.num_heads, cfg.head_dim)
-        k = k.view(T, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
+        q = qkv[:, : self.q_size].view(T, cfg.num_heads, cfg.head_dim)
+        if cfg.kv_source is not None:
+            return self._shared_kv(q, qkv, batch, cache)
+        v = self._values(qkv, T)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, cfg.num_kv_heads, cfg.head_dim)
         self._qk_norm(q, k)
         if self.rope is not None:
             q = self.rope(q, batch.positions)
@@ -219,21 +242,43 @@ class Attention(nn.Module):
         )  # fmt: skip
         return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv))
 
+    def _shared_kv(
+        self, q: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None
+    ) -> torch.Tensor:
+        """Attention over the keys and values layer `kv_source` wrote (this layer's cache is that layer's):
+        the new tokens' own rows read back from the pools, as stored. q [T, H, Dh] → [T, D]."""
+        cfg, T = self.cfg, q.shape[0]
+        assert cache is not None and batch.slot_mapping is not None, "a KV-sharing layer reads a cache"
+        self._qk_norm(q, None)
+        if self.rope is not None:
+            q = self.rope(q, batch.positions)
+        k_pool, v_pool = cache.k, cache.v
+        k, v = k_pool[batch.slot_mapping].to(q.dtype), v_pool[batch.slot_mapping].to(q.dtype)
+        o = causal_attention(
+            q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window, cfg.logit_softcap
+        )
+        return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv))
+
     def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         """One token per sequence, float32 on the CPU, as kernel ops: RoPE on the q and k heads of the fused
         qkv output in place, keys / values into the pools, paged decode attention. x [B, D] → [B, D]."""
         cfg, B = self.cfg, x.shape[0]
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         assert cache.k is not None and cache.v is not None and batch.slot_mapping is not None
-        qkv = self.qkv_proj(x)  # [B, (H + 2·Hkv)·Dh (+ H·Dh gate)]
-        self._qk_norm(qkv[:, : H * Dh].view(B, H, Dh), qkv[:, H * Dh : (H + Hkv) * Dh].view(B, Hkv, Dh))
-        if self.rope is not None:
-            qk = qkv[:, : (H + Hkv) * Dh].view(B, H + Hkv, Dh)
-            ops.rope_neox(qk, batch.positions, self.rope.cos, self.rope.sin, self.rope.dim)
-        k = qkv[:, H * Dh : (H + Hkv) * Dh].view(B, Hkv, Dh)
-        v = qkv[:, (H + Hkv) * Dh : (H + 2 * Hkv) * Dh].view(B, Hkv, Dh)
-        ops.kv_write(k, v, batch.slot_mapping, cache.k, cache.v)
+        qkv = self.qkv_proj(x)  # [B, H·Dh + k / v rows (+ H·Dh gate)]
         q = qkv[:, : H * Dh].view(B, H, Dh)
+        if cfg.kv_source is None:  # this layer's own keys and values into the pools
+            v = self._values(qkv, B)
+            k = qkv[:, H * Dh : (H + Hkv) * Dh].view(B, Hkv, Dh)
+            self._qk_norm(q, k)
+            if self.rope is not None:  # q and k heads back to back: one call
+                qk = qkv[:, : (H + Hkv) * Dh].view(B, H + Hkv, Dh)
+                ops.rope_neox(qk, batch.positions, self.rope.cos, self.rope.sin, self.rope.dim)
+            ops.kv_write(k, v, batch.slot_mapping, cache.k, cache.v)
+        else:  # KV shared: layer kv_source wrote this step's keys and values already
+            self._qk_norm(q, None)
+            if self.rope is not None:
+                ops.rope_neox(q, batch.positions, self.rope.cos, self.rope.sin, self.rope.dim)
         o = ops.paged_attention_decode(
             q,
             cache.k,
@@ -251,6 +296,8 @@ class Attention(nn.Module):
 
 
 def _cache(cfg: AttentionConfig) -> tuple[CacheTensor, ...]:
+    if cfg.kv_source is not None:  # reads layer kv_source's cache (mixers.cache_layout)
+        return ()
     row = (cfg.num_kv_heads, cfg.head_dim)
     return CacheTensor("k", row, "kv"), CacheTensor("v", row, "kv")
 
@@ -261,10 +308,16 @@ def _fused(cfg: AttentionConfig, leaf: str) -> FusedParts | None:
     end = leaf.removeprefix("qkv_proj.")  # weight | bias
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     gate = ((f"q_gate.{end}", q),) if cfg.has_output_gate else ()
-    return FusedParts(((f"q_proj.{end}", q), (f"k_proj.{end}", kv), (f"v_proj.{end}", kv), *gate))
+    k_v = ((f"k_proj.{end}", kv),) if cfg.is_v_from_k else ((f"k_proj.{end}", kv), (f"v_proj.{end}", kv))
+    return FusedParts(((f"q_proj.{end}", q), *(k_v if cfg.kv_source is None else ()), *gate))
 
 
 def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
+    if (cfg.kv_source is not None or cfg.is_v_from_k) and world > 1:
+        raise UnsupportedError(
+            f"{where} attention: Gemma 4's shared KV and K = V attention are not split across ranks (use one "
+            "rank)"
+        )
     check_divisible(cfg.num_heads, world, f"{where} attention heads")
     check_divisible(cfg.num_kv_heads, world, f"{where} KV heads")
     if cfg.qk_norm is not None and not cfg.is_qk_norm_per_head and world > 1:

@@ -9,7 +9,14 @@ token embeddings e instead, and its output joins the other mixers' input rather 
     h = norm(x + Σ addend(x, e));  x = x + r · post_norm(Σ mixer(h))
 
 Each norm is optional (LayerConfig): most models have the pre-norms only; OLMo-Hybrid's attention blocks
-the post-norms only.
+the post-norms only. Gemma 4 then adds its per-layer input (`per_layer`, model/per_layer.py) and scales the
+whole result by the learned scalar `out_scale` (`has_output_scale`):
+
+    x = x + post_norm(proj(act(gate(x)) · per_layer_input));  x = out_scale · x
+
+A Gemma 4 MoE layer runs its MLP and its MoE side by side, each with its own post-norm:
+
+    x = x + r · ffn_post_norm(mlp_post_norm(mlp(ffn_norm(x))) + moe_post_norm(moe(x)))
 
 r is the model's residual multiplier (1 except Granite). Each mixer is built by its kind's spec
 (model/mixers.py) and held under the kind's prefix (`attn`, `mla`, `mamba`), the name its parameters carry.
@@ -23,13 +30,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from blazr.config import LayerConfig
+from blazr.config import LayerConfig, PerLayerInputConfig
 from blazr.kernels import ops
 from blazr.model import mixers
 from blazr.model.mixer_spec import RopeFor
 from blazr.model.mlp import MLP
 from blazr.model.moe import MoE
 from blazr.model.norm import make_norm
+from blazr.model.per_layer import PerLayerGate
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 
@@ -45,10 +53,12 @@ class Block(nn.Module):
         rope_for: RopeFor,
         residual_multiplier: float = 1.0,
         tp: TPGroup | None = None,
+        per_layer_input: PerLayerInputConfig | None = None,
     ) -> None:
         """`rope_for`: the model's shared rotary tables. `tp`: the block is one tensor-parallel shard (cfg
         holds the shard's sizes, distributed/shard.py): the mixers' and the feed-forward's outputs are
-        partial sums, all-reduced once each."""
+        partial sums, all-reduced once each. `per_layer_input`: the model's per-layer inputs (Gemma 4),
+        gated in after the feed-forward."""
         super().__init__()
         self.cfg = cfg
         self.residual_multiplier = residual_multiplier
@@ -64,9 +74,13 @@ class Block(nn.Module):
         norms = {"mixer_norm": cfg.norm, "mixer_post_norm": cfg.post_norm} if self.mixer_names else {}
         if self.mlp is not None or self.moe is not None:
             norms |= {"ffn_norm": cfg.ffn_norm, "ffn_post_norm": cfg.ffn_post_norm}
+        if self.mlp is not None and self.moe is not None:  # side by side (Gemma 4)
+            norms |= {"mlp_post_norm": cfg.mlp_post_norm, "moe_post_norm": cfg.moe_post_norm}
         for name, norm in norms.items():
             if norm is not None:
                 self.add_module(name, make_norm(norm, hidden_size))
+        self.per_layer = PerLayerGate(per_layer_input, hidden_size) if per_layer_input is not None else None
+        self.out_scale = nn.Parameter(torch.ones(1)) if cfg.has_output_scale else None
 
     def forward(
         self,
@@ -74,8 +88,26 @@ class Block(nn.Module):
         batch: ForwardBatch,
         cache: LayerCache | None,
         embeddings: torch.Tensor | None = None,
+        per_layer_input: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x [T, D]; `embeddings` [T, D]: the token embeddings, for an input-addend mixer (else None)."""
+        """x [T, D]; `embeddings` [T, D]: the token embeddings, for an input-addend mixer (else None);
+        `per_layer_input` [T, P]: this layer's per-layer input (Gemma 4; else None)."""
+        x = self._mix_and_feed(x, batch, cache, embeddings)
+        if self.per_layer is not None:
+            assert per_layer_input is not None, "a per-layer gate reads the layer's per-layer input"
+            x = self.per_layer(x, per_layer_input)
+        if self.out_scale is not None:
+            x = x * self.out_scale
+        return x
+
+    def _mix_and_feed(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        cache: LayerCache | None,
+        embeddings: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The mixers' and the feed-forward's residual adds."""
         r = self.residual_multiplier
         if self.mixer_names:
             h = x
@@ -90,7 +122,10 @@ class Block(nn.Module):
                     out = y if out is None else _add(out, y)
             if out is not None:
                 x = _add(x, self._norm("mixer_post_norm", self._reduce(out)), r)
-        if self.mlp is not None:
+        if self.mlp is not None and self.moe is not None:  # side by side; the MoE norms its own input
+            y = self._norm("mlp_post_norm", self.mlp(self._norm("ffn_norm", x)))
+            y = y + self._norm("moe_post_norm", self.moe(x, batch))
+        elif self.mlp is not None:
             y = self.mlp(self._norm("ffn_norm", x))
         elif self.moe is not None:
             y = self.moe(self._norm("ffn_norm", x), batch)

@@ -26,7 +26,16 @@ if TYPE_CHECKING:
 
 _SPECS: dict[type[MixerConfig], MixerSpec] = {}
 # a Block's own parts: no kind may take their names
-_RESERVED = ("mixer_norm", "ffn_norm", "mixer_post_norm", "ffn_post_norm", "mlp", "moe")
+_RESERVED = (
+    "mixer_norm",
+    "ffn_norm",
+    "mixer_post_norm",
+    "ffn_post_norm",
+    "mlp",
+    "moe",
+    "per_layer",
+    "out_scale",
+)
 _CALLABLES = ("build", "cache", "fused", "shard", "slice")
 
 
@@ -108,9 +117,20 @@ def quantizable_linears() -> tuple[str, ...]:
 
 def cache_layout(cfg: ModelConfig) -> CacheLayout:
     """The model's cache: per layer, its mixers' declared tensors — paged for `Snapshot.BLOCKS` kinds, one
-    row per sequence for `Snapshot.STATE_SLOT` ones (ValueError when two share a name in one layer)."""
-    layers = []
+    row per sequence for `Snapshot.STATE_SLOT` ones (ValueError when two share a name in one layer) — or,
+    for a layer whose mixer reads an earlier layer's cache (`MixerConfig.cache_source`), none and that
+    layer's index (ValueError unless it is an earlier layer with a cache of its own and the only mixer)."""
+    layers: list[LayerLayout] = []
     for i, layer in enumerate(cfg.layers):
+        sources = {m.cache_source for m in layer.mixers} - {None}
+        if sources:
+            (j,) = sources if len(sources) == 1 and len(layer.mixers) == 1 else (None,)
+            if j is None or not 0 <= j < i or layers[j].source is not None or not layers[j].paged:
+                raise ValueError(
+                    f"layer {i}: reads the cache of layer {sorted(sources)}, not an earlier one's own"
+                )
+            layers.append(LayerLayout(source=j))
+            continue
         rows: dict[Snapshot, list[CacheTensor]] = {Snapshot.BLOCKS: [], Snapshot.STATE_SLOT: []}
         for m in layer.mixers:
             spec = spec_of(m)

@@ -5,6 +5,11 @@ Parameters carry blazr's internal names (see loading/names.py for the renames fr
 prefix, model/mixers.py), `norm.weight`, `lm_head.weight` (absent when tied); Zamba2's shared transformer
 blocks `shared_blocks.{b}.…` (model/zamba2_shared.py). The math is pure: `forward(input_ids, batch, cache)`.
 
+Gemma 4: the per-layer inputs (`per_layer_inputs`, model/per_layer.py) are made once per forward and layer
+i reads its slice; a model whose layers share KV (`AttentionConfig.kv_source`) runs a cache-less forward
+through a scratch cache of one slot per token (`_scratch_cache`), as the sharing layers read keys from a
+cache.
+
 On the CPU kernels a GGUF's token table may stay as stored (model/embedding.py, loading/quantize.py).
 On float32 CPU activations every step of a decode-only batch is a kernel op (`kernels/ops.py`: embedding,
 norms, linears, attention / Mamba2 steps, residual adds), so that `engine/decode_plan.py` can record this
@@ -15,6 +20,7 @@ Shapes: input_ids [T]; hidden [T, D]; logits [n, V] float32.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,10 +30,12 @@ from blazr.config import ModelConfig, RopeConfig, Zamba2SharedConfig
 from blazr.kernels import ops
 from blazr.model.block import Block
 from blazr.model.embedding import QuantizedEmbedding
+from blazr.model.mixers import cache_layout
 from blazr.model.norm import make_norm
+from blazr.model.per_layer import PerLayerInputs
 from blazr.model.rope import RotaryEmbedding
 from blazr.model.zamba2_shared import bind_calls, shared_blocks
-from blazr.state.batch import ForwardBatch
+from blazr.state.batch import ForwardBatch, pad_kv_indices
 from blazr.state.kv_cache import ModelCache
 
 if TYPE_CHECKING:
@@ -57,8 +65,15 @@ class CausalLM(nn.Module):
 
         self.embed_tokens: nn.Embedding | QuantizedEmbedding = nn.Embedding(vocab, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            Block(layer, cfg.hidden_size, rope_for, cfg.residual_multiplier, tp) for layer in cfg.layers
+            Block(layer, cfg.hidden_size, rope_for, cfg.residual_multiplier, tp, cfg.per_layer_input)
+            for layer in cfg.layers
         )
+        self.per_layer_inputs = (
+            PerLayerInputs(cfg.per_layer_input, cfg.hidden_size, cfg.num_layers)
+            if cfg.per_layer_input is not None
+            else None
+        )
+        self.shares_kv = any(m.cache_source is not None for layer in cfg.layers for m in layer.mixers)
         # Zamba2: transformer blocks held once, called by several layers on (x, token embeddings)
         self.reads_embeddings = any(m.is_input_addend for layer in cfg.layers for m in layer.mixers)
         if any(isinstance(m, Zamba2SharedConfig) for layer in cfg.layers for m in layer.mixers):
@@ -84,9 +99,33 @@ class CausalLM(nn.Module):
             if scale != 1.0:
                 x = x * scale
         embeddings = x.clone() if self.reads_embeddings else None  # the layers' adds may write x in place
+        per_layer = (
+            None if self.per_layer_inputs is None else self.per_layer_inputs(input_ids, x)
+        )  # [T, L, P]
+        if cache is None and self.shares_kv:
+            batch, cache = self._scratch_cache(batch, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, cache.layer(i) if cache is not None else None, embeddings)
+            layer_cache = cache.layer(i) if cache is not None else None
+            x = layer(x, batch, layer_cache, embeddings, None if per_layer is None else per_layer[:, i])
         return self.norm(x)
+
+    def _scratch_cache(self, batch: ForwardBatch, dtype: torch.dtype) -> tuple[ForwardBatch, ModelCache]:
+        """A cache of one slot per token of a cache-less batch of whole prompts, and the batch addressing
+        it (token t at slot t), for layers that read another layer's keys from a cache (KV sharing)."""
+        assert not any(batch.context_lens), "a cache-less batch holds whole prompts"
+        device = batch.positions.device
+        T, starts, lens = batch.num_tokens, batch.query_starts, batch.query_lens
+        rows = [torch.arange(s, s + n, device=device) for s, n in zip(starts, lens, strict=True)]
+        width = max(lens, default=0)
+        kv_indices = torch.stack([torch.cat([r, r.new_zeros(width - len(r))]) for r in rows])
+        seq_lens = torch.tensor(lens, device=device)
+        scratch = replace(
+            batch,
+            slot_mapping=torch.arange(T, device=device),
+            kv_indices=pad_kv_indices(kv_indices, seq_lens),
+            _masks={},
+        )
+        return scratch, ModelCache(cache_layout(self.cfg), T, 0, dtype, device)
 
     def _embed_sharded(self, input_ids: torch.Tensor, tp: TPGroup) -> torch.Tensor:
         """Vocab-parallel lookup: this rank's rows, zeros for ids it does not hold, summed over ranks."""

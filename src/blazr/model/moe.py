@@ -60,6 +60,7 @@ from blazr.errors import UnsupportedError
 from blazr.kernels import ops
 from blazr.kernels.quant import QuantizedWeight
 from blazr.model.mlp import MLP, activate, gated_unit
+from blazr.model.norm import make_norm
 from blazr.state.batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -83,6 +84,10 @@ class Router(nn.Module):
                 torch.zeros(cfg.num_experts, dtype=torch.float32), requires_grad=False
             )
             self.correction_bias.keep_float32 = True  # the loader keeps it in float32 whatever the dtype
+        if cfg.input_norm is not None:  # Gemma 4: the router's input scale [D] (times D^-½)
+            self.input_scale = nn.Parameter(torch.ones(hidden_size))
+        if cfg.has_expert_scale:  # Gemma 4: a learned scale per expert on the chosen weights
+            self.expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.route(F.linear(x.float(), self.weight.float(), self.logit_bias()))
@@ -94,11 +99,14 @@ class Router(nn.Module):
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits [T, E] float32 → (weights [T, k] float32, ids [T, k] long)."""
         cfg = self.cfg
-        return ops.moe_route(
+        weights, ids = ops.moe_route(
             logits, self.correction_bias.float() if cfg.has_correction_bias else None,
             cfg.scoring == "sigmoid", cfg.num_groups, cfg.topk_groups, cfg.group_score != "max", cfg.top_k,
             cfg.is_renormalized, cfg.routed_scaling_factor,
         )  # fmt: skip
+        if cfg.has_expert_scale:
+            weights = weights * self.expert_scale.float()[ids]
+        return weights, ids
 
 
 class Experts(nn.Module):
@@ -233,11 +241,25 @@ class MoE(nn.Module):
         self.shared = MLP(cfg.shared, hidden_size) if cfg.shared is not None else None
         # Qwen2-MoE / Qwen3-Next: the shared MLP's output scaled by sigmoid(shared_gate(x)), one per token
         self.shared_gate = nn.Linear(hidden_size, 1, bias=False) if cfg.has_shared_gate else None
+        # Gemma 4: the experts' RMSNorm of the un-normed input; the router's weightless one
+        self.norm = make_norm(cfg.input_norm, hidden_size) if cfg.input_norm is not None else None
+
+    def _inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the router's input, the experts' input): x itself for both, or (Gemma 4, `input_norm`) x's
+        weightless RMSNorm times input_scale · D^-½, and the MoE's own RMSNorm of x."""
+        if self.norm is None:
+            return x, x
+        assert self.cfg.input_norm is not None
+        xf = x.float()
+        unit = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.input_norm.eps)
+        scale = self.router.input_scale.float() * x.shape[-1] ** -0.5
+        return (unit * scale).to(x.dtype), self.norm(x)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
         if batch is not None and batch.is_decode_only and ops.cpu_f32(x) and not self.is_sharded:
             return self._decode(x)
-        weights, ids = self._local(*self.router(x))
+        route_in, x = self._inputs(x)
+        weights, ids = self._local(*self.router(route_in))
         out = self._up(self.experts(self._down(x), weights, ids).to(x.dtype))
         return out + self._shared(x) if self.shared is not None else out
 
@@ -275,8 +297,9 @@ class MoE(nn.Module):
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """Decode rows x [B, D] float32 on the CPU, as kernel ops only (recordable)."""
         router = self.router
+        route_in, x = self._inputs(x)
         logits = ops.linear(
-            x, QuantizedWeight("f32", router.weight, *router.weight.shape), router.logit_bias()
+            route_in, QuantizedWeight("f32", router.weight, *router.weight.shape), router.logit_bias()
         )
         weights, ids = router.route(logits)
         out = self._up(self.experts.kernel(self._down(x), weights, ids))
@@ -284,7 +307,8 @@ class MoE(nn.Module):
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same function as a plain loop over tokens and their k experts (for tests)."""
-        weights, ids = self.router(x)
+        route_in, x = self._inputs(x)
+        weights, ids = self.router(route_in)
         h = self._down(x)
         out = torch.zeros(h.shape, dtype=torch.float32, device=x.device)
         for t in range(x.shape[0]):

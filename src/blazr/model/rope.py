@@ -1,5 +1,6 @@
-"""Rotary position embedding: frequency tables for the default, linear, llama3, YaRN and LongRoPE rules (and
-NoPE's zero angles), and the half-split (NeoX) rotation applied to the first `dim` features of each head.
+"""Rotary position embedding: frequency tables for the default, linear, llama3, YaRN, LongRoPE and
+proportional rules (Gemma 4: the first pairs turn, the others stay at angle 0), and NoPE's zero angles; the
+half-split (NeoX) rotation applied to the first `dim` features of each head.
 
 LongRoPE (Phi-3 / Phi-4) has two sets of per-frequency divisors; which one a model uses is fixed by its
 context limit (`longrope_factors`), so every position of every sequence is rotated the same way.
@@ -57,6 +58,10 @@ def inverse_frequencies(cfg: RopeConfig, max_len: int = 0) -> torch.Tensor:
         return _yarn_inverse_frequencies(cfg)
     if cfg.scaling == "none":  # NoPE in a rope's place: every angle 0 (cos 1, sin 0)
         return torch.zeros_like(inv_freq)
+    if cfg.scaling == "proportional":  # transformers' order: the turning pairs' θ^(-2i/dim), zeros, / factor
+        turning = int(cfg.proportion * dim // 2)
+        inv_freq[turning:] = 0.0
+        return inv_freq / cfg.factor
     return inv_freq
 
 

@@ -7,6 +7,9 @@
 - Mamba2 layers: one state slot per running sequence, then the prefix cache's snapshot slots: conv
   [S, C, K-1] and SSM [S, H, P, N] (float32).
 
+A layer that reads an earlier layer's cache (`LayerLayout.source`, Gemma 4's KV sharing) is handed that
+layer's `LayerCache` itself: no pool of its own.
+
 A sequence's block table (engine side) turns positions into flat slots; `ModelCache.layer(i)` hands layer i
 exactly the tensors it owns, by the names its mixers declared, so model code never indexes by layer.
 
@@ -63,6 +66,9 @@ class ModelCache:
             }
 
         for layer in layout.layers:
+            if layer.source is not None:  # KV shared across layers: the source layer's tensors
+                self.layers.append(self.layers[layer.source])
+                continue
             paged, state = pools(layer.paged, num_slots), pools(layer.state, num_state_slots)
             self.paged += paged.values()
             self.state += state.values()

@@ -9,6 +9,10 @@ spec, model/mixers.py), split by how a sequence's prefix lives in them (`Snapsho
   rows into a snapshot slot at a block boundary (those inside a step written by the mixer itself, at
   `ForwardBatch.state_saves`), restored by copying it back (`ModelCache.copy_state_slots`).
 
+- A layer whose mixer reads an earlier layer's cache (Gemma 4's KV sharing: `MixerConfig.cache_source`)
+  declares no tensors of its own: its `LayerLayout.source` names that layer, whose pools it is handed, so
+  it costs no bytes per token and its prefix lives in the source's blocks.
+
 As llama.cpp sizes its recurrent memory from per-architecture numbers and builds a hybrid's as the
 composition of its parts, a layer's layout is the concatenation of its mixers' declarations, and the pools
 (state/kv_cache.py) and their budget (state/budget.py) are sized from it alone.
@@ -55,10 +59,12 @@ class CacheTensor:
 
 @dataclass(frozen=True)
 class LayerLayout:
-    """One layer's cache tensors: `paged` (Snapshot.BLOCKS kinds) and `state` (Snapshot.STATE_SLOT kinds)."""
+    """One layer's cache tensors: `paged` (Snapshot.BLOCKS kinds) and `state` (Snapshot.STATE_SLOT kinds) —
+    or none, and the index of the earlier layer whose tensors it reads (`source`: KV shared across layers)."""
 
     paged: tuple[CacheTensor, ...] = ()
     state: tuple[CacheTensor, ...] = ()
+    source: int | None = None
 
 
 @dataclass(frozen=True)
