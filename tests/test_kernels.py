@@ -834,6 +834,26 @@ def test_mamba2_step_rows_are_independent(lib: ops.Kernels) -> None:
     torch.testing.assert_close(y2, y2_ref, rtol=1e-5, atol=1e-5 * float(y2_ref.abs().max()))
 
 
+def test_mamba2_step_rows_sharing_a_slot_run_in_order(lib: ops.Kernels) -> None:
+    """Rows 0-2 of one slot, row 3 of another, row 4 of the first again: the same bits as one step per row
+    in row order (a sequence's consecutive tokens as rows: speculative verification), and as the
+    reference."""
+    inp = _mamba2_inputs(8, 16, 2, 64, 4, B=5, S=9, bias=True, seed=2)
+    inp["slots"] = torch.tensor([4, 4, 4, 7, 4])
+    y, conv, ssm = _mamba2_run(lib.mamba2_step, inp)
+    conv1, ssm1, ys = inp["conv_state"].clone(), inp["ssm_state"].clone(), []
+    for b in range(5):
+        one = dict(
+            inp, xbc=inp["xbc"][b : b + 1], dt_raw=inp["dt_raw"][b : b + 1], slots=inp["slots"][b : b + 1]
+        )
+        ys.append(lib.mamba2_step(**dict(one, conv_state=conv1, ssm_state=ssm1)))
+    assert torch.equal(y, torch.cat(ys)) and torch.equal(conv, conv1) and torch.equal(ssm, ssm1)
+    y_ref, conv_ref, ssm_ref = _mamba2_run(ops.mamba2_step_reference, inp)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5 * float(y_ref.abs().max()))
+    torch.testing.assert_close(ssm, ssm_ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(conv, conv_ref)
+
+
 def test_mamba2_step_checks_inputs(native: ops.Kernels) -> None:
     inp = _mamba2_inputs(4, 16, 1, 64, 4, B=2, S=3, bias=False, seed=0)
     with pytest.raises(RuntimeError, match="out of range"):

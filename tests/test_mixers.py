@@ -11,6 +11,7 @@ or registered, and a registered dummy kind is seen by each consumer.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from blazr.loading.quantize import wrap_float_linears
 from blazr.model import mixers
 from blazr.model.mixer_spec import MixerSpec
 from blazr.model.model import CausalLM
-from blazr.model.qlinear import QuantizedLinear
+from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import ModelCache
 from blazr.state.layout import CacheTensor, Snapshot
@@ -250,6 +251,42 @@ def test_the_cache_holds_what_it_declares_and_gives_the_cacheless_forward(kind, 
     torch.testing.assert_close(model(ids[6:], _decode(6), cache), want[6:], rtol=1e-4, atol=1e-5)
 
 
+def _rows(pos: int, n: int) -> ForwardBatch:
+    """One sequence's tokens pos … pos + n − 1 as n decode rows of one batch (its state slot 0 for each)."""
+    return ForwardBatch(
+        positions=torch.arange(pos, pos + n),
+        query_lens=(1,) * n,
+        context_lens=tuple(range(pos, pos + n)),
+        num_decodes=n,
+        logits_indices=torch.arange(n),
+        slot_mapping=torch.arange(pos, pos + n),
+        kv_indices=torch.arange(pos + n).expand(n, pos + n).clone(),
+        state_slots=torch.zeros(n, dtype=torch.long),
+        decode_lens=torch.arange(pos + 1, pos + n + 1),
+    )
+
+
+@pytest.mark.parametrize("kind, i", CASES)
+@torch.no_grad()
+def test_a_kind_that_chains_rows_decodes_consecutive_tokens_as_rows(kind, i):
+    """`chains_rows`: a prefill, then 4 consecutive tokens as 4 decode rows of one step, give what 4
+    decode steps give (and the kernels' decode path, as the recorded plan runs it); a kind that does not
+    declare it is never handed such rows (engine/runner.py)."""
+    spec, _, cfg = _sample(kind, i)
+    if not spec.chains_rows:
+        return
+    model, ids = _model(cfg), torch.randint(0, 64, (9,))
+    want = model(ids, ForwardBatch.prefill([9]))
+    wrap_float_linears(model)
+    absorb_mla(model, "none")
+    for on_kernels in (False, True):
+        cache = ModelCache(mixers.cache_layout(cfg), 48, 3, torch.float32)
+        with use_kernels() if on_kernels else contextlib.nullcontext():
+            model(ids[:5], _prefill(5), cache)
+            got = model(ids[5:], _rows(5, 4), cache)
+        torch.testing.assert_close(got, want[5:], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind, i", CASES)
 @torch.no_grad()
 def test_snapshots_copy_every_state_tensor(kind, i):
@@ -320,6 +357,7 @@ DUMMY = MixerSpec(
     shard=lambda cfg, world, where: dataclasses.replace(cfg, width=cfg.width // world),
     slice=lambda cfg, leaf, t, rank, world: None,
     is_plan_safe=False,
+    chains_rows=False,
     graph_windows=None,
 )
 
@@ -360,6 +398,7 @@ def test_a_spec_missing_a_declaration_cannot_be_written():
         (dict(linears=("proj",), float_linears=("proj",)), "overlap"),
         (dict(snapshot="blocks"), "snapshot"),
         (dict(is_plan_safe=None), "is_plan_safe"),
+        (dict(chains_rows=1), "chains_rows"),
         (dict(cache=None), "cache: not callable"),
         (dict(slice=None), "slice: not callable"),
         (dict(graph_windows=(None,)), "graph_windows"),

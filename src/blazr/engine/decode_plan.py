@@ -17,9 +17,9 @@ that ran it. The runner then runs the eager model.
 A row's result does not depend on B, bit for bit: every kernel computes a row by the same operations
 whatever else is in the call, so a decode token is the same batched or alone.
 
-Shapes: B rows (≤ Bmax = max_num_seqs; × (1 + k) with k drafted tokens per sequence on a stateless model,
-whose drafts are rows too), V vocabulary, Lmax kv_indices width (max_model_len rounded
-up to blocks).
+Shapes: B rows (≤ Bmax = max_num_seqs; × (1 + 2k) with k drafted tokens per sequence on a model whose mixers
+chain rows: a sequence's tokens to compute and its drafts are rows too), V vocabulary, Lmax kv_indices width
+(max_model_len rounded up to blocks).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from blazr import kernels
 from blazr.config import EngineConfig
 from blazr.kernels.calls import UnsupportedInput
 from blazr.kernels.capture import Arena, CapturedPlan, capture
-from blazr.model.mixers import spec_of
+from blazr.model.mixers import chains_rows, spec_of
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import use_kernels
 from blazr.model.rope import RotaryEmbedding
@@ -88,8 +88,9 @@ class DecodePlan:
             log.info("fused decode off: positions up to max_model_len run past the rope table")
             return None
         bs = engine_cfg.block_size
-        # speculative decoding: a stateless model's drafts run as further rows (engine/runner.py)
-        rows = engine_cfg.max_num_seqs * (1 + (0 if cache.has_state else engine_cfg.num_speculative_tokens))
+        # speculative decoding: a row sequence's tokens (up to 1 + k again) and drafts (k) run as rows
+        k = engine_cfg.num_speculative_tokens if chains_rows(model.cfg) else 0
+        rows = engine_cfg.max_num_seqs * (1 + 2 * k)
         plan = cls(model, cache, rows, -(-engine_cfg.max_model_len // bs) * bs)
         try:
             plan._plan(1)  # records the step once: whatever the kernels do not cover fails here

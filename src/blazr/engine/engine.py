@@ -217,19 +217,20 @@ class LLMEngine:
             self.scheduler.rollback(sched)
             return self._forward_failed(sched, e)
         self.num_consecutive_failures = 0
+        starts = {seq.seq_id: seq.num_computed_tokens for seq in sched.seqs if seq.draft_ids}
         for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
-            seq.num_computed_tokens += 1 if seq.draft_ids else n  # drafts count once verified
+            seq.num_computed_tokens += n - len(seq.draft_ids)  # drafts count once verified
         self.scheduler.commit(sched)
         drafted = [seq for seq in sched.seqs if seq.draft_ids]
         try:
-            return self._sample_step(step, sched, drafted)
+            return self._sample_step(step, sched, drafted, starts)
         finally:
             for seq in drafted:  # what a verification did not settle (a failed request): dropped
                 if seq.draft_ids:
-                    self._settle(seq, 0)
+                    self._settle(seq, 0, starts[seq.seq_id])
 
     def _sample_step(
-        self, step: StepLogits, sched: ScheduledBatch, drafted: list[Sequence]
+        self, step: StepLogits, sched: ScheduledBatch, drafted: list[Sequence], starts: dict[int, int]
     ) -> list[SeqOutput]:
         outputs: list[SeqOutput] = []
         prompt_lps = self._prompt_logprobs(step, sched.seqs, outputs)
@@ -256,11 +257,16 @@ class LLMEngine:
             if out.finished and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
                 self.requests.pop(req.request_id, None)
         if drafted:
-            self._verify(step, drafted, outputs, now)
+            self._verify(step, drafted, outputs, now, starts)
         return outputs
 
     def _verify(
-        self, step: StepLogits, drafted: list[Sequence], outputs: list[SeqOutput], now: float
+        self,
+        step: StepLogits,
+        drafted: list[Sequence],
+        outputs: list[SeqOutput],
+        now: float,
+        starts: dict[int, int],
     ) -> None:
         """Sequences that carried drafts have sampled their last token's row; while a sequence's sampled
         token equals its next draft, the row after that draft is sampled too (batched across sequences,
@@ -302,19 +308,20 @@ class LLMEngine:
             d, m = len(seq.draft_ids), accepted[seq.seq_id]
             if self.speculator is not None:
                 self.speculator.record(seq, d, m)
-            self._settle(seq, m)
+            self._settle(seq, m, starts[seq.seq_id])
 
-    def _settle(self, seq: Sequence, num_accepted: int) -> None:
+    def _settle(self, seq: Sequence, num_accepted: int, start: int) -> None:
         """`seq`'s verification kept `num_accepted` drafts: they count as computed and the blocks they filled
         are named — or, with recurrent state and a draft rejected, the state goes back to where the step
-        began and the step's kept tokens are computed again with the next one. Its drafts are gone."""
+        began (`start`) and the step's kept tokens are computed again with the next ones. Its drafts are
+        gone."""
         is_whole = num_accepted == len(seq.draft_ids)
         if not seq.is_finished:
             if is_whole or not self.cache.replays_rejected:
                 seq.num_computed_tokens += num_accepted
                 self.cache.commit([seq])
             else:
-                seq.num_computed_tokens -= 1  # the step's last token, counted when it ran
+                seq.num_computed_tokens = start
         self.runner.copy_states(self.cache.settle_drafts(seq, is_whole))
         seq.draft_ids = []
 

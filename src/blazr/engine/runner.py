@@ -29,7 +29,7 @@ from blazr.engine.cuda_graphs import GraphDecoder, is_supported
 from blazr.engine.decode_plan import DecodePlan
 from blazr.engine.scheduler import ScheduledBatch
 from blazr.engine.sequence import Sequence
-from blazr.model.mixers import cache_layout
+from blazr.model.mixers import cache_layout, chains_rows
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
 from blazr.state.batch import ForwardBatch, pad_kv_indices
@@ -109,6 +109,7 @@ class ModelRunner:
         self.is_paged = self.cache.has_paged
         self.has_state = self.cache.has_state
         self.has_quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
+        self.chains_rows = chains_rows(self.cfg)  # a sequence's consecutive tokens may run as decode rows
         self.decode_plan = (
             None if self.tp else DecodePlan.create(model, self.cache, engine_cfg, device, dtype)
         )
@@ -180,11 +181,11 @@ class ModelRunner:
             if seq.params.pooling is not None:  # an embedding: its hidden rows pooled, nothing sampled
                 pool_rows[seq.seq_id] = (row0, n, start, start + n == seq.num_tokens)
             elif seq.draft_ids:  # its last token's row is sampled, then each draft's verified
-                d = n - 1
-                sample_rows.append(row0)
+                u = seq.num_tokens - start  # its own tokens, then the drafts
+                sample_rows.append(row0 + u - 1)
                 sample_seqs.append(seq)
-                draft_rows[seq.seq_id] = (len(draft_logit_rows), d)
-                draft_logit_rows.extend(range(row0 + 1, row0 + n))
+                draft_rows[seq.seq_id] = (len(draft_logit_rows), n - u)
+                draft_logit_rows.extend(range(row0 + u, row0 + n))
             elif start + n == seq.num_tokens:
                 sample_rows.append(row0 + n - 1)
                 sample_seqs.append(seq)
@@ -239,16 +240,19 @@ class ModelRunner:
 
     def _run_decode_plan(self, plan: DecodePlan | GraphDecoder, seqs: list[Sequence]) -> StepLogits:
         """The decode-only batch build (ids, positions, slots, block tables → kv_indices [B, L], state
-        slots) and the plan's (or graphs') step. A sequence carrying d drafts (stateless models only) runs
-        as d + 1 rows — its last token, then each draft — row i attending to the positions up to its own:
-        every row's keys are written before any row attends, so this is the decode step's own arithmetic
-        and a verified token is the token decoding alone would have produced."""
+        slots) and the plan's (or graphs') step. A row sequence (models whose every mixer `chains_rows`) runs
+        its u tokens to compute and its d drafts as u + d rows, row i at its own position, attending to the
+        positions up to it and continuing the recurrent state of the row before: attention writes every
+        row's keys before any row attends and the recurrent kinds run a slot's rows in order, so this is the
+        decode step's own arithmetic and a verified token is the token decoding alone would have produced."""
         bs = self.block_size
         rows: list[tuple[Sequence, int, int]] = []  # (sequence, position, token)
+        own: list[int] = []  # per sequence, its tokens to compute (u)
         for seq in seqs:
             p = seq.num_computed_tokens
-            rows.append((seq, p, seq.token_at(p)))
-            rows += [(seq, p + 1 + i, t) for i, t in enumerate(seq.draft_ids)]
+            own.append(seq.num_tokens - p)
+            tokens = seq.step_tokens(p, own[-1] + len(seq.draft_ids))
+            rows += [(seq, p + i, t) for i, t in enumerate(tokens)]
         positions = [p for _, p, _ in rows]
         ids = torch.tensor([t for _, _, t in rows])
         if self.is_paged:
@@ -265,13 +269,13 @@ class ModelRunner:
         logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
         if len(rows) == len(seqs):
             return StepLogits(list(seqs), logits, {})
-        first, drafts, r = [], {}, 0
-        for seq in seqs:
-            first.append(r)
+        last, drafts, r = [], {}, 0
+        for seq, u in zip(seqs, own, strict=True):
+            last.append(r + u - 1)  # its last own token's row is sampled; the drafts' rows follow
             if d := len(seq.draft_ids):
-                drafts[seq.seq_id] = logits[r + 1 : r + 1 + d]
-            r += 1 + d
-        return StepLogits(list(seqs), logits[first], {}, drafts=drafts)
+                drafts[seq.seq_id] = logits[r + u : r + u + d]
+            r += u + d
+        return StepLogits(list(seqs), logits[last], {}, drafts=drafts)
 
     @torch.inference_mode()
     def run(self, sched: ScheduledBatch) -> StepLogits:
@@ -331,16 +335,12 @@ class ModelRunner:
             self.tp.broadcast_object(("stop",))
             self.tp = None
 
-    def _num_plan_drafts(self, sched: ScheduledBatch) -> int:
-        """How many sequences carrying drafts (they follow the decodes) the recorded plan runs with the
-        decodes: all of them on a stateless model whose plan holds their rows, else none (they run as a
-        chunk whose per-position states are kept)."""
-        plan, nd = self.decode_plan, sched.num_decodes
-        if plan is None or self.has_state:
+    def _num_plan_rows(self, sched: ScheduledBatch) -> int:
+        """How many row sequences (they follow the decodes) the recorded plan runs with the decodes: all of
+        them when every mixer chains rows and the plan holds their rows, else none (they run as chunks)."""
+        plan, nd, nv = self.decode_plan, sched.num_decodes, sched.num_rows
+        if plan is None or not self.chains_rows or not nv:
             return 0
-        nv = 0
-        while nd + nv < len(sched.seqs) and sched.seqs[nd + nv].draft_ids:
-            nv += 1
         fits = sum(sched.num_new_tokens[: nd + nv]) <= plan.max_seqs and all(
             seq.num_computed_tokens + n <= plan.max_len
             for seq, n in zip(sched.seqs[nd : nd + nv], sched.num_new_tokens[nd : nd + nv], strict=True)
@@ -349,7 +349,7 @@ class ModelRunner:
 
     def _forward(self, sched: ScheduledBatch) -> StepLogits:
         plan, seqs = self.decode_plan or self.graphs, sched.seqs
-        nd = sched.num_decodes + self._num_plan_drafts(sched)
+        nd = sched.num_decodes + self._num_plan_rows(sched)
         if nd == 0:
             return self._run_eager(sched)
         if plan is not None and self._are_plain_decodes(sched, plan.max_len):

@@ -10,9 +10,10 @@ of it is still cached).
 
 Speculative decoding (a `Speculator`): a decoding sequence may carry drafted tokens — up to the draft
 length, what max_tokens and max_model_len leave room for and the step's token budget — and then wants
-1 + d tokens; such sequences follow the decodes in the
-batch. Drafts never preempt: when blocks (or a scratch state slot) for them are short, the sequence decodes
-plainly.
+u + d tokens (u its tokens to compute: 1, or a few again after a rejected draft rolled its recurrent state
+back). Such "row" sequences follow the decodes in the batch (`num_rows` of them): the runner may run each
+of their tokens as a decode row. Drafts never preempt: when blocks (or a scratch state slot) for them are
+short, the sequence goes on without.
 
 Quarantine: when a step that held several requests fails, the engine cannot tell which request caused it,
 and the step may have half-written their caches. `quarantine(batch)` preempts every sequence of that step
@@ -36,11 +37,14 @@ from blazr.engine.speculative import Speculator
 
 @dataclass
 class ScheduledBatch:
-    seqs: list[Sequence]  # decodes first, then sequences carrying drafts, then prefill (chunks)
+    seqs: list[
+        Sequence
+    ]  # decodes first, then row sequences (drafts; a few tokens again), then prefill chunks
     num_new_tokens: list[int]
     num_decodes: int
     preempted: list[Sequence] = field(default_factory=list)
     cache_ops: CacheOps = field(default_factory=CacheOps)  # snapshot restores / saves for the runner
+    num_rows: int = 0  # the row sequences after the decodes (speculative decoding; see the module docstring)
 
     @property
     def is_empty(self) -> bool:
@@ -126,9 +130,9 @@ class Scheduler:
             num_new = min(want, budget)
             if num_new <= 0:
                 continue
-            if seq.seq_id in drafts and self._draft(seq, drafts[seq.seq_id][: budget - 1]):
-                drafted.append((seq, 1 + len(seq.draft_ids)))
-                budget -= 1 + len(seq.draft_ids)
+            if seq.seq_id in drafts and self._draft(seq, drafts[seq.seq_id][: budget - want], want):
+                drafted.append((seq, want + len(seq.draft_ids)))
+                budget -= want + len(seq.draft_ids)
                 continue
             while not self.cache.grow(seq, num_new):
                 victim = self.running[-1]
@@ -141,18 +145,25 @@ class Scheduler:
             budget -= num_new
             if self._is_decode(seq, want):
                 decodes.append(seq)
+            elif num_new == want and self._is_rows(seq, want):
+                drafted.append((seq, num_new))
             else:
                 prefills.append((seq, num_new))
         if not preempted:
             self._admit(budget, prefills)
-        prefills = drafted + prefills
-        seqs = decodes + [s for s, _ in prefills]
-        num_new = [1] * len(decodes) + [n for _, n in prefills]
-        return self._batch(seqs, num_new, len(decodes), preempted)
+        seqs = decodes + [s for s, _ in drafted + prefills]
+        num_new = [1] * len(decodes) + [n for _, n in drafted + prefills]
+        return self._batch(seqs, num_new, len(decodes), preempted, len(drafted))
 
     @staticmethod
     def _is_decode(seq: Sequence, want: int) -> bool:
         return want == 1 and bool(seq.output_ids) and seq.num_computed_tokens == seq.num_tokens - 1
+
+    def _is_rows(self, seq: Sequence, want: int) -> bool:
+        """A generating sequence with a few tokens to compute (again, after a rejected draft): at most a
+        verification's worth, so its tokens may run as decode rows."""
+        k = self.cfg.num_speculative_tokens
+        return bool(k) and bool(seq.output_ids) and not seq.fork_pending and 1 <= want <= 1 + k
 
     def _propose(self, budget: int) -> dict[int, list[int]]:
         """The drafts of this step's decoding sequences (seq_id → tokens), each at most what max_tokens,
@@ -161,19 +172,19 @@ class Scheduler:
             return {}
         wants = [
             (seq, min(
-                budget - 1,
+                budget - seq.num_uncomputed,
                 seq.params.max_tokens - len(seq.output_ids) - 1,  # the step appends up to d + 1 tokens
                 self.cfg.max_model_len - seq.num_tokens,  # drafts take positions num_tokens …
             ))
             for seq in self.running
-            if self._is_decode(seq, seq.num_uncomputed)
+            if self._is_rows(seq, seq.num_uncomputed)
         ]  # fmt: skip
         return self.speculator.propose(wants)
 
-    def _draft(self, seq: Sequence, drafts: list[int]) -> bool:
-        """Give a decoding sequence its drafts for this step, with blocks and (recurrent state) a scratch
-        slot for them; False when it has none (it then decodes plainly)."""
-        if not drafts or not self.cache.grow(seq, 1 + len(drafts)):
+    def _draft(self, seq: Sequence, drafts: list[int], want: int) -> bool:
+        """Give a decoding sequence (`want` tokens to compute) its drafts for this step, with blocks and
+        (recurrent state) a scratch slot for them; False when it has none (it then goes on without)."""
+        if not drafts or not self.cache.grow(seq, want + len(drafts)):
             return False
         if not self.cache.reserve_drafts(seq):
             return False
@@ -181,12 +192,20 @@ class Scheduler:
         return True
 
     def _batch(
-        self, seqs: list[Sequence], num_new: list[int], num_decodes: int, preempted: list[Sequence]
+        self,
+        seqs: list[Sequence],
+        num_new: list[int],
+        num_decodes: int,
+        preempted: list[Sequence],
+        num_rows: int = 0,
     ) -> ScheduledBatch:
-        for seq, n in zip(seqs, num_new, strict=True):
-            # a drafted step: the boundaries it crosses are not known to stand yet
-            self.cache.plan_saves(seq, 0 if seq.draft_ids else n)
-        return ScheduledBatch(seqs, num_new, num_decodes, preempted, self.cache.take_ops())
+        for i, (seq, n) in enumerate(zip(seqs, num_new, strict=True)):
+            # row sequences save no snapshot: a drafted step's boundaries are not known to stand yet, and
+            # decode rows cannot save inside a step
+            is_rows = num_decodes <= i < num_decodes + num_rows
+            self.cache.plan_saves(seq, 0 if is_rows else n)
+        ops = self.cache.take_ops()
+        return ScheduledBatch(seqs, num_new, num_decodes, preempted, ops, num_rows)
 
     def _admit(self, budget: int, prefills: list[tuple[Sequence, int]]) -> None:
         while self.waiting and budget > 0:
@@ -220,7 +239,7 @@ class Scheduler:
         """A step holding several requests failed: preempt all of its sequences (their caches may be half
         written) and run each alone until it has passed the point the failed step would have reached."""
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            target = seq.num_computed_tokens + (1 if seq.draft_ids else n)  # drafts: only the token is due
+            target = seq.num_computed_tokens + n - len(seq.draft_ids)  # drafts: only its own tokens are due
             seq.draft_ids = []
             if seq.status is Status.RUNNING:
                 self._preempt(seq)

@@ -343,9 +343,10 @@ def mamba2_step(
     dt_max: float,
 ) -> torch.Tensor:
     """One Mamba2 decode token for B sequences: conv step + SiLU, dt, the SSD state update and the D skip,
-    with conv_state [S, Cd, K-1] and ssm_state [S, H, P, N] advanced in place at `slots` [B]. xbc [B, Cd]
-    and dt_raw [B, H] (column views of the in_proj output); conv_weight [Cd, K]; dt_bias, A_log, D [H].
-    Returns y [B, H, P] float32 (see mamba2_step_reference)."""
+    with conv_state [S, Cd, K-1] and ssm_state [S, H, P, N] advanced in place at `slots` [B] — rows that
+    share a slot in row order (a sequence's consecutive tokens). xbc [B, Cd] and dt_raw [B, H] (column views
+    of the in_proj output); conv_weight [Cd, K]; dt_bias, A_log, D [H]. Returns y [B, H, P] float32 (see
+    mamba2_step_reference)."""
     return _dispatch(
         "mamba2_step",
         mamba2_step_reference,

@@ -308,8 +308,16 @@ def mamba2_step_reference(
     dt_raw [B, H]; slots [B]; conv_weight [Cd, K] (+ conv_bias [Cd]); conv_state [S, Cd, K-1] and ssm_state
     [S, H, P, N] advanced in place at `slots`; dt_bias, A_log (A = −exp(A_log)), D [H]. Returns y [B, H, P]
     float32 = SSM output + D·x. The conv's K taps accumulate in float32, then round to the weights' dtype for
-    SiLU (as HF's decode); dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) and the scan in float32."""
+    SiLU (as HF's decode); dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) and the scan in float32.
+    Rows that share a slot run in row order (a sequence's consecutive tokens: each one's state follows)."""
     Bsz, H = dt_raw.shape
+    if len(set(slots.tolist())) < Bsz:
+        args = (conv_weight, conv_bias, conv_state, dt_bias, A_log, D, ssm_state, n_groups, dt_min, dt_max)
+        rows = [
+            mamba2_step_reference(xbc[b : b + 1], dt_raw[b : b + 1], slots[b : b + 1], *args)
+            for b in range(Bsz)
+        ]
+        return torch.cat(rows)
     P, N = ssm_state.shape[2:]
     GN = n_groups * N
     window = torch.cat([conv_state.index_select(0, slots), xbc[:, :, None].to(conv_state.dtype)], dim=-1)

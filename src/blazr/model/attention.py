@@ -354,5 +354,6 @@ SPEC = MixerSpec(
     shard=_shard,
     slice=_slice,
     is_plan_safe=True,
+    chains_rows=True,  # keys and values are written before any row attends
     graph_windows=lambda cfg: (cfg.sliding_window,),
 )

@@ -148,5 +148,6 @@ SPEC = MixerSpec(
     shard=_shard,
     slice=_slice,
     is_plan_safe=True,
+    chains_rows=False,  # its decode step splits rows over threads
     graph_windows=None,
 )

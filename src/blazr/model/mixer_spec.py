@@ -11,7 +11,10 @@ registry (model/mixers.py) hands to every consumer instead of their naming kinds
 - `shard`, `slice`: its tensor-parallel split — the per-rank config, each full tensor's rank piece
   (distributed/shard.py; helpers in distributed/split.py);
 - `is_plan_safe`, `graph_windows`: whether the recorded CPU decode plan (engine/decode_plan.py) and a CUDA
-  graph (engine/cuda_graphs.py) may hold it — allow-lists: a kind that does not say yes is refused.
+  graph (engine/cuda_graphs.py) may hold it — allow-lists: a kind that does not say yes is refused;
+- `chains_rows`: its decode step is right for several consecutive tokens of one sequence as rows of one
+  batch (attention writes every row's keys before any row attends; a recurrent kind runs the rows that share
+  a state slot in row order) — speculative decoding then verifies drafts as decode rows (engine/runner.py).
 Every field is required (no defaults): a kind that forgets a declaration fails where it is written, and
 `register` checks each one's type.
 
@@ -67,6 +70,7 @@ class MixerSpec(Generic[C]):
     # (full cfg, leaf, full tensor, rank, world) → the rank's piece; None: replicated
     slice: Callable[[C, str, torch.Tensor, int, int], torch.Tensor | None]
     is_plan_safe: bool  # its decode step is kernel ops only: a recorded decode plan may hold it
+    chains_rows: bool  # its decode step takes a sequence's consecutive tokens as rows (see above)
     # a CUDA graph may hold it, whose decode masks it reads (the sliding windows); None: refused
     graph_windows: Callable[[C], tuple[int | None, ...]] | None
 

@@ -70,8 +70,9 @@ def _problems(spec: MixerSpec) -> list[str]:
             found.append(f"{name}: not a tuple of names")
     if not isinstance(spec.snapshot, Snapshot):
         found.append("snapshot: not a Snapshot")
-    if not isinstance(spec.is_plan_safe, bool):
-        found.append("is_plan_safe: not a bool")
+    for flag in ("is_plan_safe", "chains_rows"):
+        if not isinstance(getattr(spec, flag), bool):
+            found.append(f"{flag}: not a bool")
     if not found and set(spec.linears) & set(spec.float_linears):
         found.append("linears and float_linears overlap")
     return found
@@ -108,6 +109,11 @@ def build(cfg: MixerConfig, hidden_size: int, rope_for: RopeFor, tp: TPGroup | N
             f"mixer kind {spec.kind!r}: linears {stray} are in neither linears nor float_linears"
         )
     return module
+
+
+def chains_rows(cfg: ModelConfig) -> bool:
+    """Whether every mixer of the model takes a sequence's consecutive tokens as decode rows."""
+    return all(spec_of(m).chains_rows for layer in cfg.layers for m in layer.mixers)
 
 
 def quantizable_linears() -> tuple[str, ...]:

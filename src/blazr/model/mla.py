@@ -389,5 +389,6 @@ SPEC = MixerSpec(
     shard=_shard,
     slice=_slice,
     is_plan_safe=True,
+    chains_rows=True,  # the latent cache is written before any row attends
     graph_windows=None,
 )

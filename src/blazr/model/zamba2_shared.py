@@ -176,5 +176,6 @@ SPEC = MixerSpec(
     shard=_shard,
     slice=lambda cfg, leaf, t, rank, world: None,
     is_plan_safe=False,
+    chains_rows=False,  # no recorded plan holds it
     graph_windows=None,
 )

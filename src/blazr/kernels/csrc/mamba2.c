@@ -63,7 +63,7 @@ static void head_step(float *restrict st, const float *restrict x, const float *
     }
 }
 
-#define CONV_PARTS 4 /* a decode step's conv channels of one sequence, split over the threads */
+#define CONV_PARTS 16 /* a decode step's conv channels, split over the threads (B is often 1) */
 
 BLZ_INLINE float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
@@ -84,35 +84,42 @@ BLZ_EXPORT int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld
     const int nt = blz_threads(nthreads, B * H * P * N, 1 << 14);
 #pragma omp parallel num_threads(nt)
     {
+        /* Rows that share a slot run in row order (each row's conv window and state update follow the rows
+         * before it): a sequence may bring several consecutive tokens as rows. So the threads split the
+         * channels (conv) and the heads (scan), never the rows. */
 #pragma omp for schedule(static)
-        for (int64_t bc = 0; bc < B * CONV_PARTS; ++bc) { /* parts of a sequence's channels: B is often 1 */
-            const int64_t b = bc / CONV_PARTS, part = bc % CONV_PARTS;
-            const float *xr = xbc + b * ld;
-            float *cs = conv_pool + slots[b] * Cd * (K - 1), *ur = u + b * Cd;
+        for (int64_t part = 0; part < CONV_PARTS; ++part) {
             const int64_t c0 = Cd * part / CONV_PARTS, c1 = Cd * (part + 1) / CONV_PARTS;
-            for (int64_t c = c0; c < c1; ++c) {
-                const float *w = conv_w + c * K;
-                float *st = cs + c * (K - 1);
-                float acc = conv_b ? conv_b[c] : 0.0f;
-                for (int64_t k = 0; k < K - 1; ++k) acc = fmaf(w[k], st[k], acc);
-                acc = fmaf(w[K - 1], xr[c], acc);
-                for (int64_t k = 0; k < K - 2; ++k) st[k] = st[k + 1];
-                st[K - 2] = xr[c];
-                ur[c] = blz_silu(acc);
-            }
-            for (int64_t h = 0; part == 0 && h < H; ++h) {
-                float dt = softplus(dt_raw[b * ld + h] + dt_bias[h]);
-                dts[b * H + h] = fminf(fmaxf(dt, dt_min), dt_max);
+            for (int64_t b = 0; b < B; ++b) {
+                const float *xr = xbc + b * ld;
+                float *cs = conv_pool + slots[b] * Cd * (K - 1), *ur = u + b * Cd;
+                for (int64_t c = c0; c < c1; ++c) {
+                    const float *w = conv_w + c * K;
+                    float *st = cs + c * (K - 1);
+                    float acc = conv_b ? conv_b[c] : 0.0f;
+                    for (int64_t k = 0; k < K - 1; ++k) acc = fmaf(w[k], st[k], acc);
+                    acc = fmaf(w[K - 1], xr[c], acc);
+                    for (int64_t k = 0; k < K - 2; ++k) st[k] = st[k + 1];
+                    st[K - 2] = xr[c];
+                    ur[c] = blz_silu(acc);
+                }
             }
         }
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < B * H; ++bh) {
-            const int64_t b = bh / H, h = bh % H, g = h / (H / G);
-            const float *ur = u + b * Cd;
-            const float dt = dts[bh];
-            head_step(ssm_pool + (slots[b] * H + h) * P * N, ur + h * P, ur + Di + g * N, ur + Di + G * N + g * N,
-                      expf(dt * -expf(A_log[h])), dt, dskip[h], P, N, y + b * Di + h * P);
+            const int64_t b = bh / H, h = bh % H;
+            const float dt = softplus(dt_raw[b * ld + h] + dt_bias[h]);
+            dts[bh] = fminf(fmaxf(dt, dt_min), dt_max);
         }
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t b = 0; b < B; ++b) {
+                const int64_t g = h / (H / G);
+                const float *ur = u + b * Cd;
+                const float dt = dts[b * H + h];
+                head_step(ssm_pool + (slots[b] * H + h) * P * N, ur + h * P, ur + Di + g * N,
+                          ur + Di + G * N + g * N, expf(dt * -expf(A_log[h])), dt, dskip[h], P, N, y + b * Di + h * P);
+            }
     }
     return BLZ_OK;
 }
