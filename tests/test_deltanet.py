@@ -134,6 +134,28 @@ def test_step_matches_reference(lib: ops.Kernels, tiled: bool, beta_scale: float
     _close(got, _step(deltanet_step_reference, qkvz, ba, slots, layer, tiled, beta_scale))
 
 
+def test_step_rows_sharing_a_slot_run_in_order(lib: ops.Kernels) -> None:
+    """Rows of slots [4, 4, 1, 4, 4] (a sequence's consecutive tokens, another's between): the same as one
+    step per row in row order, and as the reference (sizes that split the step over the threads)."""
+    layer = _layer(2, 4, 128, 128, 4, seed=8)
+    qkvz, ba = _rows(5, 2, 4, 128, 128, seed=8)
+    slots = torch.tensor([4, 4, 1, 4, 4])
+    got = _step(lib.deltanet_step, qkvz, ba, slots, layer)
+    kw = _fresh(layer)
+    ys = [
+        lib.deltanet_step(
+            qkvz[i : i + 1], ba[i : i + 1], slots[i : i + 1], *(kw[k] for k in _WEIGHTS), False, 1.0, 1e-6
+        )
+        for i in range(5)
+    ]
+    assert (
+        torch.equal(got[0], torch.cat(ys))
+        and torch.equal(got[1], kw["conv_state"])
+        and torch.equal(got[2], kw["state"])
+    )
+    _close(got, _step(deltanet_step_reference, qkvz, ba, slots, layer))
+
+
 @pytest.mark.parametrize("tiled, beta_scale", [(False, 1.0), (True, 2.0)])
 @pytest.mark.parametrize("chunk", [16, 64])
 def test_prefill_matches_reference(lib: ops.Kernels, tiled: bool, beta_scale: float, chunk: int) -> None:

@@ -121,6 +121,26 @@ def test_step_matches_reference(lib: ops.Kernels, heads: int, dim: int) -> None:
     _close(_step(lib.kda_step, rows, slots, layer), _step(kda_step_reference, rows, slots, layer))
 
 
+def test_step_rows_sharing_a_slot_run_in_order(lib: ops.Kernels) -> None:
+    """Rows of slots [4, 4, 1, 4, 4] (a sequence's consecutive tokens, another's between): the same as one
+    step per row in row order, and as the reference (sizes that split the step over the threads)."""
+    layer = _layer(2, 128, seed=8)
+    rows = _rows(5, 2, 128, seed=8)
+    slots = torch.tensor([4, 4, 1, 4, 4])
+    got = _step(lib.kda_step, rows, slots, layer)
+    kw = _fresh(layer)
+    ys = [
+        lib.kda_step(*(r[i : i + 1] for r in rows), slots[i : i + 1], *(kw[k] for k in _WEIGHTS), 1e-5)
+        for i in range(5)
+    ]
+    assert (
+        torch.equal(got[0], torch.cat(ys))
+        and torch.equal(got[1], kw["conv_state"])
+        and torch.equal(got[2], kw["state"])
+    )
+    _close(got, _step(kda_step_reference, rows, slots, layer))
+
+
 @pytest.mark.parametrize("chunk", [16, 64])  # several chunks and cuts inside one
 def test_prefill_matches_reference(lib: ops.Kernels, chunk: int) -> None:
     """Three sequences — fresh, continued, a short one that reaches into its conv state — with snapshots

@@ -48,6 +48,25 @@ def test_causal_conv_step(lib: ops.Kernels, C: int, K: int, gated: bool) -> None
     assert torch.equal(st[others], inp["state"][others])
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_causal_conv_step_rows_sharing_a_slot_run_in_order(lib: ops.Kernels, gated: bool) -> None:
+    """Rows of slots [4, 4, 1, 4, 4] (a sequence's consecutive tokens, another's between): the same as one
+    step per row in row order, and as the reference (sizes that split the step over the threads)."""
+    inp = dict(_inputs(2048, 4, 5, 5, 6, gated, seed=9), slots=torch.tensor([4, 4, 1, 4, 4]))
+    y, st = _run(lib.causal_conv_step, inp)
+    state, ys = inp["state"].clone(), []
+    for i in range(5):
+        row = {
+            k: v[i : i + 1] if k in ("x", "gin", "gout", "slots") and v is not None else v
+            for k, v in inp.items()
+        }
+        ys.append(lib.causal_conv_step(**dict(row, state=state)))
+    assert torch.equal(y, torch.cat(ys)) and torch.equal(st, state)
+    y_ref, st_ref = _run(ops.causal_conv_step_reference, inp)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(st, st_ref)
+
+
 def _prefill(lens: list[int], fresh: list[bool], C: int, K: int, gated: bool, seed: int) -> dict:
     inp = _inputs(C, K, sum(lens), len(lens), len(lens) + 2, gated, seed)
     return dict(inp, query_lens=lens, fresh=fresh)

@@ -61,6 +61,21 @@ def test_mamba1_scan_step(lib: ops.Kernels, Di: int, N: int) -> None:
     assert torch.equal(st[others], inp["ssm"][others])
 
 
+def test_mamba1_scan_step_rows_sharing_a_slot_run_in_order(lib: ops.Kernels) -> None:
+    """Rows of slots [4, 4, 1, 4, 4] (a sequence's consecutive tokens, another's between): the same as one
+    step per row in row order, and as the reference (sizes that split the step over the threads)."""
+    inp = dict(_inputs(512, 16, 5, 5, 7, seed=9), slots=torch.tensor([4, 4, 1, 4, 4]))
+    y, st = _run(lib.mamba1_scan_step, inp)
+    ssm, ys = inp["ssm"].clone(), []
+    for i in range(5):
+        row = {k: v[i : i + 1] if k in ("xc", "dt_raw", "bc", "z", "slots") else v for k, v in inp.items()}
+        ys.append(lib.mamba1_scan_step(**dict(row, ssm=ssm)))
+    assert torch.equal(y, torch.cat(ys)) and torch.equal(st, ssm)
+    y_ref, st_ref = _run(ops.mamba1_scan_step_reference, inp)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5 * float(y_ref.abs().max()))
+    torch.testing.assert_close(st, st_ref, rtol=1e-5, atol=1e-6)
+
+
 def _prefill(lens: list[int], fresh: list[bool], Di: int, N: int, seed: int) -> dict:
     inp = _inputs(Di, N, sum(lens), len(lens), len(lens) + 2, seed)
     return dict(inp, query_lens=lens, fresh=fresh)

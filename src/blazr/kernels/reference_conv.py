@@ -38,7 +38,19 @@ def causal_conv_step_reference(
     """One new row for each of B sequences: u = gin·x (x alone when gin is None), v = bias + Σ_k weight[:, k]·
     (the K−1 inputs of state slot slots[b], then u)[k], y = gout·act(v) with act SiLU when `silu`. x, gin,
     gout [B, C]; weight [C, K]; state [S, K−1, C] shifted in place. The taps accumulate in float32, then round
-    to the weights' dtype (as HF's decode step). Returns y [B, C]."""
+    to the weights' dtype (as HF's decode step). Returns y [B, C]. Rows that share a slot run in row order
+    (a sequence's consecutive tokens)."""
+    if len(set(slots.tolist())) < len(slots):
+
+        def row(t: torch.Tensor | None, i: int) -> torch.Tensor | None:
+            return None if t is None else t[i : i + 1]
+
+        rest = (weight, bias, state, silu)
+        rows = [
+            causal_conv_step_reference(x[i : i + 1], row(gin, i), row(gout, i), slots[i : i + 1], *rest)
+            for i in range(len(slots))
+        ]
+        return torch.cat(rows)
     u = _gated(x, gin)
     window = torch.cat([state.index_select(0, slots), u[:, None, :].to(state.dtype)], dim=1)  # [B, K, C]
     state.index_copy_(0, slots, window[:, 1:])

@@ -65,8 +65,18 @@ def kda_step_reference(
     state: torch.Tensor,
     eps: float,
 ) -> torch.Tensor:
-    """One decode token for each of B sequences: qkv [B, 3·W], f, gate [B, W], b [B, H], slots [B]
-    (distinct); conv_state / state advanced in place at the slots. Returns y [B, W] in qkv's dtype."""
+    """One decode token for each of B sequences: qkv [B, 3·W], f, gate [B, W], b [B, H], slots [B] (rows that
+    share a slot run in row order: a sequence's consecutive tokens); conv_state / state advanced in place at
+    the slots. Returns y [B, W] in qkv's dtype."""
+    if len(set(slots.tolist())) < len(slots):
+        rest = (conv_weight, conv_state, dt_bias, A_log, norm_weight, state, eps)
+        rows = [
+            kda_step_reference(
+                qkv[i : i + 1], f[i : i + 1], b[i : i + 1], gate[i : i + 1], slots[i : i + 1], *rest
+            )
+            for i in range(len(slots))
+        ]
+        return torch.cat(rows)
     _, H, D, _ = state.shape
     B = qkv.shape[0]
     window = torch.cat([conv_state[slots].to(qkv.dtype), qkv[:, :, None]], dim=-1)  # [B, C, K]

@@ -196,6 +196,6 @@ SPEC = MixerSpec(
     shard=_shard,
     slice=_slice,
     is_plan_safe=True,
-    chains_rows=False,  # its decode step splits rows over threads
+    chains_rows=True,  # its decode step runs rows that share a slot in row order
     graph_windows=None,
 )

@@ -102,7 +102,8 @@ static void conv_taps_in_place(float *restrict y, const float *restrict st, cons
 }
 
 /* Checks a recurrent kernel's `index` (the decode step's slots [B], or the prefill's (row0, n, slot, fresh)
- * [B, 4]) against S state slots — slots in range and distinct, rows non-negative — and sets *T to the rows
+ * [B, 4]) against S state slots — slots in range, rows non-negative, a prefill's slots distinct (a decode
+ * step's rows that share a slot run in row order: a sequence's consecutive tokens) — and sets *T to the rows
  * it spans. */
 int blz_recurrent_rows(const int64_t *index, int64_t B, int prefill, int64_t S, int64_t *T) {
     *T = prefill ? 0 : B;
@@ -110,14 +111,14 @@ int blz_recurrent_rows(const int64_t *index, int64_t B, int prefill, int64_t S, 
         const int64_t slot = prefill ? index[4 * b + 2] : index[b];
         if (prefill && (index[4 * b] < 0 || index[4 * b + 1] < 0)) return BLZ_EINVAL;
         if (slot < 0 || slot >= S) return BLZ_ERANGE;
-        for (int64_t o = 0; o < b; ++o)
-            if ((prefill ? index[4 * o + 2] : index[o]) == slot) return BLZ_EINVAL;
+        for (int64_t o = 0; prefill && o < b; ++o)
+            if (index[4 * o + 2] == slot) return BLZ_EINVAL;
         if (prefill) *T = blz_max(*T, index[4 * b] + index[4 * b + 1]);
     }
     return BLZ_OK;
 }
 
-#define CONV_PARTS 4 /* a decode row's channels, split over the threads (a decode batch is often one row) */
+#define CONV_PARTS 16 /* a decode step's channels, split over the threads (a decode batch is often one row) */
 
 BLZ_EXPORT int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index,
                                int64_t B, int prefill, const float *w, const float *bias, float *state, int64_t S,
@@ -132,16 +133,18 @@ BLZ_EXPORT int blz_causal_conv(const float *x, const float *gin, const float *go
         if (!u) return BLZ_ENOMEM;
         const int nt = blz_threads(nthreads, B * C * K, 1 << 14);
 #pragma omp parallel for schedule(static) num_threads(nt)
-        for (int64_t bp = 0; bp < B * CONV_PARTS; ++bp) {
-            const int64_t b = bp / CONV_PARTS, part = bp % CONV_PARTS;
+        for (int64_t part = 0; part < CONV_PARTS; ++part) { /* channels split, rows in order (see above) */
             const int64_t c0 = C * part / CONV_PARTS, c1 = C * (part + 1) / CONV_PARTS;
-            float *st = state + index[b] * Kw * C, *ub = u + b * C, *yb = y + b * C;
-            mul_rows(ub + c0, x + b * ld + c0, gin ? gin + b * ld + c0 : NULL, c1 - c0);
-            conv_taps_in_place(yb, st, ub, w, bias, C, K, c0, c1);
-            if (silu) blz_silu_rows(yb + c0, c1 - c0);
-            if (gout) mul_rows(yb + c0, yb + c0, gout + b * ld + c0, c1 - c0);
-            for (int64_t k = 0; k + 1 < Kw; ++k) memcpy(st + k * C + c0, st + (k + 1) * C + c0, (size_t)(c1 - c0) * 4);
-            memcpy(st + (Kw - 1) * C + c0, ub + c0, (size_t)(c1 - c0) * sizeof(float));
+            for (int64_t b = 0; b < B; ++b) {
+                float *st = state + index[b] * Kw * C, *ub = u + b * C, *yb = y + b * C;
+                mul_rows(ub + c0, x + b * ld + c0, gin ? gin + b * ld + c0 : NULL, c1 - c0);
+                conv_taps_in_place(yb, st, ub, w, bias, C, K, c0, c1);
+                if (silu) blz_silu_rows(yb + c0, c1 - c0);
+                if (gout) mul_rows(yb + c0, yb + c0, gout + b * ld + c0, c1 - c0);
+                for (int64_t k = 0; k + 1 < Kw; ++k)
+                    memcpy(st + k * C + c0, st + (k + 1) * C + c0, (size_t)(c1 - c0) * 4);
+                memcpy(st + (Kw - 1) * C + c0, ub + c0, (size_t)(c1 - c0) * sizeof(float));
+            }
         }
         return BLZ_OK;
     }

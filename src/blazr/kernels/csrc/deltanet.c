@@ -29,7 +29,7 @@
 
 #include "delta_rule.h"
 
-#define DN_CONV_PARTS 4   /* a decode step's conv channels of one sequence, split over the threads */
+#define DN_CONV_PARTS 16 /* a decode step's conv channels, split over the threads (B is often 1) */
 
 typedef struct {
     int64_t Hk, Hv, Dk, Dv, K, C, ld, S;
@@ -117,34 +117,40 @@ BLZ_EXPORT int blz_deltanet_step(const float *qkvz, const float *ba, const int64
     const int nt = blz_threads(nthreads, B * Hv * Dk * Dv, 1 << 14);
 #pragma omp parallel num_threads(nt)
     {
+        /* Rows that share a slot run in row order (a sequence's consecutive tokens as rows): the threads
+         * split the channels (conv) and the value heads (delta rule), never the rows. */
 #pragma omp for schedule(static)
-        for (int64_t bc = 0; bc < B * DN_CONV_PARTS; ++bc) { /* parts of a sequence's channels: B is often 1 */
-            const int64_t b = bc / DN_CONV_PARTS, part = bc % DN_CONV_PARTS;
-            const float *xr = qkvz + b * g.ld;
-            float *cs = conv_pool + slots[b] * C * (K - 1), *ur = u + b * C;
+        for (int64_t part = 0; part < DN_CONV_PARTS; ++part) {
             const int64_t c0 = C * part / DN_CONV_PARTS, c1 = C * (part + 1) / DN_CONV_PARTS;
-            for (int64_t c = c0; c < c1; ++c) {
-                const float *w = conv_w + c * K;
-                float *st = cs + c * (K - 1), acc = 0.0f;
-                for (int64_t j = 0; j < K - 1; ++j) acc = fmaf(w[j], st[j], acc);
-                acc = fmaf(w[K - 1], xr[c], acc);
-                for (int64_t j = 0; j < K - 2; ++j) st[j] = st[j + 1];
-                st[K - 2] = xr[c];
-                ur[c] = acc;
+            for (int64_t b = 0; b < B; ++b) {
+                const float *xr = qkvz + b * g.ld;
+                float *cs = conv_pool + slots[b] * C * (K - 1), *ur = u + b * C;
+                for (int64_t c = c0; c < c1; ++c) {
+                    const float *w = conv_w + c * K;
+                    float *st = cs + c * (K - 1), acc = 0.0f;
+                    for (int64_t j = 0; j < K - 1; ++j) acc = fmaf(w[j], st[j], acc);
+                    acc = fmaf(w[K - 1], xr[c], acc);
+                    for (int64_t j = 0; j < K - 2; ++j) st[j] = st[j + 1];
+                    st[K - 2] = xr[c];
+                    ur[c] = acc;
+                }
+                blz_silu_rows(ur + c0, c1 - c0);
             }
-            blz_silu_rows(ur + c0, c1 - c0);
-            if (part == 0) dn_gates(&g, ba + b * 2 * Hv, dt_bias, A_log, gates + b * 2 * Hv, gates + b * 2 * Hv + Hv);
         }
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < B; ++b) dn_norm_qk(&g, u + b * C);
-#pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < B * Hv; ++bh) {
-            const int64_t b = bh / Hv, h = bh % Hv, kh = dn_khead(&g, h);
-            const float *ur = u + b * C, *gt = gates + b * 2 * Hv;
-            dn_head_step(state_pool + (slots[b] * Hv + h) * Dk * Dv, &g, ur + kh * Dk, ur + Hk * Dk + kh * Dk,
-                         ur + 2 * Hk * Dk + h * Dv, gt[h], gt[Hv + h], qkvz + b * g.ld + C + h * Dv, norm_w,
-                         work + bh * 2 * Dv, y + b * Hv * Dv + h * Dv);
+        for (int64_t b = 0; b < B; ++b) {
+            dn_gates(&g, ba + b * 2 * Hv, dt_bias, A_log, gates + b * 2 * Hv, gates + b * 2 * Hv + Hv);
+            dn_norm_qk(&g, u + b * C);
         }
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < Hv; ++h)
+            for (int64_t b = 0; b < B; ++b) {
+                const int64_t kh = dn_khead(&g, h), bh = b * Hv + h;
+                const float *ur = u + b * C, *gt = gates + b * 2 * Hv;
+                dn_head_step(state_pool + (slots[b] * Hv + h) * Dk * Dv, &g, ur + kh * Dk, ur + Hk * Dk + kh * Dk,
+                             ur + 2 * Hk * Dk + h * Dv, gt[h], gt[Hv + h], qkvz + b * g.ld + C + h * Dv, norm_w,
+                             work + bh * 2 * Dv, y + b * Hv * Dv + h * Dv);
+            }
     }
     return BLZ_OK;
 }

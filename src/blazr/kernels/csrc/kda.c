@@ -80,7 +80,7 @@ static int kda_check(const kda_geom *g) {
     return BLZ_OK;
 }
 
-#define KDA_CONV_PARTS 4 /* a decode step's conv channels of one sequence, split over the threads */
+#define KDA_CONV_PARTS 16 /* a decode step's conv channels, split over the threads (B is often 1) */
 
 BLZ_EXPORT int blz_kda_step(const float *qkv, const float *f, const float *b, const float *gate, const int64_t *slots,
                             int64_t B, const float *conv_w, float *conv_pool, int64_t K, const float *dt_bias,
@@ -99,38 +99,44 @@ BLZ_EXPORT int blz_kda_step(const float *qkv, const float *f, const float *b, co
     const int nt = blz_threads(nthreads, B * H * D * D, 1 << 14);
 #pragma omp parallel num_threads(nt)
     {
+        /* Rows that share a slot run in row order (a sequence's consecutive tokens as rows): the threads
+         * split the channels (conv) and the heads (delta rule), never the rows. */
 #pragma omp for schedule(static)
-        for (int64_t bc = 0; bc < B * KDA_CONV_PARTS; ++bc) { /* parts of a sequence's channels: B is often 1 */
-            const int64_t s = bc / KDA_CONV_PARTS, part = bc % KDA_CONV_PARTS;
-            const float *xr = qkv + s * C;
-            float *cs = conv_pool + slots[s] * C * (K - 1), *ur = u + s * C;
+        for (int64_t part = 0; part < KDA_CONV_PARTS; ++part) {
             const int64_t c0 = C * part / KDA_CONV_PARTS, c1 = C * (part + 1) / KDA_CONV_PARTS;
-            for (int64_t c = c0; c < c1; ++c) {
-                const float *w = conv_w + c * K;
-                float *st = cs + c * (K - 1), acc = 0.0f;
-                for (int64_t j = 0; j < K - 1; ++j) acc = fmaf(w[j], st[j], acc);
-                acc = fmaf(w[K - 1], xr[c], acc);
-                for (int64_t j = 0; j < K - 2; ++j) st[j] = st[j + 1];
-                st[K - 2] = xr[c];
-                ur[c] = acc;
+            for (int64_t s = 0; s < B; ++s) {
+                const float *xr = qkv + s * C;
+                float *cs = conv_pool + slots[s] * C * (K - 1), *ur = u + s * C;
+                for (int64_t c = c0; c < c1; ++c) {
+                    const float *w = conv_w + c * K;
+                    float *st = cs + c * (K - 1), acc = 0.0f;
+                    for (int64_t j = 0; j < K - 1; ++j) acc = fmaf(w[j], st[j], acc);
+                    acc = fmaf(w[K - 1], xr[c], acc);
+                    for (int64_t j = 0; j < K - 2; ++j) st[j] = st[j + 1];
+                    st[K - 2] = xr[c];
+                    ur[c] = acc;
+                }
+                blz_silu_rows(ur + c0, c1 - c0);
             }
-            blz_silu_rows(ur + c0, c1 - c0);
-            if (part == 0) kda_gates(&g, f + s * W, b + s * H, dt_bias, A_log, gl + s * W, bt + s * H);
         }
 #pragma omp for schedule(static)
-        for (int64_t s = 0; s < B; ++s) kda_norm_qk(&g, u + s * C);
-#pragma omp for schedule(static)
-        for (int64_t sh = 0; sh < B * H; ++sh) {
-            const int64_t s = sh / H, h = sh % H;
-            const float *ur = u + s * C, *q = ur + h * D, *k = ur + W + h * D, *v = ur + 2 * W + h * D;
-            float *St = state_pool + (slots[s] * H + h) * D * D, *delta = work + sh * 2 * D, *o = delta + D;
-            const float beta = bt[s * H + h];
-            kda_decay_rows(St, D, gl + s * W + h * D);
-            dn_predict(St, D, D, 1.0f, k, delta);
-            for (int64_t i = 0; i < D; ++i) delta[i] = (v[i] - delta[i]) * beta;
-            dn_update(St, D, D, 1.0f, k, delta, q, o);
-            kda_gated_norm(o, gate + s * W + h * D, norm_w, D, eps, y + s * W + h * D);
+        for (int64_t s = 0; s < B; ++s) {
+            kda_gates(&g, f + s * W, b + s * H, dt_bias, A_log, gl + s * W, bt + s * H);
+            kda_norm_qk(&g, u + s * C);
         }
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t s = 0; s < B; ++s) {
+                const int64_t sh = s * H + h;
+                const float *ur = u + s * C, *q = ur + h * D, *k = ur + W + h * D, *v = ur + 2 * W + h * D;
+                float *St = state_pool + (slots[s] * H + h) * D * D, *delta = work + sh * 2 * D, *o = delta + D;
+                const float beta = bt[s * H + h];
+                kda_decay_rows(St, D, gl + s * W + h * D);
+                dn_predict(St, D, D, 1.0f, k, delta);
+                for (int64_t i = 0; i < D; ++i) delta[i] = (v[i] - delta[i]) * beta;
+                dn_update(St, D, D, 1.0f, k, delta, q, o);
+                kda_gated_norm(o, gate + s * W + h * D, norm_w, D, eps, y + s * W + h * D);
+            }
     }
     return BLZ_OK;
 }

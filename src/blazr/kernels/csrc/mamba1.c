@@ -190,6 +190,15 @@ BLZ_EXPORT int blz_mamba1_scan(const float *xc, const float *dt_raw, const float
     if (rc != BLZ_OK || T == 0) return rc;
     const int64_t nblk = (Di + M1_BLOCK - 1) / M1_BLOCK;
     const int nt = blz_threads(nthreads, T * Di * N, 1 << 14);
+    if (!prefill) { /* rows that share a slot run in row order (a sequence's consecutive tokens): blocks split */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        for (int64_t blk = 0; blk < nblk; ++blk) {
+            const int64_t d0 = blk * M1_BLOCK, d1 = blz_min(Di, d0 + M1_BLOCK);
+            for (int64_t b = 0; b < B; ++b)
+                scan_block(xc, dt_raw, bc, z, ldz, A, dskip, ssm + index[b] * Di * N, Di, N, b, 1, 0, d0, d1, y);
+        }
+        return BLZ_OK;
+    }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int64_t u = 0; u < B * nblk; ++u) {
         const int64_t b = u / nblk, d0 = u % nblk * M1_BLOCK, d1 = blz_min(Di, d0 + M1_BLOCK);
