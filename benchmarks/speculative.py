@@ -3,8 +3,9 @@
     python benchmarks/speculative.py [--rounds 3] [--k 4] [--gen 128] [--threads 2] [--only engine,real,peer]
 
 Table 1 — the engine's part (replay mode: the drafts are the known greedy continuation, so all are accepted,
-the cost of verification alone): SmolLM2-135M-Instruct (the embedded Q4_1 GGUF) and the granite-4.0-h-350m
-shape (benchmarks/hybrid_peers.py's checkpoint, random weights, `--quantize int8`). Per model: one
+the cost of verification alone): SmolLM2-135M-Instruct (the embedded Q4_1 GGUF), the granite-4.0-h-350m
+shape (benchmarks/hybrid_peers.py's checkpoint, random weights, `--quantize int8`) and the oxidizr "nano"
+preset (Mamba2 ×6 + MLA/MoE ×2, random float32: an MLA + MoE hybrid). Per model: one
 decode step (speculation off) and one step verifying k drafts, in ms, and their ratio; decode tok/s off /
 on at concurrency 1 and 4 (each sequence its own random prompt of 128 tokens; aggregate tok/s over the
 steps after every sequence has its first token).
@@ -93,6 +94,18 @@ def engine_rows(name: str, llm: LLM, k: int, gen: int, rounds: int) -> list[str]
 
 def smollm2() -> LLM:
     return LLM(None, engine_config=EngineConfig(max_num_seqs=8, speculative=SpeculativeConfig()))
+
+
+def nano() -> LLM:
+    """The oxidizr "nano" preset (Mamba2 ×6 + MLA/MoE ×2, 123M, random float32): hybrid, MLA and MoE."""
+    import tempfile
+
+    from benchmarks.hybrid import NANO_FULL
+    from tests.oxidizr_fixtures import write_oxidizr
+
+    path = write_oxidizr(Path(tempfile.mkdtemp()) / "nano", NANO_FULL).parent
+    cfg = EngineConfig(max_num_seqs=8, speculative=SpeculativeConfig())
+    return LLM(path, cpu=True, dtype="float32", engine_config=cfg)
 
 
 def granite() -> LLM:
@@ -204,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         models: dict[str, Callable[[], LLM]] = {
             "SmolLM2-135M Q4_1": smollm2,
             "granite-4.0-h-350m int8": granite,
+            "oxidizr nano (Mamba2 + MLA/MoE) f32": nano,
         }
         for name, make in models.items():
             log(f"loading {name}")

@@ -122,7 +122,7 @@ class LLMEngine:
         )
         spec = cfg.speculative
         # drafts run as rows of the recorded decode plan (stateless models), else as a chunk
-        on_plan = runner.decode_plan is not None and not runner.has_state
+        on_plan = runner.decode_plan is not None and runner.chains_rows
         row_cost = ROW_COST_PLAN if on_plan else ROW_COST_CHUNK
         self.speculator = Speculator(spec, draft_source, row_cost) if spec is not None else None
         self.scheduler = Scheduler(cfg, self.cache, self.speculator)
