@@ -19,7 +19,12 @@ cache (what a decode step over a whole model sees when the model is bigger than 
 repeatedly (weights cache-resident, like a small model that fits L3). Other jobs may share the CPU; the
 header prints `uptime`'s load so numbers can be judged.
 
+`--mxfp4`: MXFP4 as a GGUF stores it (csrc/linear_mxfp4.c, random valid blocks) against q4_0 (row-packed)
+and q8_0g at the 1B shapes: decode (M = 1, cold) GB/s and prefill (M = 512) GFLOP/s, alternating rounds as
+`--q8`.
+
     python benchmarks/kernels.py [--threads 2] [--quick] [--hot-only | --cold-only] [--kquant] [--q8]
+                                  [--mxfp4]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from blazr.kernels import build, ops
+from blazr.kernels import build, mxfp4, ops
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize
 
@@ -124,19 +129,46 @@ def _kernel_weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWe
 def q8_table(rounds: int = 5, prefill_rows: int = 512) -> None:
     """q8_0g (ggml's bytes, in place) vs q8_0 (row-packed) on the same weights: decode GB/s (M = 1, cold)
     and prefill GFLOP/s (M = prefill_rows), alternating the kinds round by round; medians."""
+
+    def weights(n: int, kdim: int, g: torch.Generator) -> dict[str, QuantizedWeight]:
+        packed = _kernel_weight("q8_0", n, kdim, g)
+        return {"q8_0": packed, "q8_0g": QuantizedWeight.from_blocks("q8_0g", packed.ggml_blocks(), n, kdim)}
+
+    title = "Q8_0 in place (q8_0g) vs packed (q8_0)"
+    kinds_table(title, ("q8_0", "q8_0g"), weights, rounds, prefill_rows)
+
+
+def mxfp4_table(rounds: int = 5, prefill_rows: int = 512) -> None:
+    """mxfp4 (ggml's bytes, random valid blocks) vs q4_0 and q8_0g: decode GB/s (M = 1, cold) and prefill
+    GFLOP/s (M = prefill_rows), alternating the kinds round by round; medians."""
+
+    def weights(n: int, kdim: int, g: torch.Generator) -> dict[str, QuantizedWeight]:
+        raw = mxfp4.random_blocks(n, kdim, g, 112, 124)
+        return {"q4_0": _kernel_weight("q4_0", n, kdim, g), "mxfp4": QuantizedWeight("mxfp4", raw, n, kdim),
+                "q8_0g": _kernel_weight("q8_0g", n, kdim, g)}  # fmt: skip
+
+    kinds_table("MXFP4 as stored vs q4_0, q8_0g", ("q4_0", "mxfp4", "q8_0g"), weights, rounds, prefill_rows)
+
+
+def kinds_table(
+    title: str,
+    kinds: tuple[str, ...],
+    make: Callable[[int, int, torch.Generator], dict[str, QuantizedWeight]],
+    rounds: int,
+    prefill_rows: int,
+) -> None:
+    """Decode GB/s (M = 1, cold) and prefill GFLOP/s (M = prefill_rows) of `kinds` at the 1B shapes (not the
+    head), the kinds alternating round by round; medians."""
     k = ops.kernels()
     assert k is not None
     g = torch.Generator().manual_seed(0)
-    kinds = ("q8_0", "q8_0g")
-    print(f"\n## Q8_0 in place (q8_0g) vs packed (q8_0), {torch.get_num_threads()} thread(s), median of "
-          f"{rounds} alternating rounds: decode M = 1, cold, GB/s; prefill M = {prefill_rows}, "
-          "GFLOP/s")  # fmt: skip
-    print("| shape N×K | decode q8_0 | decode q8_0g | prefill q8_0 | prefill q8_0g |")
-    print("|---|---|---|---|---|")
+    print(f"\n## {title}, {torch.get_num_threads()} thread(s), median of {rounds} alternating rounds: "
+          f"decode M = 1, cold, GB/s; prefill M = {prefill_rows}, GFLOP/s")  # fmt: skip
+    print("| shape N×K | " + " | ".join(f"decode {kd}" for kd in kinds) + " | "
+          + " | ".join(f"prefill {kd}" for kd in kinds) + " |")  # fmt: skip
+    print("|---|" + "---|" * (2 * len(kinds)))
     for name, n, kdim in KQUANT_SHAPES[:3]:
-        packed = _kernel_weight("q8_0", n, kdim, g)
-        stored = QuantizedWeight.from_blocks("q8_0g", packed.ggml_blocks(), n, kdim)
-        weights = {"q8_0": packed, "q8_0g": stored}
+        weights = make(n, kdim, g)
         x1, xp = torch.randn(1, kdim, generator=g), torch.randn(prefill_rows, kdim, generator=g)
         out1, outp = torch.empty(1, n), torch.empty(prefill_rows, n)
         decode: dict[str, list[float]] = {kd: [] for kd in kinds}
@@ -419,6 +451,7 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="only the whole decode step")
     ap.add_argument("--kquant", action="store_true", help="only the K-quant table (1B-class shapes)")
     ap.add_argument("--q8", action="store_true", help="only Q8_0 in place vs packed (1B-class shapes)")
+    ap.add_argument("--mxfp4", action="store_true", help="only MXFP4 vs q4_0 / q8_0g (1B-class shapes)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     k = ops.kernels()
@@ -436,6 +469,9 @@ def main() -> None:
         return
     if args.q8:
         q8_table()
+        return
+    if args.mxfp4:
+        mxfp4_table()
         return
     ms = (1,) if args.quick else (1, 16)
     shapes = SHAPES[:4] if args.quick else SHAPES

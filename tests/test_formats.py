@@ -40,7 +40,7 @@ def test_codes_equal_the_c_header() -> None:
     kv = {torch.float32: "BLZ_KV_F32", torch.bfloat16: "BLZ_KV_BF16", torch.float16: "BLZ_KV_F16"}
     assert {dtype: c[name] for dtype, name in kv.items()} == formats.ELEMENT_CODES
     # every weight-kind constant of the header is a format's (a C kind no table row names would be dead)
-    c_kinds = {name for name in c if re.fullmatch(r"BLZ_(Q\d_\w+|KMIX)", name)}
+    c_kinds = {name for name in c if re.fullmatch(r"BLZ_(Q\d_\w+|KMIX|MXFP4)", name)}
     assert c_kinds == {f.c_name for f in FORMATS if f.layout != "float"}
 
 
@@ -56,8 +56,8 @@ def test_derived_lists() -> None:
     """quant.py's lists, the bindings' code tables and the loader's kept / dequantized types are views of the
     table (what they held before the table, value for value)."""
     want_floats = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-    want_kinds = ("q4_0", "q4_1", "q8_0", "q8_0g", "q4_k", "q5_k", "q6_k", "kmix", *want_floats)
-    want_ggml = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")}
+    want_kinds = ("q4_0", "q4_1", "q8_0", "q8_0g", "q4_k", "q5_k", "q6_k", "kmix", "mxfp4", *want_floats)
+    want_ggml = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")}
     assert quant.BLOCK_BYTES == {"q4_0": 18, "q4_1": 20, "q8_0": 34}
     assert quant.KQUANT_BYTES == {"q4_k": 144, "q5_k": 176, "q6_k": 210}
     assert (want_floats, want_kinds) == (quant.FLOAT_KINDS, quant.KINDS)

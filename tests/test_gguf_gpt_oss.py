@@ -5,8 +5,9 @@ biased router, experts with biases and the clamped SwiGLU):
   logits within 1e-4 of the logit scale and its greedy tokens; llama.cpp's logits on the file agree (with
   llama.cpp's truncated YaRN, see test_llama_cpp_agrees);
 - MXFP4 (from an MXFP4 checkpoint: the converter repacks the experts' blocks as GGUF type 39, its nibble
-  order): the experts dequantized to exactly the checkpoint's values — transformers on the dequantized
-  experts is matched as closely — and llama.cpp on that file agrees.
+  order): the experts dequantized (`--quantize none`) to exactly the checkpoint's values — transformers on
+  the dequantized experts is matched as closely —; by default kept as stored (the mxfp4 kernel, 8-bit
+  activations as llama.cpp's), and llama.cpp on that file agrees.
 
 The files carry SmolLM2's tokenizer (the converter's `_set_vocab_gpt2` recognises its pre-tokenizer)."""
 
@@ -22,11 +23,12 @@ import torch
 
 from blazr import LLM
 from blazr.detect import inspect_checkpoint
+from blazr.kernels.quant import dequantize
 from tests.drive import full_logits
 from tests.hf_parity import check_greedy, check_logits, prompts
 from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer
 from tests.ssm_fixtures import single_thread
-from tests.test_hf_gpt_oss import VARIANTS, build_gpt_oss, store_mxfp4_experts
+from tests.test_hf_gpt_oss import VARIANTS, build_gpt_oss, check_close_to_dequantized, store_mxfp4_experts
 
 # a window of 8 < the prompts, so llama.cpp's sliding layers are exercised too
 SHAPE = dict(VARIANTS["yarn-window"], vocab_size=VOCAB, swiglu_limit=7.0)
@@ -56,18 +58,19 @@ def made(request, tmp_path_factory) -> Made:
     return Made(hf, root / "hf", gguf)
 
 
-def _llm(path: Path) -> LLM:
-    return LLM(path, cpu=True, dtype="float32", max_num_seqs=2)
+def _llm(path: Path, **kw) -> LLM:
+    return LLM(path, cpu=True, dtype="float32", max_num_seqs=2, **kw)
 
 
 def test_gguf_matches_transformers(made, caplog):
+    """The float path (the MXFP4 file's experts dequantized, `--quantize none`) equals transformers."""
+    is_mxfp4 = made.gguf.stem == "mxfp4"
     with caplog.at_level(logging.WARNING, logger="blazr"):
-        llm = _llm(made.gguf)
+        llm = _llm(made.gguf, quantize="none" if is_mxfp4 else "auto")
     assert not [r for r in caplog.records if "ignored" in r.getMessage()], caplog.text
     meta, gguf = llm.checkpoint.gguf.metadata, llm.checkpoint.gguf
     assert meta["general.architecture"] == "gpt-oss"
     assert "blk.0.attn_sinks.weight" in gguf.tensor_names
-    is_mxfp4 = made.gguf.stem == "mxfp4"
     assert (gguf.tensor_type("blk.0.ffn_gate_exps.weight") == "MXFP4") == is_mxfp4
     want = inspect_checkpoint(made.hf_dir).config
     assert dataclasses.replace(llm.config, max_position_embeddings=0) == dataclasses.replace(
@@ -75,6 +78,26 @@ def test_gguf_matches_transformers(made, caplog):
     )
     check_logits(made.hf, llm)
     check_greedy(made.hf, llm, n=16)
+
+
+def test_mxfp4_experts_run_as_stored(made):
+    """By default the MXFP4 experts stay as the file stores them (17 bytes per 32 values, run by the mxfp4
+    kernel), holding the dequantized path's values exactly; logits within the 8-bit activation rounding of
+    that path's (test_hf_gpt_oss.py `check_close_to_dequantized`). The F32 file's experts stay float."""
+    if made.gguf.stem != "mxfp4":
+        experts = [layer.moe.experts for layer in _llm(made.gguf).runner.model.layers]
+        assert all(e.w_up is None or e.w_up.kind == "f32" for e in experts)
+        return
+    ours, plain = _llm(made.gguf), _llm(made.gguf, quantize="none")
+    for layer, ref in zip(ours.runner.model.layers, plain.runner.model.layers, strict=True):
+        experts, want = layer.moe.experts, ref.moe.experts
+        assert experts.w_up.kind == experts.w_down.kind == "mxfp4"
+        E, N, D = want.gate_up_proj.shape
+        assert torch.equal(dequantize(experts.w_up), want.gate_up_proj.reshape(E * N, D))
+        assert torch.equal(dequantize(experts.w_down), want.down_proj.reshape(E * D, -1))
+        for w in (experts.w_up, experts.w_down):
+            assert w.nbytes * 8 == 4.25 * w.out_features * w.in_features
+    check_close_to_dequantized(ours, plain)
 
 
 def test_llama_cpp_agrees(made, monkeypatch):

@@ -3,7 +3,8 @@ a real share of each softmax), q/k/v/o biases, sliding-window and full layers as
 YaRN rope; every layer a MoE with a router bias, experts with biases and the clamped SwiGLU (a limit small
 enough here that the clamps bite), gate / up interleaved in transformers' fused tensors; MXFP4 experts
 (`*_blocks` / `*_scales`) dequantized as transformers' own `convert_moe_packed_tensors` does, and a
-checkpoint stored so loading to the same model; detection without config.json; tensor parallel refused."""
+checkpoint stored so loading to the same model (`--quantize none`) or, by default, kept MXFP4 with the same
+values and run by the mxfp4 kernel; detection without config.json; tensor parallel refused."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from safetensors.torch import load_file, save_file
 
 from blazr import LLM, SamplingParams
 from blazr.config import AttentionConfig
+from blazr.kernels.quant import dequantize
 from blazr.loading import mxfp4
-from tests.hf_parity import ParityTests, check_greedy, check_logits
+from tests.drive import full_logits
+from tests.hf_parity import ParityTests, check_greedy, check_logits, prompts
 from tests.ssm_fixtures import Pair, detect_with, randomise, single_thread
 from tests.tiny import build
 
@@ -146,15 +149,57 @@ def store_mxfp4_experts(root: Path, hf: torch.nn.Module) -> None:
     (root / "config.json").write_text(json.dumps(raw))
 
 
-def test_mxfp4_checkpoint(tmp_path):
-    """The experts stored as MXFP4: blazr reads them to transformers' model with the dequantized experts,
-    logits and greedy tokens."""
-    root = tmp_path / "mxfp4"
+@pytest.fixture(scope="module")
+def mxfp4_checkpoint(tmp_path_factory) -> tuple[torch.nn.Module, Path]:
+    root = tmp_path_factory.mktemp("mxfp4")
     hf = build_gpt_oss(root, **VARIANTS["yarn-window"])
     store_mxfp4_experts(root, hf)
-    llm = LLM(root, cpu=True, dtype="float32", max_num_seqs=2)
+    return hf, root
+
+
+def test_mxfp4_checkpoint_dequantized(mxfp4_checkpoint):
+    """The experts stored as MXFP4, read on the reference path (`--quantize none`: dequantized as transformers
+    does): transformers' model with the dequantized experts, logits and greedy tokens."""
+    hf, root = mxfp4_checkpoint
+    llm = LLM(root, cpu=True, dtype="float32", max_num_seqs=2, quantize="none")
+    assert all(layer.moe.experts.w_up is None for layer in llm.runner.model.layers)
     check_logits(hf, llm)
     check_greedy(hf, llm, n=16)
+
+
+def test_mxfp4_checkpoint_runs_as_stored(mxfp4_checkpoint):
+    """By default the MXFP4 experts stay MXFP4 (kernels/mxfp4.py: HF's blocks re-laid in GGUF's order, 4.25
+    bits a value) holding exactly the dequantized path's values, gate / up de-interleaved as the float path
+    does; the model then differs from that path only by the 8-bit activation rounding of the experts' dot
+    products (llama.cpp's too), and its decode step is still one recorded plan."""
+    _, root = mxfp4_checkpoint
+    ours = LLM(root, cpu=True, dtype="float32", max_num_seqs=2)
+    plain = LLM(root, cpu=True, dtype="float32", max_num_seqs=2, quantize="none")
+    for layer, ref in zip(ours.runner.model.layers, plain.runner.model.layers, strict=True):
+        experts, want = layer.moe.experts, ref.moe.experts
+        assert experts.w_up.kind == experts.w_down.kind == "mxfp4"
+        E, N, D = want.gate_up_proj.shape
+        assert torch.equal(dequantize(experts.w_up), want.gate_up_proj.reshape(E * N, D))
+        assert torch.equal(dequantize(experts.w_down), want.down_proj.reshape(E * D, -1))
+        for w in (experts.w_up, experts.w_down):  # 17 bytes per 32 values
+            assert w.nbytes * 8 == 4.25 * w.out_features * w.in_features
+    check_close_to_dequantized(ours, plain)
+    before = ours.runner.decode_plan.num_runs
+    ours.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert ours.runner.decode_plan.num_runs > before
+
+
+def check_close_to_dequantized(ours: LLM, dequantized: LLM) -> None:
+    """Logits within 8-bit activation rounding of the dequantized path's (as the other quantized kinds'
+    GGUF tests): mean error ≤ 2% of the logit scale, a different top-1 only at a near-tie."""
+    batch = prompts([7, 30], seed=5, vocab=ours.config.vocab_size)
+    pairs = zip(full_logits(ours.runner, batch), full_logits(dequantized.runner, batch), strict=True)
+    for got, want in pairs:
+        scale = want.abs().max().item()
+        assert (got - want).abs().mean().item() <= 0.02 * scale
+        row_error = (got - want).abs().amax(-1)
+        margin = want.amax(-1) - want.gather(-1, got.argmax(-1, keepdim=True)).squeeze(-1)
+        assert (margin <= 2 * row_error).all(), (margin, row_error)
 
 
 def test_tensor_parallel_splits_sinks():

@@ -25,7 +25,7 @@ from blazr.kernels import ops
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.quant import QuantizedWeight, quantize
 
-KINDS = ["f32", "bf16", "q8_0", "q8_0g", "q4_0", "q4_1"]
+KINDS = ["f32", "bf16", "q8_0", "q8_0g", "q4_0", "q4_1", "mxfp4"]
 
 
 def _logits(T: int, E: int, seed: int) -> torch.Tensor:
@@ -104,7 +104,7 @@ def test_moe_experts_equal_the_linear_kernels(lib: ops.Kernels, kind: str, act: 
     assert (got - ref).abs().max() <= tol * ref.abs().max()
 
 
-@pytest.mark.parametrize("kind", ["f32", "q8_0", "q4_0"])
+@pytest.mark.parametrize("kind", ["f32", "q8_0", "q4_0", "mxfp4"])
 @pytest.mark.parametrize("act", ["silu", "swiglu_oai"])
 def test_moe_experts_with_biases_equal_the_reference(lib: ops.Kernels, kind: str, act: str) -> None:
     """GPT-OSS's experts: biases on both projections, the clamped SwiGLU (limit 0.5: most values clamp)."""
@@ -123,7 +123,7 @@ def test_moe_experts_with_biases_equal_the_reference(lib: ops.Kernels, kind: str
     assert (got - lib.moe_experts(*args)).abs().max() > 0.1  # the biases count
 
 
-@pytest.mark.parametrize("kind", ["f32", "q8_0", "q8_0g"])
+@pytest.mark.parametrize("kind", ["f32", "q8_0", "q8_0g", "mxfp4"])
 def test_moe_experts_rows_do_not_depend_on_the_batch(native: ops.Kernels, kind: str) -> None:
     E, D, I, T, k = 8, 64, 32, 9, 2
     w_up, w_down = _experts(kind, E, D, I, True, seed=6)

@@ -15,6 +15,7 @@ from blazr.kernels.hugepages import empty_huge
 from blazr.kernels.quant import (
     BLOCK_BYTES,
     KQUANT_BYTES,
+    MXFP4,
     Q8_0G,
     QK,
     ROW_GROUP,
@@ -118,9 +119,14 @@ class WeightFormatBindings:
     ) -> torch.Tensor:
         """ggml-ordered blocks of a block kind (N · row_bytes uint8 CPU bytes, any shape) → float32 [N, K],
         as loading/gguf.py's torch dequantizers and `gguf.quants.dequantize`; also the K-quant kinds
-        (K/256 super-blocks a row)."""
+        (K/256 super-blocks a row) and mxfp4."""
         if kind in KQUANT_BYTES:
             check_kquant_blocks(kind, blocks, out_features, in_features)
+        elif kind == MXFP4:
+            want = out_features * row_bytes(kind, in_features)
+            if blocks.dtype != torch.uint8 or blocks.numel() != want:
+                raise ValueError(f"mxfp4 blocks of a [{out_features}, {in_features}] weight: expected {want} "
+                                 f"uint8 bytes, found {blocks.numel()} {blocks.dtype}")  # fmt: skip
         else:
             check_blocks(kind, blocks, out_features, in_features)
         if not blocks.is_cpu:

@@ -38,6 +38,12 @@ on the same weights — without the repack at load or a second copy beside the m
 tensors load as q8_0g (`from_ggml`); `quantize(w, "q8_0")` (`--quantize int8`) keeps the packed layout,
 which its C quantizer writes directly.
 
+mxfp4 (17 B per 32 weights: e8m0 e, 16 B of e2m1 nibbles — w = 2^(e − 128)·kv, kv the doubled e2m1 value) is
+GGUF MXFP4 kept the same way, ggml's bytes as stored, uint8 [N, K/32 · 17] (csrc/linear_mxfp4.c; its values
+and HF's packing in kernels/mxfp4.py): GPT-OSS's experts at 4.25 bits a weight. Its kernel rounds
+activations as the 32-block kinds (`int8_dot_reference` emulates it); `quantize(w, "mxfp4")` is gguf-py's
+quantizer (in torch).
+
 `quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
 quantizers) byte for byte for the 32-block kinds — in C (csrc/quantize.c, straight into the packed layout)
 when the kernel library is loaded, else `quantize_reference` in torch; the same bytes
@@ -57,6 +63,7 @@ from dataclasses import dataclass
 
 import torch
 
+from blazr.kernels import mxfp4
 from blazr.kernels.formats import BY_KIND, FORMATS, kinds, stored_kind, value_kind
 
 # The lists below are views of the one format table (kernels/formats.py).
@@ -73,6 +80,9 @@ KMIX = "kmix"
 _KMIX_CODES = {k: BY_KIND[k].c_kind for k in K_KINDS}  # BLZ_Q4_K .. BLZ_Q6_K
 _KMIX_HEADER, _KMIX_MAX = 64, 7
 Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
+MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_mxfp4.c)
+# 32-weight block kinds kept in ggml's own row layout, [N, K/32 · block_bytes] (no repack)
+GGML_BLOCK_KINDS = (Q8_0G, MXFP4)
 FLOAT_KINDS: dict[str, torch.dtype] = {f.kind: f.dtype for f in FORMATS if f.dtype is not None}
 KINDS = tuple(f.kind for f in FORMATS)
 # GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind: the kind of their values.
@@ -90,7 +100,10 @@ def row_bytes(kind: str, dim: int) -> int:
     if kind in FLOAT_KINDS:
         return dim * FLOAT_KINDS[kind].itemsize
     kind = "q8_0" if kind == Q8_0G else kind
-    qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
+    if kind == MXFP4:
+        qk, bs = QK, mxfp4.BLOCK_BYTES
+    else:
+        qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
     if dim % qk:
         raise ValueError(f"{kind} rows of {dim} values: not a multiple of {qk}")
     return dim // qk * bs
@@ -105,9 +118,9 @@ class QuantizedWeight:
     """A linear layer's weight [N, K] in one of `KINDS`.
 
     `data` is uint8 [G, 16 · row_bytes] for block kinds (row-packed, see the module docstring; build one
-    from ggml-ordered blocks with `from_blocks`), uint8 [N, row_bytes] in ggml's own layout for q8_0g and
-    the K-quant kinds, else a bf16 / f32 tensor [N, K]. It must be contiguous; the C kernels read it in
-    place."""
+    from ggml-ordered blocks with `from_blocks`), uint8 [N, row_bytes] in ggml's own layout for q8_0g,
+    mxfp4 and the K-quant kinds, else a bf16 / f32 tensor [N, K]. It must be contiguous; the C kernels read
+    it in place."""
 
     kind: str
     data: torch.Tensor
@@ -120,7 +133,7 @@ class QuantizedWeight:
             if k % QK:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
             want, dtype = (-(-n // ROW_GROUP), _group_bytes(self.kind, k)), torch.uint8
-        elif self.kind == Q8_0G:
+        elif self.kind in GGML_BLOCK_KINDS:
             if k % QK:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
             want, dtype = (n, row_bytes(self.kind, k)), torch.uint8
@@ -149,8 +162,8 @@ class QuantizedWeight:
 
     @property
     def is_block(self) -> bool:
-        """A kind of 32-weight blocks (q4_0, q4_1, q8_0 packed; q8_0g as stored)."""
-        return self.kind in BLOCK_BYTES or self.kind == Q8_0G
+        """A kind of 32-weight blocks (q4_0, q4_1, q8_0 packed; q8_0g and mxfp4 as stored)."""
+        return self.kind in BLOCK_BYTES or self.kind in GGML_BLOCK_KINDS
 
     @property
     def is_kquant(self) -> bool:
@@ -198,9 +211,9 @@ class QuantizedWeight:
 
     @classmethod
     def from_blocks(cls, kind: str, blocks: torch.Tensor, out_features: int, in_features: int):
-        """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind; q8_0g and a
-        K-quant kind keep them as they are ([N, row_bytes], a view when `blocks` is contiguous)."""
-        if kind in KQUANT_BYTES or kind == Q8_0G:
+        """Pack ggml-ordered blocks (uint8, N · row_bytes bytes in any shape) of a block kind; q8_0g, mxfp4
+        and a K-quant kind keep them as they are ([N, row_bytes], a view when `blocks` is contiguous)."""
+        if kind in KQUANT_BYTES or kind in GGML_BLOCK_KINDS:
             step = row_bytes(kind, in_features)
             if blocks.dtype != torch.uint8 or blocks.numel() != out_features * step:
                 raise ValueError(
@@ -213,12 +226,12 @@ class QuantizedWeight:
     @classmethod
     def from_ggml(cls, type_name: str, raw: torch.Tensor, out_features: int, in_features: int):
         """A GGUF tensor's raw bytes (any shape, uint8 or the float dtype), used as stored: Q8_0 as q8_0g,
-        the K-quants as themselves (a view when `raw` is contiguous); Q4_0 / Q4_1 are packed (a copy of the
-        same size); float types wrapped."""
+        the K-quants and MXFP4 as themselves (a view when `raw` is contiguous); Q4_0 / Q4_1 are packed (a
+        copy of the same size); float types wrapped."""
         if type_name not in GGML_KINDS:
             raise ValueError(f"GGML type {type_name}: no kernel for it (supported: {sorted(GGML_KINDS)})")
         kind = AS_STORED.get(GGML_KINDS[type_name], GGML_KINDS[type_name])
-        if kind in BLOCK_BYTES or kind in KQUANT_BYTES or kind == Q8_0G:
+        if kind in BLOCK_BYTES or kind in KQUANT_BYTES or kind in GGML_BLOCK_KINDS:
             return cls.from_blocks(kind, raw.view(torch.uint8), out_features, in_features)
         data = raw.view(FLOAT_KINDS[kind]).reshape(out_features, in_features)
         return cls(kind, data.contiguous(), out_features, in_features)
@@ -227,7 +240,7 @@ class QuantizedWeight:
         """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
         if self.kind == KMIX:
             raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
-        return self.data if self.is_kquant or self.kind == Q8_0G else unpack_blocks(self)
+        return self.data if self.is_kquant or self.kind in GGML_BLOCK_KINDS else unpack_blocks(self)
 
 
 def _tile_fields(kind: str) -> tuple[int, int]:
@@ -334,10 +347,11 @@ def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
 def check_quantize(kind: str, w: torch.Tensor) -> None:
     """ValueError unless `w` is a 2-D weight [N, K] that block kind `kind` (or q8_0g) can quantize (K a
     positive multiple of 32)."""
-    if kind not in BLOCK_BYTES and kind != Q8_0G:
+    if kind not in BLOCK_BYTES and kind not in GGML_BLOCK_KINDS:
+        known = (*BLOCK_KINDS, *GGML_BLOCK_KINDS, *FLOAT_KINDS)
         raise ValueError(
-            f"quantize: kind {kind!r}, expected one of {(*BLOCK_KINDS, Q8_0G, *FLOAT_KINDS)} (K-quant "
-            "weights come from GGUF files, or random_kquant)"
+            f"quantize: kind {kind!r}, expected one of {known} (K-quant weights come from GGUF files, or "
+            "random_kquant)"
         )
     if w.dim() != 2:
         raise ValueError(f"quantize: expected a 2-D weight [N, K], found shape {list(w.shape)}")
@@ -356,6 +370,8 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     if kind in FLOAT_KINDS:
         return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
     check_quantize(kind, w)
+    if kind == MXFP4:  # gguf-py's quantizer, in torch (MXFP4 weights come from checkpoints: for tests)
+        return QuantizedWeight.from_blocks(kind, mxfp4.quantize_blocks(w), n, k)
     from blazr.kernels import ops  # here, not at the top: ops imports this module
 
     lib = ops.kernels() if w.is_cpu and w.dtype in (torch.float32, torch.bfloat16, torch.float16) else None
@@ -370,6 +386,8 @@ def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
     """`quantize` in torch: gguf's numpy quantizers' operations on fp32 blocks of 32, then `from_blocks`."""
     if kind in FLOAT_KINDS:
         return quantize(w, kind)
+    if kind == MXFP4:
+        return quantize(w, kind)  # torch either way
     if kind == Q8_0G:
         return QuantizedWeight.from_blocks(kind, quantize_reference(w, "q8_0").ggml_blocks(), *w.shape)
     check_quantize(kind, w)
@@ -394,8 +412,12 @@ def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
 
 def block_fields(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Split a block weight into (d [N, nb] f32, m [N, nb] f32 or None, q [N, nb, 32]) with q the stored
-    integers: int8 for q8_0 / q8_0g, 0..15 (uint8) for the 4-bit kinds — the offset −8 of q4_0 not applied."""
+    integers: int8 for q8_0 / q8_0g, 0..15 (uint8) for the 4-bit kinds — the offset −8 of q4_0 not applied —,
+    for mxfp4 the int8 doubled e2m1 values kv with d = 2^(e − 128) (kernels/mxfp4.py)."""
     n, nb = qw.out_features, qw.in_features // QK
+    if qw.kind == MXFP4:
+        blocks = qw.data.view(n, nb, mxfp4.BLOCK_BYTES)
+        return mxfp4.e8m0_half(blocks[..., 0]), None, mxfp4.values(blocks)
     kind = "q8_0" if qw.kind == Q8_0G else qw.kind
     blocks = qw.ggml_blocks().view(n, nb, BLOCK_BYTES[kind])
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
@@ -412,6 +434,8 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """float32 [N, K] (the reference every kernel is tested against); matches gguf.quants.dequantize."""
     if qw.is_kquant:
         return _dequantize_kquant(qw)
+    if qw.kind == MXFP4:
+        return mxfp4.dequantize_blocks(qw.data).reshape(qw.out_features, qw.in_features)
     if not qw.is_block:
         return qw.data.float()
     d, m, q = block_fields(qw)

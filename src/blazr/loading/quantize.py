@@ -3,15 +3,19 @@ block tensors kept as stored, or a float checkpoint quantized in place (`--quant
 mistral.rs' ISQ), one tensor at a time.
 
 Modes:
-- `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, F16, BF16)
-  stay as stored (their bytes used as-is — a view of the file's map where no rows move, a MappedWeight (a
-  row table into the map) where fused parts lie apart (gate|up), gathered where q/k rows are un-permuted;
+- `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, MXFP4, F16,
+  BF16) stay as stored (their bytes used as-is — a view of the file's map where no rows move, a MappedWeight
+  (a row table into the map) where fused parts lie apart (gate|up), gathered where q/k rows are un-permuted;
   Q4_0 / Q4_1 rows packed into the kernel's row groups), and so does the token embedding table
-  (`embed_from_file`: a lookup dequantizes only its rows); every other weight stays float.
-- `none`: every weight dequantized to the compute dtype (the reference path).
+  (`embed_from_file`: a lookup dequantizes only its rows); an HF checkpoint's MXFP4 experts (GPT-OSS's
+  `*_blocks` / `*_scales`) stay mxfp4 too, their blocks re-laid in GGUF's nibble order (`mxfp4_as_stored`);
+  every other weight stays float.
+- `none`: every weight dequantized to the compute dtype (the reference path; MXFP4 experts too, as
+  transformers dequantizes them).
 - `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
   scale and minimum, 4-bit values); `bf16` → bfloat16 weights (the 16-bit path: half the bytes of fp32,
-  fp32 activations).
+  fp32 activations). As for a GGUF's quantized tensors, an MXFP4 tensor is then requantized from its
+  dequantized values (what the mode asks: every target in its kind), not kept.
 
 Targets (`quantize_from_file`): every linear called only through its forward — each mixer kind's declared ones
 (`MixerSpec.linears`: attention qkv/o, Mamba2 in/out projections, MLA q/kv_a/o projections), dense MLP, MoE
@@ -50,7 +54,14 @@ from blazr.kernels.quant import (
     quantize,
 )
 from blazr.kernels.row_table import ROW_KINDS, RowTable
-from blazr.loading.stored import bf16_as_stored, gguf_blocks, is_copy, quantized_in_place, row_sources
+from blazr.loading.stored import (
+    bf16_as_stored,
+    gguf_blocks,
+    is_copy,
+    mxfp4_as_stored,
+    quantized_in_place,
+    row_sources,
+)
 from blazr.loading.weights import WeightLoader, set_parameter
 from blazr.model import mixers
 from blazr.model.embedding import QuantizedEmbedding
@@ -231,7 +242,9 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         params.append((f"{name}.down_proj", tuple(experts.down_proj.shape)))
         if mode == "auto":
             stacked = [
-                gguf_blocks(cfg, source, loader.names, p, shape, is_stacked=True) for p, shape in params
+                gguf_blocks(cfg, source, loader.names, p, shape, is_stacked=True)
+                or mxfp4_as_stored(cfg, source, loader.names, p, shape)
+                for p, shape in params
             ]
             if None in stacked:
                 continue

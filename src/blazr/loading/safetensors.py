@@ -15,7 +15,8 @@ one at a time, never the whole checkpoint at once:
   `span(address, n)` views n bytes of a map (`--quantize bf16` on a bf16 checkpoint: gate|up stored back
   to back used where they lie).
 - MXFP4 pairs (`X_blocks` [E, N, G, 16] + `X_scales` [E, N, G], uint8: GPT-OSS's experts) are one float32
-  tensor `X` [E, 32·G, N], dequantized on `load` as transformers does (loading/mxfp4.py).
+  tensor `X` [E, 32·G, N], dequantized on `load` as transformers does (loading/mxfp4.py); `load_mxfp4`
+  gives the stored pair to a loader that keeps it as stored (loading/stored.py).
 
 Format: 8 bytes little-endian header length n, n bytes of JSON {name: {dtype, shape, data_offsets: [begin,
 end)}, "__metadata__": {...}}, then the data; offsets are relative to the end of the header.
@@ -171,6 +172,14 @@ class SafetensorsCheckpoint:
         if e.num_bytes:
             _pread_into(e.path, e.offset, out.view(-1).view(torch.uint8))
         return out if want == e.dtype else out.to(want)
+
+    def load_mxfp4(self, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The stored pair behind MXFP4 tensor `name` — (blocks [E, N, G, 16], scales [E, N, G], uint8) — for
+        a loader that keeps it as stored (loading/stored.py `mxfp4_as_stored`); None for any other tensor."""
+        if name not in self._mxfp4:
+            return None
+        blocks, scales = (self.load(n) for n in self._mxfp4[name])
+        return blocks, scales
 
     def row_addresses(self, name: str) -> tuple[str, torch.Tensor] | None:
         """(stored dtype name, e.g. "BF16"; int64 [rows]: the address of each row of tensor `name` [*, C] in

@@ -3,7 +3,9 @@ part (loading/quantize.py decides which weight takes which path):
 - `row_sources` / `row_addresses`: the checkpoint tensors a parameter is made of (itself, its fused parts,
   an expert stack) and the address of each of its rows in the map, in the parameter's row order;
 - `gguf_blocks`: a GGUF's tensors kept as stored (`auto`) — Q4_0 / Q4_1 packed straight from the map, Q8_0,
-  K-quant and 16-bit rows a view of the map, a MappedWeight (a row table) or one gathered copy;
+  K-quant, MXFP4 and 16-bit rows a view of the map, a MappedWeight (a row table) or one gathered copy;
+- `mxfp4_as_stored`: an HF checkpoint's MXFP4 pair (`*_blocks` / `*_scales`, GPT-OSS's experts) as an mxfp4
+  weight (`auto`): its blocks re-laid in GGUF's order, never dequantized;
 - `quantized_in_place`: float rows quantized by the C kernel where they lie (`--quantize int8|int4`);
 - `bf16_as_stored`: bf16 rows used as stored (`--quantize bf16` on a bf16 checkpoint);
 - `runs` / `is_copy`: how rows lie, and whether a weight's bytes were copied out (its pages then dropped).
@@ -16,15 +18,26 @@ import math
 import torch
 
 from blazr.config import ModelConfig
+from blazr.kernels import mxfp4
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
-from blazr.kernels.quant import AS_STORED, BLOCK_BYTES, GGML_KINDS, K_KINDS, Q8_0G, QuantizedWeight, row_bytes
+from blazr.kernels.quant import (
+    AS_STORED,
+    BLOCK_BYTES,
+    GGML_BLOCK_KINDS,
+    GGML_KINDS,
+    K_KINDS,
+    MXFP4,
+    Q8_0G,
+    QuantizedWeight,
+    row_bytes,
+)
 from blazr.kernels.row_table import ROW_KINDS
-from blazr.loading.names import NameMap, RowOrder, cat_rows, unfuse
+from blazr.loading.names import NameMap, Reshaping, RowOrder, cat_rows, unfuse
 from blazr.loading.weights import TensorSource, WeightLoader
 
 # Kinds whose fused parts lying apart the loader leaves in the map as a MappedWeight (read by row table).
-MAPPED_FROM_FILE = (Q8_0G, *K_KINDS, "f16", "bf16")
+MAPPED_FROM_FILE = (*GGML_BLOCK_KINDS, *K_KINDS, "f16", "bf16")
 # ... only when the rows are a few runs in order (fused parts lying apart: gate|up is 2, HF's q|k|v 3); rows
 # out of order within a part (a GGUF's q / k un-permuted for rope: a run per row) are gathered — read
 # through the table they made the 8B Q4_K_M's decode step 3-8 % slower (three in-process A/Bs), where
@@ -33,7 +46,7 @@ MAPPED_FROM_FILE = (Q8_0G, *K_KINDS, "f16", "bf16")
 # load (benchmarks/NOTES.md §40).
 MAX_MAPPED_RUNS = 4
 
-# GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K) and the 16-bit floats.
+# GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K, MXFP4), the 16-bit floats.
 _KEPT_TYPES = {t for t, kind in GGML_KINDS.items() if kind != "f32"}
 _KQUANT_TYPES = {t for t, kind in GGML_KINDS.items() if kind in K_KINDS}
 # Stored float types whose rows the C quantizer reads in place (quantize_rows).
@@ -104,10 +117,10 @@ def gguf_blocks(
     or with `is_stacked` a 3-D expert stack [E, N, K] read as [E·N, K]) when every part is of one type
     kept as stored and needs no transform; else None. Q4_0 / Q4_1 rows are packed by the C kernel straight
     from where they lie in the file's map (`pack_rows`: fused parts and un-permuted q/k rows are never
-    gathered first); Q8_0 (as q8_0g), K-quant and F16 / BF16 rows are used as stored: rows in one run (parts
-    stored back to back too) are a view of the map, Q8_0 / K-quant parts lying apart a MappedWeight — the
-    kernels read them where they lie through a row table —, other moved rows (un-permuted q / k, F16, expert
-    stacks) gathered by `gather_rows` (an OpenMP memcpy);
+    gathered first); Q8_0 (as q8_0g), K-quant, MXFP4 and F16 / BF16 rows are used as stored: rows in one
+    run (parts stored back to back too) are a view of the map, Q8_0 / K-quant parts lying apart a
+    MappedWeight — the kernels read them where they lie through a row table —, other moved rows (un-permuted
+    q / k, F16, expert stacks) gathered by `gather_rows` (an OpenMP memcpy);
     Q4_K_M's fused parts of mixed K-quant kinds go through `load_raw` into one kmix weight."""
     load_raw = getattr(source, "load_raw", None)
     sources = row_sources(cfg, source, names, pname, shape, is_stacked)
@@ -120,7 +133,7 @@ def gguf_blocks(
     if found is not None and kind in BLOCK_BYTES:
         data = kernel_ops.kernels().pack_rows(kind, found[1], num_rows, k)  # type: ignore[union-attr]
         return QuantizedWeight(kind, data, num_rows, k)
-    if found is not None and (kind in ROW_KINDS or kind == Q8_0G):  # K-quants, F16 / BF16, Q8_0: as stored
+    if found is not None and (kind in ROW_KINDS or kind in GGML_BLOCK_KINDS):  # K-quants, 16-bit, Q8_0, MXFP4
         step, rows = row_bytes(kind, k), found[1]
         n_runs = runs(rows, step)
         if kind in MAPPED_FROM_FILE and not is_stacked and 1 < n_runs <= MAX_MAPPED_RUNS:
@@ -141,6 +154,32 @@ def gguf_blocks(
         return None
     data = raws[0][1] if len(raws) == 1 else torch.cat([r.reshape(-1) for _, r in raws])
     return QuantizedWeight.from_ggml(ggml_type, data, num_rows, k)
+
+
+def mxfp4_as_stored(
+    cfg: ModelConfig, source: TensorSource, names: NameMap, pname: str, shape: tuple[int, ...]
+) -> QuantizedWeight | None:
+    """Parameter `pname` [*, N, K] made from an HF checkpoint's MXFP4 pair (`load_mxfp4`: blocks
+    [*, N, G, 16], scales [*, N, G], rows the output features) as one mxfp4 weight [∏(*, N), K]: the blocks
+    re-laid in GGUF's order (kernels/mxfp4.py `from_hf`, the one copy, at 4.25 bits a value), their rows
+    moved as the name map moves the float tensor's — a `Reshaping` from the pair's float view [*, K, N]
+    (loading/mxfp4.py) that transposes it and reorders whole rows (GPT-OSS's gate / up de-interleaved), here
+    given the rows' bytes in the place of K. None without such a pair (the float path then dequantizes
+    it)."""
+    load_mxfp4 = getattr(source, "load_mxfp4", None)
+    whole = names.source(pname)
+    if load_mxfp4 is None or whole is None or not isinstance(whole[1], Reshaping | None):
+        return None
+    pair = load_mxfp4(whole[0])
+    if pair is None:
+        return None
+    raw = mxfp4.from_hf(*pair)  # [*, N, G·17]
+    if whole[1] is not None:
+        raw = whole[1](raw.transpose(-1, -2))  # the float view's [*, K, N] with bytes for K
+    num_rows, k = math.prod(shape[:-1]), shape[-1]
+    if tuple(raw.shape) != (*shape[:-1], row_bytes(MXFP4, k)):
+        return None
+    return QuantizedWeight(MXFP4, raw.reshape(num_rows, -1).contiguous(), num_rows, k)
 
 
 def quantized_in_place(

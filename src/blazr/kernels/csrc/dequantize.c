@@ -1,4 +1,4 @@
-/* blazr kernels — ggml Q4_0 / Q4_1 / Q8_0 blocks and Q4_K / Q5_K / Q6_K super-blocks (as a GGUF file stores
+/* blazr kernels — ggml Q4_0 / Q4_1 / Q8_0 / MXFP4 blocks and Q4_K / Q5_K / Q6_K super-blocks (as a GGUF file stores
  * them) to float32, at model load: the tensors a model needs as float (a GGUF's token embedding table —
  * Q6_K in llama.cpp's Q4_0 / Q4_K_M mixes —, a path without kernels).
  *
@@ -7,6 +7,7 @@
  * on its own (the build passes -ffp-contract=off):
  *   q8_0: d·q       q4_0: d·(q − 8)       q4_1: d·q + m
  *   q4_k / q5_k: q·(d·sc) − dmin·m per 32 values      q6_k: (q − 32)·(d·sc) per 16 values
+ *   mxfp4: 2^(e − 128)·kv, kv the doubled e2m1 value of the code (ggml's kvalues_mxfp4; linear_mxfp4.c)
  * with byte j of a 4-bit block holding element j (low nibble) and j + 16 (high nibble); the K-quants' bit
  * layouts as kernels/quant.py's docstring and `kquant_fields` describe them. Tested equal to both
  * (tests/test_quantize_kernel.py). One OpenMP chunk of rows per thread; plain loops the compiler vectorises.
@@ -34,6 +35,18 @@ static void dequantize_block(int kind, const uint8_t *restrict blk, float *restr
             out[j] = d * (float)(blk[4 + j] & 0x0F) + m;
             out[j + 16] = d * (float)(blk[4 + j] >> 4) + m;
         }
+    }
+}
+
+/* MXFP4 block blk [e][16 bytes of codes] → 32 values d·kv, d = 2^(e − 128) as GGML_E8M0_TO_FP32_HALF. */
+static void dequantize_mxfp4(const uint8_t *restrict blk, float *restrict out) {
+    static const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const uint32_t bits = blk[0] < 2 ? 0x00200000u << blk[0] : (uint32_t)(blk[0] - 1) << 23;
+    float d;
+    memcpy(&d, &bits, 4);
+    for (int j = 0; j < BLZ_QK / 2; ++j) {
+        out[j] = d * (float)kv[blk[1 + j] & 15];
+        out[j + 16] = d * (float)kv[blk[1 + j] >> 4];
     }
 }
 
@@ -88,14 +101,17 @@ static void dequantize_superblock(int kind, const uint8_t *restrict blk, float *
         }
 }
 
-/* Dequantize ggml-ordered blocks src (N rows, contiguous, of `kind`: BLZ_Q4_0 / Q4_1 / Q8_0 — K/32 blocks
+/* Dequantize ggml-ordered blocks src (N rows, contiguous, of `kind`: BLZ_Q4_0 / Q4_1 / Q8_0 / MXFP4 — K/32 blocks
  * a row — or BLZ_Q4_K / Q5_K / Q6_K — K/256 super-blocks) into dst, float32 [N, K]. */
 BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, float *dst,
                                      int nthreads) {
     int header = 0;
     const int is_k = kind == BLZ_Q4_K || kind == BLZ_Q5_K || kind == BLZ_Q6_K;
     const int qk = is_k ? QK_K : BLZ_QK;
-    const int bs = is_k ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210) : blz_block_bytes(kind, &header);
+    const int is_mx = kind == BLZ_MXFP4;
+    const int bs = is_k    ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210)
+                   : is_mx ? 17
+                           : blz_block_bytes(kind, &header);
     if (!bs || N < 0 || K <= 0 || K % qk) return BLZ_EINVAL;
     const int64_t nb = K / qk;
 #pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
@@ -104,6 +120,7 @@ BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, in
             const uint8_t *blk = src + (n * nb + b) * bs;
             float *out = dst + n * K + b * qk;
             if (is_k) dequantize_superblock(kind, blk, out);
+            else if (is_mx) dequantize_mxfp4(blk, out);
             else dequantize_block(kind, blk, out);
         }
     return BLZ_OK;

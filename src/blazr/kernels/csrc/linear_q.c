@@ -478,6 +478,8 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
         return blz_linear_k(kind, x, M, K, w, NULL, N, bias, residual, out, swiglu, nthreads);
     if (kind == BLZ_Q8_0G) /* Q8_0 as a GGUF stores it: linear_q8.c */
         return blz_linear_q8g(x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
+    if (kind == BLZ_MXFP4) /* MXFP4 as a GGUF stores it: linear_mxfp4.c */
+        return blz_linear_mxfp4(x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
     if (tab) return BLZ_EINVAL; /* packed kinds are never listed by row */
     if (kind < BLZ_Q4_0 || kind > BLZ_Q8_0 || M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
