@@ -31,12 +31,12 @@ def full_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Ten
 
 
 def place(cache: CacheManager, seqs: list[Sequence], extra_tokens: int = 0) -> None:
-    """Blocks for each sequence's tokens (+ `extra_tokens`) and a state slot, as the scheduler would give
-    them (no prefix-cache lookup)."""
+    """Blocks for each sequence's tokens (+ `extra_tokens`) in every KV group (whole tables: nothing dropped
+    from a sliding group's) and a state slot (no prefix-cache lookup)."""
     for seq in seqs:
-        if cache.blocks is not None:
-            need = cache.blocks.blocks_needed(seq.num_tokens + extra_tokens, 0)
-            seq.block_table = cache.blocks.allocate(need)
+        if cache.pools:
+            need = [pool.blocks_needed(seq.num_tokens + extra_tokens, 0) for pool in cache.pools]
+            seq.block_tables = [pool.allocate(n) for pool, n in zip(cache.pools, need, strict=True)]
         if cache.slots is not None:
             seq.state_slot = cache.slots.allocate()
 
@@ -49,14 +49,19 @@ def release(cache: CacheManager, seqs: list[Sequence]) -> None:
 @torch.inference_mode()
 def stepwise_logits(llm: LLM, prompts: list[list[int]], chunks: list[list[int]]) -> list[torch.Tensor]:
     """Run each sequence through its own chunk schedule (chunks[i] sums to len(prompts[i])), all sequences
-    batched together step by step (1-token chunks go through the decode path). Returns [L_i, V] per prompt:
-    row p holds the logits after position p."""
+    batched together step by step (1-token chunks go through the decode path); each step's blocks come from
+    `CacheManager.grow`, so sliding-window groups drop the blocks their windows left as the scheduler's do.
+    Returns [L_i, V] per prompt: row p holds the logits after position p."""
     runner = llm.runner
     seqs = [
         Sequence(f"s{i}", 0, list(p), SamplingParams(prompt_logprobs=0, max_tokens=1), frozenset())
         for i, p in enumerate(prompts)
     ]
-    place(llm.engine.cache, seqs)
+    cache = llm.engine.cache
+    for seq in seqs:  # a state slot; blocks come step by step
+        seq.block_tables = [[] for _ in cache.pools] or [[]]
+        if cache.slots is not None:
+            seq.state_slot = cache.slots.allocate()
     rows: list[list[torch.Tensor]] = [[] for _ in seqs]
     plans = [list(c) for c in chunks]
     try:
@@ -65,6 +70,8 @@ def stepwise_logits(llm: LLM, prompts: list[list[int]], chunks: list[list[int]])
             decodes = [i for i in active if plans[i][0] == 1 and seqs[i].num_computed_tokens > 0]
             prefills = [i for i in active if i not in decodes]
             order = decodes + prefills
+            for i in order:
+                assert cache.grow(seqs[i], plans[i][0]), "no blocks for a hand-driven step"
             sched = ScheduledBatch([seqs[i] for i in order], [plans[i][0] for i in order], len(decodes))
             step = runner.run(sched)
             sampled = {s.seq_id: r for r, s in enumerate(step.sample_seqs)}
@@ -76,7 +83,7 @@ def stepwise_logits(llm: LLM, prompts: list[list[int]], chunks: list[list[int]])
                     rows[i].append(step.sample[sampled[seq.seq_id]][None].clone())
                 seq.num_computed_tokens += n
     finally:
-        release(llm.engine.cache, seqs)
+        release(cache, seqs)
     return [torch.cat(r) for r in rows]
 
 

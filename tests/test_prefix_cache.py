@@ -7,7 +7,9 @@ a shared prefix ending mid-block and exactly on a block boundary, a prompt that 
 the next turn of a conversation, concurrent requests sharing a prefix, eviction under memory pressure,
 preemption, n > 1 and prompt logprobs. Each case also checks how many tokens were served from the
 cache, so a cache that silently misses fails too.
-The short-conv and Mamba1 families run the same cases (LFM2: short conv + attention).
+The short-conv and Mamba1 families run the same cases (LFM2: short conv + attention), and sliding-window
+attention whose KV groups hold only the window (Gemma 3: 2 sliding layers of window 32 beside a full one;
+Mistral: every layer sliding, so no full group at all) — prompts of 100+ tokens, several windows long.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from blazr.config import EngineConfig
 from blazr.engine.engine import SeqOutput
 from tests.ssm_fixtures import HEADS, randomise, single_thread
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_gemma3 import SIZES as GEMMA3_SIZES
 from tests.test_hf_kimi_linear import SIZES as KIMI_SIZES
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.tiny import build
@@ -48,10 +51,12 @@ ARCHS = {
     "jamba": ("JambaForCausalLM", dict(HEADS, num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=1,
                                        num_experts=4, intermediate_size=96, mamba_dt_rank=8)),
     "kimi-linear": ("KimiLinearForCausalLM", KIMI_SIZES),  # KDA (channel-wise decay) + NoPE MLA + MoE
+    "gemma3-window": ("Gemma3ForCausalLM", dict(GEMMA3_SIZES, sliding_window=32)),  # sliding + full groups
+    "mistral-window": ("MistralForCausalLM", dict(sliding_window=32)),  # one group, sliding
 }  # fmt: skip
 HAS_STATE = {"llama": False, "deepseek-mla-moe": False, "mamba2": True, "granite-hybrid": True,
              "qwen3_5": True, "lfm2": True, "falcon-mamba": True, "jamba": True,
-             "kimi-linear": True}  # fmt: skip
+             "kimi-linear": True, "gemma3-window": False, "mistral-window": False}  # fmt: skip
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)
 
 
@@ -280,7 +285,11 @@ def test_preemption(small, name):
     before = scheduler.num_preemptions
     got = both(pair, [shared + tokens(10 + i, seed=62 + i) for i in range(4)], params)
     assert [r.num_cached_tokens for r in got] == [32] * 4
-    if pair[1].engine.cache.blocks is not None:  # (a Mamba2-only model holds no blocks)
+    cache = pair[1].engine.cache
+    if cache.pools and all(p.window is not None for p in cache.pools):
+        # every layer sliding (window 32): four sequences' windows fit in 12 blocks — nothing to preempt
+        assert scheduler.num_preemptions == before
+    elif cache.blocks is not None:  # (a Mamba2-only model holds no blocks)
         assert scheduler.num_preemptions > before
 
 

@@ -1,7 +1,9 @@
 """`blazr info`: a JSON description of a checkpoint computed from its detected config alone (the model is
 built on the meta device to count parameters; no weights are read), with the cache memory budget the
 engine would size its pools from on this machine now (state/budget.py), what it holds, whether the prefix
-cache is on, and the plan line the load log prints (with the recurrent-state snapshot pool, for hybrids)."""
+cache is on, the plan line the load log prints (with the recurrent-state snapshot pool, for hybrids), and
+per KV group (full attention, each sliding window: state/layout.py) its layers and the budget its pool
+takes."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from blazr.detect import Checkpoint
 from blazr.errors import BlazrError
 from blazr.model.mixers import cache_layout
 from blazr.model.model import CausalLM
-from blazr.state.budget import DEFAULT_FRACTION, cache_budget, plan_cache
+from blazr.state.budget import DEFAULT_FRACTION, cache_budget, group_name, plan_cache
 from blazr.tokenizer import vocab_for_size
 
 
@@ -74,6 +76,35 @@ def _plan(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> str:
         return f"error: {e}"
 
 
+def _groups(ckpt: Checkpoint, dtype: torch.dtype, engine: EngineConfig) -> list[dict[str, Any]]:
+    """Each KV group: its kind ("full" / "sliding-W"), layers with a pool of their own, bytes per token slot,
+    and — where the plan fits — the blocks, token slots and GiB its pool would take."""
+    layout = cache_layout(ckpt.config)
+    if not layout.has_paged:
+        return []
+    try:
+        plan = plan_cache(layout, engine, dtype)
+    except BlazrError:
+        plan = None
+    groups = []
+    per_token, num_layers = layout.group_bytes_per_token(dtype), layout.group_num_layers()
+    for g, window in enumerate(layout.windows):
+        group: dict[str, Any] = {
+            "kind": group_name(window),
+            "window": window,
+            "layers": num_layers[g],
+            "kv_bytes_per_token": per_token[g],
+        }
+        if plan is not None:
+            group |= {
+                "blocks": plan.group_blocks[g],
+                "tokens": plan.group_blocks[g] * plan.block_size,
+                "memory_gib": round(plan.group_bytes[g] / 2**30, 4),
+            }
+        groups.append(group)
+    return groups
+
+
 def describe(
     ckpt: Checkpoint, dtype: torch.dtype = torch.float32, engine: EngineConfig | None = None
 ) -> dict[str, Any]:
@@ -105,6 +136,7 @@ def describe(
             "prefix_caching": engine.enable_prefix_caching,
             "budget": _budget(ckpt, dtype, engine),
             "plan": _plan(ckpt, dtype, engine),
+            "groups": _groups(ckpt, dtype, engine),
         },
         "tokenizer": _tokenizer_choice(ckpt),
         "config": config,

@@ -6,7 +6,7 @@ features (`q_norm` [H·Dh], `k_norm` [Hkv·Dh]) before rope, a SwiGLU MLP.
 OLMo 3 adds sliding-window layers (`layer_types`: "sliding_attention" / "full_attention"; by default every
 4th layer is full) and a rope per layer type (v5 `rope_parameters` keyed by layer type; a v4 config's
 `rope_scaling` applies to the full-attention layers only, its `rope_theta` to both — as transformers and
-llama.cpp read them). The window only masks: a sliding layer's cache keeps every position (no ring buffer).
+llama.cpp read them). A sliding layer's cache holds only its window (state/layout.py KV groups).
 
 Without config.json the names say OLMo 2 (OLMo 3's tensors are the same: its windows need config.json);
 sizes from shapes, the head size by the common sizes that divide q_proj / k_proj (a warning); what no shape

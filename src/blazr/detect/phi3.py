@@ -4,7 +4,7 @@ rows in one `mlp.gate_up_proj` [2I, D] (gate first) — blazr's own fused layout
 (loading/names/phi3.py); a partial rope (`partial_rotary_factor`, top level or in `rope_parameters`:
 Phi-4-mini's 0.75); LongRoPE where `rope_scaling` / `rope_parameters` says "longrope" (or "su"), its short or
 long factors chosen by the context limit (model/rope.py `longrope_factors`); a sliding window on every layer
-where `sliding_window` is set (Phi-3-mini-4k: 2047; the window only masks); tied embeddings where
+where `sliding_window` is set (Phi-3-mini-4k: 2047); tied embeddings where
 `tie_word_embeddings` (Phi-4-mini).
 
 The head counts need config.json: the fused qkv rows cannot tell q's heads from k's and v's. What else no

@@ -1,7 +1,7 @@
 """SmolLM3 (`SmolLM3ForCausalLM`) detection: Llama's layout, where the layers `no_rope_layers` marks 0 have no
 positional encoding (NoPE; by default every `no_rope_layer_interval`-th — 4th — layer, as llama.cpp's fixed
 step), and a sliding window, where `use_sliding_window`, on the layers `layer_types` names
-"sliding_attention" (the window only masks: the cache keeps every position).
+"sliding_attention" (its cache holds only the window: state/layout.py KV groups).
 
 The NoPE layers are not in the tensors: without config.json a SmolLM3 reads as a Llama (names cannot tell).
 """

@@ -19,6 +19,19 @@ Prefix caching (on unless `EngineConfig.enable_prefix_caching` is off):
   moves on as it decodes — the next turn of a chat resumes there). Snapshots live in their own pool
   (`CachePlan.num_snapshots` slots), evicted least recently used first.
 
+KV groups (state/layout.py: one per sliding window, one for full attention). Each group has its own block
+pool (`pools[g]`) and each sequence one block table per group (`Sequence.block_tables`), indexed by block
+number. A sliding group's table keeps only the blocks its window still reaches: before a step starting at
+position c, blocks entirely before c − W + 1 are dropped (`_trim`: the entry becomes `DROPPED` and the
+block loses this sequence's reference — a block a prefix-cache hit or a fork shares stays with its other
+users, and a named block stays findable until reused). After a step the table is trimmed for the next one,
+keeping one position more, since a step whose draft was rejected is computed again from one token back.
+A chunk longer than W still holds all its own blocks during its step. Prefix caching per group: every
+group names its full blocks by the same prefix hashes; a hit of d blocks needs the full group's blocks
+0..d−1 and, for each sliding group, the blocks the next step reads (`first_needed(d · block)` .. d−1) still
+held in that group's pool — the hit is the deepest d where all hold (and, with recurrent layers, a
+snapshot).
+
 Speculative decoding: a sequence verifying d drafted tokens computes them in its step, so its blocks grow for
 d + 1 tokens, and only the verified ones are named afterwards (`commit` sees the tokens the sequence kept).
 A recurrent state cannot be cut back to a position, so with recurrent layers `reserve_drafts` also gives the
@@ -37,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blazr.engine.sequence import Sequence
-from blazr.state.allocator import BlockAllocator, SlotAllocator, SnapshotPool
+from blazr.state.allocator import DROPPED, BlockAllocator, SlotAllocator, SnapshotPool
 from blazr.state.budget import CachePlan
 from blazr.state.prefix import BlockHash, extend_hashes, hash_root
 
@@ -65,7 +78,7 @@ class Fork:
     """Children created from a parent whose prefill completed, and the cache copies they need."""
 
     children: list[Sequence]
-    block_copies: list[tuple[int, int]]  # (src block, dst block): the partially filled last block
+    block_copies: list[tuple[int, int, int]]  # (KV group, src block, dst block): the partial last block
     state_copies: list[tuple[int, int]]  # (src slot, dst slot)
 
 
@@ -79,7 +92,15 @@ class CacheManager:
         snapshot_interval: int = 8,
     ) -> None:
         self.block_size = plan.block_size
-        self.blocks = BlockAllocator(plan.num_blocks, plan.block_size) if has_paged else None
+        self.pools = (
+            [
+                BlockAllocator(n, plan.block_size, w)
+                for n, w in zip(plan.group_blocks, plan.windows, strict=True)
+            ]
+            if has_paged
+            else []
+        )  # one per KV group
+        self.blocks = self.pools[0] if self.pools else None  # the first group's (full attention, if any)
         self.slots = SlotAllocator(plan.num_state_slots) if has_state else None
         self.is_prefix_caching = enable_prefix_caching
         self.snapshots = (
@@ -122,49 +143,75 @@ class CacheManager:
             extend_hashes(seq.block_hashes, tokens, bs, hash_root(seq.params.cache_salt))
         return seq.block_hashes
 
-    def _match(self, seq: Sequence) -> tuple[list[int], int, int | None]:
-        """The longest usable cached prefix of `seq`: (blocks to share, tokens, snapshot slot or None)."""
+    def _match(self, seq: Sequence) -> tuple[list[list[int]], int, int | None]:
+        """The longest usable cached prefix of `seq`: (per KV group the table of blocks to share — a sliding
+        group's led by `DROPPED` entries —, tokens, snapshot slot or None)."""
         max_blocks = (seq.num_tokens - 1) // self.block_size  # at least one token left to compute
+        none: tuple[list[list[int]], int, None] = ([[] for _ in self.pools], 0, None)
         if not self.is_prefix_caching or max_blocks == 0:
-            return [], 0, None
+            return none
         if seq.params.prompt_logprobs is not None and not seq.output_ids:
-            return [], 0, None
+            return none
         if seq.params.pooling is not None and seq.params.pooling.needs_every_position:
-            return [], 0, None
+            return none
         hashes = self._hashes(seq, max_blocks)[:max_blocks]
-        depth, hit = len(hashes), []
-        if self.blocks is not None:
-            for h in hashes:
-                b = self.blocks.lookup(h)
-                if b is None:
-                    break
-                hit.append(b)
-            depth = len(hit)
+        depth = len(hashes)
+        full = [p for p in self.pools if p.window is None]
+        for pool in full:  # full attention: every block from the first
+            depth = next((i for i, h in enumerate(hashes[:depth]) if pool.lookup(h) is None), depth)
+        sliding = [(p, self._last_missing(p, hashes[:depth])) for p in self.pools if p.window is not None]
+
+        def is_usable(d: int) -> bool:  # each sliding group holds the blocks a step from d blocks reads
+            return all(miss[d] < p.first_needed(d * self.block_size) for p, miss in sliding)
+
         snapshot = None
-        if self.slots is not None:  # recurrent layers resume only where a snapshot was kept
-            if self.snapshots is None:
-                return [], 0, None
-            while depth and hashes[depth - 1] not in self.snapshots:
-                depth -= 1
-            snapshot = self.snapshots.lookup(hashes[depth - 1]) if depth else None
-        return hit[:depth], depth * self.block_size, snapshot
+        if self.slots is not None and self.snapshots is None:
+            return none
+        while depth and not (
+            is_usable(depth) and (self.snapshots is None or hashes[depth - 1] in self.snapshots)
+        ):
+            depth -= 1
+        if self.snapshots is not None and depth:  # recurrent layers resume only where a snapshot was kept
+            snapshot = self.snapshots.lookup(hashes[depth - 1])
+        hits = []
+        for pool in self.pools:
+            k0 = pool.first_needed(depth * self.block_size) if depth else 0
+            table = [DROPPED] * k0 + [pool.lookup(h) for h in hashes[k0:depth]]
+            hits.append(table)
+        return hits, depth * self.block_size, snapshot
+
+    @staticmethod
+    def _last_missing(pool: BlockAllocator, hashes: list[BlockHash]) -> list[int]:
+        """miss[d] = the last block index < d whose hash `pool` does not hold (−1: none), d = 0..len."""
+        miss = [-1]
+        for i, h in enumerate(hashes):
+            miss.append(miss[-1] if pool.lookup(h) is not None else i)
+        return miss
 
     def admit(self, seq: Sequence, budget: int) -> int:
         """Give a waiting sequence its cache: the cached prefix (if any), blocks for the next
         min(uncomputed, budget) tokens and a state slot. Returns that token count, or 0 when memory is
         short (nothing is taken then). The caller has checked `num_free_slots()`."""
-        hit, num_cached, snapshot = self._match(seq)
+        hits, num_cached, snapshot = self._match(seq)
         num_new = min(seq.num_tokens - num_cached, budget)
         if num_new <= 0:
             return 0
-        if self.blocks is not None:
-            need = self.blocks.blocks_needed(num_cached + num_new, len(hit))
-            num_revived = sum(1 for b in hit if self.blocks.refs(b) == 0)  # hits that leave the free list
-            if need + num_revived > self.blocks.num_free:
+        needs = []
+        for pool, hit in zip(self.pools, hits, strict=True):
+            need = pool.blocks_needed(num_cached + num_new, len(hit))
+            num_revived = sum(
+                1 for b in hit if b != DROPPED and pool.refs(b) == 0
+            )  # hits leaving the free list
+            if need + num_revived > pool.num_free:
                 return 0
-            self.blocks.share(hit)
-            seq.block_table = hit + self.blocks.allocate(need)
-            seq.num_registered_blocks = len(hit)
+            needs.append(need)
+        if self.pools:
+            for pool, hit in zip(self.pools, hits, strict=True):
+                pool.share([b for b in hit if b != DROPPED])
+            seq.block_tables = [
+                hit + pool.allocate(n) for pool, hit, n in zip(self.pools, hits, needs, strict=True)
+            ]
+            seq.num_registered_blocks = num_cached // self.block_size
         if self.slots is not None:
             seq.state_slot = self.slots.allocate()
             if snapshot is not None:
@@ -177,22 +224,36 @@ class CacheManager:
         return num_new
 
     def grow(self, seq: Sequence, num_new: int) -> bool:
-        """Blocks for `num_new` more tokens of a running sequence (False: memory is short)."""
-        if self.blocks is None:
-            return True
-        need = self.blocks.blocks_needed(seq.num_computed_tokens + num_new, len(seq.block_table))
-        if need == 0:
-            return True
-        if not self.blocks.can_allocate(need):
-            return False
-        seq.block_table.extend(self.blocks.allocate(need))
+        """Blocks for `num_new` more tokens of a running sequence, after dropping what its sliding windows no
+        longer reach (False: memory is short; nothing is taken then)."""
+        start = seq.num_computed_tokens
+        needs = []
+        for g, pool in enumerate(self.pools):
+            self._trim(seq, g, start)
+            need = pool.blocks_needed(start + num_new, len(seq.block_tables[g]))
+            if not pool.can_allocate(need):
+                return False
+            needs.append(need)
+        for g, (pool, need) in enumerate(zip(self.pools, needs, strict=True)):
+            if need:
+                seq.block_tables[g].extend(pool.allocate(need))
         return True
+
+    def _trim(self, seq: Sequence, g: int, start: int) -> None:
+        """Drop the blocks of group g's table that a step starting at position `start` does not read (a
+        sliding window's past; dropped entries are always a prefix of the table)."""
+        pool, table = self.pools[g], seq.block_tables[g]
+        for k in range(min(pool.first_needed(start), len(table)) - 1, -1, -1):
+            if table[k] == DROPPED:
+                break
+            pool.free([table[k]])
+            table[k] = DROPPED
 
     def release(self, seq: Sequence) -> None:
         """Free a sequence's blocks (hashed ones stay cached) and state slot; its snapshots stay."""
-        if self.blocks is not None and seq.block_table:
-            self.blocks.free(seq.block_table)
-        seq.block_table = []
+        for pool, table in zip(self.pools, seq.block_tables, strict=False):
+            pool.free([b for b in table if b != DROPPED])
+        seq.block_tables = [[] for _ in self.pools] or [[]]
         seq.num_registered_blocks = 0
         if self.slots is not None and seq.state_slot is not None:
             self.slots.free(seq.state_slot)
@@ -263,15 +324,20 @@ class CacheManager:
     def commit(self, seqs: list[Sequence]) -> None:
         """The step succeeded (and `num_computed_tokens` moved on): name the blocks it completed and the
         snapshots it wrote."""
-        if self.is_prefix_caching and self.blocks is not None:
+        if self.is_prefix_caching and self.pools:
             bs = self.block_size
             for seq in seqs:
                 num_full = min(seq.num_computed_tokens // bs, len(seq.block_table))
                 if num_full > seq.num_registered_blocks:
                     hashes = self._hashes(seq, num_full)
-                    for i in range(seq.num_registered_blocks, num_full):
-                        self.blocks.register(seq.block_table[i], hashes[i])
+                    for pool, table in zip(self.pools, seq.block_tables, strict=True):
+                        for i in range(seq.num_registered_blocks, num_full):
+                            if table[i] != DROPPED:
+                                pool.register(table[i], hashes[i])
                     seq.num_registered_blocks = num_full
+        for seq in seqs:  # one position back: a rejected draft's step is computed again from there
+            for g in range(len(self.pools)):
+                self._trim(seq, g, max(0, seq.num_computed_tokens - 1))
         for p in self._pending:
             assert self.snapshots is not None
             self.snapshots.commit(p.slot, p.hash)
@@ -297,20 +363,24 @@ class CacheManager:
         of the recurrent state. Returns the fork and the children that found no block for their copy."""
         fork = Fork([], [], [])
         left_out = []
+        num_full = parent.num_computed_tokens // self.block_size
         for child in children:
-            if self.blocks is not None:
-                num_full = parent.num_computed_tokens // self.block_size
-                shared = parent.block_table[:num_full]
-                if num_full < len(parent.block_table) and not self.blocks.can_allocate(1):
-                    left_out.append(child)
-                    continue
-                self.blocks.share(shared)
-                child.block_table = list(shared)
+            partial = [num_full < len(t) for t in parent.block_tables[: len(self.pools)]]
+            if any(p and not pool.can_allocate(1) for p, pool in zip(partial, self.pools, strict=True)):
+                left_out.append(child)
+                continue
+            if self.pools:
+                child.block_tables = []
+                for g, (pool, table) in enumerate(zip(self.pools, parent.block_tables, strict=True)):
+                    shared = table[:num_full]
+                    pool.share([b for b in shared if b != DROPPED])
+                    own = list(shared)
+                    if partial[g]:
+                        (fresh,) = pool.allocate(1)
+                        fork.block_copies.append((g, table[num_full], fresh))
+                        own.append(fresh)
+                    child.block_tables.append(own)
                 child.num_registered_blocks = min(num_full, parent.num_registered_blocks)
-                if num_full < len(parent.block_table):
-                    (fresh,) = self.blocks.allocate(1)
-                    fork.block_copies.append((parent.block_table[num_full], fresh))
-                    child.block_table.append(fresh)
             if self.slots is not None:
                 child.state_slot = self.slots.allocate()
                 assert parent.state_slot is not None

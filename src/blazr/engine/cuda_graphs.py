@@ -3,12 +3,14 @@ step instead of ~15 kernel launches per layer (small-batch decode on a GPU is la
 
 A graph is captured lazily per (batch bucket, key bucket): the batch B rounded up to a power of two
 (≤ max_num_seqs rounded up), the longest sequence to a power of two ≥ MIN_KEYS (≤ the kv_indices width).
-Inside the graph each decode row attends to the bucket's keys with the positions past its own length (and
-outside its sliding window) masked off — the eager decode path's masked attention, the mask computed in
-the graph from the static `seq_lens` buffer. Padding rows (B below its bucket) decode token 0 at position 0
-into `pad_slot`, a cache slot the runner reserves, so they touch no real sequence's cache. Each replay
-copies the step's ids / positions / slots / block-table indices / lengths into static buffers and returns
-a view of the graph's logits buffer, valid until the next replay.
+Each KV group (state/layout.py: a sliding window's layers own a pool) has its own slot and kv_indices
+buffers and its own padding slot. Inside the graph each decode row attends to the bucket's keys with the
+positions past its own length (and outside its sliding window) masked off — the eager decode path's masked
+attention, the mask computed in the graph from the static `seq_lens` buffer. Padding rows (B below its
+bucket) decode token 0 at position 0 into the padding slot of each group, a cache slot the runner reserves,
+so they touch no real sequence's cache. Each replay copies the step's ids / positions / slots / block-table
+indices / lengths into static buffers and returns a view of the graph's logits buffer, valid until the next
+replay.
 
 The capture mechanism is a parameter: `torch.cuda.CUDAGraph` on CUDA; tests pass an eager stand-in that
 re-runs the captured function on replay, so bucketing, padding and masking are tested on the CPU.
@@ -80,19 +82,21 @@ class GraphDecoder:
         cache: ModelCache,
         max_seqs: int,
         max_len: int,
-        pad_slot: int,
+        pad_slots: tuple[int, ...],
         capture: Capture,
         device: torch.device,
     ) -> None:
         self.model, self.cache, self.capture = model, cache, capture
-        self.max_len, self.pad_slot = max_len, pad_slot
-        self.max_bucket = _bucket(max_seqs)
+        self.max_len, self.pad_slots = max_len, pad_slots  # a padding slot per KV group
+        self.max_seqs, self.max_bucket = max_seqs, _bucket(max_seqs)
         Bm, dev = self.max_bucket, device
         self.ids = torch.zeros(Bm, dtype=torch.long, device=dev)
         self.positions = torch.zeros(Bm, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((Bm,), pad_slot, dtype=torch.long, device=dev)
         self.seq_lens = torch.ones(Bm, dtype=torch.long, device=dev)
-        self.kv_indices = torch.full((Bm, max_len), pad_slot, dtype=torch.long, device=dev)
+        self.group_slots = [torch.full((Bm,), p, dtype=torch.long, device=dev) for p in pad_slots]
+        self.group_kv_indices = [
+            torch.full((Bm, max_len), p, dtype=torch.long, device=dev) for p in pad_slots
+        ]
         self.cols = torch.arange(max_len, device=dev)
         specs = [(mixers.spec_of(m), m) for layer in model.cfg.layers for m in layer.mixers]
         # the sliding windows (None: none) of the decode masks the mixers read, as is_supported found declared
@@ -106,19 +110,20 @@ class GraphDecoder:
         model: CausalLM,
         cache: ModelCache,
         engine_cfg: EngineConfig,
-        pad_slot: int | None,
+        pad_slots: tuple[int, ...] | None,
         device: torch.device,
         capture: Capture | None = None,
     ) -> GraphDecoder | None:
-        """The decoder for `model`, or None when graphs are off (`engine_cfg.cuda_graphs`), there is no
-        padding slot, no capture mechanism (not CUDA) or the model is not one a graph may hold."""
+        """The decoder for `model`, or None when graphs are off (`engine_cfg.cuda_graphs`), there are no
+        padding slots (one per KV group), no capture mechanism (not CUDA) or the model is not one a graph
+        may hold."""
         if capture is None and torch.device(device).type == "cuda":
             capture = cuda_capture
-        if not engine_cfg.cuda_graphs or capture is None or pad_slot is None or not is_supported(model.cfg):
+        if not engine_cfg.cuda_graphs or capture is None or pad_slots is None or not is_supported(model.cfg):
             return None
         bs = engine_cfg.block_size
         max_len = -(-engine_cfg.max_model_len // bs) * bs
-        return cls(model, cache, engine_cfg.max_num_seqs, max_len, pad_slot, capture, device)
+        return cls(model, cache, engine_cfg.max_num_seqs, max_len, pad_slots, capture, device)
 
     @property
     def buckets(self) -> list[tuple[int, int]]:
@@ -141,8 +146,12 @@ class GraphDecoder:
             context_lens=(0,) * Bg,  # unused by decode rows: the masks above say which keys count
             num_decodes=Bg,
             logits_indices=torch.arange(Bg, device=self.ids.device),
-            slot_mapping=self.slot_mapping[:Bg],
-            kv_indices=self.kv_indices[:Bg, :Lg],
+            slot_mapping=self.group_slots[0][:Bg],
+            kv_indices=self.group_kv_indices[0][:Bg, :Lg],
+            groups=tuple(
+                (sm[:Bg], kv[:Bg, :Lg])
+                for sm, kv in zip(self.group_slots[1:], self.group_kv_indices[1:], strict=True)
+            ),
             _masks=masks,
         )
         hidden = self.model(self.ids[:Bg], batch, self.cache)
@@ -162,6 +171,7 @@ class GraphDecoder:
         kv_indices: torch.Tensor,
         seq_lens: torch.Tensor,
         state_slots: torch.Tensor | None = None,
+        groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
     ) -> torch.Tensor:
         """One decode step of B sequences (same arguments as DecodePlan.run, CPU tensors; no state slots:
         graphs capture pure-attention models). Returns the logits [B, V] — a view of the graph's output,
@@ -175,16 +185,21 @@ class GraphDecoder:
         Bg, Lg = _bucket(B), min(self.max_len, _bucket(width, MIN_KEYS))
         self.ids[:B].copy_(ids)
         self.positions[:B].copy_(positions)
-        self.slot_mapping[:B].copy_(slot_mapping)
         self.seq_lens[:B].copy_(seq_lens)
-        # torch attention reads all Lg columns (masked): past each row's length, its own first slot
-        self.kv_indices[:B, :Lg].copy_(pad_kv_indices(kv_indices, seq_lens, Lg))
-        if Bg > B:  # padding rows: token 0 at position 0, written to and reading only the padding slot
+        for (sm, kv), dst_sm, dst_kv, pad in zip(
+            ((slot_mapping, kv_indices), *groups), self.group_slots, self.group_kv_indices, self.pad_slots,
+            strict=True,
+        ):  # fmt: skip
+            dst_sm[:B].copy_(sm)
+            # torch attention reads all Lg columns (masked): past each row's length, its own first slot
+            dst_kv[:B, :Lg].copy_(pad_kv_indices(kv, seq_lens, Lg))
+            if Bg > B:  # padding rows write to and read only the padding slot
+                dst_sm[B:Bg] = pad
+                dst_kv[B:Bg, :Lg] = pad
+        if Bg > B:  # padding rows: token 0 at position 0
             self.ids[B:Bg] = 0
             self.positions[B:Bg] = 0
-            self.slot_mapping[B:Bg] = self.pad_slot
             self.seq_lens[B:Bg] = 1
-            self.kv_indices[B:Bg, :Lg] = self.pad_slot
         graph, out = self._graph(Bg, Lg)
         graph.replay()
         self.num_runs += 1

@@ -5,7 +5,8 @@ and shared; Granite's multipliers). There is no second copy of the forward: what
 the eager model does with float32 CPU activations on a decode-only batch inside `use_kernels()`.
 
 The step reads static buffers: token ids, positions, cache slots, block tables (`kv_indices`, sized for
-`max_model_len`), decode lengths and recurrent-state slots, [Bmax] each. One plan is captured per batch
+`max_model_len`), decode lengths and recurrent-state slots, [Bmax] each — cache slots and kv_indices once per
+KV group (state/layout.py: a sliding window's layers address their own pool). One plan is captured per batch
 size B ≤ Bmax, lazily, over the [:B] views of these buffers (the kernels capture pointers, not values); all
 plans share one arena for their activations. Host-side lengths are unknown while recording: the batch's
 `context_lens` is empty, so code that would read one fails the capture instead of baking in a value.
@@ -52,9 +53,11 @@ class DecodePlan:
         Bm = max_seqs
         self.ids = torch.zeros(Bm, dtype=_I64)
         self.positions = torch.zeros(Bm, dtype=_I64)
-        self.slot_mapping = torch.zeros(Bm, dtype=_I64)
         self.seq_lens = torch.ones(Bm, dtype=_I64)
-        self.kv_indices = torch.zeros(Bm, max_len, dtype=_I64)
+        num_groups = cache.layout.num_groups
+        self.group_slots = [torch.zeros(Bm, dtype=_I64) for _ in range(num_groups)]  # per KV group
+        self.group_kv_indices = [torch.zeros(Bm, max_len, dtype=_I64) for _ in range(num_groups)]
+        self.slot_mapping, self.kv_indices = self.group_slots[0], self.group_kv_indices[0]
         self.state_slots = torch.arange(Bm, dtype=_I64)
         self.arena = Arena()
         self._plans: dict[int, CapturedPlan] = {}
@@ -114,6 +117,12 @@ class DecodePlan:
             kv_indices=self.kv_indices[:B] if paged else None,
             state_slots=self.state_slots[:B] if self.cache.has_state else None,
             decode_lens=self.seq_lens[:B] if paged else None,
+            groups=tuple(
+                (sm[:B], kv[:B])
+                for sm, kv in zip(self.group_slots[1:], self.group_kv_indices[1:], strict=True)
+            )
+            if paged
+            else (),
         )
 
     def _record(self, B: int) -> CapturedPlan:
@@ -151,11 +160,13 @@ class DecodePlan:
         kv_indices: torch.Tensor,
         seq_lens: torch.Tensor,
         state_slots: torch.Tensor | None = None,
+        groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
     ) -> torch.Tensor:
         """One decode step of B sequences: ids, positions, slot_mapping, seq_lens, state_slots [B] int64 and
         kv_indices [B, L ≤ Lmax] (only the first seq_lens[b] entries of row b are read; the cache-less
-        arguments of a model without attention may be empty). Returns the logits [B, V] float32 — a view
-        of the arena, valid until the next run."""
+        arguments of a model without attention may be empty); `groups`: (slot_mapping, kv_indices) of KV
+        groups 1.. (sliding windows). Returns the logits [B, V] float32 — a view of the arena, valid until
+        the next run."""
         B = ids.shape[0]
         width = kv_indices.shape[1] if kv_indices.dim() == 2 else 0
         if not (0 < B <= self.max_seqs and width <= self.max_len):
@@ -165,9 +176,12 @@ class DecodePlan:
         self.ids[:B].copy_(ids)
         self.positions[:B].copy_(positions)
         if self.cache.has_paged:
-            self.slot_mapping[:B].copy_(slot_mapping)
             self.seq_lens[:B].copy_(seq_lens)
-            self.kv_indices[:B, :width].copy_(kv_indices)
+            for (sm, kv), dst_sm, dst_kv in zip(
+                ((slot_mapping, kv_indices), *groups), self.group_slots, self.group_kv_indices, strict=True
+            ):
+                dst_sm[:B].copy_(sm)
+                dst_kv[:B, :width].copy_(kv)
         if state_slots is not None:
             self.state_slots[:B].copy_(state_slots)
         (logits,) = self._plan(B).run()

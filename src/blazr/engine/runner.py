@@ -8,6 +8,11 @@ Layout per step: decodes first (one token each), then prefill chunks. For each s
 positions [num_computed, num_computed + num_new); their cache slots come from the block table, and the
 keys it may attend to are positions [0, num_computed + num_new).
 
+KV groups (state/layout.py): each group's slots come from the sequence's block table of that group, and the
+batch carries one slot_mapping and kv_indices per group (`ForwardBatch.groups`); a sliding group's table
+lacks the blocks its window left (`DROPPED`), whose positions are pointed at the first slot of the first
+block it holds (`group_kv_indices`).
+
 The decodes of a step run as one recorded kernel plan when the model allows it (`DecodePlan`: the model's
 own forward captured on CPU float32 — attention, Mamba2 and their hybrids), as a captured CUDA graph on
 CUDA (`GraphDecoder`: pure-attention models), else —
@@ -32,6 +37,7 @@ from blazr.engine.sequence import Sequence
 from blazr.model.mixers import cache_layout, chains_rows
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear, use_kernels
+from blazr.state.allocator import DROPPED
 from blazr.state.batch import ForwardBatch, pad_kv_indices
 from blazr.state.budget import CachePlan, plan_cache
 from blazr.state.kv_cache import ModelCache
@@ -103,9 +109,10 @@ class ModelRunner:
         self.block_size = bs = engine_cfg.block_size
         # one block past the plan's is never handed out: the padding rows of graph-captured steps write there
         self.cache = ModelCache(
-            layout, (plan.num_blocks + 1) * bs, plan.num_state_rows, dtype, device,
+            layout, tuple((n + 1) * bs for n in plan.group_blocks), plan.num_state_rows, dtype, device,
             kv_dtype=kv_dtype,
         )  # fmt: skip
+        self.num_groups = layout.num_groups
         self.is_paged = self.cache.has_paged
         self.has_state = self.cache.has_state
         self.has_quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
@@ -117,31 +124,24 @@ class ModelRunner:
         self._pool_rows: dict[int, tuple[int, int, int, bool]] = {}  # the last `build`'s embedding rows
         if self.decode_plan is None and self.is_paged and is_supported(self.cfg) and not self.tp:
             self.graphs = GraphDecoder.create(model, self.cache, engine_cfg, self._pad_slot(), device)
-        fast = self.decode_plan or self.graphs
-        if fast is not None:
-            lmax = fast.max_len
-            self._pos_block = torch.arange(lmax) // self.block_size  # [Lmax] block of each position
-            self._pos_offset = torch.arange(lmax) % self.block_size  # [Lmax] offset within its block
 
-    def _pad_slot(self) -> int | None:
-        """The first slot of the block reserved for the padding rows of graph-captured decode steps (None
-        when graphs cannot run here)."""
+    def _pad_slot(self) -> tuple[int, ...] | None:
+        """Per KV group, the first slot of the block reserved for the padding rows of graph-captured decode
+        steps (None when graphs cannot run here)."""
         if not self.engine_cfg.cuda_graphs or self.device.type != "cuda" or not self.is_paged:
             return None
-        return self.cache_plan.num_blocks * self.block_size
+        return self._pad_slots()
+
+    def _pad_slots(self) -> tuple[int, ...]:
+        return tuple(n * self.block_size for n in self.cache_plan.group_blocks)
 
     def enable_graphs(self, capture) -> GraphDecoder | None:
         """Use graph-captured decode steps with this capture mechanism (tests: an eager stand-in on the CPU),
         padding into the reserved block; returns the decoder (None for an unsupported model)."""
         assert self.is_paged
         self.graphs = GraphDecoder.create(
-            self.model, self.cache, self.engine_cfg, self.cache_plan.num_blocks * self.block_size,
-            self.device, capture,
+            self.model, self.cache, self.engine_cfg, self._pad_slots(), self.device, capture,
         )  # fmt: skip
-        if self.graphs is not None:
-            lmax = self.graphs.max_len
-            self._pos_block = torch.arange(lmax) // self.block_size
-            self._pos_offset = torch.arange(lmax) % self.block_size
         return self.graphs
 
     # ------------------------------------------------------------------------------------ batch build
@@ -152,7 +152,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        slots: list[list[int]] = [[] for _ in range(self.num_groups)]  # per KV group
         prompt_logit_rows: list[int] = []  # hidden rows whose logits score prompt tokens (prompt logprobs)
         sample_rows: list[int] = []  # hidden rows whose logits are sampled
         sample_seqs: list[Sequence] = []
@@ -169,8 +169,8 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             state_saves += [(b, k, dst) for k, dst in sched.cache_ops.saves.get(seq.seq_id, ()) if k < n]
             if self.is_paged:
-                table = seq.block_table
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+                for group_slots, table in zip(slots, seq.block_tables, strict=True):
+                    group_slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             context_lens.append(start)
             query_lens.append(n)
             if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
@@ -200,9 +200,15 @@ class ModelRunner:
             ),
         )
         if self.is_paged:
-            batch.slot_mapping = torch.tensor(slots, dtype=torch.long, device=dev)
             seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
-            batch.kv_indices = self._kv_indices(sched.seqs, seq_lens)
+            lens = torch.tensor(seq_lens)
+            addressing = []  # per KV group: (slot_mapping, kv_indices)
+            for g in range(self.num_groups):
+                kv_indices = self._kv_indices([s.block_tables[g] for s in sched.seqs], max(seq_lens))
+                slot_mapping = torch.tensor(slots[g], dtype=torch.long, device=dev)
+                addressing.append((slot_mapping, pad_kv_indices(kv_indices, lens).to(dev)))
+            batch.slot_mapping, batch.kv_indices = addressing[0]
+            batch.groups = tuple(addressing[1:])
             batch.decode_lens = torch.tensor(seq_lens[: sched.num_decodes], dtype=torch.long, device=dev)
         if self.has_state:
             batch.state_slots = torch.tensor([s.state_slot for s in sched.seqs], dtype=torch.long, device=dev)
@@ -211,19 +217,17 @@ class ModelRunner:
         self._pool_rows = pool_rows
         return ids, batch, sample_seqs, prompt_rows, draft_rows
 
-    def _kv_indices(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
-        """[B, Lmax] flat slot of every position of every sequence; past its length, the slot of its own
-        position 0 (`pad_kv_indices`)."""
+    def _kv_indices(self, tables: list[list[int]], max_len: int) -> torch.Tensor:
+        """[B, max_len] flat slot of every position of each block table (positions past a table's end, and
+        those of its `DROPPED` blocks, at the first slot of its first held block: see the module docstring;
+        callers pad past each length with `pad_kv_indices`)."""
         bs = self.block_size
-        max_len = max(seq_lens)
-        max_blocks = -(-max_len // bs)
-        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
-        for b, seq in enumerate(seqs):
-            table = seq.block_table[:max_blocks]
-            tables[b, : len(table)] = torch.tensor(table, dtype=torch.long)
-        pos = torch.arange(max_len)
-        idx = tables[:, pos // bs] * bs + pos % bs  # [B, Lmax]
-        return pad_kv_indices(idx, torch.tensor(seq_lens)).to(self.device)
+        num_blocks = -(-max_len // bs)
+        table = torch.full((len(tables), num_blocks), DROPPED, dtype=torch.long)
+        for b, t in enumerate(tables):
+            row = t[:num_blocks]
+            table[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        return group_kv_indices(table, bs, max_len)
 
     # -------------------------------------------------------------------------------------------- run
 
@@ -255,18 +259,19 @@ class ModelRunner:
             rows += [(seq, p + i, t) for i, t in enumerate(tokens)]
         positions = [p for _, p, _ in rows]
         ids = torch.tensor([t for _, _, t in rows])
+        addressing = []  # per KV group: (slots [B], kv_indices [B, L])
         if self.is_paged:
             max_len = max(positions) + 1
-            num_blocks = -(-max_len // bs)
-            tables = [seq.block_table[:num_blocks] for seq, _, _ in rows]
-            slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
-            table = torch.tensor([t + [0] * (num_blocks - len(t)) for t in tables], dtype=torch.long)
-            kv_indices = table[:, self._pos_block[:max_len]] * bs + self._pos_offset[:max_len]  # [B, L]
+            for g in range(self.num_groups):
+                tables = [seq.block_tables[g] for seq, _, _ in rows]
+                slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions, strict=True)]
+                addressing.append((torch.tensor(slots), self._kv_indices(tables, max_len)))
         else:
-            slots, kv_indices = [], torch.zeros(len(rows), 0, dtype=torch.long)
+            addressing.append((torch.zeros(0, dtype=torch.long), torch.zeros(len(rows), 0, dtype=torch.long)))
         seq_lens = torch.tensor([p + 1 for p in positions])
         state = torch.tensor([s.state_slot for s, _, _ in rows]) if self.has_state else None
-        logits = plan.run(ids, torch.tensor(positions), torch.tensor(slots), kv_indices, seq_lens, state)
+        (slots, kv_indices), groups = addressing[0], tuple(addressing[1:])
+        logits = plan.run(ids, torch.tensor(positions), slots, kv_indices, seq_lens, state, groups)
         if len(rows) == len(seqs):
             return StepLogits(list(seqs), logits, {})
         last, drafts, r = [], {}, 0
@@ -382,17 +387,34 @@ class ModelRunner:
 
     # ---------------------------------------------------------------------------------------- forking
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy whole blocks: (KV group, src block, dst block) each."""
         bs = self.block_size
-        if not pairs:
+        if not copies:
             return
         if self.tp is not None and self.tp.is_driver:
-            self.tp.broadcast_object(("copy_blocks", pairs))
-        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs]).to(self.device)
-        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs]).to(self.device)
-        self.cache.copy_slots(src, dst)
+            self.tp.broadcast_object(("copy_blocks", copies))
+        for g in sorted({g for g, _, _ in copies}):
+            pairs = [(s, d) for h, s, d in copies if h == g]
+            src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs]).to(self.device)
+            dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs]).to(self.device)
+            self.cache.copy_slots(src, dst, g)
 
     def copy_states(self, pairs: list[tuple[int, int]]) -> None:
         if pairs and self.tp is not None and self.tp.is_driver:
             self.tp.broadcast_object(("copy_states", pairs))
         self.cache.copy_state_slots(pairs)
+
+
+def group_kv_indices(table: torch.Tensor, block_size: int, max_len: int) -> torch.Tensor:
+    """Block tables [B, N] (`DROPPED` where a sliding group let a block go, and past a table's end) →
+    kv_indices [B, max_len]: each position's flat slot, a dropped position's the first slot of its row's
+    first held block (written, and outside every window that reads this row: the window's mask skips it)."""
+    pos = torch.arange(max_len)
+    blocks = table[:, pos // block_size]  # [B, L]
+    idx = blocks * block_size + pos % block_size
+    is_dropped = blocks == DROPPED
+    if bool(is_dropped.any()):
+        first = table.gather(1, (table != DROPPED).long().argmax(1, keepdim=True))  # [B, 1]
+        idx = torch.where(is_dropped, first * block_size, idx)
+    return idx

@@ -49,7 +49,9 @@ class Sequence:
     num_computed_tokens: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
-    block_table: list[int] = field(default_factory=list)
+    # one block table per KV group (state/layout.py), indexed by block number; a sliding group's entries
+    # for blocks that left its window are `DROPPED` (engine/cache_manager.py)
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     state_slot: int | None = None
     generator: torch.Generator | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -70,6 +72,11 @@ class Sequence:
     pooled: torch.Tensor | None = None  # an embedding request: its prompt's hidden states pooled so far
     # speculative decoding: tokens drafted to follow the last one, verified in the scheduled step
     draft_ids: list[int] = field(default_factory=list)
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first KV group's block table (the full-attention one, when the model has one)."""
+        return self.block_tables[0]
 
     @property
     def num_prompt_tokens(self) -> int:

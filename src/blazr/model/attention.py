@@ -18,9 +18,11 @@ qkv_proj holds q only; keys and values are read from the source layer's pools, t
 an output gate — qkv_proj's rows [q | k | v | gate], the attention output multiplied by sigmoid(gate) before
 o_proj (`ops.sigmoid_mul`).
 
-`SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools'
-dtype (a prefix is its blocks); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from q, k and v (and
-the gate, `q_gate`: a checkpoint's q_proj holds it beside q, each head's [q_h; gate_h]);
+`SPEC` declares the kind (model/mixer_spec.py): paged K and V, [Hkv, D] per token each, in the KV pools' dtype
+(a prefix is its blocks), read through the layer's sliding window if it has one (its KV group then holds only
+the window's blocks: the batch's `kv_indices` of this layer's group point the positions before the window at a
+held slot, which the window's mask leaves unread); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from
+q, k and v (and the gate, `q_gate`: a checkpoint's q_proj holds it beside q, each head's [q_h; gate_h]);
 tensor parallel splits the heads and KV heads (each rank its own contiguous heads, q / k / v / gate rows
 column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads refused);
 the decode plan and CUDA graphs may hold it.
@@ -298,8 +300,8 @@ class Attention(nn.Module):
 def _cache(cfg: AttentionConfig) -> tuple[CacheTensor, ...]:
     if cfg.kv_source is not None:  # reads layer kv_source's cache (mixers.cache_layout)
         return ()
-    row = (cfg.num_kv_heads, cfg.head_dim)
-    return CacheTensor("k", row, "kv"), CacheTensor("v", row, "kv")
+    row, window = (cfg.num_kv_heads, cfg.head_dim), cfg.sliding_window
+    return CacheTensor("k", row, "kv", window), CacheTensor("v", row, "kv", window)
 
 
 def _fused(cfg: AttentionConfig, leaf: str) -> FusedParts | None:

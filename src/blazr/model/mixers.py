@@ -11,6 +11,7 @@ refused by every consumer (`spec_of`); tests/test_mixers.py checks each consumer
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -19,7 +20,7 @@ from blazr.config import LayerConfig, MixerConfig, ModelConfig
 from blazr.errors import UnsupportedError
 from blazr.model import attention, deltanet, kda, mamba1, mamba2, mla, short_conv, zamba2_shared
 from blazr.model.mixer_spec import MixerSpec, RopeFor
-from blazr.state.layout import CacheLayout, CacheTensor, LayerLayout, Snapshot
+from blazr.state.layout import CacheLayout, CacheTensor, LayerLayout, Snapshot, group_windows
 
 if TYPE_CHECKING:
     from blazr.distributed.group import TPGroup
@@ -125,7 +126,9 @@ def cache_layout(cfg: ModelConfig) -> CacheLayout:
     """The model's cache: per layer, its mixers' declared tensors — paged for `Snapshot.BLOCKS` kinds, one
     row per sequence for `Snapshot.STATE_SLOT` ones (ValueError when two share a name in one layer) — or,
     for a layer whose mixer reads an earlier layer's cache (`MixerConfig.cache_source`), none and that
-    layer's index (ValueError unless it is an earlier layer with a cache of its own and the only mixer)."""
+    layer's index (ValueError unless it is an earlier layer with a cache of its own and the only mixer).
+    Each paged layer joins the KV group of its tensors' window (ValueError when one layer's paged tensors
+    declare different windows); a reading layer joins its source's."""
     layers: list[LayerLayout] = []
     for i, layer in enumerate(cfg.layers):
         sources = {m.cache_source for m in layer.mixers} - {None}
@@ -144,8 +147,17 @@ def cache_layout(cfg: ModelConfig) -> CacheLayout:
         names = [t.name for ts in rows.values() for t in ts]
         if len(set(names)) != len(names):
             raise ValueError(f"layer {i}: its mixers' cache tensors {names} share a name")
+        if len({t.window for t in rows[Snapshot.BLOCKS]}) > 1:
+            raise ValueError(f"layer {i}: its paged cache tensors {names} declare different windows")
         layers.append(LayerLayout(tuple(rows[Snapshot.BLOCKS]), tuple(rows[Snapshot.STATE_SLOT])))
-    return CacheLayout(tuple(layers))
+    windows = group_windows([layer.paged[0].window for layer in layers if layer.paged])
+    group = {w: g for g, w in enumerate(windows)}
+    grouped = []
+    for layer in layers:
+        own = layers[layer.source] if layer.source is not None else layer
+        g = group[own.paged[0].window] if own.paged else 0
+        grouped.append(replace(layer, group=g))
+    return CacheLayout(tuple(grouped), windows)
 
 
 # the modules whose SPEC is a kind

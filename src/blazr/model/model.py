@@ -106,7 +106,8 @@ class CausalLM(nn.Module):
             batch, cache = self._scratch_cache(batch, x.dtype)
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layer(i) if cache is not None else None
-            x = layer(x, batch, layer_cache, embeddings, None if per_layer is None else per_layer[:, i])
+            layer_batch = batch.for_group(cache.group(i)) if cache is not None else batch  # its KV group's
+            x = layer(x, layer_batch, layer_cache, embeddings, None if per_layer is None else per_layer[:, i])
         return self.norm(x)
 
     def _scratch_cache(self, batch: ForwardBatch, dtype: torch.dtype) -> tuple[ForwardBatch, ModelCache]:
@@ -123,6 +124,8 @@ class CausalLM(nn.Module):
             batch,
             slot_mapping=torch.arange(T, device=device),
             kv_indices=pad_kv_indices(kv_indices, seq_lens),
+            groups=(),  # one addressing for every KV group: token t at slot t of each
+            _views={},
             _masks={},
         )
         return scratch, ModelCache(cache_layout(self.cfg), T, 0, dtype, device)

@@ -8,6 +8,10 @@
 - `SnapshotPool`: further state slots holding copies of a sequence's recurrent state at a block boundary,
   found by the hash of the prefix they follow; evicted least recently used first.
 
+A KV group (state/layout.py) has one `BlockAllocator`; a sliding group's knows its `window` and which
+blocks a step still reads (`first_needed`): the engine drops the rest from a sequence's table
+(engine/cache_manager.py).
+
 Slots of the two state kinds index one state pool: running slots are [0, num_slots), snapshot slots
 [first, first + num_snapshots).
 """
@@ -18,14 +22,17 @@ from collections import OrderedDict, deque
 
 from blazr.state.prefix import BlockHash
 
+DROPPED = -1  # a block table's entry for a block its sliding window no longer reaches
+
 
 class BlockAllocator:
     """`num_blocks` blocks of `block_size` token slots, with reference counts and an index of full blocks by
-    prefix hash."""
+    prefix hash; `window`: the sliding window of its KV group's layers (None: full attention)."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, window: int | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.window = window
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, BlockHash] = {}
@@ -45,6 +52,14 @@ class BlockAllocator:
     def usage(self) -> float:
         """Fraction of blocks held by running sequences (cached free blocks count as free)."""
         return 1.0 - len(self._free) / self.num_blocks if self.num_blocks else 0.0
+
+    def first_needed(self, start: int) -> int:
+        """The first block a step whose first new token is at position `start` reads: 0 for full attention;
+        with a window W, the block of position start − W + 1 (the oldest key that token sees; later tokens
+        of the step see later keys only)."""
+        if self.window is None:
+            return 0
+        return max(0, start - self.window + 1) // self.block_size
 
     def blocks_needed(self, num_tokens: int, num_blocks_held: int) -> int:
         return max(0, -(-num_tokens // self.block_size) - num_blocks_held)

@@ -4,6 +4,13 @@ Tokens of all sequences are laid out flat (T = Σ query_lens), decodes first, th
 chunks). Each sequence has `context_lens[b]` tokens already in the cache and adds `query_lens[b]` new ones.
 Cache addressing is by flat slot: new token t is written at `slot_mapping[t]`; the keys of sequence b live at
 `kv_indices[b, :seq_lens[b]]` (for the decode rows also as a tensor, `decode_lens`, which the kernels read).
+
+KV groups (state/layout.py): `slot_mapping` and `kv_indices` address the first group's pools; each further
+group (a sliding window's) has its own pair in `groups[g - 1]`, and `for_group(g)` is the batch a layer of
+group g receives. A sliding group's `kv_indices` stay indexed by absolute position (the kernels' contract is
+unchanged: row b's keys are columns [0, seq_len) and the window masks all but the last W): positions whose
+blocks the group no longer holds point at the first slot of the first block it holds, which is written and
+which the window's mask leaves unread.
 Recurrent (Mamba2) state lives in `state_slots[b]`; `state_saves` asks for copies of it at points inside
 the step (prefix-cache snapshots).
 
@@ -12,7 +19,7 @@ Shapes: T tokens, B sequences, Bd = num_decodes, Lmax = max seq_len.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -31,6 +38,9 @@ class ForwardBatch:
     # (row b, offset k, snapshot slot): copy row b's recurrent state after its first k new tokens (0 < k <
     # query_lens[b]) into that slot — prefix-cache snapshots that fall inside a prefill chunk
     state_saves: tuple[tuple[int, int, int], ...] = ()
+    # KV groups 1.. (sliding windows): (slot_mapping [T], kv_indices [B, Lmax]) each; () when one group
+    groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    _views: dict[int, ForwardBatch] = field(default_factory=dict, repr=False)
     _masks: dict[tuple[int, int | None], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -61,6 +71,24 @@ class ForwardBatch:
     def is_decode_only(self) -> bool:
         """Every sequence adds one token (the layers' kernel decode paths apply)."""
         return self.num_decodes == self.num_seqs > 0
+
+    def for_group(self, g: int) -> ForwardBatch:
+        """The batch as KV group g's layers see it: its slot_mapping and kv_indices (the same batch for g = 0
+        or a batch of one group). Memoised; the decode masks are shared."""
+        if g == 0 or not self.groups:
+            return self
+        view = self._views.get(g)
+        if view is None:
+            slot_mapping, kv_indices = self.groups[g - 1]
+            view = self._views[g] = replace(
+                self,
+                slot_mapping=slot_mapping,
+                kv_indices=kv_indices,
+                groups=(),
+                _views={},
+                _masks=self._masks,
+            )
+        return view
 
     def decode_mask(self, window: int | None = None) -> torch.Tensor:
         """Boolean mask [Bd, 1, 1, Lmax_d]: True where decode row b may attend key position j
@@ -102,6 +130,7 @@ class ForwardBatch:
             state_slots=None if self.state_slots is None else self.state_slots[b0:b1],
             decode_lens=None if self.decode_lens is None else self.decode_lens[b0 : b0 + nd],
             state_saves=tuple((b - b0, k, dst) for b, k, dst in self.state_saves if b0 <= b < b1),
+            groups=tuple((sm[tokens], kv[b0:b1]) for sm, kv in self.groups),
         )
 
     @staticmethod

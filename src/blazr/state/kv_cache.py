@@ -10,6 +10,10 @@
 A layer that reads an earlier layer's cache (`LayerLayout.source`, Gemma 4's KV sharing) is handed that
 layer's `LayerCache` itself: no pool of its own.
 
+KV groups (state/layout.py): the paged pools of a group's layers have that group's slot count
+(`num_slots[g]`: a sliding group's pool holds its windows only), and its slots are addressed by the group's
+own `slot_mapping` / `kv_indices` (`ForwardBatch.for_group`; `ModelCache.group(i)` says layer i's).
+
 A sequence's block table (engine side) turns positions into flat slots; `ModelCache.layer(i)` hands layer i
 exactly the tensors it owns, by the names its mixers declared, so model code never indexes by layer.
 
@@ -39,19 +43,24 @@ class LayerCache(SimpleNamespace):
 
 
 class ModelCache:
-    """All cache pools of one model: `num_slots` token slots (paged) and `num_state_slots` sequences."""
+    """All cache pools of one model: `num_slots` token slots (paged; per KV group, or one count for all) and
+    `num_state_slots` sequences."""
 
     def __init__(
         self,
         layout: CacheLayout,
-        num_slots: int,
+        num_slots: int | tuple[int, ...],
         num_state_slots: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.layout = layout
-        self.num_slots = num_slots
+        if isinstance(num_slots, int):
+            num_slots = (num_slots,) * layout.num_groups
+        self.group_slots = num_slots  # per KV group
+        self.num_slots = num_slots[0]
+        self.groups = [layer.group for layer in layout.layers]  # each layer's KV group
         self.kv_dtype = kv_dtype or dtype
         self.num_state_slots = num_state_slots
         self.layers: list[LayerCache] = []
@@ -69,13 +78,18 @@ class ModelCache:
             if layer.source is not None:  # KV shared across layers: the source layer's tensors
                 self.layers.append(self.layers[layer.source])
                 continue
-            paged, state = pools(layer.paged, num_slots), pools(layer.state, num_state_slots)
+            paged = pools(layer.paged, num_slots[layer.group])
+            state = pools(layer.state, num_state_slots)
             self.paged += paged.values()
             self.state += state.values()
             self.layers.append(LayerCache(**paged, **state))
 
     def layer(self, i: int) -> LayerCache:
         return self.layers[i]
+
+    def group(self, i: int) -> int:
+        """Layer i's KV group."""
+        return self.groups[i]
 
     def copy_state_slots(self, pairs: list[tuple[int, int]]) -> None:
         """Copy recurrent state, slot src → slot dst for each pair (a fork, a snapshot saved or restored);
@@ -88,10 +102,14 @@ class ModelCache:
         for t in self.state:
             t[dst] = t[src]
 
-    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy token slots (copy-on-write of a shared, partially filled block)."""
-        for t in self.paged:
-            t[dst] = t[src]
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor, group: int = 0) -> None:
+        """Copy token slots of KV group `group`'s pools (copy-on-write of a shared, partially filled
+        block)."""
+        for layer, g, own in zip(self.layers, self.groups, self.layout.layers, strict=True):
+            if g == group and own.source is None:
+                for t in own.paged:
+                    pool = getattr(layer, t.name)
+                    pool[dst] = pool[src]
 
     @property
     def has_paged(self) -> bool:
