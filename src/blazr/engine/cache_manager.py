@@ -25,7 +25,8 @@ number. A sliding group's table keeps only the blocks its window still reaches: 
 position c, blocks entirely before c − W + 1 are dropped (`_trim`: the entry becomes `DROPPED` and the
 block loses this sequence's reference — a block a prefix-cache hit or a fork shares stays with its other
 users, and a named block stays findable until reused). After a step the table is trimmed for the next one,
-keeping one position more, since a step whose draft was rejected is computed again from one token back.
+keeping one position more — except a sequence that carried drafts: a rejected draft of a recurrent model
+makes its step be computed again from its start, so its table is trimmed before its next step (`grow`).
 A chunk longer than W still holds all its own blocks during its step. Prefix caching per group: every
 group names its full blocks by the same prefix hashes; a hit of d blocks needs the full group's blocks
 0..d−1 and, for each sliding group, the blocks the next step reads (`first_needed(d · block)` .. d−1) still
@@ -335,9 +336,10 @@ class CacheManager:
                             if table[i] != DROPPED:
                                 pool.register(table[i], hashes[i])
                     seq.num_registered_blocks = num_full
-        for seq in seqs:  # one position back: a rejected draft's step is computed again from there
-            for g in range(len(self.pools)):
-                self._trim(seq, g, max(0, seq.num_computed_tokens - 1))
+        for seq in seqs:  # for the next step (a drafted one may be computed again from its start: `grow`)
+            if not seq.draft_ids:
+                for g in range(len(self.pools)):
+                    self._trim(seq, g, max(0, seq.num_computed_tokens - 1))
         for p in self._pending:
             assert self.snapshots is not None
             self.snapshots.commit(p.slot, p.hash)
