@@ -130,8 +130,9 @@ def test_causal_conv_checks_inputs(native: ops.Kernels) -> None:
     inp = _inputs(16, 3, 2, 2, 3, True, seed=0)
     with pytest.raises(RuntimeError, match="out of range"):
         native.causal_conv_step(**dict(inp, slots=torch.tensor([0, 3])))
-    with pytest.raises(RuntimeError):  # two rows in one slot would race
-        native.causal_conv_step(**dict(inp, slots=torch.tensor([1, 1])))
+    prefill = dict(inp, query_lens=[1, 1], fresh=[False, False], slots=torch.tensor([1, 1]))
+    with pytest.raises(RuntimeError):  # two sequences of a prefill in one slot: refused (a decode step's rows
+        native.causal_conv_prefill(**prefill)  # that share a slot run in order instead)
     with pytest.raises(ValueError, match="inconsistent"):
         native.causal_conv_step(**dict(inp, weight=torch.zeros(16, 4)))
     with pytest.raises(ops.UnsupportedInput):  # gin and x of different row strides

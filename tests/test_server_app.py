@@ -39,6 +39,7 @@ class FakeEngine:
     """LLMEngine's surface, scripted: every step emits one 'x' per request until max_tokens."""
 
     vocab_size = 1000
+    speculator = None  # no speculative decoding
 
     def __init__(self) -> None:
         self.cfg = _Cfg()
