@@ -30,6 +30,9 @@ from blazr.server.tool_parsers import (
     parse_tool_calls,
 )
 
+# the parsers of call formats (harmony parses the whole output, channels too: test_harmony.py)
+CALL_PARSERS = [n for n, p in TOOL_PARSERS.items() if not p.splits_channels]
+
 
 def splits(text: str) -> list[list[str]]:
     """The whole text, every split into two pieces, and one character at a time."""
@@ -189,7 +192,7 @@ def random_output(rng: random.Random, parser: str) -> str:
     return text
 
 
-@pytest.mark.parametrize("parser", list(TOOL_PARSERS))
+@pytest.mark.parametrize("parser", CALL_PARSERS)
 def test_random_outputs_never_depend_on_how_they_are_cut(parser):
     """Seeded random outputs made of markers, call heads and JSON pieces: fed whole, character by character
     or in random pieces, the same content and calls; no call means the content is the output, unchanged;
@@ -319,7 +322,9 @@ def test_registry_and_detection():
         "hermes": False,
         "llama3_json": False,
         "mistral": True,
+        "harmony": True,
     }
+    assert [n for n, p in TOOL_PARSERS.items() if p.splits_channels] == ["harmony"]
     assert all(p.name == n for n, p in TOOL_PARSERS.items())
     qwen = (
         "{%- if tools %}<tools>{{ tool | tojson }}</tools> ... <tool_call>\\n{{ tc | tojson }}\\n</tool_call>"
@@ -331,6 +336,10 @@ def test_registry_and_detection():
     assert detect_tool_parser(llama) == "llama3_json"
     assert detect_tool_parser("<|start_header_id|>{{ role }}<|end_header_id|>{{ content }}") is None
     assert detect_tool_parser("<|im_start|>{{ role }}\n{{ content }}<|im_end|>") is None
+    gpt_oss = (
+        "{{- '<|start|>assistant to=' + 'functions.' + name + '<|channel|>commentary json<|message|>' }}"
+    )
+    assert detect_tool_parser(gpt_oss) == "harmony"
 
 
 # ------------------------------------------------------------------------------------------- grammars
@@ -414,7 +423,7 @@ def call(parser: str, name: str, args: dict) -> str:
 WEATHER = {"city": "Paris", "unit": "c", "days": 3, "more_days": 4}
 
 
-@pytest.mark.parametrize("parser", list(TOOL_PARSERS))
+@pytest.mark.parametrize("parser", CALL_PARSERS)
 def test_grammar_round_trip(compiler, parser):
     cls: type[ToolParser] = TOOL_PARSERS[parser]
     g = cls.grammar(TOOLS, None, True)
@@ -443,7 +452,7 @@ def test_grammar_round_trip(compiler, parser):
     assert not walk(compiler, g, frame(parser, [json.dumps({"name": "now", wrong_key: {}})]))
 
 
-@pytest.mark.parametrize("parser", list(TOOL_PARSERS))
+@pytest.mark.parametrize("parser", CALL_PARSERS)
 def test_grammar_single_and_named(compiler, parser):
     cls = TOOL_PARSERS[parser]
     weather, now = call(parser, "get_weather", {"city": "Rome"}), call(parser, "now", {})

@@ -71,6 +71,7 @@ END_OF_TURN_TOKENS = (
     "<|EOT|>",
     "<|return|>",
 )
+HARMONY_MESSAGE_END, HARMONY_TURN_ENDS = "<|end|>", ("<|return|>", "<|call|>")  # GPT-OSS's harmony format
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,11 @@ class Tokenizer:
         if not template.bos_token and not template.eos_token:
             template = template.with_tokens(bos_token=self._bos_text, eos_token=self._eos_text)
         self._chat_template = template
-        self.eos_token_ids: frozenset[int] = self._base_eos | _end_of_turn_ids(template, self._added)
+        eos = self._base_eos | _end_of_turn_ids(template, self._added)
+        end = self._added.get(HARMONY_MESSAGE_END)
+        if _is_harmony(template) and end is not None:  # (a GGUF may name <|end|> its end-of-turn token)
+            eos -= {end}
+        self.eos_token_ids: frozenset[int] = eos
 
     @property
     def special_tokens(self) -> Mapping[str, int]:
@@ -437,4 +442,11 @@ def _end_of_turn_ids(template: ChatTemplate, added: Mapping[str, int]) -> frozen
     written = [t for t in END_OF_TURN_TOKENS if t in template.source]
     if template.eos_token and "eos_token" in template.source:
         written.append(template.eos_token)
+    if _is_harmony(template):  # <|end|> ends one message of the turn; <|return|> or <|call|> the turn
+        written = [t for t in written if t != HARMONY_MESSAGE_END] + list(HARMONY_TURN_ENDS)
     return frozenset(added[t] for t in written if t in added)
+
+
+def _is_harmony(template: ChatTemplate) -> bool:
+    """GPT-OSS's harmony format: messages in channels (server/harmony.py)."""
+    return "<|channel|>" in template.source

@@ -72,6 +72,8 @@ class ThinkFirst:
     start: str = "<think>"
     end: str = "</think>"
     opened: bool = False
+    lark: str = ""  # a format's own block, when its markers are control tokens (harmony: server/harmony.py):
+    # Lark for what precedes the answer on its first line, its rules on the next ones (start / end unused)
 
 
 @dataclass
@@ -130,7 +132,8 @@ class StructuredOutput:
     @cached_property
     def key(self) -> str:
         """A canonical text of the spec: equal specs compile once."""
-        think = None if self.think is None else [self.think.start, self.think.end, self.think.opened]
+        t = self.think
+        think = None if t is None else [t.start, t.end, t.opened, t.lark]
         return json.dumps([self.kind, self.strict, getattr(self, self.kind), think], sort_keys=True)
 
 
@@ -150,6 +153,10 @@ def _after_thinking(grammar: str, think: ThinkFirst, kind: str) -> str:
     answer = {**parts[0], "name": "answer"}
     # the whitespace belongs to the block (the reasoning parser drops it after `end`): with no block, the
     # answer starts the output, as it would without reasoning, and is the whole content
+    if think.lark:
+        head, _, rules = think.lark.partition("\n")
+        lark = f"start: {head} answer\n{rules}\nanswer: @answer\n"
+        return json.dumps({"grammars": [{"lark_grammar": lark}, answer]})
     block = "think WS" if think.opened else f"({json.dumps(think.start)} think WS)?"
     lark = (
         f"start: {block} answer\n"

@@ -12,12 +12,13 @@ plus `START_SLACK` tokens, which whitespace before it may take), and never later
 spells the end marker. Forcing starts from whatever prefix of the end marker the model had already written,
 so the marker is never doubled. A budget of 0 closes an opened block at once. The forced tokens go through
 the grammar like sampled ones (a reasoning block under a format allows the end marker anywhere: engine/
-grammar.py's `ThinkFirst`). Markers that are one added token (Qwen3's `</think>`) are forced as that token,
-others as their plain-text tokens.
+grammar.py's `ThinkFirst`). Added tokens in a marker (Qwen3's `</think>`, harmony's `<|end|>`) are forced as
+those tokens, the rest as plain-text tokens.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,12 +47,19 @@ class ThinkingBudget:
 
 
 def marker_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    """The ids a model writes `text` as: its added token when it is one (text, not control), else the
-    plain-text tokens."""
-    added = tokenizer.special_tokens.get(text)
-    if added is not None:
-        return (added,)
-    return tuple(tokenizer.encode_ordinary(text))
+    """The ids a model writes `text` as: each added token inside it (Qwen3's `</think>`, harmony's
+    `<|channel|>analysis<|message|>` around the word) as that token, the rest as plain-text tokens."""
+    added = tokenizer.special_tokens
+    inside = sorted((m for m in added if m and m in text), key=len, reverse=True)
+    if not inside:
+        return tuple(tokenizer.encode_ordinary(text))
+    ids: list[int] = []
+    for piece in re.split("(" + "|".join(map(re.escape, inside)) + ")", text):
+        if piece in added:
+            ids.append(added[piece])
+        elif piece:
+            ids.extend(tokenizer.encode_ordinary(piece))
+    return tuple(ids)
 
 
 class ThinkingCounter:

@@ -7,7 +7,8 @@ Out: `AssistantDelta`s — reasoning text (`reasoning_content`), content text, t
 The text goes through the reasoning parser first (`<think>…</think>`, server/reasoning.py, with
 --reasoning-parser), and what it leaves as content through the tool-call parser (server/tool_parsers.py, when
 the request has tools and tool_choice is not "none"); a `<tool_call>` inside the reasoning is thinking, not
-a call. Either parser may be absent.
+a call. Either parser may be absent. A tool parser of the whole format (harmony: `splits_channels`) is
+there without tools too, and splits the reasoning itself.
 
 One code path: a non-streaming answer is this object fed the whole text as the last piece, so the pieces of
 a streamed answer always reassemble to the non-streamed message.
@@ -70,10 +71,11 @@ class AssistantOutput:
         if self.tools is None:
             return AssistantDelta(reasoning, content)
         d = self.tools.feed(content) if content else ParsedDelta()
-        calls, content = d.tool_calls, d.content
+        calls, content, reasoning = d.tool_calls, d.content, reasoning + d.reasoning
         if last:
             end_calls = self.tools.finish()
             calls, content = calls + end_calls.tool_calls, content + end_calls.content
+            reasoning += end_calls.reasoning
         if self.max_calls is not None:
             calls = tuple(c for c in calls if c.index < self.max_calls)
         return AssistantDelta(reasoning, content, calls)

@@ -12,6 +12,11 @@ A format is a tool-call style and a reasoning style:
     by blazr (tool_prompt.py);
   - the reasoning style (`--reasoning-parser`) is a `ReasoningParser` class (reasoning.py): its
     `<think>` / `</think>` markers, and its incremental splitter.
+A format whose output is channels (GPT-OSS's harmony, harmony.py: chosen from a template that writes
+`<|channel|>`, or by `--tool-call-parser harmony` / `--reasoning-parser harmony`) has one parser for both
+(`ToolParser.splits_channels`): it splits reasoning and content with tools or without, its forced call
+carries its own optional reasoning block, a response format holds in its final channel, and the
+conversation is adapted to its template (reasoning as `thinking`, one call per message, the effort's name).
 The tokenizer says which markers are control tokens (decode must keep them for the parser; a forced-call
 grammar writes them as those tokens).
 
@@ -25,6 +30,7 @@ its part into the request's `SamplingParams`; `ChatPlan.output()` is a fresh par
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,16 +40,16 @@ from blazr.engine.grammar import StructuredOutput, ThinkFirst
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.thinking import ThinkingBudget
 from blazr.errors import BlazrError
-from blazr.server import tool_prompt
+from blazr.server import harmony, tool_prompt
 from blazr.server.assistant import AssistantOutput
 from blazr.server.conversation import Conversation
 from blazr.server.errors import bad_request
 from blazr.server.reasoning import REASONING_PARSERS, ReasoningParser
-from blazr.server.tool_grammar import call_grammar
 from blazr.server.tool_parsers import TOOL_PARSERS, ToolParser, detect_tool_parser
 from blazr.tokenizer import Tokenizer
 
 PROMPT_TAIL_TOKENS = 16  # the prompt's end, decoded for the reasoning parser (did the template open <think>?)
+CHANNEL_FORMATS = ("harmony",)  # --reasoning-parser names a format that splits channels itself
 
 
 def choose_tool_parser(template: ChatTemplate) -> str:
@@ -62,6 +68,7 @@ class ChatPlan:
     prompt_tail: str  # the prompt's end as text, control tokens kept
     tool_parser: type[ToolParser] | None  # None: no tools, or tool_choice none (output not parsed for calls)
     reasoning_parser: type[ReasoningParser] | None
+    calls_on: bool = True  # a `splits_channels` tool parser is there with calls off too
     structured: StructuredOutput | None = None  # a forced call or a response format (after any reasoning)
     structured_param: str | None = None  # the field that asked for it (a bad schema names it)
     forced_name: str | None = None  # tool_choice named this function
@@ -82,7 +89,7 @@ class ChatPlan:
         r, tools = self.reasoning_parser, self.tool_parser
         return AssistantOutput(
             r(self.prompt_tail) if r is not None else None,
-            tools() if tools is not None else None,
+            tools.for_output(self.prompt_tail, self.calls_on) if tools is not None else None,
             self.forced_name,
             self.max_calls,
         )
@@ -101,10 +108,14 @@ class ChatFormat:
         self, tokenizer: Tokenizer, tool_call_parser: str | None = None, reasoning_parser: str | None = None
     ) -> None:
         """`tool_call_parser`: a name in TOOL_PARSERS, or None to pick one from the chat template;
-        `reasoning_parser`: a name in REASONING_PARSERS, or None for no reasoning split."""
+        `reasoning_parser`: a name in REASONING_PARSERS (or CHANNEL_FORMATS: that format whole), or None for
+        no reasoning split."""
         self.tokenizer = tokenizer
+        if reasoning_parser in CHANNEL_FORMATS:
+            tool_call_parser, reasoning_parser = tool_call_parser or reasoning_parser, None
         self.tool_parser = TOOL_PARSERS[tool_call_parser or choose_tool_parser(tokenizer.chat_template)]
         self.reasoning_parser = REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
+        self.channels = self.tool_parser.splits_channels
         # the tool parser's markers that are control tokens here: decode must keep them for the parser, and a
         # forced-call grammar writes them as those tokens
         added = tokenizer.special_tokens
@@ -114,8 +125,15 @@ class ChatFormat:
         self.keep_special = self.tool_parser.needs_special_tokens or bool(self.control_ids)
 
     def describe(self) -> str:
+        if self.channels:
+            return f"{self.tool_parser.name} (reasoning and tool calls)"
         reasoning = f", reasoning {self.reasoning_parser.name}" if self.reasoning_parser else ""
         return f"tool calls {self.tool_parser.name}{reasoning}"
+
+    @property
+    def reasons(self) -> bool:
+        """Reasoning is split from content (a reasoning parser, or a format of channels)."""
+        return self.reasoning_parser is not None or self.channels
 
     # ---------------------------------------------------------------------------------------- render
 
@@ -126,6 +144,13 @@ class ChatFormat:
         tools = conv.tools if tools_shown and conv.tool_choice.mode != "none" else []
         kwargs = conv.template_variables()
         messages = conv.messages
+        prefill = self.tokenizer.encode_ordinary(conv.prefill) if conv.prefill else []
+        if self.channels:  # harmony: its template's conventions, the prefill in the final channel
+            messages, tools = harmony.template_messages(messages), harmony.template_tools(tools)
+            effort = harmony.template_effort(kwargs.get("reasoning_effort"))
+            if effort is not None:
+                kwargs["reasoning_effort"] = effort
+            prefill = self.encode_framing(harmony.FINAL) + prefill if prefill else []
         if self.tokenizer.chat_template.uses_tools:
             if tools:
                 kwargs["tools"] = tools
@@ -137,7 +162,19 @@ class ChatFormat:
             )
         except (BlazrError, TypeError, ValueError) as e:
             raise bad_request(str(e), conv.param("messages")) from None
-        return ids + self.tokenizer.encode_ordinary(conv.prefill) if conv.prefill else ids
+        return ids + prefill
+
+    def encode_framing(self, text: str) -> list[int]:
+        """Format text (no client's): the control markers in it as their tokens, the rest as plain text."""
+        if not self.control_ids:
+            return self.tokenizer.encode_ordinary(text)
+        ids: list[int] = []
+        for piece in re.split("(" + "|".join(map(re.escape, self.control_ids)) + ")", text):
+            if piece in self.control_ids:
+                ids.append(self.control_ids[piece])
+            elif piece:
+                ids.extend(self.tokenizer.encode_ordinary(piece))
+        return ids
 
     def prompt_tail(self, prompt_ids: list[int]) -> str:
         """The end of a prompt as text, control tokens kept (did the template open a reasoning block?)."""
@@ -168,17 +205,25 @@ class ChatFormat:
         has them on)."""
         r = self.reasoning_parser
         tail = self.prompt_tail(prompt_ids)
-        plan = ChatPlan(prompt_ids, tail, self.tool_parser if tools_on else None, r)
+        parser = self.tool_parser if tools_on or self.channels else None
+        plan = ChatPlan(prompt_ids, tail, parser, r, tools_on)
         if conv is not None and tools_on:
             plan.forced_name = conv.tool_choice.name
             plan.max_calls = 1 if not conv.parallel_tool_calls or conv.tool_choice.name else None
-            plan.keep_special = self.keep_special
+        plan.keep_special = self.keep_special and (tools_on or self.channels)
         opened = plan.opened_thinking
-        if structured is not None and r is not None:  # the format holds after the reasoning block
+        forced_call = tools_on and conv is not None and conv.tool_choice.is_forced  # (it frames reasoning)
+        if structured is not None and self.channels and not forced_call:  # in the final channel
+            lark = harmony.answer_block(self.control_ids)
+            think = ThinkFirst(harmony.THINK_START, harmony.THINK_END, lark=lark)
+            structured = dataclasses.replace(structured, think=think)
+        elif structured is not None and r is not None:  # the format holds after the reasoning block
             structured = dataclasses.replace(structured, think=ThinkFirst(r.start, r.end, opened))
         plan.structured, plan.structured_param = structured, param
         budget = conv.budget if conv is not None else None
-        if budget is not None and r is not None:  # (no reasoning parser: no block to cap)
+        if budget is not None and self.channels:
+            plan.thinking = ThinkingBudget(budget, harmony.THINK_START, harmony.THINK_END)
+        elif budget is not None and r is not None:  # (no reasoning parser: no block to cap)
             plan.thinking = ThinkingBudget(budget, r.start, r.end, opened)
         return plan
 
@@ -188,7 +233,7 @@ class ChatFormat:
         named = conv.tool_choice.name
         parallel = conv.parallel_tool_calls and named is None
         try:
-            grammar = call_grammar(self.tool_parser, conv.tools, named, parallel, self.control_ids)
+            grammar = self.tool_parser.grammar(conv.tools, named, parallel, self.control_ids)
         except BlazrError as e:
             raise bad_request(str(e), conv.param("tool_choice")) from None
         return StructuredOutput(grammar=grammar)

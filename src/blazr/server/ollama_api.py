@@ -119,7 +119,7 @@ def ps(s: Serving) -> dict[str, Any]:
 
 def capabilities(s: Serving) -> list[str]:
     caps = ["completion", "tools", "embedding"]
-    if s.format.reasoning_parser is not None:
+    if s.format.reasons:
         caps.append("thinking")
     return caps
 
@@ -165,7 +165,7 @@ def _thinking(s: Serving, req: GenerationFields) -> tuple[bool | None, str | Non
     think = req.think
     if think is None:
         return None, None
-    if think is not False and s.format.reasoning_parser is None:
+    if think is not False and not s.format.reasons:
         raise bad_request(
             f"'{req.model}' does not support thinking (start blazr serve with --reasoning-parser)", "think"
         )

@@ -13,6 +13,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from blazr.server.chat_format import CHANNEL_FORMATS
 from blazr.server.reasoning import REASONING_PARSERS
 from blazr.server.tool_parsers import TOOL_PARSERS
 
@@ -182,9 +183,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--reasoning-parser",
-        choices=sorted(REASONING_PARSERS),
+        choices=sorted([*REASONING_PARSERS, *CHANNEL_FORMATS]),
         default=None,
-        help="split the model's <think>…</think> into reasoning_content (off by default)",
+        help="split the model's <think>…</think> into reasoning_content (off by default; harmony, GPT-OSS's "
+        "channels, is on with its template)",
     )
     p.add_argument(
         "--num-threads",

@@ -44,7 +44,7 @@ def call_grammar(
     ids = dict(control_ids or {})
 
     def lit(text: str) -> str:
-        return _frame(text, ids)
+        return lark_frame(text, ids)
 
     before, between, after = parser.frame
     calls = f"call ({lit(between)} call)*" if parallel else "call"
@@ -62,7 +62,7 @@ def _lit(text: str) -> str:
     return json.dumps(text) if text else ""
 
 
-def _frame(text: str, control_ids: Mapping[str, int]) -> str:
+def lark_frame(text: str, control_ids: Mapping[str, int]) -> str:
     """Framing text as Lark: string literals, and `<[id]>` for each control-token marker inside it."""
     if not control_ids:
         return _lit(text)
@@ -76,8 +76,9 @@ def _frame(text: str, control_ids: Mapping[str, int]) -> str:
     return " ".join(parts)
 
 
-def _call_schema(tool: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]]:
-    """(function name, JSON schema of one call to it: `{"name": f, key: <parameters>}`)."""
+def tool_parameters(tool: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(function name, its parameters' JSON schema: `{"type": "object", "properties": {}}` when absent);
+    BlazrError on a tool without a name or with parameters that are not an object."""
     fn = tool.get("function") if isinstance(tool, Mapping) else None
     name = fn.get("name") if isinstance(fn, Mapping) else None
     if not isinstance(name, str) or not name:
@@ -87,7 +88,12 @@ def _call_schema(tool: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]
         params = {"type": "object", "properties": {}}
     if not isinstance(params, Mapping):
         raise BlazrError(f"tools: function {name!r} parameters must be a JSON schema object")
-    params = dict(params)
+    return name, dict(params)
+
+
+def _call_schema(tool: Mapping[str, Any], key: str) -> tuple[str, dict[str, Any]]:
+    """(function name, JSON schema of one call to it: `{"name": f, key: <parameters>}`)."""
+    name, params = tool_parameters(tool)
     defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
     for k in ("$schema", "$id"):
         params.pop(k, None)
