@@ -27,6 +27,7 @@ from blazr.kernels.quant import (
     block_fields,
     dequantize,
 )
+from blazr.kernels.reference_conv import rows_in_order
 from blazr.kernels.row_table import RowTable
 from blazr.model.ssd import ssd_chunked
 
@@ -311,13 +312,9 @@ def mamba2_step_reference(
     SiLU (as HF's decode); dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) and the scan in float32.
     Rows that share a slot run in row order (a sequence's consecutive tokens: each one's state follows)."""
     Bsz, H = dt_raw.shape
-    if len(set(slots.tolist())) < Bsz:
-        args = (conv_weight, conv_bias, conv_state, dt_bias, A_log, D, ssm_state, n_groups, dt_min, dt_max)
-        rows = [
-            mamba2_step_reference(xbc[b : b + 1], dt_raw[b : b + 1], slots[b : b + 1], *args)
-            for b in range(Bsz)
-        ]
-        return torch.cat(rows)
+    rest = (conv_weight, conv_bias, conv_state, dt_bias, A_log, D, ssm_state, n_groups, dt_min, dt_max)
+    if (y := rows_in_order(mamba2_step_reference, (xbc, dt_raw), slots, rest)) is not None:
+        return y
     P, N = ssm_state.shape[2:]
     GN = n_groups * N
     window = torch.cat([conv_state.index_select(0, slots), xbc[:, :, None].to(conv_state.dtype)], dim=-1)

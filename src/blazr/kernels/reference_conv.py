@@ -9,7 +9,7 @@ Shapes: T rows, B sequences, C channels, K kernel width, S state slots; the conv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,24 @@ def _output(v: torch.Tensor, gout: torch.Tensor | None, silu: bool) -> torch.Ten
     if silu:
         v = F.silu(v)
     return v if gout is None else gout * v
+
+
+def rows_in_order(
+    step: Callable[..., torch.Tensor],
+    rows: tuple[torch.Tensor | None, ...],
+    slots: torch.Tensor,
+    rest: tuple,
+) -> torch.Tensor | None:
+    """A decode step's reference over rows that share a state slot (a sequence's consecutive tokens): `step`
+    one row at a time, in row order — `rows` its per-row arguments before `slots` (None stays None), `rest`
+    those after — the outputs joined. None when every row has a slot of its own (the batched form applies)."""
+    if len(set(slots.tolist())) == len(slots):
+        return None
+    one = [
+        step(*(None if t is None else t[i : i + 1] for t in rows), slots[i : i + 1], *rest)
+        for i in range(len(slots))
+    ]
+    return torch.cat(one)
 
 
 def causal_conv_step_reference(
@@ -40,17 +58,9 @@ def causal_conv_step_reference(
     gout [B, C]; weight [C, K]; state [S, K−1, C] shifted in place. The taps accumulate in float32, then round
     to the weights' dtype (as HF's decode step). Returns y [B, C]. Rows that share a slot run in row order
     (a sequence's consecutive tokens)."""
-    if len(set(slots.tolist())) < len(slots):
-
-        def row(t: torch.Tensor | None, i: int) -> torch.Tensor | None:
-            return None if t is None else t[i : i + 1]
-
-        rest = (weight, bias, state, silu)
-        rows = [
-            causal_conv_step_reference(x[i : i + 1], row(gin, i), row(gout, i), slots[i : i + 1], *rest)
-            for i in range(len(slots))
-        ]
-        return torch.cat(rows)
+    rest = (weight, bias, state, silu)
+    if (y := rows_in_order(causal_conv_step_reference, (x, gin, gout), slots, rest)) is not None:
+        return y
     u = _gated(x, gin)
     window = torch.cat([state.index_select(0, slots), u[:, None, :].to(state.dtype)], dim=1)  # [B, K, C]
     state.index_copy_(0, slots, window[:, 1:])

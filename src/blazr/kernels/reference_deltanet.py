@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from blazr.kernels.reference_conv import rows_in_order
 from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
 
 L2_EPS = 1e-6
@@ -94,24 +95,20 @@ def deltanet_step_reference(
     """One decode token for each of B sequences: qkvz [B, C + Hv·Dv], ba [B, 2·Hv], slots [B] (rows that share
     a slot run in row order: a sequence's consecutive tokens); conv_state / state advanced in place at the
     slots. Returns y [B, Hv·Dv] in qkvz's dtype."""
-    if len(set(slots.tolist())) < len(slots):
-        rest = (
-            conv_weight,
-            conv_state,
-            dt_bias,
-            A_log,
-            norm_weight,
-            state,
-            num_k_heads,
-            is_v_tiled,
-            beta_scale,
-            eps,
-        )
-        rows = [
-            deltanet_step_reference(qkvz[i : i + 1], ba[i : i + 1], slots[i : i + 1], *rest)
-            for i in range(len(slots))
-        ]
-        return torch.cat(rows)
+    rest = (
+        conv_weight,
+        conv_state,
+        dt_bias,
+        A_log,
+        norm_weight,
+        state,
+        num_k_heads,
+        is_v_tiled,
+        beta_scale,
+        eps,
+    )
+    if (y := rows_in_order(deltanet_step_reference, (qkvz, ba), slots, rest)) is not None:
+        return y
     _, Hv, Dk, Dv = state.shape
     C = conv_weight.shape[0]
     B = qkvz.shape[0]

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from blazr.kernels.reference_conv import rows_in_order
 from blazr.kernels.reference_deltanet import L2_EPS, conv_silu
 from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
 
@@ -68,15 +69,9 @@ def kda_step_reference(
     """One decode token for each of B sequences: qkv [B, 3·W], f, gate [B, W], b [B, H], slots [B] (rows that
     share a slot run in row order: a sequence's consecutive tokens); conv_state / state advanced in place at
     the slots. Returns y [B, W] in qkv's dtype."""
-    if len(set(slots.tolist())) < len(slots):
-        rest = (conv_weight, conv_state, dt_bias, A_log, norm_weight, state, eps)
-        rows = [
-            kda_step_reference(
-                qkv[i : i + 1], f[i : i + 1], b[i : i + 1], gate[i : i + 1], slots[i : i + 1], *rest
-            )
-            for i in range(len(slots))
-        ]
-        return torch.cat(rows)
+    rest = (conv_weight, conv_state, dt_bias, A_log, norm_weight, state, eps)
+    if (y := rows_in_order(kda_step_reference, (qkv, f, b, gate), slots, rest)) is not None:
+        return y
     _, H, D, _ = state.shape
     B = qkv.shape[0]
     window = torch.cat([conv_state[slots].to(qkv.dtype), qkv[:, :, None]], dim=-1)  # [B, C, K]

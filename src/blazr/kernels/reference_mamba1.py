@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from blazr.kernels.reference_conv import rows_in_order
+
 
 def _rms(v: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     vf = v.float()
@@ -62,14 +64,8 @@ def mamba1_scan_step_reference(
     [B] of ssm [S, Di, N]; y = (state·C + D·x)·silu(z). xc, dt_raw, z [B, Di] (z may be a strided view);
     bc [B, 2N]; A = −exp(A_log) [Di, N]; D [Di]. In float32; returns y [B, Di] in xc's dtype. Rows that share
     a slot run in row order (a sequence's consecutive tokens)."""
-    if len(set(slots.tolist())) < len(slots):
-        rows = [
-            mamba1_scan_step_reference(
-                xc[i : i + 1], dt_raw[i : i + 1], bc[i : i + 1], z[i : i + 1], slots[i : i + 1], A, D, ssm
-            )
-            for i in range(len(slots))
-        ]
-        return torch.cat(rows)
+    if (y := rows_in_order(mamba1_scan_step_reference, (xc, dt_raw, bc, z), slots, (A, D, ssm))) is not None:
+        return y
     x, dt = xc.float(), F.softplus(dt_raw.float())
     y, st = _step(ssm.index_select(0, slots).float(), x, dt, A.float(), bc.float())
     ssm.index_copy_(0, slots, st.to(ssm.dtype))
