@@ -206,6 +206,24 @@ static void dn_axpy(float *y, float c, const float *x, int64_t n) {
     for (; i < n; ++i) y[i] = fmaf(-c, x[i], y[i]);
 }
 
+/* One decode row of the short causal conv that DeltaNet and KDA run over their q / k / v channels, channels
+ * [c0, c1): u[c] = silu(Σ_j w[c][j]·(the K−1 stored inputs, then x[c])[j]) (no bias), the state [C][K−1]
+ * shifted to end with x[c]. A decode step calls it row after row for each channel part, so rows that share a
+ * slot see each other's inputs in row order. */
+static void dn_conv_step(const float *x, float *state, float *u, const float *conv_w, int64_t K, int64_t c0,
+                         int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+        const float *w = conv_w + c * K;
+        float *st = state + c * (K - 1), acc = 0.0f;
+        for (int64_t j = 0; j < K - 1; ++j) acc = fmaf(w[j], st[j], acc);
+        acc = fmaf(w[K - 1], x[c], acc);
+        for (int64_t j = 0; j < K - 2; ++j) st[j] = st[j + 1];
+        st[K - 2] = x[c];
+        u[c] = acc;
+    }
+    blz_silu_rows(u + c0, c1 - c0);
+}
+
 /* The prefill's sequences and snapshots checked (seqs [B, 4]: first row, tokens, slot, fresh; saves [ns, 3]:
  * sequence, token offset, snapshot slot — inside the sequence, slots among S and distinct from the sequences',
  * at most DN_MAX_CUTS a sequence); *T = the rows the sequences span. BLZ_OK, BLZ_EINVAL or BLZ_ERANGE. */

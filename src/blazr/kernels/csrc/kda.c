@@ -104,20 +104,8 @@ BLZ_EXPORT int blz_kda_step(const float *qkv, const float *f, const float *b, co
 #pragma omp for schedule(static)
         for (int64_t part = 0; part < KDA_CONV_PARTS; ++part) {
             const int64_t c0 = C * part / KDA_CONV_PARTS, c1 = C * (part + 1) / KDA_CONV_PARTS;
-            for (int64_t s = 0; s < B; ++s) {
-                const float *xr = qkv + s * C;
-                float *cs = conv_pool + slots[s] * C * (K - 1), *ur = u + s * C;
-                for (int64_t c = c0; c < c1; ++c) {
-                    const float *w = conv_w + c * K;
-                    float *st = cs + c * (K - 1), acc = 0.0f;
-                    for (int64_t j = 0; j < K - 1; ++j) acc = fmaf(w[j], st[j], acc);
-                    acc = fmaf(w[K - 1], xr[c], acc);
-                    for (int64_t j = 0; j < K - 2; ++j) st[j] = st[j + 1];
-                    st[K - 2] = xr[c];
-                    ur[c] = acc;
-                }
-                blz_silu_rows(ur + c0, c1 - c0);
-            }
+            for (int64_t s = 0; s < B; ++s)
+                dn_conv_step(qkv + s * C, conv_pool + slots[s] * C * (K - 1), u + s * C, conv_w, K, c0, c1);
         }
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < B; ++s) {
