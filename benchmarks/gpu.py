@@ -129,7 +129,8 @@ def logits_vs_transformers(llm, path: Path, ids: list[int]) -> str:
     ref = ref_model(input_ids=torch.tensor([ids], device="cuda")).logits[0].float()
     del ref_model
     x = torch.tensor(ids, device="cuda")
-    ours = llm.model.compute_logits(llm.model(x, ForwardBatch.prefill([len(ids)], "cuda"), None)).float()
+    batch = ForwardBatch.prefill([len(ids)], "cuda")
+    ours = llm.model.compute_logits(llm.model(x, batch, None), decode=False).float()
     err = float((ours - ref).abs().max() / ref.std())
     top1 = float((ours.argmax(-1) == ref.argmax(-1)).float().mean())
     return f"max |Δlogit| {err:.3f} × logit std, top-1 agreement {top1:.3f} over {len(ids)} positions"

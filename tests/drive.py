@@ -26,7 +26,7 @@ def full_logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Ten
     """Cache-less forward of all prompts in one flat batch → [L_i, V] per prompt."""
     batch = ForwardBatch.prefill([len(p) for p in prompts], runner.device)
     ids = torch.tensor([t for p in prompts for t in p], device=runner.device)
-    logits = runner.model.compute_logits(runner.model(ids, batch, None))
+    logits = runner.model.compute_logits(runner.model(ids, batch, None), decode=False)
     return list(logits.split([len(p) for p in prompts]))
 
 

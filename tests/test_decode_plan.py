@@ -42,7 +42,7 @@ from blazr.loading.absorb import absorb_mla
 from blazr.loading.quantize import wrap_float_linears
 from blazr.model.mixers import cache_layout
 from blazr.model.model import CausalLM
-from blazr.model.qlinear import QuantizedLinear, use_kernels
+from blazr.model.qlinear import QuantizedLinear
 from blazr.state.kv_cache import ModelCache
 from tests.drive import place, release
 from tests.ssm_fixtures import randomise
@@ -215,8 +215,8 @@ def _tokens(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[Sa
 @torch.inference_mode()
 def _decode_step_logits(llm: LLM, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill the prompts (eager), then run the same decode step through the plan and through the eager
-    model, its quantized layers on the same kernels (`use_kernels`): ([B, V], [B, V]). Each run writes its
-    own keys/values for the new token before reading them."""
+    model on a decode-only batch (its quantized layers on the same kernels): ([B, V], [B, V]). Each run
+    writes its own keys/values for the new token before reading them."""
     runner = llm.runner
     seqs = [
         Sequence(f"s{i}", 0, list(p), SamplingParams(max_tokens=2), frozenset())
@@ -236,8 +236,7 @@ def _decode_step_logits(llm: LLM, prompts: list[list[int]]) -> tuple[torch.Tenso
         assert plan.num_runs == runs + 1
         restore()  # the eager step starts from the same recurrent states
         runner.decode_plan = None
-        with use_kernels():
-            eager = runner.run(decode).sample.clone()
+        eager = runner.run(decode).sample.clone()
     finally:
         runner.decode_plan = plan
         release(llm.engine.cache, seqs)
@@ -367,7 +366,7 @@ def _quantize_linears(model: CausalLM, kind: str) -> None:
     """Swap every float linear of the model (projections and lm head: nn.Linear, or the f32 QuantizedLinear
     a float model loads with) for a QuantizedLinear of `kind`."""
     for name, m in list(model.named_modules()):
-        if type(m) is nn.Linear or (isinstance(m, QuantizedLinear) and m.kind == "f32"):
+        if isinstance(m, nn.Linear) or (isinstance(m, QuantizedLinear) and m.kind == "f32"):
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             bias = None if m.bias is None else m.bias.detach()

@@ -33,7 +33,7 @@ from blazr.kernels.quant import (
     kquant_fields,
     quantize,
 )
-from blazr.model.qlinear import QuantizedLinear, use_kernels
+from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 from tests.hf_parity import prompts
 from tests.test_kernels import _check_linear, _epilogue, gamma
@@ -321,10 +321,12 @@ def _kernel_layers(llm: LLM) -> dict[str, str]:
 
 
 def _kernel_logits(llm: LLM, batch: list[list[int]]) -> list[torch.Tensor]:
-    """Logits with every quantized layer on its kernel, prompt rows too (where the loader keeps a float
-    copy for prefill GEMMs, `use_kernels` bypasses it)."""
-    with use_kernels():
-        return full_logits(llm.runner, batch)
+    """Logits with every quantized layer on its kernel, prompt rows too (no float copies for prefill GEMMs
+    are kept: those are made on request only, BLAZR_PREFILL_DENSE)."""
+    assert all(
+        m.dense is None for m in llm.model.modules() if isinstance(m, QuantizedLinear) and m.kind != "f32"
+    )
+    return full_logits(llm.runner, batch)
 
 
 def test_q4_k_m_gguf_runs_as_stored(q4_k_m: Path) -> None:

@@ -11,7 +11,6 @@ or registered, and a registered dummy kind is seen by each consumer.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from blazr.config import (
     MLAConfig,
     MLPConfig,
     ModelConfig,
+    MoEConfig,
     NormConfig,
     RopeConfig,
     ShortConvConfig,
@@ -49,7 +49,7 @@ from blazr.loading.quantize import wrap_float_linears
 from blazr.model import mixers
 from blazr.model.mixer_spec import MixerSpec
 from blazr.model.model import CausalLM
-from blazr.model.qlinear import QuantizedLinear, use_kernels
+from blazr.model.qlinear import Linear, QuantizedLinear
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import ModelCache
 from blazr.state.layout import CacheTensor, Snapshot
@@ -266,6 +266,44 @@ def _rows(pos: int, n: int) -> ForwardBatch:
     )
 
 
+def _moe_cfg(mixer: MixerConfig) -> ModelConfig:
+    """A layer of `mixer` and a MoE with every linear a MoE can hold: a latent projection each way, a shared
+    MLP and its gate."""
+    moe = MoEConfig(4, 2, MLPConfig(32), shared=MLPConfig(48), has_shared_gate=True, latent_size=32)
+    layer = LayerConfig(mixers=(mixer,), moe=moe)
+    return ModelConfig("test", 64, HIDDEN, (layer,), max_position_embeddings=64)
+
+
+@pytest.mark.parametrize("kind, i", CASES)
+@torch.no_grad()
+def test_every_linear_runs_as_its_batch_asks(kind, i):
+    """One mechanism per forward (model/qlinear.py): every linear layer a kind holds — and the MLP's, the
+    MoE's and the head's, float or on the kernels — is called with `decode` = the batch's is_decode_only,
+    and a forward calls every linear the model holds (but for weights a kernel op reads directly)."""
+    _, m, cfg = _sample(kind, i)
+    for model_cfg in (cfg, _moe_cfg(m)):
+        model = _model(model_cfg)
+        wrap_float_linears(model)  # some layers on the kernels, some float: both take the word
+        seen: dict[str, list[bool]] = {}
+        for name, layer in model.named_modules():
+            if isinstance(layer, Linear | QuantizedLinear):
+
+                def hook(_, args, kwargs, name=name, seen=seen):
+                    seen.setdefault(name, []).append(kwargs["decode"])
+
+                layer.register_forward_pre_hook(hook, with_kwargs=True)
+        linears = {n for n, x in model.named_modules() if isinstance(x, Linear | QuantizedLinear)}
+        linears.discard("layers.0.moe.shared_gate")  # its one row: a kernel op on float32 CPU rows (moe.py)
+        cache = ModelCache(mixers.cache_layout(model_cfg), 48, 3, torch.float32)
+        ids = torch.randint(0, 64, (6,))
+        model.compute_logits(model(ids[:5], _prefill(5), cache), decode=False)
+        assert set(seen) == linears and not any(v for vs in seen.values() for v in vs), seen
+        seen.clear()
+        model.compute_logits(model(ids[5:], _rows(5, 1), cache), decode=True)
+        assert set(seen) == linears - {"layers.0.mla.kv_b_proj"}, seen  # read by the absorbed form
+        assert all(v for vs in seen.values() for v in vs), seen
+
+
 @pytest.mark.parametrize("kind, i", CASES)
 @torch.no_grad()
 def test_a_kind_that_chains_rows_decodes_consecutive_tokens_as_rows(kind, i):
@@ -279,12 +317,10 @@ def test_a_kind_that_chains_rows_decodes_consecutive_tokens_as_rows(kind, i):
     want = model(ids, ForwardBatch.prefill([9]))
     wrap_float_linears(model)
     absorb_mla(model, "none")
-    for on_kernels in (False, True):
-        cache = ModelCache(mixers.cache_layout(cfg), 48, 3, torch.float32)
-        with use_kernels() if on_kernels else contextlib.nullcontext():
-            model(ids[:5], _prefill(5), cache)
-            got = model(ids[5:], _rows(5, 4), cache)
-        torch.testing.assert_close(got, want[5:], rtol=1e-4, atol=1e-5)
+    cache = ModelCache(mixers.cache_layout(cfg), 48, 3, torch.float32)
+    model(ids[:5], _prefill(5), cache)
+    got = model(ids[5:], _rows(5, 4), cache)  # a decode-only batch: every layer on its decode path
+    torch.testing.assert_close(got, want[5:], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind, i", CASES)
@@ -339,10 +375,10 @@ class DummyMixer(nn.Module):
 
     def __init__(self, cfg: DummyConfig, hidden_size: int) -> None:
         super().__init__()
-        self.proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.proj = Linear(hidden_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: object) -> torch.Tensor:
-        return self.proj(x)
+        return self.proj(x, decode=batch.is_decode_only)
 
 
 DUMMY = MixerSpec(

@@ -21,7 +21,7 @@ from blazr.loading.loader import prefill_dtype
 from blazr.loading.quantize import kernel_prefill_f32
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.moe import Experts
-from blazr.model.qlinear import QuantizedLinear, use_kernels
+from blazr.model.qlinear import QuantizedLinear
 from tests.drive import assert_logits_close, chunked, full_logits, stepwise_logits
 from tests.gguf_fixtures import write_tiny_llama_gguf
 from tests.hf_parity import prompts
@@ -90,9 +90,8 @@ def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
         packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
     assert {m.kind for m in quantized_layers(packed).values()} == {"q8_0"}
     batch = prompts([5, 12], seed=3, vocab=stored.config.vocab_size)
-    with use_kernels():
-        for a, b in zip(full_logits(stored.runner, batch), full_logits(packed.runner, batch), strict=True):
-            assert torch.equal(a, b)
+    for a, b in zip(full_logits(stored.runner, batch), full_logits(packed.runner, batch), strict=True):
+        assert torch.equal(a, b)
     chunks = [[1] * 5, [4] + [1] * 8]
     for a, b in zip(
         stepwise_logits(stored, batch, chunks), stepwise_logits(packed, batch, chunks), strict=True
@@ -172,11 +171,10 @@ def test_float_linears_decode_on_the_f32_kernel_without_a_copy(tmp_path: Path) -
     layer = wrapped["layers.0.mlp.down_proj"]
     x = torch.randn(20, layer.in_features)
     want = x.double() @ layer.qweight.data.double().T
-    with use_kernels():
-        decoded = layer(x)
-        assert torch.equal(decoded, torch.cat([layer(x[i : i + 1]) for i in range(len(x))]))
+    decoded = layer(x, decode=True)
+    assert torch.equal(decoded, torch.cat([layer(x[i : i + 1], decode=True) for i in range(len(x))]))
     torch.testing.assert_close(decoded.double(), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer(x, decode=False).double(), want, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------- QuantizedLinear
@@ -191,15 +189,14 @@ def test_quantized_linear_paths_match_dequantized_reference(kind: str) -> None:
     layer = QuantizedLinear(qw, b, dense=ref_w.clone())
     x = torch.randn(5, 128, generator=g)
     ref = F.linear(x, ref_w, b)
-    torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-5)  # dense fp32 GEMM
-    with use_kernels():
-        got = layer(x)
+    torch.testing.assert_close(layer(x, decode=False), ref, rtol=1e-5, atol=1e-5)  # dense fp32 GEMM
+    got = layer(x, decode=True)
     # the kernel quantizes activations to 8 bits per block of 32: |Δx| ≤ amax_block / 254 per element
     bound = (x.reshape(5, -1, 32).abs().amax(-1) / 254).repeat_interleave(32, -1) @ ref_w.abs().T
     assert ((got - ref).abs() <= bound + 1e-4).all()
     assert not torch.equal(got, ref)  # really the kernel path
     no_dense = QuantizedLinear(qw, b)  # without a dense copy the kernel always runs
-    torch.testing.assert_close(no_dense(x), got, rtol=0, atol=0)
+    torch.testing.assert_close(no_dense(x, decode=False), got, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dense_dtype", [torch.float32, torch.bfloat16])
@@ -211,9 +208,9 @@ def test_dense_prefill_rows_do_not_depend_on_the_call(dense_dtype: torch.dtype) 
     qw = quantize(w, "q8_0")
     layer = QuantizedLinear(qw, torch.randn(200, generator=g), dense=dequantize(qw).to(dense_dtype))
     x = torch.randn(300, 256, generator=g)
-    whole = layer(x)
+    whole = layer(x, decode=False)
     for lo, hi in [(0, 1), (5, 6), (3, 7), (10, 21), (0, 16), (17, 150), (200, 300)]:
-        assert torch.equal(layer(x[lo:hi]), whole[lo:hi]), (lo, hi)
+        assert torch.equal(layer(x[lo:hi], decode=False), whole[lo:hi]), (lo, hi)
 
 
 # --------------------------------------------------------------------------------- in-situ quantization
@@ -361,7 +358,10 @@ def test_dense_prefill_copies(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch)
     )
     hidden = torch.randn(3, dense.config.hidden_size)
     torch.testing.assert_close(
-        dense.model.compute_logits(hidden), plain.model.compute_logits(hidden), rtol=0, atol=0
+        dense.model.compute_logits(hidden, decode=False),
+        plain.model.compute_logits(hidden, decode=False),
+        rtol=0,
+        atol=0,
     )
 
 

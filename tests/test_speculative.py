@@ -243,7 +243,7 @@ def _next_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
 
     model = llm.runner.model
     hidden = model(torch.tensor(ids), ForwardBatch.prefill([len(ids)]), None)
-    return model.compute_logits(hidden[-1:])[0].float()
+    return model.compute_logits(hidden[-1:], decode=False)[0].float()
 
 
 def _check(samples: torch.Tensor, p: torch.Tensor) -> None:

@@ -155,7 +155,7 @@ class GraphDecoder:
             _masks=masks,
         )
         hidden = self.model(self.ids[:Bg], batch, self.cache)
-        return self.model.compute_logits(hidden)  # [Bg, V]
+        return self.model.compute_logits(hidden, decode=True)  # [Bg, V]
 
     def _graph(self, Bg: int, Lg: int) -> tuple[Replay, torch.Tensor]:
         entry = self._graphs.get((Bg, Lg))

@@ -2,7 +2,7 @@
 KernelPlan (`kernels/capture.py`) and replayed by one C call per step, for every architecture whose decode
 step the layers run as kernel ops (attention, MLA, Mamba2 and their hybrids; MLPs and MoE, routed experts
 and shared; Granite's multipliers). There is no second copy of the forward: what the plan replays is what
-the eager model does with float32 CPU activations on a decode-only batch inside `use_kernels()`.
+the eager model does with float32 CPU activations on a decode-only batch.
 
 The step reads static buffers: token ids, positions, cache slots, block tables (`kv_indices`, sized for
 `max_model_len`), decode lengths and recurrent-state slots, [Bmax] each — cache slots and kv_indices once per
@@ -35,7 +35,6 @@ from blazr.kernels.calls import UnsupportedInput
 from blazr.kernels.capture import Arena, CapturedPlan, capture
 from blazr.model.mixers import chains_rows, spec_of
 from blazr.model.model import CausalLM
-from blazr.model.qlinear import use_kernels
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import ModelCache
@@ -129,15 +128,14 @@ class DecodePlan:
         batch, ids = self._batch(B), self.ids[:B]
 
         def step() -> list[torch.Tensor]:
-            return [self.model.compute_logits(self.model(ids, batch, self.cache))]
+            return [self.model.compute_logits(self.model(ids, batch, self.cache), decode=True)]
 
-        with use_kernels():
-            try:
-                return capture(step, self.arena)
-            except UnsupportedInput:
-                raise
-            except (IndexError, ValueError) as e:  # a host-side length read (see _batch)
-                raise UnsupportedInput(f"the decode step reads host-side batch lengths ({e})") from e
+        try:
+            return capture(step, self.arena)
+        except UnsupportedInput:
+            raise
+        except (IndexError, ValueError) as e:  # a host-side length read (see _batch)
+            raise UnsupportedInput(f"the decode step reads host-side batch lengths ({e})") from e
 
     @property
     def batch_sizes(self) -> list[int]:

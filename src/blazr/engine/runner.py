@@ -16,14 +16,14 @@ block it holds (`group_kv_indices`).
 The decodes of a step run as one recorded kernel plan when the model allows it (`DecodePlan`: the model's
 own forward captured on CPU float32 — attention, Mamba2 and their hybrids), as a captured CUDA graph on
 CUDA (`GraphDecoder`: pure-attention models), else —
-with quantized layers — the eager model inside `use_kernels()`; then the prefill chunks, if any, run the
-eager model. A decode token therefore takes the same path whatever else
-shares its step (quantized layers compute differently in the decode kernels than in the prefill GEMMs).
+with quantized layers — the eager model on the decodes alone, a decode-only batch (every layer, linears
+included, takes its decode path from `batch.is_decode_only`); then the prefill chunks, if any, run the
+eager model. A decode token therefore takes the same path whatever else shares its step (quantized layers
+compute differently in the decode kernels than in the prefill GEMMs).
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,7 @@ from blazr.engine.scheduler import ScheduledBatch
 from blazr.engine.sequence import Sequence
 from blazr.model.mixers import cache_layout, chains_rows
 from blazr.model.model import CausalLM
-from blazr.model.qlinear import QuantizedLinear, use_kernels
+from blazr.model.qlinear import QuantizedLinear
 from blazr.state.allocator import DROPPED
 from blazr.state.batch import ForwardBatch, pad_kv_indices
 from blazr.state.budget import CachePlan, plan_cache
@@ -323,12 +323,10 @@ class ModelRunner:
         restores, the forward, the logits of `batch.logits_indices` (all-gathered: the whole vocabulary on
         every rank), the end-of-chunk snapshot saves."""
         self.cache.copy_state_slots(restores)
-        on_kernels = use_kernels() if self.has_quantized and batch.is_decode_only else nullcontext()
-        with on_kernels:  # decode tokens on the quantized (or f32) kernels, as `_forward` runs them
-            hidden = self.model(ids.to(self.device), batch, self.cache)
+        hidden = self.model(ids.to(self.device), batch, self.cache)
         rows = batch.logits_indices
         if rows is not None and rows.numel():
-            logits = self.model.compute_logits(hidden[rows])
+            logits = self.model.compute_logits(hidden[rows], decode=batch.is_decode_only)
         else:  # a prompt chunk with nothing to sample or score (the same on every rank: no gather)
             logits = hidden.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
         self.cache.copy_state_slots(ends)
@@ -359,10 +357,9 @@ class ModelRunner:
             return self._run_eager(sched)
         if plan is not None and self._are_plain_decodes(sched, plan.max_len):
             decoded = self._run_decode_plan(plan, seqs[:nd])
-        elif self.has_quantized:  # decode tokens on the quantized kernels, never on the dense copies
+        elif self.has_quantized:  # decode tokens in a decode-only forward: the kernels, not dense copies
             nd = sched.num_decodes
-            with use_kernels():
-                decoded = self._run_eager(sched.part(0, nd))
+            decoded = self._run_eager(sched.part(0, nd))
         else:
             return self._run_eager(sched)
         if nd == len(seqs):
@@ -376,7 +373,7 @@ class ModelRunner:
     def _run_eager(self, sched: ScheduledBatch) -> StepLogits:
         ids, batch, sample_seqs, prompt_rows, draft_rows = self.build(sched)
         hidden = self.model(ids, batch, self.cache)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        logits = self.model.compute_logits(hidden[batch.logits_indices], decode=batch.is_decode_only)
         step = StepLogits.split(logits, sample_seqs, prompt_rows, draft_rows)
         by_id = {seq.seq_id: seq for seq in sched.seqs}
         for seq_id, (row0, n, start, is_last) in self._pool_rows.items():  # embeddings: pooled, not sampled

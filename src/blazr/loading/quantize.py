@@ -67,7 +67,7 @@ from blazr.model import mixers
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
 from blazr.model.moe import Experts
-from blazr.model.qlinear import QuantizedLinear
+from blazr.model.qlinear import Linear, QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
@@ -105,9 +105,9 @@ def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
     found: list[tuple[str, nn.Linear | None]] = [
         (name, m)
         for name, m in model.named_modules()
-        if type(m) is nn.Linear and (name.split(".", 2)[-1] in targets or name.startswith("shared_blocks."))
+        if type(m) is Linear and (name.split(".", 2)[-1] in targets or name.startswith("shared_blocks."))
     ]
-    if type(model.lm_head) is nn.Linear:
+    if type(model.lm_head) is Linear:
         found.append(("lm_head", model.lm_head))
     elif model.lm_head is None and model.cfg.tie_word_embeddings:
         found.append(("lm_head", None))
@@ -367,7 +367,7 @@ def kernel_prefill_f32() -> bool:
 
 def wrap_float_linears(model: CausalLM) -> int:
     """Put the float32 target linears left after `quantize_from_file` on the C kernels: each becomes a
-    QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy). Decode (`use_kernels`) streams
+    QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy). A decode-only forward streams
     the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18
     GB/s against torch's 10–13). Prefill runs the kernel too where its many-row path is gemm_float.c's panel
     GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is that same tensor, and prefill keeps

@@ -44,6 +44,7 @@ from blazr.errors import UnsupportedError
 from blazr.kernels import ops
 from blazr.model.mixer_spec import FusedParts, MixerSpec
 from blazr.model.norm import RMSNorm
+from blazr.model.qlinear import Linear
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -161,8 +162,8 @@ class Attention(nn.Module):
         # the k and v rows qkv_proj holds: none (KV read from another layer), k only (v = k), or both
         self.num_kv_rows = 0 if cfg.kv_source is not None else (1 if cfg.is_v_from_k else 2) * self.kv_size
         out = self.q_size + self.num_kv_rows + self.gate_size
-        self.qkv_proj = nn.Linear(hidden_size, out, bias=cfg.has_qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden_size, bias=cfg.has_o_bias)
+        self.qkv_proj = Linear(hidden_size, out, bias=cfg.has_qkv_bias)
+        self.o_proj = Linear(self.q_size, hidden_size, bias=cfg.has_o_bias)
         if cfg.qk_norm is not None:  # per head: [Dh] weights; over all heads: [H·Dh], [Hkv·Dh]
             n = cfg.qk_norm
             self.q_norm = RMSNorm(
@@ -222,8 +223,8 @@ class Attention(nn.Module):
             and self.cfg.logit_softcap is None  # the C decode attention has no soft-capping
         ):
             return self._decode(x, batch, cache)
-        cfg, T = self.cfg, x.shape[0]
-        qkv = self.qkv_proj(x)
+        cfg, T, decode = self.cfg, x.shape[0], batch.is_decode_only
+        qkv = self.qkv_proj(x, decode=decode)
         q = qkv[:, : self.q_size].view(T, cfg.num_heads, cfg.head_dim)
         if cfg.kv_source is not None:
             return self._shared_kv(q, qkv, batch, cache)
@@ -242,7 +243,7 @@ class Attention(nn.Module):
             q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window, cfg.logit_softcap,
             self._sinks(),
         )  # fmt: skip
-        return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv))
+        return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv), decode=batch.is_decode_only)
 
     def _shared_kv(
         self, q: torch.Tensor, qkv: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None
@@ -259,7 +260,7 @@ class Attention(nn.Module):
         o = causal_attention(
             q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window, cfg.logit_softcap
         )
-        return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv))
+        return self.o_proj(self._gate(o.reshape(T, self.q_size), qkv), decode=batch.is_decode_only)
 
     def _decode(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache) -> torch.Tensor:
         """One token per sequence, float32 on the CPU, as kernel ops: RoPE on the q and k heads of the fused
@@ -267,7 +268,7 @@ class Attention(nn.Module):
         cfg, B = self.cfg, x.shape[0]
         H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         assert cache.k is not None and cache.v is not None and batch.slot_mapping is not None
-        qkv = self.qkv_proj(x)  # [B, H·Dh + k / v rows (+ H·Dh gate)]
+        qkv = self.qkv_proj(x, decode=True)  # [B, H·Dh + k / v rows (+ H·Dh gate)]
         q = qkv[:, : H * Dh].view(B, H, Dh)
         if cfg.kv_source is None:  # this layer's own keys and values into the pools
             v = self._values(qkv, B)
@@ -291,7 +292,7 @@ class Attention(nn.Module):
             window=cfg.sliding_window,
             sinks=self._sinks(),
         )
-        return self.o_proj(self._gate(o.view(B, H * Dh), qkv))
+        return self.o_proj(self._gate(o.view(B, H * Dh), qkv), decode=True)
 
 
 # ------------------------------------------------------------------------------------------- the kind

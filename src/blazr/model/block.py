@@ -95,7 +95,7 @@ class Block(nn.Module):
         x = self._mix_and_feed(x, batch, cache, embeddings)
         if self.per_layer is not None:
             assert per_layer_input is not None, "a per-layer gate reads the layer's per-layer input"
-            x = self.per_layer(x, per_layer_input)
+            x = self.per_layer(x, per_layer_input, decode=batch.is_decode_only)
         if self.out_scale is not None:
             x = x * self.out_scale
         return x
@@ -123,10 +123,10 @@ class Block(nn.Module):
             if out is not None:
                 x = _add(x, self._norm("mixer_post_norm", self._reduce(out)), r)
         if self.mlp is not None and self.moe is not None:  # side by side; the MoE norms its own input
-            y = self._norm("mlp_post_norm", self.mlp(self._norm("ffn_norm", x)))
+            y = self._norm("mlp_post_norm", self.mlp(self._norm("ffn_norm", x), decode=batch.is_decode_only))
             y = y + self._norm("moe_post_norm", self.moe(x, batch))
         elif self.mlp is not None:
-            y = self.mlp(self._norm("ffn_norm", x))
+            y = self.mlp(self._norm("ffn_norm", x), decode=batch.is_decode_only)
         elif self.moe is not None:
             y = self.moe(self._norm("ffn_norm", x), batch)
         else:

@@ -43,6 +43,7 @@ from blazr.distributed.split import check_divisible
 from blazr.kernels import ops
 from blazr.model.mixer_spec import FusedParts, MixerSpec
 from blazr.model.norm import GatedRMSNorm
+from blazr.model.qlinear import Linear
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 from blazr.state.layout import CacheTensor, Snapshot
@@ -59,17 +60,17 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"{cfg.num_v_heads} value heads do not split over {cfg.num_k_heads} key heads")
         self.cfg = cfg
         C, Vd, Hv = cfg.conv_dim, cfg.value_dim, cfg.num_v_heads
-        self.in_proj_qkvz = nn.Linear(hidden_size, C + Vd, bias=False)
-        self.in_proj_ba = nn.Linear(hidden_size, 2 * Hv, bias=False)
+        self.in_proj_qkvz = Linear(hidden_size, C + Vd, bias=False)
+        self.in_proj_ba = Linear(hidden_size, 2 * Hv, bias=False)
         self.conv1d = nn.Conv1d(C, C, cfg.conv_kernel, groups=C, bias=False)  # weight [C, 1, K]
         self.dt_bias = nn.Parameter(torch.ones(Hv))  # HF's initialisation; loading overwrites both
         self.A_log = nn.Parameter(torch.zeros(Hv))
         self.norm = GatedRMSNorm(cfg.head_v_dim, cfg.head_v_dim, cfg.norm_eps, is_norm_before_gate=True)
-        self.out_proj = nn.Linear(Vd, hidden_size, bias=False)
+        self.out_proj = Linear(Vd, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
-        cfg, T = self.cfg, x.shape[0]
-        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        cfg, T, decode = self.cfg, x.shape[0], batch.is_decode_only
+        qkvz, ba = self.in_proj_qkvz(x, decode=decode), self.in_proj_ba(x, decode=decode)
         conv_w = self.conv1d.weight[:, 0]
         args = (self.dt_bias, self.A_log, self.norm.weight)
         head = (cfg.num_k_heads, cfg.is_v_tiled, cfg.beta_scale, cfg.norm_eps)
@@ -81,7 +82,7 @@ class GatedDeltaNet(nn.Module):
                 qkvz, ba, batch.query_lens, torch.arange(B, device=x.device), [True] * B, (), conv_w, conv0,
                 *args, state0, *head, cfg.chunk_size,
             )  # fmt: skip
-            return self.out_proj(y.to(x.dtype))
+            return self.out_proj(y.to(x.dtype), decode=decode)
         nd = batch.num_decodes
         if nd:  # one token per sequence: the fused step (kernel op)
             slots = batch.state_slots[:nd]
@@ -89,7 +90,7 @@ class GatedDeltaNet(nn.Module):
                 qkvz[:nd], ba[:nd], slots, conv_w, cache.dn_conv, *args, cache.dn_state, *head
             )
             if nd == T:  # decode only
-                return self.out_proj(yd.to(x.dtype))
+                return self.out_proj(yd.to(x.dtype), decode=decode)
         fresh = [c == 0 for c in batch.context_lens[nd:]]  # context 0: the slot may hold an old owner's
         saves = tuple((b - nd, k, dst) for b, k, dst in batch.state_saves)  # prefill rows only have saves
         yp = ops.deltanet_prefill(
@@ -97,7 +98,7 @@ class GatedDeltaNet(nn.Module):
             cache.dn_conv, *args, cache.dn_state, *head, cfg.chunk_size,
         )  # fmt: skip
         y = torch.cat([yd, yp]) if nd else yp
-        return self.out_proj(y.to(x.dtype))
+        return self.out_proj(y.to(x.dtype), decode=decode)
 
 
 # ------------------------------------------------------------------------------------------- the kind

@@ -39,6 +39,7 @@ from blazr.distributed.split import check_divisible
 from blazr.kernels import ops
 from blazr.model.mixer_spec import FusedParts, MixerSpec
 from blazr.model.norm import RMSNorm
+from blazr.model.qlinear import Linear
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 from blazr.state.layout import CacheTensor, Snapshot
@@ -53,22 +54,23 @@ class KimiDeltaAttention(nn.Module):
         super().__init__()
         self.cfg = cfg
         H, Dh, W = cfg.num_heads, cfg.head_dim, cfg.width
-        self.qkv_proj = nn.Linear(hidden_size, 3 * W, bias=False)
-        self.f_a_proj = nn.Linear(hidden_size, Dh, bias=False)
-        self.f_b_proj = nn.Linear(Dh, W, bias=False)
-        self.g_a_proj = nn.Linear(hidden_size, Dh, bias=False)
-        self.g_b_proj = nn.Linear(Dh, W, bias=False)
-        self.b_proj = nn.Linear(hidden_size, H, bias=False)
+        self.qkv_proj = Linear(hidden_size, 3 * W, bias=False)
+        self.f_a_proj = Linear(hidden_size, Dh, bias=False)
+        self.f_b_proj = Linear(Dh, W, bias=False)
+        self.g_a_proj = Linear(hidden_size, Dh, bias=False)
+        self.g_b_proj = Linear(Dh, W, bias=False)
+        self.b_proj = Linear(hidden_size, H, bias=False)
         self.conv1d = nn.Conv1d(3 * W, 3 * W, cfg.conv_kernel, groups=3 * W, bias=False)  # weight [C, 1, K]
         self.dt_bias = nn.Parameter(torch.zeros(W))  # loading overwrites these
         self.A_log = nn.Parameter(torch.zeros(H))
         self.o_norm = RMSNorm(Dh, cfg.norm_eps)  # its weight, read by the ops (norm then · sigmoid(gate))
-        self.o_proj = nn.Linear(W, hidden_size, bias=False)
+        self.o_proj = Linear(W, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
-        cfg, T = self.cfg, x.shape[0]
-        qkv, b = self.qkv_proj(x), self.b_proj(x)
-        f, gate = self.f_b_proj(self.f_a_proj(x)), self.g_b_proj(self.g_a_proj(x))
+        cfg, T, decode = self.cfg, x.shape[0], batch.is_decode_only
+        qkv, b = self.qkv_proj(x, decode=decode), self.b_proj(x, decode=decode)
+        f = self.f_b_proj(self.f_a_proj(x, decode=decode), decode=decode)
+        gate = self.g_b_proj(self.g_a_proj(x, decode=decode), decode=decode)
         conv_w = self.conv1d.weight[:, 0]
         args = (self.dt_bias, self.A_log, self.o_norm.weight)
         if cache is None or batch.state_slots is None:  # the reference forward, from zero states
@@ -79,7 +81,7 @@ class KimiDeltaAttention(nn.Module):
                 qkv, f, b, gate, batch.query_lens, torch.arange(B, device=x.device), [True] * B, (), conv_w,
                 conv0, *args, state0, cfg.norm_eps, cfg.chunk_size,
             )  # fmt: skip
-            return self.o_proj(y.to(x.dtype))
+            return self.o_proj(y.to(x.dtype), decode=decode)
         nd = batch.num_decodes
         if nd:  # one token per sequence: the fused step
             slots = batch.state_slots[:nd]
@@ -88,7 +90,7 @@ class KimiDeltaAttention(nn.Module):
                 cfg.norm_eps,
             )  # fmt: skip
             if nd == T:  # decode only
-                return self.o_proj(yd.to(x.dtype))
+                return self.o_proj(yd.to(x.dtype), decode=decode)
         fresh = [c == 0 for c in batch.context_lens[nd:]]  # context 0: the slot may hold an old owner's
         saves = tuple((i - nd, k, dst) for i, k, dst in batch.state_saves)  # prefill rows only have saves
         yp = ops.kda_prefill(
@@ -96,7 +98,7 @@ class KimiDeltaAttention(nn.Module):
             conv_w, cache.kda_conv, *args, cache.kda_state, cfg.norm_eps, cfg.chunk_size,
         )  # fmt: skip
         y = torch.cat([yd, yp]) if nd else yp
-        return self.o_proj(y.to(x.dtype))
+        return self.o_proj(y.to(x.dtype), decode=decode)
 
 
 # ------------------------------------------------------------------------------------------- the kind

@@ -38,6 +38,7 @@ from blazr.config import Mamba1Config
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
 from blazr.kernels import ops
 from blazr.model.mixer_spec import MixerSpec
+from blazr.model.qlinear import Linear
 from blazr.model.segments import Segment, run_in_segments
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -58,15 +59,15 @@ class Mamba1(nn.Module):
         super().__init__()
         self.cfg, self.tp = cfg, tp
         Di, N, R, K = cfg.d_inner, cfg.state_size, cfg.dt_rank, cfg.conv_kernel
-        self.in_proj = nn.Linear(hidden_size, 2 * Di, bias=cfg.has_proj_bias)
+        self.in_proj = Linear(hidden_size, 2 * Di, bias=cfg.has_proj_bias)
         self.conv1d = nn.Conv1d(Di, Di, K, groups=Di, bias=cfg.has_conv_bias)  # weight [Di, 1, K]
-        self.x_proj = nn.Linear(Di, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, Di, bias=True)
+        self.x_proj = Linear(Di, R + 2 * N, bias=False)
+        self.dt_proj = Linear(R, Di, bias=True)
         # HF's initialisation (A = −(1..N) per channel, D = 1); loading overwrites it
         self.A = nn.Parameter(-torch.arange(1, N + 1, dtype=torch.float32).repeat(Di, 1))
         self.A.keep_float32 = True  # the loader keeps it in float32 whatever the dtype (as HF's −exp(A_log))
         self.D = nn.Parameter(torch.ones(Di))
-        self.out_proj = nn.Linear(Di, hidden_size, bias=cfg.has_proj_bias)
+        self.out_proj = Linear(Di, hidden_size, bias=cfg.has_proj_bias)
         if cfg.has_dt_bc_norm and cfg.has_norm_weights:
             self.dt_norm = nn.Parameter(torch.ones(R))
             self.b_norm = nn.Parameter(torch.ones(N))
@@ -75,18 +76,18 @@ class Mamba1(nn.Module):
             self.dt_norm = self.b_norm = self.c_norm = None
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
-        cfg, T = self.cfg, x.shape[0]
+        cfg, T, decode = self.cfg, x.shape[0], batch.is_decode_only
         Di = cfg.d_inner
-        xz = self.in_proj(x)  # [T, 2·Di]
+        xz = self.in_proj(x, decode=decode)  # [T, 2·Di]
         xs, z = xz[:, :Di], xz[:, Di:]  # column views
         w, b = self.conv1d.weight[:, 0], self.conv1d.bias  # [Di, K]
         is_cached = cache is not None and batch.state_slots is not None
         nd = batch.num_decodes if is_cached else 0
         if nd and nd == T:  # decode only: kernel ops throughout
             xc = ops.causal_conv_step(xs, None, None, batch.state_slots, w, b, cache.conv, True)
-            dt_raw, bc = self._dt_bc(xc)
+            dt_raw, bc = self._dt_bc(xc, decode)
             y = ops.mamba1_scan_step(xc, dt_raw, bc, z, batch.state_slots, self.A, self.D, cache.ssm)
-            return self.out_proj(y)
+            return self.out_proj(y, decode=decode)
         if not is_cached:  # the reference forward: every sequence from zero states, in throw-away pools
             Bn, fresh, slots = (
                 batch.num_seqs,
@@ -97,12 +98,12 @@ class Mamba1(nn.Module):
             xc = ops.causal_conv_prefill_reference(
                 xs, None, None, batch.query_lens, slots, fresh, w, b, conv0, True
             )
-            dt_raw, bc = self._dt_bc(xc)
+            dt_raw, bc = self._dt_bc(xc, decode)
             ssm0 = x.new_zeros(Bn, Di, cfg.state_size, dtype=SSM_STATE_DTYPE)
             y = ops.mamba1_scan_prefill_reference(
                 xc, dt_raw, bc, z, batch.query_lens, slots, fresh, self.A, self.D, ssm0
             )
-            return self.out_proj(y)
+            return self.out_proj(y, decode=decode)
         xc = xz.new_empty(T, Di)
         slots = batch.state_slots
         if nd:
@@ -122,7 +123,7 @@ class Mamba1(nn.Module):
                 )
 
             run_in_segments(batch, conv, xc[nd:], (cache.conv,))
-        dt_raw, bc = self._dt_bc(xc)
+        dt_raw, bc = self._dt_bc(xc, decode)
         y = xc.new_empty(T, Di)
         if nd:
             y[:nd] = ops.mamba1_scan_step(
@@ -143,20 +144,20 @@ class Mamba1(nn.Module):
                 )
 
             run_in_segments(batch, scan, y[nd:], (cache.ssm,))
-        return self.out_proj(y)
+        return self.out_proj(y, decode=decode)
 
-    def _dt_bc(self, xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _dt_bc(self, xc: torch.Tensor, decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """xc [T, Di] → (dt_proj's output [T, Di], [B | C] [T, 2N]): x_proj (all-reduced across ranks), the
         split and its norms, dt_proj."""
         cfg = self.cfg
-        dbc = self.x_proj(xc)  # [T, R + 2N]
+        dbc = self.x_proj(xc, decode=decode)  # [T, R + 2N]
         if self.tp is not None:
             dbc = self.tp.all_reduce(dbc)
         dt, bc = ops.mamba1_dt_bc(
             dbc, cfg.dt_rank, cfg.state_size, self.dt_norm, self.b_norm, self.c_norm, cfg.has_dt_bc_norm,
             cfg.norm_eps,
         )  # fmt: skip
-        return self.dt_proj(dt), bc
+        return self.dt_proj(dt, decode=decode), bc
 
 
 # ------------------------------------------------------------------------------------------- the kind

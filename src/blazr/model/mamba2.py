@@ -46,6 +46,7 @@ from blazr.distributed.split import check_divisible, groups_split, rank0_only, s
 from blazr.kernels import ops
 from blazr.model.mixer_spec import MixerSpec
 from blazr.model.norm import GatedRMSNorm
+from blazr.model.qlinear import Linear
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 from blazr.state.layout import CacheTensor, Snapshot
@@ -65,7 +66,7 @@ class Mamba2(nn.Module):
         super().__init__()
         self.cfg = cfg
         H, Di, Cd, K = cfg.num_heads, cfg.d_inner, cfg.conv_dim, cfg.conv_kernel
-        self.in_proj = nn.Linear(hidden_size, Di + Cd + H, bias=cfg.has_in_proj_bias)
+        self.in_proj = Linear(hidden_size, Di + Cd + H, bias=cfg.has_in_proj_bias)
         self.conv1d = nn.Conv1d(Cd, Cd, K, groups=Cd, bias=cfg.has_conv_bias)  # weight [Cd, 1, K]
         # HF's initialisation (A = -(1..H), D = 1, dt log-spread over [1e-3, 1e-1]); loading overwrites it.
         dt_init = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), H))
@@ -79,13 +80,13 @@ class Mamba2(nn.Module):
             if cfg.has_gated_norm
             else None
         )
-        self.out_proj = nn.Linear(Di, hidden_size, bias=cfg.has_out_proj_bias)
+        self.out_proj = Linear(Di, hidden_size, bias=cfg.has_out_proj_bias)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         cfg = self.cfg
         H, P, Di = cfg.num_heads, cfg.head_dim, cfg.d_inner
         T = x.shape[0]
-        z, xBC, dt_raw = self.in_proj(x).split([Di, cfg.conv_dim, H], dim=-1)
+        z, xBC, dt_raw = self.in_proj(x, decode=batch.is_decode_only).split([Di, cfg.conv_dim, H], dim=-1)
 
         is_cached = cache is not None and batch.state_slots is not None
         nd = batch.num_decodes if is_cached else 0
@@ -96,7 +97,7 @@ class Mamba2(nn.Module):
                 cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
         if nd and nd == T:  # decode only
-            return self._output(yd.view(T, Di), z, x.dtype)
+            return self._output(yd.view(T, Di), z, x.dtype, batch.is_decode_only)
         y = x.new_empty(T, H, P, dtype=torch.float32)
         if nd:
             y[:nd] = yd
@@ -116,7 +117,7 @@ class Mamba2(nn.Module):
                 xBC, dt_raw, batch.query_lens, torch.arange(B, device=x.device), [True] * B, conv_w, conv_b,
                 conv0, self.dt_bias, self.A_log, self.D, ssm0, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
-        return self._output(y.view(T, Di), z, x.dtype)
+        return self._output(y.view(T, Di), z, x.dtype, batch.is_decode_only)
 
     def _prefill_in_segments(
         self, xBC: torch.Tensor, dt_raw: torch.Tensor, batch: ForwardBatch, cache: LayerCache
@@ -159,13 +160,13 @@ class Mamba2(nn.Module):
                 done[i] = cuts[i][r][0]
         return y
 
-    def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype, decode: bool) -> torch.Tensor:
         """Gate (gated RMSNorm, or plain SiLU gating) and out_proj: y, z [T, Di] → [T, D] in `dtype`."""
         if self.norm is not None:
             y = self.norm(y, z)  # float32 [T, Di]
         else:  # the gate alone
             y = ops.gated_rms_norm(y, z, None, y.shape[-1], 0.0, False)
-        return self.out_proj(y.to(dtype))
+        return self.out_proj(y.to(dtype), decode=decode)
 
 
 # ------------------------------------------------------------------------------------------- the kind

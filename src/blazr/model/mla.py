@@ -59,6 +59,7 @@ from blazr.kernels.quant import QuantizedWeight
 from blazr.model.attention import causal_attention
 from blazr.model.mixer_spec import FusedParts, MixerSpec
 from blazr.model.norm import RMSNorm
+from blazr.model.qlinear import Linear
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -121,19 +122,19 @@ class MLA(nn.Module):
         )
         q_head_dim = Dn if cfg.is_q_rope_from_hidden else Dn + R
         if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden_size, H * q_head_dim, bias=False)
+            self.q_proj = Linear(hidden_size, H * q_head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(hidden_size, cfg.q_lora_rank, bias=False)
+            self.q_a_proj = Linear(hidden_size, cfg.q_lora_rank, bias=False)
             if cfg.has_latent_norms:
                 self.q_a_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, H * q_head_dim, bias=False)
+            self.q_b_proj = Linear(cfg.q_lora_rank, H * q_head_dim, bias=False)
         if cfg.is_q_rope_from_hidden:
-            self.q_rope_proj = nn.Linear(hidden_size, H * R, bias=False)
-        self.kv_a_proj = nn.Linear(hidden_size, Lkv + R, bias=False)
+            self.q_rope_proj = Linear(hidden_size, H * R, bias=False)
+        self.kv_a_proj = Linear(hidden_size, Lkv + R, bias=False)
         if cfg.has_latent_norms:
             self.kv_a_norm = RMSNorm(Lkv, cfg.norm_eps)
-        self.kv_b_proj = nn.Linear(Lkv, H * (Dn + Dv), bias=False)
-        self.o_proj = nn.Linear(H * Dv, hidden_size, bias=False)
+        self.kv_b_proj = Linear(Lkv, H * (Dn + Dv), bias=False)
+        self.o_proj = Linear(H * Dv, hidden_size, bias=False)
         # kv_b_proj's per-head halves for the decode kernels: (W_UKᵀ [H·Lkv, Dn], W_UV [H·Dv, Lkv]), set by
         # the loader (`absorb_mla`); None: decode steps take the torch forms
         self.absorbed: tuple[QuantizedWeight, QuantizedWeight] | None = None
@@ -142,32 +143,36 @@ class MLA(nn.Module):
     # Projections.
     # ---------------------------------------------------------------------------------------------------
 
-    def _query_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _query_parts(self, x: torch.Tensor, decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] → q_nope [T, H, Dn], q_rope [T, H, R] before rotation (views of the projections)."""
         cfg, T = self.cfg, x.shape[0]
         if cfg.q_lora_rank is None:
-            q = self.q_proj(x)
+            q = self.q_proj(x, decode=decode)
         else:
-            c_q = self.q_a_proj(x)  # [T, Lq]
+            c_q = self.q_a_proj(x, decode=decode)  # [T, Lq]
             if cfg.has_latent_norms:
                 c_q = self.q_a_norm(c_q)
-            q = self.q_b_proj(c_q)
+            q = self.q_b_proj(c_q, decode=decode)
         if cfg.is_q_rope_from_hidden:
             q_nope = q.view(T, cfg.num_heads, cfg.qk_nope_head_dim)
-            q_rope = self.q_rope_proj(x).view(T, cfg.num_heads, cfg.qk_rope_head_dim)
+            q_rope = self.q_rope_proj(x, decode=decode).view(T, cfg.num_heads, cfg.qk_rope_head_dim)
         else:
             q = q.view(T, cfg.num_heads, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
             q_nope, q_rope = q.split([cfg.qk_nope_head_dim, cfg.qk_rope_head_dim], dim=-1)
         return q_nope, q_rope
 
-    def _queries(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _queries(
+        self, x: torch.Tensor, positions: torch.Tensor, decode: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] → q_nope [T, H, Dn], rotated q_rope [T, H, R]."""
-        q_nope, q_rope = self._query_parts(x)
+        q_nope, q_rope = self._query_parts(x, decode)
         return q_nope, self.rope(q_rope, positions)
 
-    def _latents(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _latents(self, x: torch.Tensor, positions: torch.Tensor, decode: bool) -> torch.Tensor:
         """x [T, D] → the cache rows [T, Lkv + R]: normed c_kv, then the rotated k_rope."""
-        c_kv, k_rope = self.kv_a_proj(x).split([self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim], dim=-1)
+        c_kv, k_rope = self.kv_a_proj(x, decode=decode).split(
+            [self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim], dim=-1
+        )
         if self.cfg.has_latent_norms:
             c_kv = self.kv_a_norm(c_kv)
         k_rope = self.rope(k_rope.unsqueeze(1), positions).squeeze(1)  # one shared rope head
@@ -183,11 +188,11 @@ class MLA(nn.Module):
     # The two attention forms. Both take q parts of the batch's T tokens and return [T, H, Dv].
     # ---------------------------------------------------------------------------------------------------
 
-    def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _expand(self, latent: torch.Tensor, decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """latent rows [N, Lkv + R] → k [N, H, Dn + R], v [N, H, Dv]."""
         cfg, N = self.cfg, latent.shape[0]
         Lkv, Dn = cfg.kv_lora_rank, cfg.qk_nope_head_dim
-        kv = self.kv_b_proj(latent[:, :Lkv]).view(N, cfg.num_heads, Dn + cfg.v_head_dim)
+        kv = self.kv_b_proj(latent[:, :Lkv], decode=decode).view(N, cfg.num_heads, Dn + cfg.v_head_dim)
         k_nope, v = kv.split([Dn, cfg.v_head_dim], dim=-1)
         k_rope = latent[:, None, Lkv:].expand(N, cfg.num_heads, cfg.qk_rope_head_dim)
         return torch.cat((k_nope, k_rope), dim=-1), v
@@ -199,14 +204,16 @@ class MLA(nn.Module):
         latent_new: torch.Tensor,
         batch: ForwardBatch,
         pool: torch.Tensor | None,
+        decode: bool,
     ) -> torch.Tensor:
-        """Standard MHA on expanded keys. With a pool, the rows to expand are the new tokens' latents followed
-        by each sequence's cached positions [0, ctx); `kv_indices` is rewritten to point into that compact
-        set, so every key row is expanded once and `causal_attention` runs unchanged."""
+        """Standard MHA on expanded keys (`kv_b_proj` runs as the forward's batch asks: `decode`). With a
+        pool, the rows to expand are the new tokens' latents followed by each sequence's cached positions
+        [0, ctx); `kv_indices` is rewritten to point into that compact set, so every key row is expanded once
+        and `causal_attention` runs unchanged."""
         q = torch.cat((q_nope, q_rope), dim=-1)  # [T, H, Dn + R]
         T = q.shape[0]
         if pool is None:
-            k, v = self._expand(latent_new)
+            k, v = self._expand(latent_new, decode)
             v = _pad_to(v, q.shape[-1])
             return causal_attention(q, k, v, batch, self.cfg.softmax_scale)[..., : self.cfg.v_head_dim]
         assert batch.kv_indices is not None
@@ -222,7 +229,7 @@ class MLA(nn.Module):
         rows = latent_new
         if num_cached:
             rows = torch.cat((latent_new, pool[torch.cat(cached)].to(latent_new.dtype)))
-        k_all, v_all = self._expand(rows)  # [T + Σctx, H, *]
+        k_all, v_all = self._expand(rows, decode)  # [T + Σctx, H, *]
         v_all = _pad_to(v_all, q.shape[-1])
         compact = ForwardBatch(
             positions=batch.positions,
@@ -243,10 +250,12 @@ class MLA(nn.Module):
         latent_new: torch.Tensor,
         batch: ForwardBatch,
         pool: torch.Tensor | None,
+        decode: bool,
     ) -> torch.Tensor:
         """MQA over the latent rows: q_abs = [q_nope · W_UK | q_rope] [T, H, Lkv + R], one shared key head
         [c_kv | k_rope], value head c_kv; the latent-space output [T, H, Lkv] is mapped by W_UV. Decode rows
-        use `_latent_decode`; prefill rows use `causal_attention` with k_pool / v_pool = latent views."""
+        use `_latent_decode`; prefill rows use `causal_attention` with k_pool / v_pool = latent views.
+        (`decode` is unused: this form runs no linear layer.)"""
         Lkv, nd, T = self.cfg.kv_lora_rank, batch.num_decodes, q_nope.shape[0]
         w_uk, w_uv = self._kv_b_heads()
         q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, Lkv]
@@ -290,19 +299,20 @@ class MLA(nn.Module):
         assert cache.latent is not None and batch.slot_mapping is not None and batch.kv_indices is not None
         assert self.absorbed is not None
         w_uk_t, w_uv = self.absorbed
-        q_nope, q_rope = self._query_parts(x)
+        q_nope, q_rope = self._query_parts(x, True)
         cos, sin = self.rope.cos, self.rope.sin
         ops.rope_neox(q_rope, batch.positions, cos, sin, cfg.qk_rope_head_dim)
         norm = self.kv_a_norm.weight if cfg.has_latent_norms else None
         ops.mla_cache_write(
-            self.kv_a_proj(x), norm, cfg.norm_eps, batch.positions, cos, sin, batch.slot_mapping, cache.latent
-        )
+            self.kv_a_proj(x, decode=True), norm, cfg.norm_eps, batch.positions, cos, sin, batch.slot_mapping,
+            cache.latent,
+        )  # fmt: skip
         q_lat = ops.linear_heads(q_nope, w_uk_t)  # [B, H, Lkv]
         o_lat = ops.mla_decode(
             q_lat, q_rope, cache.latent, batch.kv_indices, batch.decode_lens, cfg.softmax_scale
         )  # [B, H, Lkv]
         o = ops.linear_heads(o_lat, w_uv)  # [B, H, Dv]
-        return self.o_proj(o.view(B, cfg.num_heads * cfg.v_head_dim))
+        return self.o_proj(o.view(B, cfg.num_heads * cfg.v_head_dim), decode=True)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
         """x [T, D] → [T, D]. Writes the new tokens' latent rows to `cache.latent` at `batch.slot_mapping`."""
@@ -314,9 +324,9 @@ class MLA(nn.Module):
             and ops.cpu_f32(x)
         ):
             return self._decode(x, batch, cache)
-        cfg, T = self.cfg, x.shape[0]
-        q_nope, q_rope = self._queries(x, batch.positions)
-        latent_new = self._latents(x, batch.positions)  # [T, Lkv + R]
+        cfg, T, decode = self.cfg, x.shape[0], batch.is_decode_only
+        q_nope, q_rope = self._queries(x, batch.positions, decode)
+        latent_new = self._latents(x, batch.positions, decode)  # [T, Lkv + R]
         pool = None
         if cache is not None and batch.has_cache:
             assert cache.latent is not None and cache.latent.shape[1] == latent_new.shape[1]
@@ -324,15 +334,15 @@ class MLA(nn.Module):
             pool.index_copy_(0, batch.slot_mapping, latent_new.to(pool.dtype))
         if self.impl != "auto":
             form = self._absorbed if self.impl == "absorb" else self._naive
-            o = form(q_nope, q_rope, latent_new, batch, pool)
+            o = form(q_nope, q_rope, latent_new, batch, pool, decode)
         else:  # runs of consecutive sequences that take the same form (decodes first, so at most a few)
             o = q_nope.new_empty(T, cfg.num_heads, cfg.v_head_dim)
             for b0, b1, is_absorbed in self._runs(batch):
                 sub = batch.select(b0, b1)
                 rows = slice(batch.query_starts[b0], batch.query_starts[b0] + sub.num_tokens)
                 form = self._absorbed if is_absorbed else self._naive
-                o[rows] = form(q_nope[rows], q_rope[rows], latent_new[rows], sub, pool)
-        return self.o_proj(o.reshape(T, cfg.num_heads * cfg.v_head_dim))
+                o[rows] = form(q_nope[rows], q_rope[rows], latent_new[rows], sub, pool, decode)
+        return self.o_proj(o.reshape(T, cfg.num_heads * cfg.v_head_dim), decode=decode)
 
     def _runs(self, batch: ForwardBatch) -> list[tuple[int, int, bool]]:
         """Split the batch's sequences into runs [b0, b1) by form: decode rows are absorbed; a prefill chunk

@@ -14,7 +14,7 @@ from torch import nn
 from blazr.config import Activation, MLPConfig
 from blazr.kernels import ops
 from blazr.kernels.reference import oai_glu_reference
-from blazr.model.qlinear import QuantizedLinear
+from blazr.model.qlinear import Linear
 
 
 def gated_unit(gate: torch.Tensor, up: torch.Tensor, cfg: MLPConfig) -> torch.Tensor:
@@ -41,17 +41,18 @@ class MLP(nn.Module):
             raise ValueError("swiglu_oai is an expert activation (GPT-OSS): a dense MLP does not take it")
         self.cfg = cfg
         if cfg.is_gated:
-            self.gate_up_proj = nn.Linear(hidden_size, 2 * cfg.intermediate_size, bias=cfg.has_bias)
+            self.gate_up_proj = Linear(hidden_size, 2 * cfg.intermediate_size, bias=cfg.has_bias)
         else:
-            self.up_proj = nn.Linear(hidden_size, cfg.intermediate_size, bias=cfg.has_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, hidden_size, bias=cfg.has_bias)
+            self.up_proj = Linear(hidden_size, cfg.intermediate_size, bias=cfg.has_bias)
+        self.down_proj = Linear(cfg.intermediate_size, hidden_size, bias=cfg.has_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, decode: bool) -> torch.Tensor:
+        """x [T, D] → [T, D]; `decode`: the forward's batch is decode-only (model/qlinear.py)."""
         cfg = self.cfg
-        if cfg.is_gated and cfg.activation == "silu" and isinstance(self.gate_up_proj, QuantizedLinear):
-            h = self.gate_up_proj(x, swiglu=True)  # fused in the kernel's epilogue on its path
+        if cfg.is_gated and cfg.activation == "silu":
+            h = self.gate_up_proj(x, swiglu=True, decode=decode)  # fused in the kernel's epilogue
         elif cfg.is_gated:
-            h = ops.activation(self.gate_up_proj(x), cfg.activation, gated=True)
+            h = ops.activation(self.gate_up_proj(x, decode=decode), cfg.activation, gated=True)
         else:
-            h = ops.activation(self.up_proj(x), cfg.activation)
-        return self.down_proj(h)
+            h = ops.activation(self.up_proj(x, decode=decode), cfg.activation)
+        return self.down_proj(h, decode=decode)

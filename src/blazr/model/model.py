@@ -33,6 +33,7 @@ from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.mixers import cache_layout
 from blazr.model.norm import make_norm
 from blazr.model.per_layer import PerLayerInputs
+from blazr.model.qlinear import Linear
 from blazr.model.rope import RotaryEmbedding
 from blazr.model.zamba2_shared import bind_calls, shared_blocks
 from blazr.state.batch import ForwardBatch, pad_kv_indices
@@ -80,7 +81,7 @@ class CausalLM(nn.Module):
             self.shared_blocks = shared_blocks(cfg, rope_for)
             bind_calls(self.layers, self.shared_blocks)
         self.norm = make_norm(cfg.final_norm, cfg.hidden_size)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, vocab, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, vocab, bias=False)
 
     def forward(
         self, input_ids: torch.Tensor, batch: ForwardBatch, cache: ModelCache | None = None
@@ -100,7 +101,9 @@ class CausalLM(nn.Module):
                 x = x * scale
         embeddings = x.clone() if self.reads_embeddings else None  # the layers' adds may write x in place
         per_layer = (
-            None if self.per_layer_inputs is None else self.per_layer_inputs(input_ids, x)
+            None
+            if self.per_layer_inputs is None
+            else self.per_layer_inputs(input_ids, x, decode=batch.is_decode_only)
         )  # [T, L, P]
         if cache is None and self.shares_kv:
             batch, cache = self._scratch_cache(batch, x.dtype)
@@ -138,11 +141,12 @@ class CausalLM(nn.Module):
         x = self.embed_tokens(torch.where(here, local, 0)) * here[:, None]
         return tp.all_reduce(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, *, decode: bool) -> torch.Tensor:
+        """hidden [n, D] → float32 logits [n, V]; `decode`: the forward's batch was decode-only."""
         if self.lm_head is None:
             logits = torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
         else:
-            logits = self.lm_head(hidden).float()
+            logits = self.lm_head(hidden, decode=decode).float()
         if self.tp is not None:  # every rank's vocabulary rows, then the padding dropped
             logits = self.tp.all_gather(logits, dim=-1)[:, : self.cfg.vocab_size]
         scale = self.cfg.logits_scale

@@ -61,6 +61,7 @@ from blazr.kernels import ops
 from blazr.kernels.quant import QuantizedWeight
 from blazr.model.mlp import MLP, activate, gated_unit
 from blazr.model.norm import make_norm
+from blazr.model.qlinear import Linear
 from blazr.state.batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -235,12 +236,12 @@ class MoE(nn.Module):
         self.first_expert = rank * self.num_local
         self.is_sharded = world > 1
         latent, bias = cfg.latent_size, cfg.has_latent_bias
-        self.latent_down = nn.Linear(hidden_size, latent, bias=bias) if latent is not None else None
-        self.latent_up = nn.Linear(latent, hidden_size, bias=bias) if latent is not None else None
+        self.latent_down = Linear(hidden_size, latent, bias=bias) if latent is not None else None
+        self.latent_up = Linear(latent, hidden_size, bias=bias) if latent is not None else None
         self.experts = Experts(cfg.expert, self.num_local, latent or hidden_size)
         self.shared = MLP(cfg.shared, hidden_size) if cfg.shared is not None else None
         # Qwen2-MoE / Qwen3-Next: the shared MLP's output scaled by sigmoid(shared_gate(x)), one per token
-        self.shared_gate = nn.Linear(hidden_size, 1, bias=False) if cfg.has_shared_gate else None
+        self.shared_gate = Linear(hidden_size, 1, bias=False) if cfg.has_shared_gate else None
         # Gemma 4: the experts' RMSNorm of the un-normed input; the router's weightless one
         self.norm = make_norm(cfg.input_norm, hidden_size) if cfg.input_norm is not None else None
 
@@ -256,31 +257,32 @@ class MoE(nn.Module):
         return (unit * scale).to(x.dtype), self.norm(x)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch | None = None) -> torch.Tensor:
-        if batch is not None and batch.is_decode_only and ops.cpu_f32(x) and not self.is_sharded:
+        decode = batch is not None and batch.is_decode_only
+        if decode and ops.cpu_f32(x) and not self.is_sharded:
             return self._decode(x)
         route_in, x = self._inputs(x)
         weights, ids = self._local(*self.router(route_in))
-        out = self._up(self.experts(self._down(x), weights, ids).to(x.dtype))
-        return out + self._shared(x) if self.shared is not None else out
+        out = self._up(self.experts(self._down(x, decode), weights, ids).to(x.dtype), decode)
+        return out + self._shared(x, decode) if self.shared is not None else out
 
-    def _down(self, x: torch.Tensor) -> torch.Tensor:
+    def _down(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         """The experts' input: x [T, D], or its latent projection [T, Lt]."""
-        return x if self.latent_down is None else self.latent_down(x)
+        return x if self.latent_down is None else self.latent_down(x, decode=decode)
 
-    def _up(self, y: torch.Tensor) -> torch.Tensor:
+    def _up(self, y: torch.Tensor, decode: bool) -> torch.Tensor:
         """The experts' weighted sum [T, D], or [T, Lt] projected back to [T, D]."""
-        return y if self.latent_up is None else self.latent_up(y)
+        return y if self.latent_up is None else self.latent_up(y, decode=decode)
 
-    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+    def _shared(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         """The shared MLP's output [T, D], gated when the config says so (kernel ops on float32 CPU rows)."""
         assert self.shared is not None
-        y = self.shared(x)
+        y = self.shared(x, decode=decode)
         if self.shared_gate is not None:
             w = self.shared_gate.weight
             g = (
                 ops.linear(x, QuantizedWeight("f32", w, 1, w.shape[1]))
                 if ops.cpu_f32(x)
-                else self.shared_gate(x)
+                else self.shared_gate(x, decode=decode)
             )
             ops.sigmoid_mul(y, g)
         return y
@@ -302,17 +304,17 @@ class MoE(nn.Module):
             route_in, QuantizedWeight("f32", router.weight, *router.weight.shape), router.logit_bias()
         )
         weights, ids = router.route(logits)
-        out = self._up(self.experts.kernel(self._down(x), weights, ids))
-        return ops.add(out, self._shared(x), out=out) if self.shared is not None else out
+        out = self._up(self.experts.kernel(self._down(x, True), weights, ids), True)
+        return ops.add(out, self._shared(x, True), out=out) if self.shared is not None else out
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same function as a plain loop over tokens and their k experts (for tests)."""
         route_in, x = self._inputs(x)
         weights, ids = self.router(route_in)
-        h = self._down(x)
+        h = self._down(x, False)
         out = torch.zeros(h.shape, dtype=torch.float32, device=x.device)
         for t in range(x.shape[0]):
             for j in range(ids.shape[1]):
                 out[t] += weights[t, j] * self.experts.expert(int(ids[t, j]), h[t : t + 1])[0].float()
-        out = self._up(out.to(x.dtype))
-        return out + self._shared(x) if self.shared is not None else out
+        out = self._up(out.to(x.dtype), False)
+        return out + self._shared(x, False) if self.shared is not None else out

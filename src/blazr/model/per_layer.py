@@ -28,6 +28,7 @@ from torch import nn
 from blazr.config import PerLayerInputConfig
 from blazr.kernels import ops
 from blazr.model.norm import make_norm
+from blazr.model.qlinear import Linear
 
 
 class PerLayerInputs(nn.Module):
@@ -37,16 +38,16 @@ class PerLayerInputs(nn.Module):
         super().__init__()
         self.cfg, self.num_layers = cfg, num_layers
         self.embed = nn.Embedding(cfg.vocab_size, num_layers * cfg.size)
-        self.proj = nn.Linear(hidden_size, num_layers * cfg.size, bias=False)
+        self.proj = Linear(hidden_size, num_layers * cfg.size, bias=False)
         self.norm = make_norm(cfg.norm, cfg.size)
         self.proj_scale = hidden_size**-0.5
 
-    def forward(self, input_ids: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, embeddings: torch.Tensor, *, decode: bool) -> torch.Tensor:
         """input_ids [T], embeddings [T, D] (the scaled token embeddings) → [T, L, P]."""
         T, L, P = input_ids.shape[0], self.num_layers, self.cfg.size
         table = self.embed(input_ids)
         ids_part = table * float(torch.tensor(math.sqrt(P), dtype=table.dtype))
-        ctx_part = self.norm((self.proj(embeddings) * self.proj_scale).view(T, L, P))
+        ctx_part = self.norm((self.proj(embeddings, decode=decode) * self.proj_scale).view(T, L, P))
         return (ctx_part + ids_part.view(T, L, P)) * 2.0**-0.5
 
 
@@ -56,11 +57,11 @@ class PerLayerGate(nn.Module):
     def __init__(self, cfg: PerLayerInputConfig, hidden_size: int) -> None:
         super().__init__()
         self.cfg = cfg
-        self.gate = nn.Linear(hidden_size, cfg.size, bias=False)
-        self.proj = nn.Linear(cfg.size, hidden_size, bias=False)
+        self.gate = Linear(hidden_size, cfg.size, bias=False)
+        self.proj = Linear(cfg.size, hidden_size, bias=False)
         self.post_norm = make_norm(cfg.norm, hidden_size)
 
-    def forward(self, x: torch.Tensor, per_layer_input: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, per_layer_input: torch.Tensor, *, decode: bool) -> torch.Tensor:
         """x [T, D], per_layer_input [T, P] → the new residual [T, D]."""
-        h = ops.activation(self.gate(x), self.cfg.activation) * per_layer_input
-        return x + self.post_norm(self.proj(h))
+        h = ops.activation(self.gate(x, decode=decode), self.cfg.activation) * per_layer_input
+        return x + self.post_norm(self.proj(h, decode=decode))

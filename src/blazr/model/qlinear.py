@@ -5,9 +5,11 @@ The C kernel runs on the quantized bytes (activations quantized to 8 bits per bl
 does) for every token — prefill and decode alike — unless the layer holds `dense`, a 16/32-bit tensor for
 the vendor's GEMM at prefill, on request only (loading/loader.py `prefill_dtype`, `BLAZR_PREFILL_DENSE`:
 oneDNN's AMX bf16 tiles, at the price of a dequantized copy). With a dense tensor, the path is chosen per
-forward, not per row count, so that a token's numerics never depend on what else is in its batch:
-- inside `use_kernels()` — the runner enters it for decode tokens — the kernel;
-- elsewhere (prefill) torch's GEMM on `dense`, with rows grouped so that a row's result never depends on
+forward, not per row count, so that a token's numerics never depend on what else is in its batch. Every
+linear layer is called `layer(x, decode=…)`, the caller passing its batch's `is_decode_only` — the one
+mechanism by which attention, MLA, MoE and the linears of one forward pick their decode paths:
+- `decode=True` (a decode-only batch): the kernel;
+- `decode=False` (prefill) torch's GEMM on `dense`, with rows grouped so that a row's result never depends on
   the other rows of the call. A 16-bit copy runs in fixed tiles of `DENSE_TILE` rows (the last one
   zero-padded): oneDNN picks its bf16 kernel, and its rounding, by M. A float32 copy (or a plain float
   model's own weight, `wrap_float_linears`) runs all rows in one GEMM, padded to at least
@@ -15,15 +17,13 @@ forward, not per row count, so that a token's numerics never depend on what else
   on torch 2.13, AVX2, shapes 576-4096 × 768-100352), and one call runs 1.5x faster than 128-row tiles
   (60 vs 39 GFLOP/s at 500 × 768 × 3376 on a 2-core Zen 1).
 `weight` returns the dequantized float32 weight (the reference every path is tested against).
+`Linear` is the float layer the model builds (an nn.Linear called the same way, so a forward never asks
+which kind of layer the loader left in a place).
 
 Shapes: x [..., K] → [..., N]; qweight [N, K] in its kind's layout; dense [N, K].
 """
 
 from __future__ import annotations
-
-import contextlib
-import contextvars
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -35,17 +35,16 @@ from blazr.kernels.quant import QuantizedWeight, dequantize
 
 DENSE_TILE = 128  # rows per 16-bit dense GEMM call: ~1.25x the cost of one whole-M call, 3x faster than fp32
 DENSE_MIN_ROWS = 16  # float32 dense GEMMs run on at least this many rows (sgemm's small-M path rounds apart)
-_KERNELS: contextvars.ContextVar[bool] = contextvars.ContextVar("blazr_qlinear_kernels", default=False)
 
 
-@contextlib.contextmanager
-def use_kernels() -> Iterator[None]:
-    """Run QuantizedLinear layers on the quantized kernels in this block (decode tokens)."""
-    token = _KERNELS.set(True)
-    try:
-        yield
-    finally:
-        _KERNELS.reset(token)
+class Linear(nn.Linear):
+    """A float linear layer, called as QuantizedLinear is: `layer(x, decode=…, swiglu=…)` (`decode` does not
+    change a float layer's path; it is the forward's word to whichever layer the loader leaves here)."""
+
+    def forward(self, x: torch.Tensor, swiglu: bool = False, *, decode: bool) -> torch.Tensor:
+        """x [..., K] → [..., N]; with `swiglu`, silu(gate) · up of the [gate; up] halves → [..., N/2]."""
+        y = F.linear(x, self.weight, self.bias)
+        return ops.activation(y.contiguous(), "silu", gated=True) if swiglu else y
 
 
 class QuantizedLinear(nn.Module):
@@ -67,9 +66,9 @@ class QuantizedLinear(nn.Module):
         """The dequantized weight [N, K] float32."""
         return dequantize(self.qweight)
 
-    def forward(self, x: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
-        """x [..., K] → [..., N]; with `swiglu`, silu(gate) · up of the [gate; up] halves → [..., N/2]."""
-        decode = _KERNELS.get()
+    def forward(self, x: torch.Tensor, swiglu: bool = False, *, decode: bool) -> torch.Tensor:
+        """x [..., K] → [..., N]; with `swiglu`, silu(gate) · up of the [gate; up] halves → [..., N/2].
+        `decode`: the forward's batch is decode-only (the module docstring says what it selects)."""
         if (self.dense is None or decode) and x.dtype == torch.float32 and x.is_cpu:
             return ops.linear(x.contiguous(), self.qweight, self.bias, swiglu=swiglu, prefill=not decode)
         if self.dense is None:

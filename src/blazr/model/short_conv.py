@@ -32,6 +32,7 @@ from blazr.config import ShortConvConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
 from blazr.kernels import ops
 from blazr.model.mixer_spec import MixerSpec
+from blazr.model.qlinear import Linear
 from blazr.model.segments import Segment, run_in_segments
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -45,20 +46,20 @@ class ShortConv(nn.Module):
         super().__init__()
         self.cfg = cfg
         W, L = cfg.width, cfg.conv_kernel
-        self.in_proj = nn.Linear(hidden_size, 3 * W, bias=cfg.has_bias)
+        self.in_proj = Linear(hidden_size, 3 * W, bias=cfg.has_bias)
         self.conv = nn.Conv1d(W, W, L, groups=W, bias=cfg.has_bias)  # weight [W, 1, L]
-        self.out_proj = nn.Linear(W, hidden_size, bias=cfg.has_bias)
+        self.out_proj = Linear(W, hidden_size, bias=cfg.has_bias)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
-        W, T = self.cfg.width, x.shape[0]
-        bcx = self.in_proj(x)  # [T, 3W]
+        W, T, decode = self.cfg.width, x.shape[0], batch.is_decode_only
+        bcx = self.in_proj(x, decode=decode)  # [T, 3W]
         gin, gout, u = bcx[:, :W], bcx[:, W : 2 * W], bcx[:, 2 * W :]  # B, C, x: column views
         w, b = self.conv.weight[:, 0], self.conv.bias  # [W, L]
         is_cached = cache is not None and batch.state_slots is not None
         nd = batch.num_decodes if is_cached else 0
         if nd and nd == T:  # decode only: one kernel op
             y = ops.causal_conv_step(u, gin, gout, batch.state_slots, w, b, cache.conv, False)
-            return self.out_proj(y)
+            return self.out_proj(y, decode=decode)
         y = bcx.new_empty(T, W)
         if nd:
             y[:nd] = ops.causal_conv_step(
@@ -95,7 +96,7 @@ class ShortConv(nn.Module):
                 )  # fmt: skip
 
             run_in_segments(batch, run, y[nd:], (cache.conv,))
-        return self.out_proj(y)
+        return self.out_proj(y, decode=decode)
 
 
 # ------------------------------------------------------------------------------------------- the kind

@@ -39,6 +39,7 @@ from blazr.model.attention import causal_attention
 from blazr.model.mixer_spec import MixerSpec, RopeFor
 from blazr.model.mlp import activate
 from blazr.model.norm import RMSNorm
+from blazr.model.qlinear import Linear
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
@@ -51,10 +52,10 @@ class _Attention(nn.Module):
     def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int) -> None:
         super().__init__()
         a = cfg.attention
-        self.q_proj = nn.Linear(2 * hidden_size, a.num_heads * a.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * hidden_size, a.num_kv_heads * a.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * hidden_size, a.num_kv_heads * a.head_dim, bias=False)
-        self.o_proj = nn.Linear(a.num_heads * a.head_dim, hidden_size, bias=False)
+        self.q_proj = Linear(2 * hidden_size, a.num_heads * a.head_dim, bias=False)
+        self.k_proj = Linear(2 * hidden_size, a.num_kv_heads * a.head_dim, bias=False)
+        self.v_proj = Linear(2 * hidden_size, a.num_kv_heads * a.head_dim, bias=False)
+        self.o_proj = Linear(a.num_heads * a.head_dim, hidden_size, bias=False)
 
 
 class _MLP(nn.Module):
@@ -63,8 +64,8 @@ class _MLP(nn.Module):
     def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int) -> None:
         super().__init__()
         width = cfg.mlp.intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * width, bias=cfg.mlp.has_bias)
-        self.down_proj = nn.Linear(width, hidden_size, bias=cfg.mlp.has_bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * width, bias=cfg.mlp.has_bias)
+        self.down_proj = Linear(width, hidden_size, bias=cfg.mlp.has_bias)
 
 
 class SharedBlock(nn.Module):
@@ -79,8 +80,16 @@ class SharedBlock(nn.Module):
         self.rope = rope
 
 
-def _adapter(n_in: int, rank: int, n_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(n_in, rank, bias=False), nn.Linear(rank, n_out, bias=False))
+class _Adapter(nn.Sequential):
+    """A low-rank adapter: `.0` [R, n_in] down to the rank, `.1` [n_out, R] back up.
+    x [T, n_in] → [T, n_out]."""
+
+    def __init__(self, n_in: int, rank: int, n_out: int) -> None:
+        super().__init__(Linear(n_in, rank, bias=False), Linear(rank, n_out, bias=False))
+
+    def forward(self, x: torch.Tensor, *, decode: bool) -> torch.Tensor:
+        down, up = self
+        return up(down(x, decode=decode), decode=decode)
 
 
 class SharedCall(nn.Module):
@@ -93,11 +102,11 @@ class SharedCall(nn.Module):
         a, wide = cfg.attention, 2 * hidden_size
         if cfg.attention_adapter_rank is not None:
             r = cfg.attention_adapter_rank
-            self.q_adapter = _adapter(wide, r, a.num_heads * a.head_dim)
-            self.k_adapter = _adapter(wide, r, a.num_kv_heads * a.head_dim)
-            self.v_adapter = _adapter(wide, r, a.num_kv_heads * a.head_dim)
-        self.gate_up_adapter = _adapter(hidden_size, cfg.mlp_adapter_rank, 2 * cfg.mlp.intermediate_size)
-        self.linear = nn.Linear(hidden_size, hidden_size, bias=False)
+            self.q_adapter = _Adapter(wide, r, a.num_heads * a.head_dim)
+            self.k_adapter = _Adapter(wide, r, a.num_kv_heads * a.head_dim)
+            self.v_adapter = _Adapter(wide, r, a.num_kv_heads * a.head_dim)
+        self.gate_up_adapter = _Adapter(hidden_size, cfg.mlp_adapter_rank, 2 * cfg.mlp.intermediate_size)
+        self.linear = Linear(hidden_size, hidden_size, bias=False)
         self._block: tuple[SharedBlock, ...] = ()  # a tuple: not a submodule (see the module docstring)
 
     def bind(self, block: SharedBlock) -> None:
@@ -107,11 +116,14 @@ class SharedCall(nn.Module):
         self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None, embeddings: torch.Tensor
     ) -> torch.Tensor:
         assert self._block, "a SharedCall runs only bound to its model's shared block"
-        block, cfg, T = self._block[0], self.cfg.attention, x.shape[0]
+        block, cfg, T, decode = self._block[0], self.cfg.attention, x.shape[0], batch.is_decode_only
         h = block.input_norm(torch.cat([x, embeddings], dim=-1))  # [T, 2D]
-        q, k, v = block.attn.q_proj(h), block.attn.k_proj(h), block.attn.v_proj(h)
+        q, k, v = (getattr(block.attn, n)(h, decode=decode) for n in ("q_proj", "k_proj", "v_proj"))
         if self.cfg.attention_adapter_rank is not None:
-            q, k, v = q + self.q_adapter(h), k + self.k_adapter(h), v + self.v_adapter(h)
+            q, k, v = (
+                t + a(h, decode=decode)
+                for t, a in zip((q, k, v), (self.q_adapter, self.k_adapter, self.v_adapter), strict=True)
+            )
         q = q.view(T, cfg.num_heads, cfg.head_dim)
         k = k.view(T, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
@@ -123,10 +135,11 @@ class SharedCall(nn.Module):
             k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
             v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
-        a = block.ffn_norm(block.attn.o_proj(o.reshape(T, -1)))  # [T, D]
-        gate, up = (block.mlp.gate_up_proj(a) + self.gate_up_adapter(a)).chunk(2, dim=-1)
-        y = block.mlp.down_proj(activate(gate, self.cfg.mlp.activation) * up)
-        return self.linear(y)
+        a = block.ffn_norm(block.attn.o_proj(o.reshape(T, -1), decode=decode))  # [T, D]
+        gate_up = block.mlp.gate_up_proj(a, decode=decode) + self.gate_up_adapter(a, decode=decode)
+        gate, up = gate_up.chunk(2, dim=-1)
+        y = block.mlp.down_proj(activate(gate, self.cfg.mlp.activation) * up, decode=decode)
+        return self.linear(y, decode=decode)
 
 
 def shared_blocks(cfg: ModelConfig, rope_for: RopeFor) -> nn.ModuleList:
