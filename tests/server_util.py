@@ -12,6 +12,7 @@ import asyncio
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,13 +68,16 @@ class ServerProcess:
         api_key: str | None = None,
         env: dict[str, str] | None = None,
         module: str = "blazr",
+        new_session: bool = False,
     ):
-        """`module`: what `python -m` runs (tests.faults: blazr with fault injection)."""
+        """`module`: what `python -m` runs (tests.faults: blazr with fault injection); `new_session`: the
+        server leads its own process group, as a command at a terminal does (`interrupt` signals it all)."""
         self.port = free_port()
         self.args = list(args)
         self.api_key = api_key
         self.env = env
         self.module = module
+        self.new_session = new_session
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.url}/v1"
         self.health_seen: list[int] = []
@@ -101,7 +105,12 @@ class ServerProcess:
         env = {k: v for k, v in os.environ.items() if k != "BLAZR_API_KEY"}
         env.update(self.env or {})
         self.proc = subprocess.Popen(
-            cmd + self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
+            cmd + self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO_ROOT,
+            start_new_session=self.new_session,
         )
         self.wait_ready(timeout)
         return self
@@ -109,6 +118,17 @@ class ServerProcess:
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)
+
+    def interrupt(self) -> None:
+        """Ctrl-C at a terminal: SIGINT to every process of the server's group (`new_session` servers)."""
+        assert self.proc is not None and self.new_session
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def children(self) -> list[int]:
+        """The pids of the server's child processes (e.g. the tensor-parallel ranks it spawned)."""
+        assert self.proc is not None
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(pid) for pid in path.read_text().split()]
 
     def wait_exit(self, timeout: float = 60.0) -> int:
         """The exit status once the process has ended (raises if it has not within `timeout`)."""
@@ -150,6 +170,10 @@ class ServerProcess:
                 self.proc.wait(timeout=10)
         self._log.close()
         Path(self._log.name).unlink(missing_ok=True)
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return Path(self._log.name).read_text(errors="replace")
 
     def log_tail(self, n: int = 4000) -> str:
         self._log.flush()

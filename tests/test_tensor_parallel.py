@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +306,52 @@ def test_a_two_rank_server_answers_like_one(checkpoints, family):
             answers.append((tokens, lps))
     assert answers[1][0] == answers[0][0] and len(answers[0][0]) == 16
     assert max(abs(a - b) for a, b in zip(answers[0][1], answers[1][1], strict=True)) < TOL
+
+
+def test_ctrl_c_stops_every_rank_quietly(checkpoints):
+    """Ctrl-C at a terminal signals the whole foreground process group: rank 0 and the ranks it spawned.
+    Six concurrent requests served, then SIGINT to the group: rank 0 drains, the worker stops on rank 0's
+    word (it ignores the signal itself), every process is gone, status 0, and the log gains no traceback,
+    KeyboardInterrupt or RuntimeError from any rank — at most a line."""
+    args = ["--model", str(checkpoints["llama"]), "--served-model-name", "m", "--max-model-len", "128"]
+    server = ServerProcess([*args, "--tensor-parallel-size", "2"], new_session=True).start()
+    try:
+        client = server.client()
+        with ThreadPoolExecutor(6) as pool:
+            done = list(
+                pool.map(
+                    lambda i: client.completions.create(model="m", prompt=[5 + i, 6, 7], max_tokens=8),
+                    range(6),
+                )
+            )
+        assert [d.usage.completion_tokens for d in done] == [8] * 6
+        workers, before = server.children(), len(server.log_text())
+        assert len(workers) == 1, workers
+        server.interrupt()
+        assert server.wait_exit(60) == 0
+        after = server.log_text()[before:]
+        for word in ("Traceback", "KeyboardInterrupt", "RuntimeError", "rank1"):
+            assert word not in after, after
+        assert len(after.strip().splitlines()) <= 1, after
+        assert not Path(f"/proc/{workers[0]}").exists(), "the worker outlived rank 0"
+    finally:
+        server.stop()
+
+
+def test_a_model_that_does_not_split_is_refused_before_any_rank_starts(checkpoints, tmp_path):
+    """Heads not divisible by the ranks: one line from rank 0 and no worker traceback (the check runs
+    before any rank is spawned)."""
+    path = tmp_path / "odd"
+    build("LlamaForCausalLM", path, num_attention_heads=3, num_key_value_heads=3, hidden_size=48)
+    run = subprocess.run(
+        [sys.executable, "-m", "blazr", "generate", "--model", str(path), "--cpu", "--prompt", "hi",
+         "--max-tokens", "2", "--tensor-parallel-size", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert lines[-1] == "error: tensor parallel 2: layer 0's attention heads is 3, not divisible by 2", lines
+    assert "Traceback" not in run.stderr
 
 
 def test_torchrun_two_nodes_over_loopback(checkpoints):

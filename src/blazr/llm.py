@@ -236,7 +236,9 @@ class LLM:
             return None
         from blazr.distributed import worker
         from blazr.distributed.group import init_group
+        from blazr.distributed.shard import shard_config
 
+        shard_config(self.config, world)  # a model that does not split says so before any rank starts
         if worker.is_torchrun():
             if int(os.environ["WORLD_SIZE"]) != world:
                 raise BlazrError(
@@ -256,7 +258,10 @@ class LLM:
         if getattr(self, "runner", None) is not None and self.tp is not None:
             self.runner.stop_workers()
             for proc in self._workers:
-                proc.wait(timeout=30)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:  # stuck in a collective: it cannot finish anything now
+                    proc.kill()
             from blazr.distributed.group import destroy_group
 
             destroy_group()

@@ -18,12 +18,17 @@ A rank's runner is the same `ModelRunner` as rank 0's; it only never samples.
 
 Liveness: a spawned worker exits when its parent (rank 0) is gone; collectives time out after
 `COLLECTIVE_TIMEOUT_S` (an idle server sends nothing, so it is long).
+
+Stopping: a spawned worker ignores SIGINT — Ctrl-C in a terminal signals the whole foreground process
+group, and the worker stops on rank 0's `stop`, after rank 0 has drained — and a worker that fails says so
+in one line on stderr (rank 0 reports the failed step), never with a traceback.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -103,6 +108,7 @@ def run_worker(world: int | None = None) -> None:
     world = world or int(os.environ["WORLD_SIZE"])
     parent = os.environ.get("BLAZR_TP_PARENT")
     if parent:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's `stop` ends this rank (module docstring)
         _exit_with_parent(int(parent))
     probe = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tp = init_group(world, probe)
@@ -149,6 +155,18 @@ def _exit_with_parent(pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="blazr-tp-parent").start()
 
 
-if __name__ == "__main__":
+def main() -> int:
+    """A spawned rank's process: `run_worker`, a failure as one line on stderr (status 1)."""
     logging.basicConfig(level=os.environ.get("BLAZR_LOG_LEVEL", "WARNING").upper())
-    run_worker()
+    try:
+        run_worker()
+    except Exception as e:  # rank 0 reports what it saw; the traceback only at debug level
+        log.debug("tensor-parallel rank failed", exc_info=True)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"blazr tensor-parallel rank {os.environ.get('RANK', '?')}: {first}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

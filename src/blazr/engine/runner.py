@@ -24,6 +24,7 @@ compute differently in the decode kernels than in the prefill GEMMs).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,8 @@ from blazr.state.kv_cache import ModelCache
 
 if TYPE_CHECKING:
     from blazr.distributed.group import TPGroup
+
+log = logging.getLogger("blazr.engine")
 
 
 class TensorParallelStepError(RuntimeError):
@@ -333,10 +336,13 @@ class ModelRunner:
         return logits
 
     def stop_workers(self) -> None:
-        """Rank 0: end the other ranks' loops."""
+        """Rank 0: end the other ranks' loops (a rank already gone has nothing left to stop)."""
         if self.tp is not None:
-            self.tp.broadcast_object(("stop",))
-            self.tp = None
+            tp, self.tp = self.tp, None
+            try:
+                tp.broadcast_object(("stop",))
+            except RuntimeError as e:  # gloo / NCCL: a peer closed its connection
+                log.debug("tensor-parallel stop: a rank is already gone (%s)", e)
 
     def _num_plan_rows(self, sched: ScheduledBatch) -> int:
         """How many row sequences (they follow the decodes) the recorded plan runs with the decodes: all of

@@ -80,6 +80,10 @@ class BlazrServer(uvicorn.Server):
         if state.status == "ready":
             state.status = "draining"
         t0 = time.monotonic()
+        if not state.num_in_flight:  # nothing to wait for: one line
+            print(f"blazr serve: {reason}, nothing in flight — drained in 0.0s; stopping", file=sys.stderr)
+            self.should_exit = True
+            return
         print(
             f"blazr serve: {reason} — draining: new requests get 503; {state.num_in_flight} in flight get "
             f"up to {self.shutdown_timeout:g}s to finish (send the signal again to stop now)",
