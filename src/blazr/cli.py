@@ -273,7 +273,7 @@ def _tensor_parallel_rank(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = str(getattr(args, "log_level", "warning")).upper()
+    level = str(getattr(args, "log_level", None) or os.environ.get("BLAZR_LOG", "warning")).upper()
     logging.basicConfig(
         level=getattr(logging, level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
     )
