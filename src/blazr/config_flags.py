@@ -260,8 +260,8 @@ def _add(group: Any, leaf: Leaf) -> None:
                 kwargs["type"] = parse
         if leaf.choices is not None:
             kwargs["choices"] = leaf.choices
-        if meta.get("metavar"):
-            kwargs["metavar"] = meta["metavar"]
+        if meta.get("metavar") or leaf.base in (int, float):
+            kwargs["metavar"] = meta.get("metavar") or {int: "N", float: "X"}[leaf.base]
     group.add_argument(leaf.flag, *meta.get("aliases", ()), **kwargs)
 
 
