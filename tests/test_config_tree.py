@@ -214,7 +214,10 @@ def test_llm_keywords_route_by_name_into_the_dataclasses():
     )
     assert llm_configs(None, None, base, {"speculative": None})[1].speculative is None
     spec = SpeculativeConfig(method="draft", draft_model="/d")
-    assert llm_configs(None, None, None, {"speculative": spec})[1].speculative is spec
+    assert llm_configs(None, None, None, {"speculative": spec})[1].speculative == spec
+    # a whole subtree by name, and single fields of it by name over it
+    cfg = ServerConfig.of(engine=EngineConfig(max_num_seqs=5, block_size=8), block_size=32, port=9)
+    assert (cfg.engine.max_num_seqs, cfg.engine.block_size, cfg.port) == (5, 32, 9)
 
 
 def test_llm_unknown_keyword_is_a_type_error_naming_it(tmp_path):

@@ -281,8 +281,8 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
 def build(cls: type[T], values: Mapping[str, Any], base: T | None = None) -> T:
     """The tree under `cls` from leaf names → values (see the module docstring); a name not given keeps
     `base`'s value (default: the dataclass default). A subtree's own name may also carry a whole object
-    (`engine=EngineConfig(...)`, `speculative=None`). Unknown name → TypeError; a value a dataclass refuses
-    → its ValueError."""
+    (`engine=EngineConfig(...)`, `speculative=None`), which the leaves given by name then override. Unknown
+    name → TypeError; a value a dataclass refuses → its ValueError."""
     pending = dict(values)
     tree = _build(cls, pending, (), base)
     if pending:
@@ -326,8 +326,10 @@ def _build(cls: type, pending: dict[str, Any], path: tuple[str, ...], base: Any 
                 kwargs[f.name] = below
             continue
         whole = pending.get(f.name, MISSING)
-        if whole is None or isinstance(whole, sub):
+        if whole is None:
             kwargs[f.name] = pending.pop(f.name)
+        elif isinstance(whole, sub):  # a whole object: the base that its leaves given by name override
+            kwargs[f.name] = _build(sub, pending, (*path, f.name), pending.pop(f.name))
         elif optional:
             kwargs[f.name] = _build_optional(sub, pending, (*path, f.name), below)
         else:
@@ -360,11 +362,3 @@ def _peek(leaf: Leaf, pending: Mapping[str, Any]) -> Any:
         if k in pending:
             return pending[k]
     return None
-
-
-def flag_of(cls: type, name: str) -> str:
-    """The flag of the leaf `name` under `cls` (for error messages that name a flag)."""
-    for leaf in leaves(cls):
-        if leaf.name == name:
-            return leaf.flag
-    raise KeyError(name)
