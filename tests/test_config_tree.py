@@ -240,10 +240,12 @@ def test_new_flags_reach_the_engine_through_the_cli(tiny):
     base = ["generate", "--model", str(tiny), "--cpu", "--dtype", "float32", "--max-model-len", "128"]
     llm = _llm(build_parser().parse_args(base))
     assert llm.runner.cache_plan.block_size == 16 and llm.runner.decode_plan is not None
-    new = ["--block-size", "32", "--no-fused-decode", "--state-snapshot-interval", "3", "--max-num-seqs", "2"]
+    new = ["--block-size", "32", "--no-fused-decode", "--state-snapshot-interval", "3", "--max-num-seqs", "2",
+           "--no-cuda-graphs"]  # fmt: skip
     llm = _llm(build_parser().parse_args([*base, *new]))
     assert llm.runner.cache_plan.block_size == 32 and llm.runner.block_size == 32
     assert llm.runner.decode_plan is None
+    assert llm.runner.engine_cfg.cuda_graphs is False  # (graphs are CUDA-only: this host checks the config)
     assert (llm.engine.cfg.state_snapshot_interval, llm.engine.cfg.max_num_seqs) == (3, 2)
     assert llm.engine.cfg.max_model_len == 128
     out = llm.generate("Hello", None)[0]  # and it runs
@@ -298,3 +300,18 @@ def test_serve_run_options_coerce_by_field_type():
     assert cfg.engine.speculative == SpeculativeConfig()
     with pytest.raises(ValueError, match="block_size=0"):
         by_key["block_size"].coerce("0")
+
+
+def test_state_snapshot_flags_reach_the_cache_of_a_recurrent_model(tmp_path):
+    """A Mamba2 model keeps recurrent-state snapshots for prefix caching: --num-state-snapshots sizes their
+    pool, --state-snapshot-interval spaces them (the cache manager's interval)."""
+    sizes = dict(num_heads=8, head_dim=16, state_size=16, n_groups=1, expand=1)
+    build("Mamba2ForCausalLM", tmp_path, vocab_size=100288, **sizes)
+    base = ["generate", "--model", str(tmp_path), "--cpu", "--dtype", "float32", "--max-model-len", "128"]
+    args = [*base, "--num-state-snapshots", "5", "--state-snapshot-interval", "3", "--cache-memory", "0.05"]
+    llm = _llm(build_parser().parse_args(args))
+    assert llm.runner.cache_plan.num_snapshots == 5 and llm.engine.cache.snapshot_interval == 3
+    llm = _llm(build_parser().parse_args([*base, "--cache-memory", "0.05"]))
+    assert llm.runner.cache_plan.num_snapshots != 5 and llm.engine.cache.snapshot_interval == 8
+    llm = _llm(build_parser().parse_args([*base, "--no-prefix-cache", "--num-state-snapshots", "5"]))
+    assert not llm.engine.cfg.enable_prefix_caching and llm.runner.cache_plan.num_snapshots == 0
