@@ -63,8 +63,12 @@ def test_generate_with_speculative_decoding(tiny):
         assert r.returncode == 0, r.stderr
         assert r.stdout == plain.stdout
     _error(blazr(*args, "--draft-model", str(tiny)), r"--draft-model needs --speculative draft")
-    _error(blazr(*args, "--speculative", "draft"), r"--speculative draft needs --draft-model")
-    _error(blazr(*args, "--speculative", "ngram", "--num-speculative-tokens", "0"), r"num_speculative_tokens")
+    _error(
+        blazr(*args, "--speculative", "draft"), r"method 'draft' needs a draft model \(--draft-model PATH\)"
+    )
+    _error(
+        blazr(*args, "--speculative", "ngram", "--num-speculative-tokens", "17"), r"num_speculative_tokens 17"
+    )
 
 
 def test_generate_reads_the_prompt_from_stdin(tiny):
@@ -117,10 +121,10 @@ def test_no_prefix_cache_flag(tiny):
         assert f"prefix cache {state}" in r.stderr and "; cache: " in r.stderr
     r = blazr("chat", *args, "--no-prefix-cache", stdin="Hi\nHi again\n")
     assert r.returncode == 0 and "prefix cache off" in r.stderr, r.stderr
-    assert ServerConfig.from_args(build_parser().parse_args(["serve"])).enable_prefix_caching
+    assert ServerConfig.from_args(build_parser().parse_args(["serve"])).engine.enable_prefix_caching
     assert not ServerConfig.from_args(
         build_parser().parse_args(["serve", "--no-prefix-cache"])
-    ).enable_prefix_caching
+    ).engine.enable_prefix_caching
 
 
 def test_info_on_the_embedded_model():

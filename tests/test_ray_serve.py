@@ -191,16 +191,20 @@ def test_serve_run_options():
             "prefix_chars": "128",
         }
     )
-    assert (config.model, config.num_replicas, config.cpu, config.served_model_names) == (
+    assert (config.load.model, config.num_replicas, config.load.cpu, config.served_model_names) == (
         "/m",
         3,
         True,
         ("a", "b"),
     )
-    assert config.max_model_len is None and config.cache_memory == 1.5 and extra == {"prefix_chars": 128}
+    assert (
+        config.engine.max_model_len is None
+        and config.engine.cache_memory_gib == 1.5
+        and extra == {"prefix_chars": 128}
+    )
     with pytest.raises(BlazrError, match="unknown blazr option"):
         config_from_options({"modle": "x"})
-    app = build_ray_app(ServerConfig(num_replicas=2, cpu=True, num_threads=1))
+    app = build_ray_app(ServerConfig.of(num_replicas=2, cpu=True, num_threads=1))
     assert app is not None
 
 
@@ -277,7 +281,7 @@ def replicas(tiny):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": endpoint.port})
-        config = ServerConfig(
+        config = ServerConfig.of(
             model=str(tiny),
             cpu=True,
             num_replicas=2,

@@ -327,7 +327,7 @@ def test_serve_flags_and_env_key(monkeypatch):
     args = build_parser().parse_args(["serve"])
     monkeypatch.delenv("BLAZR_API_KEY", raising=False)
     cfg = ServerConfig.from_args(args)
-    assert (cfg.host, cfg.port, cfg.api_key, cfg.max_num_seqs, cfg.max_waiting) == (
+    assert (cfg.host, cfg.port, cfg.api_key, cfg.engine.max_num_seqs, cfg.engine.max_waiting) == (
         "0.0.0.0",
         8080,
         None,
@@ -340,7 +340,12 @@ def test_serve_flags_and_env_key(monkeypatch):
         ["serve", "--api-key", "flag", "--served-model-name", "a", "b", "--max-waiting", "2", "--port", "9"]
     )
     cfg = ServerConfig.from_args(args)
-    assert (cfg.api_key, cfg.served_model_names, cfg.max_waiting, cfg.port) == ("flag", ("a", "b"), 2, 9)
+    assert (cfg.api_key, cfg.served_model_names, cfg.engine.max_waiting, cfg.port) == (
+        "flag",
+        ("a", "b"),
+        2,
+        9,
+    )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--max-num-seqs", "0"])
 

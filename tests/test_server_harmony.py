@@ -61,7 +61,7 @@ def app(tmp_path_factory):
     build("GptOssForCausalLM", root, vocab_size=len(tok), **SIZES)
     analysis = tok.encode("analysis", add_special_tokens=False)
     commentary = tok.encode("commentary", add_special_tokens=False)
-    config = ServerConfig(
+    config = ServerConfig.of(
         model=str(root), cpu=True, dtype="float32", max_num_seqs=4, num_threads=1, served_model_names=("m",)
     )
     with TestClient(build_app(config)) as client:

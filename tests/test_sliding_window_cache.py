@@ -155,7 +155,9 @@ def test_sliding_pool_sizes_for_the_running_windows():
     assert window_blocks(512, engine) == 8 * (32 + 2 + 16)
     assert window_blocks(100_000, engine) == 8 * 4096 // 16
     layout = cache_layout(gemma3_1b())
-    forced = plan_cache(layout, EngineConfig(max_num_seqs=8, num_kv_blocks=40), torch.bfloat16)
+    forced = plan_cache(
+        layout, EngineConfig(max_num_seqs=8, max_model_len=4096, num_kv_blocks=40), torch.bfloat16
+    )
     assert forced.group_blocks == (40, 40)
 
 

@@ -381,7 +381,7 @@ def test_the_server_with_ngram_speculation(smollm2):
                                                "json_schema": {"name": "x", "schema": schema}}},
         {"messages": copy, "max_tokens": 24, "temperature": 0.8, "seed": 5, "n": 2},
     ]  # fmt: skip
-    cfg = ServerConfig(max_num_seqs=4, max_model_len=1024, speculative="ngram")
+    cfg = ServerConfig.of(max_num_seqs=4, max_model_len=1024, speculative="ngram")
     with TestClient(build_app(cfg)) as client:
         for _ in range(3000):
             if client.get("/health").status_code == 200:

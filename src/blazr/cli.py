@@ -17,87 +17,23 @@ from collections.abc import Callable, Sequence
 from blazr.errors import BlazrError
 
 
-def _prefix_cache_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--no-prefix-cache",
-        action="store_true",
-        help="do not reuse the cache of earlier prompts' common prefixes (on by default)",
-    )
-
-
-def _common(p: argparse.ArgumentParser, *, weights: bool = True) -> None:
-    p.add_argument(
-        "--model",
-        "-m",
-        help="checkpoint dir, .safetensors/.gguf file or HF repo id (default: embedded SmolLM2)",
-    )
-    p.add_argument(
-        "--vocab", help="tokenizer vocabulary name (cl100k_base, llama3, deepseek_v3, o200k_base, …)"
-    )
+def _log_level(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-level",
         default=os.environ.get("BLAZR_LOG", "warning"),
         help="debug|info|warning|error (env BLAZR_LOG)",
     )
-    if weights:
-        p.add_argument("--cpu", action="store_true", help="run on the CPU even when CUDA is available")
-        p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-        p.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + completion)")
-        p.add_argument(
-            "--cache-memory",
-            type=float,
-            default=None,
-            metavar="GIB",
-            help="memory for the KV / recurrent-state cache in GiB (default: half of the memory available "
-            "after loading the weights); it must hold one --max-model-len sequence",
-        )
-        p.add_argument(
-            "--quantize",
-            default="auto",
-            choices=["auto", "none", "int8", "int4", "bf16"],
-            help="linear weights on the CPU: auto keeps a GGUF's tensors as stored (Q4_0/Q4_1/Q8_0, "
-            "K-quants, F16/BF16); int8 / int4 / bf16 convert any checkpoint at load (Q8_0 / Q4_1 blocks, "
-            "bfloat16) and keep the result for later loads (BLAZR_QUANT_CACHE=DIR|off, default "
-            "~/.cache/blazr/quantized); none keeps float weights",
-        )
-        p.add_argument(
-            "--kv-cache-dtype",
-            default="auto",
-            choices=["auto", "float32", "bfloat16", "float16"],
-            help="attention K/V cache element type: auto is float16 on the CPU with quantized or 16-bit "
-            "weights (as llama.cpp), else the model dtype",
-        )
-        p.add_argument(
-            "--tensor-parallel-size",
-            "-tp",
-            type=int,
-            default=1,
-            metavar="N",
-            help="split the model over N ranks (torch.distributed: gloo on the CPU, NCCL on CUDA); blazr "
-            "starts ranks 1..N-1 on this machine, or run every rank under torchrun (several nodes too)",
-        )
-        _prefix_cache_flag(p)
-        _speculative_flags(p)
 
 
-def _speculative_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--speculative",
-        choices=["ngram", "draft"],
-        default=None,
-        help="speculative decoding: ngram drafts from the prompt and output (prompt lookup), draft from "
-        "--draft-model; greedy output is unchanged, sampled output keeps its distribution (off by default)",
-    )
-    p.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=4,
-        metavar="K",
-        help="drafted tokens a sequence may carry in one step (default 4; adaptive per sequence)",
-    )
-    p.add_argument(
-        "--draft-model", default=None, metavar="PATH", help="the draft model of --speculative draft"
-    )
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """generate / chat: the flags of LoadConfig and EngineConfig (config_flags.py, one per field)."""
+    from blazr import config_flags
+    from blazr.engine_config import EngineConfig
+    from blazr.load_config import LoadConfig
+
+    _log_level(p)
+    config_flags.add_flags(p, LoadConfig)
+    config_flags.add_flags(p, EngineConfig)
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -128,25 +64,15 @@ def _params(args: argparse.Namespace):
     )
 
 
-def _llm(args: argparse.Namespace, **kwargs):
-    from blazr.config import speculative_from_flags
+def _llm(args: argparse.Namespace):
+    from blazr import config_flags
+    from blazr.engine_config import EngineConfig
     from blazr.llm import LLM
+    from blazr.load_config import LoadConfig
 
-    return LLM(
-        args.model,
-        vocab=args.vocab,
-        cpu=args.cpu,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        cache_memory=args.cache_memory,
-        quantize=args.quantize,
-        kv_cache_dtype=args.kv_cache_dtype,
-        enable_prefix_caching=not args.no_prefix_cache,
-        show_progress=sys.stderr.isatty(),
-        tensor_parallel_size=args.tensor_parallel_size,
-        speculative=speculative_from_flags(args.speculative, args.num_speculative_tokens, args.draft_model),
-        **kwargs,
-    )
+    load = config_flags.from_args(LoadConfig, args)
+    engine = config_flags.from_args(EngineConfig, args)
+    return LLM(load_config=load, engine_config=engine, show_progress=sys.stderr.isatty())
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -184,18 +110,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from blazr import config_flags
     from blazr.config import EngineConfig
     from blazr.detect import inspect_checkpoint, resolve_model_path
     from blazr.info import describe
 
     ckpt = inspect_checkpoint(resolve_model_path(args.model), vocab_name=args.vocab)
-    limit = args.max_model_len or min(ckpt.config.max_position_embeddings, 4096)
-    engine = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=limit,
-        cache_memory_gib=args.cache_memory,
-        enable_prefix_caching=not args.no_prefix_cache,
-    )
+    engine = config_flags.from_args(EngineConfig, args).resolved(ckpt.config.max_position_embeddings)
     print(json.dumps(describe(ckpt, engine=engine), indent=2))
     return 0
 
@@ -287,35 +208,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- parser
 
+_CHECKPOINT = ("model", "vocab")  # info / decode: which checkpoint (LoadConfig fields)
+# info: the EngineConfig fields its cache budget depends on
+_CACHE_SHOWN = ("max_num_seqs", "max_model_len", "block_size", "cache_memory_gib", "enable_prefix_caching")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blazr", description="Fast LLM inference for hybrid architectures")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    from blazr import config_flags
+    from blazr.engine_config import EngineConfig
+    from blazr.load_config import LoadConfig
+
     p = sub.add_parser("generate", help="complete a prompt (completion on stdout, stats on stderr)")
-    _common(p)
+    _model_flags(p)
     _sampling(p)
     p.add_argument("--prompt", "-p", help="prompt text (default: read stdin)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("info", help="print the detected format, architecture and sizes as JSON")
-    _common(p, weights=False)
-    p.add_argument(
-        "--max-model-len", type=int, default=None, help="context limit the cache budget is shown for"
+    _log_level(p)
+    config_flags.add_flags(p, LoadConfig, only=_CHECKPOINT)
+    config_flags.add_flags(
+        p, EngineConfig, only=_CACHE_SHOWN, title="the engine the cache budget is shown for"
     )
-    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences the cache budget is shown for")
-    p.add_argument("--cache-memory", type=float, default=None, metavar="GIB", help="cache budget in GiB")
-    _prefix_cache_flag(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("decode", help="decode token ids to text")
-    _common(p, weights=False)
+    _log_level(p)
+    config_flags.add_flags(p, LoadConfig, only=_CHECKPOINT)
     p.add_argument("--ids", required=True, help='comma-separated ids, e.g. "1,2,3"')
     p.add_argument("--special", action="store_true", help="render special tokens")
     p.set_defaults(func=cmd_decode)
 
     p = sub.add_parser("chat", help="multi-turn chat in the terminal, with the model's chat template")
-    _common(p)
+    _model_flags(p)
     _sampling(p)
     p.add_argument("--system", help="system prompt")
     p.set_defaults(func=cmd_chat)
@@ -323,7 +251,6 @@ def build_parser() -> argparse.ArgumentParser:
     from blazr.server.options import add_serve_arguments
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    _common(p)
     add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
 
@@ -346,7 +273,7 @@ def _tensor_parallel_rank(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = str(getattr(args, "log_level", "warning")).upper()
+    level = str(getattr(args, "log_level", None) or os.environ.get("BLAZR_LOG", "warning")).upper()
     logging.basicConfig(
         level=getattr(logging, level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
     )

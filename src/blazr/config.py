@@ -6,7 +6,7 @@ is registered in model/mixers.py) and of its feed-forward (dense MLP or MoE), so
 tuple whose entries differ. Raw checkpoint keys (config.json, GGUF metadata, tensor names) are read only
 in `detect.py`, which builds these objects; nothing below the loader ever sees a dict.
 
-`EngineConfig` holds the serving limits (sequences, context, token budget, cache sizes).
+`EngineConfig` (serving limits, engine_config.py) is re-exported here.
 """
 
 from __future__ import annotations
@@ -443,81 +443,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-SpeculativeMethod = Literal["ngram", "draft"]
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """Speculative decoding (engine/speculative.py): each step a decoding sequence may carry up to
-    `num_speculative_tokens` drafted tokens, verified in the same forward. `method` "ngram": drafts continue
-    the latest earlier occurrence of the sequence's last `ngram_max` … `ngram_min` tokens (prompt lookup, no
-    extra model); "draft": a smaller model sharing the vocabulary (`draft_model`) drafts them greedily.
-    `adaptive`: each sequence's draft length follows its recent acceptance (and drafting stops while it
-    does not pay)."""
-
-    method: SpeculativeMethod = "ngram"
-    num_speculative_tokens: int = 4
-    ngram_min: int = 2
-    ngram_max: int = 4
-    draft_model: str | None = None
-    adaptive: bool = True
-
-    def __post_init__(self) -> None:
-        if self.method not in ("ngram", "draft"):
-            raise ValueError(f"speculative method {self.method!r}: expected ngram or draft")
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise ValueError(f"num_speculative_tokens {self.num_speculative_tokens}: expected 1 … 16")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError(f"n-gram sizes {self.ngram_min} … {self.ngram_max}: expected 1 ≤ min ≤ max")
-        if (self.method == "draft") != (self.draft_model is not None):
-            raise ValueError("a draft model is given with method 'draft', and only then")
-
-
-def speculative_from_flags(
-    method: str | None, num_tokens: int, draft_model: str | None
-) -> SpeculativeConfig | None:
-    """The SpeculativeConfig of `--speculative METHOD --num-speculative-tokens K --draft-model PATH` (None:
-    off); a combination that cannot be honoured is a BlazrError naming the flags."""
-    from blazr.errors import BlazrError
-
-    if method is None:
-        if draft_model is not None:
-            raise BlazrError("--draft-model needs --speculative draft")
-        return None
-    if method == "draft" and draft_model is None:
-        raise BlazrError("--speculative draft needs --draft-model PATH")
-    try:
-        return SpeculativeConfig(method=method, num_speculative_tokens=num_tokens, draft_model=draft_model)  # type: ignore[arg-type]
-    except ValueError as e:
-        raise BlazrError(f"--speculative {method}: {e}") from None
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Serving limits. `max_num_batched_tokens` is the per-step token budget that chunks prefills;
-    `num_kv_blocks=0` sizes the paged pool for `max_num_seqs × max_model_len` tokens, capped by the cache
-    memory budget (`cache_memory_gib`, None: a share of the memory available, state/budget.py); past that,
-    sequences are preempted and recomputed. `enable_prefix_caching`: reuse the cache of earlier requests'
-    common prefixes (engine/cache_manager.py); Mamba2 state is snapshotted every `state_snapshot_interval`
-    blocks along a sequence, plus the prompt's last block boundary and the latest one reached."""
-
-    max_num_seqs: int = 16
-    max_model_len: int = 4096
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    num_kv_blocks: int = 0
-    cache_memory_gib: float | None = None
-    max_waiting: int = 256
-    # CPU decode steps of pure-attention models run as one recorded kernel plan (engine/decode_plan.py).
-    fused_decode: bool = True
-    # CUDA decode steps of pure-attention models run as captured CUDA graphs (engine/cuda_graphs.py).
-    cuda_graphs: bool = True
-    enable_prefix_caching: bool = True
-    state_snapshot_interval: int = 8
-    num_state_snapshots: int = 0  # snapshot slots for recurrent state (0: a share of the budget)
-    speculative: SpeculativeConfig | None = None  # speculative decoding (None: off)
-
-    @property
-    def num_speculative_tokens(self) -> int:
-        """Drafted tokens a sequence may carry in one step (0: speculation off)."""
-        return self.speculative.num_speculative_tokens if self.speculative is not None else 0
+# The engine's settings live in engine_config.py (flags generated from their fields); re-exported here.
+from blazr.engine_config import EngineConfig as EngineConfig  # noqa: E402
+from blazr.engine_config import SpeculativeConfig as SpeculativeConfig  # noqa: E402
+from blazr.engine_config import SpeculativeMethod as SpeculativeMethod  # noqa: E402

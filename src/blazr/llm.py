@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from blazr.config import DTYPES, EngineConfig, SpeculativeConfig, dtype_name
+from blazr import config_flags
+from blazr.config import DTYPES, EngineConfig, dtype_name
 from blazr.detect import Checkpoint, inspect_checkpoint, resolve_model_path
 from blazr.engine.draft_model import DraftModelSource
 from blazr.engine.engine import LLMEngine, SeqOutput
@@ -29,6 +30,7 @@ from blazr.engine.runner import ModelRunner
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.sequence import TokenLogprob
 from blazr.errors import BlazrError
+from blazr.load_config import LoadConfig
 from blazr.loading.loader import load_model
 from blazr.tokenizer import Tokenizer, load_tokenizer
 
@@ -109,42 +111,52 @@ def pick_kv_dtype(name: str, model: torch.nn.Module, dtype: torch.dtype, device:
     return torch.float16 if device.type == "cpu" and narrow else dtype
 
 
-def _speculative(spec: SpeculativeConfig | str | None, num_tokens: int) -> SpeculativeConfig | None:
-    """The speculative-decoding config of LLM(speculative=…): a method name stands for its defaults."""
-    if spec is None or isinstance(spec, SpeculativeConfig):
-        return spec
-    if spec != "ngram":
-        raise BlazrError(f"speculative {spec!r}: expected 'ngram' or a SpeculativeConfig (a draft model's)")
-    return SpeculativeConfig(method=spec, num_speculative_tokens=num_tokens)
+@dataclass(frozen=True)
+class _Options:
+    """The tree `LLM(...)` keyword arguments are routed into, by name (config_flags.build)."""
+
+    load: LoadConfig = field(default_factory=LoadConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+def llm_configs(
+    model: str | os.PathLike[str] | None,
+    load_config: LoadConfig | None,
+    engine_config: EngineConfig | None,
+    options: dict[str, Any],
+) -> tuple[LoadConfig, EngineConfig]:
+    """`LLM`'s arguments → (LoadConfig, EngineConfig): each keyword names a field of either (or its flag's
+    spelling: `cache_memory`, `prefix_cache`), overriding `load_config` / `engine_config` (else the
+    defaults); `speculative` may be a method name or a SpeculativeConfig. Unknown keyword → TypeError
+    naming it; a refused value → BlazrError."""
+    values = dict(options)
+    if model is not None:
+        values["model"] = str(model)
+    base = _Options(load_config or LoadConfig(), engine_config or EngineConfig())
+    try:
+        tree = config_flags.build(_Options, values, base=base)
+    except TypeError as e:
+        raise TypeError(f"LLM() got {e}") from None
+    except ValueError as e:
+        raise BlazrError(str(e)) from None
+    return tree.load, tree.engine
 
 
 class LLM:
-    """A loaded model with its tokenizer and engine. `cache_memory`: GiB the KV / state pools may take
-    (default: a share of the memory available after loading, state/budget.py); `enable_prefix_caching`:
-    reuse the cache of earlier prompts' common prefixes (on by default). An `engine_config` replaces
-    every engine limit given here."""
+    """A loaded model with its tokenizer and engine, configured by a `LoadConfig` (what to load and how)
+    and an `EngineConfig` (limits, cache, fast paths, speculative decoding) — the trees `blazr serve`'s
+    flags build. Keyword arguments set single fields of either by name (`LLM(path, max_num_seqs=4,
+    cache_memory=2, enable_prefix_caching=False, cpu=True)`), over `load_config` / `engine_config` when
+    given; each default lives in its dataclass."""
 
     def __init__(
         self,
         model: str | os.PathLike[str] | None = None,
         *,
-        vocab: str | None = None,
-        cpu: bool = False,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        quantize: str = "auto",
-        kv_cache_dtype: str = "auto",
-        max_num_seqs: int = 16,
-        max_num_batched_tokens: int = 512,
-        cache_memory: float | None = None,
-        max_waiting: int = 256,
-        chat_template: str | os.PathLike[str] | None = None,
-        enable_prefix_caching: bool = True,
+        load_config: LoadConfig | None = None,
         engine_config: EngineConfig | None = None,
         show_progress: bool = False,
-        tensor_parallel_size: int = 1,
-        speculative: SpeculativeConfig | str | None = None,
-        num_speculative_tokens: int = 4,
+        **options: Any,
     ) -> None:
         """`tensor_parallel_size` N > 1: the model is split over N ranks (torch.distributed; gloo on the
         CPU): this process is rank 0 (scheduler, sampler, server) and starts ranks 1 … N-1 on this machine,
@@ -152,38 +164,33 @@ class LLM:
         (prompt lookup, `num_speculative_tokens` drafts a step) or a SpeculativeConfig
         (engine/speculative.py)."""
         t0 = time.perf_counter()
-        self.path = resolve_model_path(None if model is None else str(model))
-        self.checkpoint = inspect_checkpoint(self.path, vocab_name=vocab)
+        load, engine_cfg = llm_configs(model, load_config, engine_config, options)
+        self.load_config = load
+        self.path = resolve_model_path(load.model)
+        self.checkpoint = inspect_checkpoint(self.path, vocab_name=load.vocab)
         self.config = self.checkpoint.config
-        self.device = pick_device(cpu)
-        self.dtype = pick_dtype(dtype, self.device, self.checkpoint)
+        self.device = pick_device(load.cpu)
+        self.dtype = pick_dtype(load.dtype, self.device, self.checkpoint)
+        if load.num_threads is not None:
+            torch.set_num_threads(load.num_threads)
         self.tokenizer: Tokenizer = load_tokenizer(self.checkpoint.tokenizer)
-        if chat_template is not None:
+        if load.chat_template is not None:
             from blazr.chat_template import ChatTemplate
 
-            self.tokenizer.chat_template = ChatTemplate.from_file(Path(chat_template))
-        limit = max_model_len or min(self.config.max_position_embeddings, 4096)
-        self.engine_config = engine_config or EngineConfig(
-            max_num_seqs=max_num_seqs,
-            max_model_len=limit,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_waiting=max_waiting,
-            cache_memory_gib=cache_memory,
-            enable_prefix_caching=enable_prefix_caching,
-            speculative=_speculative(speculative, num_speculative_tokens),
-        )
+            self.tokenizer.chat_template = ChatTemplate.from_file(Path(load.chat_template))
+        self.engine_config = engine_cfg.resolved(self.config.max_position_embeddings)
         self._workers: list[subprocess.Popen[bytes]] = []  # tensor-parallel ranks this process started
-        self.tp = self._start_ranks(tensor_parallel_size, vocab, quantize)
+        self.tp = self._start_ranks(load)
         self.model = load_model(
             self.checkpoint,
             self.device,
             self.dtype,
             self.engine_config.max_model_len,
             show_progress,
-            quantize=quantize,
+            quantize=load.quantize,
             tp=self.tp,
         )
-        self.kv_dtype = pick_kv_dtype(kv_cache_dtype, self.model, self.dtype, self.device)
+        self.kv_dtype = pick_kv_dtype(load.kv_cache_dtype, self.model, self.dtype, self.device)
         if self.tp is not None:
             self.engine_config = share_cache_budget(self.engine_config, self.device, self.tp.world)
         self.runner = ModelRunner(
@@ -192,7 +199,7 @@ class LLM:
         if self.tp is not None:
             self.tp.broadcast_object((self.engine_config, self.runner.cache_plan, self.kv_dtype))
             atexit.register(self.close)  # the other ranks wait for rank 0's next step until told to stop
-        self.draft = self._load_draft(cpu, dtype, quantize, max_num_seqs)
+        self.draft = self._load_draft(load)
         source = DraftModelSource(self.draft.engine) if self.draft is not None else None
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config, source)
         # embeddings: the pooling the checkpoint declares, else the mean (engine/pooling.py)
@@ -209,15 +216,17 @@ class LLM:
             "on" if self.engine_config.enable_prefix_caching else "off",
         )
 
-    def _load_draft(self, cpu: bool, dtype: str, quantize: str, max_num_seqs: int) -> LLM | None:
-        """The draft model of `--speculative draft` (None for other methods): loaded like this one, with the
-        same limits and no speculation of its own; refused when its vocabulary is not this model's."""
+    def _load_draft(self, load: LoadConfig) -> LLM | None:
+        """The draft model of `--speculative draft` (None for other methods): loaded like this one (device,
+        dtypes, quantization), with the same limits and no speculation of its own, on one rank; refused when
+        its vocabulary is not this model's."""
         spec = self.engine_config.speculative
         if spec is None or spec.method != "draft":
             return None
         assert spec.draft_model is not None
         cfg = replace(self.engine_config, speculative=None, cache_memory_gib=None, num_kv_blocks=0)
-        draft = LLM(spec.draft_model, cpu=cpu, dtype=dtype, quantize=quantize, engine_config=cfg)
+        own = replace(load, model=spec.draft_model, vocab=None, chat_template=None, tensor_parallel_size=1)
+        draft = LLM(load_config=own, engine_config=cfg)
         probe = "The draft model's vocabulary: 12 345, naïve café — 東京 🙂 <|x|>"
         if draft.config.vocab_size > self.config.vocab_size or draft.encode(probe) != self.encode(probe):
             draft.close()
@@ -227,11 +236,10 @@ class LLM:
             )
         return draft
 
-    def _start_ranks(self, world: int, vocab: str | None, quantize: str) -> TPGroup | None:
+    def _start_ranks(self, load: LoadConfig) -> TPGroup | None:
         """With tensor parallelism: the other ranks started (or found, under torchrun), the group joined as
-        rank 0, and told what to load."""
-        if world < 1:
-            raise BlazrError(f"tensor_parallel_size must be ≥ 1, got {world}")
+        rank 0, and told what to load (this LoadConfig, its model resolved to a path)."""
+        world = load.tensor_parallel_size
         if world == 1:
             return None
         from blazr.distributed import worker
@@ -247,10 +255,13 @@ class LLM:
         else:
             self._workers = worker.spawn_workers(world)
         tp = init_group(world, self.device, rank=0)
-        max_len = self.engine_config.max_model_len
-        tp.broadcast_object(
-            worker.Setup(str(self.path), vocab, str(self.device), self.dtype, quantize, max_len)
+        setup = worker.Setup(
+            replace(load, model=str(self.path)),
+            str(self.device),
+            self.dtype,
+            self.engine_config.max_model_len,
         )
+        tp.broadcast_object(setup)
         return tp
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ with `torchrun --nnodes`), or spawns ranks 1 … N-1 itself on this machine (`sp
 blazr.distributed.worker` with the rendezvous in the environment).
 
 The protocol (`TPGroup.broadcast_object`, rank 0 → all):
-1. `Setup`: what to load (checkpoint path, vocab, device, dtypes, quantize mode) — ranks load their shards
+1. `Setup`: what to load (rank 0's LoadConfig, its device and dtype) — ranks load their shards
    at the same time;
 2. the engine config, the `CachePlan` rank 0 made and its KV dtype, so every rank's pools have the same
    blocks, state slots and element type;
@@ -42,6 +42,7 @@ import torch
 
 from blazr.distributed.group import TPGroup, destroy_group, init_group
 from blazr.kernels.build import usable_cores
+from blazr.load_config import LoadConfig
 
 if TYPE_CHECKING:
     from blazr.engine.runner import ModelRunner
@@ -53,13 +54,12 @@ PARENT_POLL_S = 1.0
 
 @dataclass(frozen=True)
 class Setup:
-    """What every rank loads (rank 0's choices)."""
+    """What every rank loads: rank 0's LoadConfig (its model resolved to a local path) and what rank 0
+    resolved from it (device, dtype) and from the engine config (the context limit)."""
 
-    path: str
-    vocab: str | None
+    load: LoadConfig
     device: str
     dtype: torch.dtype
-    quantize: str
     max_model_len: int
 
 
@@ -115,8 +115,10 @@ def run_worker(world: int | None = None) -> None:
     setup: Setup = tp.broadcast_object()
     device = torch.device(setup.device)
     tp = TPGroup(tp.rank, tp.world, device)
-    ckpt = inspect_checkpoint(Path(setup.path), vocab_name=setup.vocab)
-    model = load_model(ckpt, device, setup.dtype, setup.max_model_len, quantize=setup.quantize, tp=tp)
+    load = setup.load
+    assert load.model is not None
+    ckpt = inspect_checkpoint(Path(load.model), vocab_name=load.vocab)
+    model = load_model(ckpt, device, setup.dtype, setup.max_model_len, quantize=load.quantize, tp=tp)
     engine_cfg, plan, kv_dtype = tp.broadcast_object()
     runner = ModelRunner(model, engine_cfg, device, setup.dtype, kv_dtype, tp=tp, cache_plan=plan)
     log.info("tensor-parallel rank %d of %d ready", tp.rank, tp.world)

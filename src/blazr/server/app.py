@@ -64,29 +64,12 @@ Loader = Callable[[ServerConfig], LoadedModel]
 
 
 def load_model(cfg: ServerConfig) -> LoadedModel:
-    """The default loader: `blazr.LLM` with the server's limits."""
-    from blazr.config import speculative_from_flags
+    """The default loader: `blazr.LLM` with the server's load and engine configs."""
     from blazr.llm import LLM
 
-    llm = LLM(
-        cfg.model,
-        vocab=cfg.vocab,
-        cpu=cfg.cpu,
-        dtype=cfg.dtype,
-        quantize=cfg.quantize,
-        kv_cache_dtype=cfg.kv_cache_dtype,
-        max_model_len=cfg.max_model_len,
-        cache_memory=cfg.cache_memory,
-        max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_waiting=cfg.max_waiting,
-        chat_template=cfg.chat_template,
-        enable_prefix_caching=cfg.enable_prefix_caching,
-        tensor_parallel_size=cfg.tensor_parallel_size,
-        speculative=speculative_from_flags(cfg.speculative, cfg.num_speculative_tokens, cfg.draft_model),
-    )
+    llm = LLM(load_config=cfg.load, engine_config=cfg.engine)
     engine = llm.engine
-    names = list(cfg.served_model_names) or [cfg.model or llm.path.name.split(".")[0]]
+    names = list(cfg.served_model_names) or [cfg.load.model or llm.path.name.split(".")[0]]
     dtype, kv = dtype_name(llm.dtype), dtype_name(llm.kv_dtype)
     prefix = "on" if llm.engine_config.enable_prefix_caching else "off"
     desc = f"{llm.config.architecture}, {dtype}, kv cache {kv}, prefix cache {prefix}, {llm.device.type}"
@@ -102,8 +85,8 @@ def engine_threads(cfg: ServerConfig, is_cpu: bool) -> int | None:
     (so decode barriers never wait on a descheduled worker; vLLM's CPU backend reserves cores the same
     way). On 2 cores both go to the engine: measured there with the decode kernels, 2 threads beat 1 at
     concurrency 1 (62 vs 58 out tok/s) and 16 (114 vs 71)."""
-    if cfg.num_threads or not is_cpu:
-        return cfg.num_threads
+    if cfg.load.num_threads or not is_cpu:
+        return cfg.load.num_threads
     cores = usable_cores()
     return cores if cores <= 2 else cores - 1
 
@@ -166,7 +149,7 @@ def build_app(
 ) -> FastAPI:
     """The app with its state, routes, error handlers and middlewares; the lifespan loads the model.
     `on_engine_fatal` is called (engine thread) if the engine loop stops; `serve` exits on it."""
-    metrics = Metrics(config.max_model_len or 1 << 17)
+    metrics = Metrics(config.engine.max_model_len or 1 << 17)
     state = ServerState(config=config, metrics=metrics)
 
     @asynccontextmanager
@@ -219,8 +202,8 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     config = ServerConfig.from_args(args)
-    if config.chat_template is not None and not Path(config.chat_template).is_file():
-        raise BlazrError(f"--chat-template {config.chat_template}: no such file")
+    if config.load.chat_template is not None and not Path(config.load.chat_template).is_file():
+        raise BlazrError(f"--chat-template {config.load.chat_template}: no such file")
     fatal: list[Callable[[BaseException], None]] = []
     app = build_app(config, on_engine_fatal=lambda e: fatal[0](e))
     state: ServerState = app.state.blazr
@@ -247,7 +230,7 @@ def serve(args: argparse.Namespace) -> None:
     auth = "API key required on /v1/*" if config.api_key else "no API key"
     print(
         f"blazr serve: http://{config.host}:{config.port} ({auth}); loading "
-        f"{config.model or 'the embedded SmolLM2'} — GET /health answers 503 until ready",
+        f"{config.load.model or 'the embedded SmolLM2'} — GET /health answers 503 until ready",
         file=sys.stderr,
         flush=True,
     )

@@ -61,6 +61,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError
 from uvicorn.lifespan.on import LifespanOn
 
+from blazr import config_flags
 from blazr.errors import BlazrError
 from blazr.server.app import build_app
 from blazr.server.errors import APIError
@@ -351,7 +352,7 @@ def _scaling(config: ServerConfig) -> dict[str, Any]:
             "min_replicas": low,
             "max_replicas": high,
             "initial_replicas": initial,
-            "target_ongoing_requests": config.max_num_seqs,
+            "target_ongoing_requests": config.engine.max_num_seqs,
         }
     }
 
@@ -369,14 +370,16 @@ def build_ray_app(
     """The Serve application: `BlazrIngress` → `BlazrReplica` × (num_replicas | autoscaling).
     `imbalance_threshold`: how many more ongoing requests than the least-loaded replica the affinity
     replica may have before the next one is tried (default max_num_seqs // 2)."""
-    on_gpu = not config.cpu and _cluster_has_gpu()
-    cpus = config.num_threads or 1
-    replica_config = config if on_gpu else dataclasses.replace(config, num_threads=cpus)
-    threshold = imbalance_threshold if imbalance_threshold is not None else max(1, config.max_num_seqs // 2)
+    on_gpu = not config.load.cpu and _cluster_has_gpu()
+    cpus = config.load.num_threads or 1
+    load = dataclasses.replace(config.load, num_threads=cpus)
+    replica_config = config if on_gpu else dataclasses.replace(config, load=load)
+    engine = config.engine
+    threshold = imbalance_threshold if imbalance_threshold is not None else max(1, engine.max_num_seqs // 2)
     replica = BlazrReplica.options(
         ray_actor_options={"num_cpus": 1 if on_gpu else cpus, "num_gpus": 1 if on_gpu else 0},
-        max_ongoing_requests=config.max_num_seqs + config.max_waiting,
-        max_queued_requests=config.max_waiting,
+        max_ongoing_requests=engine.max_num_seqs + engine.max_waiting,
+        max_queued_requests=engine.max_waiting,
         graceful_shutdown_timeout_s=config.shutdown_timeout,
         health_check_period_s=5,
         request_router_config=RequestRouterConfig(
@@ -391,36 +394,23 @@ def build_ray_app(
     return ingress.bind(replica, config, prefix_chars)
 
 
-def _coerce(value: str, annotation: Any) -> Any:
-    """A `key=value` string from `serve run` as the ServerConfig field's type."""
-    if typing.get_origin(annotation) is tuple:
-        return tuple(v for v in value.split(",") if v)
-    kinds = typing.get_args(annotation) or (annotation,)
-    if type(None) in kinds and value.lower() in ("", "none", "null"):
-        return None
-    if bool in kinds:
-        return value.lower() in ("1", "true", "yes", "on")
-    if int in kinds:
-        return int(value)
-    if float in kinds:
-        return float(value)
-    return value
-
-
 def config_from_options(args: dict[str, str]) -> tuple[ServerConfig, dict[str, int]]:
-    """`serve run` key=value options → (ServerConfig, build_ray_app's keyword arguments). The keys are
-    ServerConfig's fields (`blazr serve`'s flags with underscores: model, num_replicas, api_key, cpu=true,
-    served_model_names=a,b …) plus prefix_chars and imbalance_threshold; BLAZR_API_KEY is read when
-    api_key is not given."""
+    """`serve run` key=value options → (ServerConfig, build_ray_app's keyword arguments). The keys are the
+    config tree's field names (config_flags.py: `blazr serve`'s flags with underscores — model,
+    num_replicas, api_key, cpu=true, max_num_seqs, block_size, served_model_names=a,b …) plus prefix_chars
+    and imbalance_threshold; each value is read as its field's type. BLAZR_API_KEY is read when api_key is
+    not given."""
     args = dict(args)
     extra = {k: int(args.pop(k)) for k in ("prefix_chars", "imbalance_threshold") if k in args}
-    hints = typing.get_type_hints(ServerConfig)
-    unknown = sorted(set(args) - set(hints))
+    by_key = {k: leaf for leaf in config_flags.leaves(ServerConfig) for k in leaf.keys}
+    unknown = sorted(set(args) - set(by_key))
     if unknown:
-        raise BlazrError(f"unknown blazr option(s) {', '.join(unknown)}; known: {', '.join(sorted(hints))}")
-    values = {k: _coerce(str(v), hints[k]) for k, v in args.items()}
-    values.setdefault("api_key", os.environ.get("BLAZR_API_KEY") or None)
-    return ServerConfig(**values), extra
+        raise BlazrError(f"unknown blazr option(s) {', '.join(unknown)}; known: {', '.join(sorted(by_key))}")
+    try:
+        values = {k: by_key[k].coerce(str(v)) for k, v in args.items()}
+        return config_flags.build(ServerConfig, values), extra
+    except (TypeError, ValueError) as e:
+        raise BlazrError(f"blazr option(s): {e}") from None
 
 
 def app_builder(args: dict[str, str]) -> serve.Application:
@@ -436,8 +426,8 @@ def app_builder(args: dict[str, str]) -> serve.Application:
 def serve_ray(config: ServerConfig) -> None:
     """`blazr serve --ray`: deploy on local Ray (or the cluster in RAY_ADDRESS), serve until SIGINT /
     SIGTERM, then shut Serve down (requests in flight get --shutdown-timeout to finish) and leave Ray."""
-    if config.chat_template is not None and not Path(config.chat_template).is_file():
-        raise BlazrError(f"--chat-template {config.chat_template}: no such file")
+    if config.load.chat_template is not None and not Path(config.load.chat_template).is_file():
+        raise BlazrError(f"--chat-template {config.load.chat_template}: no such file")
     scaling = _scaling(config)  # checks the bounds before anything starts
     count = scaling.get("num_replicas") or "{min_replicas}…{max_replicas}".format(
         **scaling["autoscaling_config"]
@@ -449,7 +439,7 @@ def serve_ray(config: ServerConfig) -> None:
     try:
         print(
             f"blazr serve --ray: Ray at {ray.get_runtime_context().gcs_address}; deploying {count} "
-            f"replica(s) of {config.model or 'the embedded SmolLM2'}",
+            f"replica(s) of {config.load.model or 'the embedded SmolLM2'}",
             file=sys.stderr,
             flush=True,
         )

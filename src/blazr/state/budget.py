@@ -143,6 +143,7 @@ def plan_cache(
 ) -> CachePlan:
     """Fit the pools of `layout` (the model's, model/mixers.py `cache_layout`) into the budget (see the
     module docstring); `engine.num_kv_blocks` forces the block count (a cap, for sliding groups)."""
+    assert engine.max_model_len is not None, "EngineConfig.resolved(model limit) comes first"
     per_group = layout.group_bytes_per_token(dtype, kv_dtype)
     per_token = sum(per_group)
     bs = engine.block_size
