@@ -14,7 +14,7 @@ const els = {
   send: $("#send"), stop: $("#stop"), regenerate: $("#regenerate"), model: $("#model"),
   system: $("#system-prompt"), temperature: $("#temperature"), topP: $("#top-p"),
   maxTokens: $("#max-tokens"), conversations: $("#conversations"), newChat: $("#new-chat"),
-  title: $("#title"), status: $("#status"), toggle: $("#toggle-sidebar"), setKey: $("#set-key"),
+  title: $("#title"), status: $("#status"), toggle: $("#toggle-sidebar"), close: $("#close-sidebar"), setKey: $("#set-key"),
   keyDialog: $("#key-dialog"), keyForm: $("#key-form"), keyInput: $("#api-key"), keyError: $("#key-error"),
 };
 
@@ -390,10 +390,12 @@ function wire() {
     const open = els.app.classList.toggle("sidebar-open");
     els.toggle.setAttribute("aria-expanded", String(open));
   });
-  els.messages.addEventListener("click", () => {
-    els.app.classList.remove("sidebar-open"); // a tap on the chat closes the phone-sized sidebar
+  const closeSidebar = () => {
+    els.app.classList.remove("sidebar-open");
     els.toggle.setAttribute("aria-expanded", "false");
-  });
+  };
+  els.close.addEventListener("click", closeSidebar);
+  els.messages.addEventListener("click", closeSidebar); // a tap on the chat closes the phone-sized sidebar
   els.messages.addEventListener("click", (e) => {
     const button = e.target.closest(".copy-code");
     if (button) copyCode(button);
