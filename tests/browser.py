@@ -81,7 +81,7 @@ class ChatPage:
         self.url = url
         driver.get(url + "/")
         if key:
-            driver.execute_script("localStorage.setItem('blazr.chat.apiKey', JSON.stringify(arguments[0]))", key)
+            self.store("blazr.chat.apiKey", key)
             driver.refresh()
 
     # ------------------------------------------------------------------------------------------ waits
@@ -107,6 +107,11 @@ class ChatPage:
 
     def answers(self) -> list[WebElement]:
         return self.driver.find_elements(By.CSS_SELECTOR, "#messages article.assistant")
+
+    def answer_text(self) -> str:
+        """The rendered text of the last answer ("" if none)."""
+        answers = self.answers()
+        return answers[-1].find_element(By.CSS_SELECTOR, ".content").text if answers else ""
 
     def messages(self) -> list[WebElement]:
         return self.driver.find_elements(By.CSS_SELECTOR, "#messages article.msg")

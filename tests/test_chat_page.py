@@ -121,11 +121,12 @@ def test_type_send_stream_stats_and_regenerate(page, server, tmp_path):
     assert answer.get_attribute("data-state") == "done"
     text = answer.find_element(By.CSS_SELECTOR, ".content").text
     assert len(text) > 20
-    # the text grew over several renders while the answer was still streaming
+    # the text grew over several renders while the answer was still streaming (not always by each: an
+    # opening ``` or ** turns into markup and leaves the rendered text)
     samples = page.js("return window.__samples")
     streaming = [n for state, n in samples if state == "streaming" and n > 0]
     assert len(set(streaming)) >= 3, samples
-    assert streaming == sorted(streaming)
+    assert streaming[-1] > streaming[0], samples
     assert answer.find_element(By.CSS_SELECTOR, ".model-name").text == "alpha"
     stats = page.stats(answer)
     ttft, tok_s = float(stats["ttftMs"]), float(stats["tokPerS"])
@@ -152,8 +153,7 @@ def test_type_send_stream_stats_and_regenerate(page, server, tmp_path):
 def test_stop_mid_stream_ends_the_answer_and_the_server_request(page, server):
     page.set_field("max-tokens", "1500")
     page.send("Tell me a very long story about a dragon, a knight and a wizard, with many chapters.")
-    page.wait(lambda d: page.answers() and len(page.answers()[-1].find_element(By.CSS_SELECTOR, ".content").text) > 10,
-              120, "no text streamed")  # fmt: skip
+    page.wait(lambda d: len(page.answer_text()) > 10, 120, "no text streamed")
     assert page.answers()[-1].get_attribute("data-state") == "streaming"
     assert page.el("#stop").is_displayed() and not page.el("#send").is_displayed()
     page.el("#stop").click()
@@ -162,10 +162,10 @@ def test_stop_mid_stream_ends_the_answer_and_the_server_request(page, server):
     assert answer.find_element(By.CSS_SELECTOR, ".note").text == "Stopped."
     assert page.el("#send").is_displayed() and not page.el("#stop").is_displayed()
     assert int(page.stats(answer)["numTokens"]) < 1500
-    length = len(answer.find_element(By.CSS_SELECTOR, ".content").text)
+    length = len(page.answer_text())
     # the server dropped the request when the browser closed the stream
     server.wait_metric("blazr:num_requests_running", lambda v: v == 0, timeout=60)
-    assert len(page.answers()[-1].find_element(By.CSS_SELECTOR, ".content").text) == length
+    assert len(page.answer_text()) == length
 
 
 def test_switching_model_names_it_in_the_next_request(page, driver, server):
@@ -275,11 +275,13 @@ def test_a_phone_sized_screen_has_no_sideways_scrolling(server, tmp_path):
             assert rect["left"] >= 0 and rect["right"] <= 375, (css, rect)
         assert not page.el("#model").is_displayed()  # the sidebar is folded away
         page.el("#toggle-sidebar").click()
-        page.wait(lambda d: page.el("#model").is_displayed())
+        slid_in = "return document.querySelector('#sidebar').getBoundingClientRect().left === 0"
+        page.wait(lambda d: page.el("#model").is_displayed() and page.js(slid_in))
         assert no_overflow()
         page.screenshot(tmp_path / "chat-page-phone.png")
         page.el("#close-sidebar").click()
         page.wait(lambda d: not page.el("#model").is_displayed())
+        page.screenshot(tmp_path / "chat-page-phone-chat.png")
     finally:
         driver.quit()
 
@@ -298,7 +300,8 @@ const chunks = [
   {choices: [], usage: {prompt_tokens: 12, completion_tokens: 9, total_tokens: 21,
     prompt_tokens_details: {cached_tokens: 8}}},
 ];
-const text = chunks.map((c) => `data: ${JSON.stringify({model: 'alpha', ...c})}\n\n`).join('') + 'data: [DONE]\n\n';
+const text = chunks.map((c) => `data: ${JSON.stringify({model: 'alpha', ...c})}\n\n`).join('')
+  + 'data: [DONE]\n\n';
 const realFetch = window.fetch;
 window.fetch = (url, init) => String(url).includes('/v1/chat/completions')
   ? Promise.resolve(new Response(text, {headers: {'content-type': 'text/event-stream'}}))
@@ -321,18 +324,24 @@ def test_reasoning_is_folded_and_tool_calls_are_shown(page):
 
 
 def test_markdown_renders_code_blocks_and_never_model_html(page):
-    render = "const d = document.createElement('div'); d.innerHTML = window.blazrChat.renderMarkdown(arguments[0]);"
-    code = page.js(render + "return [d.querySelectorAll('pre > code').length, d.querySelector('pre > code').className,"
-                   " d.querySelector('pre > code').textContent, !!d.querySelector('.copy-code')]",
-                   "Before\n\n```python\nprint('<b>hi</b>')\nx = a * b\n```\nafter")  # fmt: skip
+    render = "const d = document.createElement('div');"
+    render += "d.innerHTML = window.blazrChat.renderMarkdown(arguments[0]);"
+    source = "Before\n\n```python\nprint('<b>hi</b>')\nx = a * b\n```\nafter"
+    code = page.js(
+        render + "const c = d.querySelector('pre > code');"
+        "return [d.querySelectorAll('pre > code').length, c.className, c.textContent,"
+        " !!d.querySelector('.copy-code')]",
+        source,
+    )
     assert code == [1, "language-python", "print('<b>hi</b>')\nx = a * b", True]
-    hostile = '<script>window.__xss = 1</script> <img src=x onerror="window.__xss = 1"> [a](javascript:alert(1))'
+    hostile = '<script>window.__xss = 1</script> <img src=x onerror="window.__xss = 1"> [a](javascript:x)'
     shown = page.js(render + "document.body.append(d);"
                     "return [d.querySelectorAll('script, img, b').length, d.querySelectorAll('a').length,"
                     " d.textContent]", hostile)  # fmt: skip
     assert shown[:2] == [0, 0]
     assert "<script>window.__xss = 1</script>" in shown[2] and 'onerror="window.__xss = 1"' in shown[2]
-    marks = page.js(render + "return d.innerHTML", "# Head\n\n**bold** *it* `co<de>`\n\n- one\n- two\n\n1. a\n2. b")
+    source = "# Head\n\n**bold** *it* `co<de>`\n\n- one\n- two\n\n1. a\n2. b"
+    marks = page.js(render + "return d.innerHTML", source)
     for tag in ("<h1>Head</h1>", "<strong>bold</strong>", "<em>it</em>", "<code>co&lt;de&gt;</code>",
                 "<ul><li>one</li><li>two</li></ul>", "<ol><li>a</li><li>b</li></ol>"):  # fmt: skip
         assert tag in marks
