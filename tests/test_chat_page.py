@@ -138,7 +138,6 @@ def test_type_send_stream_stats_and_regenerate(page, server, tmp_path):
     print(f"\nchat page: browser-side TTFT {ttft:.0f} ms, {tok_s:.1f} tok/s, {stats['numTokens']} tokens")
     title = page.conversations()[0].find_element(By.CSS_SELECTOR, ".conv-open").text
     assert title.startswith("Write a Python function")
-    _screenshot(page, tmp_path, "chat-page.png")
 
     # Regenerate: the same prompt again, so the prefix cache serves most of it; still one answer
     page.el("#regenerate").click()
@@ -148,6 +147,7 @@ def test_type_send_stream_stats_and_regenerate(page, server, tmp_path):
     regen = page.stats(again)
     assert regen["promptTokens"] == stats["promptTokens"]
     assert int(regen["cachedTokens"]) > 0
+    _screenshot(page, tmp_path, "chat-page.png")
 
 
 def test_stop_mid_stream_ends_the_answer_and_the_server_request(page, server):
