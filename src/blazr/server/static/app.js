@@ -31,9 +31,11 @@ window.blazrChat = { renderMarkdown, get lastStats() { return state.lastStats; }
 
 // ------------------------------------------------------------------------------------------ API key
 
-// Open the key dialog; resolves once a key is saved, rejects if the dialog is dismissed.
+// Open the key dialog; resolves once a key is saved, rejects if the dialog is dismissed. Calls made while
+// it is open (the model list and a message both refused) share the one dialog.
+let pendingKey = null;
 function askKey(reason) {
-  return new Promise((resolve, reject) => {
+  pendingKey ||= new Promise((resolve, reject) => {
     els.keyError.hidden = !reason;
     els.keyError.textContent = reason || "";
     els.keyInput.value = state.key || "";
@@ -51,7 +53,10 @@ function askKey(reason) {
     els.keyDialog.addEventListener("close", onClose);
     els.keyDialog.showModal();
     els.keyInput.focus();
+  }).finally(() => {
+    pendingKey = null;
   });
+  return pendingKey;
 }
 
 // Run `call` (which reads state.key); on a 401 ask for the key and try again.
