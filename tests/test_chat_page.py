@@ -5,8 +5,9 @@ headless Chromium against `blazr serve` (the bundled SmolLM2, served as `alpha` 
 key): type, send, watch the stream grow, time to first token / tok/s / prompt and cached tokens,
 regenerate, stop mid-stream (the server's request ends too), switch model (the next request names it),
 edit and resend, conversations kept across reloads, the key prompt, a phone-sized screen without
-sideways scrolling, reasoning and tool calls shown, and the markdown renderer (code blocks, no HTML from
-model text). Screenshots go to pytest's tmp dir; BLAZR_CHAT_SCREENSHOT=PATH also writes the README's.
+sideways scrolling (and a code block's copy button), reasoning and tool calls shown, and the markdown
+renderer (code blocks, no HTML from model text). Screenshots go to pytest's tmp dir;
+BLAZR_CHAT_SCREENSHOT=PATH also writes the README's (docs/chat-page.png).
 """
 
 from __future__ import annotations
@@ -282,6 +283,15 @@ def test_a_phone_sized_screen_has_no_sideways_scrolling(server, tmp_path):
         page.el("#close-sidebar").click()
         page.wait(lambda d: not page.el("#model").is_displayed())
         page.screenshot(tmp_path / "chat-page-phone-chat.png")
+        # the code block's copy button puts the code on the clipboard
+        driver.execute_cdp_cmd(
+            "Browser.grantPermissions",
+            {"origin": server.url, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]},
+        )
+        page.el(".copy-code").click()
+        page.wait(lambda d: page.el(".copy-code").text == "Copied")
+        copied = driver.execute_async_script("navigator.clipboard.readText().then(arguments[0])")
+        assert copied == long_line
     finally:
         driver.quit()
 
