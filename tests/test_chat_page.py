@@ -356,3 +356,19 @@ def test_markdown_renders_code_blocks_and_never_model_html(page):
                 "<ul><li>one</li><li>two</li></ul>", "<ol><li>a</li><li>b</li></ol>"):  # fmt: skip
         assert tag in marks
     assert page.js("return window.__xss === undefined")
+
+
+def test_a_refused_request_shows_the_servers_error(page):
+    page.set_field("max-tokens", "100000")  # more than --max-model-len 2048
+    page.send("Hello?")
+    answer = page.wait_answer(60)
+    assert answer.get_attribute("data-state") == "error"
+    note = answer.find_element(By.CSS_SELECTOR, ".note").text
+    assert note.startswith("Error: ") and "2048" in note, note
+    assert page.el("#send").is_displayed()
+    # the failed answer is not sent back as history: Regenerate retries the user's message
+    page.set_field("max-tokens", "16")
+    page.js(FETCH_SPY)
+    page.el("#regenerate").click()
+    assert page.wait_answer().get_attribute("data-state") == "done"
+    assert [m["role"] for m in page.chat_bodies()[0]["messages"]] == ["user"]

@@ -388,6 +388,9 @@ function wire() {
     }
   });
   els.stop.addEventListener("click", () => state.controller?.abort());
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && state.controller && !els.keyDialog.open) state.controller.abort();
+  });
   els.regenerate.addEventListener("click", regenerate);
   els.newChat.addEventListener("click", () => openConversation(store.newConversation()));
   els.setKey.addEventListener("click", () => askKey(null).then(loadModels, () => {}));
