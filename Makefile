@@ -40,8 +40,12 @@ define UNPACK_SDIST
 	tar -xzf $(SDIST_DIR)/llama_cpp_python-*.tar.gz -C $(SDIST_DIR)
 endef
 
-# Test set-up: the references (transformers, llama-cpp-python, the openai client), ruff, and the sdist.
+# Test set-up: the references (transformers, llama-cpp-python, the openai client), ruff, selenium with
+# Debian's chromium (installed when missing), and the sdist.
 $(TEST_STAMP): $(STAMP)
+	# the chat page's browser tests (tests/test_chat_page.py): Debian's chromium and its driver
+	if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; fi
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[test]"
 	$(UNPACK_SDIST)
 	touch $(TEST_STAMP)

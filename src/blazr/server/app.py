@@ -3,7 +3,8 @@
 Startup: uvicorn binds at once and the lifespan starts a loader thread, so `/health` answers 503 while the
 model loads and 200 once the engine thread runs; a model that fails to load stops the server (exit 1,
 one-line error). SIGTERM / SIGINT drain (lifecycle.py); an engine that dies ends the process with status 1.
-Routes: OpenAI's (routes.py), Anthropic's (routes_anthropic.py), Ollama's (routes_ollama.py).
+Routes: OpenAI's (routes.py), Anthropic's (routes_anthropic.py), Ollama's (routes_ollama.py); the chat
+page at / (chat_page.py).
 Middlewares (middleware.py), outermost first: request id + in-flight count, API key (/v1/*, /api/* and the
 docs; /health, /metrics and /version stay open so probes and scrapers need no secret), body-size limit.
 """
@@ -30,6 +31,7 @@ from blazr.engine.engine import LLMEngine
 from blazr.engine.pooling import Pooling
 from blazr.errors import BlazrError
 from blazr.kernels.build import usable_cores
+from blazr.server.chat_page import install_chat_page
 from blazr.server.errors import install_error_handlers
 from blazr.server.lifecycle import BlazrServer
 from blazr.server.metrics import Metrics
@@ -169,6 +171,7 @@ def build_app(
     app.include_router(router)
     app.include_router(anthropic_router)
     app.include_router(ollama_router)
+    install_chat_page(app)  # the browser chat page at / (public; it asks for the key on a 401)
     install_error_handlers(app, metrics.on_error)
     install_openapi(app, has_api_key=bool(config.api_key))
     # add_middleware wraps: the last added is the outermost
