@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from blazr import progress
 from blazr.errors import BlazrError
 
 
@@ -72,7 +73,7 @@ def _llm(args: argparse.Namespace):
 
     load = config_flags.from_args(LoadConfig, args)
     engine = config_flags.from_args(EngineConfig, args)
-    return LLM(load_config=load, engine_config=engine, show_progress=sys.stderr.isatty())
+    return LLM(load_config=load, engine_config=engine)
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -274,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = str(getattr(args, "log_level", None) or os.environ.get("BLAZR_LOG", "warning")).upper()
+    words = sys.argv[1:] if argv is None else list(argv)
+    explicit = "BLAZR_LOG" in os.environ or any(w.split("=")[0] == "--log-level" for w in words)
+    progress.configure(level, explicit)  # bars on a terminal unless quiet was asked (blazr/progress.py)
     logging.basicConfig(
         level=getattr(logging, level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
     )

@@ -155,14 +155,15 @@ class LLM:
         *,
         load_config: LoadConfig | None = None,
         engine_config: EngineConfig | None = None,
-        show_progress: bool = False,
+        show_progress: bool | None = None,
         **options: Any,
     ) -> None:
         """`tensor_parallel_size` N > 1: the model is split over N ranks (torch.distributed; gloo on the
         CPU): this process is rank 0 (scheduler, sampler, server) and starts ranks 1 … N-1 on this machine,
         unless torchrun launched it (distributed/worker.py). `speculative`: speculative decoding — "ngram"
         (prompt lookup, `num_speculative_tokens` drafts a step) or a SpeculativeConfig
-        (engine/speculative.py)."""
+        (engine/speculative.py). `show_progress`: a bar while the model loads (None: blazr/progress.py's
+        policy — on a terminal, unless the command line asked for quiet)."""
         t0 = time.perf_counter()
         load, engine_cfg = llm_configs(model, load_config, engine_config, options)
         self.load_config = load

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blazr import progress
+
 CSRC = Path(__file__).parent / "csrc"
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
 # Always added: position-independent, C dialect, only BLZ_EXPORT symbols visible, no implicit FMA
@@ -194,13 +196,15 @@ def build(flags: tuple[str, ...] = DEFAULT_FLAGS, out_dir: Path | None = None, f
             cmd = [cc, *_BASE_FLAGS, *flags, "-c", str(src), "-o", str(obj)]
             procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
             objs.append(str(obj))
-        for cmd, proc in procs:
-            out = proc.communicate()[0].decode(errors="replace")
-            if proc.returncode != 0:
-                raise BuildError(f"kernel compile failed: {' '.join(cmd)}\n{out}")
-        tmp_so = Path(tmp) / path.name
-        cmd = [cc, "-shared", *flags, *objs, "-o", str(tmp_so), "-lm"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        with progress.bar(len(procs) + 1, f"compiling blazr kernels ({path.stem})", "file") as bar:
+            for cmd, proc in procs:
+                out = proc.communicate()[0].decode(errors="replace")
+                if proc.returncode != 0:
+                    raise BuildError(f"kernel compile failed: {' '.join(cmd)}\n{out}")
+                bar.update(1)
+            tmp_so = Path(tmp) / path.name
+            cmd = [cc, "-shared", *flags, *objs, "-o", str(tmp_so), "-lm"]
+            res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise BuildError(f"kernel link failed: {' '.join(cmd)}\n{res.stdout}{res.stderr}")
         os.replace(tmp_so, path)  # atomic: readers see the old file or the complete new one

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from tqdm import tqdm
 
-from blazr import kernels
+from blazr import kernels, progress
 from blazr.config import AttentionConfig
 from blazr.detect import Checkpoint
 from blazr.distributed.shard import shard_config, slice_tensor
@@ -100,14 +98,14 @@ def load_model(
     device: torch.device,
     dtype: torch.dtype,
     max_len: int | None = None,
-    show_progress: bool = False,
+    show_progress: bool | None = None,
     quantize: str = "auto",
     tp: TPGroup | None = None,
 ) -> CausalLM:
     """Load `ckpt` for `device` / `dtype`. `quantize` ("auto" | "none" | "int8" | "int4" | "bf16", see
     loading/quantize.py) applies on the CPU with float32 activations; elsewhere "auto" means "none".
-    `show_progress`: a progress bar on stderr for loads that take more than a second. `tp`: load this
-    rank's tensor-parallel shard (`load_shard`)."""
+    `show_progress`: a progress bar on stderr (None: blazr.progress's policy — a terminal, no quiet asked).
+    `tp`: load this rank's tensor-parallel shard (`load_shard`)."""
     if tp is not None and tp.world > 1:
         return load_shard(ckpt, device, dtype, max_len, quantize, tp)
     check_mode(quantize, device, dtype)
@@ -118,8 +116,7 @@ def load_model(
     names = name_map_for(ckpt.format, ckpt.config, source.names)
     on_kernels = device.type == "cpu" and dtype == torch.float32 and kernels.available()
     num_params = len(list(model.parameters()))
-    bar = tqdm(total=num_params, desc="loading", unit="tensor", file=sys.stderr, delay=1.0, leave=False,
-               disable=not show_progress)  # fmt: skip
+    bar = progress.bar(num_params, f"loading {ckpt.name}", "tensor", show=show_progress)
     cache = QuantCache.open(ckpt.weight_files, quantize) if on_kernels and quantize in ISQ_MODES else None
     with bar:
         loader = WeightLoader(ckpt.config, source, names, dtype, device, bar, cache)

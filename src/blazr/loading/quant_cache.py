@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from blazr import __version__
+from blazr import __version__, progress
 from blazr.kernels import build
 from blazr.kernels.quant import QuantizedWeight
 
@@ -266,12 +266,15 @@ def _write(path: Path, key: str, items: list[tuple[str, QuantizedWeight]]) -> No
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_native_id()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        total = sum(qw.data.numel() * qw.data.element_size() for _, qw in items)
+        bar = progress.bar(total, "writing the quantization cache", "B")
         try:
             at, entries = ALIGN, {}
             for name, qw in items:
                 data = qw.data.contiguous()
                 raw = data.view(-1).view(torch.uint8)
                 _pwrite_all(fd, memoryview(raw.numpy()), at)
+                bar.update(raw.numel())
                 entries[name] = {
                     "kind": qw.kind,
                     "out_features": qw.out_features,
@@ -287,6 +290,7 @@ def _write(path: Path, key: str, items: list[tuple[str, QuantizedWeight]]) -> No
             _pwrite_all(fd, memoryview(_HEADER.pack(MAGIC, at, len(index))), 0)
             os.fdatasync(fd)
         finally:
+            bar.close()
             os.close(fd)
         os.replace(tmp, path)
     except OSError as e:
