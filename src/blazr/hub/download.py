@@ -22,15 +22,16 @@ import fcntl
 import os
 import sys
 from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import quote
 
 import httpx
-from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+from huggingface_hub import constants, get_hf_file_metadata
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import build_hf_headers
 
 from blazr.errors import CheckpointError
 
-_CHUNK = 1 << 20
 _RETRIES = 5  # immediate resumes of one transfer, each after an attempt that made progress
 
 try:  # huggingface_hub 2.x speaks httpx2; 0.x speaks requests (whose errors are OSErrors)
@@ -52,7 +53,7 @@ def download_file(repo_id: str, filename: str, commit: str, *, progress: bool) -
     pointer = storage / "snapshots" / commit / filename
     if pointer.exists():
         return pointer
-    url = hf_hub_url(repo_id, filename, revision=commit)
+    url = f"{constants.ENDPOINT}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(filename)}"
     meta = get_hf_file_metadata(url)
     if not meta.etag:
         raise CheckpointError(f"{repo_id}/{filename}: the hub answered without an ETag ({url})")
@@ -92,7 +93,7 @@ def _fetch(url: str, blob: Path, size: int | None, what: str, progress: bool) ->
                     break
                 start = have
                 try:
-                    have = _get(url, f, have, bar)
+                    have = _get(url, f, have, bar, what)
                 except NETWORK_ERRORS as e:
                     have = f.tell()
                     if have > start and attempt < _RETRIES:
@@ -110,7 +111,7 @@ def _fetch(url: str, blob: Path, size: int | None, what: str, progress: bool) ->
     os.replace(partial, blob)
 
 
-def _get(url: str, f, have: int, bar) -> int:
+def _get(url: str, f: BinaryIO, have: int, bar: Any, what: str) -> int:
     """One GET from byte `have` appended to `f` (restarted when the server ignores the Range): bytes held."""
     headers = build_hf_headers()
     headers["Accept-Encoding"] = "identity"
@@ -119,13 +120,16 @@ def _get(url: str, f, have: int, bar) -> int:
     timeout = httpx.Timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT, connect=constants.HF_HUB_ETAG_TIMEOUT)
     with httpx.stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as r:
         if r.status_code >= 400:
-            raise CheckpointError(f"{url}: HTTP {r.status_code} while downloading")
+            raise CheckpointError(
+                f"{what}: HTTP {r.status_code} from {url} with {have} bytes downloaded; "
+                "run the same command again to resume"
+            )
         if have and r.status_code != 206:  # the whole file again: start over
             f.truncate(0)
             f.seek(0)
             bar.reset(total=bar.total)
             have = 0
-        for chunk in r.iter_bytes(_CHUNK):
+        for chunk in r.iter_bytes():  # as received: a chunk size would hold back bytes a drop then loses
             f.write(chunk)
             have += len(chunk)
             bar.update(len(chunk))
