@@ -40,9 +40,10 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gg = root / GGUF_REPO
     (gg / "Q2_K").mkdir(parents=True)
     state = tiny_state_dict()
-    write_tiny_llama_gguf(gg / "tiny-Q4_K_M.gguf", state, TINY, "Q8_0", vocab=VOCAB)
-    write_tiny_llama_gguf(gg / "tiny-Q8_0.gguf", state, TINY, "Q8_0", vocab=VOCAB)
-    write_tiny_llama_gguf(gg / "tiny-F16.gguf", state, TINY, "F16", vocab=VOCAB)
+    merges = {"tokenizer.ggml.merges": ["a b", "c d"]}
+    write_tiny_llama_gguf(gg / "tiny-Q4_K_M.gguf", state, TINY, "Q8_0", VOCAB, merges)
+    write_tiny_llama_gguf(gg / "tiny-Q8_0.gguf", state, TINY, "Q8_0", VOCAB, merges)
+    write_tiny_llama_gguf(gg / "tiny-F16.gguf", state, TINY, "F16", VOCAB, merges)
     split = {"split.no": 0, "split.count": 2, "split.tensors.count": 21}
     write_tiny_llama_gguf(gg / "Q2_K/tiny-Q2_K-00001-of-00002.gguf", state, TINY, "F32", VOCAB, split)
     (gg / "Q2_K/tiny-Q2_K-00002-of-00002.gguf").write_bytes(b"GGUF part two" * 100)
@@ -237,6 +238,7 @@ def test_offline_resolves_from_the_cache_and_says_what_is_cached(hub: HubServer,
     del hub.requests[:]
     assert resolve_model_path(f"{GGUF_REPO}:q8_0").name == "tiny-Q8_0.gguf"
     assert resolve_model_path(GGUF_REPO).name == "tiny-Q8_0.gguf"  # no quant: the cached one
+    assert LLM(f"{GGUF_REPO}:Q8_0", cpu=True).path.name == "tiny-Q8_0.gguf"
     assert hub.requests == []
     with pytest.raises(CheckpointError) as e:
         resolve_model_path(f"{GGUF_REPO}:F16")
@@ -325,6 +327,12 @@ def test_commands_take_org_name_quant(repos: Path, tmp_path: Path):
     server = HubServer(repos)
     try:
         home = tmp_path / "hf-home"
+        r = blazr(server, home, "pull", f"{GGUF_REPO}:Q8_0")
+        assert r.returncode == 0, r.stderr
+        label, kind, size, where = r.stdout.rstrip("\n").split("\t")
+        assert (label, kind) == (f"{GGUF_REPO}:Q8_0", "gguf") and size.startswith("1 file, ")
+        assert Path(where).read_bytes() == (repos / GGUF_REPO / "tiny-Q8_0.gguf").read_bytes()
+        assert Path(where).is_relative_to(home / "hub")
         r = blazr(server, home, "info", "--model", f"{GGUF_REPO}:Q8_0")
         assert r.returncode == 0, r.stderr
         assert '"format": "gguf"' in r.stdout
