@@ -174,9 +174,12 @@ def test_missing_quant_lists_the_quants_and_downloads_nothing(hub: HubServer):
         pull("test-org/absent:Q8_0")
 
 
-def test_default_without_q4_k_m_is_q8_0(hub: HubServer):
-    assert pull("test-org/noq4-GGUF").path.name == "m-Q8_0.gguf"
+def test_default_without_q4_k_m_is_q8_0_with_a_progress_bar_when_asked(hub: HubServer, capfd):
+    assert pull("test-org/noq4-GGUF", progress=True).path.name == "m-Q8_0.gguf"
     assert downloaded(hub) == {"m-Q8_0.gguf"}
+    assert "m-Q8_0.gguf: 100%" in capfd.readouterr().err  # the bar (`blazr pull` asks it on a terminal)
+    pull("test-org/noq4-GGUF:Q5_K_M")
+    assert capfd.readouterr().err == ""  # quiet otherwise
 
 
 def test_safetensors_repository_gets_weights_configs_tokenizer_template_only(hub: HubServer):
@@ -276,6 +279,10 @@ def test_ls_and_rm(hub: HubServer, tmp_path: Path, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{GGUF_REPO}:Q8_0\tgguf\t1 file, ") and out[0].endswith("tiny-Q8_0.gguf")
     assert out[2].startswith("test-org/tiny\tsafetensors\t5 files, ")
+    assert main(["pull", "test-org/tiny:Q4 K"]) == 1
+    assert capsys.readouterr().err.startswith("error: bad model name 'test-org/tiny:Q4 K': expected org/name")
+    assert main(["rm"]) == 1
+    assert "error: rm: name a model" in capsys.readouterr().err
 
     assert main(["ls"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
