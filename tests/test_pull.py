@@ -177,7 +177,8 @@ def test_missing_quant_lists_the_quants_and_downloads_nothing(hub: HubServer):
 def test_default_without_q4_k_m_is_q8_0_with_a_progress_bar_when_asked(hub: HubServer, capfd):
     assert pull("test-org/noq4-GGUF", progress=True).path.name == "m-Q8_0.gguf"
     assert downloaded(hub) == {"m-Q8_0.gguf"}
-    assert "m-Q8_0.gguf: 100%" in capfd.readouterr().err  # the bar (`blazr pull` asks it on a terminal)
+    bar = capfd.readouterr().err  # the bar (`blazr pull` asks it on a terminal); redraws depend on timing
+    assert bar.startswith("\rm-Q8_0.gguf:") and "/550 [" in bar
     pull("test-org/noq4-GGUF:Q5_K_M")
     assert capfd.readouterr().err == ""  # quiet otherwise
 

@@ -1,8 +1,8 @@
 """What `blazr ls` lists and `blazr rm` removes: hub models in huggingface_hub's cache and the files of
 blazr's quantization cache (loading/quant_cache.py).
 
-- Hub models come from `scan_cache_dir` (model repositories only); each repository's cached snapshot
-  (pull.py's `cached_snapshot`) gives one row per GGUF quant — `org/name:QUANT`, its file(s) summed, the
+- Hub models come from `scan_cache_dir` (model repositories only); each cached snapshot (one per commit
+  pulled) gives one row per GGUF quant — `org/name:QUANT`, its file(s) summed, the
   path of the (first) file — or one row for a safetensors checkpoint (`org/name`, the snapshot directory);
   unfinished downloads (`blobs/*.incomplete`) are rows of kind `partial`.
 - `remove_model("org/name")` deletes the repository's cache folder; `remove_model("org/name:QUANT")`
@@ -56,9 +56,9 @@ def hub_entries() -> list[Entry]:
     for repo in sorted(info.repos, key=lambda r: r.repo_id.lower()):
         if repo.repo_type != "model":
             continue
-        cached = cached_snapshot(repo.repo_id)
-        if cached is not None:
-            snapshot, files = cached
+        for revision in sorted(repo.revisions, key=lambda r: r.last_modified):
+            snapshot = revision.snapshot_path
+            files = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
             for quant in gguf_quants(files):
                 parts = _quant_files(files, quant)
                 size = sum((snapshot / f).stat().st_size for f in parts)

@@ -105,10 +105,11 @@ def _fetch(url: str, blob: Path, size: int | None, what: str, progress: bool) ->
                     ) from None
                 if size is None:
                     break
-    got = partial.stat().st_size
-    if size is not None and got != size:
-        raise CheckpointError(f"{what}: downloaded {got} bytes, the hub says {size}; run again to resume")
-    os.replace(partial, blob)
+        if size is not None and have != size:
+            raise CheckpointError(
+                f"{what}: downloaded {have} bytes, the hub says {size}; run again to resume"
+            )
+        os.replace(partial, blob)  # still under the lock: no other pull appends to a renamed file
 
 
 def _get(url: str, f: BinaryIO, have: int, bar: Any, what: str) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from huggingface_hub import constants
 
-from blazr.errors import BlazrError, CheckpointError
+from blazr.errors import CheckpointError
 from blazr.hub.download import NETWORK_ERRORS, download_file, storage_folder
 from blazr.hub.names import ModelName, Selection, gguf_quants, parse_name, select_files
 
@@ -123,8 +123,6 @@ def pull(name: ModelName | str, *, progress: bool = False, cache_first: bool = F
     try:
         files, commit = _listing(name)
     except NETWORK_ERRORS as e:
-        if isinstance(e, BlazrError):
-            raise
         hit = from_cache(name, strict=False)
         if hit is None:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -137,8 +135,6 @@ def pull(name: ModelName | str, *, progress: bool = False, cache_first: bool = F
         for filename in selection.files:
             download_file(name.repo_id, filename, commit, progress=progress)
     except NETWORK_ERRORS as e:
-        if isinstance(e, BlazrError):
-            raise
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise CheckpointError(f"{name}: download failed ({first}); run again to resume") from None
     ref = storage_folder(name.repo_id) / "refs" / REVISION
