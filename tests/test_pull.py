@@ -10,6 +10,7 @@ end-to-end tests run `blazr` in subprocesses with HF_ENDPOINT and HF_HOME set.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -362,3 +363,22 @@ def test_commands_take_org_name_quant(repos: Path, tmp_path: Path):
         )
     finally:
         server.close()
+
+
+def test_a_sharded_checkpoint_in_the_cache_counts_only_when_every_shard_is_there(tmp_path, monkeypatch):
+    """Cache first / offline: an index whose shards are not all cached is no checkpoint (a partial pull)."""
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    snapshot = tmp_path / "models--o--sharded/snapshots/abc123"
+    snapshot.mkdir(parents=True)
+    (tmp_path / "models--o--sharded/refs").mkdir()
+    (tmp_path / "models--o--sharded/refs/main").write_text("abc123")
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    index = {"weight_map": {"a": shards[0], "b": shards[1]}}
+    (snapshot / "model.safetensors.index.json").write_text(json.dumps(index))
+    (snapshot / "config.json").write_text("{}")
+    (snapshot / shards[0]).write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="o/sharded: not in the Hugging Face cache"):
+        resolve_model_path("o/sharded")
+    (snapshot / shards[1]).write_bytes(b"y")
+    assert resolve_model_path("o/sharded") == snapshot
