@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,6 +42,7 @@ class HubState:
         self.refuse_after_drop = False
         self.cdn_port = 0
         self.lock = threading.Lock()
+        self._commits: dict[str, str] = {}  # the repositories do not change while served
 
     def repo_dir(self, repo: str) -> Path | None:
         d = self.root / repo
@@ -51,10 +53,12 @@ class HubState:
         return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
 
     def commit(self, repo: str) -> str:
-        h = hashlib.sha1()
-        for f in self.files(repo):
-            h.update(f.encode() + hashlib.sha256((self.root / repo / f).read_bytes()).digest())
-        return h.hexdigest()
+        if repo not in self._commits:
+            h = hashlib.sha1()
+            for f in self.files(repo):
+                h.update(f.encode() + hashlib.sha256((self.root / repo / f).read_bytes()).digest())
+            self._commits[repo] = h.hexdigest()
+        return self._commits[repo]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -175,6 +179,10 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, state: HubState) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.state = state
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a dropped connection is a fault we made
+            super().handle_error(request, client_address)
 
 
 class HubServer:
