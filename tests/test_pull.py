@@ -23,7 +23,7 @@ from huggingface_hub import constants
 from blazr import LLM, SamplingParams
 from blazr.cli import main
 from blazr.detect import find_weight_files, inspect_checkpoint, resolve_model_path
-from blazr.errors import CheckpointError, UnsupportedError
+from blazr.errors import CheckpointError
 from blazr.hub.names import ModelName, looks_like_name, parse_name, select_files
 from blazr.hub.pull import pull
 from tests.gguf_fixtures import write_tiny_llama_gguf
@@ -45,9 +45,13 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_tiny_llama_gguf(gg / "tiny-Q4_K_M.gguf", state, TINY, "Q8_0", VOCAB, merges)
     write_tiny_llama_gguf(gg / "tiny-Q8_0.gguf", state, TINY, "Q8_0", VOCAB, merges)
     write_tiny_llama_gguf(gg / "tiny-F16.gguf", state, TINY, "F16", VOCAB, merges)
-    split = {"split.no": 0, "split.count": 2, "split.tensors.count": 21}
-    write_tiny_llama_gguf(gg / "Q2_K/tiny-Q2_K-00001-of-00002.gguf", state, TINY, "F32", VOCAB, split)
-    (gg / "Q2_K/tiny-Q2_K-00002-of-00002.gguf").write_bytes(b"GGUF part two" * 100)
+    # a split quant (its bytes are Q8_0's, as llama.cpp's gguf-split lays parts out: metadata in the first)
+    names = list(state)
+    split = {"split.count": 2, "split.tensors.count": len(names)}
+    first, rest = {n: state[n] for n in names[:8]}, {n: state[n] for n in names[8:]}
+    part = "Q2_K/tiny-Q2_K-0000{}-of-00002.gguf"
+    write_tiny_llama_gguf(gg / part.format(1), first, TINY, "Q8_0", VOCAB, {**merges, **split, "split.no": 0})
+    write_tiny_llama_gguf(gg / part.format(2), rest, TINY, "Q8_0", metadata={**split, "split.no": 1})
     (gg / "mmproj-tiny-F16.gguf").write_bytes(b"projector" * 100)
     (gg / "README.md").write_text("# tiny\n")
     noq4 = root / "test-org/noq4-GGUF"
@@ -197,7 +201,7 @@ def test_safetensors_repository_gets_weights_configs_tokenizer_template_only(hub
     assert resolve_model_path("test-org/tiny") == pulled.path
 
 
-def test_split_gguf_downloads_every_part_and_is_refused_in_one_line(hub: HubServer):
+def test_a_split_gguf_downloads_every_part_and_loads(hub: HubServer):
     pulled = pull(f"{GGUF_REPO}:Q2_K")
     assert [p.rsplit("/", 1)[-1] for p in pulled.selection.files] == [
         "tiny-Q2_K-00001-of-00002.gguf",
@@ -205,8 +209,12 @@ def test_split_gguf_downloads_every_part_and_is_refused_in_one_line(hub: HubServ
     ]
     assert downloaded(hub) == set(pulled.selection.files)
     assert pulled.path.name == "tiny-Q2_K-00001-of-00002.gguf"
-    with pytest.raises(UnsupportedError, match=r"part 1 of a 2-part split GGUF; .*llama-gguf-split --merge"):
-        inspect_checkpoint(pulled.path, vocab_name=None)
+    ckpt = inspect_checkpoint(pulled.path, vocab_name=None)
+    assert [p.name for p in ckpt.weight_files] == [p.rsplit("/", 1)[-1] for p in pulled.selection.files]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    tokens = LLM(pulled.path, cpu=True).generate([[3, 1, 4, 1, 5]], params)[0].outputs[0].token_ids
+    same = LLM(pull(f"{GGUF_REPO}:Q8_0").path, cpu=True).generate([[3, 1, 4, 1, 5]], params)[0]
+    assert tokens == same.outputs[0].token_ids  # the same tensors as the one-file Q8_0
 
 
 def test_a_dropped_transfer_resumes_with_a_range(hub: HubServer, repos: Path):

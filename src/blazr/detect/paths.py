@@ -1,5 +1,5 @@
 """Where the weights are: the embedded default model, local paths, hub names (blazr.hub: cache first), and the
-weight files of a directory (single file of any name, shards + index, one GGUF)."""
+weight files of a directory (single file of any name, shards + index, one GGUF or one split GGUF's parts)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from blazr.errors import CheckpointError
+from blazr.loading.gguf_split import split_paths
 from blazr.loading.safetensors import shard_files
 
 log = logging.getLogger("blazr.detect")
@@ -86,8 +87,8 @@ def find_weight_files(path: Path) -> tuple[Literal["safetensors", "gguf"], list[
     if len(singles) == 1:
         return "safetensors", singles
     ggufs = sorted(path.glob("*.gguf"))
-    if not singles and len(ggufs) == 1:
-        return "gguf", ggufs
+    if not singles and (len(ggufs) == 1 or (ggufs and split_paths(ggufs[0]) == ggufs)):
+        return "gguf", ggufs[:1]  # one file, or the first part of the one split set (loading/gguf_split.py)
     found = sorted(p.name for p in path.iterdir())[:8]
     if len(singles) > 1 or len(ggufs) > 1:
         raise CheckpointError(

@@ -334,6 +334,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.paths = (self.path,)  # the files behind it (several for a split GGUF: loading/gguf_split.py)
         if not self.path.is_file():
             raise CheckpointError(f"{self.path}: GGUF file not found")
         file_size = self.path.stat().st_size
@@ -360,12 +361,6 @@ class GGUFFile:
                 f"{self.path}: unreadable GGUF, truncated or corrupt ({file_size} bytes): {e}"
             ) from e
         self.metadata: dict[str, Any] = header.metadata
-        num_parts = int(self.metadata.get("split.count") or 1)
-        if num_parts > 1:
-            raise UnsupportedError(
-                f"{self.path}: part {int(self.metadata.get('split.no') or 0) + 1} of a {num_parts}-part "
-                "split GGUF; blazr loads one-file GGUFs (merge them: llama-gguf-split --merge FIRST OUT.gguf)"
-            )
         self._tensors: dict[str, _TensorInfo] = {}
         for t in header.tensors:
             ggml_type = GGML_TYPES[t.ggml_type][0]
