@@ -390,3 +390,20 @@ def test_a_sharded_checkpoint_in_the_cache_counts_only_when_every_shard_is_there
         resolve_model_path("o/sharded")
     (snapshot / shards[1]).write_bytes(b"y")
     assert resolve_model_path("o/sharded") == snapshot
+
+
+def test_a_gguf_without_a_quant_tag_is_listed_and_resolved_by_its_file_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", "off")
+    blob = tmp_path / "models--o--plain/blobs/0a1b2c"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"g" * 2048)
+    snapshot = tmp_path / "models--o--plain/snapshots/abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.gguf").symlink_to("../../blobs/0a1b2c")
+    assert main(["ls"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split() == [
+        "o/plain:model.gguf", "gguf", "2.0", "KiB", str(snapshot / "model.gguf"),
+    ]  # fmt: skip
+    assert resolve_model_path("o/plain") == snapshot / "model.gguf"  # offline: the cached GGUF

@@ -36,10 +36,12 @@ class Entry:
 
 
 def _quant_files(files: list[str], quant: str) -> list[str]:
+    """The model GGUFs of `quant` (a tag, or the file name of a GGUF without one, as `gguf_quants` gives)."""
     return [
         f
         for f in files
-        if is_model_gguf(f) and (split_info(f)[1] == quant.upper() or matches_quant(f, quant))
+        if is_model_gguf(f)
+        and (split_info(f)[1] == quant.upper() or matches_quant(f, quant) or f.rsplit("/", 1)[-1] == quant)
     ]
 
 
