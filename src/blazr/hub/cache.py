@@ -47,11 +47,11 @@ def _quant_files(files: list[str], quant: str) -> list[str]:
 
 def hub_entries() -> list[Entry]:
     """Cached hub models: a row per GGUF quant or safetensors checkpoint, and unfinished downloads."""
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
     try:
-        info = scan_cache_dir()
+        info = scan_cache_dir(constants.HF_HUB_CACHE)  # its default is the value when it was imported
     except CacheNotFound:
         return []
     rows: list[Entry] = []
