@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmark a running server (like `vllm bench serve`)")
     add_bench_arguments(p)
     p.set_defaults(func=cmd_bench)
+    from blazr.cli_models import add_model_commands
+
+    add_model_commands(sub)  # pull | ls | rm: models by name
     return parser
 
 

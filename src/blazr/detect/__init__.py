@@ -26,7 +26,7 @@ from blazr.detect.gguf import inspect_gguf
 from blazr.detect.paths import default_model_path, find_weight_files, read_json, resolve_model_path
 from blazr.detect.raw import Raw, eos_ids, int_or_none
 from blazr.errors import CheckpointError, UnsupportedError
-from blazr.loading.gguf import GGUFFile
+from blazr.loading.gguf_split import open_gguf
 from blazr.loading.safetensors import SafetensorsCheckpoint
 from blazr.tokenizer import TokenizerSource
 
@@ -67,7 +67,7 @@ def inspect_checkpoint(path: Path, vocab_name: str | None = None) -> Checkpoint:
     kind, files = find_weight_files(path)
     root = path if path.is_dir() else path.parent
     if kind == "gguf":
-        gguf = GGUFFile(files[0])
+        gguf = open_gguf(files[0])
         return inspect_gguf(path, gguf, vocab_name)
     source = SafetensorsCheckpoint(files)
     shapes = {n: source.shape(n) for n in source.names}

@@ -649,4 +649,4 @@ def inspect_gguf(path: Path, gguf: GGUFFile, vocab_name: str | None) -> Checkpoi
         add_bos_token=meta.get("tokenizer.ggml.add_bos_token"),
     )
     name = meta.get("general.name") or gguf.path.stem
-    return Checkpoint(path, "gguf", (gguf.path,), cfg, tok, torch.float32, str(name), gguf)
+    return Checkpoint(path, "gguf", gguf.paths, cfg, tok, torch.float32, str(name), gguf)

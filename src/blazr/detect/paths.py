@@ -1,5 +1,5 @@
-"""Where the weights are: the embedded default model, local paths, HF repo ids (cache first), and the
-weight files of a directory (single file of any name, shards + index, one GGUF)."""
+"""Where the weights are: the embedded default model, local paths, hub names (blazr.hub: cache first), and the
+weight files of a directory (single file of any name, shards + index, one GGUF or one split GGUF's parts)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from blazr.errors import CheckpointError
+from blazr.loading.gguf_split import split_paths
 from blazr.loading.safetensors import shard_files
 
 log = logging.getLogger("blazr.detect")
 
 _SHARD = re.compile(r"model-(\d+)-of-(\d+)\.safetensors")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def default_model_path() -> Path:
@@ -37,37 +37,23 @@ def default_model_path() -> Path:
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """A local file/dir, or an HF repo id resolved through huggingface_hub (its cache first)."""
+    """A local file/dir, or a hub name `org/name[:QUANT]` resolved through blazr.hub (the cache first; a GGUF
+    repository gives the chosen quant's file, a safetensors one its snapshot directory)."""
     if model is None:
         return default_model_path()
     path = Path(model).expanduser()
     if path.exists():
         return path
-    if _REPO_ID.match(model) and not model.startswith((".", "/", "~")):
-        return _download(model)
+    from blazr.hub.names import looks_like_name
+
+    if looks_like_name(model):
+        from blazr.hub.pull import resolve
+
+        return resolve(model)
     raise CheckpointError(
-        f"model path not found: {model} (expected a directory, a .safetensors/.gguf file or org/name)"
+        f"model path not found: {model} (expected a directory, a .safetensors/.gguf file, org/name or "
+        "org/name:QUANT)"
     )
-
-
-def _download(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    patterns = ["*.safetensors", "*.json", "*.jinja", "*.gguf"]
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
-        pass
-    try:
-        log.info("downloading %s from the Hugging Face Hub", repo_id)
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(
-            f"model {repo_id}: not a local path, not in the Hugging Face cache, "
-            f"and not downloadable ({first})"
-        ) from None
 
 
 def find_weight_files(path: Path) -> tuple[Literal["safetensors", "gguf"], list[Path]]:
@@ -99,8 +85,8 @@ def find_weight_files(path: Path) -> tuple[Literal["safetensors", "gguf"], list[
     if len(singles) == 1:
         return "safetensors", singles
     ggufs = sorted(path.glob("*.gguf"))
-    if not singles and len(ggufs) == 1:
-        return "gguf", ggufs
+    if not singles and (len(ggufs) == 1 or (ggufs and split_paths(ggufs[0]) == ggufs)):
+        return "gguf", ggufs[:1]  # one file, or the first part of the one split set (loading/gguf_split.py)
     found = sorted(p.name for p in path.iterdir())[:8]
     if len(singles) > 1 or len(ggufs) > 1:
         raise CheckpointError(

@@ -334,6 +334,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.paths = (self.path,)  # the files behind it (several for a split GGUF: loading/gguf_split.py)
         if not self.path.is_file():
             raise CheckpointError(f"{self.path}: GGUF file not found")
         file_size = self.path.stat().st_size

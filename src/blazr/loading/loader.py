@@ -35,8 +35,8 @@ from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.errors import UnsupportedError
 from blazr.kernels.mapped import MappedWeight
 from blazr.loading.absorb import absorb_mla
-from blazr.loading.gguf import GGUFFile
 from blazr.loading.gguf_hf import GGUFView
+from blazr.loading.gguf_split import open_gguf
 from blazr.loading.names import name_map_for
 from blazr.loading.quant_cache import QuantCache
 from blazr.loading.quantize import (
@@ -66,7 +66,7 @@ def open_source(ckpt: Checkpoint) -> TensorSource:
         attention = [layer.mixer(AttentionConfig) for layer in ckpt.config.layers]
         q_heads = [a.num_heads if a else 0 for a in attention]
         kv_heads = [a.num_kv_heads if a else 0 for a in attention]
-        gguf = ckpt.gguf or GGUFFile(ckpt.weight_files[0])
+        gguf = ckpt.gguf or open_gguf(ckpt.weight_files[0])
         gguf.prefetch()
         return GGUFView(gguf, q_heads, kv_heads)
     return SafetensorsCheckpoint(list(ckpt.weight_files), ckpt.name_prefix)

@@ -138,7 +138,9 @@ def gguf_blocks(
         n_runs = runs(rows, step)
         if kind in MAPPED_FROM_FILE and not is_stacked and 1 < n_runs <= MAX_MAPPED_RUNS:
             lo, hi = int(rows.min()), int(rows.max()) + step
-            return MappedWeight(kind, rows, source.span(lo, hi - lo), num_rows, k)  # type: ignore[attr-defined]
+            view = _mapped_view(source, lo, hi - lo)
+            if view is not None:
+                return MappedWeight(kind, rows, view, num_rows, k)
         return QuantizedWeight.from_ggml(found[0], _as_one(source, rows, step, n_runs), num_rows, k)
     raws = []
     for name, order in sources:
@@ -220,12 +222,24 @@ def bf16_as_stored(loader: WeightLoader, pname: str, shape: tuple[int, ...]) -> 
     rows, (num_rows, k) = found[1], shape
     step = row_bytes("bf16", k)
     n_runs = runs(rows, step)
-    loader.consume(pname, shape, is_copied=n_runs > MAX_MAPPED_RUNS)
+    view = None
     if 1 < n_runs <= MAX_MAPPED_RUNS:
         lo, hi = int(rows.min()), int(rows.max()) + step
-        return MappedWeight("bf16", rows, span(lo, hi - lo), num_rows, k)
+        view = _mapped_view(source, lo, hi - lo)
+    loader.consume(pname, shape, is_copied=n_runs > 1 and view is None)
+    if view is not None:
+        return MappedWeight("bf16", rows, view, num_rows, k)
     data = _as_one(source, rows, step, n_runs)
     return QuantizedWeight("bf16", data.view(torch.bfloat16).reshape(num_rows, k), num_rows, k)
+
+
+def _mapped_view(source: TensorSource, address: int, num_bytes: int) -> torch.Tensor | None:
+    """The map's view of `num_bytes` from `address`, or None where the rows lie in two files' maps: a fused
+    weight whose parts a split GGUF or a sharded checkpoint keeps in different files (then gathered)."""
+    try:
+        return source.span(address, num_bytes)  # type: ignore[attr-defined]
+    except ValueError:
+        return None
 
 
 def _as_one(source: TensorSource, rows: torch.Tensor, step: int, n_runs: int) -> torch.Tensor:
