@@ -30,10 +30,17 @@ from blazr.errors import UnsupportedError
 from tests.server_util import ServerProcess
 from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_gemma2 import SIZES as GEMMA2_SIZES
+from tests.test_hf_gemma3 import SIZES as GEMMA3_SIZES
+from tests.test_hf_gpt_oss import VARIANTS as GPT_OSS_VARIANTS
+from tests.test_hf_granite3 import EXPERTS as GRANITE3_EXPERTS
+from tests.test_hf_granite3 import SIZES as GRANITE3_SIZES
 from tests.test_hf_phi3 import SIZES as PHI3_SIZES
 from tests.test_hf_phi3 import longrope as phi3_longrope
+from tests.test_hf_qwen3 import SIZES as QWEN3_SIZES
 from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
+from tests.test_hf_smollm3 import SIZES as SMOLLM3_SIZES
 from tests.tiny import build
 
 TOL = 1e-4  # float32 logprobs: partial sums added in another order
@@ -166,9 +173,21 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     # fused qkv / gate_up (loaded whole, then split by blazr's own row layout), partial rope, LongRoPE
     "phi4-mini": ("Phi3ForCausalLM", dict(PHI3_SIZES, num_key_value_heads=2, **phi3_longrope(4))),
+    # per-head q/k norms (each rank norms its own heads)
+    "qwen3": ("Qwen3ForCausalLM", dict(QWEN3_SIZES, num_hidden_layers=2)),
+    # sandwich norms, (1 + w) RMSNorm, sliding-window layers with their own rope θ, q/k norms
+    "gemma3": ("Gemma3ForCausalLM", GEMMA3_SIZES),
+    # attention and final logit soft-capping (the head's logits gathered before the cap)
+    "gemma2": ("Gemma2ForCausalLM", GEMMA2_SIZES),
+    # attention sinks split by heads, expert biases by experts, alternating windows, YaRN
+    "gpt-oss": ("GptOssForCausalLM", GPT_OSS_VARIANTS["yarn-window"]),
+    # Granite 3's multipliers (residual, attention, logits) over expert-parallel MoE
+    "granite3-moe": ("GraniteMoeForCausalLM", dict(GRANITE3_SIZES, **GRANITE3_EXPERTS)),
+    # NoPE every 4th layer
+    "smollm3": ("SmolLM3ForCausalLM", dict(SMOLLM3_SIZES, num_hidden_layers=4)),
 }
 # biases (transformers initialises them to zeros) made random, so a bias counted on both ranks shows
-RANDOMISED = {"nemotron-h-latent", "glm4-moe"}
+RANDOMISED = {"nemotron-h-latent", "glm4-moe", "gpt-oss"}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300], list(range(1, 42))]
 
 
