@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
-from blazr.errors import UnsupportedError
+from blazr.errors import BlazrError, UnsupportedError
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
@@ -435,7 +435,7 @@ def test_in_situ_quantized_experts(
 def test_quantize_needs_cpu_float32(tiny_llama: Path) -> None:
     with pytest.raises(UnsupportedError, match="--quantize int8 runs on blazr's CPU kernels"):
         LLM(tiny_llama, cpu=True, dtype="bfloat16", quantize="int8")
-    with pytest.raises(UnsupportedError, match="unknown --quantize 'int3'"):
+    with pytest.raises(BlazrError, match="unknown quantize mode 'int3'; expected auto, none, int8, int4"):
         LLM(tiny_llama, cpu=True, quantize="int3")
 
 
