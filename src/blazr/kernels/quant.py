@@ -89,6 +89,7 @@ GGML_BLOCK_KINDS = (Q8_0G, MXFP4, Q5_0)
 # bytes in order (csrc/linear_mix.c: all K-quants run by linear_k.c in one pass, else segment by segment).
 KMIX = "kmix"
 _KMIX_CODES = {k: BY_KIND[k].c_kind for k in (*K_KINDS, *GGML_BLOCK_KINDS)}  # BLZ_Q4_K .. BLZ_Q6_K, Q8_0G …
+MIX_KINDS = tuple(_KMIX_CODES)  # the kinds a kmix weight's segments may be
 _KMIX_HEADER, _KMIX_MAX = 64, 7
 FLOAT_KINDS: dict[str, torch.dtype] = {f.kind: f.dtype for f in FORMATS if f.dtype is not None}
 KINDS = tuple(f.kind for f in FORMATS)
