@@ -40,7 +40,9 @@ from tests.test_kernels import EPILOGUES, _act_error_bound, _check_linear, _epil
 
 
 def _weight(n: int, k: int, seed: int) -> QuantizedWeight:
-    return QuantizedWeight.from_blocks("q5_0", q5_0.random_blocks(n, k, torch.Generator().manual_seed(seed)), n, k)
+    return QuantizedWeight.from_blocks(
+        "q5_0", q5_0.random_blocks(n, k, torch.Generator().manual_seed(seed)), n, k
+    )
 
 
 def _gguf_values(raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -169,7 +171,9 @@ def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
         assert torch.equal(lib.linear(x, mixed, None, residual), want + residual), M
         ref = ops.linear_reference(x, mixed, bias)
         torch.testing.assert_close(want + bias, ref, rtol=0, atol=0.02 * ref.abs().max().item())
-    gate_up = QuantizedWeight.from_parts([_weight(19, 640, 5), quantize(torch.randn(19, 640, generator=g), "q8_0g")])
+    gate_up = QuantizedWeight.from_parts(
+        [_weight(19, 640, 5), quantize(torch.randn(19, 640, generator=g), "q8_0g")]
+    )
     for M in (1, 3, 20):
         x = torch.randn(M, 640, generator=g)
         gate, up = (lib.linear(x, p) for p in gate_up.parts())
@@ -182,7 +186,7 @@ def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
 
 
 def _write_gemma_like(path: Path) -> Path:
-    """The tiny llama of tests/test_gguf.py as llama.cpp's Q4_K_M writes a model of rows of no multiple of 256:
+    """The tiny llama of tests/test_gguf.py as llama.cpp's Q4_K_M writes one of rows of no multiple of 256:
     every matrix and the token table Q5_0, attn_v Q8_0 (q|k|v then fuse Q5_0 with Q8_0)."""
     state = tiny_state_dict(seed=9)
     tensors = {}
@@ -216,7 +220,9 @@ def test_q5_0_gguf_runs_as_stored(tmp_path: Path) -> None:
         assert layers[f"layers.{i}.attn.o_proj"] == "q5_0"
     assert ours.model.embed_tokens.table.kind == "q5_0"
     for name in layers:  # the same values as the dequantized model's float weight
-        assert torch.equal(ours.model.get_submodule(name).weight, plain.model.get_submodule(name).weight), name
+        assert torch.equal(ours.model.get_submodule(name).weight, plain.model.get_submodule(name).weight), (
+            name
+        )
     batch = prompts([7, 30], seed=5, vocab=ours.config.vocab_size)
     for got, want in zip(full_logits(ours.runner, batch), full_logits(plain.runner, batch), strict=True):
         error = (got - want).abs().max().item()

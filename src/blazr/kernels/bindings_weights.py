@@ -126,8 +126,9 @@ class WeightFormatBindings:
         elif kind in (MXFP4, Q5_0):
             want = out_features * row_bytes(kind, in_features)
             if blocks.dtype != torch.uint8 or blocks.numel() != want:
-                raise ValueError(f"{kind} blocks of a [{out_features}, {in_features}] weight: expected {want} "
-                                 f"uint8 bytes, found {blocks.numel()} {blocks.dtype}")  # fmt: skip
+                shape = f"[{out_features}, {in_features}]"
+                raise ValueError(f"{kind} blocks of a {shape} weight: expected {want} uint8 bytes, found "
+                                 f"{blocks.numel()} {blocks.dtype}")  # fmt: skip
         else:
             check_blocks(kind, blocks, out_features, in_features)
         if not blocks.is_cpu:

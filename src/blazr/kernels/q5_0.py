@@ -50,7 +50,11 @@ def random_blocks(n: int, k: int, g: torch.Generator, scale: float = 0.02) -> to
     """Valid random Q5_0 blocks of an [n, k] weight, uint8 [n, k/32 · 22]: finite f16 scales around `scale`
     (either sign), every bit pattern of qh and the nibbles."""
     nb = k // QK
-    d = (torch.rand(n, nb, generator=g) + 0.05) * scale * torch.where(torch.rand(n, nb, generator=g) < 0.5, -1, 1)
+    d = (
+        (torch.rand(n, nb, generator=g) + 0.05)
+        * scale
+        * torch.where(torch.rand(n, nb, generator=g) < 0.5, -1, 1)
+    )
     bits = torch.randint(0, 256, (n, nb, 20), dtype=torch.uint8, generator=g)
     d16 = d.to(torch.float16).view(torch.uint8).reshape(n, nb, 2)
     return torch.cat([d16, bits], dim=-1).reshape(n, nb * BLOCK_BYTES)

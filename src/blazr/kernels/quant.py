@@ -83,7 +83,7 @@ MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_b
 Q5_0 = "q5_0"  # GGUF Q5_0 in ggml's own layout, run as stored (csrc/linear_b32.c)
 # 32-weight block kinds kept in ggml's own row layout, [N, K/32 · block_bytes] (no repack)
 GGML_BLOCK_KINDS = (Q8_0G, MXFP4, Q5_0)
-# A fused weight whose parts (row segments) are stored in different kinds run as stored, of one K — llama.cpp's
+# A fused weight whose parts (row segments) are of different kinds run as stored, of one K — llama.cpp's
 # Q4_K_M keeps attn_v in Q6_K where attn_q / attn_k are Q4_K, Gemma 3's attn_v in Q8_0 where they are Q5_0.
 # Its bytes: a 64-byte table (int32 count ≤ 7, int32 kind codes [7], int32 rows [7]), then each part's ggml
 # bytes in order (csrc/linear_mix.c: all K-quants run by linear_k.c in one pass, else segment by segment).
@@ -178,7 +178,7 @@ class QuantizedWeight:
         return self.kind in KQUANT_BYTES
 
     def parts(self) -> list[QuantizedWeight]:
-        """A kmix weight's row segments (views of `data`), each of one kind run as stored; [self] otherwise."""
+        """A kmix weight's row segments (views of `data`), each of one as-stored kind; [self] otherwise."""
         if self.kind != KMIX:
             return [self]
         out, at, k = [], _KMIX_HEADER, self.in_features
@@ -195,7 +195,9 @@ class QuantizedWeight:
         table, then their bytes)."""
         kinds, k = [p.kind for p in parts], parts[0].in_features
         if any(kd not in _KMIX_CODES for kd in kinds) or any(p.in_features != k for p in parts):
-            raise ValueError(f"from_parts: parts of {tuple(_KMIX_CODES)} of one in_features expected, found {kinds}")
+            raise ValueError(
+                f"from_parts: parts of {tuple(_KMIX_CODES)} of one in_features expected, found {kinds}"
+            )
         n = sum(p.out_features for p in parts)
         if len(set(kinds)) == 1:
             return cls(kinds[0], torch.cat([p.data for p in parts]), n, k)
@@ -249,7 +251,9 @@ class QuantizedWeight:
         """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
         if self.kind == KMIX:
             raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
-        return self.data if self.kind in KQUANT_BYTES or self.kind in GGML_BLOCK_KINDS else unpack_blocks(self)
+        return (
+            self.data if self.kind in KQUANT_BYTES or self.kind in GGML_BLOCK_KINDS else unpack_blocks(self)
+        )
 
 
 def _tile_fields(kind: str) -> tuple[int, int]:
@@ -379,7 +383,10 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     if kind in FLOAT_KINDS:
         return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
     check_quantize(kind, w)
-    if kind in (MXFP4, Q5_0):  # gguf-py's quantizers, in torch (such weights come from checkpoints: for tests)
+    if kind in (
+        MXFP4,
+        Q5_0,
+    ):  # gguf-py's quantizers, in torch (such weights come from checkpoints: for tests)
         return QuantizedWeight.from_blocks(kind, (mxfp4 if kind == MXFP4 else q5_0).quantize_blocks(w), n, k)
     from blazr.kernels import ops  # here, not at the top: ops imports this module
 

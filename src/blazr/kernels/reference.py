@@ -67,7 +67,9 @@ def linear_reference(
     sums there — within γ_{K/256·2+8}·Σ|x̂|·(|d·sc·q| + |dmin·m|) + γ_K·Σ|x̂·w|; against the unrounded x
     add Σ_blocks |d|·(½ + 2⁻¹⁴)·Σ_block |w|."""
     linear_out_features(qw, swiglu)
-    if qw.kind == KMIX and not qw.is_kquant:  # segments of 32-block kinds too: each sees its own rounding of x
+    if (
+        qw.kind == KMIX and not qw.is_kquant
+    ):  # segments of 32-block kinds too: each sees its own rounding of x
         y = torch.cat([F.linear(_kernel_input(x, p), dequantize(p)) for p in qw.parts()], dim=-1)
         y = y if bias is None else y + bias
     else:
