@@ -150,8 +150,8 @@ def test_dequantize_in_chunks_equals_whole(qtype: str, monkeypatch: pytest.Monke
 
 
 def test_dequantize_dispatches_to_c(native: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Q4_0 / Q4_1 / Q8_0 / Q5_0 and Q4_K / Q5_K / Q6_K go to the C dequantizer when the kernel library is loaded,
-    the rest to torch."""
+    """Q4_0 / Q4_1 / Q8_0 / Q5_0 and Q4_K / Q5_K / Q6_K go to the C dequantizer when the kernel library is
+    loaded, the rest to torch."""
     from blazr.kernels import ops
 
     calls, real = [], ops.Kernels.dequantize_blocks
