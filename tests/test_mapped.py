@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from blazr import LLM
-from blazr.kernels import mxfp4, ops
+from blazr.kernels import mxfp4, ops, q5_0
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.mapped import MAPPED_KINDS, MappedWeight
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, row_bytes
@@ -32,6 +32,8 @@ def _plain(kind: str, n: int, k: int, seed: int) -> QuantizedWeight:
         return QuantizedWeight(kind, w.half() if kind == "f16" else w.bfloat16(), n, k)
     if kind == "mxfp4":
         return QuantizedWeight(kind, mxfp4.random_blocks(n, k, g, 112, 124), n, k)
+    if kind == "q5_0":
+        return QuantizedWeight(kind, q5_0.random_blocks(n, k, g), n, k)
     return QuantizedWeight(
         "q8_0g", quantize(torch.randn(n, k, generator=g) * 0.05, "q8_0").ggml_blocks(), n, k
     )

@@ -16,6 +16,7 @@ from blazr.kernels.quant import (
     BLOCK_BYTES,
     KQUANT_BYTES,
     MXFP4,
+    Q5_0,
     Q8_0G,
     QK,
     ROW_GROUP,
@@ -119,14 +120,15 @@ class WeightFormatBindings:
     ) -> torch.Tensor:
         """ggml-ordered blocks of a block kind (N · row_bytes uint8 CPU bytes, any shape) → float32 [N, K],
         as loading/gguf.py's torch dequantizers and `gguf.quants.dequantize`; also the K-quant kinds
-        (K/256 super-blocks a row) and mxfp4."""
+        (K/256 super-blocks a row), mxfp4 and q5_0."""
         if kind in KQUANT_BYTES:
             check_kquant_blocks(kind, blocks, out_features, in_features)
-        elif kind == MXFP4:
+        elif kind in (MXFP4, Q5_0):
             want = out_features * row_bytes(kind, in_features)
             if blocks.dtype != torch.uint8 or blocks.numel() != want:
-                raise ValueError(f"mxfp4 blocks of a [{out_features}, {in_features}] weight: expected {want} "
-                                 f"uint8 bytes, found {blocks.numel()} {blocks.dtype}")  # fmt: skip
+                shape = f"[{out_features}, {in_features}]"
+                raise ValueError(f"{kind} blocks of a {shape} weight: expected {want} uint8 bytes, found "
+                                 f"{blocks.numel()} {blocks.dtype}")  # fmt: skip
         else:
             check_blocks(kind, blocks, out_features, in_features)
         if not blocks.is_cpu:

@@ -6,8 +6,9 @@ the bindings, the GGUF loaders and the command line take their lists from it, an
 checks its codes against the C header, so a format added here and there is a format everywhere.
 
 Layouts: `packed` — ggml's 32-weight blocks re-laid in 16-row groups for the kernel (csrc/linear_q.c);
-`ggml` — ggml's bytes as a GGUF stores them, row after row (Q8_0 as stored, the K-quants, MXFP4); `mixed` — a
-fused weight of K-quant row segments of different kinds (a 64-byte segment table, then each part);
+`ggml` — ggml's bytes as a GGUF stores them, row after row (Q8_0 as stored, the K-quants, MXFP4, Q5_0);
+`mixed` — a fused weight of row segments of different `ggml` kinds with one K (a 64-byte segment table, then
+each part);
 `float` — a torch tensor of the dtype.
 """
 
@@ -62,6 +63,7 @@ FORMATS: tuple[WeightFormat, ...] = (
     WeightFormat("q6_k", "ggml", 256, 210, 5, OP_LINEAR_Q, row_code=5, ggml="Q6_K", as_stored=True),
     WeightFormat("kmix", "mixed", 256, 0, 6, OP_LINEAR_Q),
     WeightFormat("mxfp4", "ggml", 32, 17, 10, OP_LINEAR_Q, ggml="MXFP4", as_stored=True),
+    WeightFormat("q5_0", "ggml", 32, 22, 11, OP_LINEAR_Q, row_code=11, ggml="Q5_0", as_stored=True),
     WeightFormat("bf16", "float", 1, 2, 0, OP_LINEAR_BF16, row_code=8, ggml="BF16", as_stored=True,
                  dtype=torch.bfloat16),
     WeightFormat("f16", "float", 1, 2, 0, OP_LINEAR_F16, row_code=7, ggml="F16", as_stored=True,

@@ -4,7 +4,7 @@ A GGUF file stores tensors sorted by name, so the parts of a fused weight lie ap
 with ffn_norm between them). Gathering those rows into one tensor is a copy the size of the weight into
 fresh memory; on the 1B Q8_0 GGUF that was 0.2 s of a 0.6 s load, nearly all of it first-touch page faults
 (benchmarks/NOTES.md §34). A MappedWeight keeps the rows in place and gives the kernels a row table instead
-— int64 [N], the address of each row's bytes, in any order — which q8_0g, mxfp4, the K-quant kinds, f16 and
+— int64 [N], the address of each row's bytes, in any order — which q8_0g, mxfp4, q5_0, the K-quants, f16 and
 bf16 read through the BLZ_ROWS flag (csrc/blazr_kernels.h). The loader uses it where a weight is a few runs of
 rows (loading/stored.py MAX_MAPPED_RUNS): rows in another order, such as q / k rows un-permuted for rope,
 read slower through the table than gathered.
@@ -22,11 +22,11 @@ import logging
 import torch
 
 from blazr.kernels import ops
-from blazr.kernels.quant import FLOAT_KINDS, KQUANT_BYTES, MXFP4, Q8_0G, QuantizedWeight, row_bytes
+from blazr.kernels.quant import FLOAT_KINDS, GGML_BLOCK_KINDS, KQUANT_BYTES, QuantizedWeight, row_bytes
 
 log = logging.getLogger(__name__)
 
-MAPPED_KINDS = (Q8_0G, MXFP4, *KQUANT_BYTES, "f16", "bf16")  # the kinds whose kernels take a row table
+MAPPED_KINDS = (*GGML_BLOCK_KINDS, *KQUANT_BYTES, "f16", "bf16")  # the kinds whose kernels take a row table
 
 
 class MappedWeight(QuantizedWeight):

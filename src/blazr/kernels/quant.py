@@ -39,10 +39,15 @@ tensors load as q8_0g (`from_ggml`); `quantize(w, "q8_0")` (`--quantize int8`) k
 which its C quantizer writes directly.
 
 mxfp4 (17 B per 32 weights: e8m0 e, 16 B of e2m1 nibbles — w = 2^(e − 128)·kv, kv the doubled e2m1 value) is
-GGUF MXFP4 kept the same way, ggml's bytes as stored, uint8 [N, K/32 · 17] (csrc/linear_mxfp4.c; its values
+GGUF MXFP4 kept the same way, ggml's bytes as stored, uint8 [N, K/32 · 17] (csrc/linear_b32.c; its values
 and HF's packing in kernels/mxfp4.py): GPT-OSS's experts at 4.25 bits a weight. Its kernel rounds
 activations as the 32-block kinds (`int8_dot_reference` emulates it); `quantize(w, "mxfp4")` is gguf-py's
 quantizer (in torch).
+
+q5_0 (22 B per 32 weights: f16 d, 4 B of fifth bits, 16 B nibbles — w = d·((q | h << 4) − 16)) is GGUF Q5_0
+kept the same way, uint8 [N, K/32 · 22] (csrc/linear_b32.c, beside mxfp4; its values in kernels/q5_0.py):
+what llama.cpp's K-quant files hold for rows of no multiple of 256 values (Gemma 3, Qwen2.5-0.5B). Its kernel
+rounds activations as the 32-block kinds (`int8_dot_reference` emulates it).
 
 `quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
 quantizers) byte for byte for the 32-block kinds — in C (csrc/quantize.c, straight into the packed layout)
@@ -63,7 +68,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blazr.kernels import mxfp4
+from blazr.kernels import mxfp4, q5_0
 from blazr.kernels.formats import BY_KIND, FORMATS, kinds, stored_kind, value_kind
 
 # The lists below are views of the one format table (kernels/formats.py).
@@ -73,16 +78,19 @@ BLOCK_KINDS = tuple(BLOCK_BYTES)
 QK_K = 256  # weights per K-quant super-block
 KQUANT_BYTES = {f.kind: f.block_bytes for f in FORMATS if f.layout == "ggml" and f.block == QK_K}
 K_KINDS = tuple(KQUANT_BYTES)
-# A fused weight whose parts (row segments) are stored in different K-quant kinds — llama.cpp's Q4_K_M keeps
-# attn_v in Q6_K where attn_q / attn_k are Q4_K. Its bytes: a 64-byte table (int32 count ≤ 7, int32 kind
-# codes [7], int32 rows [7]), then each part's ggml bytes in order (csrc/linear_k.c).
-KMIX = "kmix"
-_KMIX_CODES = {k: BY_KIND[k].c_kind for k in K_KINDS}  # BLZ_Q4_K .. BLZ_Q6_K
-_KMIX_HEADER, _KMIX_MAX = 64, 7
 Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
-MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_mxfp4.c)
+MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_b32.c)
+Q5_0 = "q5_0"  # GGUF Q5_0 in ggml's own layout, run as stored (csrc/linear_b32.c)
 # 32-weight block kinds kept in ggml's own row layout, [N, K/32 · block_bytes] (no repack)
-GGML_BLOCK_KINDS = (Q8_0G, MXFP4)
+GGML_BLOCK_KINDS = (Q8_0G, MXFP4, Q5_0)
+# A fused weight whose parts (row segments) are of different kinds run as stored, of one K — llama.cpp's
+# Q4_K_M keeps attn_v in Q6_K where attn_q / attn_k are Q4_K, Gemma 3's attn_v in Q8_0 where they are Q5_0.
+# Its bytes: a 64-byte table (int32 count ≤ 7, int32 kind codes [7], int32 rows [7]), then each part's ggml
+# bytes in order (csrc/linear_mix.c: all K-quants run by linear_k.c in one pass, else segment by segment).
+KMIX = "kmix"
+_KMIX_CODES = {k: BY_KIND[k].c_kind for k in (*K_KINDS, *GGML_BLOCK_KINDS)}  # BLZ_Q4_K .. BLZ_Q6_K, Q8_0G …
+MIX_KINDS = tuple(_KMIX_CODES)  # the kinds a kmix weight's segments may be
+_KMIX_HEADER, _KMIX_MAX = 64, 7
 FLOAT_KINDS: dict[str, torch.dtype] = {f.kind: f.dtype for f in FORMATS if f.dtype is not None}
 KINDS = tuple(f.kind for f in FORMATS)
 # GGML tensor type names (gguf.GGMLQuantizationType.name) that map onto a kind: the kind of their values.
@@ -99,9 +107,8 @@ def row_bytes(kind: str, dim: int) -> int:
     """Bytes of one [dim] row of `kind` in ggml's layout (ValueError when dim does not split into blocks)."""
     if kind in FLOAT_KINDS:
         return dim * FLOAT_KINDS[kind].itemsize
-    kind = "q8_0" if kind == Q8_0G else kind
-    if kind == MXFP4:
-        qk, bs = QK, mxfp4.BLOCK_BYTES
+    if kind in GGML_BLOCK_KINDS:
+        qk, bs = QK, BY_KIND[kind].block_bytes
     else:
         qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
     if dim % qk:
@@ -137,18 +144,16 @@ class QuantizedWeight:
             if k % QK:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK}")
             want, dtype = (n, row_bytes(self.kind, k)), torch.uint8
-        elif self.kind in KQUANT_BYTES or self.kind == KMIX:
+        elif self.kind == KMIX:  # row_bytes: ValueError when k does not split into a segment kind's blocks
+            segs = _kmix_segments(d)
+            if sum(rows for _, rows in segs) != n:
+                found = [r for _, r in segs]
+                raise ValueError(f"kmix weight: its parts have {found} rows, expected {n} in all")
+            want, dtype = (_KMIX_HEADER + sum(rows * row_bytes(kd, k) for kd, rows in segs),), torch.uint8
+        elif self.kind in KQUANT_BYTES:
             if k % QK_K:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK_K}")
-            if self.kind == KMIX:
-                segs = _kmix_segments(d)
-                if sum(rows for _, rows in segs) != n:
-                    found = [r for _, r in segs]
-                    raise ValueError(f"kmix weight: its parts have {found} rows, expected {n} in all")
-                want = (_KMIX_HEADER + sum(rows * row_bytes(kd, k) for kd, rows in segs),)
-            else:
-                want = (n, row_bytes(self.kind, k))
-            dtype = torch.uint8
+            want, dtype = (n, row_bytes(self.kind, k)), torch.uint8
         elif self.kind in FLOAT_KINDS:
             want, dtype = (n, k), FLOAT_KINDS[self.kind]
         else:
@@ -167,10 +172,13 @@ class QuantizedWeight:
 
     @property
     def is_kquant(self) -> bool:
-        return self.kind in KQUANT_BYTES or self.kind == KMIX
+        """A K-quant kind, or a kmix weight all of whose segments are K-quants."""
+        if self.kind == KMIX:
+            return all(kd in KQUANT_BYTES for kd, _ in _kmix_segments(self.data))
+        return self.kind in KQUANT_BYTES
 
     def parts(self) -> list[QuantizedWeight]:
-        """A kmix weight's row segments (views of `data`), each of one K-quant kind; [self] otherwise."""
+        """A kmix weight's row segments (views of `data`), each of one as-stored kind; [self] otherwise."""
         if self.kind != KMIX:
             return [self]
         out, at, k = [], _KMIX_HEADER, self.in_features
@@ -182,11 +190,14 @@ class QuantizedWeight:
 
     @classmethod
     def from_parts(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
-        """The row concatenation of K-quant weights with one in_features (fused q|k|v, gate|up): one kind
-        when they share it, else a kmix weight (the segment table, then their bytes)."""
+        """The row concatenation of weights of kinds run as stored (K-quants, q8_0g, mxfp4, q5_0) with one
+        in_features (fused q|k|v, gate|up): one kind when they share it, else a kmix weight (the segment
+        table, then their bytes)."""
         kinds, k = [p.kind for p in parts], parts[0].in_features
-        if any(kd not in KQUANT_BYTES for kd in kinds) or any(p.in_features != k for p in parts):
-            raise ValueError(f"from_parts: K-quant parts of one in_features expected, found {kinds}")
+        if any(kd not in _KMIX_CODES for kd in kinds) or any(p.in_features != k for p in parts):
+            raise ValueError(
+                f"from_parts: parts of {tuple(_KMIX_CODES)} of one in_features expected, found {kinds}"
+            )
         n = sum(p.out_features for p in parts)
         if len(set(kinds)) == 1:
             return cls(kinds[0], torch.cat([p.data for p in parts]), n, k)
@@ -240,7 +251,9 @@ class QuantizedWeight:
         """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
         if self.kind == KMIX:
             raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
-        return self.data if self.is_kquant or self.kind in GGML_BLOCK_KINDS else unpack_blocks(self)
+        return (
+            self.data if self.kind in KQUANT_BYTES or self.kind in GGML_BLOCK_KINDS else unpack_blocks(self)
+        )
 
 
 def _tile_fields(kind: str) -> tuple[int, int]:
@@ -370,8 +383,11 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     if kind in FLOAT_KINDS:
         return QuantizedWeight(kind, w.detach().to("cpu", FLOAT_KINDS[kind]).contiguous(), n, k)
     check_quantize(kind, w)
-    if kind == MXFP4:  # gguf-py's quantizer, in torch (MXFP4 weights come from checkpoints: for tests)
-        return QuantizedWeight.from_blocks(kind, mxfp4.quantize_blocks(w), n, k)
+    if kind in (
+        MXFP4,
+        Q5_0,
+    ):  # gguf-py's quantizers, in torch (such weights come from checkpoints: for tests)
+        return QuantizedWeight.from_blocks(kind, (mxfp4 if kind == MXFP4 else q5_0).quantize_blocks(w), n, k)
     from blazr.kernels import ops  # here, not at the top: ops imports this module
 
     lib = ops.kernels() if w.is_cpu and w.dtype in (torch.float32, torch.bfloat16, torch.float16) else None
@@ -386,7 +402,7 @@ def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
     """`quantize` in torch: gguf's numpy quantizers' operations on fp32 blocks of 32, then `from_blocks`."""
     if kind in FLOAT_KINDS:
         return quantize(w, kind)
-    if kind == MXFP4:
+    if kind in (MXFP4, Q5_0):
         return quantize(w, kind)  # torch either way
     if kind == Q8_0G:
         return QuantizedWeight.from_blocks(kind, quantize_reference(w, "q8_0").ggml_blocks(), *w.shape)
@@ -413,11 +429,15 @@ def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
 def block_fields(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Split a block weight into (d [N, nb] f32, m [N, nb] f32 or None, q [N, nb, 32]) with q the stored
     integers: int8 for q8_0 / q8_0g, 0..15 (uint8) for the 4-bit kinds — the offset −8 of q4_0 not applied —,
-    for mxfp4 the int8 doubled e2m1 values kv with d = 2^(e − 128) (kernels/mxfp4.py)."""
+    for mxfp4 the int8 doubled e2m1 values kv with d = 2^(e − 128) (kernels/mxfp4.py), for q5_0 the int8
+    values v = (q | h << 4) − 16 (the offset applied; kernels/q5_0.py)."""
     n, nb = qw.out_features, qw.in_features // QK
     if qw.kind == MXFP4:
         blocks = qw.data.view(n, nb, mxfp4.BLOCK_BYTES)
         return mxfp4.e8m0_half(blocks[..., 0]), None, mxfp4.values(blocks)
+    if qw.kind == Q5_0:
+        blocks = qw.data.view(n, nb, q5_0.BLOCK_BYTES)
+        return q5_0.scales(blocks), None, q5_0.values(blocks)
     kind = "q8_0" if qw.kind == Q8_0G else qw.kind
     blocks = qw.ggml_blocks().view(n, nb, BLOCK_BYTES[kind])
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
@@ -432,10 +452,14 @@ def block_fields(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """float32 [N, K] (the reference every kernel is tested against); matches gguf.quants.dequantize."""
+    if qw.kind == KMIX:
+        return torch.cat([dequantize(p) for p in qw.parts()])
     if qw.is_kquant:
         return _dequantize_kquant(qw)
     if qw.kind == MXFP4:
         return mxfp4.dequantize_blocks(qw.data).reshape(qw.out_features, qw.in_features)
+    if qw.kind == Q5_0:
+        return q5_0.dequantize_blocks(qw.data).reshape(qw.out_features, qw.in_features)
     if not qw.is_block:
         return qw.data.float()
     d, m, q = block_fields(qw)
@@ -511,8 +535,6 @@ def _kmix_segments(data: torch.Tensor) -> list[tuple[str, int]]:
 
 def _dequantize_kquant(qw: QuantizedWeight) -> torch.Tensor:
     """gguf.quants' float32 order: d·scale (fp32), times q, minus dmin·min — separate ops, no fma."""
-    if qw.kind == KMIX:
-        return torch.cat([_dequantize_kquant(p) for p in qw.parts()])
     q, sc, d, mins = kquant_fields(qw)
     n, nb = d.shape
     S = sc.shape[-1]

@@ -60,13 +60,20 @@ def linear_reference(
     """fp32 matmul with the dequantized weight, then the epilogue (bias, SwiGLU or residual). (`prefill`
     chooses among the kernel's paths; the reference has one.)
 
-    K-quant weights (q4_k / q5_k / q6_k) see x rounded as their kernel rounds it (`quantize_q8_k`: 8 bits
+    A kmix weight with 32-block segments: each segment's rows by this rule. K-quant weights (q4_k / q5_k /
+    q6_k, a kmix of them) see x rounded as their kernel rounds it (`quantize_q8_k`: 8 bits
     per 256, an f32 scale): x̂ = d·q. The kernel then differs from this reference only by fp32 rounding —
     of the dequantized weight and x̂ here (≤ 2u·|w|, u·|x̂| per element), of its per-super-block scales and
     sums there — within γ_{K/256·2+8}·Σ|x̂|·(|d·sc·q| + |dmin·m|) + γ_K·Σ|x̂·w|; against the unrounded x
     add Σ_blocks |d|·(½ + 2⁻¹⁴)·Σ_block |w|."""
     linear_out_features(qw, swiglu)
-    y = F.linear(_kernel_input(x, qw), dequantize(qw), bias)
+    if (
+        qw.kind == KMIX and not qw.is_kquant
+    ):  # segments of 32-block kinds too: each sees its own rounding of x
+        y = torch.cat([F.linear(_kernel_input(x, p), dequantize(p)) for p in qw.parts()], dim=-1)
+        y = y if bias is None else y + bias
+    else:
+        y = F.linear(_kernel_input(x, qw), dequantize(qw), bias)
     if swiglu:
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up

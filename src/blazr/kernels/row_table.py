@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from blazr.kernels.quant import BLOCK_KINDS, FLOAT_KINDS, K_KINDS, QuantizedWeight, row_bytes
+from blazr.kernels.quant import BLOCK_KINDS, FLOAT_KINDS, K_KINDS, Q5_0, QuantizedWeight, row_bytes
 
 # Kinds a RowTable can hold: ggml's row layouts that the embedding kernel dequantizes in place.
-ROW_KINDS = (*BLOCK_KINDS, *K_KINDS, "f16", "bf16")
+ROW_KINDS = (*BLOCK_KINDS, Q5_0, *K_KINDS, "f16", "bf16")
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,6 +27,7 @@ from blazr.kernels.quant import (
     GGML_BLOCK_KINDS,
     GGML_KINDS,
     K_KINDS,
+    MIX_KINDS,
     MXFP4,
     Q8_0G,
     QuantizedWeight,
@@ -48,7 +49,8 @@ MAX_MAPPED_RUNS = 4
 
 # GGUF types `auto` keeps as stored: the block kinds (Q4_0 .. Q8_0, Q4_K .. Q6_K, MXFP4), the 16-bit floats.
 _KEPT_TYPES = {t for t, kind in GGML_KINDS.items() if kind != "f32"}
-_KQUANT_TYPES = {t for t, kind in GGML_KINDS.items() if kind in K_KINDS}
+# GGUF types whose tensors may be fused parts of one kmix weight (K-quants, Q8_0 as q8_0g, MXFP4, Q5_0).
+_MIX_TYPES = {t for t, kind in GGML_KINDS.items() if AS_STORED.get(kind, kind) in MIX_KINDS}
 # Stored float types whose rows the C quantizer reads in place (quantize_rows).
 _FLOAT_TYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
@@ -121,7 +123,8 @@ def gguf_blocks(
     run (parts stored back to back too) are a view of the map, Q8_0 / K-quant parts lying apart a
     MappedWeight — the kernels read them where they lie through a row table —, other moved rows (un-permuted
     q / k, F16, expert stacks) gathered by `gather_rows` (an OpenMP memcpy);
-    Q4_K_M's fused parts of mixed K-quant kinds go through `load_raw` into one kmix weight."""
+    fused parts of different kinds run as stored (Q4_K_M's Q4_K q|k beside a Q6_K v, Gemma 3's Q5_0 q|k
+    beside a Q8_0 v) go through `load_raw` into one kmix weight."""
     load_raw = getattr(source, "load_raw", None)
     sources = row_sources(cfg, source, names, pname, shape, is_stacked)
     if load_raw is None or sources is None:
@@ -147,7 +150,7 @@ def gguf_blocks(
         ggml_type, raw = load_raw(name)
         raws.append((ggml_type, _reordered(raw, order)))
     types = {t for t, _ in raws}
-    if len(types) > 1 and types <= _KQUANT_TYPES:  # fused parts in different K-quant kinds (Q4_K_M's q|k|v)
+    if len(types) > 1 and types <= _MIX_TYPES:  # fused parts in different kinds (Q4_K_M's, Gemma 3's q|k|v)
         parts = [
             QuantizedWeight.from_ggml(t, r, r.numel() // row_bytes(GGML_KINDS[t], k), k) for t, r in raws
         ]

@@ -54,8 +54,11 @@ enum { BLZ_Q4_0 = 0, BLZ_Q4_1 = 1, BLZ_Q8_0 = 2, BLZ_Q4_K = 3, BLZ_Q5_K = 4, BLZ
 enum { BLZ_ROW_F16 = 7, BLZ_ROW_BF16 = 8 };
 enum { BLZ_Q8_0G = 9 };
 /* MXFP4 (OCP microscaling FP4: 32 e2m1 values under one e8m0 scale) as a GGUF stores it, ggml's block_mxfp4
- * (linear_mxfp4.c): GPT-OSS's experts. */
+ * (linear_b32.c): GPT-OSS's experts. */
 enum { BLZ_MXFP4 = 10 };
+/* Q5_0 (32 five-bit values under one f16 scale) as a GGUF stores it, ggml's block_q5_0 (linear_b32.c): llama.cpp's
+ * K-quant files keep it for rows of no multiple of 256 values (Gemma 3's 640, Qwen2.5-0.5B's 896). */
+enum { BLZ_Q5_0 = 11 };
 #define BLZ_QK 32
 /* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
  * weight's bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused
@@ -202,15 +205,17 @@ void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t f
 int blz_linear_by_code(int code, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *out,
                        int swiglu, int nthreads);
 
-/* Internal: the K-quant linear kernel (linear_k.c), the in-place Q8_0 one (linear_q8.c) and MXFP4's
- * (linear_mxfp4.c), blz_linear_q's
- * signature plus the row table of BLZ_ROWS (NULL: rows follow each other from w). */
+/* Internal: the K-quant linear kernel (linear_k.c), the in-place Q8_0 one (linear_q8.c), MXFP4's and Q5_0's
+ * (linear_b32.c: kind BLZ_MXFP4 or BLZ_Q5_0), blz_linear_q's signature plus the row table of BLZ_ROWS (NULL:
+ * rows follow each other from w); and a fused weight's segments of different kinds (linear_mix.c, BLZ_KMIX). */
 int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
                  const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
                    const float *bias, const float *residual, float *out, int swiglu, int nthreads);
-int blz_linear_mxfp4(const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
-                     const float *bias, const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_b32(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
+                   const float *bias, const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                   const float *residual, float *out, int swiglu, int nthreads);
 
 /* Internal: the 32-block activations of linear_q.c (ggml's quantize_row_q8_0 / q8_1), shared with
  * linear_q8.c — rows of K int8 in natural order and per block of 32 the fp16-rounded scale d, Q4_1's offset

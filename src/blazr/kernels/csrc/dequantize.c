@@ -1,4 +1,4 @@
-/* blazr kernels — ggml Q4_0 / Q4_1 / Q8_0 / MXFP4 blocks and Q4_K / Q5_K / Q6_K super-blocks (as a GGUF file stores
+/* blazr kernels — ggml Q4_0 / Q4_1 / Q5_0 / Q8_0 / MXFP4 blocks and Q4_K / Q5_K / Q6_K super-blocks (as a GGUF file stores
  * them) to float32, at model load: the tensors a model needs as float (a GGUF's token embedding table —
  * Q6_K in llama.cpp's Q4_0 / Q4_K_M mixes —, a path without kernels).
  *
@@ -7,7 +7,8 @@
  * on its own (the build passes -ffp-contract=off):
  *   q8_0: d·q       q4_0: d·(q − 8)       q4_1: d·q + m
  *   q4_k / q5_k: q·(d·sc) − dmin·m per 32 values      q6_k: (q − 32)·(d·sc) per 16 values
- *   mxfp4: 2^(e − 128)·kv, kv the doubled e2m1 value of the code (ggml's kvalues_mxfp4; linear_mxfp4.c)
+ *   mxfp4: 2^(e − 128)·kv, kv the doubled e2m1 value of the code (ggml's kvalues_mxfp4; linear_b32.c)
+ *   q5_0: d·((q | h << 4) − 16), h bit j of the block's 32-bit qh for element j (linear_b32.c)
  * with byte j of a 4-bit block holding element j (low nibble) and j + 16 (high nibble); the K-quants' bit
  * layouts as kernels/quant.py's docstring and `kquant_fields` describe them. Tested equal to both
  * (tests/test_quantize_kernel.py). One OpenMP chunk of rows per thread; plain loops the compiler vectorises.
@@ -48,6 +49,30 @@ static void dequantize_mxfp4(const uint8_t *restrict blk, float *restrict out) {
         out[j] = d * (float)kv[blk[1 + j] & 15];
         out[j + 16] = d * (float)kv[blk[1 + j] >> 4];
     }
+}
+
+/* Q5_0 block blk [f16 d][u32 qh][16 bytes of low nibbles] → 32 values d·((q | h << 4) − 16). */
+static void dequantize_q5_0(const uint8_t *restrict blk, float *restrict out) {
+    const float d = f16_field(blk);
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    for (int j = 0; j < BLZ_QK / 2; ++j) {
+        out[j] = d * (float)((int)((blk[6 + j] & 0x0F) | ((qh >> j) & 1) << 4) - 16);
+        out[j + 16] = d * (float)((int)((blk[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+    }
+}
+
+/* A 32-value block of kind BLZ_Q4_0 / Q4_1 / Q8_0 / MXFP4 / Q5_0 → 32 floats. */
+static void dequantize_any32(int kind, const uint8_t *restrict blk, float *restrict out) {
+    if (kind == BLZ_MXFP4) dequantize_mxfp4(blk, out);
+    else if (kind == BLZ_Q5_0) dequantize_q5_0(blk, out);
+    else dequantize_block(kind, blk, out);
+}
+
+/* Bytes per block of a 32-value kind (0: not one). */
+static int bytes32(int kind) {
+    int header = 0;
+    return kind == BLZ_MXFP4 ? 17 : kind == BLZ_Q5_0 ? 22 : blz_block_bytes(kind, &header);
 }
 
 #define QK_K 256
@@ -101,17 +126,13 @@ static void dequantize_superblock(int kind, const uint8_t *restrict blk, float *
         }
 }
 
-/* Dequantize ggml-ordered blocks src (N rows, contiguous, of `kind`: BLZ_Q4_0 / Q4_1 / Q8_0 / MXFP4 — K/32 blocks
+/* Dequantize ggml-ordered blocks src (N rows, contiguous, of `kind`: BLZ_Q4_0 / Q4_1 / Q8_0 / MXFP4 / Q5_0 — K/32 blocks
  * a row — or BLZ_Q4_K / Q5_K / Q6_K — K/256 super-blocks) into dst, float32 [N, K]. */
 BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, int64_t K, float *dst,
                                      int nthreads) {
-    int header = 0;
     const int is_k = kind == BLZ_Q4_K || kind == BLZ_Q5_K || kind == BLZ_Q6_K;
     const int qk = is_k ? QK_K : BLZ_QK;
-    const int is_mx = kind == BLZ_MXFP4;
-    const int bs = is_k    ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210)
-                   : is_mx ? 17
-                           : blz_block_bytes(kind, &header);
+    const int bs = is_k ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210) : bytes32(kind);
     if (!bs || N < 0 || K <= 0 || K % qk) return BLZ_EINVAL;
     const int64_t nb = K / qk;
 #pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1)
@@ -120,8 +141,7 @@ BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, in
             const uint8_t *blk = src + (n * nb + b) * bs;
             float *out = dst + n * K + b * qk;
             if (is_k) dequantize_superblock(kind, blk, out);
-            else if (is_mx) dequantize_mxfp4(blk, out);
-            else dequantize_block(kind, blk, out);
+            else dequantize_any32(kind, blk, out);
         }
     return BLZ_OK;
 }
@@ -133,13 +153,10 @@ BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, in
  * there. A lookup touches only its own rows, so a memory-mapped table stays out of memory. */
 BLZ_EXPORT int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V,
                                int64_t D, float scale, float *out) {
-    int header = 0;
     const int is_k = kind == BLZ_Q4_K || kind == BLZ_Q5_K || kind == BLZ_Q6_K;
     const int is_f = kind == BLZ_ROW_F16 || kind == BLZ_ROW_BF16;
     const int qk = is_k ? QK_K : is_f ? 1 : BLZ_QK;
-    const int bs = is_k   ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210)
-                   : is_f ? 2
-                          : blz_block_bytes(kind, &header);
+    const int bs = is_k ? (kind == BLZ_Q4_K ? 144 : kind == BLZ_Q5_K ? 176 : 210) : is_f ? 2 : bytes32(kind);
     if (!bs || kind == BLZ_KMIX || T < 0 || V <= 0 || D <= 0 || D % qk) return BLZ_EINVAL;
     for (int64_t t = 0; t < T; ++t)
         if (ids[t] < 0 || ids[t] >= V) return BLZ_ERANGE;
@@ -153,7 +170,7 @@ BLZ_EXPORT int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const ui
         } else {
             for (int64_t b = 0; b < nb; ++b) {
                 if (is_k) dequantize_superblock(kind, row + b * bs, o + b * qk);
-                else dequantize_block(kind, row + b * bs, o + b * qk);
+                else dequantize_any32(kind, row + b * bs, o + b * qk);
             }
         }
         if (scale != 1.0f)

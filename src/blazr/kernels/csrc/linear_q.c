@@ -474,12 +474,12 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
     kind &= ~BLZ_ROWS;
     if (kind >= BLZ_Q4_K && kind <= BLZ_Q6_K) /* GGUF K-quants: linear_k.c */
         return blz_linear_k(kind, x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
-    if (kind == BLZ_KMIX && !tab)
-        return blz_linear_k(kind, x, M, K, w, NULL, N, bias, residual, out, swiglu, nthreads);
+    if (kind == BLZ_KMIX && !tab) /* a fused weight's segments of different kinds: linear_mix.c */
+        return blz_linear_mix(x, M, K, w, N, bias, residual, out, swiglu, nthreads);
     if (kind == BLZ_Q8_0G) /* Q8_0 as a GGUF stores it: linear_q8.c */
         return blz_linear_q8g(x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
-    if (kind == BLZ_MXFP4) /* MXFP4 as a GGUF stores it: linear_mxfp4.c */
-        return blz_linear_mxfp4(x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
+    if (kind == BLZ_MXFP4 || kind == BLZ_Q5_0) /* MXFP4 / Q5_0 as a GGUF stores them: linear_b32.c */
+        return blz_linear_b32(kind, x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
     if (tab) return BLZ_EINVAL; /* packed kinds are never listed by row */
     if (kind < BLZ_Q4_0 || kind > BLZ_Q8_0 || M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;

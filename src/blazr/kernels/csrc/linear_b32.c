@@ -1,31 +1,37 @@
-/* blazr kernels — linear layers with MXFP4 weights run as a GGUF stores them (kind BLZ_MXFP4, ggml's
- * block_mxfp4; GPT-OSS's experts).
+/* blazr kernels — linear layers with 32-value block weights run as a GGUF stores them whose values decode to
+ * int8 under one scale per block: MXFP4 (kind BLZ_MXFP4, ggml's block_mxfp4; GPT-OSS's experts) and Q5_0
+ * (kind BLZ_Q5_0, ggml's block_q5_0; llama.cpp's K-quant files keep it where a row is no multiple of 256).
  *
  * Computes out[M, N] = x[M, K] · Wᵀ (+ bias[N]) (+ residual[M, N]), or the SwiGLU form of linear_q8.c, reached
- * through blz_linear_q (kind code BLZ_MXFP4), rows from w or through a row table (BLZ_ROWS).
+ * through blz_linear_q (kind codes BLZ_MXFP4 / BLZ_Q5_0), rows from w or through a row table (BLZ_ROWS).
  *
- * Weights are ggml's bytes, row after row, never repacked: a row is nb = K/32 blocks of 17 bytes, [e8m0 e][16
- * bytes of e2m1 codes: byte j holds element j in its low nibble, j + 16 in its high one]. As llama.cpp's
- * ggml_vec_dot_mxfp4_q8_0, the codes are read as the doubled values kvalues_mxfp4 = {0, 1, 2, 3, 4, 6, 8, 12,
- * 0, −1, … , −12} (int8) under the halved scale dw = 2^(e − 128) (GGML_E8M0_TO_FP32_HALF: exact, a subnormal
- * for e < 2), so w = dw·kv = e2m1 · 2^(e − 127), the OCP value. Activations as every 32-block kind's
- * (linear_q.c's blz_quantize_act_row, ggml's quantize_row_q8_0): per block dx = fp16(amax/127), qx =
- * round_half_even(x·127/amax). Then per block, in order,
- *     acc = fma((float)Σ kv·qx, dw·dx, acc)          (the integer dot exact: |kv| ≤ 12, |qx| ≤ 127)
- * in fp32 — q8_0g's operations on the weight's int8 values kv and the scale dw, so every build (scalar fmaf,
+ * Weights are ggml's bytes, row after row, never repacked: a row is nb = K/32 blocks of
+ *   MXFP4, 17 bytes: [e8m0 e][16 bytes of e2m1 codes: byte j holds element j in its low nibble, j + 16 in its
+ *     high one]. As llama.cpp's ggml_vec_dot_mxfp4_q8_0, the codes are read as the doubled values
+ *     kvalues_mxfp4 = {0, 1, 2, 3, 4, 6, 8, 12, 0, −1, … , −12} (int8) under the halved scale dw = 2^(e − 128)
+ *     (GGML_E8M0_TO_FP32_HALF: exact, a subnormal for e < 2), so w = dw·kv = e2m1 · 2^(e − 127), the OCP value;
+ *   Q5_0, 22 bytes: [f16 d][u32 qh: bit j = element j's fifth bit][16 bytes of low nibbles, as MXFP4's], the
+ *     int8 value v = (nibble | bit << 4) − 16 in −16 … 15 under dw = d (ggml's ggml_vec_dot_q5_0_q8_0).
+ * Activations as every 32-block kind's (linear_q.c's blz_quantize_act_row, ggml's quantize_row_q8_0): per
+ * block dx = fp16(amax/127), qx = round_half_even(x·127/amax). Then per block, in order,
+ *     acc = fma((float)Σ v·qx, dw·dx, acc)          (the integer dot exact: |v| ≤ 16, |qx| ≤ 127)
+ * in fp32 — q8_0g's operations on the weight's int8 values v and the scale dw, so every build (scalar fmaf,
  * AVX2 vpmaddubsw, AVX-512 VNNI vpdpbusd) and every path below gives the same bits, and a row's result never
  * depends on its batch.
  *
- * The codes become int8 with one vpshufb against the 16-entry table (both nibbles of a block's 16 bytes in one
- * 256-bit register), then the dot is q8_0g's: vpdpbusd(|kv|, sign(qx, kv)) (AVX2: vpmaddubsw + vpmaddwd).
+ * Decoding to int8 in registers (decode_avx2): MXFP4's codes by one vpshufb against the 16-entry table (both
+ * nibbles of a block's 16 bytes in one 256-bit register); Q5_0's nibbles the same way, its 32 fifth bits
+ * spread to bytes (vpshufb of the broadcast word, or with a bit mask, compare), the −16 folded in as ggml
+ * does (a clear bit sets the high nibble: v = nibble − 16 as int8). Then the dot is q8_0g's:
+ * vpdpbusd(|v|, sign(qx, v)) (AVX2: vpmaddubsw + vpmaddwd).
  *
  * Paths: fewer than MX_PACK_MIN activation rows (decode) walk the output rows in tiles of QR = 8 — each block of
  * the 8 rows decoded once for up to QT activation rows, the 8 rows' dots reduced at once (blz_hsum8x8_epi32),
  * the next tile's rows prefetched as it goes. Longer calls (prefill) re-lay each 16-row output group as
- * linear_q.c's packed Q8_0 (values kv, d = fp16(dw)) in the thread's scratch and run the packed kernel's group
+ * linear_q.c's packed Q8_0 (values v, d = fp16(dw)) in the thread's scratch and run the packed kernel's group
  * (blz_q_group_run): the same integers and fmas, so the same bits, at the packed kernel's rate — where every
- * scale of the group is exact in fp16 (2^−24 … 2^15: e in 104 … 143, GPT-OSS's all); a group with another
- * scale runs the tiles.
+ * scale of the group is exact in fp16 (Q5_0's always; MXFP4's for e in 104 … 143, GPT-OSS's all); a group
+ * with another scale runs the tiles.
  *
  * Shapes: M activation rows, K in features (a multiple of 32), N out features (SwiGLU: N = 2·I), nb = K/32.
  */
@@ -33,7 +39,6 @@
 
 #define QR 8   /* weight rows per tile (the fp32 lanes) */
 #define QT 16  /* activation rows per tile, at most */
-#define QB 17  /* bytes per block: e8m0 e, 16 bytes of nibbles */
 #define Q8B 34 /* bytes per Q8_0 block (the packed path's re-laid rows) */
 #ifndef MX_PACK_MIN
 #define MX_PACK_MIN 16 /* activation rows from which a call runs the packed Q8_0 kernel (as linear_q8.c's) */
@@ -41,6 +46,9 @@
 #ifndef BLZ_MX_PF
 #define BLZ_MX_PF 1 /* 1: prefetch the next tile's rows a block column at a time; 0: none */
 #endif
+
+/* Bytes per block of a kind: MXFP4 e8m0 e + 16 bytes of nibbles; Q5_0 f16 d + 4 bytes of fifth bits + 16. */
+#define QB(kind) ((kind) == BLZ_MXFP4 ? 17 : 22)
 
 /* The e2m1 codes' values doubled (ggml's kvalues_mxfp4): code = sign << 3 | exponent << 1 | mantissa. */
 static const int8_t KV[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -53,29 +61,49 @@ BLZ_INLINE float e8m0_half(uint8_t e) {
     return f;
 }
 
-/* Whether 2^(e − 128) is a float16 (normal or subnormal): then the packed Q8_0 kernel's fp16 scale holds it. */
-BLZ_INLINE int is_fp16_scale(uint8_t e) { return e >= 104 && e <= 143; }
+/* Block blk's scale dw in fp32 (MXFP4: 2^(e − 128); Q5_0: its f16 d widened, exact). */
+BLZ_INLINE float block_scale(const int kind, const uint8_t *blk) {
+    if (kind == BLZ_MXFP4) return e8m0_half(blk[0]);
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return blz_fp16_to_fp32(h);
+}
 
-/* Block blk's 32 values kv as int8, in element order. */
-BLZ_INLINE void decode_scalar(const uint8_t *blk, int8_t v[BLZ_QK]) {
+/* Whether block blk's scale is a float16 (normal or subnormal): then the packed Q8_0 kernel's fp16 scale
+ * holds it (Q5_0's is one; MXFP4's 2^(e − 128) for e in 104 … 143). */
+BLZ_INLINE int is_fp16_scale(const int kind, const uint8_t *blk) {
+    return kind != BLZ_MXFP4 || (blk[0] >= 104 && blk[0] <= 143);
+}
+
+/* Block blk's 32 int8 values v, in element order. */
+BLZ_INLINE void decode_scalar(const int kind, const uint8_t *blk, int8_t v[BLZ_QK]) {
+    if (kind == BLZ_MXFP4) {
+        for (int j = 0; j < BLZ_QK / 2; ++j) {
+            v[j] = KV[blk[1 + j] & 15];
+            v[j + 16] = KV[blk[1 + j] >> 4];
+        }
+        return;
+    }
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
     for (int j = 0; j < BLZ_QK / 2; ++j) {
-        v[j] = KV[blk[1 + j] & 15];
-        v[j + 16] = KV[blk[1 + j] >> 4];
+        v[j] = (int8_t)(((blk[6 + j] & 15) | ((qh >> j) & 1) << 4) - 16);
+        v[j + 16] = (int8_t)(((blk[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
     }
 }
 
 /* Portable path: acc[m][r] = the dot products of weight rows rows[0..nr-1] with activation rows
  * m0 .. m0+mt-1, by the operations of the header comment. */
-__attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], int nr, const blz_act_t *restrict a,
-                                                int64_t m0, int mt, float acc[QT][QR]) {
+__attribute__((unused)) static void tile_scalar(const int kind, const uint8_t *const rows[QR], int nr,
+                                                const blz_act_t *restrict a, int64_t m0, int mt, float acc[QT][QR]) {
     for (int m = 0; m < mt; ++m)
         for (int r = 0; r < QR; ++r) acc[m][r] = 0.0f;
     for (int64_t b = 0; b < a->nb; ++b)
         for (int r = 0; r < nr; ++r) {
-            const uint8_t *blk = rows[r] + b * QB;
+            const uint8_t *blk = rows[r] + b * QB(kind);
             int8_t v[BLZ_QK];
-            decode_scalar(blk, v);
-            const float dw = e8m0_half(blk[0]);
+            decode_scalar(kind, blk, v);
+            const float dw = block_scale(kind, blk);
             for (int m = 0; m < mt; ++m) {
                 const int64_t row = (m0 + m) * a->nb + b;
                 const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
@@ -87,15 +115,27 @@ __attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], i
 }
 
 #ifdef BLZ_AVX2
-/* Block blk's 32 values kv as int8 lanes in element order: low nibbles (elements 0-15) in the low half, high
- * nibbles (16-31) in the high half, looked up in `lut` (KV in both halves) by one vpshufb. */
-BLZ_INLINE __m256i decode_avx2(const uint8_t *blk, const __m256i lut) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
-    const __m256i nib = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-    return _mm256_shuffle_epi8(lut, _mm256_and_si256(nib, _mm256_set1_epi8(0x0f)));
+/* Block blk's 32 values v as int8 lanes in element order: low nibbles (elements 0-15) in the low half, high
+ * nibbles (16-31) in the high half — MXFP4's looked up in `lut` (KV in both halves) by one vpshufb; Q5_0's
+ * with the fifth bits: bit j spread to byte j (vpshufb of the broadcast word: byte j takes word byte j/8,
+ * then or with a mask of all bits but j % 8, compare with 0xff), a clear bit setting the high nibble
+ * (ggml's ggml_vec_dot_q5_0_q8_0): nibble − 16 as int8. */
+BLZ_INLINE __m256i decode_avx2(const int kind, const uint8_t *blk, const __m256i lut) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)(blk + (kind == BLZ_MXFP4 ? 1 : 6)));
+    const __m256i nib = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
+                                         _mm256_set1_epi8(0x0f));
+    if (kind == BLZ_MXFP4) return _mm256_shuffle_epi8(lut, nib);
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    const __m256i spread = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
+                                              0x0303030303030303);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    const __m256i bit = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                          _mm256_set1_epi8(-1));
+    return _mm256_or_si256(nib, _mm256_andnot_si256(bit, _mm256_set1_epi8((char)0xf0)));
 }
 
-/* acc + the sums of each dword's four products u·s (u ≤ 12 unsigned, s signed ≥ −127: exact either way) —
+/* acc + the sums of each dword's four products u·s (u ≤ 16 unsigned, s signed ≥ −127: exact either way) —
  * one vpdpbusd with AVX512-VNNI, else vpmaddubsw widened by vpmaddwd (linear_q8.c's dot_u8s8). */
 BLZ_INLINE __m256i dot_u8s8(const __m256i acc, const __m256i u, const __m256i s, const __m256i ones) {
 #ifdef BLZ_VNNI
@@ -107,24 +147,24 @@ BLZ_INLINE __m256i dot_u8s8(const __m256i acc, const __m256i u, const __m256i s,
 }
 
 /* AVX2 path of tile_scalar; all QR rows are read (a short tile repeats its last). Each block of the 8 rows is
- * decoded once, then per activation row the 8 rows' dots (dot_u8s8(|kv|, sign(qx, kv))) reduced at once into
+ * decoded once, then per activation row the 8 rows' dots (dot_u8s8(|v|, sign(qx, v))) reduced at once into
  * lane r = row r's dot. */
-BLZ_INLINE void tile_avx2(const uint8_t *const rows[2 * QR], const int listed, const blz_act_t *restrict a,
-                          const int64_t m0, const int mt, float acc_out[QT][QR]) {
+BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * QR], const int listed,
+                          const blz_act_t *restrict a, const int64_t m0, const int mt, float acc_out[QT][QR]) {
     const int64_t nb = a->nb;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KV));
     __m256 acc[QT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        if (BLZ_MX_PF && m0 == 0) blz_prefetch_next_tile(rows, QR, listed, QB, b);
+        if (BLZ_MX_PF && m0 == 0) blz_prefetch_next_tile(rows, QR, listed, QB(kind), b);
         __m256i w[QR], aw[QR];
         float dh[QR];
         for (int r = 0; r < QR; ++r) {
-            const uint8_t *blk = rows[r] + b * QB;
-            w[r] = decode_avx2(blk, lut);
+            const uint8_t *blk = rows[r] + b * QB(kind);
+            w[r] = decode_avx2(kind, blk, lut);
             aw[r] = _mm256_abs_epi8(w[r]);
-            dh[r] = e8m0_half(blk[0]);
+            dh[r] = block_scale(kind, blk);
         }
         const __m256 dw = _mm256_loadu_ps(dh);
         for (int m = 0; m < mt; ++m) {
@@ -141,18 +181,22 @@ BLZ_INLINE void tile_avx2(const uint8_t *const rows[2 * QR], const int listed, c
 #endif
 
 /* acc[m][r] = dot products of weight rows rows[0..QR-1] (the first nr real, the rest repeats) with
- * activation rows m0 .. m0+mt-1. */
-static void tile_dots(const uint8_t *const rows[2 * QR], int listed, int nr, const blz_act_t *a, int64_t m0,
-                      int mt, float acc[QT][QR]) {
+ * activation rows m0 .. m0+mt-1. Each kind (and one activation row, decode) compiled on its own. */
+static void tile_dots(const int kind, const uint8_t *const rows[2 * QR], int listed, int nr, const blz_act_t *a,
+                      int64_t m0, int mt, float acc[QT][QR]) {
 #ifdef BLZ_AVX2
     (void)nr;
-    if (mt == 1) /* one activation row (decode) compiled on its own */
-        tile_avx2(rows, listed, a, m0, 1, acc);
-    else
-        tile_avx2(rows, listed, a, m0, mt, acc);
+    if (kind == BLZ_MXFP4) {
+        if (mt == 1) tile_avx2(BLZ_MXFP4, rows, listed, a, m0, 1, acc);
+        else tile_avx2(BLZ_MXFP4, rows, listed, a, m0, mt, acc);
+    } else {
+        if (mt == 1) tile_avx2(BLZ_Q5_0, rows, listed, a, m0, 1, acc);
+        else tile_avx2(BLZ_Q5_0, rows, listed, a, m0, mt, acc);
+    }
 #else
     (void)listed;
-    tile_scalar(rows, nr, a, m0, mt, acc);
+    if (kind == BLZ_MXFP4) tile_scalar(BLZ_MXFP4, rows, nr, a, m0, mt, acc);
+    else tile_scalar(BLZ_Q5_0, rows, nr, a, m0, mt, acc);
 #endif
 }
 
@@ -186,7 +230,7 @@ BLZ_INLINE void tile_epilogue(const float r[QR], const float u[QR], int64_t row,
 }
 
 /* Output rows n0 .. n0+nn-1 for all M activation rows by the tiles (nn ≤ 16: one packed group's rows). */
-static void rows_by_tiles(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t n0, int64_t nn,
+static void rows_by_tiles(int kind, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t n0, int64_t nn,
                           int64_t M, int64_t N, int64_t nout, const blz_act_t *a, const float *bias,
                           const float *residual, float *out, int swiglu) {
     for (int64_t t0 = n0; t0 < n0 + nn; t0 += QR) {
@@ -197,35 +241,35 @@ static void rows_by_tiles(const uint8_t *w, const int64_t *tab, int64_t row_byte
         tile_rows(w, tab, row_bytes, t0, n, nout, swiglu, gate, up, apart);
         for (int64_t m0 = 0; m0 < M; m0 += QT) {
             const int mt = (int)blz_min(QT, M - m0);
-            tile_dots(gate, apart[0], n, a, m0, mt, r);
-            if (swiglu) tile_dots(up, apart[1], n, a, m0, mt, u);
+            tile_dots(kind, gate, apart[0], n, a, m0, mt, r);
+            if (swiglu) tile_dots(kind, up, apart[1], n, a, m0, mt, u);
             for (int m = 0; m < mt; ++m) tile_epilogue(r[m], u[m], m0 + m, t0, n, N, nout, bias, residual, out, swiglu);
         }
     }
 }
 
-/* Row src (nb MXFP4 blocks) as Q8_0 blocks [f16 fp16(dw)][32 int8 kv] in dst; 0 (dst partly written) when a
- * scale is not a float16. */
-static int row_as_q8_0(const uint8_t *src, int64_t nb, uint8_t *dst) {
+/* Row src (nb blocks of `kind`) as Q8_0 blocks [f16 fp16(dw)][32 int8 v] in dst; 0 (dst partly written) when
+ * a scale is not a float16. */
+static int row_as_q8_0(int kind, const uint8_t *src, int64_t nb, uint8_t *dst) {
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = src + b * QB;
-        if (!is_fp16_scale(blk[0])) return 0;
-        const uint16_t h = blz_fp32_to_fp16(e8m0_half(blk[0]));
+        const uint8_t *blk = src + b * QB(kind);
+        if (!is_fp16_scale(kind, blk)) return 0;
+        const uint16_t h = blz_fp32_to_fp16(block_scale(kind, blk));
         memcpy(dst + b * Q8B, &h, 2);
-        decode_scalar(blk, (int8_t *)(dst + b * Q8B + 2));
+        decode_scalar(kind, blk, (int8_t *)(dst + b * Q8B + 2));
     }
     return 1;
 }
 
 /* One 16-row output group (gate rows n0 .. n0+nn-1, SwiGLU up rows nout + n0 …) re-laid as packed Q8_0 into
  * buf (and buf + gbytes) through the row buffer rowbuf; 0 when a scale is not a float16. */
-static int pack_group(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t nb, int64_t n0, int64_t nn,
-                      int64_t nout, int swiglu, uint8_t *rowbuf, uint8_t *buf, int64_t gbytes) {
+static int pack_group(int kind, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t nb, int64_t n0,
+                      int64_t nn, int64_t nout, int swiglu, uint8_t *rowbuf, uint8_t *buf, int64_t gbytes) {
     for (int half = 0; half < (swiglu ? 2 : 1); ++half)
         for (int j = 0; j < 16; ++j) {
             const uint8_t *src = NULL;
             if (j < nn) {
-                if (!row_as_q8_0(blz_weight_row(w, tab, half * nout + n0 + j, row_bytes), nb, rowbuf)) return 0;
+                if (!row_as_q8_0(kind, blz_weight_row(w, tab, half * nout + n0 + j, row_bytes), nb, rowbuf)) return 0;
                 src = rowbuf;
             }
             blz_pack_row(src, nb, Q8B, 2, 0x80808080u, j, buf + half * gbytes);
@@ -233,17 +277,17 @@ static int pack_group(const uint8_t *w, const int64_t *tab, int64_t row_bytes, i
     return 1;
 }
 
-/* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. x [M, K], w [N][nb · 17] in ggml's
- * layout — or, with a row table `tab` (int64 [N], BLZ_ROWS), each row where tab[n] says —, bias [N] or NULL,
- * residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
-int blz_linear_mxfp4(const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
-                     const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
-    if (M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
+/* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form; see the file header. kind BLZ_MXFP4 or BLZ_Q5_0, x [M, K],
+ * w [N][nb · QB] in ggml's layout — or, with a row table `tab` (int64 [N], BLZ_ROWS), each row where tab[n]
+ * says —, bias [N] or NULL, residual [M, N] or NULL (may equal out), out [M, N] (SwiGLU: [M, N/2]). */
+int blz_linear_b32(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
+                   const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
+    if ((kind != BLZ_MXFP4 && kind != BLZ_Q5_0) || M < 0 || N < 0 || K <= 0 || K % BLZ_QK) return BLZ_EINVAL;
     if (swiglu && (N % 2 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
     blz_act_t a;
     if (blz_act_alloc(&a, M, K)) return BLZ_ENOMEM;
-    const int64_t row_bytes = a.nb * QB, nout = swiglu ? N / 2 : N;
+    const int64_t row_bytes = a.nb * QB(kind), nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
     const int is_packed = M >= MX_PACK_MIN;
     const int64_t rows_per = is_packed ? 16 : QR, nunits = (nout + rows_per - 1) / rows_per;
@@ -267,12 +311,12 @@ int blz_linear_mxfp4(const float *x, int64_t M, int64_t K, const uint8_t *w, con
         for (int64_t g = 0; g < nunits; ++g) {
             const int64_t n0 = g * rows_per, nn = blz_min(rows_per, nout - n0);
             if (is_packed && !buf) continue;
-            if (is_packed && pack_group(w, tab, row_bytes, a.nb, n0, nn, nout, swiglu,
+            if (is_packed && pack_group(kind, w, tab, row_bytes, a.nb, n0, nn, nout, swiglu,
                                         buf + (swiglu ? 2 : 1) * gbytes, buf, gbytes))
                 blz_q_group_run(BLZ_Q8_0, &a, M, BLZ_MT_LONG, buf, buf + gbytes, NULL, 0, n0, nn, N, nout, bias,
                                 residual, out, swiglu);
             else
-                rows_by_tiles(w, tab, row_bytes, n0, nn, M, N, nout, &a, bias, residual, out, swiglu);
+                rows_by_tiles(kind, w, tab, row_bytes, n0, nn, M, N, nout, &a, bias, residual, out, swiglu);
         }
     }
     return rc;
