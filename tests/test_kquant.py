@@ -25,12 +25,12 @@ import torch
 from blazr import LLM, SamplingParams
 from blazr.kernels import ops
 from blazr.kernels.kquant import quantize_q8_k, random_kquant
+from blazr.kernels.kquant_fields import kquant_fields
 from blazr.kernels.quant import (
     K_KINDS,
     QK_K,
     QuantizedWeight,
     dequantize,
-    kquant_fields,
     quantize,
 )
 from blazr.model.qlinear import QuantizedLinear
