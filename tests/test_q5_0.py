@@ -27,16 +27,15 @@ import torch
 from blazr import LLM, SamplingParams
 from blazr.kernels import ops, q5_0
 from blazr.kernels.kquant import random_kquant
-from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, row_bytes
 from blazr.kernels.row_table import RowTable
 from blazr.loading.gguf import dequantize as gguf_dequantize
 from blazr.model.qlinear import QuantizedLinear
+from tests.block32_checks import check_batch_rows, check_linear, check_row_table, check_same_bits
 from tests.drive import full_logits
 from tests.gguf_fixtures import hf_to_gguf_name, llama_metadata, permute_qk, write_gguf
 from tests.hf_parity import prompts
 from tests.test_gguf import TINY, tiny_state_dict
-from tests.test_kernels import EPILOGUES, _act_error_bound, _check_linear, _epilogue, gamma
 
 
 def _weight(n: int, k: int, seed: int) -> QuantizedWeight:
@@ -86,69 +85,23 @@ def test_weight_is_ggml_bytes() -> None:
 @pytest.mark.parametrize("M", [1, 3, 16, 40])
 @pytest.mark.parametrize(("N", "K"), [(67, 640), (130, 896), (6, 96)])
 def test_linear_q5_0(lib: ops.Kernels, M: int, N: int, K: int) -> None:
-    """The kernel against the exact emulation (fp32 rounding) and the float reference (+ activation
-    rounding), with each epilogue; 16 and 40 rows run the packed prefill path."""
-    g = torch.Generator().manual_seed(M * 1000 + N)
-    qw = _weight(N, K, seed=N)
-    wd = dequantize(qw)
-    x = torch.randn(M, K, generator=g) * torch.logspace(-2, 1, K)
-    exact, mag = ops.int8_dot_reference(x, qw)
-    fp32_err = gamma(K // 32 + 40) * mag
-    act_err = _act_error_bound(x, wd)
-    ref = x.double() @ wd.double().T
-    ref_err = gamma(K) * (x.abs().double() @ wd.abs().double().T)
-    for i, name in enumerate(EPILOGUES):
-        if name != "plain" and M not in (3, 16):
-            continue
-        rows = N - (N % 2 if name == "swiglu" else 0)
-        bias, residual, swiglu = _epilogue(name, M, rows, g)
-        qn = qw if rows == N else QuantizedWeight("q5_0", qw.data[:rows].contiguous(), rows, K)
-        out = residual.clone() if residual is not None else None
-        y = lib.linear(x, qn, bias, out, swiglu=swiglu, out=out)
-        _check_linear(y, exact[:, :rows], fp32_err[:, :rows], bias, residual, swiglu)
-        err = fp32_err[:, :rows] + act_err[:, :rows] + ref_err[:, :rows]
-        _check_linear(y, ref[:, :rows], err, bias, residual, swiglu)
-        if i == 0:
-            _check_linear(ops.linear_reference(x, qn), ref, ref_err + 1e-30, None, None, False)
+    """The kernel against its exact emulation and the float reference, each epilogue (block32_checks)."""
+    check_linear(lib, _weight(N, K, seed=N), M, torch.Generator().manual_seed(M * 1000 + N))
 
 
 def test_same_bits_on_every_build(native: ops.Kernels, other_build: ops.Kernels) -> None:
-    """Exact integer dots, then the same fp32 operations in order: VNNI, AVX2 and scalar builds agree bit for
-    bit, awkward activations included (a zero block, ties at ±amax, huge and tiny values)."""
-    g = torch.Generator().manual_seed(7)
-    qw = _weight(53, 640, seed=4)
-    for M in (1, 5, 17, 40):
-        x = torch.randn(M, 640, generator=g) * torch.logspace(-3, 2, 640)
-        x[0, :32] = 0
-        x[-1, 32:64] = torch.tensor([3.0, -3.0] * 16)
-        bias = torch.randn(53, generator=g)
-        assert torch.equal(native.linear(x, qw, bias), other_build.linear(x, qw, bias)), M
+    """VNNI, AVX2 and scalar builds agree bit for bit (block32_checks.check_same_bits)."""
+    check_same_bits(native, other_build, _weight(53, 640, seed=4), torch.Generator().manual_seed(7))
 
 
 def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
-    """A batched call equals one call per row, bit for bit: the decode tiles and the packed groups compute the
-    same operations (SwiGLU too)."""
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(37, 640, generator=g)
-    qw = _weight(45, 640, seed=5)
-    rows = torch.cat([lib.linear(x[i : i + 1], qw) for i in range(len(x))])
-    for lo, hi in ((0, 37), (5, 12), (3, 19), (13, 37)):
-        assert torch.equal(lib.linear(x[lo:hi], qw), rows[lo:hi]), (lo, hi)
-    gate_up = QuantizedWeight("q5_0", qw.data[:44].contiguous(), 44, 640)
-    rows = torch.cat([lib.linear(x[i : i + 1], gate_up, swiglu=True) for i in range(len(x))])
-    assert torch.equal(lib.linear(x, gate_up, swiglu=True), rows)
+    """A batched call equals one call per row, bit for bit (block32_checks.check_batch_rows)."""
+    check_batch_rows(lib, _weight(45, 640, seed=5), torch.Generator().manual_seed(11))
 
 
 def test_row_table_reads_rows_where_they_lie(native: ops.Kernels) -> None:
-    """A MappedWeight (rows listed by address, here in another order) gives the bits of its rows gathered."""
-    qw = _weight(40, 256, seed=6)
-    order = torch.randperm(40, generator=torch.Generator().manual_seed(1))
-    rows = qw.data.data_ptr() + order * row_bytes("q5_0", 256)
-    mapped = MappedWeight("q5_0", rows, qw.data, 40, 256)
-    gathered = QuantizedWeight("q5_0", qw.data[order].contiguous(), 40, 256)
-    x = torch.randn(20, 256, generator=torch.Generator().manual_seed(2))
-    for M in (1, 20):
-        assert torch.equal(native.linear(x[:M], mapped), native.linear(x[:M], gathered)), M
+    """Rows read through a row table give the bits of those rows gathered (block32_checks.check_row_table)."""
+    check_row_table(native, _weight(40, 256, seed=6))
 
 
 def test_mixed_kinds_fused_weight(lib: ops.Kernels) -> None:
