@@ -36,8 +36,8 @@
  * Shapes: M activation rows, K in features (a multiple of 32), N out features (SwiGLU: N = 2·I), nb = K/32.
  */
 #include "blazr_kernels.h"
+#include "tile8.h"
 
-#define QR 8   /* weight rows per tile (the fp32 lanes) */
 #define QT 16  /* activation rows per tile, at most */
 #define Q8B 34 /* bytes per Q8_0 block (the packed path's re-laid rows) */
 #ifndef MX_PACK_MIN
@@ -200,35 +200,6 @@ static void tile_dots(const int kind, const uint8_t *const rows[2 * QR], int lis
 #endif
 }
 
-/* Tile t's gate rows (and SwiGLU up rows): its nn ≤ QR rows padded with the last, then the next tile's rows
- * (prefetched only); *apart: whether those next rows lie apart (a row table's). As linear_q8.c's. */
-static void tile_rows(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t n0, int nn, int64_t nout,
-                      int swiglu, const uint8_t *gate[2 * QR], const uint8_t *up[2 * QR], int apart[2]) {
-    for (int i = 0; i < 2 * QR; ++i) {
-        const int64_t n = i < QR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1);
-        gate[i] = blz_weight_row(w, tab, n, row_bytes);
-        up[i] = swiglu ? blz_weight_row(w, tab, nout + n, row_bytes) : gate[i];
-        if (i >= QR && !tab) {
-            gate[i] = gate[0] + i * row_bytes;
-            up[i] = up[0] + i * row_bytes;
-        }
-    }
-    apart[0] = !blz_rows_follow(gate + QR, QR, row_bytes);
-    apart[1] = !blz_rows_follow(up + QR, QR, row_bytes);
-}
-
-/* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u): the packed
- * kernel's epilogue on AVX-512 builds (so both paths give the same bits), blz_epilogue elsewhere. */
-BLZ_INLINE void tile_epilogue(const float r[QR], const float u[QR], int64_t row, int64_t n0, int nn, int64_t N,
-                              int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
-#ifdef BLZ_AVX512
-    const __m512 uv = swiglu ? _mm512_zextps256_ps512(_mm256_loadu_ps(u)) : _mm512_setzero_ps();
-    blz_epilogue16(_mm512_zextps256_ps512(_mm256_loadu_ps(r)), uv, row, n0, nn, N, nout, bias, residual, out, swiglu);
-#else
-    for (int j = 0; j < nn; ++j) blz_epilogue(&r[j], &u[j], 1, row, n0 + j, N, nout, bias, residual, out, swiglu);
-#endif
-}
-
 /* Output rows n0 .. n0+nn-1 for all M activation rows by the tiles (nn ≤ 16: one packed group's rows). */
 static void rows_by_tiles(int kind, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t n0, int64_t nn,
                           int64_t M, int64_t N, int64_t nout, const blz_act_t *a, const float *bias,
@@ -238,12 +209,13 @@ static void rows_by_tiles(int kind, const uint8_t *w, const int64_t *tab, int64_
         const int n = (int)blz_min(QR, n0 + nn - t0);
         const uint8_t *gate[2 * QR], *up[2 * QR];
         int apart[2];
-        tile_rows(w, tab, row_bytes, t0, n, nout, swiglu, gate, up, apart);
+        blz_tile_rows(w, tab, row_bytes, t0, n, nout, swiglu, gate, up, apart);
         for (int64_t m0 = 0; m0 < M; m0 += QT) {
             const int mt = (int)blz_min(QT, M - m0);
             tile_dots(kind, gate, apart[0], n, a, m0, mt, r);
             if (swiglu) tile_dots(kind, up, apart[1], n, a, m0, mt, u);
-            for (int m = 0; m < mt; ++m) tile_epilogue(r[m], u[m], m0 + m, t0, n, N, nout, bias, residual, out, swiglu);
+            for (int m = 0; m < mt; ++m)
+                blz_tile_epilogue(r[m], u[m], m0 + m, t0, n, N, nout, bias, residual, out, swiglu);
         }
     }
 }

@@ -29,8 +29,8 @@
  * Shapes: M activation rows, K in features (a multiple of 32), N out features (SwiGLU: N = 2·I), nb = K/32.
  */
 #include "blazr_kernels.h"
+#include "tile8.h"
 
-#define QR 8   /* weight rows per tile (the fp32 lanes) */
 #define QT 16  /* activation rows per tile, at most */
 #define QB 34  /* bytes per block: f16 d, 32 int8 */
 #ifndef BLZ_Q8_TRANSPOSE_MIN
@@ -171,35 +171,6 @@ static void tile_dots(const uint8_t *const rows[2 * QR], int listed, int nr, con
 #endif
 }
 
-/* Tile t's gate rows (and SwiGLU up rows): its nn ≤ QR rows padded with the last, then the next tile's rows
- * (prefetched only: for a plain weight the bytes after the tile, past the end too); *apart: whether those
- * next rows lie apart (a row table's). */
-static void tile_rows(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t n0, int nn, int64_t nout,
-                      int swiglu, const uint8_t *gate[2 * QR], const uint8_t *up[2 * QR], int apart[2]) {
-    for (int i = 0; i < 2 * QR; ++i) {
-        const int64_t n = i < QR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1);
-        gate[i] = blz_weight_row(w, tab, n, row_bytes);
-        up[i] = swiglu ? blz_weight_row(w, tab, nout + n, row_bytes) : gate[i];
-        if (i >= QR && !tab) {
-            gate[i] = gate[0] + i * row_bytes;
-            up[i] = up[0] + i * row_bytes;
-        }
-    }
-    apart[0] = !blz_rows_follow(gate + QR, QR, row_bytes);
-    apart[1] = !blz_rows_follow(up + QR, QR, row_bytes);
-}
-
-/* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u). */
-BLZ_INLINE void tile_epilogue(const float r[QR], const float u[QR], int64_t row, int64_t n0, int nn, int64_t N,
-                              int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
-#ifdef BLZ_AVX512 /* linear_q.c's epilogue (its silu): the same bits as the packed q8_0 on every host */
-    const __m512 uv = swiglu ? _mm512_zextps256_ps512(_mm256_loadu_ps(u)) : _mm512_setzero_ps();
-    blz_epilogue16(_mm512_zextps256_ps512(_mm256_loadu_ps(r)), uv, row, n0, nn, N, nout, bias, residual, out, swiglu);
-#else
-    for (int j = 0; j < nn; ++j) blz_epilogue(&r[j], &u[j], 1, row, n0 + j, N, nout, bias, residual, out, swiglu);
-#endif
-}
-
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
 /* One activation row (M = 1) against ns ≤ BLZ_STREAMS tiles far apart (one per stream, blazr_kernels.h), their
  * blocks walked together: acc_out[s] = tile s's dots by tile_avx2's operations at mt = 1, each tile
@@ -246,7 +217,7 @@ static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes,
         for (int s = 0; s < ns; ++s) {
             int ap[2];
             nn[s] = (int)blz_min(QR, nout - t[s] * QR);
-            tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
+            blz_tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
             apart[s] = ap[0];
             up_apart[s] = ap[1];
         }
@@ -257,7 +228,7 @@ static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes,
         float r[BLZ_STREAMS][QR];
         BLZ_TILE_SWITCH(tiles1_avx2, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
         for (int s = 0; s < ns; ++s)
-            tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out,
+            blz_tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out,
                           swiglu);
     }
 }
@@ -327,13 +298,13 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
             const int nn = (int)blz_min(QR, nout - n0);
             const uint8_t *gate[2 * QR], *up[2 * QR]; /* this tile's rows, then the next tile's (prefetch) */
             int apart[2];
-            tile_rows(w, tab, row_bytes, n0, nn, nout, swiglu, gate, up, apart);
+            blz_tile_rows(w, tab, row_bytes, n0, nn, nout, swiglu, gate, up, apart);
             for (int64_t m0 = 0; m0 < M; m0 += QT) {
                 const int mt = (int)blz_min(QT, M - m0);
                 tile_dots(gate, apart[0], nn, &a, m0, mt, r);
                 if (swiglu) tile_dots(up, apart[1], nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
-                    tile_epilogue(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
+                    blz_tile_epilogue(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
             }
         }
     }

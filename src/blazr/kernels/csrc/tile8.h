@@ -1,0 +1,45 @@
+/* blazr kernels — what the 8-row tile walks over 32-value blocks share (linear_q8.c's q8_0g, linear_b32.c's
+ * mxfp4 / q5_0): a tile's gate (and SwiGLU up) row pointers with the next tile's for prefetching, and the
+ * epilogue of one activation row's tile outputs — the packed kernel's on AVX-512 builds, so the tiles and the
+ * packed groups give the same bits.
+ */
+#ifndef BLAZR_TILE8_H
+#define BLAZR_TILE8_H
+
+#include "blazr_kernels.h"
+
+#define QR 8 /* weight rows per tile (the fp32 lanes) */
+
+/* Tile t's gate rows (and SwiGLU up rows): its nn ≤ QR rows padded with the last, then the next tile's rows
+ * (prefetched only: for a plain weight the bytes after the tile, past the end too); apart: whether those
+ * next rows lie apart (a row table's). */
+static inline void blz_tile_rows(const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t n0, int nn,
+                                 int64_t nout, int swiglu, const uint8_t *gate[2 * QR], const uint8_t *up[2 * QR],
+                                 int apart[2]) {
+    for (int i = 0; i < 2 * QR; ++i) {
+        const int64_t n = i < QR ? n0 + blz_min(i, nn - 1) : blz_min(n0 + i, nout - 1);
+        gate[i] = blz_weight_row(w, tab, n, row_bytes);
+        up[i] = swiglu ? blz_weight_row(w, tab, nout + n, row_bytes) : gate[i];
+        if (i >= QR && !tab) {
+            gate[i] = gate[0] + i * row_bytes;
+            up[i] = up[0] + i * row_bytes;
+        }
+    }
+    apart[0] = !blz_rows_follow(gate + QR, QR, row_bytes);
+    apart[1] = !blz_rows_follow(up + QR, QR, row_bytes);
+}
+
+/* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u): linear_q.c's
+ * epilogue (its silu) on AVX-512 builds, the same bits as the packed groups on every host; blz_epilogue
+ * elsewhere. */
+BLZ_INLINE void blz_tile_epilogue(const float r[QR], const float u[QR], int64_t row, int64_t n0, int nn, int64_t N,
+                                  int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
+#ifdef BLZ_AVX512
+    const __m512 uv = swiglu ? _mm512_zextps256_ps512(_mm256_loadu_ps(u)) : _mm512_setzero_ps();
+    blz_epilogue16(_mm512_zextps256_ps512(_mm256_loadu_ps(r)), uv, row, n0, nn, N, nout, bias, residual, out, swiglu);
+#else
+    for (int j = 0; j < nn; ++j) blz_epilogue(&r[j], &u[j], 1, row, n0 + j, N, nout, bias, residual, out, swiglu);
+#endif
+}
+
+#endif
