@@ -22,6 +22,7 @@ and durations in nanoseconds.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -74,7 +75,11 @@ def version() -> dict[str, Any]:
 
 
 def _details(s: Serving) -> dict[str, Any]:
-    d = s.details
+    return details_of(s.details)
+
+
+def details_of(d: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's `details` of a model from `LLM.details()`."""
     return {
         "parent_model": "",
         "format": d.get("format", "safetensors"),
@@ -83,6 +88,27 @@ def _details(s: Serving) -> dict[str, Any]:
         "parameter_size": _short(d.get("parameter_count", 0)),
         "quantization_level": d.get("quantization_level", ""),
     }
+
+
+_DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's `keep_alive` → seconds to stay loaded once idle: a number of seconds or a duration
+    ("5m", "30s", "1h"); negative: for ever (inf); 0: unload once the request is done; None: the server's
+    --sleep-idle-seconds. Another value is a 400."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        m = _DURATION.match(value.strip())
+        if m is None:
+            message = f"keep_alive {request_in.shorten(value)!r}: expected seconds or a duration (5m)"
+            raise bad_request(message, "keep_alive")
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    else:
+        seconds = float(value)
+    return float("inf") if seconds < 0 else seconds
 
 
 def _short(n: int) -> str:
