@@ -17,6 +17,7 @@ from blazr.errors import BlazrError
 from blazr.server.options import ServerConfig
 
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".oxidizr")
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the embedded model (no --model), as a one-model server names it
 CHECKPOINT_FILES = ("config.json", "*.safetensors", "*.gguf")
 
 
@@ -60,7 +61,7 @@ def catalog(config: ServerConfig) -> dict[str, str]:
             raise BlazrError(f"--models-dir {config.models_dir}: {what}")
         specs += in_dir
     if not specs:  # --sleep-idle-seconds alone: the embedded model
-        return {config.served_model_names[0] if config.served_model_names else "SmolLM2-135M": ""}
+        return {config.served_model_names[0] if config.served_model_names else EMBEDDED_NAME: ""}
     if config.served_model_names and len(specs) > 1:
         raise BlazrError("--served-model-name names one model; with several, each is named by its file")
     names: dict[str, str] = {}

@@ -213,9 +213,15 @@ class ModelPool:
             return
         entry.serving, entry.cache_bytes, entry.keep_alive = None, 0, None
         entry.state = state
-        await asyncio.to_thread(_stop, serving)
-        del serving
-        await asyncio.to_thread(free_memory)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry.loading = done  # a request for it now waits for the memory to be freed, then reloads it
+        try:
+            await asyncio.to_thread(_stop, serving)
+            del serving
+            await asyncio.to_thread(free_memory)
+        finally:
+            entry.loading = None
+            done.set_result(None)
         print(f"blazr serve: model {entry.name} {state} ({why})", file=sys.stderr, flush=True)
 
     async def run_idle_timer(self) -> None:
