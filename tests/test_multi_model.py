@@ -136,7 +136,8 @@ def test_concurrent_requests_to_three_models(pool, alone):
 
 def test_ollama_and_tokenize_pick_the_model_by_name(pool):
     # (the chat APIs: on the SmolLM2 pool below; these tiny models' 1k vocabularies hold no chat template)
-    r = pool.post("/api/generate", json={"model": "alpha:latest", "prompt": "a b. c", "raw": True, "stream": False, "options": {"num_predict": 3}})  # fmt: skip
+    body = {"model": "alpha:latest", "prompt": "a b. c", "raw": True, "stream": False}
+    r = pool.post("/api/generate", json={**body, "options": {"num_predict": 3}})
     assert r.status_code == 200 and r.json()["model"] == "alpha:latest" and r.json()["eval_count"] == 3
     r = pool.post("/detokenize", json={"model": "gamma", "tokens": [1023, 7]})
     assert r.status_code == 200 and r.json()["prompt"] == "t1023t7"  # gamma's own vocabulary
