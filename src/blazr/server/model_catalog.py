@@ -26,7 +26,8 @@ def model_name(spec: str) -> str:
     path = Path(spec).expanduser()
     if not path.exists():  # a repo id (or a missing path: loading it will say so)
         return spec.rstrip("/")
-    path = path.resolve()
+    if path.name in ("", ".."):  # ".", "..": the directory's own name (a link keeps its own, unresolved)
+        path = path.resolve()
     if path.is_file():
         for suffix in WEIGHT_SUFFIXES:
             if path.name.endswith(suffix):
