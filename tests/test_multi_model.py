@@ -258,6 +258,7 @@ def test_model_names(tmp_path):
     assert model_name(str(tmp_path / "m.Q4_K_M.gguf")) == "m.Q4_K_M"
     assert model_name(str(tmp_path / "dir-model") + "/") == "dir-model"
     assert model_name("org/some-model") == "org/some-model"  # a repo id as written
+    assert model_name("/no/such/dir/x.gguf") == "x"  # a missing file: loading it will say so
     names = catalog(_config("--model", "org/x", "--models-dir", str(tmp_path)))
     assert list(names) == ["org/x", "dir-model", "m.Q4_K_M"]
     (tmp_path / "other").mkdir()

@@ -11,11 +11,13 @@ when only one is given. Two models with one name are refused, in one line naming
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from blazr.errors import BlazrError
 from blazr.server.options import ServerConfig
 
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # as detect/paths.py reads one
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".oxidizr")
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the embedded model (no --model), as a one-model server names it
 CHECKPOINT_FILES = ("config.json", "*.safetensors", "*.gguf")
@@ -24,16 +26,16 @@ CHECKPOINT_FILES = ("config.json", "*.safetensors", "*.gguf")
 def model_name(spec: str) -> str:
     """The name a request uses for `spec` (see the module docstring)."""
     path = Path(spec).expanduser()
-    if not path.exists():  # a repo id (or a missing path: loading it will say so)
-        return spec.rstrip("/")
+    if not path.exists() and _REPO_ID.match(spec):  # a repo id, as written
+        return spec
     if path.name in ("", ".."):  # ".", "..": the directory's own name (a link keeps its own, unresolved)
         path = path.resolve()
-    if path.is_file():
-        for suffix in WEIGHT_SUFFIXES:
-            if path.name.endswith(suffix):
-                return path.name[: -len(suffix)]
-        return path.stem
-    return path.name
+    if path.is_dir():
+        return path.name
+    for suffix in WEIGHT_SUFFIXES:  # a file (or a missing one: loading it will say so)
+        if path.name.endswith(suffix):
+            return path.name[: -len(suffix)]
+    return path.stem
 
 
 def scan_dir(directory: str) -> list[str]:
