@@ -274,6 +274,19 @@ def test_model_names(tmp_path):
         catalog(_config("--models-dir", str(tmp_path / "empty")))
 
 
+def test_one_cache_budget_is_shared_by_the_models():
+    from blazr.engine_config import EngineConfig
+    from blazr.state.budget import shared_budget
+
+    gib = 1 << 30
+    total = EngineConfig(cache_memory_gib=4.0)  # --cache-memory: the total across loaded models
+    assert shared_budget(total, held_bytes=0, num_shares=2) == 2 * gib
+    assert shared_budget(total, held_bytes=2 * gib, num_shares=1) == 2 * gib  # what is left
+    assert shared_budget(total, held_bytes=5 * gib, num_shares=1) == 0
+    auto = shared_budget(EngineConfig(), held_bytes=0, num_shares=1, device="cpu")
+    assert 0 < shared_budget(EngineConfig(), held_bytes=0, num_shares=4, device="cpu") < auto
+
+
 def test_keep_alive_durations():
     assert keep_alive_seconds(None) is None
     assert keep_alive_seconds(0) == 0 and keep_alive_seconds("30s") == 30 and keep_alive_seconds("5m") == 300

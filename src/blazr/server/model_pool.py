@@ -238,7 +238,10 @@ class ModelPool:
                     continue
                 timeouts.append(max(timeout, 0.02))
                 if entry.is_idle and entry.loading is None and now - entry.last_used >= timeout:
-                    await self.unload(entry, "sleeping", f"idle for {timeout:g}s")
+                    try:
+                        await self.unload(entry, "sleeping", f"idle for {timeout:g}s")
+                    except Exception:  # the timer goes on for the other models
+                        log.exception("unloading model %s failed", entry.name)
 
     async def close(self) -> None:
         """Stop every engine (the server is stopping)."""
