@@ -106,6 +106,7 @@ def main() -> None:
             f"{max(r['asleep_rss_mib'])} MiB |",
             flush=True,
         )
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
     print(json.dumps(results, indent=1))
 
 

@@ -14,8 +14,9 @@ the models already loaded keep serving.
   unloaded (if every loaded model is busy, the load waits for one to go idle).
 - One memory budget: a model's cache pools get an equal share of what is left of the budget
   (state/budget.py `shared_budget`) — `--cache-memory` is the total across loaded models.
-- Unloading stops the engine thread, drops every reference to the weights and cache pools, collects and
-  hands freed heap back to the OS (glibc `malloc_trim`), so the process's resident memory really drops.
+- Unloading stops the engine thread, drops every reference to the weights and cache pools (waiting for a
+  `--quantize` cache write in flight, which holds them), collects and hands freed heap back to the OS
+  (glibc `malloc_trim`), so the process's resident memory really drops.
 """
 
 from __future__ import annotations
@@ -258,7 +259,12 @@ def _stop(serving: Serving) -> None:
 
 
 def free_memory() -> None:
-    """Collect garbage and hand the heap's free pages back to the OS (glibc), so RSS reflects an unload."""
+    """Collect garbage and hand the heap's free pages back to the OS (glibc), so RSS reflects an unload.
+    First the quantization cache's writes in flight finish (loading/quant_cache.py): a write holds the
+    weights it writes, and a reload maps the file it leaves instead of quantizing again."""
+    from blazr.loading import quant_cache
+
+    quant_cache.wait()
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: the allocator keeps its free pages
         ctypes.CDLL("libc.so.6").malloc_trim(0)
