@@ -90,6 +90,7 @@ def main() -> None:
     p.add_argument("--dir", default=str(ROOT / "benchmarks" / ".cache" / "1b"))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--idle", type=float, default=2.0, help="--sleep-idle-seconds")
+    p.add_argument("--only", default="", help="run the cases whose label contains this")
     args = p.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs", flush=True)
     print("| model | first load: to 1st token (load) | loaded: to 1st token | after sleep: to 1st token "
@@ -97,6 +98,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     results = {}
     for label, name, extra in CASES:
+        if args.only not in label:
+            continue
         r = run_case(Path(args.dir) / name, extra, args.rounds, args.idle)
         results[label] = r
         print(
