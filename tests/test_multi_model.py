@@ -244,6 +244,7 @@ def test_model_repeated_and_models_dir_flags():
     cfg = _config("--model", "a", "--model", "b", "-m", "c", "--max-loaded-models", "2")
     assert cfg.load.model == "a" and cfg.models == ("b", "c") and cfg.is_multi_model
     assert cfg.max_loaded_models == 2 and cfg.sleep_idle_seconds is None
+    assert _config("--model", "a", "--model", "b", "--models", "c", "d").models == ("b", "c", "d")
     one = _config("--model", "a")
     assert one.load.model == "a" and one.models == () and not one.is_multi_model  # as before
     assert _config("--sleep-idle-seconds", "30").is_multi_model

@@ -150,6 +150,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     for action in p._actions:
         if action.dest == "model":
             action.__class__ = _RepeatedModel
+        elif action.dest == "models":
+            action.__class__ = _MoreModels
 
 
 class _RepeatedModel(argparse.Action):
@@ -160,3 +162,10 @@ class _RepeatedModel(argparse.Action):
             namespace.model = values
         else:
             namespace.models = [*(getattr(namespace, "models", None) or []), values]
+
+
+class _MoreModels(argparse.Action):
+    """`--models B C`: added to the models given so far (by a repeated --model too), in order."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        namespace.models = [*(getattr(namespace, "models", None) or []), *values]
