@@ -188,7 +188,14 @@ def test_metrics_show_each_models_state(pool):
 def test_max_loaded_models_unloads_the_least_recently_used(models_dir, alone):
     args = ["--model", str(models_dir / "alpha"), "--model", str(models_dir / "beta"), *COMMON]
     with ServerProcess([*args, "--max-loaded-models", "1"]) as server:
-        assert _greedy(server, "alpha", PROMPTS[0]) == alone["alpha"][0]
+        # three requests at once for a model not loaded yet: one load, each answer as alone
+        async def three() -> list[list[str]]:
+            return await asyncio.gather(
+                *(asyncio.to_thread(_greedy, server, "alpha", PROMPTS[0]) for _ in range(3))
+            )
+
+        assert asyncio.run(three()) == [alone["alpha"][0]] * 3
+        assert server.log_text().count("model alpha loaded in") == 1
         assert _states(server) == {"alpha": "loaded", "beta": "unloaded"}
         assert _greedy(server, "beta", PROMPTS[1]) == alone["beta"][1]
         assert _states(server) == {"alpha": "unloaded", "beta": "loaded"}
@@ -196,6 +203,22 @@ def test_max_loaded_models_unloads_the_least_recently_used(models_dir, alone):
         assert _states(server) == {"alpha": "loaded", "beta": "unloaded"}
         log = server.log_text()
         assert "model alpha unloaded (to make room)" in log and "model alpha reloaded in" in log
+
+        # a model in use is never unloaded: beta waits for alpha's long stream to end, then both are whole
+        async def both() -> tuple[list[str], list[str]]:
+            async with server.async_client() as client:
+                stream = await client.completions.create(
+                    model="alpha", prompt=PROMPTS[0], max_tokens=120, temperature=0, stream=True,
+                    extra_body={"ignore_eos": True},
+                )  # fmt: skip
+                first = await anext(aiter(stream))  # alpha is generating now
+                beta = asyncio.create_task(asyncio.to_thread(_greedy, server, "beta", PROMPTS[1]))
+                reasons = [first.choices[0].finish_reason]
+                reasons += [c.choices[0].finish_reason async for c in stream]
+                return reasons, await beta
+
+        reasons, beta_tokens = asyncio.run(both())
+        assert reasons[-1] == "length" and beta_tokens == alone["beta"][1]  # (an unload mid-stream: an error)
 
 
 def test_an_idle_model_sleeps_frees_its_memory_and_reloads(tmp_path):
