@@ -61,6 +61,7 @@ class PoolEntry:
     error: str | None = None  # why `failed`, one line
     failed_at: float = 0.0
     num_in_use: int = 0  # requests holding it (acquire … release)
+    num_waiting: int = 0  # requests waiting for its load (so the next load cannot unload it before them)
     last_used: float = 0.0  # time.monotonic() of the last acquire or release
     cache_bytes: int = 0  # what its cache pools hold while loaded
     keep_alive: float | None = None  # Ollama's keep_alive of its last request (seconds; None: the server's)
@@ -71,9 +72,10 @@ class PoolEntry:
 
     @property
     def is_idle(self) -> bool:
-        """Loaded, no request holds it and its engine has nothing left to run."""
+        """Loaded, no request holds it or waits for it, and its engine has nothing left to run."""
         s = self.serving
-        return s is not None and self.num_in_use == 0 and s.engine.num_unfinished_seqs == 0
+        idle = self.num_in_use == 0 and self.num_waiting == 0
+        return s is not None and idle and s.engine.num_unfinished_seqs == 0
 
 
 class ModelPool:
@@ -131,7 +133,11 @@ class ModelPool:
                 raise self._failed(entry)
             if entry.loading is None:
                 entry.loading = asyncio.ensure_future(self._load(entry))
-            await asyncio.shield(entry.loading)
+            entry.num_waiting += 1
+            try:
+                await asyncio.shield(entry.loading)
+            finally:
+                entry.num_waiting -= 1
             if entry.state == "failed":
                 raise self._failed(entry)
 
@@ -147,9 +153,9 @@ class ModelPool:
     # ------------------------------------------------------------------------------ load / unload
 
     async def _load(self, entry: PoolEntry) -> None:
+        entry.state = "loading"  # (queued behind another model's load, maybe)
         try:
             async with self._load_lock:
-                entry.state = "loading"
                 await self._make_room()
                 held = sum(e.cache_bytes for e in self.loaded())
                 shares = max(1, min(self.config.max_loaded_models, len(self.entries)) - len(self.loaded()))
