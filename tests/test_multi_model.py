@@ -246,6 +246,10 @@ def test_an_idle_model_sleeps_frees_its_memory_and_reloads(tmp_path):
 
         # Ollama's keep_alive: 1h keeps it loaded past the server's 1 s; 0 unloads it once done
         body = {"model": name, "prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
+        _wait_for(lambda: _states(server)[name] == "sleeping")
+        load = server.post("/api/generate", json={"model": name})  # Ollama's "load the model" request
+        assert load.json()["done_reason"] == "load" and load.json()["load_duration"] > 0
+        assert _states(server)[name] == "loaded"
         assert server.post("/api/generate", json={**body, "keep_alive": "1h"}).status_code == 200
         time.sleep(2.5)
         assert _states(server)[name] == "loaded"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -104,7 +105,11 @@ async def pooled(raw: Request, pool: ModelPool) -> Serving:
     else:
         body = await raw.body()
         name = await asyncio.to_thread(_model_field, body) if body else None
+    loads = pool.entry(name).num_loads
+    t0 = time.perf_counter()
     entry, s = await pool.acquire(name)
+    if entry.num_loads != loads:  # this request waited for a load (Ollama's load_duration)
+        raw.state.load_seconds = time.perf_counter() - t0
     raw.state.pool_entry = entry
     on_response_done(raw.scope, lambda: pool.release(entry))
     return s
