@@ -68,9 +68,10 @@ async def ps(state: State) -> JSONResponse:
 
 
 def _keep_alive(raw: Request, value: float | str | None) -> None:
-    """A multi-model server: how long this request's model stays loaded once idle (Ollama's keep_alive)."""
-    seconds = ollama_api.keep_alive_seconds(value)
+    """A multi-model server: how long this request's model stays loaded once idle (Ollama's keep_alive; a
+    value that is no duration is a 400). One model loaded at startup: accepted with no effect."""
     entry = pool_entry(raw)
+    seconds = ollama_api.keep_alive_seconds(value) if entry is not None else None
     if entry is not None and seconds is not None:
         entry.keep_alive = seconds
 
