@@ -320,3 +320,14 @@ def test_keep_alive_durations():
     assert keep_alive_seconds(0) == 0 and keep_alive_seconds("30s") == 30 and keep_alive_seconds("5m") == 300
     assert keep_alive_seconds("1h") == 3600 and keep_alive_seconds(-1) == float("inf")
     assert keep_alive_seconds("-1") == float("inf") and keep_alive_seconds("250ms") == 0.25
+
+
+def test_a_bad_models_dir_stops_serve_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "blazr", "serve", "--cpu", "--models-dir", str(tmp_path / "missing")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].endswith("missing: no such directory")
+    assert "Traceback" not in done.stderr
