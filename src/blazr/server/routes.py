@@ -164,14 +164,14 @@ async def version() -> JSONResponse:
 async def list_models(state: State) -> JSONResponse:
     if state.pool is not None:
         return JSONResponse(model_cards.pool_models(state.pool).model_dump(exclude_none=True))
-    return JSONResponse(loaded(state).models().model_dump())
+    return JSONResponse(loaded(state).models().model_dump(exclude_none=True))
 
 
 @router.get("/v1/models/{model_id:path}", responses=documented(ModelCard, 401, 404, 503))
 async def get_model(model_id: str, state: State) -> JSONResponse:
     if state.pool is not None:
         return JSONResponse(model_cards.pool_card(state.pool, model_id).model_dump(exclude_none=True))
-    return JSONResponse(loaded(state).model(model_id).model_dump())
+    return JSONResponse(loaded(state).model(model_id).model_dump(exclude_none=True))
 
 
 async def parse(raw: Request, schema: type[RequestT], s: Serving) -> RequestT:
