@@ -9,7 +9,8 @@ the models already loaded keep serving.
 
 - `acquire(name)` → the model's `Serving`, loading it first when needed (concurrent requests for a model
   that is loading wait for that same load); it counts the request in use until `release`, and nothing in
-  use — or with sequences in its engine — is ever unloaded. Loads run one at a time.
+  use — or with sequences in its engine, or requests waiting for its load (else a load queued behind it
+  could unload it before they get it: two models thrashing) — is ever unloaded. Loads run one at a time.
 - Room: before a load, while `max_loaded_models` are loaded, the least recently used idle one is
   unloaded (if every loaded model is busy, the load waits for one to go idle).
 - One memory budget: a model's cache pools get an equal share of what is left of the budget
