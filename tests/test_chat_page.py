@@ -22,6 +22,7 @@ import httpx
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select
 
 from blazr.server.chat_page import STATIC_DIR
 from tests.browser import FETCH_SPY, STREAM_RECORDER, ChatPage, chrome
@@ -372,3 +373,27 @@ def test_a_refused_request_shows_the_servers_error(page):
     page.el("#regenerate").click()
     assert page.wait_answer().get_attribute("data-state") == "done"
     assert [m["role"] for m in page.chat_bodies()[0]["messages"]] == ["user"]
+
+
+def test_the_picker_shows_each_models_state_on_a_multi_model_server(driver, tmp_path):
+    """Two models behind one server (two links to the bundled SmolLM2, one loaded at a time): the picker
+    names each with its state, and opening it after a chat shows the model used as loaded."""
+    from blazr.detect.paths import default_model_path
+
+    for name in ("smol-a", "smol-b"):
+        (tmp_path / f"{name}.gguf").symlink_to(default_model_path())
+    args = ["--models-dir", str(tmp_path), "--max-loaded-models", "1", "--max-model-len", "1024"]
+    with ServerProcess(args) as server:
+        page = ChatPage(driver, server.url)
+        page.wait_ready()
+        picker = Select(page.el("#model"))
+        assert [o.text for o in picker.options] == ["smol-a (unloaded)", "smol-b (unloaded)"]
+        page.js(FETCH_SPY)
+        page.pick_model("smol-b")
+        page.set_field("max-tokens", "4")
+        page.send("Hi!")
+        assert page.wait_answer().get_attribute("data-state") == "done"
+        assert page.chat_bodies()[-1]["model"] == "smol-b"
+        page.js("document.querySelector('#model').dispatchEvent(new Event('focus'))")  # labels read again
+        labels = ["smol-a (unloaded)", "smol-b"]
+        page.wait(lambda d: [o.text for o in picker.options] == labels, 30, "the labels never changed")

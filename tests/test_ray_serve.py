@@ -108,10 +108,18 @@ def test_routing_key_is_the_prompts_first_characters():
     long = "a shared system prompt. " * 20
     body = json.dumps({"model": MODEL, "prompt": long + "question 1"}).encode()
     key = routing_key("/v1/completions", body, prefix_chars=256)
-    assert key == long[:256]
-    other = json.dumps({"prompt": long + "question 2", "max_tokens": 3}).encode()
+    assert key == f"model:{MODEL}\n" + long[:256]  # affinity is per (model, prefix)
+    other = json.dumps({"model": MODEL, "prompt": long + "question 2", "max_tokens": 3}).encode()
     assert routing_key("/v1/completions", other, prefix_chars=256) == key
-    assert routing_key("/v1/completions", json.dumps({"prompt": [long]}).encode(), 256) == key  # a batch
+    another_model = json.dumps({"model": "other", "prompt": long + "question 1"}).encode()
+    assert routing_key("/v1/completions", another_model, prefix_chars=256) not in (key, None)
+    cached = {"model": MODEL, "prompt": "short", "prompt_cache_key": "k"}
+    cached_other = json.dumps({**cached, "model": "other"}).encode()
+    assert routing_key("/v1/completions", json.dumps(cached).encode(), 256) != routing_key(
+        "/v1/completions", cached_other, 256
+    )
+    batch = {"model": MODEL, "prompt": [long]}
+    assert routing_key("/v1/completions", json.dumps(batch).encode(), 256) == key  # a batch
     ids = list(range(1000, 1100))
     by_ids = routing_key("/v1/completions", json.dumps({"prompt": ids}).encode(), 256)
     assert by_ids is not None and by_ids.startswith("1000 1001 ")

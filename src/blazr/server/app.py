@@ -2,7 +2,10 @@
 
 Startup: uvicorn binds at once and the lifespan starts a loader thread, so `/health` answers 503 while the
 model loads and 200 once the engine thread runs; a model that fails to load stops the server (exit 1,
-one-line error). SIGTERM / SIGINT drain (lifecycle.py); an engine that dies ends the process with status 1.
+one-line error). With several models (`ServerConfig.is_multi_model`) a `ModelPool` (model_pool.py) loads
+each on first use instead: `/health` answers 200 at once, and a model that fails to load is that model's
+503 while the others serve. SIGTERM / SIGINT drain (lifecycle.py); an engine that dies ends the process
+with status 1.
 Routes: OpenAI's (routes.py), Anthropic's (routes_anthropic.py), Ollama's (routes_ollama.py); the chat
 page at / (chat_page.py).
 Middlewares (middleware.py), outermost first: request id + in-flight count, API key (/v1/*, /api/* and the
@@ -12,6 +15,7 @@ docs; /health, /metrics and /version stay open so probes and scrapers need no se
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
 import threading
@@ -36,8 +40,11 @@ from blazr.server.errors import install_error_handlers
 from blazr.server.lifecycle import BlazrServer
 from blazr.server.metrics import Metrics
 from blazr.server.middleware import ApiKey, BodyLimit, RequestContext
+from blazr.server.model_catalog import catalog
+from blazr.server.model_pool import ModelPool
 from blazr.server.openapi import install_openapi
 from blazr.server.options import ServerConfig
+from blazr.server.response_store import ResponseStore
 from blazr.server.routes import router
 from blazr.server.routes_anthropic import router as anthropic_router
 from blazr.server.routes_ollama import router as ollama_router
@@ -60,6 +67,7 @@ class LoadedModel:
     is_cpu: bool = False
     details: dict[str, Any] = field(default_factory=dict)  # format, family, sizes (Ollama's /api/show, /tags)
     pooling: Pooling | None = None  # embeddings (engine/pooling.py); None: the engine's default, mean
+    cache_bytes: int = 0  # what its cache pools hold (a model pool's shared budget counts it)
 
 
 Loader = Callable[[ServerConfig], LoadedModel]
@@ -79,6 +87,8 @@ def load_model(cfg: ServerConfig) -> LoadedModel:
     loaded = LoadedModel(engine, llm.tokenizer, names, llm.name, desc, llm.device.type == "cpu")
     loaded.details = llm.details()
     loaded.pooling = llm.pooling
+    if llm.runner is not None:
+        loaded.cache_bytes = llm.runner.cache_plan.bytes
     return loaded
 
 
@@ -93,25 +103,40 @@ def engine_threads(cfg: ServerConfig, is_cpu: bool) -> int | None:
     return cores if cores <= 2 else cores - 1
 
 
+def start_serving(
+    config: ServerConfig,
+    loaded: LoadedModel,
+    metrics: Metrics,
+    on_fatal: Callable[[BaseException], None] | None = None,
+    responses: ResponseStore | None = None,
+) -> Serving:
+    """A loaded model's engine thread started and its `Serving` around it."""
+    threads = engine_threads(config, loaded.is_cpu)
+    engine = AsyncEngine(loaded.engine, observer=metrics, num_threads=threads, on_fatal=on_fatal)
+    serving = Serving(
+        engine,
+        loaded.tokenizer,
+        loaded.model_names,
+        loaded.root,
+        tool_call_parser=config.tool_call_parser,
+        reasoning_parser=config.reasoning_parser,
+        details=loaded.details,
+        pooling=loaded.pooling,
+        responses=responses,
+    )
+    engine.start()
+    serving.warm_up()
+    return serving
+
+
 def _load(
     state: ServerState, loader: Loader, on_fatal: Callable[[BaseException], None] | None = None
 ) -> None:
     t0 = time.perf_counter()
     try:
         loaded = loader(state.config)
-        threads = engine_threads(state.config, loaded.is_cpu)
-        engine = AsyncEngine(loaded.engine, observer=state.metrics, num_threads=threads, on_fatal=on_fatal)
-        serving = Serving(
-            engine,
-            loaded.tokenizer,
-            loaded.model_names,
-            loaded.root,
-            tool_call_parser=state.config.tool_call_parser,
-            reasoning_parser=state.config.reasoning_parser,
-            details=loaded.details,
-            pooling=loaded.pooling,
-        )
-        engine.start()
+        serving = start_serving(state.config, loaded, state.metrics, on_fatal)
+        engine = serving.engine
         state.metrics.bind_engine(
             lambda: engine.num_running,
             lambda: engine.num_waiting,
@@ -121,7 +146,6 @@ def _load(
             lambda: engine.spec_stats,
         )
         state.serving = serving
-        serving.warm_up()
         state.load_seconds = time.perf_counter() - t0
         if state.status == "loading":  # (a drain may have begun while loading)
             state.status = "ready"
@@ -153,9 +177,21 @@ def build_app(
     `on_engine_fatal` is called (engine thread) if the engine loop stops; `serve` exits on it."""
     metrics = Metrics(config.engine.max_model_len or 1 << 17)
     state = ServerState(config=config, metrics=metrics)
+    if config.is_multi_model:
+        state.pool = _pool(config, loader, metrics, on_engine_fatal)
+        state.status = "ready"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = state.pool
+        if pool is not None:
+            timer = asyncio.create_task(pool.run_idle_timer())
+            try:
+                yield
+            finally:
+                timer.cancel()
+                await pool.close()
+            return
         threading.Thread(
             target=_load, args=(state, loader, on_engine_fatal), name="blazr-load", daemon=True
         ).start()
@@ -188,6 +224,36 @@ def build_app(
             expose_headers=["X-Request-Id", "Retry-After"],
         )
     return app
+
+
+def _pool(
+    config: ServerConfig,
+    loader: Loader,
+    metrics: Metrics,
+    on_fatal: Callable[[BaseException], None] | None,
+) -> ModelPool:
+    """The model pool of a multi-model server, its gauges bound to /metrics."""
+    if config.load.tensor_parallel_size > 1:
+        raise BlazrError("several models (--model repeated, --models, --models-dir) cannot use -tp yet")
+
+    def start(one: ServerConfig) -> tuple[Serving, int]:
+        loaded = loader(one)
+        return start_serving(one, loaded, metrics, on_fatal, pool.responses), loaded.cache_bytes
+
+    pool = ModelPool(config, catalog(config), start)
+
+    def engines() -> list[AsyncEngine]:
+        return [e.serving.engine for e in pool.loaded() if e.serving is not None]
+
+    metrics.bind_engine(
+        lambda: sum(e.num_running for e in engines()),
+        lambda: sum(e.num_waiting for e in engines()),
+        lambda: max((e.cache_usage for e in engines()), default=0.0),
+        lambda: sum(e.prefix_cache_queries for e in engines()),
+        lambda: sum(e.prefix_cache_hits for e in engines()),
+    )
+    metrics.bind_models(lambda: {e.name: e.state for e in pool.entries.values()})
+    return pool
 
 
 def _version() -> str:
@@ -231,12 +297,12 @@ def serve(args: argparse.Namespace) -> None:
 
     state.on_load_failed.append(stop)
     auth = "API key required on /v1/*" if config.api_key else "no API key"
-    print(
-        f"blazr serve: http://{config.host}:{config.port} ({auth}); loading "
-        f"{config.load.model or 'the embedded SmolLM2'} — GET /health answers 503 until ready",
-        file=sys.stderr,
-        flush=True,
-    )
+    if state.pool is not None:
+        names = ", ".join(state.pool.entries)
+        what = f"serving {len(state.pool.entries)} model(s), each loaded on first use: {names}"
+    else:
+        what = f"loading {config.load.model or 'the embedded SmolLM2'} — GET /health answers 503 until ready"
+    print(f"blazr serve: http://{config.host}:{config.port} ({auth}); {what}", file=sys.stderr, flush=True)
     server.run()
     if state.serving is None and state.status == "failed":
         raise BlazrError("the model failed to load")

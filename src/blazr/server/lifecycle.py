@@ -92,8 +92,8 @@ class BlazrServer(uvicorn.Server):
         )
         if not await self._wait_idle(self.shutdown_timeout):
             left = state.num_in_flight
-            if state.serving is not None:
-                state.serving.engine.cancel_all(RequestCancelledError("the server is shutting down"))
+            for serving in state.servings():
+                serving.engine.cancel_all(RequestCancelledError("the server is shutting down"))
             await self._wait_idle(CANCEL_GRACE_S, hurry=False)
             print(f"blazr serve: cancelled {left} request(s) still in flight", file=sys.stderr, flush=True)
         print(f"blazr serve: drained in {time.monotonic() - t0:.1f}s; stopping", file=sys.stderr, flush=True)

@@ -21,7 +21,11 @@ its registry, so several apps can live in one process.
 | blazr:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total | counter | same |
 | blazr:spec_decode_num_accepted_tokens_per_pos_total{position} | counter | same |
 
-The speculative-decoding counters (engine/speculative.py) exist only when speculation is on.
+| blazr:model_state{model,state} | gauge (1 for a model's state) | (llama-server router's model status) |
+
+The speculative-decoding counters (engine/speculative.py) exist only when speculation is on; the model
+states only with several models (server/model_pool.py), where the engine gauges and counters add up the
+models loaded now (an unload makes those counters drop: Prometheus reads it as a reset).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from blazr.engine.speculative import SpecStats
@@ -119,6 +123,29 @@ class _SpecDecodeCounters(Collector):
         yield per_pos
 
 
+class _ModelStates:
+    """`blazr:model_state{model, state}`: 1 for each model's current state, 0 for its others."""
+
+    NAME = ("blazr:model_state", "State of each model of a multi-model server (1: the current one).")
+
+    def __init__(self, states: tuple[str, ...]) -> None:
+        self.states = states
+        self.read: Callable[[], dict[str, str]] = dict
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # present only with a model pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        models = self.read()
+        if not models:
+            return
+        gauge = GaugeMetricFamily(*self.NAME, labels=["model", "state"])
+        for name, current in models.items():
+            for state in self.states:
+                gauge.add_metric([name, state], 1.0 if state == current else 0.0)
+        yield gauge
+
+
 class Metrics:
     """The registry and every metric; implements `EngineObserver` for the engine thread."""
 
@@ -137,6 +164,8 @@ class Metrics:
         r.register(self.prefix_cache)
         self.spec_decode = _SpecDecodeCounters()
         r.register(self.spec_decode)
+        self.model_states = _ModelStates(("unloaded", "loading", "loaded", "sleeping", "failed"))
+        r.register(self.model_states)
         self.success = Counter(
             "blazr:request_success",
             "Finished requests by finish reason (abort: cancelled or client gone).",
@@ -196,6 +225,10 @@ class Metrics:
         self.cache_usage.set_function(cache_usage)
         self.prefix_cache.read_queries = prefix_cache_queries
         self.prefix_cache.read_hits = prefix_cache_hits
+
+    def bind_models(self, states: Callable[[], dict[str, str]]) -> None:
+        """A multi-model server: read each model's state ({name: state}) at every scrape."""
+        self.model_states.read = states
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of the /metrics page."""

@@ -2,7 +2,8 @@
 
 - `RequestContext`: gives every HTTP request an id (`scope["state"]["request_id"]`, echoed in the
   `X-Request-Id` response header; error logs and 5xx messages name it), counts the /v1 requests whose
-  response is not complete yet (a stream counts until its last byte) — what a drain waits on —, and is
+  response is not complete yet (a stream counts until its last byte) — what a drain waits on —, runs the
+  request's `on_response_done` callbacks when it is (a model pool's release), and is
   where an exception that no handler took ends (`unexpected_error`): it is logged once and answered as
   error JSON in the request's API dialect (500, or 400 for a BlazrError), or, when a stream had already
   started, as that stream's own error event (errors.py `stream_error`) — never left to uvicorn, which
@@ -34,6 +35,12 @@ Scope = dict[str, Any]
 DOC_PATHS = ("/docs", "/redoc", "/openapi.json")
 GUARDED_PATHS = ("/v1", "/api/", "/tokenize", "/detokenize", *DOC_PATHS)  # behind the API key, if set
 STREAM_TYPES = (b"text/event-stream", b"application/x-ndjson")
+
+
+def on_response_done(scope: Scope, callback: Callable[[], None]) -> None:
+    """Call `callback` once this request's response is complete (a stream: after its last byte), or it
+    failed or its client left (RequestContext runs it; a model pool releases the model so)."""
+    scope.setdefault("state", {}).setdefault("on_response_done", []).append(callback)
 
 
 def request_id(scope: Scope) -> str:
@@ -81,6 +88,8 @@ class RequestContext:
         finally:
             if counted:
                 self.on_in_flight(-1)
+            for callback in scope["state"].pop("on_response_done", []):
+                callback()
 
     async def _answer(
         self, exc: Exception, scope: Scope, receive: Any, send: Any, sent: dict[str, bool]

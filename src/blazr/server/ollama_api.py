@@ -22,6 +22,7 @@ and durations in nanoseconds.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -74,7 +75,11 @@ def version() -> dict[str, Any]:
 
 
 def _details(s: Serving) -> dict[str, Any]:
-    d = s.details
+    return details_of(s.details)
+
+
+def details_of(d: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's `details` of a model from `LLM.details()`."""
     return {
         "parent_model": "",
         "format": d.get("format", "safetensors"),
@@ -83,6 +88,27 @@ def _details(s: Serving) -> dict[str, Any]:
         "parameter_size": _short(d.get("parameter_count", 0)),
         "quantization_level": d.get("quantization_level", ""),
     }
+
+
+_DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's `keep_alive` → seconds to stay loaded once idle: a number of seconds or a duration
+    ("5m", "30s", "1h"); negative: for ever (inf); 0: unload once the request is done; None: the server's
+    --sleep-idle-seconds. Another value is a 400."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        m = _DURATION.match(value.strip())
+        if m is None:
+            message = f"keep_alive {request_in.shorten(value)!r}: expected seconds or a duration (5m)"
+            raise bad_request(message, "keep_alive")
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    else:
+        seconds = float(value)
+    return float("inf") if seconds < 0 else seconds
 
 
 def _short(n: int) -> str:
@@ -228,6 +254,11 @@ def _params(s: Serving, options: Options | None, logprobs: int | None) -> tuple[
     return params, max_tokens
 
 
+def load_seconds(raw: Request) -> float:
+    """How long this request waited for its model to load (a multi-model server; else 0)."""
+    return getattr(raw.state, "load_seconds", 0.0)
+
+
 def _logprobs(req: GenerationFields) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
@@ -240,13 +271,12 @@ async def chat(s: Serving, req: ChatRequest, raw: Request) -> Response:
     rid = request_id(raw.scope)
     if not req.messages:  # Ollama's "load the model" request
         done = {"model": name, "created_at": _now(), "message": {"role": "assistant", "content": ""}}
-        return Response(
-            json.dumps({**done, "done": True, "done_reason": "load"}), media_type="application/json"
-        )
+        done |= {"done": True, "done_reason": "load", "load_duration": int(load_seconds(raw) * 1e9)}
+        return Response(json.dumps(done), media_type="application/json")
     params, max_tokens = _params(s, req.options, _logprobs(req))
     conv = await s.off_loop(chat_conversation, s, req)
     run = await s.start_chat(conv, params, f"ollama-chat-{rid}", max_tokens)
-    job = OllamaJob(s, run, name, "chat")
+    job = OllamaJob(s, run, name, "chat", load_seconds(raw))
     if req.stream:
         return sse_response(job.events(), run.stream, rid, "ollama")
     return await run_until_disconnect(raw, job.collect(), rid)
@@ -260,12 +290,13 @@ async def generate(s: Serving, req: GenerateRequest, raw: Request) -> Response:
             raise bad_request(f"{field} is not supported", field)
     if not req.prompt and not req.context:  # Ollama's "load the model" request
         done = {"model": name, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+        done["load_duration"] = int(load_seconds(raw) * 1e9)
         return Response(json.dumps(done), media_type="application/json")
     params, max_tokens = _params(s, req.options, _logprobs(req))
     s.check_prompt_chars(len(req.prompt or "") + len(req.system or ""), "prompt")
     plan = await s.off_loop(_generate_plan, s, req)
     run = await s.start_plan(plan, params, f"ollama-generate-{rid}", max_tokens, "prompt")
-    job = OllamaJob(s, run, name, "generate")
+    job = OllamaJob(s, run, name, "generate", load_seconds(raw))
     if req.stream:
         return sse_response(job.events(), run.stream, rid, "ollama")
     return await run_until_disconnect(raw, job.collect(), rid)
@@ -298,12 +329,13 @@ def _generate_plan(s: Serving, req: GenerateRequest) -> Any:
 class OllamaJob:
     """One /api/chat or /api/generate answer, from its `ChatRun`: one object or NDJSON lines."""
 
-    def __init__(self, s: Serving, run: ChatRun, model: str, kind: str) -> None:
+    def __init__(self, s: Serving, run: ChatRun, model: str, kind: str, load_s: float = 0.0) -> None:
         self.s = s
         self.run = run
         self.model = model
         self.kind = kind  # chat | generate
-        self.started = time.monotonic()
+        self.load_s = load_s  # the model's load, when this request waited for it (a multi-model server)
+        self.started = time.monotonic() - load_s
 
     def _line(self, content: str, thinking: str, calls: list[dict[str, Any]], lps: list) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": _now()}
@@ -337,7 +369,7 @@ class OllamaJob:
             done=True,
             done_reason="length" if finish == "length" else "stop",
             total_duration=int((now - self.started) * 1e9),
-            load_duration=0,
+            load_duration=int(self.load_s * 1e9),
             prompt_eval_count=run.num_prompt_tokens,
             prompt_eval_duration=int((first - run.submitted) * 1e9),
             eval_count=run.num_generated,

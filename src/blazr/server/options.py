@@ -41,6 +41,32 @@ class ServerConfig:
         help="model name(s) the API answers to; the first is reported in responses (default: --model as "
         "given, or the embedded model's name)",
     )
+    models: tuple[str, ...] = option(
+        (),
+        metavar="MODEL",
+        help="more models to serve beside --model, each a checkpoint dir, .gguf file or HF repo id "
+        "(repeating --model adds to these); a request picks one by its `model` field, loaded on first use",
+    )
+    models_dir: str | None = option(
+        None,
+        metavar="DIR",
+        help="serve every checkpoint in DIR (each *.gguf file, each subdirectory holding one), named by "
+        "file stem / directory name, loaded on first use",
+    )
+    max_loaded_models: int = option(
+        4,
+        parse=positive_int,
+        metavar="N",
+        help="with several models: at most N loaded at once, the least recently used unloaded beyond "
+        "(as llama-server's --models-max); they share one cache memory budget",
+    )
+    sleep_idle_seconds: float | None = option(
+        None,
+        parse=seconds,
+        metavar="SECONDS",
+        help="unload a model (weights and cache pools) after this long without requests; the next request "
+        "reloads it (default: never)",
+    )
     log_level: str = option(
         "warning", env="BLAZR_LOG", parse=str.lower, help="debug|info|warning|error (env BLAZR_LOG)"
     )
@@ -94,6 +120,16 @@ class ServerConfig:
             raise ValueError(f"max_request_bytes {self.max_request_bytes}: expected an integer ≥ 1")
         if not self.shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout {self.shutdown_timeout}: expected seconds ≥ 0")
+        if self.max_loaded_models < 1:
+            raise ValueError(f"max_loaded_models {self.max_loaded_models}: expected an integer ≥ 1")
+        if self.sleep_idle_seconds is not None and not self.sleep_idle_seconds > 0:
+            raise ValueError(f"sleep_idle_seconds {self.sleep_idle_seconds}: expected seconds > 0")
+
+    @property
+    def is_multi_model(self) -> bool:
+        """Served by the model pool (server/model_pool.py): several models, a models dir, or sleep when idle
+        (one model given and no sleep: loaded at startup, as always)."""
+        return bool(self.models or self.models_dir or self.sleep_idle_seconds is not None)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -108,5 +144,28 @@ class ServerConfig:
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """Every flag of `blazr serve`: ServerConfig's tree (model loading, engine, speculative, HTTP)."""
+    """Every flag of `blazr serve`: ServerConfig's tree (model loading, engine, speculative, HTTP); `--model`
+    may be repeated: the first is `model`, each later one is added to `models`."""
     config_flags.add_flags(p, ServerConfig)
+    for action in p._actions:
+        if action.dest == "model":
+            action.__class__ = _RepeatedModel
+        elif action.dest == "models":
+            action.__class__ = _MoreModels
+
+
+class _RepeatedModel(argparse.Action):
+    """`--model A --model B`: A is the model (LoadConfig.model), B is appended to `models`."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        if getattr(namespace, "model", None) is None:
+            namespace.model = values
+        else:
+            namespace.models = [*(getattr(namespace, "models", None) or []), values]
+
+
+class _MoreModels(argparse.Action):
+    """`--models B C`: added to the models given so far (by a repeated --model too), in order."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        namespace.models = [*(getattr(namespace, "models", None) or []), *values]

@@ -5,6 +5,8 @@ bounded loads" (Mirrokni et al., 2018) over rendezvous hashing. A request whose 
 `prefix_chars` long (default 256 ≈ 64 tokens) is keyed by its first `prefix_chars` characters — for chat, the
 tool definitions and the messages in order, role-tagged — so a shared system prompt, and the next turn of a
 conversation, keep the same key; a request's `prompt_cache_key` (OpenAI's field for this) is its key instead.
+Either is keyed on the request's `model` too (a multi-model server, model_pool.py: one prefix of two models
+is two caches, so the same prefix of another model may go elsewhere).
 The replicas are ranked by `blake2b(key, replica id)`; the first one whose ongoing-request count is within
 `imbalance_threshold` of the least-loaded replica's takes the request, so an overloaded prefix spills to the
 same second replica each time (which then caches it too) instead of everywhere. Requests without a key (short
@@ -41,7 +43,8 @@ def routing_key(path: str, body: bytes, prefix_chars: int = DEFAULT_PREFIX_CHARS
     """The first `prefix_chars` characters of the prompt a generation request will render, or None (no
     affinity) for other paths, bodies that are not a JSON object, and prompts shorter than that. A request
     naming a `prompt_cache_key` is keyed by it instead, whatever its prompt: requests that share a key
-    share a replica, so its prefix cache (OpenAI's use of the key: cache-aware routing)."""
+    share a replica, so its prefix cache (OpenAI's use of the key: cache-aware routing). A body naming a
+    `model` has it in front of the key: affinity is per (model, prefix)."""
     if path not in ROUTED_PATHS or not body:
         return None
     try:
@@ -50,9 +53,11 @@ def routing_key(path: str, body: bytes, prefix_chars: int = DEFAULT_PREFIX_CHARS
         return None
     if not isinstance(data, dict):
         return None
+    model = data.get("model")
+    scope = f"model:{model}\n" if isinstance(model, str) and model else ""
     cache_key = data.get("prompt_cache_key")
     if isinstance(cache_key, str) and cache_key:  # the client's own affinity key (OpenAI's meaning)
-        return "prompt_cache_key:" + cache_key
+        return scope + "prompt_cache_key:" + cache_key
     if path in ("/v1/completions", "/api/generate"):
         text = _prompt_text(data.get("prompt"))
     elif path == "/v1/responses":  # the instructions, then the input (a string, or items like messages)
@@ -68,7 +73,7 @@ def routing_key(path: str, body: bytes, prefix_chars: int = DEFAULT_PREFIX_CHARS
         text = _chat_text(messages, data.get("tools"))
     if text is None or len(text) < prefix_chars:
         return None
-    return text[:prefix_chars]
+    return scope + text[:prefix_chars]
 
 
 def _prompt_text(prompt: object) -> str | None:

@@ -118,6 +118,10 @@ class BlazrReplica:
     async def check_health(self) -> None:
         """Ray's periodic health check: raise (→ Ray restarts this replica) once the engine has stopped."""
         serving = self.state.serving
+        if self.state.pool is not None:  # several models: alive while no engine died
+            if self.fatal is not None:
+                raise RuntimeError(f"an engine stopped: {self.fatal}")
+            return
         if self.fatal is not None or serving is None or not serving.engine.is_alive:
             raise RuntimeError(f"the engine stopped: {self.fatal or self.state.error}")
 

@@ -6,21 +6,35 @@ Open:       GET /health (200 ready; 503 loading, draining or failed), GET /metri
             GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions;
             and vLLM's POST /tokenize, POST /detokenize (the same guard).
 Every status a route can answer is declared for /openapi.json (openapi.py).
+
+Several models (a `ModelPool`, model_pool.py): a POST picks its model by the body's `model` field (none:
+the first model), loaded on first use and held in use until its response is complete; /health answers 200
+once the server is up, and /v1/models lists every model with its state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Annotated, TypeVar
+import time
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
 import blazr
-from blazr.server import embeddings, openai_chat, openai_completions, openai_responses, tokenizing
+from blazr.server import (
+    embeddings,
+    model_cards,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+    tokenizing,
+)
 from blazr.server.errors import APIError, validation_message
-from blazr.server.middleware import request_id
+from blazr.server.middleware import on_response_done, request_id
+from blazr.server.model_pool import ModelPool, PoolEntry
 from blazr.server.openapi import documented, request_body
 from blazr.server.schemas import (
     ChatCompletionRequest,
@@ -59,8 +73,16 @@ def server_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(server_state)]
 
 
-def serving(state: State) -> Serving:
-    """The loaded model, or 503: loading, draining (SIGTERM), failed (the process is exiting)."""
+async def serving(raw: Request, state: State) -> Serving:
+    """The loaded model, or 503: loading, draining (SIGTERM), failed (the process is exiting). With a model
+    pool: the model the request names, loaded if needed (`pooled`)."""
+    if state.pool is not None and state.status == "ready":
+        return await pooled(raw, state.pool)
+    return loaded(state)
+
+
+def loaded(state: ServerState) -> Serving:
+    """The one loaded model, or 503 (see `serving`)."""
     if state.status == "ready" and state.serving is not None and state.serving.engine.is_alive:
         return state.serving
     if state.status == "loading":
@@ -72,11 +94,50 @@ def serving(state: State) -> Serving:
     )
 
 
+async def pooled(raw: Request, pool: ModelPool) -> Serving:
+    """The model a request names (`model`, or Ollama's `name`; none: the default), acquired until the
+    response is complete. A GET or DELETE (stored responses) takes any loaded model: the store is shared."""
+    if raw.method != "POST":
+        found = pool.any_serving()
+        if found is not None:
+            return found
+        name = None
+    else:
+        body = await raw.body()
+        name = await asyncio.to_thread(_model_field, body) if body else None
+    loads = pool.entry(name).num_loads
+    t0 = time.perf_counter()
+    entry, s = await pool.acquire(name)
+    if entry.num_loads != loads:  # this request waited for a load (Ollama's load_duration)
+        raw.state.load_seconds = time.perf_counter() - t0
+    raw.state.pool_entry = entry
+    on_response_done(raw.scope, lambda: pool.release(entry))
+    return s
+
+
+def pool_entry(raw: Request) -> PoolEntry | None:
+    """The pool's entry of the model serving this request (None: a one-model server)."""
+    return getattr(raw.state, "pool_entry", None)
+
+
+def _model_field(body: bytes) -> str | None:
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    name = data.get("model") or data.get("name")  # Ollama's /api/show takes either
+    return name if isinstance(name, str) else None
+
+
 Serving = Annotated[Serving, Depends(serving)]
 
 
 @router.get("/health", responses=documented(HealthStatus, 503, model_503=HealthStatus))
 async def health(state: State) -> JSONResponse:
+    if state.status == "ready" and state.pool is not None:
+        return JSONResponse({"status": "ok"})
     if state.status == "ready" and state.serving is not None and state.serving.engine.is_alive:
         return JSONResponse({"status": "ok"})
     if state.status in ("loading", "draining"):
@@ -100,13 +161,17 @@ async def version() -> JSONResponse:
 
 
 @router.get("/v1/models", responses=documented(ModelList, 401, 503))
-async def list_models(s: Serving) -> JSONResponse:
-    return JSONResponse(s.models().model_dump())
+async def list_models(state: State) -> JSONResponse:
+    if state.pool is not None:
+        return JSONResponse(model_cards.pool_models(state.pool).model_dump(exclude_none=True))
+    return JSONResponse(loaded(state).models().model_dump(exclude_none=True))
 
 
 @router.get("/v1/models/{model_id:path}", responses=documented(ModelCard, 401, 404, 503))
-async def get_model(model_id: str, s: Serving) -> JSONResponse:
-    return JSONResponse(s.model(model_id).model_dump())
+async def get_model(model_id: str, state: State) -> JSONResponse:
+    if state.pool is not None:
+        return JSONResponse(model_cards.pool_card(state.pool, model_id).model_dump(exclude_none=True))
+    return JSONResponse(loaded(state).model(model_id).model_dump(exclude_none=True))
 
 
 async def parse(raw: Request, schema: type[RequestT], s: Serving) -> RequestT:

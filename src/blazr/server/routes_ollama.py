@@ -4,6 +4,9 @@ errors are Ollama's `{"error": "…"}` (errors.py, by path).
 
 GET /api/version, GET /api/tags, GET /api/ps, POST /api/show, POST /api/chat and POST /api/generate (NDJSON
 streams unless `"stream": false`), POST /api/embed, POST /api/embeddings.
+
+With several models (model_pool.py): /api/tags lists them all, /api/ps the loaded ones, and a request's
+`keep_alive` sets how long its model stays loaded once idle (0: unloaded when the request is done).
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from blazr.server import ollama_api
+from blazr.server import model_cards, ollama_api
 from blazr.server.errors import bad_request
 from blazr.server.middleware import request_id
 from blazr.server.openapi import documented, request_body
-from blazr.server.routes import Serving, parse
+from blazr.server.routes import Serving, State, loaded, parse, pool_entry
 from blazr.server.schemas_ollama import (
     ChatRequest,
     ChatResponse,
@@ -44,18 +47,33 @@ def _doc(model: type, *statuses: int, stream: bool = False) -> dict:
 
 
 @router.get("/api/version", responses=_doc(VersionResponse, 401, 503))
-async def version(s: Serving) -> JSONResponse:
+async def version(state: State) -> JSONResponse:
+    if state.pool is None:
+        loaded(state)  # 503 while the one model loads
     return JSONResponse(ollama_api.version())
 
 
 @router.get("/api/tags", responses=_doc(ModelList, 401, 503))
-async def tags(s: Serving) -> JSONResponse:
-    return JSONResponse(ollama_api.tags(s))
+async def tags(state: State) -> JSONResponse:
+    if state.pool is not None:
+        return JSONResponse(model_cards.pool_tags(state.pool))
+    return JSONResponse(ollama_api.tags(loaded(state)))
 
 
 @router.get("/api/ps", responses=_doc(ModelList, 401, 503))
-async def ps(s: Serving) -> JSONResponse:
-    return JSONResponse(ollama_api.ps(s))
+async def ps(state: State) -> JSONResponse:
+    if state.pool is not None:
+        return JSONResponse(model_cards.pool_ps(state.pool))
+    return JSONResponse(ollama_api.ps(loaded(state)))
+
+
+def _keep_alive(raw: Request, value: float | str | None) -> None:
+    """A multi-model server: how long this request's model stays loaded once idle (Ollama's keep_alive; a
+    value that is no duration is a 400). One model loaded at startup: accepted with no effect."""
+    entry = pool_entry(raw)
+    seconds = ollama_api.keep_alive_seconds(value) if entry is not None else None
+    if entry is not None and seconds is not None:
+        entry.keep_alive = seconds
 
 
 @router.post(
@@ -75,7 +93,9 @@ async def show(raw: Request, s: Serving) -> JSONResponse:
     "/api/chat", openapi_extra=request_body(ChatRequest), responses=_doc(ChatResponse, *ERRORS, stream=True)
 )
 async def chat(raw: Request, s: Serving) -> Response:
-    return await ollama_api.chat(s, await parse(raw, ChatRequest, s), raw)
+    req = await parse(raw, ChatRequest, s)
+    _keep_alive(raw, req.keep_alive)
+    return await ollama_api.chat(s, req, raw)
 
 
 @router.post(
@@ -84,12 +104,15 @@ async def chat(raw: Request, s: Serving) -> Response:
     responses=_doc(GenerateResponse, *ERRORS, stream=True),
 )
 async def generate(raw: Request, s: Serving) -> Response:
-    return await ollama_api.generate(s, await parse(raw, GenerateRequest, s), raw)
+    req = await parse(raw, GenerateRequest, s)
+    _keep_alive(raw, req.keep_alive)
+    return await ollama_api.generate(s, req, raw)
 
 
 @router.post("/api/embed", openapi_extra=request_body(EmbedRequest), responses=_doc(EmbedResponse, *ERRORS))
 async def embed(raw: Request, s: Serving) -> Response:
     req = await parse(raw, EmbedRequest, s)
+    _keep_alive(raw, req.keep_alive)
     rid = request_id(raw.scope)
     return await run_until_disconnect(raw, ollama_api.embed(s, req, rid), rid)
 

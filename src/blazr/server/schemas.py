@@ -472,6 +472,14 @@ class DetokenizeResponse(_Response):
     prompt: str
 
 
+class ModelStatus(_Response):
+    """A multi-model server's state of a model (as llama-server's router: `{"value": "loaded"}`)."""
+
+    value: Literal["unloaded", "loading", "loaded", "sleeping", "failed"]
+    error: str | None = None  # why `failed`, one line
+    load_seconds: float | None = None  # its last load
+
+
 class ModelCard(_Response):
     id: str
     object: Literal["model"] = "model"
@@ -479,6 +487,7 @@ class ModelCard(_Response):
     owned_by: str = "blazr"
     root: str | None = None
     max_model_len: int | None = None
+    status: ModelStatus | None = None  # multi-model servers only
 
 
 class ModelList(_Response):

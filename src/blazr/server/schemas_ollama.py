@@ -6,7 +6,8 @@ that sample (`num_predict`, `temperature`, `top_k`, `top_p`, `min_p`, `repeat_pe
 (`num_ctx`, `num_batch`, `num_gpu`, `main_gpu`, `num_thread`, `numa`, `low_vram`, `use_mmap`, `use_mlock`,
 `vocab_only`, `logits_all`, `embedding_only`, `num_keep`) and Ollama's own samplers that its current engine
 ignores too (`mirostat*`, `tfs_z`, `typical_p`, `repeat_last_n`, `penalize_newline`) are accepted with no
-effect; other option names are a 400. `keep_alive` is accepted with no effect (the model stays loaded).
+effect; other option names are a 400. `keep_alive` sets how long a multi-model server keeps the model
+loaded once idle (routes_ollama.py); with one model loaded at startup it has no effect.
 """
 
 from __future__ import annotations

@@ -65,16 +65,18 @@ class Serving:
         reasoning_parser: str | None = None,
         details: dict[str, Any] | None = None,
         pooling: Pooling | None = None,
+        responses: ResponseStore | None = None,
     ) -> None:
         """`tool_call_parser`: a name in TOOL_PARSERS, or None to pick one from the chat template;
         `reasoning_parser`: a name in REASONING_PARSERS, or None for no reasoning split; `details`: what
-        model listings say of it (`LLM.details`); `pooling`: how embeddings pool."""
+        model listings say of it (`LLM.details`); `pooling`: how embeddings pool; `responses`: the stored
+        responses (a model pool shares one store across its models)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_names = model_names
         self.root = root
         self.format = ChatFormat(tokenizer, tool_call_parser, reasoning_parser)
-        self.responses = ResponseStore()  # the Responses API's stored responses
+        self.responses = responses or ResponseStore()  # the Responses API's stored responses
         self.details = details or {}
         self.pooling = pooling or Pooling("mean")  # how embeddings pool (engine/pooling.py)
         self.created = int(time.time())

@@ -1,5 +1,5 @@
-"""ServerState: what the routes read — lifecycle status, the serving object once ready, metrics, and the
-count of /v1 requests in flight (what a drain waits on)."""
+"""ServerState: what the routes read — lifecycle status, the serving object once ready (or the model pool of
+a multi-model server), metrics, and the count of /v1 requests in flight (what a drain waits on)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from blazr.server.metrics import Metrics
+from blazr.server.model_pool import ModelPool
 from blazr.server.options import ServerConfig
 from blazr.server.serving import Serving
 
@@ -21,10 +22,17 @@ class ServerState:
     metrics: Metrics
     status: Status = "loading"
     error: str | None = None  # why `failed`: one line for /health, never internal exception text
-    serving: Serving | None = None
+    serving: Serving | None = None  # one model, once loaded
+    pool: ModelPool | None = None  # several models (model_pool.py): then `serving` stays None
     load_seconds: float = 0.0
     num_in_flight: int = 0  # /v1 requests whose response is not complete (event-loop thread only)
     on_load_failed: list[Callable[[str], None]] = field(default_factory=list)
 
     def add_in_flight(self, delta: int) -> None:
         self.num_in_flight += delta
+
+    def servings(self) -> list[Serving]:
+        """Every model loaded now."""
+        if self.pool is not None:
+            return [e.serving for e in self.pool.loaded() if e.serving is not None]
+        return [self.serving] if self.serving is not None else []

@@ -62,6 +62,23 @@ def cache_budget(engine: EngineConfig, device: torch.device | str = "cpu") -> in
     return int(available_memory(device) * DEFAULT_FRACTION)
 
 
+def shared_budget(
+    engine: EngineConfig, held_bytes: int, num_shares: int, device: torch.device | str | None = None
+) -> int:
+    """Several models behind one server (server/model_pool.py): the cache budget, in bytes, of the next
+    model to load — an equal share, over the `num_shares` models that may still load, of what is left:
+    `cache_memory_gib` (then the total across loaded models) less the `held_bytes` their pools hold, else
+    DEFAULT_FRACTION of the memory available now (which the loaded models' pools already left).
+    `device` None: CUDA when there is one."""
+    if engine.cache_memory_gib is not None:
+        left = int(engine.cache_memory_gib * _GiB) - held_bytes
+    else:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        left = int(available_memory(device) * DEFAULT_FRACTION)
+    return max(0, left) // max(1, num_shares)
+
+
 @dataclass(frozen=True)
 class CachePlan:
     """Pool sizes: `group_blocks[g]` paged blocks of `block_size` tokens for KV group g (its window

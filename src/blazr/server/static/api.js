@@ -26,11 +26,12 @@ async function failure(response) {
   return response.status === 401 ? new AuthError(message) : new ApiError(message);
 }
 
+// The served models as [{id, state}]: state is a multi-model server's ("loaded", "sleeping", …), else null.
 export async function listModels(key) {
   const response = await fetch("/v1/models", { headers: headers(key) });
   if (!response.ok) throw await failure(response);
   const body = await response.json();
-  return (body.data || []).map((m) => m.id);
+  return (body.data || []).map((m) => ({ id: m.id, state: m.status?.value ?? null }));
 }
 
 // Split a growing SSE text buffer into complete events; returns [events' data strings, rest].

@@ -73,18 +73,38 @@ async function withKey(call) {
 
 // ------------------------------------------------------------------------------------------ models
 
+// A model's label in the picker: its name, and its state on a multi-model server unless loaded.
+function modelLabel(m) {
+  return m.state && m.state !== "loaded" ? `${m.id} (${m.state})` : m.id;
+}
+
 async function loadModels() {
+  let listed;
   try {
-    state.models = await withKey(() => listModels(state.key));
+    listed = await withKey(() => listModels(state.key));
   } catch (err) {
     setStatus(`Could not list the models: ${err.message}`);
     return;
   }
-  els.model.replaceChildren(...state.models.map((id) => new Option(id, id)));
+  state.models = listed.map((m) => m.id);
+  els.model.replaceChildren(...listed.map((m) => new Option(modelLabel(m), m.id)));
   if (!state.models.includes(state.settings.model)) state.settings.model = state.models[0] || "";
   els.model.value = state.settings.model;
   store.saveSettings(state.settings);
   els.app.dataset.ready = "true";
+}
+
+// Re-read the models' states (they load, sleep and wake) when the picker is opened.
+async function refreshModelStates() {
+  try {
+    const listed = await listModels(state.key);
+    for (const m of listed) {
+      const option = [...els.model.options].find((o) => o.value === m.id);
+      if (option) option.textContent = modelLabel(m);
+    }
+  } catch {
+    // the picker keeps its labels
+  }
 }
 
 // ------------------------------------------------------------------------------------------ settings
@@ -420,6 +440,7 @@ function start() {
   renderConversations();
   renderMessages();
   loadModels();
+  els.model.addEventListener("focus", refreshModelStates);
 }
 
 start();
