@@ -51,7 +51,26 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE_ROOT = ROOT / "benchmarks" / ".cache"
 PRECISIONS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 # per shape: (--rounds, --prompt-len, --gen) when not given
-DEFAULTS = {"1b": (2, 500, 64), "8b": (1, 64, 16)}
+DEFAULTS = {"1b": (2, 500, 64), "8b": (1, 64, 16), "qwen3-0.6b": (2, 500, 64), "gemma3-1b": (2, 500, 64)}
+# the shapes built whole by transformers (random bf16 weights, published sizes; SmolLM2's tokenizer, which the
+# converter pads to the published vocabulary with [PAD] tokens): architecture, config
+SHAPES = {
+    "1b": ("LlamaForCausalLM", dict(
+        vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+        tie_word_embeddings=True, rope_theta=500000.0,
+    )),
+    "qwen3-0.6b": ("Qwen3ForCausalLM", dict(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    )),
+    "gemma3-1b": ("Gemma3ForCausalLM", dict(
+        vocab_size=49152, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=512, max_position_embeddings=32768, tie_word_embeddings=True, rms_norm_eps=1e-6,
+    )),
+}  # fmt: skip
 # the Llama-3.1-8B shape with SmolLM2's vocabulary (the tokenizer the converter knows)
 SHAPE_8B = {
     "vocab_size": 49152, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -107,8 +126,8 @@ print(json.dumps({"load": load, "imports": imports, "rss": rss, "prefill": prefi
 """
 
 
-def build(precisions: list[str], cache: Path) -> dict[str, Path]:
-    """The HF directory and the GGUFs, made once (minutes; cached)."""
+def build(precisions: list[str], cache: Path, shape: str = "1b") -> dict[str, Path]:
+    """The HF directory and the GGUFs of `shape` (SHAPES), made once (minutes; cached)."""
     sys.path.insert(0, str(ROOT))
     from tests.llama_cpp_convert import convert, export_tokenizer, quantize
 
@@ -117,19 +136,18 @@ def build(precisions: list[str], cache: Path) -> dict[str, Path]:
         import torch
         import transformers
 
-        print("building the 1B checkpoint (random bf16 weights) …", file=sys.stderr, flush=True)
-        cfg = transformers.LlamaConfig(
-            vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-            tie_word_embeddings=True, rope_theta=500000.0, initializer_range=0.02, bos_token_id=1,
-            eos_token_id=2,
-        )  # fmt: skip
+        print(f"building the {shape} checkpoint (random bf16 weights) …", file=sys.stderr, flush=True)
+        arch, sizes = SHAPES[shape]
+        config_cls = getattr(
+            transformers, "Gemma3TextConfig" if arch.startswith("Gemma3") else arch[:-11] + "Config"
+        )
+        cfg = config_cls(**sizes, initializer_range=0.02, bos_token_id=1, eos_token_id=2)
         torch.manual_seed(0)
         torch.set_default_dtype(torch.bfloat16)
-        transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(hf)
+        getattr(transformers, arch)(cfg).to(torch.bfloat16).save_pretrained(hf)
         torch.set_default_dtype(torch.float32)
     files = {"hf": hf}
-    f16 = cache / "1b-f16.gguf"
+    f16 = cache / f"{shape}-f16.gguf"
     if not f16.exists():
         print("converting to an F16 GGUF (llama.cpp's converter) …", file=sys.stderr, flush=True)
         convert(hf, export_tokenizer(cache / "tok"), f16, "f16")
@@ -137,7 +155,7 @@ def build(precisions: list[str], cache: Path) -> dict[str, Path]:
     for p in precisions:
         if p == "F16":
             continue
-        out = cache / f"1b-{p.lower()}.gguf"
+        out = cache / f"{shape}-{p.lower()}.gguf"
         if not out.exists():
             print(f"quantizing to {p} (llama.cpp's quantizer) …", file=sys.stderr, flush=True)
             quantize(f16, out, p)
@@ -304,7 +322,7 @@ def main() -> None:
         files = {"Q4_K_M": build_8b(args.cache_root / "8b")}
     else:
         args.only = args.only or list(PRECISIONS)
-        files = build(args.only, args.cache_root / "1b")
+        files = build(args.only, args.cache_root / args.shape, args.shape)
     # (row label, blazr's input, blazr's quantize mode, llama.cpp's file, blazr's quantization cache:
     # "kept" = one dir for the run, filled before the rounds; "fresh" = an empty dir for each process)
     rows = [(f"{p} GGUF, both engines", files[p], "auto", files[p], "kept") for p in args.only]
@@ -340,8 +358,10 @@ def main() -> None:
     if args.shape == "8b":
         size = files["Q4_K_M"].stat().st_size / GiB
         head = f"8B shape (Llama-3.1-8B, 49k vocabulary), GGUF {size:.2f} GiB, "
-    else:
+    elif args.shape == "1b":
         head = "1B shape (Llama-3.2-1B, 49k vocabulary), "
+    else:
+        head = f"{args.shape} shape ({SHAPES[args.shape][0]}, published sizes and vocabulary), "
     head += f"{args.prompt_len}-token prompt, {args.gen} tokens, "
     print(head + f"{args.threads} threads, medians of {args.rounds} rounds, each engine in a fresh process")
     sys.path.insert(0, str(ROOT))

@@ -584,3 +584,21 @@ def test_big_endian_file_is_unsupported(tmp_path: Path) -> None:
         UnsupportedError, match=r"be\.gguf: GGUF byte order differs .* only little-endian GGUF"
     ):
         GGUFFile(path)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_0", "Q5_0"])
+def test_a_tensor_of_the_wrong_size_is_one_line_naming_it(qtype: str, tmp_path: Path) -> None:
+    """A GGUF whose metadata says 64 more tokens than its token table holds: the float path and every path
+    that keeps a tensor as stored refuse it in one line naming the tensor, expected vs found (not a
+    ValueError from the weight format's size check)."""
+    from blazr import LLM
+
+    cfg = {**TINY, "vocab_size": TINY["vocab_size"] + 64}
+    path = write_tiny_llama_gguf(
+        tmp_path / "m.gguf", tiny_state_dict(cfg=cfg | {"vocab_size": TINY["vocab_size"]}), cfg, qtype
+    )
+    rows, width = cfg["vocab_size"], cfg["hidden_size"]
+    with pytest.raises(
+        CheckpointError, match=rf"expected shape \[{rows}, {width}\], found \[{rows - 64}, {width}\]"
+    ):
+        LLM(path, vocab="cl100k_base", cpu=True)

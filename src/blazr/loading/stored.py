@@ -18,6 +18,7 @@ import math
 import torch
 
 from blazr.config import ModelConfig
+from blazr.errors import CheckpointError
 from blazr.kernels import mxfp4
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
@@ -107,6 +108,28 @@ def row_addresses(
     return (found[0][0], rows) if rows.numel() == math.prod(shape[:-1]) else None  # type: ignore[index]
 
 
+def _check_sizes(
+    source: TensorSource, sources: list[tuple[str, RowOrder | None]], pname: str, shape: tuple[int, ...]
+) -> None:
+    """The stored tensors hold the rows parameter `pname` [*, K] takes, or one line naming them (before any
+    weight format's own size check): each part K wide, the parts' rows adding up to the parameter's — a part
+    that picks rows of a fused tensor (`source_rows`) needs that tensor to have that many."""
+    stored = [tuple(source.shape(name)) for name, _ in sources]
+    rows = [math.prod(s[:-1]) for s in stored]
+    picks = [order is not None and order.source_rows is not None for _, order in sources]
+    fits = all(s[-1] == shape[-1] for s in stored) and all(
+        r == order.source_rows
+        for r, (_, order), pick in zip(rows, sources, picks, strict=True)
+        if pick  # type: ignore[union-attr]
+    )
+    if not any(picks):
+        fits = fits and sum(rows) == math.prod(shape[:-1])
+    if not fits:
+        what = ", ".join(dict.fromkeys(name for name, _ in sources))
+        found = " + ".join(str(list(s)) for s in stored)
+        raise CheckpointError(f"tensor {pname} ({what}): expected shape {list(shape)}, found {found}")
+
+
 def gguf_blocks(
     cfg: ModelConfig,
     source: TensorSource,
@@ -130,6 +153,7 @@ def gguf_blocks(
     if load_raw is None or sources is None:
         return None
     num_rows, k = math.prod(shape[:-1]), shape[-1]
+    _check_sizes(source, sources, pname, shape)
     found = row_addresses(source, sources, shape)
     kind = None if found is None else GGML_KINDS.get(found[0])
     kind = AS_STORED.get(kind, kind)  # type: ignore[arg-type]
