@@ -50,9 +50,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from blazr.engine.grammar import lark_json
-from blazr.errors import BlazrError
 from blazr.server.tool_call_text import WS, ToolCallDelta, new_call_id
-from blazr.server.tool_grammar import lark_frame, tool_parameters
+from blazr.server.tool_grammar import chosen, lark_frame, tool_parameters
 from blazr.server.tool_parser_base import ParsedDelta, ToolParser, held_prefix
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
@@ -215,13 +214,7 @@ class HarmonyParser(ToolParser):
     ) -> str:
         """The forced call in harmony (see the module docstring): an optional analysis message, then one call
         to one of `tools` (or to `name`), `parallel` notwithstanding (`<|call|>` ends the turn)."""
-        schemas = [tool_parameters(t) for t in tools]
-        if not schemas:
-            raise BlazrError("tool_choice: tools is empty")
-        if name is not None:
-            schemas = [(f, s) for f, s in schemas if f == name]
-            if not schemas:
-                raise BlazrError(f"tool_choice: function {name!r} is not in tools")
+        schemas = chosen([tool_parameters(t) for t in tools], name)
         ids = dict(control_ids or {})
         lines = [
             "start: analysis? call",

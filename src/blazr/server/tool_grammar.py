@@ -34,13 +34,7 @@ def call_grammar(
     control_ids: Mapping[str, int] | None = None,
 ) -> str:
     """`parser.grammar`'s work (see there): >= 1 call (1 unless `parallel`) to `tools`, or to `name` only."""
-    schemas = [_call_schema(t, parser.grammar_key) for t in tools]
-    if not schemas:
-        raise BlazrError("tool_choice: tools is empty")
-    if name is not None:
-        schemas = [(f, s) for f, s in schemas if f == name]
-        if not schemas:
-            raise BlazrError(f"tool_choice: function {name!r} is not in tools")
+    schemas = chosen([_call_schema(t, parser.grammar_key) for t in tools], name)
     ids = dict(control_ids or {})
 
     def lit(text: str) -> str:
@@ -55,6 +49,19 @@ def call_grammar(
     ]
     lines += [f"fn_{i}: {lark_json(s)}" for i, (_, s) in enumerate(schemas)]
     return "\n".join(lines) + "\n"
+
+
+def chosen(schemas: list[tuple[str, dict[str, Any]]], name: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """The (function name, schema) pairs a forced call may take: all of them, or `name`'s only; BlazrError
+    when there are none or `name` is not among them."""
+    if not schemas:
+        raise BlazrError("tool_choice: tools is empty")
+    if name is None:
+        return schemas
+    picked = [(f, s) for f, s in schemas if f == name]
+    if not picked:
+        raise BlazrError(f"tool_choice: function {name!r} is not in tools")
+    return picked
 
 
 def _lit(text: str) -> str:
