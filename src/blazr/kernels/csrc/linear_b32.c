@@ -103,14 +103,7 @@ __attribute__((unused)) static void tile_scalar(const int kind, const uint8_t *c
             const uint8_t *blk = rows[r] + b * QB(kind);
             int8_t v[BLZ_QK];
             decode_scalar(kind, blk, v);
-            const float dw = block_scale(kind, blk);
-            for (int m = 0; m < mt; ++m) {
-                const int64_t row = (m0 + m) * a->nb + b;
-                const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
-                int32_t dot = 0;
-                for (int i = 0; i < BLZ_QK; ++i) dot += (int32_t)v[i] * xq[i];
-                acc[m][r] = fmaf((float)dot, dw * a->d[row], acc[m][r]);
-            }
+            blz_tile_block_scalar(v, block_scale(kind, blk), a, b, m0, mt, r, acc);
         }
 }
 

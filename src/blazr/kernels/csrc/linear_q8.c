@@ -54,17 +54,9 @@ __attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], i
     for (int64_t b = 0; b < a->nb; ++b)
         for (int r = 0; r < nr; ++r) {
             const uint8_t *blk = rows[r] + b * QB;
-            const int8_t *q = (const int8_t *)(blk + 2);
             uint16_t h;
             memcpy(&h, blk, 2);
-            const float dw = blz_fp16_to_fp32(h);
-            for (int m = 0; m < mt; ++m) {
-                const int64_t row = (m0 + m) * a->nb + b;
-                const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
-                int32_t dot = 0;
-                for (int i = 0; i < BLZ_QK; ++i) dot += (int32_t)q[i] * xq[i];
-                acc[m][r] = fmaf((float)dot, dw * a->d[row], acc[m][r]);
-            }
+            blz_tile_block_scalar((const int8_t *)(blk + 2), blz_fp16_to_fp32(h), a, b, m0, mt, r, acc);
         }
 }
 

@@ -1,7 +1,7 @@
 /* blazr kernels — what the 8-row tile walks over 32-value blocks share (linear_q8.c's q8_0g, linear_b32.c's
- * mxfp4 / q5_0): a tile's gate (and SwiGLU up) row pointers with the next tile's for prefetching, and the
- * epilogue of one activation row's tile outputs — the packed kernel's on AVX-512 builds, so the tiles and the
- * packed groups give the same bits.
+ * mxfp4 / q5_0): a tile's gate (and SwiGLU up) row pointers with the next tile's for prefetching, the portable
+ * path's block dot, and the epilogue of one activation row's tile outputs — the packed kernel's on AVX-512
+ * builds, so the tiles and the packed groups give the same bits.
  */
 #ifndef BLAZR_TILE8_H
 #define BLAZR_TILE8_H
@@ -27,6 +27,20 @@ static inline void blz_tile_rows(const uint8_t *w, const int64_t *tab, int64_t r
     }
     apart[0] = !blz_rows_follow(gate + QR, QR, row_bytes);
     apart[1] = !blz_rows_follow(up + QR, QR, row_bytes);
+}
+
+/* The portable path's step: weight row r's block b — its 32 int8 values v, scale dw — against activation rows
+ * m0 .. m0+mt-1: the exact integer dot, then acc[m][r] += dot · (dw · dx) in one fmaf (the operations the SIMD
+ * paths keep, so every build gives the same bits). */
+BLZ_INLINE void blz_tile_block_scalar(const int8_t *v, float dw, const blz_act_t *restrict a, int64_t b, int64_t m0,
+                                      int mt, int r, float (*acc)[QR]) {
+    for (int m = 0; m < mt; ++m) {
+        const int64_t row = (m0 + m) * a->nb + b;
+        const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
+        int32_t dot = 0;
+        for (int i = 0; i < BLZ_QK; ++i) dot += (int32_t)v[i] * xq[i];
+        acc[m][r] = fmaf((float)dot, dw * a->d[row], acc[m][r]);
+    }
 }
 
 /* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u): linear_q.c's
