@@ -25,7 +25,7 @@ from blazr.config import EngineConfig, SpeculativeConfig
 from blazr.engine.grammar import StructuredOutput
 from blazr.engine.ngram import NgramIndex
 from blazr.engine.sequence import Sequence
-from blazr.engine.speculative import ReplaySource, Speculator, best_length
+from blazr.engine.speculative import ReplaySource, Speculator, StepCosts, best_length
 from blazr.errors import BlazrError
 from tests.ssm_fixtures import randomise, single_thread
 from tests.test_prefix_cache import ARCHS, BS, Result, assert_same, run, tokens
@@ -94,6 +94,32 @@ def test_the_adaptive_length_follows_what_pays():
     assert set(lengths[-40:]) <= {0, 1} and gaps[-1] > gaps[-2] > 4, lengths  # 4, 8, 16 steps skipped
     assert spec.stats.accepted_per_position[0] == 3 and spec.stats.num_accepted_tokens == kept
     assert propose(0) == []
+
+
+def test_the_adaptive_length_follows_measured_step_costs():
+    """Rows cost what the host's steps measured: a kernel that takes a second pass over its weights from
+    the 9th row makes a draft of 8 dearer than one of 7, and the length chosen follows the measurement."""
+    costs = StepCosts(row_cost=0.15)
+    assert costs.factor(1, 4) == pytest.approx(1.6)  # nothing measured: the prior β
+    for rows, ms in ((1, 10.0), (2, 10.5), (5, 12.0), (8, 13.0), (9, 26.0)):
+        for _ in range(30):
+            costs.observe(rows, ms / 1e3)
+    assert costs.factor(1, 4) == pytest.approx(1.2)
+    assert costs.factor(1, 7) == pytest.approx(1.3)
+    assert costs.factor(1, 8) == pytest.approx(2.6)
+    assert costs.factor(1, 5) == pytest.approx(1.2 + 0.15)  # unmeasured: the nearest below, plus β a row
+    assert costs.factor(2, 1) == pytest.approx(1.15)  # 2 sequences: t(2) known, t(4) not: t(2) + 2·β·t(2)/2
+    assert best_length(0.95, 8, lambda d: costs.factor(1, d)) == 7
+    assert best_length(0.95, 8, 0.15) == 8  # the linear prior would take the dear 9th row
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=8, ngram_min=1, ngram_max=2))
+    seq = _seq([1, 2, 3, 1, 2, 3, 1, 2])
+    for _ in range(5):
+        d = spec.propose([(seq, 16)])[seq.seq_id]
+        spec.record(seq, len(d), len(d))
+    assert len(spec.propose([(seq, 16)])[seq.seq_id]) == 8
+    for rows, ms in ((1, 10.0), (9, 40.0), (5, 11.0)):
+        spec.observe_step(rows, ms / 1e3)
+    assert len(spec.propose([(seq, 16)])[seq.seq_id]) < 8  # 9 rows measured dear
 
 
 # -------------------------------------------------------------------------------- every cache kind

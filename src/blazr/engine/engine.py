@@ -208,9 +208,17 @@ class LLMEngine:
             return self._step()
 
     def _step(self) -> list[SeqOutput]:
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        outputs = self._run(sched)
+        if self.speculator is not None and len(sched.seqs) == sched.num_decodes + sched.num_rows:
+            self.speculator.observe_step(sum(sched.num_new_tokens), time.perf_counter() - t0)
+        return outputs
+
+    def _run(self, sched: ScheduledBatch) -> list[SeqOutput]:
+        """The scheduled step's forward, then its sampling and verification."""
         try:
             step = self.runner.run(sched)
         except Exception as e:

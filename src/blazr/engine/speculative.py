@@ -18,12 +18,15 @@ Adaptive length (on by default): a draft pays when the tokens it is expected to 
 extra rows cost. Each sequence keeps a decayed estimate α of the chance a drafted token is accepted (kept
 drafts over drafts seen, each verification weighted `DECAY` times the one after it; seen = those up to and
 including the first rejected one). A draft of d tokens yields E(d) = 1 + α + … + α^d tokens for a step that
-costs 1 + β·d decode steps, β the verification's cost per drafted row (the engine's: `ROW_COST_PLAN` when
-drafts run as rows of the recorded decode plan, `ROW_COST_CHUNK` when they run as a chunk); the next draft
-is the length d ≤ k that maximises E(d) / (1 + β·d), and none when no length beats plain decoding by
-`MIN_GAIN`. A sequence that drafts nothing probes with one token after a backoff that doubles (4, 8, … up to
-`MAX_BACKOFF` steps), so its estimate can recover — text that does not repeat then costs a lookup per step
-and a rare one-token probe.
+costs c(d) plain decode steps; the next draft is the length d ≤ k that maximises E(d) / c(d), and none when
+no length beats plain decoding by `MIN_GAIN`. c(d) is measured on the host (`StepCosts`): the engine reports
+every decode-only step's wall time by its rows, and c(d) = t(B·(1 + d)) / t(B) for B decoding sequences —
+what the kernels really charge for more rows, which is not linear (a kernel that runs up to 8 activation
+rows in one pass over the weights charges little for the 5th row and a second pass for the 9th). Until a
+row count is measured, a row costs β of a step (`ROW_COST_PLAN` when drafts run as rows of the recorded
+decode plan, `ROW_COST_CHUNK` when they run as a chunk). A sequence that drafts nothing probes with one
+token after a backoff that doubles (4, 8, … up to `MAX_BACKOFF` steps), so its estimate can recover — text
+that does not repeat then costs a lookup per step and a rare one-token probe.
 
 Counters (Prometheus, vLLM's spec-decode names): drafts, drafted tokens, accepted tokens, accepted tokens per
 draft position.
@@ -49,16 +52,49 @@ ROW_COST_PLAN = 0.15
 ROW_COST_CHUNK = 0.3
 
 
-def best_length(alpha: float, k: int, row_cost: float) -> int:
-    """The draft length d ≤ k that maximises the expected tokens per unit of cost, E(d) / (1 + row_cost·d);
-    0 when none beats plain decoding by MIN_GAIN."""
+STEP_EMA = 0.2  # weight of a step's time in its row count's estimate
+
+
+def best_length(alpha: float, k: int, cost: float | Callable[[int], float]) -> int:
+    """The draft length d ≤ k that maximises the expected tokens per unit of cost, E(d) / c(d) — c(d) the
+    step's cost in plain decode steps, `cost(d)`, or 1 + cost·d for a per-row cost; 0 when none beats plain
+    decoding by MIN_GAIN."""
     best, best_gain, expected = 0, MIN_GAIN, 1.0
     for d in range(1, k + 1):
         expected += alpha**d
-        gain = expected / (1 + row_cost * d)
+        gain = expected / (cost(d) if callable(cost) else 1 + cost * d)
         if gain > best_gain:
             best, best_gain = d, gain
     return best
+
+
+class StepCosts:
+    """What a decode step costs by its rows, measured: t(R), a decayed mean of the wall time of decode-only
+    steps of R rows (every sequence's token, plus its drafts), and from it the cost of drafting."""
+
+    def __init__(self, row_cost: float) -> None:
+        """`row_cost` β: a drafted row's cost in decode steps where nothing is measured yet."""
+        self.row_cost = row_cost
+        self._time: dict[int, float] = {}  # rows → seconds
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """A decode-only step of `rows` rows took `seconds`."""
+        t = self._time.get(rows)
+        self._time[rows] = seconds if t is None else (1 - STEP_EMA) * t + STEP_EMA * seconds
+
+    def factor(self, seqs: int, d: int) -> float:
+        """A step in which each of `seqs` decoding sequences carries d drafts, in plain steps of those
+        sequences: t(seqs·(1 + d)) / t(seqs); an unmeasured row count is the nearest measured one below it
+        plus β of a plain step per sequence for every row more, and 1 + β·d before t(seqs) is known."""
+        base = self._time.get(seqs)
+        if base is None:
+            return 1 + self.row_cost * d
+        rows = seqs * (1 + d)
+        t = self._time.get(rows)
+        if t is None:
+            below = max(r for r in self._time if seqs <= r < rows)
+            t = self._time[below] + self.row_cost * base / seqs * (rows - below)
+        return max(t / base, 1.0)
 
 
 class DraftSource(Protocol):
@@ -134,7 +170,7 @@ class Speculator:
             raise ValueError(f"speculative method {cfg.method!r}: no draft source given")
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
-        self.row_cost = row_cost
+        self.costs = StepCosts(row_cost)
         self.source: DraftSource = source or NgramSource(cfg.ngram_min, cfg.ngram_max)
         self.stats = SpecStats(accepted_per_position=[0] * self.k)
         self._states: dict[int, DraftState] = {}  # seq_id → its drafting
@@ -143,8 +179,9 @@ class Speculator:
         """Drafts for decoding sequences, each (sequence, at most this many): seq_id → up to that many
         tokens to follow its tokens (its last one not yet computed); a sequence backing off gets none."""
         asks: list[tuple[Sequence, int]] = []
+        seqs = len(wants)
         for seq, limit in wants:
-            n = self._length(seq) if self.cfg.adaptive else self.k
+            n = self._length(seq, seqs) if self.cfg.adaptive else self.k
             if n and limit > 0:
                 asks.append((seq, min(limit, n)))
         if not asks:
@@ -152,20 +189,26 @@ class Speculator:
         drafts = self.source.propose(asks)
         return {seq.seq_id: d[:n] for (seq, n), d in zip(asks, drafts, strict=True) if d}
 
-    def _length(self, seq: Sequence) -> int:
-        """The adaptive draft length of `seq` this step (0: none; see the module docstring)."""
+    def _length(self, seq: Sequence, seqs: int) -> int:
+        """The adaptive draft length of `seq` this step, one of `seqs` decoding sequences (0: none; see the
+        module docstring)."""
         state = self._states.get(seq.seq_id)
         if state is None:
             state = self._states[seq.seq_id] = DraftState()
         if state.skip:
             state.skip -= 1
             return 0
-        n = best_length(state.alpha, self.k, self.row_cost)
+        n = best_length(state.alpha, self.k, lambda d: self.costs.factor(seqs, d))
         if n:
             return n
         state.backoff = min(MAX_BACKOFF, max(4, 2 * state.backoff))
         state.skip = state.backoff
         return 1  # a probe, then the backoff
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A decode-only step (every sequence one token and its drafts, no prefill) of `rows` rows took
+        `seconds` of wall time: the adaptive length's cost of rows (`StepCosts`)."""
+        self.costs.observe(rows, seconds)
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A verification of `num_drafted` drafts of `seq` kept the first `num_accepted`."""
