@@ -12,7 +12,7 @@ import random
 import pytest
 
 from blazr import LLM, SamplingParams
-from blazr.engine.engine import MAX_CONSECUTIVE_FAILURES, EngineBrokenError
+from blazr.engine.failures import MAX_CONSECUTIVE_FAILURES, EngineBrokenError
 from blazr.engine.runner import ModelRunner
 from tests.faults import DETOK, FORWARD, SAMPLE, installed
 from tests.oxidizr_fixtures import NANO, write_oxidizr

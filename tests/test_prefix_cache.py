@@ -24,7 +24,7 @@ import torch
 
 from blazr import LLM, SamplingParams
 from blazr.config import EngineConfig
-from blazr.engine.engine import SeqOutput
+from blazr.engine.outputs import SeqOutput
 from tests.ssm_fixtures import HEADS, randomise, single_thread
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.test_hf_gemma3 import SIZES as GEMMA3_SIZES

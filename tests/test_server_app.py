@@ -16,7 +16,8 @@ from fastapi.testclient import TestClient
 
 from blazr.chat_template import ChatTemplate
 from blazr.engine.async_engine import AsyncEngine, EngineRequest, RequestFailedError
-from blazr.engine.engine import QueueFullError, SeqOutput
+from blazr.engine.failures import QueueFullError
+from blazr.engine.outputs import SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.errors import BlazrError
 from blazr.server.app import LoadedModel, build_app

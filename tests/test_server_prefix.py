@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from blazr.engine.engine import SeqOutput
+from blazr.engine.outputs import SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.server.app import LoadedModel, build_app
 from blazr.server.options import ServerConfig

@@ -21,8 +21,8 @@ import pytest
 from fastapi.testclient import TestClient
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from blazr.engine.engine import SeqOutput
 from blazr.engine.grammar import ThinkFirst
+from blazr.engine.outputs import SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.server.app import LoadedModel, build_app
 from blazr.server.options import ServerConfig

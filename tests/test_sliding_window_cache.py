@@ -12,7 +12,7 @@ import torch
 
 from blazr import LLM, SamplingParams
 from blazr.config import AttentionConfig, EngineConfig, LayerConfig, ModelConfig
-from blazr.engine.engine import SeqOutput
+from blazr.engine.outputs import SeqOutput
 from blazr.model.mixers import cache_layout
 from blazr.state.allocator import DROPPED
 from blazr.state.budget import plan_cache, window_blocks

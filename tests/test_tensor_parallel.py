@@ -24,7 +24,7 @@ from blazr.detect import inspect_checkpoint
 from blazr.distributed.group import destroy_group
 from blazr.distributed.shard import padded_vocab, shard_config, slice_tensor
 from blazr.distributed.worker import free_port
-from blazr.engine.engine import EngineBrokenError
+from blazr.engine.failures import EngineBrokenError
 from blazr.engine.runner import TensorParallelStepError
 from blazr.errors import UnsupportedError
 from tests.server_util import ServerProcess

@@ -24,7 +24,8 @@ from blazr import config_flags
 from blazr.config import DTYPES, EngineConfig, dtype_name
 from blazr.detect import Checkpoint, inspect_checkpoint, resolve_model_path
 from blazr.engine.draft_model import DraftModelSource
-from blazr.engine.engine import LLMEngine, SeqOutput
+from blazr.engine.engine import LLMEngine
+from blazr.engine.outputs import SeqOutput
 from blazr.engine.pooling import Pooling, declared_pooling
 from blazr.engine.runner import ModelRunner
 from blazr.engine.sampling import SamplingParams

@@ -41,8 +41,10 @@ from typing import Protocol
 
 import torch
 
-from blazr.engine.engine import LLMEngine, QueueFullError, SeqOutput
+from blazr.engine.engine import LLMEngine
+from blazr.engine.failures import QueueFullError
 from blazr.engine.grammar import StructuredOutput
+from blazr.engine.outputs import SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.speculative import SpecStats
 from blazr.errors import BlazrError

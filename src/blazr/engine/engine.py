@@ -33,7 +33,9 @@ import torch
 from blazr.config import EngineConfig
 from blazr.engine.cache_manager import CacheManager
 from blazr.engine.detokenizer import Detokenizer
+from blazr.engine.failures import MAX_CONSECUTIVE_FAILURES, EngineBrokenError, is_fatal
 from blazr.engine.grammar import GrammarCompiler
+from blazr.engine.outputs import SeqOutput, merge_outputs, score_prompt
 from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
 from blazr.engine.scheduler import ScheduledBatch, Scheduler
@@ -45,50 +47,6 @@ from blazr.tokenizer import Tokenizer
 
 log = logging.getLogger("blazr.engine")
 T = TypeVar("T")
-
-MAX_CONSECUTIVE_FAILURES = 8  # failed forwards in a row (no success between) before the engine gives up
-
-
-class QueueFullError(BlazrError):
-    """The server holds as many requests as it admits; the client should retry later (HTTP 503)."""
-
-
-class EngineBrokenError(RuntimeError):
-    """The engine cannot go on (the device failed, or every forward fails): the process should exit."""
-
-
-def is_fatal(error: BaseException) -> bool:
-    """Errors that leave the engine unusable whatever request comes next: a failed CUDA context (every
-    later kernel launch fails too), one that says so (`is_fatal = True`: a tensor-parallel step failed, the
-    ranks are out of step) or a non-Exception (KeyboardInterrupt, SystemExit)."""
-    if not isinstance(error, Exception) or getattr(error, "is_fatal", False):
-        return True
-    accelerator_error = getattr(torch, "AcceleratorError", ())
-    if accelerator_error and isinstance(error, accelerator_error):
-        return True
-    text = str(error)
-    return "CUDA error" in text or "device-side assert" in text
-
-
-@dataclass
-class SeqOutput:
-    """What one sequence produced in one step (deltas), plus its final state when `finished`."""
-
-    request_id: str
-    index: int
-    token_ids: list[int]
-    text: str
-    logprobs: list[TokenLogprob]
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    first_token_time: float | None = None
-    arrival_time: float = 0.0
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
-    error: BaseException | None = None  # finish_reason "error": what failed (for the log, not for clients)
-    embedding: list[float] | None = None  # a pooling request's vector (engine/pooling.py)
 
 
 @dataclass
@@ -309,7 +267,7 @@ class LLMEngine:
                     index[(out.request_id, out.index)] = len(outputs)
                     outputs.append(out)
                 else:
-                    outputs[at] = _merge(outputs[at], out)
+                    outputs[at] = merge_outputs(outputs[at], out)
                 if out.finished and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
                     self.requests.pop(req.request_id, None)
         for seq in drafted:
@@ -517,7 +475,7 @@ class LLMEngine:
         for seq_id, (first, logits) in step.prompt.items():
             seq = by_id.get(seq_id)
             if seq is not None:
-                self._contain(seq, outputs, "scoring its prompt", _score, seq, first, logits)
+                self._contain(seq, outputs, "scoring its prompt", score_prompt, seq, first, logits)
         for seq in step.sample_seqs:
             if seq.is_finished:
                 continue
@@ -566,27 +524,3 @@ class LLMEngine:
     def prefix_cache_hits(self) -> int:
         """Of those, tokens found cached (cumulative)."""
         return self.cache.hits
-
-
-def _merge(first: SeqOutput, then: SeqOutput) -> SeqOutput:
-    """One sequence's two outputs of one step (a verified draft after the token before it) as one."""
-    first.token_ids = first.token_ids + then.token_ids
-    first.text += then.text
-    first.logprobs = first.logprobs + then.logprobs
-    first.finished, first.finish_reason = then.finished, then.finish_reason
-    first.num_output_tokens = then.num_output_tokens
-    return first
-
-
-def _score(seq: Sequence, first: int, logits: torch.Tensor) -> None:
-    """Append the logprobs of prompt tokens first … first + m - 1 (logits [m, V] predict them)."""
-    if not seq.prompt_logprobs:
-        seq.prompt_logprobs = [None]  # the first prompt token has no prediction
-    lps = torch.log_softmax(logits, dim=-1)
-    targets = torch.tensor(seq.prompt_ids[first : first + logits.shape[0]], dtype=torch.long)
-    chosen = lps.gather(1, targets[:, None].to(lps.device)).squeeze(1).tolist()
-    k = seq.params.prompt_logprobs or 0
-    tops = lps.topk(k, dim=-1) if k else None
-    for i, (t, v) in enumerate(zip(targets.tolist(), chosen, strict=True)):
-        top = list(zip(tops.indices[i].tolist(), tops.values[i].tolist(), strict=True)) if tops else []
-        seq.prompt_logprobs.append(TokenLogprob(t, v, top))

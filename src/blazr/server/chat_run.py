@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from blazr.engine.async_engine import RequestStream
-from blazr.engine.engine import SeqOutput
+from blazr.engine.outputs import SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.sequence import TokenLogprob
 from blazr.server.assistant import AssistantDelta, AssistantOutput

@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from blazr.engine.async_engine import EngineRequest, RequestStream
-from blazr.engine.engine import SeqOutput
+from blazr.engine.outputs import SeqOutput
 from blazr.engine.sampling import SamplingParams
 from blazr.engine.sequence import TokenLogprob
 from blazr.server import chunks, constraints, request_in, response_out

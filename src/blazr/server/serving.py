@@ -30,7 +30,7 @@ from blazr.engine.async_engine import (
     EngineRequest,
     RequestStream,
 )
-from blazr.engine.engine import QueueFullError
+from blazr.engine.failures import QueueFullError
 from blazr.engine.grammar import StructuredOutput
 from blazr.engine.pooling import Pooling
 from blazr.engine.sampling import SamplingParams
