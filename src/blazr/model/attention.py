@@ -8,9 +8,9 @@ the causal attention kernel shared with MLA.
 - prefill rows: per sequence, causal with an offset of `context_len` cached tokens (chunked prefill).
 
 Options (AttentionConfig): q/k RMSNorm per head or over all heads before rope (`ops.head_rms_norm` on views
-of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the torch path only — plain
-matmul / tanh / softmax, decode steps included: the C decode attention has no such step, so a CPU decode
-plan cannot hold such a layer and falls back to eager), attention sinks (GPT-OSS: a learned logit per head,
+of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the torch path as plain matmul /
+tanh / softmax, the C decode attention on each score before its softmax, so such a layer stays in the decode
+plan), attention sinks (GPT-OSS: a learned logit per head,
 `sinks` [H] float32, in the softmax's denominator — the torch path as one more score column, the C decode
 attention in its merge, so such a layer stays in the decode plan), Gemma 4's KV sharing (`kv_source`:
 qkv_proj holds q only; keys and values are read from the source layer's pools, this layer's cache), K = V
@@ -215,13 +215,7 @@ class Attention(nn.Module):
         return o
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
-        if (
-            cache is not None
-            and batch.is_decode_only
-            and batch.decode_lens is not None
-            and ops.cpu_f32(x)
-            and self.cfg.logit_softcap is None  # the C decode attention has no soft-capping
-        ):
+        if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
             return self._decode(x, batch, cache)
         cfg, T, decode = self.cfg, x.shape[0], batch.is_decode_only
         qkv = self.qkv_proj(x, decode=decode)
@@ -291,6 +285,7 @@ class Attention(nn.Module):
             cfg.softmax_scale,
             window=cfg.sliding_window,
             sinks=self._sinks(),
+            softcap=cfg.logit_softcap,
         )
         return self.o_proj(self._gate(o.view(B, H * Dh), qkv), decode=True)
 
