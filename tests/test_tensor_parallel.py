@@ -38,6 +38,7 @@ from tests.test_hf_granite3 import SIZES as GRANITE3_SIZES
 from tests.test_hf_phi3 import SIZES as PHI3_SIZES
 from tests.test_hf_phi3 import longrope as phi3_longrope
 from tests.test_hf_qwen3 import SIZES as QWEN3_SIZES
+from tests.test_hf_qwen3 import VARIANTS as QWEN3_VARIANTS
 from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.test_hf_smollm3 import SIZES as SMOLLM3_SIZES
@@ -175,6 +176,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi4-mini": ("Phi3ForCausalLM", dict(PHI3_SIZES, num_key_value_heads=2, **phi3_longrope(4))),
     # per-head q/k norms (each rank norms its own heads)
     "qwen3": ("Qwen3ForCausalLM", dict(QWEN3_SIZES, num_hidden_layers=2)),
+    # Qwen3-MoE: sparse and dense (mlp_only_layers) layers mixed, routing not renormalised, tied embeddings
+    "qwen3-moe": QWEN3_VARIANTS["qwen3-moe"],
     # sandwich norms, (1 + w) RMSNorm, sliding-window layers with their own rope θ, q/k norms
     "gemma3": ("Gemma3ForCausalLM", GEMMA3_SIZES),
     # attention and final logit soft-capping (the head's logits gathered before the cap)
