@@ -24,7 +24,8 @@ the window's blocks: the batch's `kv_indices` of this layer's group point the po
 held slot, which the window's mask leaves unread); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from
 q, k and v (and the gate, `q_gate`: a checkpoint's q_proj holds it beside q, each head's [q_h; gate_h]);
 tensor parallel splits the heads and KV heads (each rank its own contiguous heads, q / k / v / gate rows
-column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads refused);
+column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads refused; a
+KV-sharing layer's heads read its source layer's KV heads of the same rank, which the same split keeps);
 the decode plan and CUDA graphs may hold it.
 
 Shapes: T tokens, H query heads, Hkv kv heads, Dk / Dv head dims, S cache slots.
@@ -311,11 +312,6 @@ def _fused(cfg: AttentionConfig, leaf: str) -> FusedParts | None:
 
 
 def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
-    if (cfg.kv_source is not None or cfg.is_v_from_k) and world > 1:
-        raise UnsupportedError(
-            f"{where} attention: Gemma 4's shared KV and K = V attention are not split across ranks (use one "
-            "rank)"
-        )
     check_divisible(cfg.num_heads, world, f"{where} attention heads")
     check_divisible(cfg.num_kv_heads, world, f"{where} KV heads")
     if cfg.qk_norm is not None and not cfg.is_qk_norm_per_head and world > 1:
@@ -327,9 +323,10 @@ def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
 
 
 def _slice(cfg: AttentionConfig, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
-    if leaf.startswith("qkv_proj."):
+    if leaf.startswith("qkv_proj."):  # the rows `_fused` lays out: q, then k and v as the layer holds them
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        sizes = [q, kv, kv, q] if cfg.has_output_gate else [q, kv, kv]
+        kv_rows = [] if cfg.kv_source is not None else [kv] if cfg.is_v_from_k else [kv, kv]
+        sizes = [q, *kv_rows, *([q] if cfg.has_output_gate else [])]
         return split_segments(t, sizes, [True] * len(sizes), rank, world)
     if leaf == "o_proj.weight":
         return split_block(t, 1, rank, world)
