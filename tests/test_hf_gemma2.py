@@ -1,14 +1,15 @@
 """Gemma 2 parity with transformers on tiny random checkpoints: sandwich (1 + w) norms, sqrt(hidden)-scaled
 embeddings, query_pre_attn_scalar, alternating sliding-window / full layers, attention scores soft-capped
-(the torch attention path, decode steps included: the C decode attention has no soft-cap) and final logits
-soft-capped — caps small enough here that tanh bends the scores and logits; detection without config.json."""
+(the torch attention path in prefill, the C decode attention in decode steps) and final logits soft-capped
+(the softcap kernel) — caps small enough here that tanh bends the scores and logits; the decode step
+recorded as one plan; detection without config.json."""
 
 from __future__ import annotations
 
 import pytest
 
 from blazr.config import AttentionConfig
-from tests.hf_parity import ParityTests
+from tests.hf_parity import ParityTests, check_greedy
 from tests.ssm_fixtures import detect_with, load_pair, single_thread
 
 SIZES = dict(
@@ -45,6 +46,16 @@ def test_detected_config(pair):
     assert [a.sliding_window for a in attn] == [24, None]
     assert all(a.qk_norm is None and a.logit_softcap == 2.0 and a.softmax_scale == 24**-0.5 for a in attn)
     assert cfg.final_logit_softcap == 3.0 and cfg.tie_word_embeddings
+
+
+def test_decode_plan_records_the_soft_caps(pair):
+    """The CPU decode step — scores soft-capped in the C decode attention, the final logits by the softcap
+    kernel — is recorded as one plan (no eager fallback), and the tokens it gives are transformers'."""
+    plan = pair.llm.runner.decode_plan
+    assert plan is not None
+    before = plan.num_runs
+    check_greedy(pair.hf, pair.llm, n=8)
+    assert plan.num_runs >= before + 7  # every decode step after the prefill's token
 
 
 def test_without_config_json(tmp_path):

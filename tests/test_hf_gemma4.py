@@ -3,7 +3,8 @@ layers read the cache of the last sliding / full layer before them, with no k / 
 MLPs), K = V on the full layers (no v projection), their own head size and KV heads, proportional rope,
 weightless value norms, per-layer input embeddings, a learned scalar per layer, sliding windows and the
 final-logit soft-cap; the cache the shared layers do not hold; the older global_head_dim keys; the text
-model of a Gemma4ForConditionalGeneration checkpoint; tensor parallelism refused in one line."""
+model of a Gemma4ForConditionalGeneration checkpoint; tensor parallelism by heads (one KV head refused in one
+line)."""
 
 from __future__ import annotations
 
@@ -197,15 +198,20 @@ def test_conditional_generation_text_model(tmp_path):
     check_logits(hf, llm, rel=2e-4)
 
 
-def test_tensor_parallel_is_refused_in_one_line(pair):
-    """Neither the shared KV and K = V attention nor the per-layer inputs are split across ranks."""
+def test_tensor_parallel_splits_heads_or_refuses_in_one_line(pair):
+    """Shared-KV and K = V layers split by heads like any attention (test_tensor_parallel runs Gemma 4 on
+    2 ranks): a sharing layer keeps its source layer's KV heads per rank. The fixture's full layers have one
+    KV head, which 2 ranks cannot split: refused in one line naming the first such layer."""
     cfg = pair.llm.config
-    for model in (cfg, cfg.with_(layers=cfg.layers[:1])):
-        with pytest.raises(UnsupportedError, match=r"Gemma 4's .* not split across ranks") as e:
-            shard_config(model, 2)
-        assert "\n" not in str(e.value)
-    with pytest.raises(UnsupportedError, match="shared KV and K = V attention"):
-        shard_config(cfg.with_(per_layer_input=None), 2)
+    with pytest.raises(UnsupportedError, match="layer 3's KV heads is 1, not divisible by 2") as e:
+        shard_config(cfg, 2)
+    assert "\n" not in str(e.value)
+    sliding = cfg.with_(
+        layers=cfg.layers[:3] + cfg.layers[4:5]
+    )  # 3 sliding layers, then one sharing layer 2's
+    attn = [layer.mixer(AttentionConfig) for layer in shard_config(sliding, 2).layers]
+    assert [(a.num_heads, a.num_kv_heads) for a in attn] == [(2, 1)] * 4
+    assert attn[3].kv_source == 2 and sliding.per_layer_input is not None
 
 
 def test_bidirectional_encoder_is_refused(pair, tmp_path):

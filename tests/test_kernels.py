@@ -654,6 +654,63 @@ def test_paged_attention_decode_with_sinks(lib: ops.Kernels, H: int, Hkv: int, D
     assert (got - plain).abs().max() > 0.1 and torch.equal(got[3], torch.zeros(H, D))
 
 
+@pytest.mark.parametrize(("H", "Hkv", "D", "Dv"), [(8, 2, 64, 64), (16, 2, 128, 128), (6, 2, 40, 24)])
+@pytest.mark.parametrize("window", [None, 50])
+def test_paged_attention_decode_with_softcap(
+    lib: ops.Kernels, H: int, Hkv: int, D: int, Dv: int, window: int | None
+):
+    """Gemma 2's soft-capped scores (c · tanh(s / c) before the softmax), on the SIMD and the portable paths,
+    scores well past the cap included; with sinks too; a row's bits alone or on one thread as in the batch."""
+    g = torch.Generator().manual_seed(H + D + 1)
+    lens, S = [1, 37, 300, 129, 0], 1024
+    k_pool, v_pool = torch.randn(S, Hkv, D, generator=g), torch.randn(S, Hkv, Dv, generator=g)
+    q, idx, seq = torch.randn(len(lens), H, D, generator=g) * 6, _paged_layout(lens, S, g), torch.tensor(lens)
+    scale, cap = D**-0.5, 4.0  # scores ~ N(0, 36): most beyond the cap, some near 0 (tanh's two regimes)
+
+    def attend(k: ops.Kernels | None, **kw) -> torch.Tensor:
+        args = (q, k_pool, v_pool, idx, seq, scale)
+        if k is None:
+            return ops.paged_attention_decode_reference(*args, window=window, **kw)
+        return k.paged_attention_decode(*args, window=window, **kw)
+
+    got = attend(lib, softcap=cap)
+    torch.testing.assert_close(got, attend(None, softcap=cap), rtol=1e-5, atol=1e-5)
+    assert (got - attend(lib)).abs().max() > 0.1 and torch.equal(got[4], torch.zeros(H, Dv))
+    sinks = torch.randn(H, generator=g) * 3
+    both = attend(lib, softcap=cap, sinks=sinks)
+    torch.testing.assert_close(both, attend(None, softcap=cap, sinks=sinks), rtol=1e-5, atol=1e-5)
+    for b in (1, 2):
+        one = lib.paged_attention_decode(
+            q[b : b + 1], k_pool, v_pool, idx[b : b + 1], seq[b : b + 1], scale, window=window, softcap=cap
+        )
+        assert torch.equal(one[0], got[b])
+    with intra_op_threads(1):
+        assert torch.equal(attend(lib, softcap=cap), got)
+    with pytest.raises(ValueError, match="softcap"):
+        attend(lib, softcap=-1.0)
+
+
+def test_softcap(lib: ops.Kernels, generic: ops.Kernels) -> None:
+    """cap · tanh(x / cap) in place, within 5e-7 relative of tanh in float64 (both regimes of blz_softcap1:
+    the polynomial below |x / cap| = 1/4, the exponential above; tiny, huge and signed zeros), and the same
+    bits as the portable build's one-value-at-a-time loop — vector lanes and tails, any thread split."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(10_007, generator=g) * torch.logspace(-6, 3, 10_007)
+    x[:6] = torch.tensor([0.0, -0.0, 1e30, -1e30, 7.5, -7.5])  # 7.5 / 30 = 1/4: the switch
+    for cap in (30.0, 50.0):
+        got = x.clone()
+        assert lib.softcap(got, cap) is got
+        want = torch.tanh(x.double() / cap) * cap
+        assert ((got.double() - want).abs() <= 5e-7 * want.abs()).all()
+        assert torch.equal(got.signbit(), x.signbit())  # −0 stays −0
+        torch.testing.assert_close(got, ops.softcap_reference(x.clone(), cap), rtol=5e-7, atol=0.0)
+        assert torch.equal(got, generic.softcap(x.clone(), cap))
+        with intra_op_threads(1):
+            assert torch.equal(lib.softcap(x[3:].clone(), cap), got[3:])  # other lane alignment, one thread
+    with pytest.raises(ValueError, match="cap"):
+        lib.softcap(x.clone(), 0.0)
+
+
 def test_rope_and_attention_on_fused_qkv_views(lib: ops.Kernels) -> None:
     """The decode step's layout: q, k, v are column blocks of one qkv output [T, (H + 2·Hkv)·D]; rope
     rotates the q and k heads in place through one strided view, attention reads q through another."""

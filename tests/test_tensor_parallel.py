@@ -2,7 +2,9 @@
 checkpoint of every family — Llama, Mixtral (expert parallel), DeepSeek V2 / V3 (MLA + MoE), Mamba2 (groups
 split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH (and its latent MoE), FalconH1,
 Qwen3.5 and Qwen3-Next (gated DeltaNet by key heads, gated attention), GLM-4.5 (per-head q/k norm, partial
-rope, grouped sigmoid routing, shared expert), Phi-4-mini (fused qkv and gate_up, LongRoPE) — the 2-rank
+rope, grouped sigmoid routing, shared expert), Phi-4-mini (fused qkv and gate_up, LongRoPE), Qwen3 and
+Qwen3-MoE, Gemma 2 / 3 / 4 (Gemma 4's shared KV, K = V, per-layer inputs, MLP and MoE side by side), GPT-OSS,
+Granite 3, SmolLM3 — the 2-rank
 engine gives the 1-rank engine's greedy tokens and its logprobs (prompt and output, top 5 at every position)
 within float32 rounding; the per-rank config and slices are checked on their own; and a 2-rank server answers
 like a 1-rank one through the openai client."""
@@ -32,12 +34,16 @@ from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.test_hf_gemma2 import SIZES as GEMMA2_SIZES
 from tests.test_hf_gemma3 import SIZES as GEMMA3_SIZES
+from tests.test_hf_gemma4 import MOE as GEMMA4_MOE
+from tests.test_hf_gemma4 import SIZES as GEMMA4_SIZES
+from tests.test_hf_gemma4 import randomise_gemma4
 from tests.test_hf_gpt_oss import VARIANTS as GPT_OSS_VARIANTS
 from tests.test_hf_granite3 import EXPERTS as GRANITE3_EXPERTS
 from tests.test_hf_granite3 import SIZES as GRANITE3_SIZES
 from tests.test_hf_phi3 import SIZES as PHI3_SIZES
 from tests.test_hf_phi3 import longrope as phi3_longrope
 from tests.test_hf_qwen3 import SIZES as QWEN3_SIZES
+from tests.test_hf_qwen3 import VARIANTS as QWEN3_VARIANTS
 from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
 from tests.test_hf_smollm3 import SIZES as SMOLLM3_SIZES
@@ -175,10 +181,19 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi4-mini": ("Phi3ForCausalLM", dict(PHI3_SIZES, num_key_value_heads=2, **phi3_longrope(4))),
     # per-head q/k norms (each rank norms its own heads)
     "qwen3": ("Qwen3ForCausalLM", dict(QWEN3_SIZES, num_hidden_layers=2)),
+    # Qwen3-MoE: sparse and dense (mlp_only_layers) layers mixed, routing not renormalised, tied embeddings
+    "qwen3-moe": QWEN3_VARIANTS["qwen3-moe"],
     # sandwich norms, (1 + w) RMSNorm, sliding-window layers with their own rope θ, q/k norms
     "gemma3": ("Gemma3ForCausalLM", GEMMA3_SIZES),
     # attention and final logit soft-capping (the head's logits gathered before the cap)
     "gemma2": ("Gemma2ForCausalLM", GEMMA2_SIZES),
+    # Gemma 4: KV shared across layers (each rank reads its own KV heads of the source layer), K = V full
+    # layers, per-layer inputs and layer scalars (replicated), the final-logit soft-cap; two KV heads on the
+    # full layers so that they split
+    "gemma4": ("Gemma4ForCausalLM", dict(GEMMA4_SIZES, num_global_key_value_heads=2)),
+    # and its MLP and MoE side by side, each reduced before its own post-norm; the router's input and
+    # per-expert scales replicated, the experts split
+    "gemma4-moe": ("Gemma4ForCausalLM", dict(GEMMA4_SIZES, num_global_key_value_heads=2, **GEMMA4_MOE)),
     # attention sinks split by heads, expert biases by experts, alternating windows, YaRN
     "gpt-oss": ("GptOssForCausalLM", GPT_OSS_VARIANTS["yarn-window"]),
     # Granite 3's multipliers (residual, attention, logits) over expert-parallel MoE
@@ -188,6 +203,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 # biases (transformers initialises them to zeros) made random, so a bias counted on both ranks shows
 RANDOMISED = {"nemotron-h-latent", "glm4-moe", "gpt-oss"}
+# and Gemma 4's layer scalars and router scales (ones in transformers)
+RANDOMISERS = {"gemma4": randomise_gemma4, "gemma4-moe": randomise_gemma4}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300], list(range(1, 42))]
 
 
@@ -197,9 +214,9 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     for name, (arch, overrides) in FAMILIES.items():
         path = tmp_path_factory.mktemp(name)
         hf = build(arch, path, **overrides)
-        if name in RANDOMISED:
+        if name in RANDOMISED or name in RANDOMISERS:
             with torch.no_grad():
-                randomise(hf, seed=1)
+                RANDOMISERS.get(name, randomise)(hf, 1)
             hf.save_pretrained(path)
         out[name] = path
     return out

@@ -8,7 +8,9 @@ and run unchanged on their shard:
 - routed experts: expert parallel — each rank holds E / world whole experts, the router is replicated
   (model/moe.py masks the other ranks' experts); a latent MoE's projections are replicated, `latent_up`'s
   bias on rank 0 only (each rank projects its own experts' partial sum back);
-- embedding and lm_head: vocab-parallel, the vocabulary padded to a multiple of the world size.
+- embedding and lm_head: vocab-parallel, the vocabulary padded to a multiple of the world size;
+- replicated: Gemma 4's per-layer inputs (table, projections, gates: they act on the whole hidden state),
+  routers (with Gemma 4's input and per-expert scales), norms.
 Row-parallel outputs (o_proj, down_proj, experts, out_proj) are partial sums: the block all-reduces each
 mixer's and each feed-forward's output once (model/block.py). A row-parallel bias is added by rank 0 only
 (the others hold zeros), so the sum counts it once (distributed/split.py).
@@ -26,7 +28,6 @@ import torch
 
 from blazr.config import LayerConfig, ModelConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
-from blazr.errors import UnsupportedError
 from blazr.model import mixers
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -42,8 +43,6 @@ def shard_config(cfg: ModelConfig, world: int) -> ModelConfig:
     does not divide)."""
     if world == 1:
         return cfg
-    if cfg.per_layer_input is not None:
-        raise UnsupportedError("Gemma 4's per-layer inputs are not split across ranks (use one rank)")
     return cfg.with_(layers=tuple(_shard_layer(layer, i, world) for i, layer in enumerate(cfg.layers)))
 
 
@@ -56,8 +55,6 @@ def _shard_layer(layer: LayerConfig, i: int, world: int) -> LayerConfig:
         check_divisible(f.intermediate_size, world, f"{where} MLP width")
         changes["mlp"] = replace(f, intermediate_size=f.intermediate_size // world)
     if (e := layer.moe) is not None:
-        if e.input_norm is not None or e.has_expert_scale:
-            raise UnsupportedError(f"{where} MoE: Gemma 4's MoE is not split across ranks (use one rank)")
         check_divisible(e.num_experts, world, f"{where} experts")
         shared = e.shared
         if shared is not None:

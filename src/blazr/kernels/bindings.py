@@ -57,7 +57,7 @@ _GEMM_FLAG = 0x200  # BLZ_GEMM: f32 rows may take the panel GEMM (a prefill call
 _OP_LINEAR = {f.kind: f.op for f in FORMATS}  # the packed call's linear op of each weight kind
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
-_OP_EMBEDDING_Q = 19
+_OP_EMBEDDING_Q, _OP_SOFTCAP = 19, 24
 _ROW_CODES = {f.kind: f.row_code for f in FORMATS if f.row_code is not None}  # blz_embedding_q's
 
 
@@ -352,6 +352,16 @@ class Kernels(
         self._run(a, addr, "add", x, y, out)
         return out
 
+    def softcap(self, x: torch.Tensor, cap: float) -> torch.Tensor:
+        if not cap > 0:
+            raise ValueError(f"softcap: the cap must be > 0, found {cap}")
+        a, addr = self._args()
+        a.op = _OP_SOFTCAP
+        a.i[0:3] = (_f32_ptr(x, "softcap x"), x.numel(), torch.get_num_threads())
+        a.f[0] = cap
+        self._run(a, addr, "softcap", x)
+        return x
+
     def activation(self, x: torch.Tensor, kind: str, gated: bool) -> torch.Tensor:
         if kind not in ACTIVATIONS:
             raise ValueError(f"activation: unknown kind {kind!r}")
@@ -408,12 +418,15 @@ class Kernels(
         window: int | None = None,
         out: torch.Tensor | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         if not isinstance(seq_lens, torch.Tensor):
             seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
         B, H, D = q.shape
         if sinks is not None and sinks.numel() != H:
             raise ValueError(f"paged_attention_decode: sinks [{H}] expected, found {list(sinks.shape)}")
+        if softcap is not None and not softcap > 0:
+            raise ValueError(f"paged_attention_decode: softcap must be > 0 or None, found {softcap}")
         S, Hkv, Dk = k_pool.shape
         Dv = v_pool.shape[2]
         if Dk != D or v_pool.shape[:2] != (S, Hkv) or H % Hkv:
@@ -434,26 +447,10 @@ class Kernels(
         op, nt = _f32_ptr(out, "attention out"), torch.get_num_threads()
         sp = _f32_ptr(sinks, "attention sinks") if sinks is not None else 0
         a.i[0:18] = (
-            qp,
-            ldq,
-            kp,
-            vp,
-            kv_type,
-            S,
-            ip,
-            kv_indices.shape[1],
-            lp,
-            B,
-            H,
-            Hkv,
-            D,
-            Dv,
-            window or 0,
-            op,
-            nt,
-            sp,
-        )
-        a.f[0] = scale
+            qp, ldq, kp, vp, kv_type, S, ip, kv_indices.shape[1], lp,
+            B, H, Hkv, D, Dv, window or 0, op, nt, sp,
+        )  # fmt: skip
+        a.f[0], a.f[1] = scale, softcap or 0.0
         keep = (sinks,) if sinks is not None else ()
         self._run(a, addr, "paged_attention_decode", q, k_pool, v_pool, kv_indices, seq_lens, out, *keep)
         return out

@@ -2,10 +2,10 @@
 (`reference.py`, `reference_conv.py`, `reference_mamba1.py`, `reference_sample.py`); both are re-exported
 here, so every `op` has its `op_reference` beside it.
 
-Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `linear`, `rms_norm`, `gated_rms_norm`,
-`rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`, `deltanet_step`,
-`deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`, `sigmoid_mul`, `causal_conv_step`,
-`causal_conv_prefill`,
+Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `softcap`, `linear`, `rms_norm`,
+`gated_rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`,
+`deltanet_step`, `deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`, `sigmoid_mul`,
+`causal_conv_step`, `causal_conv_prefill`,
 `mamba1_dt_bc`, `mamba1_scan_step`, `mamba1_scan_prefill`, `moe_route`, `moe_experts`, `mla_cache_write`,
 `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
 `sample_rows`) runs the C kernel when the library is available and the inputs are CPU tensors of the
@@ -52,6 +52,7 @@ from blazr.kernels.reference import (
     quantize_act_reference,
     rms_norm_reference,
     rope_neox_reference,
+    softcap_reference,
     ssd_step_reference,
     stacked_slice,
 )
@@ -142,6 +143,8 @@ __all__ = [
     "sample_rows_reference",
     "sigmoid_mul",
     "sigmoid_mul_reference",
+    "softcap",
+    "softcap_reference",
     "ssd_step_reference",
     "stacked_slice",
 ]
@@ -262,6 +265,12 @@ def add(
     return _dispatch("add", add_reference, x, y, alpha, beta, out)
 
 
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """x ← cap · tanh(x / cap) in place, x contiguous (Gemma 2's final logits; the C kernel's tanh is within
+    ~1e-7 · cap of torch's, see blz_softcap1). Returns x."""
+    return _dispatch("softcap", softcap_reference, x, cap)
+
+
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -306,11 +315,13 @@ def paged_attention_decode(
     window: int | None = None,
     out: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Decode attention, one query per sequence: q [B, H, D] against the keys/values of slots
     kv_indices[b, :seq_lens[b]] in k_pool [S, Hkv, D] / v_pool [S, Hkv, Dv] (GQA: head h reads kv head
     h // (H/Hkv)); the last `window` keys only with a sliding window; `sinks` [H] float32: each head's
-    logit joins the softmax's denominator (no value). Returns [B, H, Dv] fp32. q may be a row-strided view
+    logit joins the softmax's denominator (no value); `softcap` c: each score s becomes c · tanh(s / c) before
+    the softmax (Gemma 2). Returns [B, H, Dv] fp32. q may be a row-strided view
     (the q heads of a fused qkv output); the pools may be fp32 or bf16 (computed in fp32)."""
     return _dispatch(
         "paged_attention_decode",
@@ -324,6 +335,7 @@ def paged_attention_decode(
         window=window,
         out=out,
         sinks=sinks,
+        softcap=softcap,
     )
 
 

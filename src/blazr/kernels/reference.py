@@ -219,6 +219,11 @@ def add_reference(
     return r if out is None else out.copy_(r)
 
 
+def softcap_reference(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """x ← cap · tanh(x / cap) in place (Gemma 2's final logits); returns x."""
+    return x.copy_(torch.tanh(x / cap) * cap)
+
+
 def rope_neox_reference(
     x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int
 ) -> torch.Tensor:
@@ -242,10 +247,12 @@ def paged_attention_decode_reference(
     window: int | None = None,
     out: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Per sequence: gather its keys from the pools, softmax(scale · q·kᵀ) · v in fp32; keys
-    [L − window, L) with a window; no keys → zeros. `sinks` [H]: each head's logit joins the softmax as
-    one more score without a value."""
+    [L − window, L) with a window; no keys → zeros. `softcap` c: the scores s become c · tanh(s / c)
+    before the softmax. `sinks` [H]: each head's logit joins the softmax as one more score without a
+    value."""
     B, H, _ = q.shape
     G = H // k_pool.shape[1]
     res = torch.zeros(B, H, v_pool.shape[2], dtype=torch.float32)
@@ -258,6 +265,8 @@ def paged_attention_decode_reference(
         k = k_pool[idx].float().repeat_interleave(G, dim=1)  # [n, H, D]
         v = v_pool[idx].float().repeat_interleave(G, dim=1)
         s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # [H, n]
+        if softcap is not None:
+            s = torch.tanh(s / softcap) * softcap
         if sinks is not None:
             p = torch.cat([s, sinks.float()[:, None]], dim=1).softmax(-1)[:, :-1]
         else:

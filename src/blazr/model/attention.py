@@ -8,9 +8,9 @@ the causal attention kernel shared with MLA.
 - prefill rows: per sequence, causal with an offset of `context_len` cached tokens (chunked prefill).
 
 Options (AttentionConfig): q/k RMSNorm per head or over all heads before rope (`ops.head_rms_norm` on views
-of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the torch path only — plain
-matmul / tanh / softmax, decode steps included: the C decode attention has no such step, so a CPU decode
-plan cannot hold such a layer and falls back to eager), attention sinks (GPT-OSS: a learned logit per head,
+of the qkv output, in place), partial rope, score soft-capping (Gemma 2: the torch path as plain matmul /
+tanh / softmax, the C decode attention on each score before its softmax, so such a layer stays in the decode
+plan), attention sinks (GPT-OSS: a learned logit per head,
 `sinks` [H] float32, in the softmax's denominator — the torch path as one more score column, the C decode
 attention in its merge, so such a layer stays in the decode plan), Gemma 4's KV sharing (`kv_source`:
 qkv_proj holds q only; keys and values are read from the source layer's pools, this layer's cache), K = V
@@ -24,7 +24,8 @@ the window's blocks: the batch's `kv_indices` of this layer's group point the po
 held slot, which the window's mask leaves unread); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from
 q, k and v (and the gate, `q_gate`: a checkpoint's q_proj holds it beside q, each head's [q_h; gate_h]);
 tensor parallel splits the heads and KV heads (each rank its own contiguous heads, q / k / v / gate rows
-column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads refused);
+column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads refused; a
+KV-sharing layer's heads read its source layer's KV heads of the same rank, which the same split keeps);
 the decode plan and CUDA graphs may hold it.
 
 Shapes: T tokens, H query heads, Hkv kv heads, Dk / Dv head dims, S cache slots.
@@ -215,13 +216,7 @@ class Attention(nn.Module):
         return o
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None) -> torch.Tensor:
-        if (
-            cache is not None
-            and batch.is_decode_only
-            and batch.decode_lens is not None
-            and ops.cpu_f32(x)
-            and self.cfg.logit_softcap is None  # the C decode attention has no soft-capping
-        ):
+        if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
             return self._decode(x, batch, cache)
         cfg, T, decode = self.cfg, x.shape[0], batch.is_decode_only
         qkv = self.qkv_proj(x, decode=decode)
@@ -291,6 +286,7 @@ class Attention(nn.Module):
             cfg.softmax_scale,
             window=cfg.sliding_window,
             sinks=self._sinks(),
+            softcap=cfg.logit_softcap,
         )
         return self.o_proj(self._gate(o.view(B, H * Dh), qkv), decode=True)
 
@@ -316,11 +312,6 @@ def _fused(cfg: AttentionConfig, leaf: str) -> FusedParts | None:
 
 
 def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
-    if (cfg.kv_source is not None or cfg.is_v_from_k) and world > 1:
-        raise UnsupportedError(
-            f"{where} attention: Gemma 4's shared KV and K = V attention are not split across ranks (use one "
-            "rank)"
-        )
     check_divisible(cfg.num_heads, world, f"{where} attention heads")
     check_divisible(cfg.num_kv_heads, world, f"{where} KV heads")
     if cfg.qk_norm is not None and not cfg.is_qk_norm_per_head and world > 1:
@@ -332,9 +323,10 @@ def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
 
 
 def _slice(cfg: AttentionConfig, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
-    if leaf.startswith("qkv_proj."):
+    if leaf.startswith("qkv_proj."):  # the rows `_fused` lays out: q, then k and v as the layer holds them
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        sizes = [q, kv, kv, q] if cfg.has_output_gate else [q, kv, kv]
+        kv_rows = [] if cfg.kv_source is not None else [kv] if cfg.is_v_from_k else [kv, kv]
+        sizes = [q, *kv_rows, *([q] if cfg.has_output_gate else [])]
         return split_segments(t, sizes, [True] * len(sizes), rank, world)
     if leaf == "o_proj.weight":
         return split_block(t, 1, rank, world)

@@ -123,9 +123,12 @@ class Block(nn.Module):
             if out is not None:
                 x = _add(x, self._norm("mixer_post_norm", self._reduce(out)), r)
         if self.mlp is not None and self.moe is not None:  # side by side; the MoE norms its own input
-            y = self._norm("mlp_post_norm", self.mlp(self._norm("ffn_norm", x), decode=batch.is_decode_only))
-            y = y + self._norm("moe_post_norm", self.moe(x, batch))
-        elif self.mlp is not None:
+            # each output whole before its own post-norm (a norm of a rank's partial sum is not a part of it)
+            y = self.mlp(self._norm("ffn_norm", x), decode=batch.is_decode_only)
+            y = self._norm("mlp_post_norm", self._reduce(y))
+            y = y + self._norm("moe_post_norm", self._reduce(self.moe(x, batch)))
+            return _add(x, self._norm("ffn_post_norm", y), r)
+        if self.mlp is not None:
             y = self.mlp(self._norm("ffn_norm", x), decode=batch.is_decode_only)
         elif self.moe is not None:
             y = self.moe(self._norm("ffn_norm", x), batch)

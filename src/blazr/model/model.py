@@ -153,6 +153,6 @@ class CausalLM(nn.Module):
         if scale != 1.0:
             logits = ops.add(logits, None, scale) if logits.is_cpu else logits * scale
         cap = self.cfg.final_logit_softcap
-        if cap is not None:  # torch ops: a CPU decode plan cannot record them, so such models decode eagerly
-            logits = torch.tanh(logits / cap) * cap
+        if cap is not None:  # in place: `logits` is this call's own tensor
+            logits = ops.softcap(logits.contiguous(), cap)
         return logits

@@ -3,10 +3,12 @@
  * out[b, h, :] = softmax_j(scale · q[b, h]·k_j) · v_j over the keys j of sequence b, where key j lives in
  * cache slot kv_indices[b, j]: k_j = k_pool[slot, h / G], v_j = v_pool[slot, h / G], G = H / Hkv.
  * Keys are j ∈ [L_b − window, L_b) with a sliding window, else [0, L_b) (L_b = seq_lens[b]); an empty
- * range gives zeros. With `sinks` (may be NULL, else [H] fp32) head h's softmax has one more term e^{sinks[h]} in
- * its denominator, with no value (GPT-OSS's attention sinks): it joins the merge of the chunks below, so
- * the chunks themselves do not change. Layouts: q [B, H, D] (row b at q + b·ldq, so q may be a view into a fused qkv
- * buffer), k_pool [S, Hkv, D], v_pool [S, Hkv, Dv] of one element type — fp32, bf16 or f16 (BLZ_KV_*),
+ * range gives zeros. With `softcap` c > 0 (0: none) each score s = scale · q·k_j becomes c · tanh(s / c)
+ * before the softmax (Gemma 2; blz_softcap_rows / blz_softcap1: the same bits for a given s on every path).
+ * With `sinks` (may be NULL, else [H] fp32) head h's softmax has one more term e^{sinks[h]} in its
+ * denominator, with no value (GPT-OSS's attention sinks): it joins the merge of the chunks below, so the
+ * chunks themselves do not change. Layouts: q [B, H, D] (row b at q + b·ldq, so q may be a view into a fused
+ * qkv buffer), k_pool [S, Hkv, D], v_pool [S, Hkv, Dv] of one element type — fp32, bf16 or f16 (BLZ_KV_*),
  * widened exactly to fp32 on load, so 16-bit pools halve the cache bytes read — kv_indices [B, Lmax]
  * (row stride idx_stride), seq_lens [B], out [B, H, Dv] fp32; int64 indices.
  *
@@ -129,13 +131,13 @@ BLZ_INLINE void qk16(const __m512 qv[BLZ_MAX_GROUP][BLZ_MAX_D / 16], const int64
 }
 
 /* One kv head of a work item of n ≤ BLZ_CHUNK keys, in three passes over the chunk: all scores (qk16 per
- * 16 keys), then per head m = max, p = e^{s−m}, l = Σ p (no running rescale: the whole chunk's scores are
- * known), then acc = Σ_t p_t · v_t over all n keys with the G·SL accumulators in registers. kr / vr: the
- * keys' K / V values for this kv head; q [G][D]; acc [G][Dv], m [G], l [G] are written (n = 0: zeros,
- * m = −∞, l = 0, the empty state the merge skips). */
+ * 16 keys; soft-capped when cap > 0), then per head m = max, p = e^{s−m}, l = Σ p (no running rescale: the
+ * whole chunk's scores are known), then acc = Σ_t p_t · v_t over all n keys with the G·SL accumulators in
+ * registers. kr / vr: the keys' K / V values for this kv head; q [G][D]; acc [G][Dv], m [G], l [G] are written
+ * (n = 0: zeros, m = −∞, l = 0, the empty state the merge skips). */
 BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char *const *kr, const char *const *vr,
                            const int n, const int kv_type, const int64_t D, const int64_t Dv, const float scale,
-                           part_t pt, prefetcher_t *pf) {
+                           const float cap, part_t pt, prefetcher_t *pf) {
     float p[BLZ_MAX_GROUP * BLZ_CHUNK] __attribute__((aligned(64))); /* scores, then probabilities */
     __m512 qv[BLZ_MAX_GROUP][BLZ_MAX_D / 16]; /* the G query rows, in registers where they fit */
     for (int64_t g = 0; g < G; ++g)
@@ -144,6 +146,8 @@ BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char 
         pf_next(pf);
         qk16(qv, G, kr + j, (int)blz_min(BLZ_KEY_BLOCK, n - j), kv_type, D, scale, p + j, BLZ_CHUNK);
     }
+    if (cap > 0.0f)
+        for (int64_t g = 0; g < G; ++g) blz_softcap_rows(p + g * BLZ_CHUNK, n, cap);
     const int nb = (n + BLZ_KEY_BLOCK - 1) / BLZ_KEY_BLOCK, tail = n - (nb - 1) * BLZ_KEY_BLOCK;
     const __mmask16 mt = (__mmask16)((1u << tail) - 1u); /* valid lanes of the last block */
     /* the G heads side by side, so their reductions and exponentials overlap */
@@ -206,11 +210,12 @@ BLZ_INLINE void pv_slices8(const int64_t G, const int SL, const float *p, const 
 }
 
 /* AVX2 chunk_head (D, Dv multiples of 8): the same three passes. Scores one key at a time — its K row
- * widened once into registers, two FMA chains per head, one horizontal sum per (head, key); softmax 8
- * lanes at a time with blz_exp256 (lanes past n zeroed); then pv_slices8. */
+ * widened once into registers, two FMA chains per head, one horizontal sum per (head, key), soft-capped
+ * when cap > 0; softmax 8 lanes at a time with blz_exp256 (lanes past n zeroed); then pv_slices8. */
 BLZ_INLINE void chunk_head_avx2(const float *restrict q, const int64_t G, const char *const *kr,
                                 const char *const *vr, const int n, const int kv_type, const int64_t D,
-                                const int64_t Dv, const float scale, part_t pt, prefetcher_t *pf) {
+                                const int64_t Dv, const float scale, const float cap, part_t pt,
+                                prefetcher_t *pf) {
     float p[BLZ_MAX_GROUP * BLZ_CHUNK] __attribute__((aligned(32))); /* scores, then probabilities */
     for (int t = 0; t < n; ++t) {
         if (t % BLZ_KEY_BLOCK == 0) pf_next(pf);
@@ -228,6 +233,8 @@ BLZ_INLINE void chunk_head_avx2(const float *restrict q, const int64_t G, const 
             p[g * BLZ_CHUNK + t] = blz_hsum256(_mm256_add_ps(a0, a1)) * scale;
         }
     }
+    if (cap > 0.0f)
+        for (int64_t g = 0; g < G; ++g) blz_softcap_rows(p + g * BLZ_CHUNK, n, cap);
     const int nv = (n + 7) / 8;
     const __m256i tail = blz_mask256(n - 8 * (nv - 1)); /* valid lanes of the last vector */
     for (int64_t g = 0; g < G; ++g) {
@@ -256,13 +263,14 @@ BLZ_INLINE void chunk_head_avx2(const float *restrict q, const int64_t G, const 
 
 /* Portable block step: the same online-softmax update, one key at a time (libm expf). */
 static void block_scalar(const float *restrict q, int64_t G, const char *const *kr, const char *const *vr,
-                         int nk, int kv_type, int64_t D, int64_t Dv, float scale, part_t pt) {
+                         int nk, int kv_type, int64_t D, int64_t Dv, float scale, float cap, part_t pt) {
     for (int t = 0; t < nk; ++t)
         for (int64_t g = 0; g < G; ++g) {
             const float *qg = q + g * D;
             float s = 0.0f;
             for (int64_t d = 0; d < D; ++d) s += qg[d] * blz_kv_load1(kr[t], d, kv_type);
             s *= scale;
+            if (cap > 0.0f) s = blz_softcap1(s, cap);
             const float mold = pt.m[g], mnew = fmaxf(mold, s);
             const float corr = mold == -INFINITY ? 0.0f : expf(mold - mnew), e = expf(s - mnew);
             pt.l[g] = pt.l[g] * corr + e;
@@ -276,7 +284,7 @@ static void block_scalar(const float *restrict q, int64_t G, const char *const *
  * ≤ 8 × head dim 64 / 128 (D = Dv), so that accumulators, key rows and partial sums live in registers
  * (generic sizes otherwise); the portable one-key-at-a-time update for other shapes and builds. */
 static void head_step(const float *q, int64_t G, const char *const *kr, const char *const *vr, int n,
-                      int kv_type, int64_t D, int64_t Dv, float scale, part_t pt, prefetcher_t *pf) {
+                      int kv_type, int64_t D, int64_t Dv, float scale, float cap, part_t pt, prefetcher_t *pf) {
 #if defined(BLZ_AVX512) || defined(BLZ_AVX2)
 #ifdef BLZ_AVX512
 #define BLZ_LANES 16
@@ -286,7 +294,7 @@ static void head_step(const float *q, int64_t G, const char *const *kr, const ch
 #define BLZ_CHUNK_HEAD chunk_head_avx2
 #endif
     if (D % BLZ_LANES == 0 && Dv % BLZ_LANES == 0 && D <= BLZ_MAX_D && G <= BLZ_MAX_GROUP) {
-#define BLZ_CALL(T, GG, DD, DV) BLZ_CHUNK_HEAD(q, GG, kr, vr, n, T, DD, DV, scale, pt, pf)
+#define BLZ_CALL(T, GG, DD, DV) BLZ_CHUNK_HEAD(q, GG, kr, vr, n, T, DD, DV, scale, cap, pt, pf)
 #define BLZ_G(T, GG)                                                 \
     case GG:                                                         \
         if (D == 64 && Dv == 64) BLZ_CALL(T, GG, 64, 64);            \
@@ -316,7 +324,7 @@ static void head_step(const float *q, int64_t G, const char *const *kr, const ch
         pt.l[g] = 0.0f;
     }
     memset(pt.acc, 0, (size_t)(G * Dv) * sizeof(float));
-    block_scalar(q, G, kr, vr, n, kv_type, D, Dv, scale, pt);
+    block_scalar(q, G, kr, vr, n, kv_type, D, Dv, scale, cap, pt);
 }
 
 /* One work item: keys j0 .. j1-1 (at most BLZ_CHUNK) of a sequence, all Hkv kv heads, one kv head after
@@ -324,7 +332,7 @@ static void head_step(const float *q, int64_t G, const char *const *kr, const ch
  * slots. Sets *err on an out-of-range slot (which then reads slot 0). pf walks the next item's rows. */
 static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_pool, const char *v_pool,
                         int kv_type, const int64_t *idx, int64_t j0, int64_t j1, int64_t S, int64_t D,
-                        int64_t Dv, float scale, float *partial, int *err, prefetcher_t *pf) {
+                        int64_t Dv, float scale, float cap, float *partial, int *err, prefetcher_t *pf) {
     const int64_t es = blz_kv_elem_bytes(kv_type), kst = Hkv * D * es, vst = Hkv * Dv * es;
     const int64_t H = Hkv * G;
     const int n = (int)(j1 - j0); /* 0 for an empty sequence: each head_step then writes the empty state */
@@ -348,7 +356,7 @@ static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_po
             vr[t] = vrow[t] + kvh * Dv * es;
         }
         const part_t pt = {partial + kvh * G * Dv, partial + H * Dv + kvh * G, partial + H * Dv + H + kvh * G};
-        head_step(q + kvh * G * D, G, kr, vr, n, kv_type, D, Dv, scale, pt, pf);
+        head_step(q + kvh * G * D, G, kr, vr, n, kv_type, D, Dv, scale, cap, pt, pf);
     }
 }
 
@@ -426,9 +434,10 @@ BLZ_EXPORT int blz_paged_attention_decode(const float *q, int64_t ldq, const voi
                                           const int64_t *kv_indices, int64_t idx_stride,
                                           const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv,
                                           int64_t D, int64_t Dv, float scale, int64_t window, float *out,
-                                          int nthreads, const float *sinks) {
+                                          int nthreads, const float *sinks, float softcap) {
     if (B < 0 || H <= 0 || Hkv <= 0 || H % Hkv || D <= 0 || Dv <= 0 || S < 0 || ldq < H * D)
         return BLZ_EINVAL;
+    if (!(softcap >= 0.0f)) return BLZ_EINVAL; /* negative or NaN */
     if (kv_type < BLZ_KV_F32 || kv_type > BLZ_KV_F16) return BLZ_EINVAL;
     if (B == 0) return BLZ_OK;
     const int64_t G = H / Hkv, es = blz_kv_elem_bytes(kv_type);
@@ -476,7 +485,8 @@ BLZ_EXPORT int blz_paged_attention_decode(const float *q, int64_t ldq, const voi
                 pf.n = j1n - j0n;
             }
             attend_item(q + b * ldq, Hkv, G, (const char *)k_pool, (const char *)v_pool, kv_type,
-                        kv_indices + b * idx_stride, j0, j1, S, D, Dv, scale, partial + i * psz, &my_err, &pf);
+                        kv_indices + b * idx_stride, j0, j1, S, D, Dv, scale, softcap, partial + i * psz, &my_err,
+                        &pf);
         }
         if (my_err) {
 #pragma omp atomic write

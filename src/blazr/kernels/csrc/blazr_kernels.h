@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 10
+#define BLZ_ABI_VERSION 11
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -131,7 +131,7 @@ int blz_paged_attention_decode(const float *q, int64_t ldq, const void *k_pool, 
                                int kv_type, int64_t S, const int64_t *kv_indices, int64_t idx_stride,
                                const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                                int64_t Dv, float scale, int64_t window, float *out, int nthreads,
-                               const float *sinks);
+                               const float *sinks, float softcap);
 int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, const int64_t *slots, int64_t T,
                  int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_type, int64_t S);
 int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
@@ -145,6 +145,7 @@ int blz_mamba2_prefill(const float *xbc, const float *dt_raw, int64_t ld, const 
 int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, int64_t D, float scale,
                   float *out);
 int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
+int blz_softcap(float *x, int64_t n, float cap, int nthreads);
 int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out);
 int blz_moe_route(const float *logits, int64_t T, int64_t E, const float *bias, int sigmoid, int64_t G,
                   int64_t topk_groups, int group_top2, int64_t k, int renorm, float scale, float *weights,
@@ -265,6 +266,7 @@ enum {
     BLZ_OP_CAUSAL_CONV = 21, /* short convolutions and Mamba1 (causal_conv.c, mamba1.c) */
     BLZ_OP_MAMBA1_SCAN = 22,
     BLZ_OP_MAMBA1_DT_BC = 23,
+    BLZ_OP_SOFTCAP = 24,
     BLZ_OP_DELTANET_STEP = 30, /* gated DeltaNet (deltanet.c) and gated attention / MoE pieces (gates.c) */
     BLZ_OP_DELTANET_PREFILL = 31,
     BLZ_OP_HEAD_RMS_NORM = 32,
@@ -774,6 +776,56 @@ BLZ_INLINE void blz_silu_rows(float *v, int64_t n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, blz_silu256(_mm256_loadu_ps(v + i)));
 #endif
     for (; i < n; ++i) v[i] = v[i] / (1.0f + blz_exp_poly(0.0f - v[i]));
+}
+
+/* Soft-capping (Gemma 2's attention scores and final logits): cap · tanh(v / cap), with tanh(x) below
+ * |x| = 1/4 by its Taylor polynomial to x⁹ (≤ 1e-8 relative), above as sign(x) · (1 − 2 / (e^{2|x|} + 1))
+ * with blz_exp_poly (≤ ~1e-7 absolute, ≤ ~5e-7 relative there; ±1 past |x| ≈ 44). blz_softcap256 is the
+ * same operations on 8 lanes — explicit FMAs, and the library builds with -ffp-contract=off — so the two
+ * give the same bits (as blz_exp_poly and blz_exp256). */
+#define BLZ_TANH_C3 -0.333333333333f /* tanh x = x + x³ (C3 + x² (C5 + x² (C7 + x² C9))) + O(x¹¹) */
+#define BLZ_TANH_C5 0.133333333333f
+#define BLZ_TANH_C7 -0.053968253968f
+#define BLZ_TANH_C9 0.021869488536f
+BLZ_INLINE float blz_softcap1(float v, float cap) {
+    const float x = v / cap, a = fabsf(x);
+    float t; /* tanh |x| */
+    if (a < 0.25f) {
+        const float a2 = a * a;
+        float p = fmaf(a2, BLZ_TANH_C9, BLZ_TANH_C7);
+        p = fmaf(p, a2, BLZ_TANH_C5);
+        p = fmaf(p, a2, BLZ_TANH_C3);
+        t = fmaf(a * a2, p, a);
+    } else {
+        t = 1.0f - 2.0f / (blz_exp_poly(2.0f * a) + 1.0f);
+    }
+    return copysignf(t, x) * cap;
+}
+
+#ifdef BLZ_AVX2
+BLZ_INLINE __m256 blz_softcap256(__m256 v, __m256 cap) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 x = _mm256_div_ps(v, cap), a = _mm256_andnot_ps(sign, x), a2 = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_fmadd_ps(a2, _mm256_set1_ps(BLZ_TANH_C9), _mm256_set1_ps(BLZ_TANH_C7));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(BLZ_TANH_C5));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(BLZ_TANH_C3));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(a, a2), p, a);
+    const __m256 e = blz_exp256(_mm256_add_ps(a, a));
+    const __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    const __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.25f), _CMP_LT_OQ));
+    return _mm256_mul_ps(_mm256_or_ps(_mm256_andnot_ps(sign, t), _mm256_and_ps(sign, x)), cap); /* copysign */
+}
+#endif
+
+/* v[i] ← cap · tanh(v[i] / cap) for i < n: 8 lanes at a time where the build has AVX2, the tail (and
+ * portable builds) one value at a time — the same bits on every build and wherever a value lies. */
+BLZ_INLINE void blz_softcap_rows(float *v, int64_t n, float cap) {
+    int64_t i = 0;
+#ifdef BLZ_AVX2
+    const __m256 c = _mm256_set1_ps(cap);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, blz_softcap256(_mm256_loadu_ps(v + i), c));
+#endif
+    for (; i < n; ++i) v[i] = blz_softcap1(v[i], cap);
 }
 
 #ifdef BLZ_AVX512

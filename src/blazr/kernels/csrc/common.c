@@ -164,7 +164,7 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                               P(const void *, 3), (int)i[4], i[5], P(const int64_t *, 6),
                                               i[7], P(const int64_t *, 8), i[9], i[10], i[11], i[12], i[13],
                                               (float)a->f[0], i[14], P(float *, 15), (int)i[16],
-                                              P(const float *, 17));
+                                              P(const float *, 17), (float)a->f[1]);
         case BLZ_OP_KV_WRITE:
             return blz_kv_write(P(const float *, 0), i[1], P(const float *, 2), i[3], P(const int64_t *, 4),
                                 i[5], i[6], i[7], i[8], P(void *, 9), P(void *, 10), (int)i[11], i[12]);
@@ -186,6 +186,8 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_EMBEDDING:
             return blz_embedding(P(const int64_t *, 0), i[1], P(const float *, 2), i[3], i[4], (float)a->f[0],
                                  P(float *, 5));
+        case BLZ_OP_SOFTCAP:
+            return blz_softcap(P(float *, 0), i[1], (float)a->f[0], (int)i[2]);
         case BLZ_OP_ACTIVATION:
             return blz_activation(P(const float *, 0), i[1], i[2], (int)i[3], (int)i[4], P(float *, 5));
         case BLZ_OP_MOE_ROUTE:

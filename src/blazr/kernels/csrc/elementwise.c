@@ -1,7 +1,8 @@
 /* blazr kernels — the small glue of a forward: the embedding row gather, the scaled add (residual
- * adds, Granite's embedding / residual / logits multipliers) and the MLP activations that the linear
- * epilogue does not fuse (GELU, ReLU², gated or not), so that a whole decode step is kernel calls and can
- * be recorded as one plan. Plain C loops, vectorised by the compiler (`#pragma omp simd`). */
+ * adds, Granite's embedding / residual / logits multipliers), the logits' soft-cap (Gemma 2) and the MLP
+ * activations that the linear epilogue does not fuse (GELU, ReLU², gated or not), so that a whole decode
+ * step is kernel calls and can be recorded as one plan. Plain C loops, vectorised by the compiler
+ * (`#pragma omp simd`). */
 #include <string.h>
 
 #include "blazr_kernels.h"
@@ -40,6 +41,16 @@ BLZ_EXPORT int blz_axpby(const float *x, float a, const float *y, float b, int64
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] + b * y[i];
     }
+    return BLZ_OK;
+}
+
+/* softcap: x[i] ← cap · tanh(x[i] / cap) in place for i < n (cap > 0; blz_softcap_rows), Gemma 2's final
+ * logits; blocks of 4096 values split over the threads (a value's bits do not depend on the split). */
+BLZ_EXPORT int blz_softcap(float *x, int64_t n, float cap, int nthreads) {
+    if (n < 0 || !(cap > 0.0f)) return BLZ_EINVAL;
+    const int64_t blk = 4096, nb = (n + blk - 1) / blk;
+#pragma omp parallel for schedule(static) num_threads(nthreads > 0 ? nthreads : 1) if (nb > 1)
+    for (int64_t b = 0; b < nb; ++b) blz_softcap_rows(x + b * blk, blz_min(blk, n - b * blk), cap);
     return BLZ_OK;
 }
 
