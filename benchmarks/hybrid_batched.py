@@ -44,13 +44,15 @@ def peer_build(binary: Path) -> str:
     done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
     version = " ".join(line for line in done.stderr.splitlines() + done.stdout.splitlines() if line)
     cache = binary.resolve().parent.parent / "CMakeCache.txt"
-    flags = []
+    flags = {}
     if cache.is_file():
         for line in cache.read_text().splitlines():
             key, _, value = line.partition("=")
             if key.split(":")[0] in ("GGML_NATIVE", "GGML_AVX512", "GGML_AVX512_VNNI", "GGML_AMX_INT8"):
-                flags.append(f"{key.split(':')[0]}={value}")
-    return f"{version}; {' '.join(flags)}".strip("; ")
+                flags[key.split(":")[0]] = value
+    if flags.get("GGML_NATIVE") == "ON":  # -march=native: the explicit ISA switches are ignored
+        flags = {"GGML_NATIVE": "ON (-march=native)"}
+    return f"{version}; {' '.join(f'{k}={v}' for k, v in flags.items())}".strip("; ")
 
 
 def run_peer(
