@@ -17,7 +17,15 @@ the first token, decode tok/s = (gen − 1) / the rest (as benchmarks/run.py). M
 after a warm-up round, engines interleaved within a round. Peak RSS of a whole load is not comparable in
 one process, so load time only is printed beside each row. --batched QUANTIZE adds blazr's continuous
 batching table per model (aggregate decode tok/s at 1 / 4 / 8 / 16 sequences, as benchmarks/run.py's
-table 2; llama-cpp-python has no batched decode to set beside it).
+table 2, blazr alone). --batched-peer LLAMA_BATCHED_BENCH sets blazr's batched decode at --levels
+(1,4,16) on the Q8_0 GGUF beside llama.cpp's parallel sequences (llama-batched-bench: hybrid_batched.py),
+and --alone [NAME,...] adds Zamba2 and OLMo-Hybrid, which llama.cpp cannot load, beside transformers
+(benchmarks/hybrid_alone.py). The issue-42 tables:
+
+    python benchmarks/hybrid_peers.py --precisions "" --rounds 2 \\
+        --models granite-4.0-h-350m,lfm2-350m,qwen3.5-0.8b,qwen3-next-scaled-0.85b,kimi-linear-scaled-0.88b \\
+        --batched-peer /tmp/lsrv/bin/llama-batched-bench
+    python benchmarks/hybrid_peers.py --precisions "" --models "" --alone --rounds 2
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.host import host_line  # noqa: I001
+from benchmarks import hybrid_batched  # noqa: I001
+from benchmarks.host import host_line
 from benchmarks.run import Row, load_blazr, load_llama_cpp, log, measure_single, prompt_ids
 from benchmarks.run import batching_table, measure_batching, single_table, spread_note, versions
 from tests import llama_cpp_convert
@@ -401,6 +410,20 @@ ONLY_Q8 = {"granite-4.0-h-tiny-10-blocks", "deepseek-v2-lite-8-experts"}
 def checkpoint(name: str) -> Path:
     """The HF safetensors directory of `name` (built once), with a converter-friendly tokenizer."""
     arch, cfg, edit = MODELS[name]
+    return build_hf(name, arch, cfg, edit)
+
+
+def build_hf(
+    name: str,
+    arch: str,
+    cfg: dict,
+    edit: Callable[[dict], None] | None = None,
+    save: Callable[[torch.nn.Module, Path], None] | None = None,
+    bf16_over: float = 1e9,
+) -> Path:
+    """Build (once) CACHE/name/hf: transformers' `arch` at `cfg` with random weights (seeded), saved by
+    `save` (default save_pretrained) in bfloat16 past `bf16_over` parameters, config.json edited by `edit`,
+    and SmolLM2's tokenizer beside it."""
     out = CACHE / name / "hf"
     if (out / "config.json").exists():
         return out
@@ -414,9 +437,12 @@ def checkpoint(name: str) -> Path:
         for pname, p in model.named_parameters():
             if p.dim() == 1 and pname.endswith("weight"):
                 p.copy_((0 if bool((p == 0).all()) else 1) + 0.1 * torch.randn_like(p))
-    if sum(t.numel() for t in model.parameters()) > 1e9:  # saved in bf16: half the disk and load time
+    if sum(t.numel() for t in model.parameters()) > bf16_over:  # saved in bf16: half the disk and load time
         model = model.to(torch.bfloat16)
-    model.save_pretrained(out)
+    if save is None:
+        model.save_pretrained(out)
+    else:
+        save(model, out)
     if edit is not None:
         cfg_path = out / "config.json"
         saved = json.loads(cfg_path.read_text())
@@ -537,15 +563,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--batched", metavar="QUANTIZE", help="also blazr's batched decode table (e.g. int8)")
+    ap.add_argument(
+        "--batched-peer", metavar="LLAMA_BATCHED_BENCH", type=Path,
+        help="also batched decode on the Q8_0 GGUF beside this llama-batched-bench (hybrid_batched.py)",
+    )  # fmt: skip
+    ap.add_argument("--levels", default="1,4,16", help="sequence counts of the --batched-peer table")
+    ap.add_argument(
+        "--alone", nargs="?", const="all", metavar="NAME,...",
+        help="also the models llama.cpp cannot load, beside transformers (hybrid_alone.py)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     print("# blazr vs llama.cpp: hybrid models at published shapes\n")
     print(f"- machine: {host_line()}\n- versions: {versions()}\n- threads: {args.threads} for every engine\n")
-    models, precisions = args.models.split(","), args.precisions.split(",")
+    models, precisions = [m for m in args.models.split(",") if m], args.precisions.split(",")
     if precisions != [""]:
         print(report(models, precisions, args.prompt_len, args.gen, args.rounds, args.threads))
     if args.batched:
         print(batched_report(models, args.batched, args.rounds))
+    if args.batched_peer:
+        levels = tuple(int(n) for n in args.levels.split(","))
+        vocab = [json.loads((checkpoint(m) / "config.json").read_text())["vocab_size"] for m in models]
+        files = [(m, gguf(m, "Q8_0"), min(v, 49152)) for m, v in zip(models, vocab, strict=True)]
+        print(hybrid_batched.report(files, args.batched_peer, levels, args.rounds, args.threads))
+    if args.alone:
+        from benchmarks import hybrid_alone
+
+        alone = list(hybrid_alone.MODELS) if args.alone == "all" else args.alone.split(",")
+        print(hybrid_alone.report(alone, args.prompt_len, args.gen, args.rounds))
     return 0
 
 
