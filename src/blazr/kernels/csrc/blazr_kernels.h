@@ -145,7 +145,7 @@ int blz_mamba2_prefill(const float *xbc, const float *dt_raw, int64_t ld, const 
 int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, int64_t D, float scale,
                   float *out);
 int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
-int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out);
+int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out, int nthreads);
 int blz_moe_route(const float *logits, int64_t T, int64_t E, const float *bias, int sigmoid, int64_t G,
                   int64_t topk_groups, int group_top2, int64_t k, int renorm, float scale, float *weights,
                   int64_t *ids);
@@ -383,6 +383,7 @@ enum {
     BLZ_TUNE_STREAMS_Q8G = 2,
     BLZ_TUNE_STREAMS_K = 3,
     BLZ_TUNE_K1_ZMM = 4, /* K-quant one-row dots in 512-bit registers (1; AVX-512 builds) or 256-bit (0) */
+    BLZ_TUNE_STREAMS_B32 = 5, /* weight streams of the 32-block kinds' one-row walk (linear_b32.c: q5_0, mxfp4) */
     BLZ_TUNE_COUNT
 };
 extern int blz_tune[BLZ_TUNE_COUNT];
