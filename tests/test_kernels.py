@@ -375,17 +375,25 @@ def _decode_calls(
     ]
 
 
-@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS])
+@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS, "q5_0", "mxfp4"])
 def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: str) -> None:
     """A decode linear's threads balance their shares (csrc's blz_walk_t: each walks its own block's steps
     from the front, then takes what is left of the others' from the back). With one thread held until the
     others are done, so that they compute all of its rows — thread 0 or 1 of 2, thread 1 of 3 —, every
     output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 and bf16 at 3 x rows),
     at sizes that leave parts short. The streams (and so the balancing) are built where the kind's one-row
-    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI); elsewhere no thread takes another's rows and
-    the bits are still the one-thread bits."""
-    needs = {"q4_0": "avx512_vnni", "q4_1": "avx512_vnni", "q8_0": "avx512_vnni"}
-    walks = "avx512" in native.features and needs.get(kind, "avx512") in native.features
+    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI; q5_0 / mxfp4: AVX2); elsewhere no thread takes
+    another's rows and the bits are still the one-thread bits."""
+    needs = {
+        "q4_0": "avx512_vnni",
+        "q4_1": "avx512_vnni",
+        "q8_0": "avx512_vnni",
+        "q5_0": "avx2",
+        "mxfp4": "avx2",
+    }
+    walks = needs.get(kind, "avx512") in native.features and (
+        "avx512" in native.features or kind in ("q5_0", "mxfp4")
+    )
     g = torch.Generator().manual_seed(12)
     K = 2048  # 38 rows × K: just enough work for the kernels to use 2 threads
     for N in (38, 136, 1000):
