@@ -1,16 +1,18 @@
 """The checks every 32-value-block weight kind run as stored by csrc/linear_b32.c (mxfp4, q5_0) passes: the
 kernel against its exact emulation and the float reference, the same bits on every ISA build, batched rows
-equal to one row at a time, rows read through a row table equal to those rows gathered. The kinds' test
-files (tests/test_mxfp4.py, tests/test_q5_0.py) call them with weights of their own."""
+equal to one row at a time, the one-row decode path (streams of tiles with unsigned values) equal to the
+tiled and packed paths at every stream count, rows read through a row table equal to those rows gathered.
+The kinds' test files (tests/test_mxfp4.py, tests/test_q5_0.py) call them with weights of their own."""
 
 from __future__ import annotations
 
 import torch
 
-from blazr.kernels import ops
+from blazr.kernels import ops, tuning
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import QuantizedWeight, dequantize, row_bytes
-from tests.test_kernels import EPILOGUES, _act_error_bound, _check_linear, _epilogue, gamma
+from tests.test_kernels import EPILOGUES, _act_error_bound, _check_linear, _epilogue, _knob_values, gamma
+from tests.threads import intra_op_threads
 
 
 def _rows(qw: QuantizedWeight, n: int) -> QuantizedWeight:
@@ -69,6 +71,36 @@ def check_batch_rows(lib: ops.Kernels, qw: QuantizedWeight, g: torch.Generator) 
     gate_up = _rows(qw, 44)
     rows = torch.cat([lib.linear(x[i : i + 1], gate_up, swiglu=True) for i in range(len(x))])
     assert torch.equal(lib.linear(x, gate_up, swiglu=True), rows)
+
+
+def check_one_row(lib: ops.Kernels, qw: QuantizedWeight, g: torch.Generator) -> None:
+    """One activation row (M = 1: linear_b32.c's b32_streams, unsigned values and the −c·Σqx correction)
+    gives, bit for bit, what the same row gets inside a decode batch (the signed 8-row tiles, M = 3) and a
+    prefill call (the packed groups, M = 17): at output counts that leave tiles short and streams empty,
+    every epilogue (bias + residual, SwiGLU), every stream count this build takes (knob streams_b32), one
+    thread and two."""
+    K = qw.in_features
+    x = torch.randn(17, K, generator=g) * torch.logspace(-2, 1, K)
+    x[1, :32] = 0  # a zero block: Σqx = 0
+    x[2, 32:64] = torch.tensor([3.0, -3.0] * 16)  # ties at ±amax
+    assert "streams_b32" in {k.name for k in tuning.KNOBS}
+    for n in sorted({1, 7, 9, 40, qw.out_features}):
+        qn = _rows(qw, min(n, qw.out_features))
+        N = qn.out_features
+        bias, residual = torch.randn(N, generator=g), torch.randn(17, N, generator=g)
+        tiled = lib.linear(x[:3], qn, bias, residual[:3].clone())
+        packed = lib.linear(x, qn, bias, residual.clone())
+        swiglu = lib.linear(x[:3], qn, swiglu=True) if N % 2 == 0 else None
+        for streams in _knob_values(lib, "streams_b32"):
+            for threads in (1, 2):
+                with lib.tuned(streams_b32=streams), intra_op_threads(threads):
+                    for i in range(3):
+                        one = lib.linear(x[i : i + 1], qn, bias, residual[i : i + 1].clone())
+                        assert torch.equal(one, tiled[i : i + 1]), (N, streams, threads, i)
+                        assert torch.equal(one, packed[i : i + 1]), (N, streams, threads, i)
+                        if swiglu is not None:
+                            got = lib.linear(x[i : i + 1], qn, swiglu=True)
+                            assert torch.equal(got, swiglu[i : i + 1]), (N, streams, threads, i, "swiglu")
 
 
 def check_row_table(native: ops.Kernels, qw: QuantizedWeight) -> None:

@@ -375,17 +375,25 @@ def _decode_calls(
     ]
 
 
-@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS])
+@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS, "q5_0", "mxfp4"])
 def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: str) -> None:
     """A decode linear's threads balance their shares (csrc's blz_walk_t: each walks its own block's steps
     from the front, then takes what is left of the others' from the back). With one thread held until the
     others are done, so that they compute all of its rows — thread 0 or 1 of 2, thread 1 of 3 —, every
     output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 and bf16 at 3 x rows),
     at sizes that leave parts short. The streams (and so the balancing) are built where the kind's one-row
-    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI); elsewhere no thread takes another's rows and
-    the bits are still the one-thread bits."""
-    needs = {"q4_0": "avx512_vnni", "q4_1": "avx512_vnni", "q8_0": "avx512_vnni"}
-    walks = "avx512" in native.features and needs.get(kind, "avx512") in native.features
+    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI; q5_0 / mxfp4: AVX2); elsewhere no thread takes
+    another's rows and the bits are still the one-thread bits."""
+    needs = {
+        "q4_0": "avx512_vnni",
+        "q4_1": "avx512_vnni",
+        "q8_0": "avx512_vnni",
+        "q5_0": "avx2",
+        "mxfp4": "avx2",
+    }
+    walks = needs.get(kind, "avx512") in native.features and (
+        "avx512" in native.features or kind in ("q5_0", "mxfp4")
+    )
     g = torch.Generator().manual_seed(12)
     K = 2048  # 38 rows × K: just enough work for the kernels to use 2 threads
     for N in (38, 136, 1000):
@@ -1149,3 +1157,28 @@ def test_activation(lib: ops.Kernels, kind: str, gated: bool) -> None:
     if kind == "relu2":
         assert torch.equal(got, want)
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_gelu_same_bits_everywhere(native: ops.Kernels, other_build: ops.Kernels, gated: bool) -> None:
+    """GELU (tanh) runs 8 lanes a step with a scalar tail (csrc/elementwise.c gelu256 / gelu_tanh): every
+    build, both ends of a row, one thread or two give the same bits — signed zeros, tiny values and values
+    past exp's clamps (|x| ≥ 60) included — and they stay within fp32 rounding of the exact value (the
+    torch reference's tanh form loses it to cancellation where x < 0)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 2 * 1003, generator=g) * torch.logspace(-3, 2, 2 * 1003)
+    x[0, :8] = torch.tensor([0.0, -0.0, 100.0, -100.0, 1e-30, -1e-30, 9.0, -9.0])
+    with intra_op_threads(1):
+        one = native.activation(x, "gelu", gated)
+    with intra_op_threads(2):
+        assert torch.equal(native.activation(x, "gelu", gated), one)
+    assert torch.equal(other_build.activation(x, "gelu", gated), one)
+    if not gated:  # each value's bits wherever it falls: the row shifted by one lane
+        assert torch.equal(native.activation(x[:, 1:].contiguous(), "gelu", gated), one[:, 1:])
+    # against the exact value in float64 (as x·sigmoid(2u): the tanh form cancels to 0 in float64 too
+    # where x < 0): a few ulp of the fp32 exponent z = −2u carried through e^z (relative (1 + |z|)·2^−21),
+    # and exp's clamp (|x|·e^−88.3 where the true value is smaller still)
+    h, up = x.double().chunk(2, dim=-1) if gated else (x.double(), 1.0)
+    z = 2 * 0.7978845608028654 * (h + 0.044715 * h**3)
+    exact = h * torch.sigmoid(z) * up
+    assert ((one.double() - exact).abs() <= (1 + z.abs()) * 2**-21 * exact.abs() + 1e-35).all()

@@ -22,7 +22,13 @@ import torch
 from blazr.kernels import mxfp4, ops
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, row_bytes
 from blazr.loading import mxfp4 as hf_mxfp4
-from tests.block32_checks import check_batch_rows, check_linear, check_row_table, check_same_bits
+from tests.block32_checks import (
+    check_batch_rows,
+    check_linear,
+    check_one_row,
+    check_row_table,
+    check_same_bits,
+)
 
 
 def _weight(n: int, k: int, seed: int, lo: int = 118, hi: int = 136) -> QuantizedWeight:
@@ -101,6 +107,12 @@ def test_batch_rows_are_independent(lib: ops.Kernels, lo: int, hi: int) -> None:
     """A batched call equals one call per row, bit for bit — also where a group's scales are no float16
     (96-160: those groups run the tiles) (block32_checks.check_batch_rows)."""
     check_batch_rows(lib, _weight(45, 512, seed=5, lo=lo, hi=hi), torch.Generator().manual_seed(11))
+
+
+def test_one_row_path_equals_tiles_and_groups(lib: ops.Kernels) -> None:
+    """The one-row decode path gives the bits of the tiled and packed paths, every stream count, one thread
+    and two, every epilogue (block32_checks.check_one_row)."""
+    check_one_row(lib, _weight(83, 640, seed=8), torch.Generator().manual_seed(13))
 
 
 def test_row_table_reads_rows_where_they_lie(native: ops.Kernels) -> None:

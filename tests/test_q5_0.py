@@ -31,7 +31,13 @@ from blazr.kernels.quant import QuantizedWeight, dequantize, quantize, row_bytes
 from blazr.kernels.row_table import RowTable
 from blazr.loading.gguf import dequantize as gguf_dequantize
 from blazr.model.qlinear import QuantizedLinear
-from tests.block32_checks import check_batch_rows, check_linear, check_row_table, check_same_bits
+from tests.block32_checks import (
+    check_batch_rows,
+    check_linear,
+    check_one_row,
+    check_row_table,
+    check_same_bits,
+)
 from tests.drive import assert_greedy_diverges_only_at_ties, assert_quantized_logits, full_logits
 from tests.gguf_fixtures import hf_to_gguf_name, llama_metadata, permute_qk, write_gguf
 from tests.hf_parity import prompts
@@ -97,6 +103,12 @@ def test_same_bits_on_every_build(native: ops.Kernels, other_build: ops.Kernels)
 def test_batch_rows_are_independent(lib: ops.Kernels) -> None:
     """A batched call equals one call per row, bit for bit (block32_checks.check_batch_rows)."""
     check_batch_rows(lib, _weight(45, 640, seed=5), torch.Generator().manual_seed(11))
+
+
+def test_one_row_path_equals_tiles_and_groups(lib: ops.Kernels) -> None:
+    """The one-row decode path gives the bits of the tiled and packed paths, every stream count, one thread
+    and two, every epilogue (block32_checks.check_one_row)."""
+    check_one_row(lib, _weight(83, 640, seed=8), torch.Generator().manual_seed(13))
 
 
 def test_row_table_reads_rows_where_they_lie(native: ops.Kernels) -> None:

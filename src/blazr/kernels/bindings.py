@@ -62,7 +62,7 @@ _ROW_CODES = {f.kind: f.row_code for f in FORMATS if f.row_code is not None}  # 
 
 
 # csrc's BLZ_TUNE_* knobs (blazr_kernels.h): the variants kernels/tuning.py picks per host
-TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, "k1_zmm": 4}
+TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, "k1_zmm": 4, "streams_b32": 5}
 
 
 class Kernels(
@@ -374,7 +374,8 @@ class Kernels(
         a, addr = self._args()
         a.op = _OP_ACTIVATION
         xp = _f32_ptr(x, "activation x")
-        a.i[0:6] = (xp, x.numel() // N, N, ACTIVATIONS.index(kind), int(gated), out.data_ptr())
+        a.i[0:7] = (xp, x.numel() // N, N, ACTIVATIONS.index(kind), int(gated), out.data_ptr(),
+                    torch.get_num_threads())  # fmt: skip
         self._run(a, addr, "activation", x, out)
         return out
 

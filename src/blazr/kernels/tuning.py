@@ -66,19 +66,24 @@ KNOBS = (
     Knob("streams_q8g", (4, 2, 1), ("q8_0g",)),
     Knob("k1_zmm", (0, 1), ("q4_k", "q6_k")),
     Knob("streams_k", (4, 2, 1), ("q4_k", "q6_k")),
+    Knob("streams_b32", (4, 2, 1), ("q5_0",)),
 )
 
 
 def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
     """A random weight of `kind` made fast (random block bytes with a normal f16 scale; small floats): only
     the speed of reading it is measured."""
+    from blazr.kernels import mxfp4, q5_0
     from blazr.kernels.kquant import random_kquant
-    from blazr.kernels.quant import BLOCK_BYTES, FLOAT_KINDS, Q8_0G, quantize
+    from blazr.kernels.quant import BLOCK_BYTES, FLOAT_KINDS, MXFP4, Q5_0, Q8_0G, quantize
 
     if kind in ("q4_k", "q5_k", "q6_k"):
         return random_kquant(kind, n, k, g)
     if kind in FLOAT_KINDS:
         return quantize(torch.empty(n, k).uniform_(-0.05, 0.05, generator=g).to(FLOAT_KINDS[kind]), kind)
+    if kind in (MXFP4, Q5_0):
+        blocks = (mxfp4 if kind == MXFP4 else q5_0).random_blocks(n, k, g)
+        return QuantizedWeight.from_blocks(kind, blocks.reshape(n * k // 32, -1), n, k)
     bs = BLOCK_BYTES["q8_0" if kind == Q8_0G else kind]
     blocks = torch.randint(0, 256, (n * k // 32, bs), dtype=torch.uint8, generator=g)
     blocks[:, :2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)  # d (Q4_1: m after it)

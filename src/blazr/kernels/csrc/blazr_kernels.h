@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 11
+#define BLZ_ABI_VERSION 12
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -146,7 +146,7 @@ int blz_embedding(const int64_t *ids, int64_t T, const float *table, int64_t V, 
                   float *out);
 int blz_axpby(const float *x, float a, const float *y, float b, int64_t n, float *out);
 int blz_softcap(float *x, int64_t n, float cap, int nthreads);
-int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out);
+int blz_activation(const float *x, int64_t M, int64_t N, int kind, int gated, float *out, int nthreads);
 int blz_moe_route(const float *logits, int64_t T, int64_t E, const float *bias, int sigmoid, int64_t G,
                   int64_t topk_groups, int group_top2, int64_t k, int renorm, float scale, float *weights,
                   int64_t *ids);
@@ -385,6 +385,7 @@ enum {
     BLZ_TUNE_STREAMS_Q8G = 2,
     BLZ_TUNE_STREAMS_K = 3,
     BLZ_TUNE_K1_ZMM = 4, /* K-quant one-row dots in 512-bit registers (1; AVX-512 builds) or 256-bit (0) */
+    BLZ_TUNE_STREAMS_B32 = 5, /* weight streams of the 32-block kinds' one-row walk (linear_b32.c: q5_0, mxfp4) */
     BLZ_TUNE_COUNT
 };
 extern int blz_tune[BLZ_TUNE_COUNT];

@@ -50,6 +50,7 @@ int blz_tune[BLZ_TUNE_COUNT] = {
     [BLZ_TUNE_STREAMS_Q8G] = BLZ_STREAMS,
     [BLZ_TUNE_STREAMS_K] = BLZ_STREAMS,
     [BLZ_TUNE_K1_ZMM] = 0,
+    [BLZ_TUNE_STREAMS_B32] = BLZ_STREAMS,
 };
 
 /* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
@@ -62,6 +63,7 @@ BLZ_EXPORT int blz_set_tune(int knob, int value) {
         case BLZ_TUNE_STREAMS_Q:
         case BLZ_TUNE_STREAMS_Q8G:
         case BLZ_TUNE_STREAMS_K:
+        case BLZ_TUNE_STREAMS_B32:
             top = BLZ_STREAMS;
             low = 1;
             break;
@@ -189,7 +191,7 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
         case BLZ_OP_SOFTCAP:
             return blz_softcap(P(float *, 0), i[1], (float)a->f[0], (int)i[2]);
         case BLZ_OP_ACTIVATION:
-            return blz_activation(P(const float *, 0), i[1], i[2], (int)i[3], (int)i[4], P(float *, 5));
+            return blz_activation(P(const float *, 0), i[1], i[2], (int)i[3], (int)i[4], P(float *, 5), (int)i[6]);
         case BLZ_OP_MOE_ROUTE:
             return blz_moe_route(P(const float *, 0), i[1], i[2], P(const float *, 3), (int)i[4], i[5], i[6],
                                  (int)i[7], i[8], (int)i[9], (float)a->f[0], P(float *, 10), P(int64_t *, 11));

@@ -25,9 +25,16 @@
  * does (a clear bit sets the high nibble: v = nibble − 16 as int8). Then the dot is q8_0g's:
  * vpdpbusd(|v|, sign(qx, v)) (AVX2: vpmaddubsw + vpmaddwd).
  *
- * Paths: fewer than MX_PACK_MIN activation rows (decode) walk the output rows in tiles of QR = 8 — each block of
- * the 8 rows decoded once for up to QT activation rows, the 8 rows' dots reduced at once (blz_hsum8x8_epi32),
- * the next tile's rows prefetched as it goes. Longer calls (prefill) re-lay each 16-row output group as
+ * Paths: one activation row (M = 1, decode; AVX2 builds) walks the 8-row tiles as linear_q8.c's q8g_streams
+ * walks its own — each thread's block of tiles cut into up to BLZ_STREAMS far-apart parts read together
+ * (knob BLZ_TUNE_STREAMS_B32, chosen per host by kernels/tuning.py), balanced between the threads — with the
+ * values decoded unsigned, u = v + c (Q5_0: the nibble and its fifth bit, c = 16; MXFP4: KV + 12), so the dot is
+ * one vpdpbusd(u, qx) (AVX2: vpmaddubsw + vpmaddwd) and the exact integer correction −c·Σqx of the activation
+ * block (blz_quantize_act_row's `off`), the block's scales widened 8 at a time (vcvtph2ps): the same integer
+ * dots, so the same bits, in about a third of the instructions of the signed decode (tiles1_avx2). Other calls
+ * with fewer than MX_PACK_MIN activation rows (decode batches) walk the output rows in tiles of QR = 8 — each
+ * block of the 8 rows decoded once for up to QT activation rows, the 8 rows' dots reduced at once
+ * (blz_hsum8x8_epi32), the next tile's rows prefetched as it goes. Longer calls (prefill) re-lay each 16-row output group as
  * linear_q.c's packed Q8_0 (values v, d = fp16(dw)) in the thread's scratch and run the packed kernel's group
  * (blz_q_group_run): the same integers and fmas, so the same bits, at the packed kernel's rate — where every
  * scale of the group is exact in fp16 (Q5_0's always; MXFP4's for e in 104 … 143, GPT-OSS's all); a group
@@ -173,6 +180,121 @@ BLZ_INLINE void tile_avx2(const int kind, const uint8_t *const rows[2 * QR], con
 }
 #endif
 
+/* The offset c of the unsigned values u = v + c that the one-row path multiplies (0 ≤ u ≤ 31 / 24). */
+BLZ_INLINE int32_t u_offset(const int kind) { return kind == BLZ_MXFP4 ? 12 : 16; }
+
+#ifdef BLZ_AVX2
+/* Block blk's 32 values as unsigned u = v + c in int8 lanes, element order (decode_avx2's lanes): MXFP4's codes
+ * looked up in `lut` (KV + 12, both halves); Q5_0's nibbles (one broadcast 16-byte load, the high half shifted
+ * by 4) with 16 added where the fifth bit is set — AVX-512: a byte mask loaded from the 32 bits (vpaddb under
+ * it); AVX2: the bits spread to bytes as decode_avx2 spreads them. */
+BLZ_INLINE __m256i decode_u_avx2(const int kind, const uint8_t *blk, const __m256i lut) {
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + (kind == BLZ_MXFP4 ? 1 : 6))));
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                         _mm256_set1_epi8(0x0f));
+    if (kind == BLZ_MXFP4) return _mm256_shuffle_epi8(lut, nib);
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+#ifdef BLZ_AVX512
+    return _mm256_mask_add_epi8(nib, (__mmask32)qh, nib, _mm256_set1_epi8(0x10));
+#else
+    const __m256i spread = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
+                                              0x0303030303030303);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    const __m256i bit = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                          _mm256_set1_epi8(-1));
+    return _mm256_or_si256(nib, _mm256_and_si256(bit, _mm256_set1_epi8(0x10)));
+#endif
+}
+
+/* The 8 rows' block scales dw of block b as fp32 lanes (Q5_0: the f16 d widened by vcvtph2ps, exact). */
+BLZ_INLINE __m256 scales8(const int kind, const uint8_t *const rows[QR], const int64_t b) {
+    if (kind == BLZ_MXFP4) {
+        float dh[QR];
+        for (int r = 0; r < QR; ++r) dh[r] = e8m0_half(rows[r][b * QB(kind)]);
+        return _mm256_loadu_ps(dh);
+    }
+    uint16_t dh[QR];
+    for (int r = 0; r < QR; ++r) memcpy(&dh[r], rows[r] + b * QB(kind), 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+}
+
+/* One activation row (M = 1, quantized with offset u_offset(kind): a->off[b] = −c·Σqx) against ns ≤ 2·BLZ_STREAMS
+ * tiles (one per stream), their blocks walked together: acc_out[s] lane r = tile s's row r, each by tile_avx2's
+ * integers Σ v·qx = Σ u·qx − c·Σqx and its fmas, each tile prefetching its successor as it goes. */
+BLZ_INLINE void tiles1_avx2(const int kind, const int ns, const uint8_t *const *const rows, const int *apart,
+                            const blz_act_t *restrict a, float acc_out[][QR]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)KV)),
+                                        _mm256_set1_epi8(12));
+    __m256 acc[2 * BLZ_STREAMS];
+    for (int s = 0; s < ns; ++s) acc[s] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + b * BLZ_QK));
+        const __m256i off = _mm256_set1_epi32(a->off[b]);
+        const __m256 dx = _mm256_set1_ps(a->d[b]);
+        for (int s = 0; s < ns; ++s) {
+            const uint8_t *const *tr = rows + 2 * QR * s;
+            if (BLZ_MX_PF) blz_prefetch_next_tile(tr, QR, apart[s], QB(kind), b);
+            __m256i v[QR];
+            for (int r = 0; r < QR; ++r)
+                v[r] = dot_u8s8(_mm256_setzero_si256(), decode_u_avx2(kind, tr[r] + b * QB(kind), lut), x, ones);
+            const __m256i dot = _mm256_add_epi32(blz_hsum8x8_epi32(v), off);
+            const __m256 sc = _mm256_mul_ps(scales8(kind, tr, b), dx);
+            acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, acc[s]);
+        }
+    }
+    for (int s = 0; s < ns; ++s) _mm256_storeu_ps(acc_out[s], acc[s]);
+}
+
+#define TILES1(c, kind, ...) tiles1_avx2(kind, c, __VA_ARGS__)
+#define TILES1_SWITCH(kind, ns, ...)                                 \
+    switch (ns) {                                                    \
+        case 1: TILES1(1, kind, __VA_ARGS__); break;                 \
+        case 2: TILES1(2, kind, __VA_ARGS__); break;                 \
+        case 3: TILES1(3, kind, __VA_ARGS__); break;                 \
+        case 4: TILES1(4, kind, __VA_ARGS__); break;                 \
+        default: tiles1_avx2(kind, ns, __VA_ARGS__);                 \
+    }
+
+/* blz_linear_b32 at M = 1 (activations quantized in a with offset u_offset(kind)): this thread's block of tiles
+ * cut into S parts (SwiGLU: half as many, each read with its up rows), tile i of every part run together; the
+ * steps walked balanced between the threads (blz_walk_t). linear_q8.c's q8g_streams, for the 32-block kinds. */
+static void b32_streams(const int kind, const uint8_t *w, const int64_t *tab, int64_t row_bytes, int64_t N,
+                        int64_t nout, const blz_act_t *a, const float *bias, const float *residual, float *out,
+                        int swiglu, blz_team_t *team) {
+    const int S = team->S;
+    blz_walk_t wk;
+    blz_walk_begin(&wk, team);
+    for (int64_t i; blz_walk_step(&wk, &i);) {
+        const uint8_t *rows[2 * BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
+        int apart[2 * BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+        int64_t t[BLZ_STREAMS];
+        const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
+        for (int s = 0; s < ns; ++s) {
+            int ap[2];
+            nn[s] = (int)blz_min(QR, nout - t[s] * QR);
+            blz_tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
+            apart[s] = ap[0];
+            up_apart[s] = ap[1];
+        }
+        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
+            memcpy(rows[ns + s], up[s], sizeof(up[s]));
+            apart[ns + s] = up_apart[s];
+        }
+        float r[2 * BLZ_STREAMS][QR];
+        if (kind == BLZ_MXFP4) {
+            TILES1_SWITCH(BLZ_MXFP4, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
+        } else {
+            TILES1_SWITCH(BLZ_Q5_0, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
+        }
+        for (int s = 0; s < ns; ++s)
+            blz_tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out,
+                              swiglu);
+    }
+}
+#endif
+
 /* acc[m][r] = dot products of weight rows rows[0..QR-1] (the first nr real, the rest repeats) with
  * activation rows m0 .. m0+mt-1. Each kind (and one activation row, decode) compiled on its own. */
 static void tile_dots(const int kind, const uint8_t *const rows[2 * QR], int listed, int nr, const blz_act_t *a,
@@ -254,6 +376,16 @@ int blz_linear_b32(int kind, const float *x, int64_t M, int64_t K, const uint8_t
     if (blz_act_alloc(&a, M, K)) return BLZ_ENOMEM;
     const int64_t row_bytes = a.nb * QB(kind), nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#ifdef BLZ_AVX2
+    if (M == 1) {
+        blz_quantize_act_row(x, K, u_offset(kind), a.q, a.d, a.s, a.off);
+        blz_team_t team;
+        blz_team_init(&team, nt, (nout + QR - 1) / QR, blz_gemv_parts(BLZ_TUNE_STREAMS_B32, 1, swiglu));
+#pragma omp parallel num_threads(nt)
+        b32_streams(kind, w, tab, row_bytes, N, nout, &a, bias, residual, out, swiglu, &team);
+        return BLZ_OK;
+    }
+#endif
     const int is_packed = M >= MX_PACK_MIN;
     const int64_t rows_per = is_packed ? 16 : QR, nunits = (nout + rows_per - 1) / rows_per;
     const int64_t gbytes = a.nb * 16 * Q8B;

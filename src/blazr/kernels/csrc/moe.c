@@ -148,7 +148,7 @@ BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64
         if (rc != BLZ_OK) return rc;
         if (b_up) add_rows(he, n, Nup, b_up + e * Nup);
         if (act == 4) oai_glu(he, n, I, alpha, limit, ae);
-        else if (!swiglu && (rc = blz_activation(he, n, Nup, act, gated, ae)) != BLZ_OK) return rc;
+        else if (!swiglu && (rc = blz_activation(he, n, Nup, act, gated, ae, 1)) != BLZ_OK) return rc;
         rc = blz_linear_by_code(code_down, ae, n, I, wd, D, ys + p0 * D, 0, nthreads);
         if (rc != BLZ_OK) return rc;
         if (b_down) add_rows(ys + p0 * D, n, D, b_down + e * D);
