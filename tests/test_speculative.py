@@ -25,7 +25,7 @@ from blazr.config import EngineConfig, SpeculativeConfig
 from blazr.engine.grammar import StructuredOutput
 from blazr.engine.ngram import NgramIndex
 from blazr.engine.sequence import Sequence
-from blazr.engine.speculative import ReplaySource, Speculator, StepCosts, best_length
+from blazr.engine.speculative import STALE_STEPS, ReplaySource, Speculator, StepCosts, best_length
 from blazr.errors import BlazrError
 from tests.ssm_fixtures import randomise, single_thread
 from tests.test_prefix_cache import ARCHS, BS, Result, assert_same, run, tokens
@@ -101,9 +101,12 @@ def test_the_adaptive_length_follows_measured_step_costs():
     the 9th row makes a draft of 8 dearer than one of 7, and the length chosen follows the measurement."""
     costs = StepCosts(row_cost=0.15)
     assert costs.factor(1, 4) == pytest.approx(1.6)  # nothing measured: the prior β
+    costs.observe(5, 0.5)  # a batch size's first step (its plan recorded): not a sample
+    assert costs.time(5) is None and costs.factor(1, 4) == pytest.approx(1.6)
     for rows, ms in ((1, 10.0), (2, 10.5), (5, 12.0), (8, 13.0), (9, 26.0)):
-        for _ in range(30):
+        for _ in range(6):
             costs.observe(rows, ms / 1e3)
+    costs.observe(5, 0.4)  # one slow step (the host busy): the median holds
     assert costs.factor(1, 4) == pytest.approx(1.2)
     assert costs.factor(1, 7) == pytest.approx(1.3)
     assert costs.factor(1, 8) == pytest.approx(2.6)
@@ -118,8 +121,13 @@ def test_the_adaptive_length_follows_measured_step_costs():
         spec.record(seq, len(d), len(d))
     assert len(spec.propose([(seq, 16)])[seq.seq_id]) == 8
     for rows, ms in ((1, 10.0), (9, 40.0), (5, 11.0)):
-        spec.observe_step(rows, ms / 1e3)
+        for _ in range(3):
+            spec.observe_step(rows, ms / 1e3)
     assert len(spec.propose([(seq, 16)])[seq.seq_id]) < 8  # 9 rows measured dear
+    for _ in range(STALE_STEPS + 1):
+        spec.observe_step(1, 0.01)
+    assert spec.costs.time(9) is None  # not seen for long: unmeasured again, so tried again
+    assert len(spec.propose([(seq, 16)])[seq.seq_id]) == 8
 
 
 # -------------------------------------------------------------------------------- every cache kind

@@ -34,6 +34,8 @@ draft position.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -52,7 +54,8 @@ ROW_COST_PLAN = 0.15
 ROW_COST_CHUNK = 0.3
 
 
-STEP_EMA = 0.2  # weight of a step's time in its row count's estimate
+STEP_SAMPLES = 5  # the latest wall times kept per row count: their median is its step time
+STALE_STEPS = 256  # a row count not seen for this many decode steps is measured afresh (the prior until then)
 
 
 def best_length(alpha: float, k: int, cost: float | Callable[[int], float]) -> int:
@@ -69,31 +72,50 @@ def best_length(alpha: float, k: int, cost: float | Callable[[int], float]) -> i
 
 
 class StepCosts:
-    """What a decode step costs by its rows, measured: t(R), a decayed mean of the wall time of decode-only
-    steps of R rows (every sequence's token, plus its drafts), and from it the cost of drafting."""
+    """What a decode step costs by its rows, measured: t(R), the median wall time of the latest decode-only
+    steps of R rows (every sequence's token, plus its drafts), and from it the cost of drafting. The first
+    step of a row count is not a sample (it records that batch size's decode plan); a row count not seen
+    for `STALE_STEPS` steps counts as unmeasured until it is seen again, so one slow step (the host busy)
+    cannot keep a length from ever being tried again."""
 
     def __init__(self, row_cost: float) -> None:
-        """`row_cost` β: a drafted row's cost in decode steps where nothing is measured yet."""
+        """`row_cost` β: a drafted row's cost in decode steps where nothing is measured."""
         self.row_cost = row_cost
-        self._time: dict[int, float] = {}  # rows → seconds
+        self._steps = 0  # decode-only steps observed
+        self._last: dict[int, int] = {}  # rows → the step that last had that many
+        self._samples: dict[int, deque[float]] = {}  # rows → its latest wall times (seconds)
 
     def observe(self, rows: int, seconds: float) -> None:
         """A decode-only step of `rows` rows took `seconds`."""
-        t = self._time.get(rows)
-        self._time[rows] = seconds if t is None else (1 - STEP_EMA) * t + STEP_EMA * seconds
+        self._steps += 1
+        last = self._last.get(rows)
+        self._last[rows] = self._steps
+        if last is None:  # the batch size's first step: its plan recorded, not a sample
+            return
+        samples = self._samples.setdefault(rows, deque(maxlen=STEP_SAMPLES))
+        if self._steps - last > STALE_STEPS:
+            samples.clear()
+        samples.append(seconds)
+
+    def time(self, rows: int) -> float | None:
+        """t(rows), or None while unmeasured (or stale)."""
+        samples = self._samples.get(rows)
+        if not samples or self._steps - self._last[rows] > STALE_STEPS:
+            return None
+        return statistics.median(samples)
 
     def factor(self, seqs: int, d: int) -> float:
         """A step in which each of `seqs` decoding sequences carries d drafts, in plain steps of those
         sequences: t(seqs·(1 + d)) / t(seqs); an unmeasured row count is the nearest measured one below it
         plus β of a plain step per sequence for every row more, and 1 + β·d before t(seqs) is known."""
-        base = self._time.get(seqs)
+        base = self.time(seqs)
         if base is None:
             return 1 + self.row_cost * d
         rows = seqs * (1 + d)
-        t = self._time.get(rows)
+        t = self.time(rows)
         if t is None:
-            below = max(r for r in self._time if seqs <= r < rows)
-            t = self._time[below] + self.row_cost * base / seqs * (rows - below)
+            below = max(r for r in range(seqs, rows) if self.time(r) is not None)
+            t = self.time(below) + self.row_cost * base / seqs * (rows - below)  # type: ignore[operator]
         return max(t / base, 1.0)
 
 
