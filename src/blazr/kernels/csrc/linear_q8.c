@@ -34,7 +34,13 @@
 #define QT 16  /* activation rows per tile, at most */
 #define QB 34  /* bytes per block: f16 d, 32 int8 */
 #ifndef BLZ_Q8_TRANSPOSE_MIN
-#define BLZ_Q8_TRANSPOSE_MIN 4 /* activation rows from which a tile transposes each block (tile_avx2) */
+/* activation rows from which a tile transposes each block (tile_avx2): with VNNI's one-instruction chunk dot
+ * from 2 (one thread, in cache, 2-3 rows: the transposed dot takes 0.79-0.89 of the horizontal-sum one), else 4 */
+#ifdef BLZ_VNNI
+#define BLZ_Q8_TRANSPOSE_MIN 2
+#else
+#define BLZ_Q8_TRANSPOSE_MIN 4
+#endif
 #endif
 #ifndef BLZ_Q8_PF
 #define BLZ_Q8_PF 1 /* 1: prefetch the next tile's rows a block column at a time; 0: none */
@@ -62,7 +68,8 @@ __attribute__((unused)) static void tile_scalar(const uint8_t *const rows[QR], i
 
 #ifdef BLZ_AVX2
 /* The 8 rows' block b as the packed layout's chunks, built in registers: w[c] lane r = row r's elements
- * 4c..4c+3 (an 8×8 transpose of dwords), aw[c] = |w[c]| bytewise. */
+ * 4c..4c+3 (an 8×8 transpose of dwords), aw[c] = |w[c]| bytewise — with AVX512-VNNI instead w[c] + 128 (xor
+ * 0x80: the unsigned operand of vpdpbusd, its −128·Σqx cancelled by the activation's `off`). */
 BLZ_INLINE void transpose_block(const uint8_t *const rows[QR], int64_t b, __m256i w[8], __m256i aw[8]) {
     __m256i t[8], u[8];
     for (int i = 0; i < 4; ++i) {
@@ -82,7 +89,11 @@ BLZ_INLINE void transpose_block(const uint8_t *const rows[QR], int64_t b, __m256
         w[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
         w[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
     }
+#ifdef BLZ_VNNI
+    for (int c = 0; c < 8; ++c) aw[c] = _mm256_xor_si256(w[c], _mm256_set1_epi8((char)0x80));
+#else
     for (int c = 0; c < 8; ++c) aw[c] = _mm256_abs_epi8(w[c]);
+#endif
 }
 
 /* acc + the sums of each dword's four products u·s (u unsigned bytes ≤ 128, s signed bytes ≥ −127: exact in
@@ -105,7 +116,9 @@ BLZ_INLINE __m256i dot_u8s8(const __m256i acc, const __m256i u, const __m256i s,
  *     the packed kernel's dot (linear_q.c group_avx2) — each activation dword broadcast against the 8 rows'
  *     lanes, no horizontal sums (prefill 512 rows, Zen 3: 64-69 → 79-87 GFLOP/s, as packed q8_0). With
  *     AVX512-VNNI each step is one vpdpbusd instead of three instructions: 1.29-1.43x at 16-512 rows on
- *     Sapphire Rapids (1B shapes, 2 threads: 220-255 → 300-336 GFLOP/s; NOTES §36). */
+ *     Sapphire Rapids (1B shapes, 2 threads: 220-255 → 300-336 GFLOP/s; NOTES §36) — and with the weights
+ *     made unsigned at the transpose (q + 128) and −128·Σqx added once, no sign step either: one vpdpbusd
+ *     with a folded broadcast per chunk (a verification's 4-16 rows: NOTES §51). */
 BLZ_INLINE void tile_avx2(const uint8_t *const rows[2 * QR], const int listed, const blz_act_t *restrict a,
                           const int64_t m0, const int mt, const int is_transposed, float acc_out[QT][QR]) {
     const int64_t nb = a->nb;
@@ -127,7 +140,12 @@ BLZ_INLINE void tile_avx2(const uint8_t *const rows[2 * QR], const int listed, c
             const int8_t *xq = a->q + (m0 + m) * a->K + b * BLZ_QK;
             __m256i dot = _mm256_setzero_si256();
             if (is_transposed) {
+#ifdef BLZ_VNNI /* Σ (q + 128)·qx − 128·Σqx: one vpdpbusd a chunk (the broadcast folds into it), no sign step */
+                dot = _mm256_set1_epi32(a->off[row]);
+                for (int c = 0; c < 8; ++c) dot = _mm256_dpbusd_epi32(dot, aw[c], blz_bcast4_256(xq + 4 * c));
+#else
                 for (int c = 0; c < 8; ++c) dot = dot_u8s8(dot, aw[c], _mm256_sign_epi8(blz_bcast4_256(xq + 4 * c), w[c]), ones);
+#endif
             } else {
                 const __m256i x = _mm256_loadu_si256((const __m256i *)xq);
                 __m256i v[QR];
@@ -281,8 +299,8 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; ++m)
-            blz_quantize_act_row(x + m * K, K, 0, a.q + m * K, a.d + m * a.nb, a.s + m * a.nb, a.off + m * a.nb);
+        for (int64_t m = 0; m < M; ++m) /* off = −128·Σqx per block: the VNNI transposed dot's offset */
+            blz_quantize_act_row(x + m * K, K, 128, a.q + m * K, a.d + m * a.nb, a.s + m * a.nb, a.off + m * a.nb);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < ntiles; ++t) {
             float r[QT][QR] __attribute__((aligned(32))), u[QT][QR] __attribute__((aligned(32)));
