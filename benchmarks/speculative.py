@@ -70,8 +70,9 @@ def _decode(llm: LLM, prompts: list[list[int]], gen: int, spec: Speculator | Non
 def engine_rows(name: str, llm: LLM, k: int, gen: int, rounds: int) -> list[str]:
     """Table 1's rows of one model: step costs, replay tok/s at concurrency 1 and 4."""
     vocab = llm.config.vocab_size
-    spec = llm.engine.speculator
-    assert spec is not None
+    assert llm.engine.speculator is not None and llm.engine.speculator.k == k, "the engine's k is --k"
+    # a fixed k (not adaptive): every verification carries k drafts, so "verify k step" is its cost
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=k, adaptive=False))
     rows = []
     for conc in (1, 4):
         prompts = [prompt_ids(128, min(vocab, 49152), seed=s) for s in range(conc)]
@@ -96,11 +97,12 @@ def engine_rows(name: str, llm: LLM, k: int, gen: int, rounds: int) -> list[str]
     return rows
 
 
-def smollm2() -> LLM:
-    return LLM(None, engine_config=EngineConfig(max_num_seqs=8, speculative=SpeculativeConfig()))
+def smollm2(k: int) -> LLM:
+    spec = SpeculativeConfig(num_speculative_tokens=k)
+    return LLM(None, engine_config=EngineConfig(max_num_seqs=8, speculative=spec))
 
 
-def nano() -> LLM:
+def nano(k: int) -> LLM:
     """The oxidizr "nano" preset (Mamba2 ×6 + MLA/MoE ×2, 123M, random float32): hybrid, MLA and MoE."""
     import tempfile
 
@@ -108,14 +110,15 @@ def nano() -> LLM:
     from tests.oxidizr_fixtures import write_oxidizr
 
     path = write_oxidizr(Path(tempfile.mkdtemp()) / "nano", NANO_FULL).parent
-    cfg = EngineConfig(max_num_seqs=8, speculative=SpeculativeConfig())
+    cfg = EngineConfig(max_num_seqs=8, speculative=SpeculativeConfig(num_speculative_tokens=k))
     return LLM(path, cpu=True, dtype="float32", engine_config=cfg)
 
 
-def granite() -> LLM:
+def granite(k: int) -> LLM:
     from benchmarks.hybrid_peers import checkpoint
 
-    cfg = EngineConfig(max_num_seqs=8, max_model_len=4096, speculative=SpeculativeConfig())
+    spec = SpeculativeConfig(num_speculative_tokens=k)
+    cfg = EngineConfig(max_num_seqs=8, max_model_len=4096, speculative=spec)
     return LLM(checkpoint("granite-4.0-h-350m"), quantize="int8", engine_config=cfg)
 
 
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name, make in models.items():
             log(f"loading {name}")
-            for row in engine_rows(name, make(), args.k, args.gen, args.rounds):
+            for row in engine_rows(name, make(args.k), args.k, args.gen, args.rounds):
                 print(row, flush=True)
         print()
     if "real" in only or "peer" in only:
