@@ -3,11 +3,17 @@ and (`--shape 8b`) one Q4_K_M GGUF at the Llama-3.1-8B shape.
 
     python benchmarks/realsize.py [--rounds 2] [--prompt-len 500] [--gen 64] [--threads 2] [--only Q4_0 …]
     python benchmarks/realsize.py --shape 8b [--rounds 1] [--prompt-len 64] [--gen 16] [--cache-root DIR]
+    python benchmarks/realsize.py --shape qwen3-0.6b | gemma3-1b | phi4-mini [--only Q8_0 Q4_K_M]
 
 The checkpoint is built once into benchmarks/.cache/1b (gitignored) the way a user's files are made:
 random bf16 weights at the published Llama-3.2-1B shape (2048 wide, 16 layers, 32 heads / 8 KV, MLP 8192,
 tied embeddings) with SmolLM2's 49k vocabulary, saved by transformers; GGUFs from that directory by
 llama.cpp's own `convert_hf_to_gguf.py` (F16) and quantizer (Q8_0, Q4_0, Q4_K_M) — tests/llama_cpp_convert.py.
+
+`--shape qwen3-0.6b | gemma3-1b` build those published shapes the same way (their SHAPES entries);
+`--shape phi4-mini` (3.8B) goes straight from the HF directory to a Q8_0 GGUF and requantizes that to
+Q4_K_M, the HF weights then deleted (build_lean: ~7.7 GB of HF files and an F16 GGUF beside them would not
+fit this VM's disk next to the other caches), so its table has the two GGUF rows alone.
 
 `--shape 8b` builds, once, into benchmarks/.cache/8b: the Llama-3.1-8B shape (4096 wide, 32 layers,
 32 heads / 8 KV, MLP 14336, untied embeddings, rope_theta 500000) with the same 49k vocabulary and
@@ -51,7 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE_ROOT = ROOT / "benchmarks" / ".cache"
 PRECISIONS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 # per shape: (--rounds, --prompt-len, --gen) when not given
-DEFAULTS = {"1b": (2, 500, 64), "8b": (1, 64, 16), "qwen3-0.6b": (2, 500, 64), "gemma3-1b": (2, 500, 64)}
+DEFAULTS = {
+    "1b": (2, 500, 64), "8b": (1, 64, 16), "qwen3-0.6b": (2, 500, 64), "gemma3-1b": (2, 500, 64),
+    "phi4-mini": (1, 500, 64),
+}  # fmt: skip
 # the shapes built whole by transformers (random bf16 weights, published sizes; SmolLM2's tokenizer, which the
 # converter pads to the published vocabulary with [PAD] tokens): architecture, config
 SHAPES = {
@@ -70,7 +79,18 @@ SHAPES = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
         sliding_window=512, max_position_embeddings=32768, tie_word_embeddings=True, rms_norm_eps=1e-6,
     )),
+    # Phi-4-mini (3.8B): fused qkv / gate_up, partial rope 0.75 (LongRoPE's factors change no shape: left
+    # out), its 200,064-token vocabulary; SmolLM2's tokenizer under Phi-4's GPT2Tokenizer class
+    "phi4-mini": ("Phi3ForCausalLM", dict(
+        vocab_size=200064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=24, num_key_value_heads=8, max_position_embeddings=131072,
+        original_max_position_embeddings=4096, partial_rotary_factor=0.75, rope_theta=10000.0,
+        tie_word_embeddings=True, rms_norm_eps=1e-5, pad_token_id=0,
+    )),
 }  # fmt: skip
+# shapes too big to keep their HF directory and an F16 GGUF beside the quantized files: converted straight
+# to Q8_0, requantized to Q4_K_M, the HF weights then deleted (build_lean; the Q8_0 / Q4_K_M rows alone)
+LEAN_SHAPES = ("phi4-mini",)
 # the Llama-3.1-8B shape with SmolLM2's vocabulary (the tokenizer the converter knows)
 SHAPE_8B = {
     "vocab_size": 49152, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -250,6 +270,56 @@ def requantize(src: Path, out: Path, ftype: str) -> None:
         raise RuntimeError(f"llama_model_quantize({src.name} → {ftype}) failed ({rc})")
 
 
+def build_lean(cache: Path, shape: str) -> dict[str, Path]:
+    """A LEAN_SHAPES checkpoint's Q8_0 and Q4_K_M GGUFs, made once (cached): transformers writes the HF
+    directory (random bf16 weights), llama.cpp's converter makes the Q8_0 straight from it, its quantizer
+    requantizes that to Q4_K_M, and the HF weights are deleted (config and tokenizer kept)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.llama_cpp_convert import convert, export_tokenizer
+
+    q8, q4, hf = cache / f"{shape}-q8_0.gguf", cache / f"{shape}-q4_k_m.gguf", cache / "hf"
+    if not q8.exists():
+        if not (hf / "model.safetensors.index.json").exists() and not (hf / "model.safetensors").exists():
+            import torch
+            import transformers
+
+            cache.mkdir(parents=True, exist_ok=True)
+            log(f"building the {shape} checkpoint (random bf16 weights): {free_gib(cache):.1f} GiB free")
+            arch, sizes = SHAPES[shape]
+            cfg = getattr(transformers, arch[:-11] + "Config")(
+                **sizes, initializer_range=0.02, bos_token_id=1, eos_token_id=2
+            )
+            torch.manual_seed(0)
+            torch.set_default_dtype(torch.bfloat16)
+            getattr(transformers, arch)(cfg).to(torch.bfloat16).save_pretrained(hf)
+            torch.set_default_dtype(torch.float32)
+        tok = export_tokenizer(cache / "tok")
+        config = json.loads((tok / "tokenizer_config.json").read_text())
+        if arch_of(shape).startswith("Phi3"):  # Phi-4's converter takes GPT-2 BPE under this class name
+            config["tokenizer_class"] = "GPT2Tokenizer"
+            (tok / "tokenizer_config.json").write_text(json.dumps(config))
+        log("converting straight to a Q8_0 GGUF (llama.cpp's converter) …")
+        t = time.perf_counter()
+        part = q8.with_suffix(".part")
+        convert(hf, tok, part, "q8_0")
+        part.rename(q8)
+        made("Q8_0", t, q8)
+    if not q4.exists():
+        log("requantizing Q8_0 → Q4_K_M (llama.cpp's quantizer, allow_requantize) …")
+        t = time.perf_counter()
+        part = q4.with_suffix(".part")
+        requantize(q8, part, "Q4_K_M")
+        part.rename(q4)
+        made("Q4_K_M", t, q4)
+    for f in hf.glob("model*.safetensors*"):  # config and tokenizer files stay
+        f.unlink()
+    return {"Q8_0": q8, "Q4_K_M": q4}
+
+
+def arch_of(shape: str) -> str:
+    return SHAPES[shape][0]
+
+
 def build_8b(cache: Path) -> Path:
     """The 8B Q4_K_M GGUF, made once (tens of minutes; cached): HF shards → Q8_0 (the shards deleted) →
     Q4_K_M (the Q8_0 deleted unless KEEP_Q8_FREE_GIB stay free). Each step's time goes to stderr."""
@@ -320,6 +390,11 @@ def main() -> None:
             ap.error("--shape 8b measures the Q4_K_M GGUF alone")
         args.only = ["Q4_K_M"]
         files = {"Q4_K_M": build_8b(args.cache_root / "8b")}
+    elif args.shape in LEAN_SHAPES:
+        if not set(args.only or ["Q8_0", "Q4_K_M"]) <= {"Q8_0", "Q4_K_M"}:
+            ap.error(f"--shape {args.shape} measures the Q8_0 and Q4_K_M GGUFs alone")
+        args.only = args.only or ["Q8_0", "Q4_K_M"]
+        files = build_lean(args.cache_root / args.shape, args.shape)
     else:
         args.only = args.only or list(PRECISIONS)
         files = build(args.only, args.cache_root / args.shape, args.shape)
@@ -328,7 +403,7 @@ def main() -> None:
     rows = [(f"{p} GGUF, both engines", files[p], "auto", files[p], "kept") for p in args.only]
     if "F16" in args.only:  # blazr from the HF directory in bf16 beside the F16 GGUF
         rows.insert(1, ("HF bf16 `--quantize bf16` vs F16", files["hf"], "bf16", files["F16"], "kept"))
-    if "Q8_0" in args.only:
+    if "Q8_0" in args.only and "hf" in files:
         at = [r[0] for r in rows].index("Q8_0 GGUF, both engines") + 1
         rows[at:at] = [
             ("HF bf16 `--quantize int8` vs Q8_0, first load", files["hf"], "int8", files["Q8_0"], "fresh"),
