@@ -11,7 +11,10 @@ tied embeddings) with SmolLM2's 49k vocabulary, saved by transformers; GGUFs fro
 llama.cpp's own `convert_hf_to_gguf.py` (F16) and quantizer (Q8_0, Q4_0, Q4_K_M) — tests/llama_cpp_convert.py.
 
 `--shape qwen3-0.6b | gemma3-1b` build those published shapes the same way (their SHAPES entries);
-`--shape phi4-mini` (3.8B) goes straight from the HF directory to a Q8_0 GGUF and requantizes that to
+`--shape gpt-oss-scaled` is GPT-OSS-20B's pattern at 1.98B (1536 wide, 6 layers, 32 experts / 4 active,
+its 201k vocabulary), its experts stored as MXFP4 as the Hub's checkpoints are, converted with the other
+weights in Q8_0: one GGUF, MXFP4 kept as stored by both engines. `--shape phi4-mini` (3.8B) goes straight
+from the HF directory to a Q8_0 GGUF and requantizes that to
 Q4_K_M, the HF weights then deleted (build_lean: ~7.7 GB of HF files and an F16 GGUF beside them would not
 fit this VM's disk next to the other caches), so its table has the two GGUF rows alone.
 
@@ -59,7 +62,7 @@ PRECISIONS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 # per shape: (--rounds, --prompt-len, --gen) when not given
 DEFAULTS = {
     "1b": (2, 500, 64), "8b": (1, 64, 16), "qwen3-0.6b": (2, 500, 64), "gemma3-1b": (2, 500, 64),
-    "phi4-mini": (1, 500, 64),
+    "phi4-mini": (1, 500, 64), "gpt-oss-scaled": (2, 500, 64),
 }  # fmt: skip
 # the shapes built whole by transformers (random bf16 weights, published sizes; SmolLM2's tokenizer, which the
 # converter pads to the published vocabulary with [PAD] tokens): architecture, config
@@ -87,10 +90,20 @@ SHAPES = {
         original_max_position_embeddings=4096, partial_rotary_factor=0.75, rope_theta=10000.0,
         tie_word_embeddings=True, rms_norm_eps=1e-5, pad_token_id=0,
     )),
+    # GPT-OSS-20B's pattern scaled to 1.98B parameters: 32 experts, 4 active, intermediate = hidden, sinks,
+    # sliding 128 / full alternating, 64 heads of 64 / 8 KV, YaRN, its 201,088-token vocabulary — 1536 wide,
+    # 6 layers (20B: 2880, 24); its experts stored as MXFP4 as the published checkpoints are
+    "gpt-oss-scaled": ("GptOssForCausalLM", dict(
+        vocab_size=201088, hidden_size=1536, intermediate_size=1536, num_hidden_layers=6,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+        num_experts_per_tok=4, sliding_window=128, max_position_embeddings=131072, rope_theta=150000.0,
+        tie_word_embeddings=False, pad_token_id=0,
+    )),
 }  # fmt: skip
 # shapes too big to keep their HF directory and an F16 GGUF beside the quantized files: converted straight
 # to Q8_0, requantized to Q4_K_M, the HF weights then deleted (build_lean; the Q8_0 / Q4_K_M rows alone)
-LEAN_SHAPES = ("phi4-mini",)
+LEAN_SHAPES = ("phi4-mini", "gpt-oss-scaled")
+MXFP4_SHAPES = ("gpt-oss-scaled",)  # one GGUF: the experts MXFP4 as stored, the other weights Q8_0
 # the Llama-3.1-8B shape with SmolLM2's vocabulary (the tokenizer the converter knows)
 SHAPE_8B = {
     "vocab_size": 49152, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -277,7 +290,8 @@ def build_lean(cache: Path, shape: str) -> dict[str, Path]:
     sys.path.insert(0, str(ROOT))
     from tests.llama_cpp_convert import convert, export_tokenizer
 
-    q8, q4, hf = cache / f"{shape}-q8_0.gguf", cache / f"{shape}-q4_k_m.gguf", cache / "hf"
+    q8 = cache / f"{shape}-{'mxfp4' if shape in MXFP4_SHAPES else 'q8_0'}.gguf"  # MXFP4: the rest Q8_0
+    q4, hf = cache / f"{shape}-q4_k_m.gguf", cache / "hf"
     if not q8.exists():
         if not (hf / "model.safetensors.index.json").exists() and not (hf / "model.safetensors").exists():
             import torch
@@ -291,8 +305,15 @@ def build_lean(cache: Path, shape: str) -> dict[str, Path]:
             )
             torch.manual_seed(0)
             torch.set_default_dtype(torch.bfloat16)
-            getattr(transformers, arch)(cfg).to(torch.bfloat16).save_pretrained(hf)
+            model = getattr(transformers, arch)(cfg).to(torch.bfloat16)
+            model.save_pretrained(hf)
             torch.set_default_dtype(torch.float32)
+            if shape in MXFP4_SHAPES:  # the experts as the Hub's files hold them: *_blocks / *_scales
+                from tests.test_hf_gpt_oss import store_mxfp4_experts
+
+                log("storing the experts as MXFP4 …")
+                store_mxfp4_experts(hf, model.float())
+            del model
         tok = export_tokenizer(cache / "tok")
         config = json.loads((tok / "tokenizer_config.json").read_text())
         if arch_of(shape).startswith("Phi3"):  # Phi-4's converter takes GPT-2 BPE under this class name
@@ -304,6 +325,10 @@ def build_lean(cache: Path, shape: str) -> dict[str, Path]:
         convert(hf, tok, part, "q8_0")
         part.rename(q8)
         made("Q8_0", t, q8)
+    if shape in MXFP4_SHAPES:
+        for f in hf.glob("model*.safetensors*"):
+            f.unlink()
+        return {"MXFP4": q8}
     if not q4.exists():
         log("requantizing Q8_0 → Q4_K_M (llama.cpp's quantizer, allow_requantize) …")
         t = time.perf_counter()
@@ -390,6 +415,9 @@ def main() -> None:
             ap.error("--shape 8b measures the Q4_K_M GGUF alone")
         args.only = ["Q4_K_M"]
         files = {"Q4_K_M": build_8b(args.cache_root / "8b")}
+    elif args.shape in MXFP4_SHAPES:
+        args.only = ["MXFP4"]
+        files = build_lean(args.cache_root / args.shape, args.shape)
     elif args.shape in LEAN_SHAPES:
         if not set(args.only or ["Q8_0", "Q4_K_M"]) <= {"Q8_0", "Q4_K_M"}:
             ap.error(f"--shape {args.shape} measures the Q8_0 and Q4_K_M GGUFs alone")
