@@ -25,7 +25,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.hybrid_peers import build_hf
-from benchmarks.run import Row, Runner, Timing, load_blazr, log, measure_single, prompt_ids, spread_note
+from benchmarks.run import (
+    Row,
+    Runner,
+    load_blazr,
+    log,
+    measure_single,
+    prompt_ids,
+    spread_note,
+    transformers_runner,
+)
 
 
 def olmo_hybrid_save(model: torch.nn.Module, out: Path) -> None:
@@ -105,21 +114,7 @@ def load_hf(path: Path, dtype: torch.dtype, ids: list[int], gen: int) -> Runner:
     """transformers on `path`: greedy with its cache, the last position's logits only."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    x = torch.tensor([ids])
-
-    @torch.inference_mode()
-    def run() -> Timing:
-        t0 = time.perf_counter()
-        out = model(input_ids=x, use_cache=True, logits_to_keep=1)
-        t1 = time.perf_counter()
-        past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        for _ in range(gen - 1):
-            out = model(input_ids=tok, past_key_values=past, use_cache=True, logits_to_keep=1)
-            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        return t1 - t0, time.perf_counter() - t1
-
-    return run
+    return transformers_runner(AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), ids, gen)
 
 
 def rows(name: str, ids: list[int], gen: int) -> list[Row]:

@@ -330,15 +330,21 @@ def build_lean(cache: Path, shape: str) -> dict[str, Path]:
             f.unlink()
         return {"MXFP4": q8}
     if not q4.exists():
-        log("requantizing Q8_0 → Q4_K_M (llama.cpp's quantizer, allow_requantize) …")
-        t = time.perf_counter()
-        part = q4.with_suffix(".part")
-        requantize(q8, part, "Q4_K_M")
-        part.rename(q4)
-        made("Q4_K_M", t, q4)
+        requantize_q4_k_m(q8, q4)
     for f in hf.glob("model*.safetensors*"):  # config and tokenizer files stay
         f.unlink()
     return {"Q8_0": q8, "Q4_K_M": q4}
+
+
+def requantize_q4_k_m(q8: Path, q4: Path) -> None:
+    """The Q4_K_M GGUF `q4` from the Q8_0 GGUF `q8` (llama.cpp's quantizer, allow_requantize), written
+    beside as .part and renamed when whole."""
+    log("requantizing Q8_0 → Q4_K_M (llama.cpp's quantizer, allow_requantize) …")
+    t = time.perf_counter()
+    part = q4.with_suffix(".part")
+    requantize(q8, part, "Q4_K_M")
+    part.rename(q4)
+    made("Q4_K_M", t, q4)
 
 
 def arch_of(shape: str) -> str:
@@ -371,12 +377,7 @@ def build_8b(cache: Path) -> Path:
         for f in hf.glob("model*.safetensors*"):  # config and tokenizer files stay
             f.unlink()
         log(f"HF shards deleted: {free_gib(cache):.1f} GiB free")
-    log("requantizing Q8_0 → Q4_K_M (llama.cpp's quantizer, allow_requantize) …")
-    t = time.perf_counter()
-    part = q4.with_suffix(".part")
-    requantize(q8, part, "Q4_K_M")
-    part.rename(q4)
-    made("Q4_K_M", t, q4)
+    requantize_q4_k_m(q8, q4)
     if free_gib(cache) < KEEP_Q8_FREE_GIB:
         q8.unlink()
         log(f"Q8_0 deleted: {free_gib(cache):.1f} GiB free")

@@ -117,6 +117,12 @@ def load_transformers(dtype: torch.dtype, ids: list[int], gen: int) -> Runner:
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
     linear = model.get_submodule("model.layers.0.mlp.down_proj")  # transformers may warn it stays packed
     log(f"# transformers: {type(linear).__name__} weights in {linear.weight.dtype} (dequantized at load)")
+    return transformers_runner(model, ids, gen)
+
+
+def transformers_runner(model: torch.nn.Module, ids: list[int], gen: int) -> Runner:
+    """One generation of a transformers model: the prompt, then gen − 1 greedy steps with its KV cache, the
+    last position's logits only."""
     x = torch.tensor([ids])
 
     @torch.inference_mode()
