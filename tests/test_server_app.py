@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -197,6 +198,9 @@ def test_engine_crash_fails_open_streams_and_calls_on_fatal():
         events = [e for e in stream.text.split("\n\n") if e]
         assert '"engine_error"' in events[-2] and events[-1] == "data: [DONE]"
         assert "boom" not in stream.text and "/secret" not in stream.text  # no internal text
+        deadline = time.monotonic() + 10  # on_fatal runs on the engine thread after the streams are failed
+        while not fatal and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert [type(e) for e in fatal] == [RuntimeError]  # serve() exits non-zero on this
         r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 503 and "boom" not in r.text
