@@ -220,26 +220,13 @@ static void q8g_streams(const uint8_t *w, const int64_t *tab, int64_t row_bytes,
     blz_walk_t wk;
     blz_walk_begin(&wk, team);
     for (int64_t i; blz_walk_step(&wk, &i);) {
-        const uint8_t *rows[BLZ_STREAMS][2 * QR], *up[BLZ_STREAMS][2 * QR];
-        int apart[BLZ_STREAMS], up_apart[BLZ_STREAMS], nn[BLZ_STREAMS];
+        const uint8_t *rows[2 * BLZ_STREAMS][2 * QR];
+        int apart[2 * BLZ_STREAMS], nn[BLZ_STREAMS];
         int64_t t[BLZ_STREAMS];
-        const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, S, i, t);
-        for (int s = 0; s < ns; ++s) {
-            int ap[2];
-            nn[s] = (int)blz_min(QR, nout - t[s] * QR);
-            blz_tile_rows(w, tab, row_bytes, t[s] * QR, nn[s], nout, swiglu, rows[s], up[s], ap);
-            apart[s] = ap[0];
-            up_apart[s] = ap[1];
-        }
-        for (int s = 0; swiglu && s < ns; ++s) { /* the up tiles: streams ns .. 2·ns − 1 */
-            memcpy(rows[ns + s], up[s], sizeof(up[s]));
-            apart[ns + s] = up_apart[s];
-        }
+        const int ns = blz_stream_tiles(w, tab, row_bytes, nout, swiglu, &wk, S, i, rows, apart, nn, t);
         float r[BLZ_STREAMS][QR];
         BLZ_TILE_SWITCH(tiles1_avx2, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
-        for (int s = 0; s < ns; ++s)
-            blz_tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out,
-                          swiglu);
+        blz_stream_epilogue(ns, r, t, nn, N, nout, bias, residual, out, swiglu);
     }
 }
 #endif
