@@ -247,15 +247,8 @@ BLZ_INLINE void tiles1_avx2(const int kind, const int ns, const uint8_t *const *
     for (int s = 0; s < ns; ++s) _mm256_storeu_ps(acc_out[s], acc[s]);
 }
 
+/* tiles1_avx2 with the stream count c first, for BLZ_TILE_SWITCH (c ≤ BLZ_STREAMS: SwiGLU halves the parts) */
 #define TILES1(c, kind, ...) tiles1_avx2(kind, c, __VA_ARGS__)
-#define TILES1_SWITCH(kind, ns, ...)                                 \
-    switch (ns) {                                                    \
-        case 1: TILES1(1, kind, __VA_ARGS__); break;                 \
-        case 2: TILES1(2, kind, __VA_ARGS__); break;                 \
-        case 3: TILES1(3, kind, __VA_ARGS__); break;                 \
-        case 4: TILES1(4, kind, __VA_ARGS__); break;                 \
-        default: tiles1_avx2(kind, ns, __VA_ARGS__);                 \
-    }
 
 /* blz_linear_b32 at M = 1 (activations quantized in a with offset u_offset(kind)): this thread's block of tiles
  * cut into S parts (SwiGLU: half as many, each read with its up rows), tile i of every part run together; the
@@ -273,9 +266,9 @@ static void b32_streams(const int kind, const uint8_t *w, const int64_t *tab, in
         const int ns = blz_stream_tiles(w, tab, row_bytes, nout, swiglu, &wk, S, i, rows, apart, nn, t);
         float r[2 * BLZ_STREAMS][QR];
         if (kind == BLZ_MXFP4) {
-            TILES1_SWITCH(BLZ_MXFP4, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
+            BLZ_TILE_SWITCH(TILES1, swiglu ? 2 * ns : ns, BLZ_MXFP4, &rows[0][0], apart, a, r);
         } else {
-            TILES1_SWITCH(BLZ_Q5_0, swiglu ? 2 * ns : ns, &rows[0][0], apart, a, r);
+            BLZ_TILE_SWITCH(TILES1, swiglu ? 2 * ns : ns, BLZ_Q5_0, &rows[0][0], apart, a, r);
         }
         blz_stream_epilogue(ns, r, t, nn, N, nout, bias, residual, out, swiglu);
     }
