@@ -84,6 +84,7 @@ class StepCosts:
         self._steps = 0  # decode-only steps observed
         self._last: dict[int, int] = {}  # rows → the step that last had that many
         self._samples: dict[int, deque[float]] = {}  # rows → its latest wall times (seconds)
+        self._median: dict[int, float] = {}  # rows → the median of its samples (kept as they arrive)
 
     def observe(self, rows: int, seconds: float) -> None:
         """A decode-only step of `rows` rows took `seconds`."""
@@ -96,13 +97,12 @@ class StepCosts:
         if self._steps - last > STALE_STEPS:
             samples.clear()
         samples.append(seconds)
+        self._median[rows] = statistics.median(samples)
 
     def time(self, rows: int) -> float | None:
         """t(rows), or None while unmeasured (or stale)."""
-        samples = self._samples.get(rows)
-        if not samples or self._steps - self._last[rows] > STALE_STEPS:
-            return None
-        return statistics.median(samples)
+        t = self._median.get(rows)
+        return None if t is None or self._steps - self._last[rows] > STALE_STEPS else t
 
     def factor(self, seqs: int, d: int) -> float:
         """A step in which each of `seqs` decoding sequences carries d drafts, in plain steps of those
@@ -114,8 +114,8 @@ class StepCosts:
         rows = seqs * (1 + d)
         t = self.time(rows)
         if t is None:
-            below = max(r for r in range(seqs, rows) if self.time(r) is not None)
-            t = self.time(below) + self.row_cost * base / seqs * (rows - below)  # type: ignore[operator]
+            below = max(r for r in self._median if seqs <= r < rows and self.time(r) is not None)
+            t = self._median[below] + self.row_cost * base / seqs * (rows - below)
         return max(t / base, 1.0)
 
 
@@ -201,9 +201,10 @@ class Speculator:
         """Drafts for decoding sequences, each (sequence, at most this many): seq_id → up to that many
         tokens to follow its tokens (its last one not yet computed); a sequence backing off gets none."""
         asks: list[tuple[Sequence, int]] = []
-        seqs = len(wants)
+        # c(1) … c(k) for this step's count of decoding sequences, once for them all
+        costs = [self.costs.factor(len(wants), d) for d in range(1, self.k + 1)] if self.cfg.adaptive else []
         for seq, limit in wants:
-            n = self._length(seq, seqs) if self.cfg.adaptive else self.k
+            n = self._length(seq, costs) if self.cfg.adaptive else self.k
             if n and limit > 0:
                 asks.append((seq, min(limit, n)))
         if not asks:
@@ -211,16 +212,16 @@ class Speculator:
         drafts = self.source.propose(asks)
         return {seq.seq_id: d[:n] for (seq, n), d in zip(asks, drafts, strict=True) if d}
 
-    def _length(self, seq: Sequence, seqs: int) -> int:
-        """The adaptive draft length of `seq` this step, one of `seqs` decoding sequences (0: none; see the
-        module docstring)."""
+    def _length(self, seq: Sequence, costs: list[float]) -> int:
+        """The adaptive draft length of `seq` this step, a draft of d costing costs[d − 1] plain steps
+        (0: none; see the module docstring)."""
         state = self._states.get(seq.seq_id)
         if state is None:
             state = self._states[seq.seq_id] = DraftState()
         if state.skip:
             state.skip -= 1
             return 0
-        n = best_length(state.alpha, self.k, lambda d: self.costs.factor(seqs, d))
+        n = best_length(state.alpha, self.k, lambda d: costs[d - 1])
         if n:
             return n
         state.backoff = min(MAX_BACKOFF, max(4, 2 * state.backoff))
