@@ -159,6 +159,24 @@ print(json.dumps({"load": load, "imports": imports, "rss": rss, "prefill": prefi
 """
 
 
+def save_random_hf(shape: str, hf: Path) -> torch.nn.Module:
+    """transformers' model of `shape` (SHAPES) with random bf16 weights (seeded), saved under `hf`."""
+    import torch
+    import transformers
+
+    arch, sizes = SHAPES[shape]
+    config_cls = getattr(
+        transformers, "Gemma3TextConfig" if arch.startswith("Gemma3") else arch[:-11] + "Config"
+    )
+    cfg = config_cls(**sizes, initializer_range=0.02, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    model = getattr(transformers, arch)(cfg).to(torch.bfloat16)
+    model.save_pretrained(hf)
+    torch.set_default_dtype(torch.float32)
+    return model
+
+
 def build(precisions: list[str], cache: Path, shape: str = "1b") -> dict[str, Path]:
     """The HF directory and the GGUFs of `shape` (SHAPES), made once (minutes; cached)."""
     sys.path.insert(0, str(ROOT))
@@ -166,19 +184,8 @@ def build(precisions: list[str], cache: Path, shape: str = "1b") -> dict[str, Pa
 
     hf = cache / "hf"
     if not (hf / "model.safetensors").exists():
-        import torch
-        import transformers
-
         print(f"building the {shape} checkpoint (random bf16 weights) …", file=sys.stderr, flush=True)
-        arch, sizes = SHAPES[shape]
-        config_cls = getattr(
-            transformers, "Gemma3TextConfig" if arch.startswith("Gemma3") else arch[:-11] + "Config"
-        )
-        cfg = config_cls(**sizes, initializer_range=0.02, bos_token_id=1, eos_token_id=2)
-        torch.manual_seed(0)
-        torch.set_default_dtype(torch.bfloat16)
-        getattr(transformers, arch)(cfg).to(torch.bfloat16).save_pretrained(hf)
-        torch.set_default_dtype(torch.float32)
+        save_random_hf(shape, hf)
     files = {"hf": hf}
     f16 = cache / f"{shape}-f16.gguf"
     if not f16.exists():
@@ -294,20 +301,9 @@ def build_lean(cache: Path, shape: str) -> dict[str, Path]:
     q4, hf = cache / f"{shape}-q4_k_m.gguf", cache / "hf"
     if not q8.exists():
         if not (hf / "model.safetensors.index.json").exists() and not (hf / "model.safetensors").exists():
-            import torch
-            import transformers
-
             cache.mkdir(parents=True, exist_ok=True)
             log(f"building the {shape} checkpoint (random bf16 weights): {free_gib(cache):.1f} GiB free")
-            arch, sizes = SHAPES[shape]
-            cfg = getattr(transformers, arch[:-11] + "Config")(
-                **sizes, initializer_range=0.02, bos_token_id=1, eos_token_id=2
-            )
-            torch.manual_seed(0)
-            torch.set_default_dtype(torch.bfloat16)
-            model = getattr(transformers, arch)(cfg).to(torch.bfloat16)
-            model.save_pretrained(hf)
-            torch.set_default_dtype(torch.float32)
+            model = save_random_hf(shape, hf)
             if shape in MXFP4_SHAPES:  # the experts as the Hub's files hold them: *_blocks / *_scales
                 from tests.test_hf_gpt_oss import store_mxfp4_experts
 
@@ -316,7 +312,7 @@ def build_lean(cache: Path, shape: str) -> dict[str, Path]:
             del model
         tok = export_tokenizer(cache / "tok")
         config = json.loads((tok / "tokenizer_config.json").read_text())
-        if arch_of(shape).startswith("Phi3"):  # Phi-4's converter takes GPT-2 BPE under this class name
+        if SHAPES[shape][0].startswith("Phi3"):  # Phi-4's converter takes GPT-2 BPE under this class name
             config["tokenizer_class"] = "GPT2Tokenizer"
             (tok / "tokenizer_config.json").write_text(json.dumps(config))
         log("converting straight to a Q8_0 GGUF (llama.cpp's converter) …")
@@ -345,10 +341,6 @@ def requantize_q4_k_m(q8: Path, q4: Path) -> None:
     requantize(q8, part, "Q4_K_M")
     part.rename(q4)
     made("Q4_K_M", t, q4)
-
-
-def arch_of(shape: str) -> str:
-    return SHAPES[shape][0]
 
 
 def build_8b(cache: Path) -> Path:
