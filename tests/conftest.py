@@ -18,17 +18,25 @@ from blazr.kernels import build, ops
 
 @pytest.fixture(scope="session", autouse=True)
 def session_quant_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """BLAZR_QUANT_CACHE for the session (subprocesses inherit it); its writes joined at the end."""
+    """BLAZR_QUANT_CACHE and its disk floor for the session (subprocesses inherit them); its writes joined at
+    the end."""
     from blazr.loading import quant_cache
 
-    before = os.environ.get("BLAZR_QUANT_CACHE")
-    os.environ["BLAZR_QUANT_CACHE"] = str(tmp_path_factory.mktemp("quant-cache"))
+    # the tests' cache files are a few MiB: the default floor (5 % of the disk) would make their writes
+    # depend on how full the host's disk is
+    settings = {
+        "BLAZR_QUANT_CACHE": str(tmp_path_factory.mktemp("quant-cache")),
+        "BLAZR_QUANT_CACHE_MIN_FREE_GB": "0.5",
+    }
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     yield
     quant_cache.wait()
-    if before is None:
-        del os.environ["BLAZR_QUANT_CACHE"]
-    else:
-        os.environ["BLAZR_QUANT_CACHE"] = before
+    for name, value in before.items():
+        if value is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = value
 
 
 LEVELS = {level.name: level for level in build.runnable_levels()}

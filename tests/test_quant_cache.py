@@ -1,7 +1,8 @@
 """The quantization cache (loading/quant_cache.py): the first `--quantize int8 / int4 / bf16` load of a float
 checkpoint writes its quantized weights to a file; every later load maps that file — the same bytes, no
 checkpoint weight read, no quantizer run —; a changed checkpoint, kernel library or kind is a new key or a
-miss; a damaged file is a warning and is rewritten; the dir stays under its cap; `off` writes nothing."""
+miss; a damaged file is a warning and is rewritten; the dir stays under its cap and a write leaves the disk
+its free floor; `off` writes nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -193,6 +195,21 @@ def test_the_dir_stays_under_its_cap(tmp_path: Path, cache_dir: Path, monkeypatc
     build("LlamaForCausalLM", tmp_path / "c4", seed=4)
     _load(tmp_path / "c4", "int8")
     assert sorted(p.name[:2] for p in cache_dir.glob("*.blzq")) == ["c1", "c3"]
+
+
+def test_a_write_leaves_the_disk_its_free_floor(tmp_path: Path, cache_dir: Path, monkeypatch) -> None:
+    """A write that would leave less than the floor free on the disk is skipped (the default floor is
+    max(2 GiB, 5 % of the disk); `$BLAZR_QUANT_CACHE_MIN_FREE_GB` sets it); with room it is written."""
+    disk = 100 << 30
+    monkeypatch.delenv("BLAZR_QUANT_CACHE_MIN_FREE_GB", raising=False)
+    usage = SimpleNamespace(total=disk, used=disk - (4 << 30), free=4 << 30)
+    monkeypatch.setattr(quant_cache.shutil, "disk_usage", lambda _: usage)
+    build("LlamaForCausalLM", tmp_path / "ckpt", seed=5)
+    _load(tmp_path / "ckpt", "int8")  # 4 GiB free < 5 GiB (5 % of 100)
+    assert not list(cache_dir.glob("*.blzq"))
+    monkeypatch.setenv("BLAZR_QUANT_CACHE_MIN_FREE_GB", "3")
+    _load(tmp_path / "ckpt", "int8")
+    assert len(list(cache_dir.glob("*.blzq"))) == 1
 
 
 def test_get_matches_kind_and_shape(tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ file on request; here it is automatic).
   or whose key or sizes disagree, is a miss (one warning) and is replaced.
 - Dir: `$BLAZR_QUANT_CACHE` (`0` / `off` disables it), default `quantized/` in the kernel cache dir
   (`~/.cache/blazr`). Bounded: before a write, the least recently used files go until the dir holds at most
-  `$BLAZR_QUANT_CACHE_GB` (default 32) with the new one; a write that would leave less than max(2 GiB, 5 %
-  of the disk) free is skipped.
+  `$BLAZR_QUANT_CACHE_GB` (default 32) with the new one; a write that would leave less than
+  `$BLAZR_QUANT_CACHE_MIN_FREE_GB` free on the disk (default max(2 GiB, 5 % of the disk)) is skipped.
 
 In: the checkpoint's files and the mode (`open`), weights by parameter name (`get` / `put`). Out: mapped
 `QuantizedWeight`s; `save` starts the background write, `wait` joins every write in flight.
@@ -254,10 +254,21 @@ def _make_room(path: Path, nbytes: int) -> bool:
     except OSError as e:
         log.warning("quantization cache: %s; not written", e)
         return False
-    if usage.free - nbytes < max(2 << 30, usage.total // 20):
+    if usage.free - nbytes < _min_free(usage.total):
         log.info("quantization cache: %.1f GiB free on disk is too little; not written", usage.free / 2**30)
         return False
     return True
+
+
+def _min_free(disk_bytes: int) -> int:
+    """Bytes a cache write must leave free: `$BLAZR_QUANT_CACHE_MIN_FREE_GB`, else max(2 GiB, 5 % of it)."""
+    setting = os.environ.get("BLAZR_QUANT_CACHE_MIN_FREE_GB", "").strip()
+    if setting:
+        try:
+            return int(float(setting) * 2**30)
+        except ValueError:
+            log.warning("BLAZR_QUANT_CACHE_MIN_FREE_GB=%r is not a number; using the default", setting)
+    return max(2 << 30, disk_bytes // 20)
 
 
 def _write(path: Path, key: str, items: list[tuple[str, QuantizedWeight]]) -> None:
