@@ -62,15 +62,25 @@ lint: $(TEST_STAMP)
 test: $(TEST_STAMP) lint
 	$(BIN)/python -m pytest -q $(ARGS)
 
-# The speed report (benchmarks/run.py), the 1B-shape table (realsize.py: load, RSS, speed vs llama.cpp per
-# weight format) and its batched decode at 4 / 16 sequences (batched.py), then the server report: guidellm
-# against blazr serve and llama-server. (`realsize.py --shape 8b` builds and measures an 8B Q4_K_M: ~20 min
-# and ~24 GiB of disk the first time, so it is not part of `make bench`.)
+# The speed report (benchmarks/run.py: SmolLM2, batching, the hybrid families at published shapes beside
+# llama.cpp), the 1B-shape table and the dense families' published shapes (realsize.py: load, RSS, speed vs
+# llama.cpp per weight format), the real Gemma 3 270M file, the hybrids' batched decode beside
+# llama-batched-bench and the two llama.cpp cannot load beside transformers, speculation on / off beside
+# llama-server's n-gram modes, the 1B shape's batched decode, then the server report: guidellm against blazr
+# serve and llama-server. Every table names the CPU it ran on. The first run builds every checkpoint and
+# GGUF (~60 GiB of disk, a few hours); `realsize.py --shape 8b` (~24 GiB more) is not part of it.
+LLAMA_TOOL = CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python benchmarks/llama_tools.py
 bench: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install -q -e ".[bench]"
 	$(UNPACK_SDIST)
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/realsize.py
+	for shape in qwen3-0.6b gemma3-1b phi4-mini gpt-oss-scaled; do \
+		$(BIN)/python benchmarks/realsize.py --shape $$shape || exit 1; done
+	$(BIN)/python benchmarks/gemma3_270m.py
+	$(BIN)/python benchmarks/hybrid_peers.py --precisions "" --batched-peer "$$($(LLAMA_TOOL) llama-batched-bench)"
+	$(BIN)/python benchmarks/hybrid_peers.py --precisions "" --alone
+	$(BIN)/python benchmarks/speculative.py --llama-server "$$($(LLAMA_TOOL) llama-server)"
 	$(BIN)/python benchmarks/batched.py
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python benchmarks/serve.py
 

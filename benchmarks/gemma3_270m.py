@@ -3,19 +3,24 @@
 each; the disagreements' llama.cpp margins printed), then prefill and decode tokens per second of both at
 `--threads` threads (prefix caching off; the runs interleaved, every run printed, median and best).
 
-    PYTHONPATH=src:. python benchmarks/gemma3_270m.py --threads 2 --runs 5
+    python benchmarks/gemma3_270m.py --threads 2 --runs 5
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from tests.drive import full_logits
 
 from blazr import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.host import host_line
+from tests.drive import full_logits
 
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg, a "
@@ -44,6 +49,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"# Gemma 3 270M Q4_K_M: blazr vs llama.cpp — {host_line()}, {args.threads} threads\n")
     path = str(assemble())
     llm = LLM(path, cpu=True, max_num_seqs=1, enable_prefix_caching=False)
     ref = Llama(path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, n_batch=512,

@@ -9,7 +9,8 @@ Workload: guidellm's synthetic text prompts of --prompt-tokens tokens (SmolLM2's
 --output-tokens output tokens each (`ignore_eos`), streamed /v1/chat/completions, `--requests` requests per
 concurrency level (guidellm's `concurrent` profile), both servers on the same GGUF (default: the embedded
 SmolLM2 Q4_1) with --slots sequences at once and --threads threads. llama-server is built once from the
-llama-cpp-python sdist `make test` unpacks (vendor/llama.cpp) into benchmarks/.cache/llama-server.
+llama-cpp-python sdist `make test` unpacks (vendor/llama.cpp) into benchmarks/.cache/llama-server
+(benchmarks/llama_tools.py).
 
 Engine columns (no HTTP; `EngineAlone`, measured every round between the sweeps): one sequence's prefill
 and decode step — the step as guidellm counts ITL, the mean over a request's tokens after its first — for
@@ -28,7 +29,6 @@ and a slow period then hits both. Speed is reported here, never asserted.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import resource
@@ -46,10 +46,9 @@ from blazr.distributed.worker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks import stream_client  # noqa: E402
+from benchmarks import llama_tools, stream_client  # noqa: E402
 
 CACHE = ROOT / "benchmarks" / ".cache"
-LLAMA_SERVER = CACHE / "llama-server" / "build" / "bin" / "llama-server"
 TOKENIZER_DIR = CACHE / "smollm2-tokenizer"
 
 
@@ -61,30 +60,6 @@ def embedded_gguf() -> Path:
     from blazr.detect.paths import resolve_model_path
 
     return Path(resolve_model_path(None))
-
-
-def build_llama_server() -> Path:
-    """llama-server from the vendored llama.cpp of the installed llama-cpp-python's sdist (built once)."""
-    if LLAMA_SERVER.exists():
-        return LLAMA_SERVER
-    sources = sorted(
-        glob.glob(str(ROOT / ".venv" / "llama-cpp-sdist" / "llama_cpp_python-*" / "vendor" / "llama.cpp"))
-    )
-    if not sources:
-        raise SystemExit(
-            "llama.cpp sources not found: run `make .venv/.installed-test` (it unpacks the sdist)"
-        )
-    build = LLAMA_SERVER.parent.parent
-    _log(f"building llama-server from {sources[-1]} (once, a few minutes) …")
-    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"]
-    flags += ["-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF"]
-    flags += shlex.split(os.environ.get("CMAKE_ARGS", ""))
-    subprocess.run(
-        ["cmake", "-S", sources[-1], "-B", str(build), *flags], check=True, stdout=subprocess.DEVNULL
-    )
-    jobs = str(os.cpu_count() or 2)
-    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
-    return LLAMA_SERVER
 
 
 def tokenizer_dir(gguf: Path) -> Path:
@@ -323,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         servers.append(("blazr", [*cmd, *shlex.split(args.blazr_args)]))
     if "llama-server" not in args.skip:
-        binary = build_llama_server()
+        binary = llama_tools.build("llama-server")
         cmd = [str(binary), "-m", str(gguf), "-np", str(args.slots), "-t", str(args.threads)]
         cmd += ["-c", str(args.slots * ctx), "--host", "127.0.0.1"]
         servers.append(("llama-server", cmd))
