@@ -15,6 +15,7 @@ from blazr.kernels.reference_deltanet import (
     deltanet_prefill_reference,
     deltanet_step_reference,
     head_rms_norm_reference,
+    mul_reference,
     sigmoid_mul_reference,
 )
 from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
@@ -228,7 +229,8 @@ def test_kernels_check_their_inputs(native: ops.Kernels) -> None:
 
 def test_head_rms_norm_and_sigmoid_mul(lib: ops.Kernels) -> None:
     """In place on views of a fused projection's output: q heads of a row-strided [T, H, D], one group of
-    all heads' features, and the gate per element and per row."""
+    all heads' features, and the gate per element and per row; the plain product (`mul`) the same bits as
+    torch's, over a gate of strided rows, one per row, and a call large enough to split over threads."""
     g = torch.Generator().manual_seed(7)
     out = torch.randn(5, 4 * 32 + 80, generator=g)
     w = torch.randn(32, generator=g)
@@ -241,3 +243,7 @@ def test_head_rms_norm_and_sigmoid_mul(lib: ops.Kernels) -> None:
     for gate in (out[:, 128:208], out[:, 3:4]):
         x = torch.randn(5, 80, generator=g)
         torch.testing.assert_close(lib.sigmoid_mul(x.clone(), gate), sigmoid_mul_reference(x.clone(), gate))
+        assert torch.equal(lib.mul(x.clone(), gate), mul_reference(x.clone(), gate))
+        assert not torch.equal(lib.mul(x.clone(), gate), x)
+    big, y = torch.randn(64, 1024, generator=g), torch.randn(64, 3, 1024, generator=g)[:, 1]
+    assert torch.equal(lib.mul(big.clone(), y), big * y)

@@ -4,7 +4,8 @@ MLPs), K = V on the full layers (no v projection), their own head size and KV he
 weightless value norms, per-layer input embeddings, a learned scalar per layer, sliding windows and the
 final-logit soft-cap; the cache the shared layers do not hold; the older global_head_dim keys; the text
 model of a Gemma4ForConditionalGeneration checkpoint; tensor parallelism by heads (one KV head refused in one
-line)."""
+line); every CPU decode step one recorded plan (per-layer inputs, K = V values, the MoE's scales as kernel
+ops); the per-layer table read by rows, as stored (most of a real checkpoint: 2.35B entries at E2B)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from blazr import LLM
 from blazr.config import AttentionConfig
 from blazr.distributed.shard import shard_config
 from blazr.errors import UnsupportedError
+from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.mixers import cache_layout
-from tests.hf_parity import ParityTests, check_cache_invariants, check_logits
+from blazr.model.qlinear import QuantizedLinear
+from tests.hf_parity import ParityTests, check_cache_invariants, check_greedy, check_logits
 from tests.ssm_fixtures import Pair, detect_with, randomise, single_thread
 from tests.tiny import TINY, build
 
@@ -118,6 +121,44 @@ def test_shared_layers_hold_no_cache(pair):
 
 
 MOE = dict(enable_moe_block=True, num_experts=6, top_k_experts=2, moe_intermediate_size=32)
+
+
+@pytest.mark.parametrize("variant", ["dense", "moe"])
+def test_every_decode_step_is_one_recorded_plan(variant, request):
+    """The CPU decode step — per-layer inputs and gates, the K = V layers' values normed from the k rows,
+    the layer scalars, the MoE's input norm and per-expert scales — records as one plan (no eager
+    fallback), and the tokens it gives are transformers'."""
+    pair = request.getfixturevalue("pair" if variant == "dense" else "moe_pair")
+    plan = pair.llm.runner.decode_plan
+    assert plan is not None
+    before = plan.num_runs
+    check_greedy(pair.hf, pair.llm, n=8)
+    assert plan.num_runs >= before + 7  # every decode step after the prefill's token
+
+
+def test_the_per_layer_table_is_read_by_rows(tmp_path):
+    """A bf16 checkpoint's per-layer table stays its mapped bf16 rows (a lookup widens them exactly: the
+    logits are transformers' on the same file), under `--quantize int8` Q8_0 rows; the per-layer
+    projection and gates are quantized with the other linears. A float32 checkpoint's table loads float.
+    (Per-layer width 16: the table's rows, 6 · 16 wide, split into Q8_0 blocks of 32.)"""
+    import transformers
+
+    from tests.test_quantize import mapped_file
+
+    f32 = load(tmp_path / "f32", seed=7, hidden_size_per_layer_input=16)
+    assert isinstance(f32.llm.model.per_layer_inputs.embed, torch.nn.Embedding)
+    f32.hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32).eval()
+    llm = LLM(tmp_path / "bf16", cpu=True, dtype="float32", max_num_seqs=8)
+    table = llm.model.per_layer_inputs.embed
+    assert isinstance(table, QuantizedEmbedding) and table.table.kind == "bf16"
+    assert mapped_file(table.table.data.data_ptr()) is not None  # a view of the checkpoint, no copy
+    check_logits(hf, llm)
+    int8 = LLM(tmp_path / "bf16", cpu=True, dtype="float32", max_num_seqs=8, quantize="int8")
+    per_layer = int8.model.per_layer_inputs
+    assert isinstance(per_layer.embed, QuantizedEmbedding) and per_layer.embed.table.kind == "q8_0"
+    gates = [per_layer.proj, *(layer.per_layer.gate for layer in int8.model.layers)]
+    assert all(isinstance(g, QuantizedLinear) and g.kind == "q8_0g" for g in gates)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """The gated DeltaNet kernels' bindings (decode step and chunked prefill, csrc/deltanet.c) and those of gated
-attention's pieces (per-head RMSNorm, sigmoid gate, csrc/gates.c), mixed into `Kernels` (bindings.py).
+attention's pieces (per-head RMSNorm, sigmoid gate, plain product: csrc/gates.c), mixed into `Kernels`
+(bindings.py).
 Shapes as in `ops.py`."""
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import torch
 from blazr.kernels.calls import _F32, UnsupportedInput, _f32_ptr, _i64_ptr
 
 # csrc/blazr_kernels.h
-_OP_DELTANET_STEP, _OP_DELTANET_PREFILL, _OP_HEAD_RMS_NORM, _OP_SIGMOID_MUL = 30, 31, 32, 33
+_OP_DELTANET_STEP, _OP_DELTANET_PREFILL, _OP_HEAD_RMS_NORM, _OP_SIGMOID_MUL, _OP_MUL = 30, 31, 32, 33, 34
 
 
 class DeltaNetBindings:
-    """`deltanet_step`, `deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`; uses the `_args()` / `_run()` of
-    the Kernels it is mixed into."""
+    """`deltanet_step`, `deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`, `mul`; uses the `_args()` /
+    `_run()` of the Kernels it is mixed into."""
 
     def deltanet_step(
         self,
@@ -136,46 +137,63 @@ class DeltaNetBindings:
                 raise UnsupportedInput(f"{name}: {what} must be contiguous fp32 CPU rows, found {t.dtype}")
         return torch.empty(T, Hv * Dv, dtype=_F32)
 
-    def head_rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def head_rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if x.dim() != 3 or weight.numel() != x.shape[2]:
             raise ValueError(f"head_rms_norm: x [T, H, D] and weight [D] expected, found {list(x.shape)}")
+        if out is not None and out.shape != x.shape:
+            raise ValueError(f"head_rms_norm: out {list(out.shape)} for x {list(x.shape)}")
         T, H, D = x.shape
-        if x.dtype is not _F32 or not x.is_cpu or x.stride(2) != 1 or (H > 1 and x.stride(1) != D):
-            raise UnsupportedInput(
-                f"head_rms_norm: expected fp32 CPU [T, H, D] rows of heads, found {x.dtype}"
-            )
+        for t in (x,) if out is None else (x, out):
+            if t.dtype is not _F32 or not t.is_cpu or t.stride(2) != 1 or (H > 1 and t.stride(1) != D):
+                raise UnsupportedInput(
+                    f"head_rms_norm: expected fp32 CPU [T, H, D] rows of heads, found {t.dtype}"
+                )
         a, addr = self._args()
         a.op = _OP_HEAD_RMS_NORM
         ldt = x.stride(0) if T > 1 else H * D
-        a.i[0:7] = (
+        ldo = 0 if out is None else out.stride(0) if T > 1 else H * D
+        a.i[0:9] = (
             x.data_ptr(),
             T,
             H,
             D,
             ldt,
             _f32_ptr(weight, "head_rms_norm weight"),
+            0 if out is None else out.data_ptr(),
+            ldo,
             torch.get_num_threads(),
         )
         a.f[0] = eps
-        self._run(a, addr, "head_rms_norm", x, weight)
-        return x
+        if out is None:
+            self._run(a, addr, "head_rms_norm", x, weight)
+            return x
+        self._run(a, addr, "head_rms_norm", x, weight, out)
+        return out
 
     def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self._gate_rows("sigmoid_mul", _OP_SIGMOID_MUL, x, gate)
+
+    def mul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._gate_rows("mul", _OP_MUL, x, y)
+
+    def _gate_rows(self, name: str, op: int, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x [M, N] ← x · f(gate) in place, gate [M, N] or [M, 1] (rows may be strided)."""
         if (
             x.dim() != 2
             or gate.dim() != 2
             or gate.shape[0] != x.shape[0]
             or gate.shape[1] not in (1, x.shape[1])
         ):
-            raise ValueError(
-                f"sigmoid_mul: x [M, N] and gate [M, N] or [M, 1], found {list(x.shape)}, {list(gate.shape)}"
-            )
+            found = f"{list(x.shape)}, {list(gate.shape)}"
+            raise ValueError(f"{name}: x [M, N] and gate [M, N] or [M, 1], found {found}")
         for t in (x, gate):
             if t.dtype is not _F32 or not t.is_cpu or (t.shape[1] > 1 and t.stride(1) != 1):
-                raise UnsupportedInput(f"sigmoid_mul: expected fp32 CPU rows, found {t.dtype} on {t.device}")
+                raise UnsupportedInput(f"{name}: expected fp32 CPU rows, found {t.dtype} on {t.device}")
         M, N = x.shape
         a, addr = self._args()
-        a.op = _OP_SIGMOID_MUL
+        a.op = op
         a.i[0:8] = (
             x.data_ptr(),
             M,
@@ -186,5 +204,5 @@ class DeltaNetBindings:
             gate.shape[1],
             torch.get_num_threads(),
         )
-        self._run(a, addr, "sigmoid_mul", x, gate)
+        self._run(a, addr, name, x, gate)
         return x

@@ -4,7 +4,7 @@ here, so every `op` has its `op_reference` beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `softcap`, `linear`, `rms_norm`,
 `gated_rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`,
-`deltanet_step`, `deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`, `sigmoid_mul`,
+`deltanet_step`, `deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`, `sigmoid_mul`, `mul`,
 `causal_conv_step`, `causal_conv_prefill`,
 `mamba1_dt_bc`, `mamba1_scan_step`, `mamba1_scan_prefill`, `moe_route`, `moe_experts`, `mla_cache_write`,
 `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
@@ -61,6 +61,7 @@ from blazr.kernels.reference_deltanet import (
     deltanet_prefill_reference,
     deltanet_step_reference,
     head_rms_norm_reference,
+    mul_reference,
     sigmoid_mul_reference,
 )
 from blazr.kernels.reference_kda import kda_prefill_reference, kda_step_reference
@@ -130,6 +131,8 @@ __all__ = [
     "moe_experts_reference",
     "moe_route",
     "moe_route_reference",
+    "mul",
+    "mul_reference",
     "paged_attention_decode",
     "paged_attention_decode_reference",
     "quantize_act_reference",
@@ -632,17 +635,25 @@ def kda_prefill(
     )  # fmt: skip
 
 
-def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of each [D] group of x [T, H, D] in place (weight [D]): q or k heads of a fused projection's
-    output (row-strided views, a token's heads back to back), or whole rows as one group (H = 1). Returns
-    x."""
-    return _dispatch("head_rms_norm", head_rms_norm_reference, x, weight, eps)
+def head_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm of each [D] group of x [T, H, D] (weight [D]): q or k heads of a fused projection's output
+    (row-strided views, a token's heads back to back), or whole rows as one group (H = 1); in place, or
+    into `out` [T, H, D] (its rows may be strided too) leaving x as it is. Returns what it wrote."""
+    return _dispatch("head_rms_norm", head_rms_norm_reference, x, weight, eps, out)
 
 
 def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """x [M, N] ← x · sigmoid(gate) in place, gate [M, N] (rows may be strided: a view into a projection's
     output) or [M, 1] (one per row). Returns x."""
     return _dispatch("sigmoid_mul", sigmoid_mul_reference, x, gate)
+
+
+def mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x [M, N] ← x · y in place, y [M, N] (rows may be strided: a view into a wider tensor) or [M, 1] (one
+    per row). Returns x."""
+    return _dispatch("mul", mul_reference, x, y)
 
 
 def causal_conv_step(

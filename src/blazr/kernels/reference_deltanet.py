@@ -177,11 +177,20 @@ def deltanet_prefill_reference(
     return y.to(qkvz.dtype)
 
 
-def head_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of each [D] group of x [T, H, D] (a strided view: q or k heads of a fused projection's output),
-    in place: x ← weight · (x / sqrt(mean(x²) + eps)), statistics in float32. Returns x."""
+def head_rms_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm of each [D] group of x [T, H, D] (a strided view: q or k heads of a fused projection's output):
+    weight · (x / sqrt(mean(x²) + eps)), statistics in float32, into x in place or into `out` [T, H, D]
+    (x then unchanged). Returns what it wrote."""
     xf = x.float()
-    x.copy_((weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype))
+    y = (weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+    return (x if out is None else out).copy_(y)
+
+
+def mul_reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x [M, N] ← x · y, y [M, N] or [M, 1] (one per row), in place. Returns x."""
+    x.mul_(y)
     return x
 
 

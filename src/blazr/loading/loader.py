@@ -44,6 +44,7 @@ from blazr.loading.quantize import (
     check_mode,
     embed_from_file,
     embed_quantized,
+    per_layer_table,
     quantize_from_file,
     quantize_loaded,
     stack_experts,
@@ -129,6 +130,8 @@ def load_model(
             made += stack_experts(model, loader, quantize)
             if quantize == "auto" and (kind := embed_from_file(model, loader)):
                 made[f"{kind} embedding"] += 1
+            if kind := per_layer_table(model, loader, quantize):
+                made[f"{kind} per-layer table"] += 1
         load_weights(model, loader)
     loader.warn_unused()
     model = model.to(device).eval()

@@ -19,10 +19,12 @@ Modes:
 
 Targets (`quantize_from_file`): every linear called only through its forward — each mixer kind's declared ones
 (`MixerSpec.linears`: attention qkv/o, Mamba2 in/out projections, MLA q/kv_a/o projections), dense MLP, MoE
-shared experts and latent projections, every linear of a Zamba2 shared block — and the lm_head (tied
-embeddings: a quantized copy of the embedding); and (`stack_experts`) the routed MoE experts, stacked in one
-kernel weight per layer and projection. The token table itself stays as stored under `auto`
-(`embed_from_file`) and becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (`embed_quantized`). Not the
+shared experts and latent projections, every linear of a Zamba2 shared block, Gemma 4's per-layer projection
+and gates — and the lm_head (tied embeddings: a quantized copy of the embedding); and (`stack_experts`) the
+routed MoE experts, stacked in one kernel weight per layer and projection. The token table itself stays as
+stored under `auto` (`embed_from_file`) and becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16`
+(`embed_quantized`); Gemma 4's per-layer table likewise, and otherwise keeps a 16-bit checkpoint's rows
+(`per_layer_table`). Not the
 linears a kind keeps float (`MixerSpec.float_linears`: MLA's kv_b_proj, read directly by the absorbed decode)
 or routers. Quantized layers run on blazr's C kernels on the CPU with float32 activations; `dense_dtype`
 (loader.py `prefill_dtype`, on request only) adds a dense tensor for prefill GEMMs (see model/qlinear.py).
@@ -74,7 +76,8 @@ MODES = ("auto", "none", "int8", "int4", "bf16")
 # place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
 ISQ_MODES = tuple(_ISQ_KIND)  # the modes that quantize a float checkpoint in situ
-# the feed-forward's linears; each mixer kind declares its own (`MixerSpec.linears`, model/mixers.py)
+# the feed-forward's linears and Gemma 4's per-layer gate (model/per_layer.py); each mixer kind declares
+# its own (`MixerSpec.linears`, model/mixers.py)
 _FFN_TARGETS = (
     "mlp.gate_up_proj",
     "mlp.up_proj",
@@ -84,7 +87,11 @@ _FFN_TARGETS = (
     "moe.shared.down_proj",
     "moe.latent_down",  # a latent MoE's projections into and out of the experts' space
     "moe.latent_up",
+    "per_layer.gate",
+    "per_layer.proj",
 )
+# whole modules every linear of which is a target: Zamba2's shared blocks, Gemma 4's per-layer projection
+_TARGET_MODULES = ("shared_blocks.", "per_layer_inputs.")
 
 
 def check_mode(mode: str, device: torch.device, dtype: torch.dtype) -> None:
@@ -105,7 +112,7 @@ def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
     found: list[tuple[str, nn.Linear | None]] = [
         (name, m)
         for name, m in model.named_modules()
-        if type(m) is Linear and (name.split(".", 2)[-1] in targets or name.startswith("shared_blocks."))
+        if type(m) is Linear and (name.split(".", 2)[-1] in targets or name.startswith(_TARGET_MODULES))
     ]
     if type(model.lm_head) is Linear:
         found.append(("lm_head", model.lm_head))
@@ -269,11 +276,24 @@ def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
     one of `ROW_KINDS` and needs no transform: a QuantizedEmbedding over a view of the file's map, whose
     lookups dequantize only their rows (`auto`; no float copy of the table). Returns its kind, or None
     (the table is then loaded float with the rest)."""
-    cfg, source = model.cfg, loader.source
-    pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
+    cfg = model.cfg
+    if model.tp is not None:
+        return None
+    table = _stored_table(loader, "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
+    if table is None:
+        return None
+    model.embed_tokens = QuantizedEmbedding(table)
+    loader.tick()
+    return table.kind
+
+
+def _stored_table(loader: WeightLoader, pname: str, shape: tuple[int, int]) -> RowTable | None:
+    """Table parameter `pname` [V, D] as a GGUF stores it — a RowTable over a view of the file's map — when
+    its one tensor is of a `ROW_KINDS` type and needs no transform; else None."""
+    source = loader.source
     load_raw = getattr(source, "load_raw", None)
-    sources = row_sources(cfg, source, loader.names, pname, shape, is_stacked=False)
-    if load_raw is None or sources is None or len(sources) != 1 or model.tp is not None:
+    sources = row_sources(loader.cfg, source, loader.names, pname, shape, is_stacked=False)
+    if load_raw is None or sources is None or len(sources) != 1:
         return None
     if sources[0][1] is not None:  # a table is never reordered; nothing else is expected here
         return None
@@ -281,10 +301,33 @@ def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
     kind = GGML_KINDS.get(ggml_type)
     if kind not in ROW_KINDS or raw.shape[0] != shape[0]:
         return None
-    model.embed_tokens = QuantizedEmbedding(RowTable(kind, raw.contiguous(), *shape))
     loader.consume(pname, shape, is_copied=is_copy(source, raw))
+    return RowTable(kind, raw.contiguous(), *shape)
+
+
+def per_layer_table(model: CausalLM, loader: WeightLoader, mode: str) -> str | None:
+    """Gemma 4's per-layer table [V', L·P] (model/per_layer.py; 262144 × 8960 at E2B: 9.4 GB as float32, most
+    of the checkpoint) as a QuantizedEmbedding whose lookups read only their rows: a GGUF's rows as stored
+    (`auto`), Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (as `embed_quantized` makes the token table's),
+    else a 16-bit checkpoint's own rows (a view of its map; a lookup widens them to float32 exactly, so the
+    values are those of the float table). Returns its kind, or None (the table then loads float: a float32
+    checkpoint without --quantize)."""
+    pli = model.per_layer_inputs
+    if pli is None or model.tp is not None:
+        return None
+    pname, shape = "per_layer_inputs.embed.weight", (pli.cfg.vocab_size, pli.num_layers * pli.cfg.size)
+    table = _stored_table(loader, pname, shape) if mode == "auto" else None
+    if table is None and mode in _TABLE_KIND and (_TABLE_KIND[mode] == "bf16" or shape[1] % QK == 0):
+        table = _quantized_table(loader, pname, shape, _TABLE_KIND[mode])
+    stored = loader.stored_dtype(pname, shape)
+    if table is None and stored in (torch.bfloat16, torch.float16):
+        data = loader.parameter(pname, shape, stored)
+        table = RowTable("bf16" if stored == torch.bfloat16 else "f16", data.view(torch.uint8), *shape)
+    if table is None:
+        return None
+    pli.embed = QuantizedEmbedding(table)
     loader.tick()
-    return kind
+    return table.kind
 
 
 # The token table's kind under `--quantize`: 8 bits in the 4-bit mode too (llama.cpp's Q4 mixes keep theirs
@@ -305,11 +348,16 @@ def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | N
     pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
     if kind != "bf16" and shape[1] % QK:  # Q8_0 quantizes blocks of 32
         return None
-    # Q8_0 rows in ggml's order (q8_0g), or the bf16 values (a view of the map when stored so)
-    data = _in_situ(loader, pname, shape, Q8_0G if kind != "bf16" else "bf16").data
-    model.embed_tokens = QuantizedEmbedding(RowTable(kind, data.contiguous().view(torch.uint8), *shape))
+    model.embed_tokens = QuantizedEmbedding(_quantized_table(loader, pname, shape, kind))
     loader.tick()
     return kind
+
+
+def _quantized_table(loader: WeightLoader, pname: str, shape: tuple[int, int], kind: str) -> RowTable:
+    """Table parameter `pname` [V, D] as a RowTable of `kind`: Q8_0 rows in ggml's order (quantized in situ
+    to q8_0g), or the bf16 values (a view of the map when stored so)."""
+    data = _in_situ(loader, pname, shape, Q8_0G if kind != "bf16" else "bf16").data
+    return RowTable(kind, data.contiguous().view(torch.uint8), *shape)
 
 
 def _table_bytes(table: torch.Tensor, kind: str) -> torch.Tensor:

@@ -197,11 +197,17 @@ class Attention(nn.Module):
             ops.head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
 
     def _values(self, qkv: torch.Tensor, T: int) -> torch.Tensor:
-        """v [T, Hkv, Dh]: qkv's v rows, or (`is_v_from_k`) a copy of its k rows taken before the k norm;
-        RMS-normed without weights (`has_v_norm`, in place). Call before the k norm."""
+        """v [T, Hkv, Dh]: qkv's v rows, or (`is_v_from_k`) its k rows taken before the k norm; RMS-normed
+        without weights (`has_v_norm`: in place, or from k's rows into a buffer of its own). Call before the
+        k norm."""
         cfg, q, kv = self.cfg, self.q_size, self.kv_size
         if cfg.is_v_from_k:
-            v = qkv[:, q : q + kv].reshape(T, cfg.num_kv_heads, cfg.head_dim).clone()
+            k = qkv[:, q : q + kv].view(T, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.has_v_norm:  # normed into a buffer of its own, k as it is: a kernel op a plan holds
+                assert cfg.qk_norm is not None
+                out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+                return ops.head_rms_norm(k, self.v_norm_scale, cfg.qk_norm.eps, out=out)
+            v = k.clone()
         else:
             v = qkv[:, q + kv : q + 2 * kv].view(T, cfg.num_kv_heads, cfg.head_dim)
         if cfg.has_v_norm:

@@ -96,8 +96,8 @@ class Block(nn.Module):
         if self.per_layer is not None:
             assert per_layer_input is not None, "a per-layer gate reads the layer's per-layer input"
             x = self.per_layer(x, per_layer_input, decode=batch.is_decode_only)
-        if self.out_scale is not None:
-            x = x * self.out_scale
+        if self.out_scale is not None:  # in place: x is this block's own sum here
+            x = ops.mul(x, self.out_scale.view(1, 1).expand(x.shape[0], 1))
         return x
 
     def _mix_and_feed(
@@ -126,7 +126,7 @@ class Block(nn.Module):
             # each output whole before its own post-norm (a norm of a rank's partial sum is not a part of it)
             y = self.mlp(self._norm("ffn_norm", x), decode=batch.is_decode_only)
             y = self._norm("mlp_post_norm", self._reduce(y))
-            y = y + self._norm("moe_post_norm", self._reduce(self.moe(x, batch)))
+            y = _add(y, self._norm("moe_post_norm", self._reduce(self.moe(x, batch))))
             return _add(x, self._norm("ffn_post_norm", y), r)
         if self.mlp is not None:
             y = self.mlp(self._norm("ffn_norm", x), decode=batch.is_decode_only)

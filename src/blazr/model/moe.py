@@ -105,8 +105,10 @@ class Router(nn.Module):
             cfg.scoring == "sigmoid", cfg.num_groups, cfg.topk_groups, cfg.group_score != "max", cfg.top_k,
             cfg.is_renormalized, cfg.routed_scaling_factor,
         )  # fmt: skip
-        if cfg.has_expert_scale:
-            weights = weights * self.expert_scale.float()[ids]
+        if cfg.has_expert_scale:  # weights · expert_scale[ids] as kernel ops: a lookup of [E, 1] rows, × them
+            T, k = ids.shape
+            scale = ops.embedding(ids.reshape(-1), self.expert_scale.float().view(-1, 1))
+            weights = ops.mul(weights.reshape(T * k, 1), scale).view(T, k)
         return weights, ids
 
 
@@ -251,6 +253,9 @@ class MoE(nn.Module):
         if self.norm is None:
             return x, x
         assert self.cfg.input_norm is not None
+        if ops.cpu_f32(x):  # kernel ops (recordable): input_scale · unit, then · D^-½
+            route_in = ops.rms_norm(x, self.router.input_scale, self.cfg.input_norm.eps)
+            return ops.add(route_in, None, alpha=x.shape[-1] ** -0.5, out=route_in), self.norm(x)
         xf = x.float()
         unit = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.input_norm.eps)
         scale = self.router.input_scale.float() * x.shape[-1] ** -0.5

@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 12
+#define BLZ_ABI_VERSION 13
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -184,8 +184,10 @@ int blz_kda_prefill(const float *qkv, const float *f, const float *b, const floa
                     int64_t B, const int64_t *saves, int64_t ns, const float *conv_w, float *conv_pool, int64_t K,
                     const float *dt_bias, const float *A_log, const float *norm_w, float *state_pool, int64_t S,
                     int64_t H, int64_t D, int64_t chunk, float eps, float *y, int nthreads);
-int blz_head_rms_norm(float *x, int64_t T, int64_t H, int64_t D, int64_t ldt, const float *w, float eps, int nthreads);
+int blz_head_rms_norm(float *x, int64_t T, int64_t H, int64_t D, int64_t ldt, const float *w, float eps, float *out,
+                      int64_t ldo, int nthreads);
 int blz_sigmoid_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw, int nthreads);
+int blz_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw, int nthreads);
 int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index, int64_t B,
                     int prefill, const float *w, const float *bias, float *state, int64_t S, int64_t C, int64_t K,
                     int silu, float *y, int nthreads);
@@ -271,6 +273,7 @@ enum {
     BLZ_OP_DELTANET_PREFILL = 31,
     BLZ_OP_HEAD_RMS_NORM = 32,
     BLZ_OP_SIGMOID_MUL = 33,
+    BLZ_OP_MUL = 34,
     BLZ_OP_KDA_STEP = 40, /* Kimi Delta Attention (kda.c) */
     BLZ_OP_KDA_PREFILL = 41,
 };

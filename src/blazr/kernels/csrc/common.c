@@ -242,9 +242,11 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                    (float)a->f[0], P(float *, 19), (int)i[20]);
         case BLZ_OP_HEAD_RMS_NORM:
             return blz_head_rms_norm(P(float *, 0), i[1], i[2], i[3], i[4], P(const float *, 5), (float)a->f[0],
-                                     (int)i[6]);
+                                     P(float *, 6), i[7], (int)i[8]);
         case BLZ_OP_SIGMOID_MUL:
             return blz_sigmoid_mul(P(float *, 0), i[1], i[2], i[3], P(const float *, 4), i[5], i[6], (int)i[7]);
+        case BLZ_OP_MUL:
+            return blz_mul(P(float *, 0), i[1], i[2], i[3], P(const float *, 4), i[5], i[6], (int)i[7]);
         case BLZ_OP_CAUSAL_CONV:
             return blz_causal_conv(P(const float *, 0), P(const float *, 1), P(const float *, 2), i[3],
                                    P(const int64_t *, 4), i[5], (int)i[6], P(const float *, 7), P(const float *, 8),
