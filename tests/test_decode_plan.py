@@ -47,9 +47,11 @@ from blazr.state.kv_cache import ModelCache
 from tests.drive import place, release
 from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
+from tests.test_hf_gemma4 import SIZES as GEMMA4_SIZES
 from tests.test_hf_kimi_linear import SIZES as KIMI_SIZES
 from tests.test_hf_qwen3_next import EXPERTS as QWEN_EXPERTS
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
+from tests.test_hf_zamba2 import VARIANTS as ZAMBA2_SIZES
 from tests.tiny import build
 
 
@@ -171,6 +173,10 @@ VARIANTS = {
             mamba_dt_rank=8,
         ),
     ),
+    # Zamba2: shared transformer blocks called on concat(x, embeddings) with per-call adapters, rope.
+    "zamba2": ("Zamba2ForCausalLM", ZAMBA2_SIZES["two-blocks"]),
+    # Gemma 4: per-layer inputs, KV shared across layers, K = V global layers, layer scalars, soft-cap.
+    "gemma4": ("Gemma4ForCausalLM", GEMMA4_SIZES),
 }
 OVERRIDES = dict(VARIANTS.values())  # arch → its overrides
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from blazr.kernels import ops
 from blazr.kernels.reference_deltanet import (
+    copy_rows_reference,
     deltanet_prefill_reference,
     deltanet_step_reference,
     head_rms_norm_reference,
@@ -247,3 +248,19 @@ def test_head_rms_norm_and_sigmoid_mul(lib: ops.Kernels) -> None:
         assert not torch.equal(lib.mul(x.clone(), gate), x)
     big, y = torch.randn(64, 1024, generator=g), torch.randn(64, 3, 1024, generator=g)[:, 1]
     assert torch.equal(lib.mul(big.clone(), y), big * y)
+    assert torch.equal(
+        lib.mul(big.clone(), y[:1, :1].expand(64, 1)), big * y[0, 0]
+    )  # one scalar for all rows
+
+
+def test_copy_rows(lib: ops.Kernels) -> None:
+    """Rows into the halves of wider rows and back, bit for bit, as torch's copy."""
+    g = torch.Generator().manual_seed(3)
+    x, e = torch.randn(5, 48, generator=g), torch.randn(5, 48, generator=g)
+    wide = torch.full((5, 96), float("nan"))
+    lib.copy_rows(x, wide[:, :48])
+    lib.copy_rows(e, wide[:, 48:])
+    assert torch.equal(wide, torch.cat([x, e], dim=-1))
+    assert torch.equal(
+        lib.copy_rows(wide[:, 48:], torch.empty(5, 48)), copy_rows_reference(e, torch.empty(5, 48))
+    )

@@ -1,7 +1,6 @@
 """The gated DeltaNet kernels' bindings (decode step and chunked prefill, csrc/deltanet.c) and those of gated
-attention's pieces (per-head RMSNorm, sigmoid gate, plain product: csrc/gates.c), mixed into `Kernels`
-(bindings.py).
-Shapes as in `ops.py`."""
+attention's pieces and other row glue (per-head RMSNorm, sigmoid gate, plain product, row copy:
+csrc/gates.c), mixed into `Kernels` (bindings.py). Shapes as in `ops.py`."""
 
 from __future__ import annotations
 
@@ -13,12 +12,13 @@ import torch
 from blazr.kernels.calls import _F32, UnsupportedInput, _f32_ptr, _i64_ptr
 
 # csrc/blazr_kernels.h
-_OP_DELTANET_STEP, _OP_DELTANET_PREFILL, _OP_HEAD_RMS_NORM, _OP_SIGMOID_MUL, _OP_MUL = 30, 31, 32, 33, 34
+_OP_DELTANET_STEP, _OP_DELTANET_PREFILL, _OP_HEAD_RMS_NORM, _OP_SIGMOID_MUL = 30, 31, 32, 33
+_OP_MUL, _OP_COPY_ROWS = 34, 35
 
 
 class DeltaNetBindings:
-    """`deltanet_step`, `deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`, `mul`; uses the `_args()` /
-    `_run()` of the Kernels it is mixed into."""
+    """`deltanet_step`, `deltanet_prefill`, `head_rms_norm`, `sigmoid_mul`, `mul`, `copy_rows`; uses the
+    `_args()` / `_run()` of the Kernels it is mixed into."""
 
     def deltanet_step(
         self,
@@ -177,6 +177,20 @@ class DeltaNetBindings:
 
     def mul(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self._gate_rows("mul", _OP_MUL, x, y)
+
+    def copy_rows(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or out.shape != x.shape:
+            raise ValueError(
+                f"copy_rows: x and out [M, N] expected, found {list(x.shape)}, {list(out.shape)}"
+            )
+        for t in (x, out):
+            if t.dtype is not _F32 or not t.is_cpu or (t.shape[1] > 1 and t.stride(1) != 1):
+                raise UnsupportedInput(f"copy_rows: expected fp32 CPU rows, found {t.dtype} on {t.device}")
+        a, addr = self._args()
+        a.op = _OP_COPY_ROWS
+        a.i[0:6] = (x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr(), out.stride(0))
+        self._run(a, addr, "copy_rows", x, out)
+        return out
 
     def _gate_rows(self, name: str, op: int, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """x [M, N] ← x · f(gate) in place, gate [M, N] or [M, 1] (rows may be strided)."""

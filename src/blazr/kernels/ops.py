@@ -5,7 +5,7 @@ here, so every `op` has its `op_reference` beside it.
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `softcap`, `linear`, `rms_norm`,
 `gated_rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`,
 `deltanet_step`, `deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`, `sigmoid_mul`, `mul`,
-`causal_conv_step`, `causal_conv_prefill`,
+`copy_rows`, `causal_conv_step`, `causal_conv_prefill`,
 `mamba1_dt_bc`, `mamba1_scan_step`, `mamba1_scan_prefill`, `moe_route`, `moe_experts`, `mla_cache_write`,
 `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
 `sample_rows`) runs the C kernel when the library is available and the inputs are CPU tensors of the
@@ -58,6 +58,7 @@ from blazr.kernels.reference import (
 )
 from blazr.kernels.reference_conv import causal_conv_prefill_reference, causal_conv_step_reference
 from blazr.kernels.reference_deltanet import (
+    copy_rows_reference,
     deltanet_prefill_reference,
     deltanet_step_reference,
     head_rms_norm_reference,
@@ -87,6 +88,8 @@ __all__ = [
     "causal_conv_prefill_reference",
     "causal_conv_step",
     "causal_conv_step_reference",
+    "copy_rows",
+    "copy_rows_reference",
     "cpu_f32",
     "deltanet_prefill",
     "deltanet_prefill_reference",
@@ -654,6 +657,12 @@ def mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x [M, N] ← x · y in place, y [M, N] (rows may be strided: a view into a wider tensor) or [M, 1] (one
     per row). Returns x."""
     return _dispatch("mul", mul_reference, x, y)
+
+
+def copy_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [M, N] ← x [M, N] bit for bit, either's rows may be strided (views into wider tensors: Zamba2's
+    residual and token embeddings into the halves of one row). Returns out."""
+    return _dispatch("copy_rows", copy_rows_reference, x, out)
 
 
 def causal_conv_step(

@@ -188,6 +188,11 @@ def head_rms_norm_reference(
     return (x if out is None else out).copy_(y)
 
 
+def copy_rows_reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [M, N] ← x [M, N] (either's rows may be strided). Returns out."""
+    return out.copy_(x)
+
+
 def mul_reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x [M, N] ← x · y, y [M, N] or [M, 1] (one per row), in place. Returns x."""
     x.mul_(y)

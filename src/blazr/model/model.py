@@ -99,7 +99,9 @@ class CausalLM(nn.Module):
                 scale = float(torch.tensor(scale, dtype=x.dtype))
             if scale != 1.0:
                 x = x * scale
-        embeddings = x.clone() if self.reads_embeddings else None  # the layers' adds may write x in place
+        embeddings = None  # a copy of its own (a kernel op, for a plan): the layers' adds write x in place
+        if self.reads_embeddings:
+            embeddings = ops.copy_rows(x, torch.empty_like(x))
         per_layer = (
             None
             if self.per_layer_inputs is None

@@ -21,8 +21,9 @@ and reaches its block through `bind` (not a submodule: its parameters keep one n
 for a quantized one by the loader is seen by every call). Every linear of a shared block is quantizable
 (loading/quantize.py), as are each call's.
 
-`SPEC`: the paged K and V of the call's attention (a prefix is its blocks); the decode plan and CUDA graphs
-do not hold it (the concat and the adapters run in torch); tensor parallelism is refused.
+`SPEC`: the paged K and V of the call's attention (a prefix is its blocks); on the CPU a decode step is
+kernel ops only (`_decode`: the concat a row copy into each half, the adapters' sums kernel adds), so the
+recorded decode plan holds it; CUDA graphs do not (not measured there); tensor parallelism is refused.
 
 Shapes: T tokens, D hidden, H heads, Hkv KV heads, Dh = 2D / H head size, I MLP width, R adapter rank.
 """
@@ -34,6 +35,7 @@ from torch import nn
 
 from blazr.config import ModelConfig, Zamba2SharedConfig
 from blazr.errors import UnsupportedError
+from blazr.kernels import ops
 from blazr.model.attention import _cache as attention_cache
 from blazr.model.attention import causal_attention
 from blazr.model.mixer_spec import MixerSpec, RopeFor
@@ -116,6 +118,8 @@ class SharedCall(nn.Module):
         self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache | None, embeddings: torch.Tensor
     ) -> torch.Tensor:
         assert self._block, "a SharedCall runs only bound to its model's shared block"
+        if cache is not None and batch.is_decode_only and batch.decode_lens is not None and ops.cpu_f32(x):
+            return self._decode(x, batch, cache, embeddings)
         block, cfg, T, decode = self._block[0], self.cfg.attention, x.shape[0], batch.is_decode_only
         h = block.input_norm(torch.cat([x, embeddings], dim=-1))  # [T, 2D]
         q, k, v = (getattr(block.attn, n)(h, decode=decode) for n in ("q_proj", "k_proj", "v_proj"))
@@ -140,6 +144,38 @@ class SharedCall(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         y = block.mlp.down_proj(activate(gate, self.cfg.mlp.activation) * up, decode=decode)
         return self.linear(y, decode=decode)
+
+    def _decode(
+        self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache, embeddings: torch.Tensor
+    ) -> torch.Tensor:
+        """One token per sequence, float32 on the CPU, as kernel ops (a recordable step): x and e copied into
+        the halves of one row, the projections with their adapters added, RoPE in place, keys and values into
+        the pools, paged decode attention, the gated MLP. x, embeddings [B, D] → [B, D]."""
+        block, cfg, (B, D) = self._block[0], self.cfg.attention, x.shape
+        H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        assert cache.k is not None and cache.v is not None and batch.slot_mapping is not None
+        h = torch.empty(B, 2 * D, dtype=x.dtype, device=x.device)
+        ops.copy_rows(x, h[:, :D])
+        ops.copy_rows(embeddings, h[:, D:])
+        h = block.input_norm(h)  # [B, 2D]
+        q, k, v = (getattr(block.attn, n)(h, decode=True) for n in ("q_proj", "k_proj", "v_proj"))
+        if self.cfg.attention_adapter_rank is not None:
+            for t, adapter in zip((q, k, v), (self.q_adapter, self.k_adapter, self.v_adapter), strict=True):
+                ops.add(t, adapter(h, decode=True), out=t)
+        q, k, v = q.view(B, H, Dh), k.view(B, Hkv, Dh), v.view(B, Hkv, Dh)
+        if block.rope is not None:
+            for t in (q, k):
+                ops.rope_neox(t, batch.positions, block.rope.cos, block.rope.sin, block.rope.dim)
+        ops.kv_write(k, v, batch.slot_mapping, cache.k, cache.v)
+        o = ops.paged_attention_decode(
+            q, cache.k, cache.v, batch.kv_indices, batch.decode_lens, cfg.softmax_scale,
+            window=cfg.sliding_window,
+        )  # fmt: skip
+        a = block.ffn_norm(block.attn.o_proj(o.view(B, H * Dh), decode=True))  # [B, D]
+        gate_up = block.mlp.gate_up_proj(a, decode=True)
+        ops.add(gate_up, self.gate_up_adapter(a, decode=True), out=gate_up)
+        y = ops.activation(gate_up, self.cfg.mlp.activation, gated=True)
+        return self.linear(block.mlp.down_proj(y, decode=True), decode=True)
 
 
 def shared_blocks(cfg: ModelConfig, rope_for: RopeFor) -> nn.ModuleList:
@@ -188,7 +224,7 @@ SPEC = MixerSpec(
     fused=lambda cfg, leaf: None,
     shard=_shard,
     slice=lambda cfg, leaf, t, rank, world: None,
-    is_plan_safe=False,
-    chains_rows=False,  # no recorded plan holds it
+    is_plan_safe=True,
+    chains_rows=False,  # speculation's rows through it are not tested: drafts go the way of a kind without
     graph_windows=None,
 )

@@ -188,6 +188,7 @@ int blz_head_rms_norm(float *x, int64_t T, int64_t H, int64_t D, int64_t ldt, co
                       int64_t ldo, int nthreads);
 int blz_sigmoid_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw, int nthreads);
 int blz_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float *g, int64_t ldg, int64_t gw, int nthreads);
+int blz_copy_rows(const float *x, int64_t M, int64_t N, int64_t ldx, float *out, int64_t ldo);
 int blz_causal_conv(const float *x, const float *gin, const float *gout, int64_t ld, const int64_t *index, int64_t B,
                     int prefill, const float *w, const float *bias, float *state, int64_t S, int64_t C, int64_t K,
                     int silu, float *y, int nthreads);
@@ -274,6 +275,7 @@ enum {
     BLZ_OP_HEAD_RMS_NORM = 32,
     BLZ_OP_SIGMOID_MUL = 33,
     BLZ_OP_MUL = 34,
+    BLZ_OP_COPY_ROWS = 35,
     BLZ_OP_KDA_STEP = 40, /* Kimi Delta Attention (kda.c) */
     BLZ_OP_KDA_PREFILL = 41,
 };

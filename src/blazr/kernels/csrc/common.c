@@ -247,6 +247,8 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
             return blz_sigmoid_mul(P(float *, 0), i[1], i[2], i[3], P(const float *, 4), i[5], i[6], (int)i[7]);
         case BLZ_OP_MUL:
             return blz_mul(P(float *, 0), i[1], i[2], i[3], P(const float *, 4), i[5], i[6], (int)i[7]);
+        case BLZ_OP_COPY_ROWS:
+            return blz_copy_rows(P(const float *, 0), i[1], i[2], i[3], P(float *, 4), i[5]);
         case BLZ_OP_CAUSAL_CONV:
             return blz_causal_conv(P(const float *, 0), P(const float *, 1), P(const float *, 2), i[3],
                                    P(const int64_t *, 4), i[5], (int)i[6], P(const float *, 7), P(const float *, 8),

@@ -3,10 +3,14 @@
  * step stays kernel calls only:
  *   head_rms_norm: RMSNorm of each group of D features (a head's, or a whole row's) of a row-strided view;
  *   sigmoid_mul:   x ← x · sigmoid(g), g one value per element or one per row;
- *   mul:           x ← x · g, the same shapes (Gemma 4's per-layer gate: act(gate(x)) · the layer's input).
+ *   mul:           x ← x · g, the same shapes (Gemma 4's per-layer gate: act(gate(x)) · the layer's input);
+ *   copy_rows:     rows of x into rows of out, either strided (Zamba2's concat of the residual and the
+ *                  token embeddings: each into its half of one row).
  * Plain C loops (`#pragma omp simd` vectorises them for the host), as norm_rope.c; rows split over OpenMP
  * threads only when the call is large enough to pay for it.
  */
+#include <string.h>
+
 #include "blazr_kernels.h"
 
 #define GATES_PARALLEL_MIN 32768 /* elements below which a call stays on one thread */
@@ -66,5 +70,12 @@ BLZ_EXPORT int blz_mul(float *x, int64_t M, int64_t N, int64_t ldx, const float 
             for (int64_t n = 0; n < N; ++n) xr[n] *= gr[n];
         }
     }
+    return BLZ_OK;
+}
+
+/* out[m·ldo + n] ← x[m·ldx + n], m < M, n < N (bit for bit). */
+BLZ_EXPORT int blz_copy_rows(const float *x, int64_t M, int64_t N, int64_t ldx, float *out, int64_t ldo) {
+    if (M < 0 || N <= 0 || (M > 1 && (ldx < N || ldo < N))) return BLZ_EINVAL;
+    for (int64_t m = 0; m < M; ++m) memcpy(out + m * ldo, x + m * ldx, (size_t)N * sizeof(float));
     return BLZ_OK;
 }
