@@ -28,8 +28,10 @@ from blazr.engine.outputs import SeqOutput
 from tests.ssm_fixtures import HEADS, randomise, single_thread
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
 from tests.test_hf_gemma3 import SIZES as GEMMA3_SIZES
+from tests.test_hf_gemma4 import SIZES as GEMMA4_SIZES
 from tests.test_hf_kimi_linear import SIZES as KIMI_SIZES
 from tests.test_hf_qwen3_next import SIZES as QWEN_SIZES
+from tests.test_hf_zamba2 import VARIANTS as ZAMBA2_SIZES
 from tests.tiny import build
 
 BS = 16  # block size
@@ -53,10 +55,15 @@ ARCHS = {
     "kimi-linear": ("KimiLinearForCausalLM", KIMI_SIZES),  # KDA (channel-wise decay) + NoPE MLA + MoE
     "gemma3-window": ("Gemma3ForCausalLM", dict(GEMMA3_SIZES, sliding_window=32)),  # sliding + full groups
     "mistral-window": ("MistralForCausalLM", dict(sliding_window=32)),  # one group, sliding
+    # shared blocks' calls on concat(x, embeddings), each call its own KV, beside Mamba2 states
+    "zamba2": ("Zamba2ForCausalLM", ZAMBA2_SIZES["two-blocks"]),
+    # KV shared across layers, K = V full layers, per-layer inputs, sliding + full groups
+    "gemma4": ("Gemma4ForCausalLM", dict(GEMMA4_SIZES, sliding_window=32)),
 }  # fmt: skip
 HAS_STATE = {"llama": False, "deepseek-mla-moe": False, "mamba2": True, "granite-hybrid": True,
              "qwen3_5": True, "lfm2": True, "falcon-mamba": True, "jamba": True,
-             "kimi-linear": True, "gemma3-window": False, "mistral-window": False}  # fmt: skip
+             "kimi-linear": True, "gemma3-window": False, "mistral-window": False, "zamba2": True,
+             "gemma4": False}  # fmt: skip
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True)
 
 

@@ -225,6 +225,6 @@ SPEC = MixerSpec(
     shard=_shard,
     slice=lambda cfg, leaf, t, rank, world: None,
     is_plan_safe=True,
-    chains_rows=False,  # speculation's rows through it are not tested: drafts go the way of a kind without
+    chains_rows=True,  # its keys and values are written before any row attends, as attention's
     graph_windows=None,
 )
