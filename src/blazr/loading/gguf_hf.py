@@ -240,9 +240,9 @@ ARCHES: dict[str, _Arch] = {
 # Qwen3-Next / Qwen3.5 (the converter's Qwen3NextModel, Qwen3_5TextModel): (1 + w) norms stored as 1 + w;
 # gated attention's q_proj rows [q_h; gate_h] as HF keeps them (NEOX rope: no permutation); the DeltaNet's
 # in_proj_qkv / in_proj_z / in_proj_b / in_proj_a as stored — Qwen3.5's value heads in llama.cpp's tiled order
-# (detection says so: detect/gguf.py) — and, for qwen3next, attn_qkv / attn_gate (the converter's split of
-# in_proj_qkvz) read under Qwen3.5's names, which blazr's Qwen3-Next names take as well (its interleaved
-# in_proj_ba stays one tensor, ssm_ba); A = −exp(A_log) back to A_log, conv1d [C, K] → [C, 1, K].
+# (detection says so: detect/gguf_hybrid.py) — and, for qwen3next, attn_qkv / attn_gate (the converter's
+# split of in_proj_qkvz) read under Qwen3.5's names, which blazr's Qwen3-Next names take as well (its
+# interleaved in_proj_ba stays one tensor, ssm_ba); A = −exp(A_log) back to A_log, conv1d [C, K] → [C, 1, K].
 _QWEN3_NEXT: list[_Rule] = [
     ("input_layernorm.weight", ("attn_norm.weight",), OFFSET),
     ("post_attention_layernorm.weight", ("post_attention_norm.weight",), OFFSET),
