@@ -116,7 +116,7 @@ def test_llama_cpp_agrees(made, monkeypatch):
     ref = Llama(str(made.gguf), logits_all=True, n_ctx=128, n_batch=128, n_threads=1, verbose=False, **f32)
     ref.eval(ids)
     theirs = torch.tensor(np.array(ref.scores[: len(ids)]))
-    as_gguf = detect_gguf._gpt_oss
+    as_gguf = detect_gguf._CONFIG_KEYS["gpt-oss"]
 
     def truncated(key, num_layers):
         raw = as_gguf(key, num_layers)

@@ -169,7 +169,7 @@ def build_qwen3_next(raw: Raw, shapes: Shapes, arch: str) -> ModelConfig:
     norm = NormConfig("rms", eps, weight_offset=1.0)  # (1 + w)
     is_v_tiled = bool(
         raw.get("blazr_v_heads_tiled", False)
-    )  # a GGUF of llama.cpp's converter (detect/gguf.py)
+    )  # a GGUF of llama.cpp's converter (detect/gguf_hybrid.py)
     layers = []
     for i, kind in enumerate(kinds):
         p = f"{prefix}{i}."

@@ -6,6 +6,10 @@ the draft) — the same sampler, grammar, penalties and generator as without dra
 same (engine/speculative.py says why); the state of its recurrent layers is then put back to the kept
 position (the cache manager's `settle_drafts`).
 
+A request's admission — its checks, its sequences (each with its generator, grammar matcher, thinking
+counter and detokenizer) and its `SeqOutput`s — is engine/admission.py's; here: the request table, the
+scheduler, the step, speculative verification and failure containment.
+
 Synchronous and single-threaded: the offline API (`blazr.LLM`) drives it in a loop, and the server runs the
 same loop on its own thread (engine/async_engine.py). A request with n > 1 is prefilled once and forked
 into n sequences when its prompt is done.
@@ -25,37 +29,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
 
 from blazr.config import EngineConfig
+from blazr.engine.admission import Admission, RequestState
 from blazr.engine.cache_manager import CacheManager
-from blazr.engine.detokenizer import Detokenizer
 from blazr.engine.failures import MAX_CONSECUTIVE_FAILURES, EngineBrokenError, is_fatal
-from blazr.engine.grammar import GrammarCompiler
 from blazr.engine.outputs import SeqOutput, merge_outputs, score_prompt
 from blazr.engine.runner import ModelRunner, StepLogits
 from blazr.engine.sampling import SampleRequest, SampleResult, SamplingParams, sample
 from blazr.engine.scheduler import ScheduledBatch, Scheduler
-from blazr.engine.sequence import Sequence, Status, TokenLogprob
+from blazr.engine.sequence import Sequence, TokenLogprob
 from blazr.engine.speculative import ROW_COST_CHUNK, ROW_COST_PLAN, DraftSource, Speculator
-from blazr.engine.thinking import ThinkingCounter
 from blazr.errors import BlazrError
 from blazr.tokenizer import Tokenizer
 
 log = logging.getLogger("blazr.engine")
 T = TypeVar("T")
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence] = field(default_factory=list)
-    detoks: dict[int, Detokenizer] = field(default_factory=dict)  # seq_id → detokenizer
 
 
 class LLMEngine:
@@ -84,31 +76,17 @@ class LLMEngine:
         row_cost = ROW_COST_PLAN if on_plan else ROW_COST_CHUNK
         self.speculator = Speculator(spec, draft_source, row_cost) if spec is not None else None
         self.scheduler = Scheduler(cfg, self.cache, self.speculator)
-        self.requests: dict[str, _Request] = {}
-        self.eos_ids = frozenset(tokenizer.eos_token_ids)
-        self.grammars = GrammarCompiler(tokenizer, self.vocab_size)  # structured output: specs → matchers
+        self.requests: dict[str, RequestState] = {}
+        self.admission = Admission(runner, tokenizer, cfg)
+        self.grammars = self.admission.grammars  # structured output: specs → matchers
         self.num_consecutive_failures = 0  # failed forwards since the last successful one
 
     # --------------------------------------------------------------------------------------- requests
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise BlazrError for a request that can never run (the server maps it to HTTP 400)."""
-        if not prompt_ids:
-            raise BlazrError("the prompt is empty: at least one token is required")
-        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise BlazrError(f"prompt token id {bad[0]} is out of range [0, {self.vocab_size})")
-        limit = self.cfg.max_model_len
-        if len(prompt_ids) + params.max_tokens > limit:
-            raise BlazrError(
-                f"this model's maximum context length is {limit} tokens; the prompt has "
-                f"{len(prompt_ids)} tokens and max_tokens is {params.max_tokens} "
-                f"({len(prompt_ids) + params.max_tokens} in total)"
-            )
-        if params.structured is not None:
-            self.grammars.compile(params.structured)  # cached: add_request's matchers copy it
-        if params.pooling is not None and (params.n != 1 or self.runner.tp is not None):
-            raise BlazrError("an embedding request takes n = 1 and one rank (no tensor parallelism)")
+        """Raise BlazrError for a request that can never run (the server maps it to HTTP 400; the checks:
+        engine/admission.py)."""
+        self.admission.validate(prompt_ids, params)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.validate(prompt_ids, params)
@@ -116,30 +94,11 @@ class LLMEngine:
             raise BlazrError(f"duplicate request id {request_id}")
         if params.n > self.cfg.max_num_seqs:
             raise BlazrError(f"n={params.n} exceeds max_num_seqs={self.cfg.max_num_seqs}")
-        req = _Request(request_id, list(prompt_ids), params)
-        seq = self._new_sequence(req, 0)
+        req = RequestState(request_id, list(prompt_ids), params)
+        seq = self.admission.new_sequence(req, 0)
         seq.fork_pending = params.n - 1
         self.requests[request_id] = req
         self.scheduler.add(seq)
-
-    def _new_sequence(self, req: _Request, index: int, parent: Sequence | None = None) -> Sequence:
-        params = req.params
-        seq = Sequence(req.request_id, index, req.prompt_ids, params, self.eos_ids)
-        if params.seed is not None and not params.is_greedy:
-            seq.generator = torch.Generator(device="cpu").manual_seed(params.seed + index)
-        if parent is not None and parent.grammar is not None:  # a sample of n > 1: its own copy
-            seq.grammar = parent.grammar.fork()
-        elif params.structured is not None:
-            seq.grammar = self.grammars.matcher(params.structured, seq.stop_ids)
-        if params.thinking is not None:
-            seq.thinking = ThinkingCounter.build(params.thinking, self.tokenizer)
-        req.seqs.append(seq)
-        req.detoks[seq.seq_id] = Detokenizer(
-            self.tokenizer.stream(skip_special=params.skip_special_tokens),
-            params.stop,
-            params.include_stop_str_in_output,
-        )
-        return seq
 
     def abort_request(self, request_id: str) -> list[SeqOutput]:
         """Cancel a request: its sequences finish with reason "abort" and free their cache at once."""
@@ -151,7 +110,7 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
                 seq.grammar = None
-                outs.append(self._output(req, seq, [], "", []))
+                outs.append(req.output(seq, [], "", []))
         return outs
 
     def has_unfinished(self) -> bool:
@@ -220,7 +179,7 @@ class LLMEngine:
             if seq.seq_id in prompt_lps:
                 out.prompt_logprobs = prompt_lps[seq.seq_id]
             outputs.append(out)
-            if out.finished and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
+            if out.finished and all(s.is_finished for s in req.seqs) and not req.pending_fork():
                 self.requests.pop(req.request_id, None)
         if drafted:
             self._verify(step, drafted, outputs, now, starts)
@@ -268,7 +227,7 @@ class LLMEngine:
                     outputs.append(out)
                 else:
                     outputs[at] = merge_outputs(outputs[at], out)
-                if out.finished and all(s.is_finished for s in req.seqs) and not self._pending_fork(req):
+                if out.finished and all(s.is_finished for s in req.seqs) and not req.pending_fork():
                     self.requests.pop(req.request_id, None)
         for seq in drafted:
             d, m = len(seq.draft_ids), accepted[seq.seq_id]
@@ -291,7 +250,9 @@ class LLMEngine:
         self.runner.copy_states(self.cache.settle_drafts(seq, is_whole))
         seq.draft_ids = []
 
-    def _append(self, req: _Request, seq: Sequence, result: SampleResult, b: int, now: float) -> SeqOutput:
+    def _append(
+        self, req: RequestState, seq: Sequence, result: SampleResult, b: int, now: float
+    ) -> SeqOutput:
         """Add row `b` of `result` to `seq`: its token, logprobs, text, and whether it finished."""
         token = result.token_ids[b]
         seq.output_ids.append(token)
@@ -328,7 +289,7 @@ class LLMEngine:
                 text += detok.finish()
             self.scheduler.finish(seq, finish)
             seq.grammar = None
-        return self._output(req, seq, [token], text, lp)
+        return req.output(seq, [token], text, lp)
 
     def _pool(self, step: StepLogits, sched: ScheduledBatch, outputs: list[SeqOutput]) -> None:
         """Embedding requests: each chunk's pooled part added up; one whose prompt is done finishes with
@@ -351,7 +312,7 @@ class LLMEngine:
                 continue
             self.scheduler.finish(seq, "stop")
             seq.pooled = None
-            out = self._output(req, seq, [], "", [])
+            out = req.output(seq, [], "", [])
             out.embedding = vector
             outputs.append(out)
             self.requests.pop(req.request_id, None)
@@ -377,7 +338,7 @@ class LLMEngine:
         self.scheduler.quarantine(sched)
         return []
 
-    def _fail(self, req: _Request, error: BaseException, stage: str) -> list[SeqOutput]:
+    def _fail(self, req: RequestState, error: BaseException, stage: str) -> list[SeqOutput]:
         """Finish every sequence of `req` with reason "error"; log the traceback under its request id."""
         log.error("request %s failed in %s", req.request_id, stage, exc_info=error)
         self.requests.pop(req.request_id, None)
@@ -386,7 +347,7 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "error")
                 seq.grammar = None
-                out = self._output(req, seq, [], "", [])
+                out = req.output(seq, [], "", [])
                 out.error = error
                 outs.append(out)
         for index in range(len(req.seqs), req.params.n):  # samples never forked from the parent
@@ -435,9 +396,6 @@ class LLMEngine:
             out.append((alone, 0))
         return out
 
-    def _pending_fork(self, req: _Request) -> bool:
-        return any(s.fork_pending for s in req.seqs)
-
     def _expand_forks(self, step: StepLogits, outputs: list[SeqOutput]) -> tuple[list[Sequence], list[int]]:
         """Sequences to sample and the logits row of each; n > 1 parents whose prefill just completed are
         forked here so that every child samples its own first token from the shared prompt logits."""
@@ -458,7 +416,9 @@ class LLMEngine:
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         req = self.requests[parent.request_id]
-        children = [self._new_sequence(req, len(req.seqs), parent) for _ in range(parent.fork_pending)]
+        children = [
+            self.admission.new_sequence(req, len(req.seqs), parent) for _ in range(parent.fork_pending)
+        ]
         fork = self.scheduler.fork(parent, children)
         self.runner.copy_blocks(fork.block_copies)
         self.runner.copy_states(fork.state_copies)
@@ -482,24 +442,6 @@ class LLMEngine:
             if seq.params.prompt_logprobs is not None and not seq.output_ids:
                 done[seq.seq_id] = seq.prompt_logprobs or [None]
         return done
-
-    def _output(
-        self, req: _Request, seq: Sequence, token_ids: list[int], text: str, lps: list[TokenLogprob]
-    ) -> SeqOutput:
-        return SeqOutput(
-            request_id=req.request_id,
-            index=seq.index,
-            token_ids=token_ids,
-            text=text,
-            logprobs=lps,
-            finished=seq.status is Status.FINISHED,
-            finish_reason=seq.finish_reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=len(seq.output_ids),
-            first_token_time=seq.first_token_time,
-            arrival_time=seq.arrival_time,
-            num_cached_tokens=seq.num_cached_tokens,
-        )
 
     # ------------------------------------------------------------------------------------------ stats
 

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from blazr.errors import BlazrError
-from blazr.server.schemas import ErrorInfo, ErrorResponse
+from blazr.server.schemas_server import ErrorInfo, ErrorResponse
 
 log = logging.getLogger("blazr.server")
 

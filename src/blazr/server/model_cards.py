@@ -11,7 +11,7 @@ from typing import Any
 
 from blazr.server import ollama_api
 from blazr.server.model_pool import ModelPool, PoolEntry
-from blazr.server.schemas import ModelCard, ModelList, ModelStatus
+from blazr.server.schemas_server import ModelCard, ModelList, ModelStatus
 
 NEVER = "2318-06-17T00:00:00Z"  # Ollama's expires_at of a model kept loaded for ever (keep_alive -1)
 

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from blazr.server.schemas import ErrorResponse
+from blazr.server.schemas_server import ErrorResponse
 
 _REF = "#/components/schemas/{model}"
 _DESCRIPTIONS = {

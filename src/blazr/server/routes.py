@@ -41,6 +41,15 @@ from blazr.server.schemas import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+)
+from blazr.server.schemas_responses import (
+    InputTokensRequest,
+    InputTokensResponse,
+    ResponseDeleted,
+    ResponseObject,
+    ResponsesRequest,
+)
+from blazr.server.schemas_server import (
     DetokenizeRequest,
     DetokenizeResponse,
     HealthStatus,
@@ -50,13 +59,6 @@ from blazr.server.schemas import (
     TokenizeRequest,
     TokenizeResponse,
     VersionInfo,
-)
-from blazr.server.schemas_responses import (
-    InputTokensRequest,
-    InputTokensResponse,
-    ResponseDeleted,
-    ResponseObject,
-    ResponsesRequest,
 )
 from blazr.server.serving import Serving
 from blazr.server.state import ServerState

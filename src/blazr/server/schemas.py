@@ -1,4 +1,5 @@
-"""Pydantic shapes of the OpenAI API as blazr serves it: requests in, responses and stream chunks out.
+"""Pydantic shapes of OpenAI's completions and chat completions APIs as blazr serves them: requests in,
+responses and stream chunks out.
 
 Requests validate strictly (a string where a number belongs is a 400, not a coercion; NaN and Infinity are
 refused) and **refuse unknown fields**: a field blazr does not honour is a 400 that names it, never silently
@@ -25,6 +26,11 @@ Limits are part of the schema (and so of /openapi.json): temperature in OpenAI's
 
 Defaults (OpenAI's, not blazr's SamplingParams'): temperature 1, top_p 1, top_k off; max_tokens 16 for
 completions, the rest of the context for chat.
+
+The endpoints around generation (/tokenize, /detokenize, /v1/models, /health, /version) and the error body
+have their shapes in schemas_server.py; the other APIs' in schemas_responses.py, schemas_anthropic.py,
+schemas_ollama.py and embeddings.py, built on this module's `RequestModel` / `ResponseModel`, limits and
+field types.
 """
 
 from __future__ import annotations
@@ -256,29 +262,6 @@ class ChatCompletionRequest(SamplingFields, ChatPromptFields):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
 
 
-class TokenizeRequest(_Request):
-    """POST /tokenize (vLLM's shape), a text prompt: the ids /v1/completions would prefill for it."""
-
-    model: str | None = None
-    prompt: str
-    add_special_tokens: bool = True  # False: no BOS (control tokens written in the text still count)
-    return_token_strs: bool = False
-
-
-class TokenizeChatRequest(ChatPromptFields):
-    """POST /tokenize with `messages`: the ids /v1/chat/completions would prefill for the conversation."""
-
-    model: str | None = None
-    return_token_strs: bool = False
-
-
-class DetokenizeRequest(_Request):
-    """POST /detokenize: the text of token ids (control tokens included, as vLLM's)."""
-
-    model: str | None = None
-    tokens: list[TokenId]
-
-
 # ------------------------------------------------------------------------------------------ responses
 
 
@@ -459,59 +442,3 @@ class CompletionChunk(_Response):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
-
-
-class TokenizeResponse(_Response):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: list[str] | None = None  # each token's text (a partial UTF-8 character as U+FFFD)
-
-
-class DetokenizeResponse(_Response):
-    prompt: str
-
-
-class ModelStatus(_Response):
-    """A multi-model server's state of a model (as llama-server's router: `{"value": "loaded"}`)."""
-
-    value: Literal["unloaded", "loading", "loaded", "sleeping", "failed"]
-    error: str | None = None  # why `failed`, one line
-    load_seconds: float | None = None  # its last load
-
-
-class ModelCard(_Response):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "blazr"
-    root: str | None = None
-    max_model_len: int | None = None
-    status: ModelStatus | None = None  # multi-model servers only
-
-
-class ModelList(_Response):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorInfo(_Response):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(_Response):
-    error: ErrorInfo
-
-
-class HealthStatus(_Response):
-    """GET /health: `ok` (200); `loading`, `draining` or `error` (503, with a one-line reason)."""
-
-    status: Literal["ok", "loading", "draining", "error"]
-    error: str | None = None
-
-
-class VersionInfo(_Response):
-    version: str

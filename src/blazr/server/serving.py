@@ -41,7 +41,7 @@ from blazr.server.conversation import Conversation
 from blazr.server.errors import APIError, bad_request
 from blazr.server.request_in import shorten
 from blazr.server.response_store import ResponseStore
-from blazr.server.schemas import ModelCard, ModelList
+from blazr.server.schemas_server import ModelCard, ModelList
 from blazr.tokenizer import Tokenizer
 
 log = logging.getLogger("blazr.server")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from blazr.server import request_in
 from blazr.server.conversation import Conversation
 from blazr.server.errors import bad_request
-from blazr.server.schemas import (
+from blazr.server.schemas_server import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,
