@@ -6,7 +6,7 @@ decode step) with one C call.
 
 `build.py` compiles `csrc/*.c` for the host (cached, `BLAZR_KERNELS=0` disables it); `quant.py` holds the
 weight formats (ggml block layouts); `bindings.py` (+ `bindings_mamba2.py`) the ctypes bindings,
-`calls.py` how a call's arguments travel and the recorded `KernelPlan`, `reference.py` the torch
+`calls.py` how a call's arguments travel and the recorded `KernelPlan`, `reference*.py` the torch
 references and `ops.py` the dispatch between them; `capture.py` records a torch function made of kernel
 calls (the model's decode step) as a plan. Model code calls the functions re-exported here; they fall
 back to the references when the library is unavailable.

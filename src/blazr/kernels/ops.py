@@ -1,5 +1,6 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
-(`reference.py`, `reference_conv.py`, `reference_mamba1.py`, `reference_sample.py`); both are re-exported
+(`reference.py`, `reference_conv.py`, `reference_deltanet.py`, `reference_kda.py`, `reference_mamba1.py`,
+`reference_mamba2.py`, `reference_moe_mla.py`, `reference_sample.py`); both are re-exported
 here, so every `op` has its `op_reference` beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `softcap`, `linear`, `rms_norm`,
@@ -40,21 +41,12 @@ from blazr.kernels.reference import (
     gated_rms_norm_reference,
     int8_dot_reference,
     kv_write_reference,
-    linear_heads_reference,
     linear_reference,
-    mamba2_prefill_reference,
-    mamba2_step_reference,
-    mla_cache_write_reference,
-    mla_decode_reference,
-    moe_experts_reference,
-    moe_route_reference,
     paged_attention_decode_reference,
     quantize_act_reference,
     rms_norm_reference,
     rope_neox_reference,
     softcap_reference,
-    ssd_step_reference,
-    stacked_slice,
 )
 from blazr.kernels.reference_conv import causal_conv_prefill_reference, causal_conv_step_reference
 from blazr.kernels.reference_deltanet import (
@@ -70,6 +62,19 @@ from blazr.kernels.reference_mamba1 import (
     mamba1_dt_bc_reference,
     mamba1_scan_prefill_reference,
     mamba1_scan_step_reference,
+)
+from blazr.kernels.reference_mamba2 import (
+    mamba2_prefill_reference,
+    mamba2_step_reference,
+    ssd_step_reference,
+)
+from blazr.kernels.reference_moe_mla import (
+    linear_heads_reference,
+    mla_cache_write_reference,
+    mla_decode_reference,
+    moe_experts_reference,
+    moe_route_reference,
+    stacked_slice,
 )
 from blazr.kernels.reference_sample import argmax_rows_reference, filtered_distribution, sample_rows_reference
 from blazr.kernels.row_table import RowTable
