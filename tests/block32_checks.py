@@ -11,7 +11,7 @@ import torch
 from blazr.kernels import ops, tuning
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import QuantizedWeight, dequantize, row_bytes
-from tests.test_kernels import EPILOGUES, _act_error_bound, _check_linear, _epilogue, _knob_values, gamma
+from tests.kernel_checks import EPILOGUES, _act_error_bound, _check_linear, _epilogue, _knob_values, gamma
 from tests.threads import intra_op_threads
 
 

@@ -100,7 +100,7 @@ def test_moe_experts_equal_the_linear_kernels(lib: ops.Kernels, kind: str, act: 
             want[t] += weights[t, j] * ys[(t, j)]
     assert torch.equal(got, want)
     ref = ops.moe_experts_reference(x, ids, weights, w_up, w_down, E, act, gated)
-    tol = 1e-5 if kind == "f32" else 0.05  # bf16 / 8-bit activation rounding (see test_kernels.py)
+    tol = 1e-5 if kind == "f32" else 0.05  # bf16 / 8-bit activation rounding (see kernel_checks.py)
     assert (got - ref).abs().max() <= tol * ref.abs().max()
 
 

@@ -36,7 +36,7 @@ from blazr.kernels.quant import (
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import assert_greedy_diverges_only_at_ties, assert_quantized_logits, full_logits
 from tests.hf_parity import prompts
-from tests.test_kernels import _check_linear, _epilogue, gamma
+from tests.kernel_checks import _check_linear, _epilogue, gamma
 
 GGML = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationType.Q5_K,
         "q6_k": gguf.GGMLQuantizationType.Q6_K}  # fmt: skip

@@ -6,7 +6,7 @@ this CPU runs (tests/conftest.py's `lib`):
   giving transformers' values;
 - the linear kernel equals the exact emulation of its integer algorithm (`int8_dot_reference`) to fp32
   rounding, and the float reference (dequantized weight · x) within the 8-bit activation rounding bound
-  of test_kernels.py — decode tiles and the packed prefill path, epilogues, a row table, groups whose scales
+  of kernel_checks.py — decode tiles and the packed prefill path, epilogues, a row table, groups whose scales
   are no float16 (the tiles then) —, the same bits on every build, and a row's bits never depending on its
   batch;
 - held at 17 bytes per 32 values (4.25 bits).

@@ -324,7 +324,7 @@ def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypat
     """A prefill cut at snapshot points runs the C kernel (Mamba2's scan segment by segment, DeltaNet's with
     its chunks cut there), never the torch reference (Mamba2's did once: the segments were gathered into two
     buffers the kernel refuses, and the fallback was silent — 20x slower)."""
-    from blazr.kernels import ops
+    from blazr.kernels import ops_recurrent  # where mamba2_prefill / deltanet_prefill find their references
     from blazr.kernels.build import available
 
     if not available():
@@ -334,7 +334,7 @@ def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypat
     def refuse(*args, **kwargs):
         raise AssertionError(f"{reference} ran: the kernel was not taken")
 
-    monkeypatch.setattr(ops, reference, refuse)
+    monkeypatch.setattr(ops_recurrent, reference, refuse)
     got = run(llm, [tokens(150, seed=80)])[0]  # saves at 32, 64, 96, 128 and 144: cuts inside the chunk
     assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4
 
@@ -346,12 +346,12 @@ def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypat
 def test_snapshots_inside_a_chunk_stay_on_the_kernels(checkpoints, monkeypatch, name, kernel):
     """The short conv's and Mamba1's prefills cut at snapshot points run their C kernels segment by
     segment, never the torch references."""
-    from blazr.kernels import ops
+    from blazr.kernels import ops_recurrent  # where the conv / Mamba1 prefills find their references
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"{kernel} fell back to the torch reference")
 
-    monkeypatch.setattr(ops, f"{kernel}_reference", refuse)
+    monkeypatch.setattr(ops_recurrent, f"{kernel}_reference", refuse)
     llm = load(checkpoints[name])
     got = run(llm, [tokens(150, seed=80)])[0]
     assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4

@@ -5,7 +5,7 @@ stored (kmix, csrc/linear_mix.c), against their references, on every ISA build t
 - its values are gguf-py's (`gguf.quants` Q5_0: d·((q | h << 4) − 16)), in torch, in C (csrc/dequantize.c)
   and in a token table's row lookups; gguf-py's quantizer reproduced byte for byte;
 - the linear kernel equals the exact emulation of its integer algorithm (`int8_dot_reference`) to fp32
-  rounding, and the float reference within the 8-bit activation rounding bound of test_kernels.py — decode
+  rounding, and the float reference within the 8-bit activation rounding bound of kernel_checks.py — decode
   tiles and the packed prefill path, epilogues, a row table —, the same bits on every build, and a row's
   bits never depending on its batch;
 - a fused weight of Q5_0, Q8_0 (q8_0g) and K-quant parts gives each part's rows exactly as that part alone

@@ -1,6 +1,7 @@
 """Host tuning of the C kernels (kernels/tuning.py): measured once per CPU model and library build, cached,
 read back at later loads; off and forced on request; a damaged or foreign file measured anew. (That every
-value of every knob gives the same bits is test_kernels.py's test_tuning_knobs_change_no_bit.)"""
+value of every knob gives the same bits is test_kernels_linear_threads.py's
+test_tuning_knobs_change_no_bit.)"""
 
 from __future__ import annotations
 

@@ -6,10 +6,11 @@ decode step) with one C call.
 
 `build.py` compiles `csrc/*.c` for the host (cached, `BLAZR_KERNELS=0` disables it); `quant.py` holds the
 weight formats (ggml block layouts); `bindings.py` (+ `bindings_mamba2.py`) the ctypes bindings,
-`calls.py` how a call's arguments travel and the recorded `KernelPlan`, `reference.py` the torch
-references and `ops.py` the dispatch between them; `capture.py` records a torch function made of kernel
-calls (the model's decode step) as a plan. Model code calls the functions re-exported here; they fall
-back to the references when the library is unavailable.
+`calls.py` how a call's arguments travel and the recorded `KernelPlan`, `reference*.py` the torch
+references and `ops.py` the dispatch between them (the one import point; `dispatch.py` holds the
+library state, `ops_recurrent.py` / `ops_moe_mla.py` the op families it re-exports); `capture.py` records
+a torch function made of kernel calls (the model's decode step) as a plan. Model code calls the functions
+re-exported here; they fall back to the references when the library is unavailable.
 
 The re-exports are resolved lazily (PEP 562), so `python -m blazr.kernels.build` runs without the package
 having imported its own submodule first.

@@ -10,7 +10,8 @@ import torch
 from blazr.kernels.calls import _F32, UnsupportedInput, _f32_ptr, _i64_ptr
 from blazr.kernels.formats import ELEMENT_CODES
 from blazr.kernels.quant import QuantizedWeight
-from blazr.kernels.reference import ACTIVATIONS, head_stride
+from blazr.kernels.reference import ACTIVATIONS
+from blazr.kernels.reference_moe_mla import head_stride
 
 _OP_MOE_ROUTE, _OP_MOE_EXPERTS, _OP_MLA_CACHE_WRITE, _OP_MLA_DECODE = 14, 15, 16, 17  # blazr_kernels.h
 _OP_LINEAR_HEADS = 20

@@ -1,6 +1,11 @@
 """Plain-torch references of the kernel operations — the readable definition each C kernel is tested
 against, and the path blazr takes when the library is unavailable (`BLAZR_KERNELS=0`, no compiler) or an
 input is unsupported. Same signatures as the dispatching functions in `ops.py`, which re-exports them.
+This file holds the linear, norm, embedding, elementwise / activation, RoPE and attention references; the
+other families have their own: `reference_mamba2.py` (SSD step, Mamba2 decode step and prefill),
+`reference_moe_mla.py` (MoE router and experts, MLA cache write and decode, per-head linear),
+`reference_conv.py`, `reference_deltanet.py`, `reference_kda.py`, `reference_mamba1.py`,
+`reference_sample.py`.
 
 `int8_dot_reference` additionally emulates the block-quantized linear kernel's integer algorithm in exact
 arithmetic (its test oracle); `quantize_act_reference` is that kernel's activation quantization.
@@ -18,18 +23,14 @@ import torch.nn.functional as F
 
 from blazr.kernels.kquant import quantize_q8_k
 from blazr.kernels.quant import (
-    BLOCK_BYTES,
     KMIX,
     QK,
     QK_K,
-    ROW_GROUP,
     QuantizedWeight,
     block_fields,
     dequantize,
 )
-from blazr.kernels.reference_conv import rows_in_order
 from blazr.kernels.row_table import RowTable
-from blazr.model.ssd import ssd_chunked
 
 
 def linear_out_features(qw: QuantizedWeight, swiglu: bool) -> int:
@@ -281,267 +282,3 @@ def kv_write_reference(
     """k_pool[slot_mapping[t]] = k[t], v_pool[slot_mapping[t]] = v[t] (cast to the pools' dtype)."""
     k_pool.index_copy_(0, slot_mapping, k.to(k_pool.dtype))
     v_pool.index_copy_(0, slot_mapping, v.to(v_pool.dtype))
-
-
-def ssd_step_reference(
-    state: torch.Tensor,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SSD token for a batch of sequences: state [B, H, P, N]; x [B, H, P]; dt [B, H]; A [H]; B, C
-    [B, G, N] (head h reads group h // (H / G)). Returns y [B, H, P] and the new state [B, H, P, N]
-    (float32; the input state is not modified): h' = exp(dt·A)·h + dt·x ⊗ B, y = h'·C."""
-    Bsz, H, P = x.shape
-    G, N = B.shape[1], B.shape[2]
-    f32 = torch.float32
-    dt = dt.to(f32)
-    decay = torch.exp(dt * A.to(f32))[:, :, None, None]  # [B, H, 1, 1]
-    Bh = B.to(f32)[:, :, None, :].expand(Bsz, G, H // G, N).reshape(Bsz, H, 1, N)  # group → its heads
-    Ch = C.to(f32)[:, :, None, :].expand(Bsz, G, H // G, N).reshape(Bsz * H, N, 1)
-    new_state = decay * state.to(f32) + (x.to(f32) * dt[..., None])[..., None] * Bh  # [B, H, P, N]
-    y = torch.bmm(new_state.view(Bsz * H, P, N), Ch)  # [B·H, P, 1]
-    return y.view(Bsz, H, P), new_state
-
-
-def mamba2_step_reference(
-    xbc: torch.Tensor,
-    dt_raw: torch.Tensor,
-    slots: torch.Tensor,
-    conv_weight: torch.Tensor,
-    conv_bias: torch.Tensor | None,
-    conv_state: torch.Tensor,
-    dt_bias: torch.Tensor,
-    A_log: torch.Tensor,
-    D: torch.Tensor,
-    ssm_state: torch.Tensor,
-    n_groups: int,
-    dt_min: float,
-    dt_max: float,
-) -> torch.Tensor:
-    """One Mamba2 decode token for B sequences (see csrc/mamba2.c): xbc [B, Cd] pre-conv [x | B | C];
-    dt_raw [B, H]; slots [B]; conv_weight [Cd, K] (+ conv_bias [Cd]); conv_state [S, Cd, K-1] and ssm_state
-    [S, H, P, N] advanced in place at `slots`; dt_bias, A_log (A = −exp(A_log)), D [H]. Returns y [B, H, P]
-    float32 = SSM output + D·x. The conv's K taps accumulate in float32, then round to the weights' dtype for
-    SiLU (as HF's decode); dt = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) and the scan in float32.
-    Rows that share a slot run in row order (a sequence's consecutive tokens: each one's state follows)."""
-    Bsz, H = dt_raw.shape
-    rest = (conv_weight, conv_bias, conv_state, dt_bias, A_log, D, ssm_state, n_groups, dt_min, dt_max)
-    if (y := rows_in_order(mamba2_step_reference, (xbc, dt_raw), slots, rest)) is not None:
-        return y
-    P, N = ssm_state.shape[2:]
-    GN = n_groups * N
-    window = torch.cat([conv_state.index_select(0, slots), xbc[:, :, None].to(conv_state.dtype)], dim=-1)
-    conv_state.index_copy_(0, slots, window[:, :, 1:])  # drop the oldest column
-    conv = (window.float() * conv_weight.float()).sum(-1)  # [B, Cd]
-    if conv_bias is not None:
-        conv = conv + conv_bias.float()
-    u = F.silu(conv.to(conv_weight.dtype)).float()
-    x, Bm, Cm = u.split([H * P, GN, GN], dim=-1)
-    x = x.reshape(Bsz, H, P)
-    dt = F.softplus(dt_raw.float() + dt_bias.float()).clamp(dt_min, dt_max)
-    y, new = ssd_step_reference(
-        ssm_state.index_select(0, slots),
-        x,
-        dt,
-        -torch.exp(A_log.float()),
-        Bm.reshape(Bsz, n_groups, N),
-        Cm.reshape(Bsz, n_groups, N),
-    )
-    ssm_state.index_copy_(0, slots, new.to(ssm_state.dtype))
-    return y + x * D.float()[:, None]
-
-
-def mamba2_prefill_reference(
-    xbc: torch.Tensor,
-    dt_raw: torch.Tensor,
-    query_lens: Sequence[int],
-    slots: torch.Tensor,
-    fresh: Sequence[bool],
-    conv_weight: torch.Tensor,
-    conv_bias: torch.Tensor | None,
-    conv_state: torch.Tensor,
-    dt_bias: torch.Tensor,
-    A_log: torch.Tensor,
-    D: torch.Tensor,
-    ssm_state: torch.Tensor,
-    n_groups: int,
-    dt_min: float,
-    dt_max: float,
-) -> torch.Tensor:
-    """The prefill of one Mamba2 layer for B sequences (see csrc/mamba2.c): sequence b owns the next
-    query_lens[b] rows of xbc [T, Cd] (pre-conv [x | B | C]) and dt_raw [T, H], and state slot slots[b] of
-    conv_state [S, Cd, K-1] / ssm_state [S, H, P, N], starting from zeros when fresh[b] (else continuing
-    from the slot's states) and leaving its final states there. Returns y [T, H, P] float32 = SSM output +
-    D·x. Per sequence: the causal conv + SiLU in the weights' dtype (as HF), then the chunked SSD scan
-    (`blazr.model.ssd.ssd_chunked`, float32) in chunks of 256."""
-    T, H = dt_raw.shape
-    P, N = ssm_state.shape[2:]
-    K, GN = conv_weight.shape[-1], n_groups * N
-    w = conv_weight.reshape(-1, 1, K)
-    A = -torch.exp(A_log.float())
-    dt = F.softplus(dt_raw.float() + dt_bias.float()).clamp(dt_min, dt_max)  # [T, H]
-    y = torch.empty(T, H, P, dtype=torch.float32, device=xbc.device)
-    start = 0
-    for b, n in enumerate(query_lens):
-        rows, slot = slice(start, start + n), slots[b : b + 1]
-        start += n
-        cols = xbc[rows].t()  # [Cd, n]
-        if fresh[b]:
-            window = F.pad(cols, (K - 1, 0))  # zero left context
-        else:
-            window = torch.cat([conv_state.index_select(0, slot)[0].to(cols.dtype), cols], dim=-1)
-        u = F.silu(F.conv1d(window[None].to(w.dtype), w, conv_bias, groups=w.shape[0]))[0].t()  # [n, Cd]
-        x, Bm, Cm = u.float().split([H * P, GN, GN], dim=-1)
-        x = x.reshape(n, H, P)
-        ssm0 = None if fresh[b] else ssm_state.index_select(0, slot).float()
-        Bm, Cm = Bm.reshape(1, n, n_groups, N), Cm.reshape(1, n, n_groups, N)
-        ys, ssm1 = ssd_chunked(x[None], dt[rows][None], A, Bm, Cm, 256, ssm0)
-        y[rows] = ys[0] + x * D.float()[:, None]
-        conv_state.index_copy_(0, slot, window[None, :, window.shape[1] - (K - 1) :].to(conv_state.dtype))
-        ssm_state.index_copy_(0, slot, ssm1.to(ssm_state.dtype))
-    return y
-
-
-def stacked_slice(qw: QuantizedWeight, e: int, num: int) -> QuantizedWeight:
-    """Expert e's rows of a stacked weight (`num` experts' [N, K] weights one after another, [num·N, K]),
-    as a view. Every expert must start on a whole first dimension of `data` (block kinds: N a multiple of
-    the row group)."""
-    rows, per = qw.out_features // num, qw.data.shape[0] // num
-    if qw.out_features % num or qw.data.shape[0] % num:
-        raise ValueError(f"stacked weight [{qw.out_features}, {qw.in_features}] does not split into {num}")
-    return QuantizedWeight(qw.kind, qw.data[e * per : (e + 1) * per], rows, qw.in_features)
-
-
-def moe_route_reference(
-    logits: torch.Tensor,
-    bias: torch.Tensor | None,
-    sigmoid: bool,
-    num_groups: int,
-    topk_groups: int,
-    group_top2: bool,
-    top_k: int,
-    renorm: bool,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits [T, E] → (weights [T, k] fp32, ids [T, k] int64): scores = softmax or sigmoid; choice =
-    scores (+ bias, selection only); group-limited when num_groups > 1 (keep the topk_groups groups with the
-    best max, or top-two sum when group_top2, choose inside them); ids = top-k of choice; weights = the
-    scores of ids, renormalised over the k when `renorm`, times `scale` (see model/moe.py)."""
-    logits = logits.float()
-    scores = logits.sigmoid() if sigmoid else logits.softmax(dim=-1)
-    choice = scores + bias.float() if bias is not None else scores
-    if num_groups > 1:
-        grouped = choice.unflatten(-1, (num_groups, -1))  # [T, G, E/G]
-        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1) if group_top2 else grouped.amax(dim=-1)
-        keep = group_scores.topk(topk_groups, dim=-1).indices  # [T, topk_groups]
-        is_kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
-        choice = grouped.masked_fill(~is_kept[..., None], float("-inf")).flatten(1)
-    ids = choice.topk(top_k, dim=-1).indices  # [T, k]
-    weights = scores.gather(1, ids)
-    if renorm:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    if scale != 1.0:
-        weights = weights * scale
-    return weights, ids
-
-
-def moe_experts_reference(
-    x: torch.Tensor,
-    ids: torch.Tensor,
-    weights: torch.Tensor,
-    w_up: QuantizedWeight,
-    w_down: QuantizedWeight,
-    num_experts: int,
-    activation: str,
-    gated: bool,
-    *,
-    up_bias: torch.Tensor | None = None,
-    down_bias: torch.Tensor | None = None,
-    swiglu_alpha: float = 1.702,
-    swiglu_limit: float = 7.0,
-) -> torch.Tensor:
-    """Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]) → [T, D] fp32, each expert MLP = act(x · W_upᵀ + b_up)
-    (gated: act(gate) · up of the [gate; up] halves; swiglu_oai: GPT-OSS's clamped unit) · W_downᵀ + b_down
-    with its rows of the stacked w_up [E·N, D] / w_down [E·D, I] (see stacked_slice) and of the optional
-    biases up_bias [E, N] / down_bias [E, D]; only the chosen experts are dequantized."""
-    out = torch.zeros(x.shape, dtype=torch.float32)
-    for e in ids.unique().tolist():
-        t, j = (ids == e).nonzero(as_tuple=True)
-        h = linear_reference(x[t].float(), stacked_slice(w_up, e, num_experts))
-        if up_bias is not None:
-            h = h + up_bias[e].float()
-        a = activation_reference(h, activation, gated, swiglu_alpha, swiglu_limit)
-        y = linear_reference(a, stacked_slice(w_down, e, num_experts))
-        if down_bias is not None:
-            y = y + down_bias[e].float()
-        out.index_add_(0, t, y * weights[t, j, None].float())
-    return out
-
-
-def mla_cache_write_reference(
-    kv: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    eps: float,
-    positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    slots: torch.Tensor,
-    pool: torch.Tensor,
-) -> None:
-    """MLA's new latent rows: kv [T, L + R] (the kv_a projection; rows may be strided) → pool[slots[t]] =
-    [RMSNorm(c_kv) | rotated k_rope] in the pool's dtype (no norm weight: c_kv as is; NeoX half-split
-    rotation by rows `positions` of cos / sin [P, R/2])."""
-    R = 2 * cos.shape[1]
-    c, k_rope = kv[:, :-R].float(), kv[:, -R:].float().clone()
-    if norm_weight is not None:
-        c = norm_weight * (c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps))
-    rope_neox_reference(k_rope.unsqueeze(1), positions, cos, sin, R)
-    pool.index_copy_(0, slots, torch.cat((c, k_rope), dim=-1).to(pool.dtype))
-
-
-def mla_decode_reference(
-    q_lat: torch.Tensor,
-    q_rope: torch.Tensor,
-    pool: torch.Tensor,
-    kv_indices: torch.Tensor,
-    seq_lens: torch.Tensor | Sequence[int],
-    scale: float,
-) -> torch.Tensor:
-    """Absorbed MLA decode attention, one query per sequence: q_lat [B, H, L] (q_nope · W_UK) and q_rope
-    [B, H, R] over the latent rows pool[kv_indices[b, :seq_lens[b]]] ([S, L + R]: c_kv | k_rope) → the
-    latent-space output [B, H, L] fp32 (no keys → zeros): p = softmax(scale · (q_lat · c_kv + q_rope ·
-    k_rope)); out = p · c_kv."""
-    B, H, L = q_lat.shape
-    out = torch.zeros(B, H, L, dtype=torch.float32)
-    for b in range(B):
-        n = int(seq_lens[b])
-        if n == 0:
-            continue
-        lat = pool[kv_indices[b, :n]].float()  # [n, L + R]
-        s = (q_lat[b].float() @ lat[:, :L].T + q_rope[b].float() @ lat[:, L:].T) * scale  # [H, n]
-        out[b] = s.softmax(-1) @ lat[:, :L]
-    return out
-
-
-def head_stride(qw: QuantizedWeight, heads: int) -> int:
-    """Bytes from one head's part to the next of a weight that stacks `heads` equal [N / heads, K] parts
-    (MLA's per-head W_UKᵀ / W_UV); ValueError when its rows do not split into whole heads (a packed block
-    kind needs whole 16-row groups per head; a kmix weight's segments never split)."""
-    n = qw.out_features // heads if heads > 0 else 0
-    if heads <= 0 or qw.out_features % heads or qw.kind == KMIX or (qw.kind in BLOCK_BYTES and n % ROW_GROUP):
-        raise ValueError(
-            f"a {qw.kind} weight of {qw.out_features} rows does not split into {heads} heads"
-            + (f" of whole {ROW_GROUP}-row groups" if qw.kind in BLOCK_BYTES else "")
-        )
-    return qw.nbytes // heads
-
-
-def linear_heads_reference(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
-    """Per-head projections: x [B, H, K] and w stacking H weights [N, K] ([H·N, K]) → out [B, H, N] with
-    out[b, h] = x[b, h] · W_hᵀ (fp32 with the dequantized weight, x rounded as `linear_reference` does)."""
-    H, K = x.shape[1:]
-    head_stride(w, H)
-    return torch.einsum("bhk,hnk->bhn", _kernel_input(x, w), dequantize(w).view(H, -1, K))
