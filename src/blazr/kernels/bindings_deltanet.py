@@ -183,9 +183,7 @@ class DeltaNetBindings:
             raise ValueError(
                 f"copy_rows: x and out [M, N] expected, found {list(x.shape)}, {list(out.shape)}"
             )
-        for t in (x, out):
-            if t.dtype is not _F32 or not t.is_cpu or (t.shape[1] > 1 and t.stride(1) != 1):
-                raise UnsupportedInput(f"copy_rows: expected fp32 CPU rows, found {t.dtype} on {t.device}")
+        _check_rows("copy_rows", x, out)
         a, addr = self._args()
         a.op = _OP_COPY_ROWS
         a.i[0:6] = (x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr(), out.stride(0))
@@ -202,9 +200,7 @@ class DeltaNetBindings:
         ):
             found = f"{list(x.shape)}, {list(gate.shape)}"
             raise ValueError(f"{name}: x [M, N] and gate [M, N] or [M, 1], found {found}")
-        for t in (x, gate):
-            if t.dtype is not _F32 or not t.is_cpu or (t.shape[1] > 1 and t.stride(1) != 1):
-                raise UnsupportedInput(f"{name}: expected fp32 CPU rows, found {t.dtype} on {t.device}")
+        _check_rows(name, x, gate)
         M, N = x.shape
         a, addr = self._args()
         a.op = op
@@ -220,3 +216,10 @@ class DeltaNetBindings:
         )
         self._run(a, addr, name, x, gate)
         return x
+
+
+def _check_rows(name: str, *tensors: torch.Tensor) -> None:
+    """UnsupportedInput unless every tensor [M, N] is fp32 CPU rows (each contiguous; rows may be strided)."""
+    for t in tensors:
+        if t.dtype is not _F32 or not t.is_cpu or (t.shape[1] > 1 and t.stride(1) != 1):
+            raise UnsupportedInput(f"{name}: expected fp32 CPU rows, found {t.dtype} on {t.device}")

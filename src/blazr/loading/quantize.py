@@ -319,10 +319,10 @@ def per_layer_table(model: CausalLM, loader: WeightLoader, mode: str) -> str | N
     table = _stored_table(loader, pname, shape) if mode == "auto" else None
     if table is None and mode in _TABLE_KIND and (_TABLE_KIND[mode] == "bf16" or shape[1] % QK == 0):
         table = _quantized_table(loader, pname, shape, _TABLE_KIND[mode])
-    stored = loader.stored_dtype(pname, shape)
-    if table is None and stored in (torch.bfloat16, torch.float16):
-        data = loader.parameter(pname, shape, stored)
-        table = RowTable("bf16" if stored == torch.bfloat16 else "f16", data.view(torch.uint8), *shape)
+    stored = loader.stored_dtype(pname, shape) if table is None else None
+    if stored in (torch.bfloat16, torch.float16):
+        kind = next(k for k, dtype in FLOAT_KINDS.items() if dtype == stored)
+        table = RowTable(kind, loader.parameter(pname, shape, stored).view(torch.uint8), *shape)
     if table is None:
         return None
     pli.embed = QuantizedEmbedding(table)
