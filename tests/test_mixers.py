@@ -338,6 +338,17 @@ def test_snapshots_copy_every_state_tensor(kind, i):
         return
     cache.copy_state_slots([(0, 1)])
     assert cache.state and all(torch.equal(t[0], t[1]) for t in cache.state)
+    wide = ModelCache(mixers.cache_layout(cfg), 48, 12, torch.float32)
+    # a few pairs copy whole slots, more an indexed copy
+    for pairs in ([(0, 6), (1, 7)], [(0, 6), (1, 7), (2, 8), (3, 9), (4, 10), (5, 11)]):
+        for t in wide.state:
+            t.copy_(torch.randn_like(t))
+        before = [t.clone() for t in wide.state]
+        wide.copy_state_slots(pairs)
+        for t, b in zip(wide.state, before, strict=True):
+            want = b.clone()
+            want[[d for _, d in pairs]] = b[[s for s, _ in pairs]]
+            assert torch.equal(t, want)  # the destinations, and nothing else
     model, ids = _model(cfg), torch.randint(0, 64, (9,))
     model(ids, _prefill(9, saves=((0, 5, 2),)), cache)  # the state after 5 tokens → snapshot slot 2
     model(ids[:5], _prefill(5, slot=1), cache)  # those 5 tokens alone, in slot 1

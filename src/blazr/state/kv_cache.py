@@ -36,6 +36,11 @@ import torch
 
 from blazr.state.layout import CacheLayout, CacheTensor
 
+# Up to this many (src, dst) pairs a state copy runs as one whole-slot copy per tensor and pair (22 MB of
+# granite-4.0-h-350m state: 0.9 ms against 2.1 for the indexed copy, which a speculative step pays before
+# every verification); more pairs take one indexed copy per tensor (fewer calls).
+_FEW_PAIRS = 4
+
 
 class LayerCache(SimpleNamespace):
     """The cache tensors of one layer, as attributes named by its mixers' declarations (`CacheTensor.name`:
@@ -95,6 +100,11 @@ class ModelCache:
         """Copy recurrent state, slot src → slot dst for each pair (a fork, a snapshot saved or restored);
         no dst is also a src."""
         if not pairs:
+            return
+        if len(pairs) <= _FEW_PAIRS:
+            for t in self.state:
+                for s, d in pairs:
+                    t[d].copy_(t[s])
             return
         device = self.state[0].device
         src = torch.tensor([s for s, _ in pairs], device=device)
