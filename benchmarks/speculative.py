@@ -142,9 +142,33 @@ CHAT_PROMPTS = {  # SmolLM2-Instruct, through its chat template
     "Carol 45, Dave 38, Erin 29, Frank 52.",
     "free chat": "Tell me about the history of the Roman Empire.",
 }
+DOCUMENT = (  # ~330 tokens: longer than what a row generates, so the row measures copying throughout
+    "The river valley was settled late, long after the coastal towns had grown into busy ports. The first "
+    "farms appeared along the northern bank, where the soil was deep and the spring floods rarely reached. "
+    "Families cleared the oak woods by hand, built their houses from the timber, and planted wheat, barley "
+    "and flax in narrow strips that ran down to the water. A mill followed within a decade, and with it a "
+    "market that drew traders from three days away.\n\n"
+    "By the middle of the century the valley had a school, two churches and a bridge of dressed stone that "
+    "replaced the old ferry. The bridge changed everything. Carts could now cross in any season, and the "
+    "southern bank, once used only for grazing, filled with workshops: a tannery, a brickworks, a rope walk "
+    "and a small foundry that cast bells and cooking pots. The population doubled in twenty years.\n\n"
+    "Growth brought its own troubles. The tannery fouled the river below the bridge, and the fishermen who "
+    "had worked the lower reaches for generations took their complaints to the county court. After a long "
+    "dispute the court ordered the tannery to build settling ponds and to draw its water from a channel "
+    "above the town. The ruling was among the first of its kind in the region, and it is still cited by "
+    "historians of the early environmental law.\n\n"
+    "The railway arrived at the end of the century, following the river through the valley on its way to "
+    "the capital. Within a few years the mill had closed, the market had moved to the station square, and "
+    "the old bridge carried more walkers than carts. Today the valley is known for its orchards, its quiet "
+    "lanes and the museum that now fills the foundry's long brick hall."
+)
 BASE_PROMPTS = {  # Gemma 3 270M (base): a document, then its opening again
     "copy code": CODE + "\n# The same function, copied:\n" + CODE.split("\n")[0] + "\n",
-    "copy text": LOREM + "\n\nThe same paragraph, copied:\n" + " ".join(LOREM.split()[:6]),
+    "copy text": DOCUMENT + "\n\nThe same document, copied:\n\n" + " ".join(DOCUMENT.split()[:6]),
+    # ~45 tokens to copy, then the model's own text for the rest of the row ("copy text" in NOTES §47-§52)
+    "short paragraph, then free text": LOREM
+    + "\n\nThe same paragraph, copied:\n"
+    + " ".join(LOREM.split()[:6]),
 }
 
 
