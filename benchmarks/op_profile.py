@@ -1,6 +1,9 @@
 """Per-kernel-call time of one model's prefill and decode step on the CPU kernels (where the time goes).
 
-    python benchmarks/op_profile.py GGUF [--prompt-len 500] [--gen 16] [--threads 2] [--reps 20]
+    python benchmarks/op_profile.py MODEL [--quantize auto|none|int8|int4|bf16] [--prompt-len 500] [--gen 16]
+                                    [--threads 2] [--reps 20]
+
+MODEL: a GGUF file or a checkpoint directory (with --quantize as `blazr --quantize`).
 
 Prefill: the prompt's eager forward with every kernel call timed (`Kernels._run` wrapped: a call's wall time,
 keyed by name and, for linears, kind and M × K → N); the forward's time not inside a kernel call is shown as
@@ -29,7 +32,8 @@ def _key(name: str, args) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("gguf")
+    ap.add_argument("gguf", metavar="MODEL")
+    ap.add_argument("--quantize", default="auto")
     ap.add_argument("--prompt-len", type=int, default=500)
     ap.add_argument("--gen", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
@@ -41,8 +45,8 @@ def main() -> None:
     from blazr.kernels.calls import _Args
 
     llm = LLM(
-        args.gguf, cpu=True, quantize="auto", max_model_len=args.prompt_len + args.gen + 16, max_num_seqs=1,
-        max_num_batched_tokens=args.prompt_len, enable_prefix_caching=False,
+        args.gguf, cpu=True, quantize=args.quantize, max_model_len=args.prompt_len + args.gen + 16,
+        max_num_seqs=1, max_num_batched_tokens=args.prompt_len, enable_prefix_caching=False,
     )  # fmt: skip
     prompt = [(i * 7919) % 40000 + 100 for i in range(args.prompt_len)]
     sp = SamplingParams(temperature=0, max_tokens=args.gen, ignore_eos=True)
