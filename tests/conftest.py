@@ -4,7 +4,7 @@ the SIMD paths some x86-64 CPU selects, so one host runs what another host's bui
 portable scalar build), and `lib`, each distinct build in turn — the level whose paths equal native's runs
 as native. The run's summary lists the builds exercised and the paths this CPU cannot run. And, for
 every test, a quantization cache of the session's own (`--quantize` loads write and map their weights
-there, never in the user's ~/.cache)."""
+there, never in the user's ~/.cache), and llama.cpp's converter kept loaded between conversions."""
 
 from __future__ import annotations
 
@@ -37,6 +37,17 @@ def session_quant_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
             del os.environ[name]
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def converter_workers() -> Iterator[None]:
+    """GGUF fixtures convert tiny checkpoints in workers that import llama.cpp's converter once
+    (tests/llama_cpp_convert.py `KEEP_WORKERS`: the same files, ~0.7 s a conversion instead of ~3)."""
+    from tests import llama_cpp_convert
+
+    llama_cpp_convert.KEEP_WORKERS = True
+    yield
+    llama_cpp_convert.KEEP_WORKERS = False
 
 
 LEVELS = {level.name: level for level in build.runnable_levels()}

@@ -9,14 +9,17 @@ special tokens by name, added to SmolLM2's (`glm_tokenizer`)."""
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
+import queue
 import random
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 SDIST_DIR = Path(__file__).resolve().parent.parent / ".venv" / "llama-cpp-sdist"
@@ -86,15 +89,94 @@ def convert(
     for f in tokenizer_dir.iterdir() if tokenizer_dir is not None else ():
         shutil.copy(f, hf_dir / f.name)
     script = script or converter()
-    env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
-    cmd = [sys.executable, str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
+    args = [str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
     archs = json.loads((hf_dir / "config.json").read_text()).get("architectures") or []
     if any(a in NO_MTP for a in archs):
-        cmd.append("--no-mtp")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        args.append("--no-mtp")
+    rc, log = _run_converter(script, args)
+    if rc != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed ({rc}):\n{log}")
     return out
+
+
+# With KEEP_WORKERS (the test session sets it: tests/conftest.py) the converter runs in worker processes that
+# import it once (torch, transformers, gguf-py and its model classes: ~2.2 s of a tiny checkpoint's ~3 s
+# conversion) and then convert one request after another, each its `main()` under its own argv — the same
+# bytes as `python convert_hf_to_gguf.py ARGS`, without the start-up. A worker per concurrent caller (the
+# fixtures convert two at a time); they end with the process (their stdin closes). Otherwise (benchmarks:
+# checkpoints of gigabytes, whose freed memory a long-lived worker would keep) one process per conversion.
+KEEP_WORKERS = False
+_WORKER = r"""
+import contextlib, importlib.util, io, json, logging, sys, traceback
+script = sys.argv[1]
+sys.path.insert(0, str(__import__("pathlib").Path(script).parent))
+spec = importlib.util.spec_from_file_location("convert_hf_to_gguf", script)
+mod = importlib.util.module_from_spec(spec)
+sys.modules["convert_hf_to_gguf"] = mod
+spec.loader.exec_module(mod)
+out = sys.stdout
+for line in sys.stdin:
+    sys.argv = [script, *json.loads(line)]
+    log = io.StringIO()
+    root = logging.getLogger()
+    for handler in root.handlers[:]:  # main()'s basicConfig then logs to this run's log, not the first's
+        root.removeHandler(handler)
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            mod.main()
+        rc = 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc(file=log)
+        rc = 1
+    out.write(json.dumps({"rc": rc, "log": log.getvalue()[-3000:]}) + "\n")
+    out.flush()
+"""
+_idle: dict[Path, queue.SimpleQueue] = {}
+_workers: list[subprocess.Popen] = []
+_lock = threading.Lock()
+
+
+def _run_converter(script: Path, args: list[str]) -> tuple[int, str]:
+    """`convert_hf_to_gguf.py ARGS`: its exit status and the end of its log — with KEEP_WORKERS in an idle
+    worker of `script` (a new one when none is idle), else in a process of its own."""
+    env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
+    if not KEEP_WORKERS:
+        done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True)
+        return done.returncode, done.stderr[-3000:]
+    with _lock:
+        idle = _idle.setdefault(script, queue.SimpleQueue())
+    try:
+        worker = idle.get_nowait()
+    except queue.Empty:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(script)], env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        with _lock:
+            _workers.append(worker)
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write(json.dumps(args) + "\n")
+    worker.stdin.flush()
+    reply = worker.stdout.readline()
+    if not reply:  # the worker died (its import failed, or it crashed): not put back
+        return worker.wait(), "the converter's worker process ended without an answer"
+    idle.put(worker)
+    done = json.loads(reply)
+    return done["rc"], done["log"]
+
+
+@atexit.register
+def _stop_workers() -> None:
+    for worker in _workers:
+        if worker.stdin is not None:
+            worker.stdin.close()
+    for worker in _workers:
+        try:
+            worker.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
 
 
 def quantize(src: Path, out: Path, ftype: str) -> Path:
