@@ -138,13 +138,17 @@ _workers: list[subprocess.Popen] = []
 _lock = threading.Lock()
 
 
+def _run_alone(script: Path, args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True)
+    return done.returncode, done.stderr[-3000:]
+
+
 def _run_converter(script: Path, args: list[str]) -> tuple[int, str]:
     """`convert_hf_to_gguf.py ARGS`: its exit status and the end of its log — with KEEP_WORKERS in an idle
     worker of `script` (a new one when none is idle), else in a process of its own."""
     env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
     if not KEEP_WORKERS:
-        done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True)
-        return done.returncode, done.stderr[-3000:]
+        return _run_alone(script, args, env)
     with _lock:
         idle = _idle.setdefault(script, queue.SimpleQueue())
     try:
@@ -157,11 +161,16 @@ def _run_converter(script: Path, args: list[str]) -> tuple[int, str]:
         with _lock:
             _workers.append(worker)
     assert worker.stdin is not None and worker.stdout is not None
-    worker.stdin.write(json.dumps(args) + "\n")
-    worker.stdin.flush()
-    reply = worker.stdout.readline()
-    if not reply:  # the worker died (its import failed, or it crashed): not put back
-        return worker.wait(), "the converter's worker process ended without an answer"
+    try:
+        worker.stdin.write(json.dumps(args) + "\n")
+        worker.stdin.flush()
+        reply = worker.stdout.readline()
+    except BrokenPipeError:
+        reply = ""
+    if not reply:  # the worker died (its import failed, or it crashed): not put back; the script run alone
+        worker.kill()  # says why
+        rc, log = _run_alone(script, args, env)
+        return rc or 1, log
     idle.put(worker)
     done = json.loads(reply)
     return done["rc"], done["log"]
