@@ -6,6 +6,7 @@ fp32 reference, and the engine invariants on a quantized model."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
 from blazr.errors import BlazrError, UnsupportedError
+from blazr.kernels import formats
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
@@ -74,7 +76,9 @@ def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
 ) -> None:
     """A Q8_0 GGUF's linears (the tied head too) run as the file stores them (q8_0g): unfused tensors and the
     head are views of the file's map, no repack; and its logits — prompt rows on the kernels and cached
-    decode steps — equal bit for bit those of the same file loaded the way it was before, repacked to q8_0."""
+    decode steps — equal bit for bit those of the same file loaded the way it was before, repacked to q8_0,
+    once the stored head is put back on 8-bit activations: as stored it keeps x fp32 (`exact_x`,
+    tests/test_kernels_q8xf.py), which packed q8_0 does not offer."""
     state = tiny_state_dict(seed=5)
     del state["lm_head.weight"]
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, {**TINY, "tie_word_embeddings": True}, "Q8_0")
@@ -89,6 +93,11 @@ def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
         m.setattr("blazr.loading.stored.AS_STORED", {})
         packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
     assert {m.kind for m in quantized_layers(packed).values()} == {"q8_0"}
+    assert layers["lm_head"].exact_x and not quantized_layers(packed)["lm_head"].exact_x
+    with monkeypatch.context() as m:  # as stored, the head on 8-bit activations as packed q8_0's
+        m.setattr(formats, "of", lambda kind: replace(formats.BY_KIND[kind], exact_x=False))
+        stored = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
+    assert {m.kind for m in quantized_layers(stored).values()} == {"q8_0g"}
     batch = prompts([5, 12], seed=3, vocab=stored.config.vocab_size)
     for a, b in zip(full_logits(stored.runner, batch), full_logits(packed.runner, batch), strict=True):
         assert torch.equal(a, b)

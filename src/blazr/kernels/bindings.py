@@ -48,12 +48,13 @@ from blazr.kernels.quant import (
     QK,
     QuantizedWeight,
 )
-from blazr.kernels.reference import ACTIVATIONS, linear_out_features
+from blazr.kernels.reference import ACTIVATIONS, check_exact_x, linear_out_features
 from blazr.kernels.row_table import RowTable
 
 # Packed-call op codes and weight-kind codes (csrc/blazr_kernels.h).
 _ROWS_FLAG = 0x100  # BLZ_ROWS: the weight pointer is a row table (kernels/mapped.py)
 _GEMM_FLAG = 0x200  # BLZ_GEMM: f32 rows may take the panel GEMM (a prefill call)
+_XF32_FLAG = 0x400  # BLZ_XF32: x kept fp32 against Q8_0 as stored (csrc/linear_q8xf.c)
 _OP_LINEAR = {f.kind: f.op for f in FORMATS}  # the packed call's linear op of each weight kind
 _OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
@@ -173,8 +174,10 @@ class Kernels(
         swiglu: bool = False,
         out: torch.Tensor | None = None,
         prefill: bool = False,
+        exact_x: bool = False,
     ) -> torch.Tensor:
         K, N = qw.in_features, qw.out_features
+        check_exact_x(qw, exact_x)
         if x.shape[-1] != K:
             raise ValueError(f"linear: x has {x.shape[-1]} features, the weight {K}")
         xp = _f32_ptr(x, "linear x")
@@ -200,6 +203,7 @@ class Kernels(
             _f32_ptr(out, "out"),
         )
         flags = (0 if rows is None else _ROWS_FLAG) | (_GEMM_FLAG if prefill and qw.kind == "f32" else 0)
+        flags |= _XF32_FLAG if exact_x else 0
         a.i[0:11] = (
             _KIND_CODES[qw.kind] | flags,
             xp,

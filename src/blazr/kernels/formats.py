@@ -34,7 +34,8 @@ class WeightFormat:
     (None: not a table format); `ggml`: the GGML type whose values it holds; `as_stored`: a GGUF tensor of
     those values, kept as stored, runs as this kind (Q8_0 → q8_0g; the K-quants and 16-bit floats as
     themselves); `block` / `block_bytes`: values and bytes per block (a float kind: 1 and its element
-    size)."""
+    size); `exact_x`: its linear kernel also runs with x kept fp32 and each weight widened exactly
+    (blz_linear_q's BLZ_XF32 flag: an output head's form)."""
 
     kind: str
     layout: Layout
@@ -46,6 +47,7 @@ class WeightFormat:
     ggml: str | None = None
     as_stored: bool = False
     dtype: torch.dtype | None = None
+    exact_x: bool = False
 
     @property
     def c_name(self) -> str:
@@ -57,7 +59,7 @@ FORMATS: tuple[WeightFormat, ...] = (
     WeightFormat("q4_0", "packed", 32, 18, 0, OP_LINEAR_Q, row_code=0, ggml="Q4_0", as_stored=True),
     WeightFormat("q4_1", "packed", 32, 20, 1, OP_LINEAR_Q, row_code=1, ggml="Q4_1", as_stored=True),
     WeightFormat("q8_0", "packed", 32, 34, 2, OP_LINEAR_Q, row_code=2, ggml="Q8_0"),
-    WeightFormat("q8_0g", "ggml", 32, 34, 9, OP_LINEAR_Q, ggml="Q8_0", as_stored=True),
+    WeightFormat("q8_0g", "ggml", 32, 34, 9, OP_LINEAR_Q, ggml="Q8_0", as_stored=True, exact_x=True),
     WeightFormat("q4_k", "ggml", 256, 144, 3, OP_LINEAR_Q, row_code=3, ggml="Q4_K", as_stored=True),
     WeightFormat("q5_k", "ggml", 256, 176, 4, OP_LINEAR_Q, row_code=4, ggml="Q5_K", as_stored=True),
     WeightFormat("q6_k", "ggml", 256, 210, 5, OP_LINEAR_Q, row_code=5, ggml="Q6_K", as_stored=True),

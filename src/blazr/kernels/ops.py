@@ -196,13 +196,16 @@ def linear(
     swiglu: bool = False,
     out: torch.Tensor | None = None,
     prefill: bool = False,
+    exact_x: bool = False,
 ) -> torch.Tensor:
     """y = x · Wᵀ (+ bias), then SwiGLU (silu(gate) · up over the [gate; up] halves) or + residual; out may
     be residual itself (in-place residual add). x [..., K] → [..., N] (SwiGLU: [..., N/2]).
-    Block kinds quantize x to 8 bits per block of 32 in the C kernel (error ≤ amax_block/254 per element).
+    Block kinds quantize x to 8 bits per block of 32 in the C kernel (error ≤ amax_block/254 per element);
+    `exact_x` (kinds whose format has `exact_x`: Q8_0 as stored) keeps x fp32 and widens each weight exactly
+    instead (csrc/linear_q8xf.c: an output head's logits as the float model's, up to fp32 rounding).
     `prefill`: f32 weights may run many rows through the panel GEMM (gemm_float.c, AVX2 hosts); without it
     their rows take the decode path at any M, whose result for a row never depends on the others."""
-    kw = {"swiglu": swiglu, "out": out, "prefill": prefill}
+    kw = {"swiglu": swiglu, "out": out, "prefill": prefill, "exact_x": exact_x}
     return _dispatch("linear", linear_reference, x, qw, bias, residual, **kw)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from blazr.kernels import formats
 from blazr.kernels.kquant import quantize_q8_k
 from blazr.kernels.quant import (
     KMIX,
@@ -40,6 +41,13 @@ def linear_out_features(qw: QuantizedWeight, swiglu: bool) -> int:
     return qw.out_features // 2 if swiglu else qw.out_features
 
 
+def check_exact_x(qw: QuantizedWeight, exact_x: bool) -> None:
+    """`exact_x` (x kept fp32 by the kernel) is asked of a kind whose format has it, or refused."""
+    if exact_x and not formats.of(qw.kind).exact_x:
+        known = ", ".join(f.kind for f in formats.FORMATS if f.exact_x)
+        raise ValueError(f"linear: exact_x is not offered by kind {qw.kind} (only {known})")
+
+
 def _kernel_input(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """x [..., K] as fp32, rounded as a K-quant kernel rounds it (`quantize_q8_k`: x̂ = d·q per 256)."""
     if not qw.is_kquant:
@@ -57,9 +65,11 @@ def linear_reference(
     swiglu: bool = False,
     out: torch.Tensor | None = None,
     prefill: bool = False,
+    exact_x: bool = False,
 ) -> torch.Tensor:
     """fp32 matmul with the dequantized weight, then the epilogue (bias, SwiGLU or residual). (`prefill`
-    chooses among the kernel's paths; the reference has one.)
+    chooses among the kernel's paths, `exact_x` between x rounded to 8 bits or kept fp32 by a Q8_0 kernel;
+    the reference has one: x as given.)
 
     A kmix weight with 32-block segments: each segment's rows by this rule. K-quant weights (q4_k / q5_k /
     q6_k, a kmix of them) see x rounded as their kernel rounds it (`quantize_q8_k`: 8 bits
@@ -68,6 +78,7 @@ def linear_reference(
     sums there — within γ_{K/256·2+8}·Σ|x̂|·(|d·sc·q| + |dmin·m|) + γ_K·Σ|x̂·w|; against the unrounded x
     add Σ_blocks |d|·(½ + 2⁻¹⁴)·Σ_block |w|."""
     linear_out_features(qw, swiglu)
+    check_exact_x(qw, exact_x)
     if (
         qw.kind == KMIX and not qw.is_kquant
     ):  # segments of 32-block kinds too: each sees its own rounding of x

@@ -16,6 +16,10 @@ mechanism by which attention, MLA, MoE and the linears of one forward pick their
   `DENSE_MIN_ROWS`: MKL's sgemm rounds a row identically for every M ≥ 12 and differently below (measured
   on torch 2.13, AVX2, shapes 576-4096 × 768-100352), and one call runs 1.5x faster than 128-row tiles
   (60 vs 39 GFLOP/s at 500 × 768 × 3376 on a 2-core Zen 1).
+An output head (`head=True`) whose format offers it runs with x kept fp32 (`exact_x`: Q8_0 as stored —
+csrc/linear_q8xf.c widens each weight exactly): the 8-bit rounding of x moves logits directly, and the head is
+where they are chosen from (Gemma 3 270M Q4_K_M against its float model: 780 → 787 of 814 teacher-forced
+top-1, NOTES §54); at one row it also reads faster than the int8 kernel.
 `weight` returns the dequantized float32 weight (the reference every path is tested against).
 `Linear` is the float layer the model builds (an nn.Linear called the same way, so a forward never asks
 which kind of layer the loader left in a place).
@@ -30,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from blazr.config import dtype_name
-from blazr.kernels import ops
+from blazr.kernels import formats, ops
 from blazr.kernels.quant import QuantizedWeight, dequantize
 
 DENSE_TILE = 128  # rows per 16-bit dense GEMM call: ~1.25x the cost of one whole-M call, 3x faster than fp32
@@ -49,10 +53,19 @@ class Linear(nn.Linear):
 
 class QuantizedLinear(nn.Module):
     def __init__(
-        self, qweight: QuantizedWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
+        self,
+        qweight: QuantizedWeight,
+        bias: torch.Tensor | None = None,
+        dense: torch.Tensor | None = None,
+        *,
+        head: bool = False,
     ) -> None:
+        """`head`: the model's output head — its kernel keeps x fp32 where the weight's format offers that
+        (`exact_x`, kernels/formats.py: Q8_0 as stored), so the logits are the float model's up to fp32
+        rounding rather than moved by 8-bit activations (see the module docstring)."""
         super().__init__()
         self.qweight = qweight
+        self.exact_x = head and formats.of(qweight.kind).exact_x
         self.in_features, self.out_features = qweight.in_features, qweight.out_features
         self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), requires_grad=False)
         self.register_buffer("dense", dense, persistent=False)
@@ -70,7 +83,8 @@ class QuantizedLinear(nn.Module):
         """x [..., K] → [..., N]; with `swiglu`, silu(gate) · up of the [gate; up] halves → [..., N/2].
         `decode`: the forward's batch is decode-only (the module docstring says what it selects)."""
         if (self.dense is None or decode) and x.dtype == torch.float32 and x.is_cpu:
-            return ops.linear(x.contiguous(), self.qweight, self.bias, swiglu=swiglu, prefill=not decode)
+            kw = {"swiglu": swiglu, "prefill": not decode, "exact_x": self.exact_x}
+            return ops.linear(x.contiguous(), self.qweight, self.bias, **kw)
         if self.dense is None:
             y = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         else:
@@ -95,4 +109,5 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         dense = "none" if self.dense is None else dtype_name(self.dense.dtype)
-        return f"in={self.in_features}, out={self.out_features}, kind={self.kind}, dense={dense}"
+        exact = ", exact_x" if self.exact_x else ""
+        return f"in={self.in_features}, out={self.out_features}, kind={self.kind}, dense={dense}{exact}"

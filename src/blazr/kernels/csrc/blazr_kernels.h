@@ -67,6 +67,9 @@ enum { BLZ_Q5_0 = 11 };
 /* Kind flag of the f32 linear call: a prefill — many rows may take gemm_float.c's panel GEMM. Without it
  * every row takes the decode path, whose result for a row never depends on the call's other rows. */
 #define BLZ_GEMM 0x200
+/* Kind flag of blz_linear_q (Q8_0G only): x kept fp32, each weight widened exactly (linear_q8xf.c) instead of
+ * x rounded to 8 bits per block — a model's output head, whose errors reach the logits unfiltered. */
+#define BLZ_XF32 0x400
 
 /* Whether rows[0..n-1] lie back to back, row_bytes apart (then one linear prefetch stream covers them). */
 static inline int blz_rows_follow(const uint8_t *const *rows, int n, int64_t row_bytes) {
@@ -98,6 +101,8 @@ int blz_linear_bf16(const float *x, int64_t M, int64_t K, const uint16_t *w, int
                     const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_bf16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,
                          const float *bias, const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_q8g_xf(const float *x, int64_t M, int64_t K, const uint8_t *w, const int64_t *tab, int64_t N,
+                      const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f16(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, const float *bias,
                    const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w, const int64_t *tab, int64_t N,

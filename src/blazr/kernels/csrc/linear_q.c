@@ -471,6 +471,10 @@ void blz_q_group_run(int kind, const blz_act_t *a, int64_t M, int64_t tile, cons
 BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                             const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
     const int64_t *tab = kind & BLZ_ROWS ? (const int64_t *)w : NULL; /* w is a row table */
+    if (kind & BLZ_XF32) /* fp32 activations: Q8_0 as stored only (linear_q8xf.c) */
+        return (kind & ~(BLZ_ROWS | BLZ_XF32)) == BLZ_Q8_0G
+                   ? blz_linear_q8g_xf(x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads)
+                   : BLZ_EINVAL;
     kind &= ~BLZ_ROWS;
     if (kind >= BLZ_Q4_K && kind <= BLZ_Q6_K) /* GGUF K-quants: linear_k.c */
         return blz_linear_k(kind, x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
