@@ -91,7 +91,15 @@ class Router(nn.Module):
             self.expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.route(F.linear(x.float(), self.weight.float(), self.logit_bias()))
+        return self.route(self.logits(x))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Router logits [T, E] float32. Float32 CPU rows take the f32 linear kernel's row-wise path at any T
+        (`ops.linear` without `prefill`), so a token's logits — and its routing — are the same bits in a
+        prefill as in a decode step (torch's GEMM rounds apart from it)."""
+        if ops.cpu_f32(x) and self.weight.dtype == torch.float32:
+            return ops.linear(x, QuantizedWeight("f32", self.weight, *self.weight.shape), self.logit_bias())
+        return F.linear(x.float(), self.weight.float(), self.logit_bias())
 
     def logit_bias(self) -> torch.Tensor | None:
         """The router's bias [E] float32 (GPT-OSS), or None."""
@@ -303,12 +311,8 @@ class MoE(nn.Module):
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """Decode rows x [B, D] float32 on the CPU, as kernel ops only (recordable)."""
-        router = self.router
         route_in, x = self._inputs(x)
-        logits = ops.linear(
-            route_in, QuantizedWeight("f32", router.weight, *router.weight.shape), router.logit_bias()
-        )
-        weights, ids = router.route(logits)
+        weights, ids = self.router(route_in)
         out = self._up(self.experts.kernel(self._down(x, True), weights, ids), True)
         return ops.add(out, self._shared(x, True), out=out) if self.shared is not None else out
 
