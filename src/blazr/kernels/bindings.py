@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from blazr.kernels import build
+from blazr.kernels.bindings_attention import AttentionPrefillBindings
 from blazr.kernels.bindings_conv import ConvBindings
 from blazr.kernels.bindings_deltanet import DeltaNetBindings
 from blazr.kernels.bindings_kda import KDABindings
@@ -67,6 +68,7 @@ TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, 
 
 
 class Kernels(
+    AttentionPrefillBindings,
     Mamba2Bindings,
     MoEMLABindings,
     SampleBindings,

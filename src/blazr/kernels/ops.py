@@ -1,12 +1,12 @@
 """The kernel operations: dispatch between the C kernels (`bindings.py`) and their plain-torch references
-(`reference.py`, `reference_conv.py`, `reference_deltanet.py`, `reference_kda.py`, `reference_mamba1.py`,
-`reference_mamba2.py`, `reference_moe_mla.py`, `reference_sample.py`); both are re-exported
-here, so every `op` has its `op_reference` beside it.
+(`reference.py`, `reference_attention.py`, `reference_conv.py`, `reference_deltanet.py`, `reference_kda.py`,
+`reference_mamba1.py`, `reference_mamba2.py`, `reference_moe_mla.py`, `reference_sample.py`); both are
+re-exported here, so every `op` has its `op_reference` beside it.
 
 Each public op (`embedding`, `embedding_rows`, `add`, `activation`, `softcap`, `linear`, `rms_norm`,
-`gated_rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`, `mamba2_step`, `mamba2_prefill`,
-`deltanet_step`, `deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`, `sigmoid_mul`, `mul`,
-`copy_rows`, `causal_conv_step`, `causal_conv_prefill`,
+`gated_rms_norm`, `rope_neox`, `kv_write`, `paged_attention_decode`, `attention_prefill`, `mamba2_step`,
+`mamba2_prefill`, `deltanet_step`, `deltanet_prefill`, `kda_step`, `kda_prefill`, `head_rms_norm`,
+`sigmoid_mul`, `mul`, `copy_rows`, `causal_conv_step`, `causal_conv_prefill`,
 `mamba1_dt_bc`, `mamba1_scan_step`, `mamba1_scan_prefill`, `moe_route`, `moe_experts`, `mla_cache_write`,
 `mla_decode`, `linear_heads`; the token choice `argmax_rows`,
 `sample_rows`) runs the C kernel when the library is available and the inputs are CPU tensors of the
@@ -66,6 +66,7 @@ from blazr.kernels.reference import (
     rope_neox_reference,
     softcap_reference,
 )
+from blazr.kernels.reference_attention import attention_prefill_reference
 from blazr.kernels.reference_conv import causal_conv_prefill_reference, causal_conv_step_reference
 from blazr.kernels.reference_deltanet import (
     copy_rows_reference,
@@ -107,6 +108,8 @@ __all__ = [
     "add_reference",
     "argmax_rows",
     "argmax_rows_reference",
+    "attention_prefill",
+    "attention_prefill_reference",
     "causal_conv_prefill",
     "causal_conv_prefill_reference",
     "causal_conv_step",
@@ -313,6 +316,31 @@ def paged_attention_decode(
         out=out,
         sinks=sinks,
         softcap=softcap,
+    )
+
+
+def attention_prefill(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    kv_slots: torch.Tensor,
+    ctx: int,
+    scale: float,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    softcap: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Prefill attention of one sequence's chunk: q [n, H, D] (a row-strided view allowed) at positions
+    ctx .. ctx + n − 1, causal over the keys / values at slots kv_slots[: ctx + n] of k_pool [S, Hkv, D] /
+    v_pool [S, Hkv, Dv] (the chunk's own already written; fp32 or 16-bit pools, widened exactly); the last
+    `window` keys of each row with a sliding window; `softcap` and `sinks` as `paged_attention_decode`.
+    Returns [n, H, Dv] fp32 (into `out`, which may be a row-strided view). A row's result does not depend on
+    the chunk it is in (see csrc/attention_prefill.c)."""
+    kw = {"window": window, "sinks": sinks, "softcap": softcap, "out": out}
+    return _dispatch(
+        "attention_prefill", attention_prefill_reference, q, k_pool, v_pool, kv_slots, ctx, scale, **kw
     )
 
 

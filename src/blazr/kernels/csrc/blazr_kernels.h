@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 13
+#define BLZ_ABI_VERSION 14
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -137,6 +137,10 @@ int blz_paged_attention_decode(const float *q, int64_t ldq, const void *k_pool, 
                                const int64_t *seq_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                                int64_t Dv, float scale, int64_t window, float *out, int nthreads,
                                const float *sinks, float softcap);
+int blz_attention_prefill(const float *q, int64_t ldq, const void *k_pool, const void *v_pool, int kv_type,
+                          int64_t S, const int64_t *idx, int64_t n, int64_t ctx, int64_t H, int64_t Hkv, int64_t D,
+                          int64_t Dv, float scale, int64_t window, const float *sinks, float softcap, float *out,
+                          int64_t ldo, int nthreads);
 int blz_kv_write(const float *k, int64_t ldk, const float *v, int64_t ldv, const int64_t *slots, int64_t T,
                  int64_t Hkv, int64_t D, int64_t Dv, void *k_pool, void *v_pool, int kv_type, int64_t S);
 int blz_mamba2_step(const float *xbc, const float *dt_raw, int64_t ld, const int64_t *slots, int64_t B,
@@ -275,6 +279,7 @@ enum {
     BLZ_OP_MAMBA1_SCAN = 22,
     BLZ_OP_MAMBA1_DT_BC = 23,
     BLZ_OP_SOFTCAP = 24,
+    BLZ_OP_ATTENTION_PREFILL = 25, /* attention_prefill.c */
     BLZ_OP_DELTANET_STEP = 30, /* gated DeltaNet (deltanet.c) and gated attention / MoE pieces (gates.c) */
     BLZ_OP_DELTANET_PREFILL = 31,
     BLZ_OP_HEAD_RMS_NORM = 32,

@@ -167,6 +167,11 @@ BLZ_EXPORT int blz_call(const blz_args_t *a) {
                                               i[7], P(const int64_t *, 8), i[9], i[10], i[11], i[12], i[13],
                                               (float)a->f[0], i[14], P(float *, 15), (int)i[16],
                                               P(const float *, 17), (float)a->f[1]);
+        case BLZ_OP_ATTENTION_PREFILL:
+            return blz_attention_prefill(P(const float *, 0), i[1], P(const void *, 2), P(const void *, 3), (int)i[4],
+                                         i[5], P(const int64_t *, 6), i[7], i[8], i[9], i[10], i[11], i[12],
+                                         (float)a->f[0], i[13], P(const float *, 14), (float)a->f[1], P(float *, 15),
+                                         i[16], (int)i[17]);
         case BLZ_OP_KV_WRITE:
             return blz_kv_write(P(const float *, 0), i[1], P(const float *, 2), i[3], P(const int64_t *, 4),
                                 i[5], i[6], i[7], i[8], P(void *, 9), P(void *, 10), (int)i[11], i[12]);

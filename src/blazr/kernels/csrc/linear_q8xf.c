@@ -12,7 +12,8 @@
  * sums). A row's result never depends on the call's other rows: every (weight row, x row) pair is computed by
  * the same operations, x rows in passes of up to XF_MX against each weight row — on AVX-512 builds several
  * weight rows read at once as streams (blz_gemv_streams), as the float kinds' decode, each walk of the
- * weight serving up to XF_PASS x rows (a speculative verification's 5 rows read the weight once). The portable scalar
+ * weight serving up to XF_PASS x rows (5-8 of them against one weight row at a time: a speculative
+ * verification's 5 rows read the weight once, widened once). The portable scalar
  * path keeps the quarters and the tree (its lane order within a quarter differs, as linear_16bit.c's).
  *
  * Cost: the int8 kernel's bytes, with 4 vector operations per 16 weights instead of a quarter of one — the
@@ -39,11 +40,11 @@ BLZ_INLINE __m512 q8_16_ps(const uint8_t *q, const __m512 d) {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), d);
 }
 
-/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx (constants after inlining), every pair by
- * the same operations: quarters 0|1 of a block in a[.][.][0], 2|3 in a[.][.][1]. */
+/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx (constants after inlining; nr · nx ≤ 8),
+ * every pair by the same operations: quarters 0|1 of a block in a[.][.][0], 2|3 in a[.][.][1]. */
 BLZ_INLINE void xf_rows_simd(const int nr, const int nx, const uint8_t *const *w, int64_t K, const float *const *xr,
                              float *res) {
-    __m512 a[4][4][2];
+    __m512 a[4][8][2];
     for (int r = 0; r < nr; ++r)
         for (int m = 0; m < nx; ++m) a[r][m][0] = a[r][m][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < K / BLZ_QK; ++b)
@@ -150,8 +151,8 @@ BLZ_INLINE void xf_streams4(const int nr, const int mt, const uint8_t *const *w,
 #undef XF_ONE_X
 }
 
-/* nr weight rows × mt ≤ XF_PASS x rows, as blz_gemv_streams makes them: 5-8 x rows as rows 0-3 and then the
- * rest against the same weight rows (the second pass from L1; each pair by the same operations). */
+/* nr weight rows × mt ≤ XF_PASS x rows, as blz_gemv_streams makes them: 5-8 x rows one weight row at a time,
+ * all in registers (8 × 2 accumulators; each pair by the same operations). */
 static void xf_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
     const uint8_t *const *w = (const uint8_t *const *)rows;
     const float *xf = (const float *)x;
@@ -159,11 +160,14 @@ static void xf_streams(const int nr, const int mt, const void *const *rows, int6
         xf_streams4(nr, mt, w, K, xf, res);
         return;
     }
-    float lo[2 * 4], hi[2 * 4];
-    xf_streams4(nr, 4, w, K, xf, lo);
-    xf_streams4(nr, mt - 4, w, K, xf + 4 * K, hi);
-    for (int r = 0; r < nr; ++r)
-        for (int m = 0; m < mt; ++m) res[r * mt + m] = m < 4 ? lo[r * 4 + m] : hi[r * (mt - 4) + m - 4];
+    const float *xr[8];
+    for (int m = 0; m < 8; ++m) xr[m] = xf + (m < mt ? m : 0) * K;
+    for (int r = 0; r < nr; ++r) switch (mt) {
+            case 5: xf_rows_simd(1, 5, w + r, K, xr, res + r * mt); break;
+            case 6: xf_rows_simd(1, 6, w + r, K, xr, res + r * mt); break;
+            case 7: xf_rows_simd(1, 7, w + r, K, xr, res + r * mt); break;
+            default: xf_rows_simd(1, 8, w + r, K, xr, res + r * mt);
+        }
 }
 #endif
 

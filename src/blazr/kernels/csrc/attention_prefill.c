@@ -1,0 +1,283 @@
+/* blazr kernels — causal attention of a prompt chunk (prefill) over the paged KV pools, GQA.
+ *
+ * One sequence per call: its n new query rows sit at absolute positions ctx .. ctx + n − 1 (ctx: the cached
+ * tokens before the chunk; the chunk's own keys and values are already written to the pools), and query row
+ * i of head h attends to the keys j ≤ ctx + i (with a sliding window W > 0 also j > ctx + i − W) of kv head
+ * h / G, G = H / Hkv:
+ *     out[i, h] = Σ_j softmax_j(s_ij) · v_j,   s_ij = scale · q[i, h]·k_j   (soft-capped: c · tanh(s / c))
+ * with key j at cache slot idx[j] (k_pool [S, Hkv, D], v_pool [S, Hkv, Dv], fp32 / bf16 / f16 — BLZ_KV_* —,
+ * widened exactly), and with `sinks` ([H] fp32, may be NULL) one more term e^{sinks[h]} in each head's
+ * denominator (GPT-OSS). q row i at q + i·ldq (heads of D after each other: a fused qkv output's q part),
+ * out row i at out + i·ldo (H · Dv fp32).
+ *
+ * Layout: the query rows of one kv head, r = i·G + g, are the vector lanes — VL = 16 (AVX-512), 8 (AVX2) or 1
+ * (scalar) rows per tile —, so every step of the softmax is lane-wise and no horizontal sum is ever taken.
+ * Per tile, keys in blocks of KB (block b: keys [b·KB, b·KB + KB), at absolute offsets):
+ *   scores   s_j = Σ_d K_j[d] · Qᵀ[d]   (an FMA chain over d, K_j[d] broadcast against the lanes' q[d]);
+ *   mask     s_j = −∞ where key j is past a lane's position or before its window;
+ *   softmax  m' = max(m, max_j s_j), α = 1 if m' = m else e^{m − m'}, p_j = e^{s_j − m'} (0 where masked),
+ *            l = l·α + Σ_j p_j (j in order), Oᵀ[dv] = Oᵀ[dv]·α + Σ_j p_j · V_j[dv] (an FMA chain over j);
+ * and at the end out = Oᵀ / (l + e^{sink − m}). A block a lane does not see at all leaves its m, l and O
+ * exactly as they were (α = 1, p = 0), and blocks sit at absolute key offsets, so a row's result never
+ * depends on which rows share its tile: the same bits whole or chunked, whatever the tile, the thread count
+ * or the build (each lane runs the same operations in every build: exp by blz_exp512 / blz_exp256 /
+ * blz_exp_poly, the soft-cap by blz_softcap256 / blz_softcap1). Work items (kv head, tile) are independent,
+ * dynamically scheduled (the causal tiles' costs differ). Cost per tile and key block: K and V rows widened
+ * into an fp32 block once for the VL lanes; 2·KB·(D + Dv) flops a lane.
+ *
+ * Shapes: n ≥ 0 rows, H = G·Hkv heads, D (keys, queries) and Dv (values) ≤ BLZ_PF_MAX_D, idx [ctx + n].
+ */
+#include "blazr_kernels.h"
+
+#include <stdlib.h>
+
+#define KB 32                 /* keys per block */
+#define BLZ_PF_MAX_D 512      /* largest head dims */
+
+#if defined(BLZ_AVX512)
+#define VL 16
+typedef __m512 vf;
+typedef __mmask16 vm;
+BLZ_INLINE vf v_set1(float a) { return _mm512_set1_ps(a); }
+BLZ_INLINE vf v_load(const float *p) { return _mm512_load_ps(p); }
+BLZ_INLINE void v_store(float *p, vf a) { _mm512_store_ps(p, a); }
+BLZ_INLINE vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+BLZ_INLINE vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+BLZ_INLINE vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+BLZ_INLINE vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+BLZ_INLINE vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+BLZ_INLINE vf v_exp(vf a) { return blz_exp512(a); }
+BLZ_INLINE vm v_le(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
+BLZ_INLINE vm v_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
+BLZ_INLINE vm v_eq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
+BLZ_INLINE vm m_and(vm a, vm b) { return (vm)(a & b); }
+BLZ_INLINE vf v_sel(vm m, vf if_true, vf if_false) { return _mm512_mask_blend_ps(m, if_false, if_true); }
+BLZ_INLINE vf v_softcap(vf s, float cap) {
+    const __m256 c = _mm256_set1_ps(cap);
+    const __m256 lo = blz_softcap256(_mm512_castps512_ps256(s), c), hi = blz_softcap256(_mm512_extractf32x8_ps(s, 1), c);
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+#elif defined(BLZ_AVX2)
+#define VL 8
+typedef __m256 vf;
+typedef __m256 vm;
+BLZ_INLINE vf v_set1(float a) { return _mm256_set1_ps(a); }
+BLZ_INLINE vf v_load(const float *p) { return _mm256_load_ps(p); }
+BLZ_INLINE void v_store(float *p, vf a) { _mm256_store_ps(p, a); }
+BLZ_INLINE vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+BLZ_INLINE vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+BLZ_INLINE vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+BLZ_INLINE vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+BLZ_INLINE vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+BLZ_INLINE vf v_exp(vf a) { return blz_exp256(a); }
+BLZ_INLINE vm v_le(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
+BLZ_INLINE vm v_gt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
+BLZ_INLINE vm v_eq(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
+BLZ_INLINE vm m_and(vm a, vm b) { return _mm256_and_ps(a, b); }
+BLZ_INLINE vf v_sel(vm m, vf if_true, vf if_false) { return _mm256_blendv_ps(if_false, if_true, m); }
+BLZ_INLINE vf v_softcap(vf s, float cap) { return blz_softcap256(s, _mm256_set1_ps(cap)); }
+#else
+#define VL 1
+typedef float vf;
+typedef int vm;
+BLZ_INLINE vf v_set1(float a) { return a; }
+BLZ_INLINE vf v_load(const float *p) { return *p; }
+BLZ_INLINE void v_store(float *p, vf a) { *p = a; }
+BLZ_INLINE vf v_fma(vf a, vf b, vf c) { return fmaf(a, b, c); }
+BLZ_INLINE vf v_mul(vf a, vf b) { return a * b; }
+BLZ_INLINE vf v_add(vf a, vf b) { return a + b; }
+BLZ_INLINE vf v_sub(vf a, vf b) { return a - b; }
+BLZ_INLINE vf v_max(vf a, vf b) { return a > b ? a : b; } /* as maxps: the second operand unless a > b */
+BLZ_INLINE vf v_exp(vf a) { return blz_exp_poly(a); }
+BLZ_INLINE vm v_le(vf a, vf b) { return a <= b; }
+BLZ_INLINE vm v_gt(vf a, vf b) { return a > b; }
+BLZ_INLINE vm v_eq(vf a, vf b) { return a == b; }
+BLZ_INLINE vm m_and(vm a, vm b) { return a && b; }
+BLZ_INLINE vf v_sel(vm m, vf if_true, vf if_false) { return m ? if_true : if_false; }
+BLZ_INLINE vf v_softcap(vf s, float cap) { return blz_softcap1(s, cap); }
+#endif
+
+/* A thread's buffers: Qᵀ [D][VL], Oᵀ [Dv][VL], the block's scores / weights P [KB][VL], its keys and values
+ * widened Kb [KB][D], Vb [KB][Dv]. */
+typedef struct {
+    float *qt, *ot, *p, *kb, *vb;
+} bufs_t;
+
+/* Key rows [j0, j0 + nk) of kv head hk widened into Kb / Vb — zeros for keys before jlo, which no lane of the
+ * tile sees (a sliding window's slot there may be any held slot: its values are never read) —; 0, or
+ * BLZ_EINVAL for a slot outside the pools. */
+static int widen_block(const char *k_pool, const char *v_pool, int kv_type, int64_t S, const int64_t *idx, int64_t j0,
+                       int nk, int64_t jlo, int64_t Hkv, int64_t hk, int64_t D, int64_t Dv, float *kb, float *vb) {
+    const int64_t es = blz_kv_elem_bytes(kv_type);
+    for (int j = 0; j < nk; ++j) {
+        if (j0 + j < jlo) {
+            for (int64_t d = 0; d < D; ++d) kb[j * D + d] = 0.0f;
+            for (int64_t d = 0; d < Dv; ++d) vb[j * Dv + d] = 0.0f;
+            continue;
+        }
+        const int64_t slot = idx[j0 + j];
+        if (slot < 0 || slot >= S) return BLZ_EINVAL;
+        const char *kr = k_pool + (slot * Hkv + hk) * D * es, *vr = v_pool + (slot * Hkv + hk) * Dv * es;
+        int64_t d = 0;
+#ifdef BLZ_AVX2
+        for (; d + 8 <= D; d += 8) _mm256_storeu_ps(kb + j * D + d, blz_kv_load8(kr, d, kv_type));
+#endif
+        for (; d < D; ++d) kb[j * D + d] = blz_kv_load1(kr, d, kv_type);
+        d = 0;
+#ifdef BLZ_AVX2
+        for (; d + 8 <= Dv; d += 8) _mm256_storeu_ps(vb + j * Dv + d, blz_kv_load8(vr, d, kv_type));
+#endif
+        for (; d < Dv; ++d) vb[j * Dv + d] = blz_kv_load1(vr, d, kv_type);
+    }
+    return BLZ_OK;
+}
+
+/* Scores of keys [0, nk) of the block against the tile's lanes, into P (unscaled dots). */
+static void block_scores(const float *restrict qt, const float *restrict kb, int nk, int64_t D, float *restrict p) {
+    int j = 0;
+    for (; j + 8 <= nk; j += 8) {
+        vf a0 = v_set1(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        const float *k = kb + j * D;
+        for (int64_t d = 0; d < D; ++d) {
+            const vf q = v_load(qt + d * VL);
+            a0 = v_fma(v_set1(k[d]), q, a0);
+            a1 = v_fma(v_set1(k[D + d]), q, a1);
+            a2 = v_fma(v_set1(k[2 * D + d]), q, a2);
+            a3 = v_fma(v_set1(k[3 * D + d]), q, a3);
+            a4 = v_fma(v_set1(k[4 * D + d]), q, a4);
+            a5 = v_fma(v_set1(k[5 * D + d]), q, a5);
+            a6 = v_fma(v_set1(k[6 * D + d]), q, a6);
+            a7 = v_fma(v_set1(k[7 * D + d]), q, a7);
+        }
+        v_store(p + (j + 0) * VL, a0), v_store(p + (j + 1) * VL, a1), v_store(p + (j + 2) * VL, a2);
+        v_store(p + (j + 3) * VL, a3), v_store(p + (j + 4) * VL, a4), v_store(p + (j + 5) * VL, a5);
+        v_store(p + (j + 6) * VL, a6), v_store(p + (j + 7) * VL, a7);
+    }
+    for (; j < nk; ++j) {
+        vf a = v_set1(0.0f);
+        for (int64_t d = 0; d < D; ++d) a = v_fma(v_set1(kb[j * D + d]), v_load(qt + d * VL), a);
+        v_store(p + j * VL, a);
+    }
+}
+
+/* Oᵀ[dv] = Oᵀ[dv]·α + Σ_{j < nk} P[j] · Vb[j][dv], 8 value columns at a time. */
+static void block_values(float *restrict ot, const float *restrict p, const float *restrict vb, int nk, int64_t Dv,
+                         vf alpha) {
+    int64_t e = 0;
+    for (; e + 8 <= Dv; e += 8) {
+        float *o = ot + e * VL;
+        vf a0 = v_mul(v_load(o), alpha), a1 = v_mul(v_load(o + VL), alpha), a2 = v_mul(v_load(o + 2 * VL), alpha),
+           a3 = v_mul(v_load(o + 3 * VL), alpha), a4 = v_mul(v_load(o + 4 * VL), alpha),
+           a5 = v_mul(v_load(o + 5 * VL), alpha), a6 = v_mul(v_load(o + 6 * VL), alpha),
+           a7 = v_mul(v_load(o + 7 * VL), alpha);
+        for (int j = 0; j < nk; ++j) {
+            const vf w = v_load(p + j * VL);
+            const float *v = vb + j * Dv + e;
+            a0 = v_fma(w, v_set1(v[0]), a0), a1 = v_fma(w, v_set1(v[1]), a1);
+            a2 = v_fma(w, v_set1(v[2]), a2), a3 = v_fma(w, v_set1(v[3]), a3);
+            a4 = v_fma(w, v_set1(v[4]), a4), a5 = v_fma(w, v_set1(v[5]), a5);
+            a6 = v_fma(w, v_set1(v[6]), a6), a7 = v_fma(w, v_set1(v[7]), a7);
+        }
+        v_store(o, a0), v_store(o + VL, a1), v_store(o + 2 * VL, a2), v_store(o + 3 * VL, a3);
+        v_store(o + 4 * VL, a4), v_store(o + 5 * VL, a5), v_store(o + 6 * VL, a6), v_store(o + 7 * VL, a7);
+    }
+    for (; e < Dv; ++e) {
+        vf a = v_mul(v_load(ot + e * VL), alpha);
+        for (int j = 0; j < nk; ++j) a = v_fma(v_load(p + j * VL), v_set1(vb[j * Dv + e]), a);
+        v_store(ot + e * VL, a);
+    }
+}
+
+/* One work item: kv head hk, lanes = rows r0 .. r0 + VL − 1 (r = i·G + g; rows past n·G repeat the last). */
+static int tile(const float *q, int64_t ldq, const char *k_pool, const char *v_pool, int kv_type, int64_t S,
+                const int64_t *idx, int64_t n, int64_t ctx, int64_t G, int64_t Hkv, int64_t hk, int64_t D, int64_t Dv,
+                float scale, int64_t window, const float *sinks, float softcap, float *out, int64_t ldo, int64_t r0,
+                const bufs_t *b) {
+    const int64_t rows = n * G;
+    float pos[VL] __attribute__((aligned(64)));
+    int64_t row_i[VL], head[VL];
+    for (int l = 0; l < VL; ++l) {
+        const int64_t r = blz_min(r0 + l, rows - 1);
+        row_i[l] = r / G, head[l] = hk * G + r % G, pos[l] = (float)(ctx + r / G);
+        const float *qr = q + row_i[l] * ldq + head[l] * D;
+        for (int64_t d = 0; d < D; ++d) b->qt[d * VL + l] = qr[d];
+    }
+    for (int64_t e = 0; e < Dv * VL; ++e) b->ot[e] = 0.0f;
+    const int64_t pmin = ctx + row_i[0], pmax = ctx + row_i[VL - 1];
+    const int64_t jlo = window > 0 ? blz_max(0, pmin - window + 1) : 0;
+    const vf p_lane = v_load(pos), lo_lane = v_sub(p_lane, v_set1(window > 0 ? (float)window : (float)(ctx + n + 1)));
+    const vf ninf = v_set1(-INFINITY), vscale = v_set1(scale), zero = v_set1(0.0f), one = v_set1(1.0f);
+    vf m = ninf, lsum = zero;
+    for (int64_t j0 = jlo / KB * KB; j0 <= pmax; j0 += KB) {
+        const int nk = (int)blz_min(KB, pmax + 1 - j0);
+        if (widen_block(k_pool, v_pool, kv_type, S, idx, j0, nk, jlo, Hkv, hk, D, Dv, b->kb, b->vb)) return BLZ_EINVAL;
+        block_scores(b->qt, b->kb, nk, D, b->p);
+        vf mb = ninf;
+        for (int j = 0; j < nk; ++j) { /* scale, soft-cap, mask */
+            vf s = v_mul(v_load(b->p + j * VL), vscale);
+            if (softcap > 0.0f) s = v_softcap(s, softcap);
+            const vf jf = v_set1((float)(j0 + j));
+            s = v_sel(m_and(v_le(jf, p_lane), v_gt(jf, lo_lane)), s, ninf);
+            v_store(b->p + j * VL, s);
+            mb = v_max(mb, s);
+        }
+        const vf m2 = v_max(m, mb);
+        const vf alpha = v_sel(v_eq(m2, m), one, v_exp(v_sub(m, m2)));
+        vf psum = zero;
+        for (int j = 0; j < nk; ++j) {
+            const vf s = v_load(b->p + j * VL);
+            const vf e = v_sel(v_eq(s, ninf), zero, v_exp(v_sub(s, m2)));
+            v_store(b->p + j * VL, e);
+            psum = v_add(psum, e);
+        }
+        lsum = v_add(v_mul(lsum, alpha), psum);
+        block_values(b->ot, b->p, b->vb, nk, Dv, alpha);
+        m = m2;
+    }
+    float mf[VL] __attribute__((aligned(64))), lf[VL] __attribute__((aligned(64)));
+    v_store(mf, m), v_store(lf, lsum);
+    for (int l = 0; l < VL && r0 + l < rows; ++l) {
+        const float den = lf[l] + (sinks ? blz_exp_poly(sinks[head[l]] - mf[l]) : 0.0f);
+        float *o = out + row_i[l] * ldo + head[l] * Dv;
+        for (int64_t e = 0; e < Dv; ++e) o[e] = b->ot[e * VL + l] / den;
+    }
+    return BLZ_OK;
+}
+
+/* See the file header. Returns BLZ_EINVAL for bad sizes or a slot outside [0, S), BLZ_ENOMEM. */
+int blz_attention_prefill(const float *q, int64_t ldq, const void *k_pool, const void *v_pool, int kv_type,
+                          int64_t S, const int64_t *idx, int64_t n, int64_t ctx, int64_t H, int64_t Hkv, int64_t D,
+                          int64_t Dv, float scale, int64_t window, const float *sinks, float softcap, float *out,
+                          int64_t ldo, int nthreads) {
+    if (n < 0 || ctx < 0 || H <= 0 || Hkv <= 0 || H % Hkv || D <= 0 || Dv <= 0 || D > BLZ_PF_MAX_D ||
+        Dv > BLZ_PF_MAX_D || window < 0 || ldq < H * D || ldo < H * Dv || softcap < 0.0f ||
+        (kv_type != BLZ_KV_F32 && kv_type != BLZ_KV_BF16 && kv_type != BLZ_KV_F16))
+        return BLZ_EINVAL;
+    if (n == 0) return BLZ_OK;
+    const int64_t G = H / Hkv, ntiles = (n * G + VL - 1) / VL, items = Hkv * ntiles;
+    const size_t floats = (size_t)(D * VL + Dv * VL + KB * VL + KB * D + KB * Dv);
+    const int nt = blz_threads(nthreads, items * (ctx + n) * (D + Dv) * VL, BLZ_LINEAR_PARALLEL_MIN);
+    int rc = BLZ_OK;
+#pragma omp parallel num_threads(nt)
+    {
+        float *mem = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        if (!mem) {
+#pragma omp atomic write
+            rc = BLZ_ENOMEM;
+        }
+        const bufs_t b = {mem, mem + D * VL, mem + (D + Dv) * VL, mem + (D + Dv + KB) * VL,
+                          mem + (D + Dv + KB) * VL + KB * D};
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; ++it) {
+            if (!mem) continue;
+            const int64_t t = ntiles - 1 - it / Hkv, hk = it % Hkv; /* the longest (last) tiles first */
+            if (tile(q, ldq, k_pool, v_pool, kv_type, S, idx, n, ctx, G, Hkv, hk, D, Dv, scale, window, sinks,
+                     softcap, out, ldo, t * VL, &b)) {
+#pragma omp atomic write
+                rc = BLZ_EINVAL;
+            }
+        }
+        free(mem);
+    }
+    return rc;
+}
