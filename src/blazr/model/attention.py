@@ -2,7 +2,8 @@
 the causal attention kernel shared with MLA.
 
 `causal_attention` covers three cases in one step's flat layout:
-- no cache: each sequence attends to its own new tokens (reference / test forwards);
+- no cache: each sequence attends to its own new tokens (reference / test forwards; on the CPU the prefill
+  kernel below with those keys as its pools, so a cacheless forward gives a cached prefill's bits);
 - decode rows (the first Bd sequences, one query each): batched over sequences, keys gathered from the
   paged pool by `kv_indices`, padded to the longest and masked;
 - prefill rows: per sequence, causal with an offset of `context_len` cached tokens (chunked prefill): with
@@ -141,11 +142,17 @@ def causal_attention(
     starts = batch.query_starts
     pools = k_pool is not None and v_pool is not None and batch.kv_indices is not None
     on_kernel = pools and nd < batch.num_seqs and _prefill_kernel(q, v)
+    alone = k_pool is None and nd < batch.num_seqs and _prefill_kernel(q, v)
     for b in range(nd, batch.num_seqs):
         s, n, ctx = starts[b], batch.query_lens[b], batch.context_lens[b]
         if on_kernel:
             kw = {"window": window, "sinks": sinks, "softcap": softcap, "out": out[s : s + n]}
             ops.attention_prefill(q[s : s + n], k_pool, v_pool, batch.kv_indices[b], ctx, scale, **kw)
+            continue
+        if alone and ctx == 0:  # no cache: the chunk's own keys as the pools, so cached == cacheless bits
+            kw = {"window": window, "sinks": sinks, "softcap": softcap, "out": out[s : s + n]}
+            kc, vc = k[s : s + n].contiguous(), v[s : s + n].contiguous()
+            ops.attention_prefill(q[s : s + n], kc, vc, torch.arange(n), 0, scale, **kw)
             continue
         qb = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, Dk]
         if ctx == 0:

@@ -728,6 +728,19 @@ BLZ_INLINE float blz_hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The dot of four 8-wide quarter accumulators a0..a3 (the float weights' decode form: linear_16bit.c,
+ * linear_q8xf.c): blz_hsum256((a0 + a1) + (a2 + a3)). */
+BLZ_INLINE float blz_quarters256(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    return blz_hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+#ifdef BLZ_AVX512
+/* The same sums with quarters 0|1 in a01's halves and 2|3 in a23's: the same bits. */
+BLZ_INLINE float blz_quarters512(__m512 a01, __m512 a23) {
+    return blz_quarters256(_mm512_castps512_ps256(a01), _mm512_extractf32x8_ps(a01, 1), _mm512_castps512_ps256(a23),
+                           _mm512_extractf32x8_ps(a23, 1));
+}
+#endif
+
 /* Step b of fetching a tile's successor while the tile runs (linear_q8.c, linear_k.c): rows[n .. 2n-1] are
  * the next tile's n rows of `bb`-byte blocks. Back to back (`apart` = 0; a plain weight's rows after the
  * tile, past its end for the last one: prefetches only) one linear stream, an n·bb-byte slice a step, which

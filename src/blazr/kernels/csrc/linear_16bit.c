@@ -78,11 +78,7 @@ BLZ_INLINE void half_rows_simd(const int nr, const int nx, const int bf, const u
             }
         }
     for (int r = 0; r < nr; ++r)
-        for (int m = 0; m < nx; ++m) {
-            const __m256 q01 = _mm256_add_ps(_mm512_castps512_ps256(a[r][m][0]), _mm512_extractf32x8_ps(a[r][m][0], 1));
-            const __m256 q23 = _mm256_add_ps(_mm512_castps512_ps256(a[r][m][1]), _mm512_extractf32x8_ps(a[r][m][1], 1));
-            res[r * nx + m] = blz_hsum256(_mm256_add_ps(q01, q23));
-        }
+        for (int m = 0; m < nx; ++m) res[r * nx + m] = blz_quarters512(a[r][m][0], a[r][m][1]);
 }
 #elif defined(BLZ_AVX2)
 /* 8 weights from p widened to fp32. */
@@ -122,8 +118,7 @@ BLZ_INLINE void half_rows_simd(const int nr, const int nx, const int bf, const u
         }
     for (int r = 0; r < nr; ++r)
         for (int m = 0; m < nx; ++m)
-            res[r * nx + m] = blz_hsum256(_mm256_add_ps(_mm256_add_ps(a[r][m][0], a[r][m][1]),
-                                                        _mm256_add_ps(a[r][m][2], a[r][m][3])));
+            res[r * nx + m] = blz_quarters256(a[r][m][0], a[r][m][1], a[r][m][2], a[r][m][3]);
 }
 #endif
 
