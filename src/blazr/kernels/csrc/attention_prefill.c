@@ -270,7 +270,8 @@ int blz_attention_prefill(const float *q, int64_t ldq, const void *k_pool, const
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             if (!mem) continue;
-            const int64_t t = ntiles - 1 - it / Hkv, hk = it % Hkv; /* the longest (last) tiles first */
+            /* head by head (the threads share one kv head's keys in cache), the longest (last) tiles first */
+            const int64_t hk = it / ntiles, t = ntiles - 1 - it % ntiles;
             if (tile(q, ldq, k_pool, v_pool, kv_type, S, idx, n, ctx, G, Hkv, hk, D, Dv, scale, window, sinks,
                      softcap, out, ldo, t * VL, &b)) {
 #pragma omp atomic write
