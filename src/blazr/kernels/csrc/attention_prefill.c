@@ -10,8 +10,9 @@
  * denominator (GPT-OSS). q row i at q + i·ldq (heads of D after each other: a fused qkv output's q part),
  * out row i at out + i·ldo (H · Dv fp32).
  *
- * Layout: the query rows of one kv head, r = i·G + g, are the vector lanes — VL = 16 (AVX-512), 8 (AVX2) or 1
- * (scalar) rows per tile —, so every step of the softmax is lane-wise and no horizontal sum is ever taken.
+ * Layout: the query rows of one kv head, r = i·G + g, are the vector lanes — NV vectors of VL = 16 (AVX-512),
+ * 8 (AVX2) or 1 (scalar) lanes, TL rows per tile —, so every step of the softmax is lane-wise and no
+ * horizontal sum is ever taken.
  * Per tile, keys in blocks of KB (block b: keys [b·KB, b·KB + KB), at absolute offsets):
  *   scores   s_j = Σ_d K_j[d] · Qᵀ[d]   (an FMA chain over d, K_j[d] broadcast against the lanes' q[d]);
  *   mask     s_j = −∞ where key j is past a lane's position or before its window;
@@ -23,7 +24,7 @@
  * or the build (each lane runs the same operations in every build: exp by blz_exp512 / blz_exp256 /
  * blz_exp_poly, the soft-cap by blz_softcap256 / blz_softcap1). Work items (kv head, tile) are independent,
  * dynamically scheduled (the causal tiles' costs differ). Cost per tile and key block: K and V rows widened
- * into an fp32 block once for the VL lanes; 2·KB·(D + Dv) flops a lane.
+ * into an fp32 block once for the TL lanes; 2·KB·(D + Dv) flops a lane.
  *
  * Shapes: n ≥ 0 rows, H = G·Hkv heads, D (keys, queries) and Dv (values) ≤ BLZ_PF_MAX_D, idx [ctx + n].
  */
@@ -97,7 +98,17 @@ BLZ_INLINE vf v_sel(vm m, vf if_true, vf if_false) { return m ? if_true : if_fal
 BLZ_INLINE vf v_softcap(vf s, float cap) { return blz_softcap1(s, cap); }
 #endif
 
-/* A thread's buffers: Qᵀ [D][VL], Oᵀ [Dv][VL], the block's scores / weights P [KB][VL], its keys and values
+/* Vectors of lanes per tile: each K and V element broadcast once against NV vectors. AVX-512 (32 registers)
+ * holds 8 keys × 3 accumulators: Zen 5, 2 threads, 512-8192 tokens, 230-290 GFLOP/s at 1 vector, 290-380 at
+ * 2, 300-400 at 3; AVX2's 16 registers hold 8 × 1. (A row's bits do not depend on it.) */
+#ifdef BLZ_AVX512
+#define NV 3
+#else
+#define NV 1
+#endif
+#define TL (NV * VL) /* lanes (query rows) per tile */
+
+/* A thread's buffers: Qᵀ [D][TL], Oᵀ [Dv][TL], the block's scores / weights P [KB][TL], its keys and values
  * widened Kb [KB][D], Vb [KB][Dv]. */
 typedef struct {
     float *qt, *ot, *p, *kb, *vb;
@@ -132,114 +143,127 @@ static int widen_block(const char *k_pool, const char *v_pool, int kv_type, int6
     return BLZ_OK;
 }
 
-/* Scores of keys [0, nk) of the block against the tile's lanes, into P (unscaled dots). */
+/* Scores of keys [0, nk) of the block against the tile's lanes, into P (unscaled dots): 8 keys × NV vectors of
+ * lanes at a time, each K element broadcast once against the NV vectors. */
 static void block_scores(const float *restrict qt, const float *restrict kb, int nk, int64_t D, float *restrict p) {
     int j = 0;
     for (; j + 8 <= nk; j += 8) {
-        vf a0 = v_set1(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        vf a[8][NV];
+        for (int u = 0; u < 8; ++u)
+            for (int v = 0; v < NV; ++v) a[u][v] = v_set1(0.0f);
         const float *k = kb + j * D;
         for (int64_t d = 0; d < D; ++d) {
-            const vf q = v_load(qt + d * VL);
-            a0 = v_fma(v_set1(k[d]), q, a0);
-            a1 = v_fma(v_set1(k[D + d]), q, a1);
-            a2 = v_fma(v_set1(k[2 * D + d]), q, a2);
-            a3 = v_fma(v_set1(k[3 * D + d]), q, a3);
-            a4 = v_fma(v_set1(k[4 * D + d]), q, a4);
-            a5 = v_fma(v_set1(k[5 * D + d]), q, a5);
-            a6 = v_fma(v_set1(k[6 * D + d]), q, a6);
-            a7 = v_fma(v_set1(k[7 * D + d]), q, a7);
+            vf q[NV];
+            for (int v = 0; v < NV; ++v) q[v] = v_load(qt + d * TL + v * VL);
+            for (int u = 0; u < 8; ++u) {
+                const vf kk = v_set1(k[u * D + d]);
+                for (int v = 0; v < NV; ++v) a[u][v] = v_fma(kk, q[v], a[u][v]);
+            }
         }
-        v_store(p + (j + 0) * VL, a0), v_store(p + (j + 1) * VL, a1), v_store(p + (j + 2) * VL, a2);
-        v_store(p + (j + 3) * VL, a3), v_store(p + (j + 4) * VL, a4), v_store(p + (j + 5) * VL, a5);
-        v_store(p + (j + 6) * VL, a6), v_store(p + (j + 7) * VL, a7);
+        for (int u = 0; u < 8; ++u)
+            for (int v = 0; v < NV; ++v) v_store(p + (j + u) * TL + v * VL, a[u][v]);
     }
     for (; j < nk; ++j) {
-        vf a = v_set1(0.0f);
-        for (int64_t d = 0; d < D; ++d) a = v_fma(v_set1(kb[j * D + d]), v_load(qt + d * VL), a);
-        v_store(p + j * VL, a);
+        vf a[NV];
+        for (int v = 0; v < NV; ++v) a[v] = v_set1(0.0f);
+        for (int64_t d = 0; d < D; ++d) {
+            const vf kk = v_set1(kb[j * D + d]);
+            for (int v = 0; v < NV; ++v) a[v] = v_fma(kk, v_load(qt + d * TL + v * VL), a[v]);
+        }
+        for (int v = 0; v < NV; ++v) v_store(p + j * TL + v * VL, a[v]);
     }
 }
 
-/* Oᵀ[dv] = Oᵀ[dv]·α + Σ_{j < nk} P[j] · Vb[j][dv], 8 value columns at a time. */
+/* Oᵀ[dv] = Oᵀ[dv]·α + Σ_{j < nk} P[j] · Vb[j][dv]: 8 value columns × NV vectors of lanes at a time. */
 static void block_values(float *restrict ot, const float *restrict p, const float *restrict vb, int nk, int64_t Dv,
-                         vf alpha) {
+                         const vf alpha[NV]) {
     int64_t e = 0;
     for (; e + 8 <= Dv; e += 8) {
-        float *o = ot + e * VL;
-        vf a0 = v_mul(v_load(o), alpha), a1 = v_mul(v_load(o + VL), alpha), a2 = v_mul(v_load(o + 2 * VL), alpha),
-           a3 = v_mul(v_load(o + 3 * VL), alpha), a4 = v_mul(v_load(o + 4 * VL), alpha),
-           a5 = v_mul(v_load(o + 5 * VL), alpha), a6 = v_mul(v_load(o + 6 * VL), alpha),
-           a7 = v_mul(v_load(o + 7 * VL), alpha);
+        float *o = ot + e * TL;
+        vf a[8][NV];
+        for (int u = 0; u < 8; ++u)
+            for (int v = 0; v < NV; ++v) a[u][v] = v_mul(v_load(o + u * TL + v * VL), alpha[v]);
         for (int j = 0; j < nk; ++j) {
-            const vf w = v_load(p + j * VL);
-            const float *v = vb + j * Dv + e;
-            a0 = v_fma(w, v_set1(v[0]), a0), a1 = v_fma(w, v_set1(v[1]), a1);
-            a2 = v_fma(w, v_set1(v[2]), a2), a3 = v_fma(w, v_set1(v[3]), a3);
-            a4 = v_fma(w, v_set1(v[4]), a4), a5 = v_fma(w, v_set1(v[5]), a5);
-            a6 = v_fma(w, v_set1(v[6]), a6), a7 = v_fma(w, v_set1(v[7]), a7);
+            vf w[NV];
+            for (int v = 0; v < NV; ++v) w[v] = v_load(p + j * TL + v * VL);
+            const float *vr = vb + j * Dv + e;
+            for (int u = 0; u < 8; ++u) {
+                const vf vv = v_set1(vr[u]);
+                for (int v = 0; v < NV; ++v) a[u][v] = v_fma(w[v], vv, a[u][v]);
+            }
         }
-        v_store(o, a0), v_store(o + VL, a1), v_store(o + 2 * VL, a2), v_store(o + 3 * VL, a3);
-        v_store(o + 4 * VL, a4), v_store(o + 5 * VL, a5), v_store(o + 6 * VL, a6), v_store(o + 7 * VL, a7);
+        for (int u = 0; u < 8; ++u)
+            for (int v = 0; v < NV; ++v) v_store(o + u * TL + v * VL, a[u][v]);
     }
-    for (; e < Dv; ++e) {
-        vf a = v_mul(v_load(ot + e * VL), alpha);
-        for (int j = 0; j < nk; ++j) a = v_fma(v_load(p + j * VL), v_set1(vb[j * Dv + e]), a);
-        v_store(ot + e * VL, a);
-    }
+    for (; e < Dv; ++e)
+        for (int v = 0; v < NV; ++v) {
+            vf a = v_mul(v_load(ot + e * TL + v * VL), alpha[v]);
+            for (int j = 0; j < nk; ++j) a = v_fma(v_load(p + j * TL + v * VL), v_set1(vb[j * Dv + e]), a);
+            v_store(ot + e * TL + v * VL, a);
+        }
 }
 
-/* One work item: kv head hk, lanes = rows r0 .. r0 + VL − 1 (r = i·G + g; rows past n·G repeat the last). */
+/* One work item: kv head hk, lanes = rows r0 .. r0 + TL − 1 (r = i·G + g; rows past n·G repeat the last). */
 static int tile(const float *q, int64_t ldq, const char *k_pool, const char *v_pool, int kv_type, int64_t S,
                 const int64_t *idx, int64_t n, int64_t ctx, int64_t G, int64_t Hkv, int64_t hk, int64_t D, int64_t Dv,
                 float scale, int64_t window, const float *sinks, float softcap, float *out, int64_t ldo, int64_t r0,
                 const bufs_t *b) {
     const int64_t rows = n * G;
-    float pos[VL] __attribute__((aligned(64)));
-    int64_t row_i[VL], head[VL];
-    for (int l = 0; l < VL; ++l) {
+    float pos[TL] __attribute__((aligned(64)));
+    int64_t row_i[TL], head[TL];
+    for (int l = 0; l < TL; ++l) {
         const int64_t r = blz_min(r0 + l, rows - 1);
         row_i[l] = r / G, head[l] = hk * G + r % G, pos[l] = (float)(ctx + r / G);
         const float *qr = q + row_i[l] * ldq + head[l] * D;
-        for (int64_t d = 0; d < D; ++d) b->qt[d * VL + l] = qr[d];
+        for (int64_t d = 0; d < D; ++d) b->qt[d * TL + l] = qr[d];
     }
-    for (int64_t e = 0; e < Dv * VL; ++e) b->ot[e] = 0.0f;
-    const int64_t pmin = ctx + row_i[0], pmax = ctx + row_i[VL - 1];
+    for (int64_t e = 0; e < Dv * TL; ++e) b->ot[e] = 0.0f;
+    const int64_t pmin = ctx + row_i[0], pmax = ctx + row_i[TL - 1];
     const int64_t jlo = window > 0 ? blz_max(0, pmin - window + 1) : 0;
-    const vf p_lane = v_load(pos), lo_lane = v_sub(p_lane, v_set1(window > 0 ? (float)window : (float)(ctx + n + 1)));
+    const float span = window > 0 ? (float)window : (float)(ctx + n + 1);
     const vf ninf = v_set1(-INFINITY), vscale = v_set1(scale), zero = v_set1(0.0f), one = v_set1(1.0f);
-    vf m = ninf, lsum = zero;
+    vf p_lane[NV], lo_lane[NV], m[NV], lsum[NV];
+    for (int v = 0; v < NV; ++v) {
+        p_lane[v] = v_load(pos + v * VL), lo_lane[v] = v_sub(p_lane[v], v_set1(span));
+        m[v] = ninf, lsum[v] = zero;
+    }
     for (int64_t j0 = jlo / KB * KB; j0 <= pmax; j0 += KB) {
         const int nk = (int)blz_min(KB, pmax + 1 - j0);
         if (widen_block(k_pool, v_pool, kv_type, S, idx, j0, nk, jlo, Hkv, hk, D, Dv, b->kb, b->vb)) return BLZ_EINVAL;
         block_scores(b->qt, b->kb, nk, D, b->p);
-        vf mb = ninf;
+        vf mb[NV], alpha[NV], psum[NV];
+        for (int v = 0; v < NV; ++v) mb[v] = ninf, psum[v] = zero;
         for (int j = 0; j < nk; ++j) { /* scale, soft-cap, mask */
-            vf s = v_mul(v_load(b->p + j * VL), vscale);
-            if (softcap > 0.0f) s = v_softcap(s, softcap);
             const vf jf = v_set1((float)(j0 + j));
-            s = v_sel(m_and(v_le(jf, p_lane), v_gt(jf, lo_lane)), s, ninf);
-            v_store(b->p + j * VL, s);
-            mb = v_max(mb, s);
+            for (int v = 0; v < NV; ++v) {
+                vf s = v_mul(v_load(b->p + j * TL + v * VL), vscale);
+                if (softcap > 0.0f) s = v_softcap(s, softcap);
+                s = v_sel(m_and(v_le(jf, p_lane[v]), v_gt(jf, lo_lane[v])), s, ninf);
+                v_store(b->p + j * TL + v * VL, s);
+                mb[v] = v_max(mb[v], s);
+            }
         }
-        const vf m2 = v_max(m, mb);
-        const vf alpha = v_sel(v_eq(m2, m), one, v_exp(v_sub(m, m2)));
-        vf psum = zero;
-        for (int j = 0; j < nk; ++j) {
-            const vf s = v_load(b->p + j * VL);
-            const vf e = v_sel(v_eq(s, ninf), zero, v_exp(v_sub(s, m2)));
-            v_store(b->p + j * VL, e);
-            psum = v_add(psum, e);
+        for (int v = 0; v < NV; ++v) {
+            const vf m2 = v_max(m[v], mb[v]);
+            alpha[v] = v_sel(v_eq(m2, m[v]), one, v_exp(v_sub(m[v], m2)));
+            m[v] = m2;
         }
-        lsum = v_add(v_mul(lsum, alpha), psum);
+        for (int j = 0; j < nk; ++j)
+            for (int v = 0; v < NV; ++v) {
+                const vf s = v_load(b->p + j * TL + v * VL);
+                const vf e = v_sel(v_eq(s, ninf), zero, v_exp(v_sub(s, m[v])));
+                v_store(b->p + j * TL + v * VL, e);
+                psum[v] = v_add(psum[v], e);
+            }
+        for (int v = 0; v < NV; ++v) lsum[v] = v_add(v_mul(lsum[v], alpha[v]), psum[v]);
         block_values(b->ot, b->p, b->vb, nk, Dv, alpha);
-        m = m2;
     }
-    float mf[VL] __attribute__((aligned(64))), lf[VL] __attribute__((aligned(64)));
-    v_store(mf, m), v_store(lf, lsum);
-    for (int l = 0; l < VL && r0 + l < rows; ++l) {
+    float mf[TL] __attribute__((aligned(64))), lf[TL] __attribute__((aligned(64)));
+    for (int v = 0; v < NV; ++v) v_store(mf + v * VL, m[v]), v_store(lf + v * VL, lsum[v]);
+    for (int l = 0; l < TL && r0 + l < rows; ++l) {
         const float den = lf[l] + (sinks ? blz_exp_poly(sinks[head[l]] - mf[l]) : 0.0f);
         float *o = out + row_i[l] * ldo + head[l] * Dv;
-        for (int64_t e = 0; e < Dv; ++e) o[e] = b->ot[e * VL + l] / den;
+        for (int64_t e = 0; e < Dv; ++e) o[e] = b->ot[e * TL + l] / den;
     }
     return BLZ_OK;
 }
@@ -254,9 +278,9 @@ int blz_attention_prefill(const float *q, int64_t ldq, const void *k_pool, const
         (kv_type != BLZ_KV_F32 && kv_type != BLZ_KV_BF16 && kv_type != BLZ_KV_F16))
         return BLZ_EINVAL;
     if (n == 0) return BLZ_OK;
-    const int64_t G = H / Hkv, ntiles = (n * G + VL - 1) / VL, items = Hkv * ntiles;
-    const size_t floats = (size_t)(D * VL + Dv * VL + KB * VL + KB * D + KB * Dv);
-    const int nt = blz_threads(nthreads, items * (ctx + n) * (D + Dv) * VL, BLZ_LINEAR_PARALLEL_MIN);
+    const int64_t G = H / Hkv, ntiles = (n * G + TL - 1) / TL, items = Hkv * ntiles;
+    const size_t floats = (size_t)(D * TL + Dv * TL + KB * TL + KB * D + KB * Dv);
+    const int nt = blz_threads(nthreads, items * (ctx + n) * (D + Dv) * TL, BLZ_LINEAR_PARALLEL_MIN);
     int rc = BLZ_OK;
 #pragma omp parallel num_threads(nt)
     {
@@ -265,15 +289,15 @@ int blz_attention_prefill(const float *q, int64_t ldq, const void *k_pool, const
 #pragma omp atomic write
             rc = BLZ_ENOMEM;
         }
-        const bufs_t b = {mem, mem + D * VL, mem + (D + Dv) * VL, mem + (D + Dv + KB) * VL,
-                          mem + (D + Dv + KB) * VL + KB * D};
+        const bufs_t b = {mem, mem + D * TL, mem + (D + Dv) * TL, mem + (D + Dv + KB) * TL,
+                          mem + (D + Dv + KB) * TL + KB * D};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             if (!mem) continue;
             /* head by head (the threads share one kv head's keys in cache), the longest (last) tiles first */
             const int64_t hk = it / ntiles, t = ntiles - 1 - it % ntiles;
             if (tile(q, ldq, k_pool, v_pool, kv_type, S, idx, n, ctx, G, Hkv, hk, D, Dv, scale, window, sinks,
-                     softcap, out, ldo, t * VL, &b)) {
+                     softcap, out, ldo, t * TL, &b)) {
 #pragma omp atomic write
                 rc = BLZ_EINVAL;
             }
