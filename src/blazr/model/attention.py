@@ -127,10 +127,13 @@ def causal_attention(
     as its later decode steps do. `softcap`: scores soft-capped, `sinks` [H]: per-head sink logits (see
     `_sdpa`). Returns [T, H, Dv]."""
     T, H, _ = q.shape
-    if k_pool is not None and k_pool.dtype != q.dtype:
+    nd = batch.num_decodes
+    pools = k_pool is not None and v_pool is not None and batch.kv_indices is not None
+    on_kernel = pools and nd < batch.num_seqs and _prefill_kernel(q, v)  # prefill rows read the pools
+    alone = k_pool is None and nd < batch.num_seqs and _prefill_kernel(q, v)
+    if k_pool is not None and k_pool.dtype != q.dtype and not on_kernel:
         k, v = k.to(k_pool.dtype).to(q.dtype), v.to(k_pool.dtype).to(q.dtype)
     out = q.new_empty(T, H, v.shape[-1])
-    nd = batch.num_decodes
     if nd:
         assert k_pool is not None and v_pool is not None and batch.kv_indices is not None
         mask = batch.decode_mask(window)  # [Bd, 1, 1, L]
@@ -140,9 +143,6 @@ def causal_attention(
         od = _sdpa(q[:nd].unsqueeze(2), kd, vd, scale, mask, softcap=softcap, sinks=sinks)  # [Bd, H, 1, Dv]
         out[:nd] = od.squeeze(2)
     starts = batch.query_starts
-    pools = k_pool is not None and v_pool is not None and batch.kv_indices is not None
-    on_kernel = pools and nd < batch.num_seqs and _prefill_kernel(q, v)
-    alone = k_pool is None and nd < batch.num_seqs and _prefill_kernel(q, v)
     for b in range(nd, batch.num_seqs):
         s, n, ctx = starts[b], batch.query_lens[b], batch.context_lens[b]
         if on_kernel:
@@ -255,14 +255,21 @@ class Attention(nn.Module):
         v = self._values(qkv, T)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(T, cfg.num_kv_heads, cfg.head_dim)
         self._qk_norm(q, k)
-        if self.rope is not None:
+        on_cpu = ops.cpu_f32(qkv)
+        if self.rope is not None and on_cpu:  # as the decode step: q and k heads back to back, in place
+            qk = qkv[:, : self.q_size + self.kv_size].view(T, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+            ops.rope_neox(qk, batch.positions, self.rope.cos, self.rope.sin, self.rope.dim)
+        elif self.rope is not None:
             q = self.rope(q, batch.positions)
             k = self.rope(k, batch.positions)
         k_pool = v_pool = None
         if cache is not None and batch.has_cache:
             k_pool, v_pool = cache.k, cache.v
-            k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
-            v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
+            if on_cpu:
+                ops.kv_write(k, v, batch.slot_mapping, k_pool, v_pool)
+            else:
+                k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
+                v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         o = causal_attention(
             q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window, cfg.logit_softcap,
             self._sinks(),
