@@ -115,3 +115,25 @@ def test_bad_inputs(native: ops.Kernels) -> None:
         native.attention_prefill(q, kp, vp, torch.arange(5), 2, 0.25)
     with pytest.raises(ValueError, match="H % Hkv == 0"):
         native.attention_prefill(torch.randn(4, 3, 16), kp, vp, torch.arange(4), 0, 0.25)
+
+
+def test_no_further_from_float64_than_torch(native: ops.Kernels) -> None:
+    """Against attention in float64, the kernel's mean error is at most torch's flash SDPA's on the same fp32
+    inputs, at Gemma 3's head dim 256 and Llama's 64. (Each dot summed in one FMA chain over all 256 dims,
+    and the values over all keys in one chain, it was 1.7x SDPA's.)"""
+    g = torch.Generator().manual_seed(0)
+    for H, Hkv, D, T in ((4, 1, 256, 224), (32, 8, 64, 300)):
+        q, k = torch.randn(T, H, D, generator=g) * 3, torch.randn(T, Hkv, D, generator=g) * 3
+        v = torch.randn(T, Hkv, D, generator=g)
+        kk, vv = k.double().repeat_interleave(H // Hkv, 1), v.double().repeat_interleave(H // Hkv, 1)
+        s = torch.einsum("ihd,jhd->hij", q.double(), kk) * D**-0.5
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        exact = torch.einsum("hij,jhd->ihd", s.softmax(-1), vv)
+        ours = native.attention_prefill(q, k, v, torch.arange(T), 0, D**-0.5)
+        qt, kt, vt = (t.transpose(0, 1)[None] for t in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+        err, err_sdpa = (
+            (ours.double() - exact).abs().mean(),
+            (sdpa[0].transpose(0, 1).double() - exact).abs().mean(),
+        )
+        assert err <= err_sdpa, (D, float(err), float(err_sdpa))
