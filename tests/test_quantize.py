@@ -6,7 +6,7 @@ fp32 reference, and the engine invariants on a quantized model."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
 from blazr.errors import BlazrError, UnsupportedError
-from blazr.kernels import formats
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import dequantize, quantize
 from blazr.loading.gguf import GGUFFile
@@ -77,12 +76,11 @@ def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
     """A Q8_0 GGUF's linears (the tied head too) run as the file stores them (q8_0g): unfused tensors and the
     head are views of the file's map, no repack; and its logits — prompt rows on the kernels and cached
     decode steps — equal bit for bit those of the same file loaded the way it was before, repacked to q8_0,
-    once the stored head is put back on 8-bit activations: as stored it keeps x fp32 (`exact_x`,
-    tests/test_kernels_q8xf.py), which packed q8_0 does not offer."""
+    the head on 8-bit x as packed q8_0's (`head_precision="int8"`; fp32 x is test_head_precision's)."""
     state = tiny_state_dict(seed=5)
     del state["lm_head.weight"]
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, {**TINY, "tie_word_embeddings": True}, "Q8_0")
-    stored = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
+    stored = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2, head_precision="int8")
     layers = quantized_layers(stored)
     assert {m.kind for m in layers.values()} == {"q8_0g"}
     where = str(path.resolve())
@@ -93,11 +91,6 @@ def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
         m.setattr("blazr.loading.stored.AS_STORED", {})
         packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
     assert {m.kind for m in quantized_layers(packed).values()} == {"q8_0"}
-    assert layers["lm_head"].exact_x and not quantized_layers(packed)["lm_head"].exact_x
-    with monkeypatch.context() as m:  # as stored, the head on 8-bit activations as packed q8_0's
-        m.setattr(formats, "of", lambda kind: replace(formats.BY_KIND[kind], exact_x=False))
-        stored = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
-    assert {m.kind for m in quantized_layers(stored).values()} == {"q8_0g"}
     batch = prompts([5, 12], seed=3, vocab=stored.config.vocab_size)
     for a, b in zip(full_logits(stored.runner, batch), full_logits(packed.runner, batch), strict=True):
         assert torch.equal(a, b)
@@ -312,6 +305,44 @@ def test_bf16_checkpoint_runs_as_stored(tmp_path: Path) -> None:
         want = stepwise_logits(ref, batch, steps)
         for got, w in zip(stepwise_logits(llm, batch, steps), want, strict=True):
             assert torch.equal(got, w)
+
+
+def _record_call(calls: list, module: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
+    calls.append((args[0].detach().clone(), out.detach()))
+
+
+def test_head_precision(tmp_path: Path) -> None:
+    """A Q8_0 GGUF's tied head on fp32 x gives the float product of its (exactly widened) weights with the
+    hidden states, where the 8-bit form is further; `auto` takes fp32 only where a head call holds at most
+    two rows (one sequence, or two; not with speculative drafts), and a head of another format stays as it
+    is; the fp32 head's decode steps give the whole prefill's bits (one form for every batch)."""
+    state = tiny_state_dict(seed=6)
+    del state["lm_head.weight"]
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, {**TINY, "tie_word_embeddings": True}, "Q8_0")
+    kw = {"vocab": "cl100k_base", "cpu": True, "dtype": "float32"}
+    assert LLM(path, **kw, max_num_seqs=1).model.lm_head.exact_x
+    assert LLM(path, **kw, max_num_seqs=2).model.lm_head.exact_x
+    assert not LLM(path, **kw, max_num_seqs=3).model.lm_head.exact_x
+    assert not LLM(path, **kw, max_num_seqs=1, speculative="ngram").model.lm_head.exact_x
+    assert LLM(path, **kw, max_num_seqs=16, head_precision="fp32").model.lm_head.exact_x
+    four = write_tiny_llama_gguf(tmp_path / "q4.gguf", state, {**TINY, "tie_word_embeddings": True}, "Q4_0")
+    assert not LLM(four, **kw, max_num_seqs=1).model.lm_head.exact_x  # q4_0 has no fp32-x form
+    batch = prompts([9, 14], seed=2, vocab=TINY["vocab_size"])
+    errors = {}
+    for mode in ("fp32", "int8"):
+        llm = LLM(path, **kw, max_num_seqs=2, head_precision=mode)
+        head, seen = llm.model.lm_head, []
+        hook = head.register_forward_hook(partial(_record_call, seen))
+        full_logits(llm.runner, batch)
+        hook.remove()
+        w = dequantize(head.qweight).double()
+        errors[mode] = max(float((y.double() - x.double() @ w.T).abs().max()) for x, y in seen)
+        if mode == "fp32":
+            whole = stepwise_logits(llm, batch, [[len(p)] for p in batch])
+            steps = stepwise_logits(llm, batch, [[len(p) - 4] + [1] * 4 for p in batch])
+            for a, b in zip(steps, whole, strict=True):
+                assert torch.equal(a, b)
+    assert errors["fp32"] < 1e-4 < errors["int8"], errors
 
 
 def test_in_situ_quantization_invariants(tiny_llama: Path) -> None:

@@ -33,6 +33,7 @@ from blazr.engine.sequence import TokenLogprob
 from blazr.errors import BlazrError
 from blazr.load_config import LoadConfig
 from blazr.loading.loader import load_model
+from blazr.model.qlinear import keep_head_x_fp32
 from blazr.tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -140,7 +141,17 @@ def llm_configs(
         raise TypeError(f"LLM() got {e}") from None
     except ValueError as e:
         raise BlazrError(str(e)) from None
-    return tree.load, tree.engine
+    return resolve_head_precision(tree.load, tree.engine), tree.engine
+
+
+def resolve_head_precision(load: LoadConfig, engine: EngineConfig) -> LoadConfig:
+    """`head_precision` "auto" made "fp32" or "int8" (its help says which) from the rows one head call can
+    hold, max_num_seqs × (1 + speculative drafts): at up to two, fp32 x reads as fast as 8-bit x."""
+    if load.head_precision != "auto":
+        return load
+    spec = engine.speculative
+    rows = engine.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
+    return replace(load, head_precision="fp32" if rows <= 2 else "int8")
 
 
 class LLM:
@@ -192,6 +203,7 @@ class LLM:
             quantize=load.quantize,
             tp=self.tp,
         )
+        keep_head_x_fp32(self.model.lm_head, load.head_precision == "fp32")  # before any plan is recorded
         self.kv_dtype = pick_kv_dtype(load.kv_cache_dtype, self.model, self.dtype, self.device)
         if self.tp is not None:
             self.engine_config = share_cache_budget(self.engine_config, self.device, self.tp.world)

@@ -13,6 +13,7 @@ from blazr.config_flags import option, positive_int
 
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 QuantizeMode = Literal["auto", "none", "int8", "int4", "bf16"]
+HeadPrecision = Literal["auto", "fp32", "int8"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,15 @@ class LoadConfig:
         "F16/BF16); int8 / int4 / bf16 convert any checkpoint at load (Q8_0 / Q4_1 blocks, bfloat16) and "
         "keep the result for later loads (BLAZR_QUANT_CACHE=DIR|off, default ~/.cache/blazr/quantized); "
         "none keeps float weights",
+    )
+    head_precision: HeadPrecision = option(
+        "auto",
+        help="activations into an output head kept as Q8_0 (a Q8_0 GGUF's, Gemma's / SmolLM2's tied "
+        "heads, int8's): fp32 keeps x as computed against the weights widened exactly — the float model's "
+        "logits up to fp32 rounding —, int8 rounds x to 8 bits per block as every other quantized linear "
+        "(and llama.cpp) does; fp32 reads as fast at one or two rows a call and costs fp32 FMAs beyond "
+        "(SmolLM2 at 16 sequences: 0.77× the throughput); auto: fp32 when max_num_seqs × (1 + speculative "
+        "drafts) ≤ 2",
     )
     kv_cache_dtype: DtypeName = option(
         "auto",
@@ -64,6 +74,7 @@ class LoadConfig:
             ("dtype", self.dtype, DtypeName),
             ("kv cache dtype", self.kv_cache_dtype, DtypeName),
             ("quantize mode", self.quantize, QuantizeMode),
+            ("head precision", self.head_precision, HeadPrecision),
         ):
             names = typing.get_args(allowed)
             if value not in names:

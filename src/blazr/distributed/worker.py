@@ -104,6 +104,7 @@ def run_worker(world: int | None = None) -> None:
     from blazr.detect import inspect_checkpoint
     from blazr.engine.runner import ModelRunner
     from blazr.loading.loader import load_model
+    from blazr.model.qlinear import keep_head_x_fp32
 
     world = world or int(os.environ["WORLD_SIZE"])
     parent = os.environ.get("BLAZR_TP_PARENT")
@@ -119,6 +120,7 @@ def run_worker(world: int | None = None) -> None:
     assert load.model is not None
     ckpt = inspect_checkpoint(Path(load.model), vocab_name=load.vocab)
     model = load_model(ckpt, device, setup.dtype, setup.max_model_len, quantize=load.quantize, tp=tp)
+    keep_head_x_fp32(model.lm_head, load.head_precision == "fp32")  # rank 0 resolved "auto"
     engine_cfg, plan, kv_dtype = tp.broadcast_object()
     runner = ModelRunner(model, engine_cfg, device, setup.dtype, kv_dtype, tp=tp, cache_plan=plan)
     log.info("tensor-parallel rank %d of %d ready", tp.rank, tp.world)

@@ -175,9 +175,7 @@ def quantize_from_file(
         bias = None
         if linear is not None and linear.bias is not None:
             bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
-        _set_module(
-            model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype), head=name == "lm_head")
-        )
+        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
         if linear is not None:
             for _ in linear.parameters():
@@ -385,9 +383,7 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
             continue
         qw = quantize(weight.detach(), kind)
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
-        _set_module(
-            model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype), head=name == "lm_head")
-        )
+        _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
     table = model.embed_tokens.weight.detach()  # the rank's rows: the same rows as one process's table
     if (row_kind := _TABLE_KIND[mode]) != "bf16" and table.shape[1] % QK:  # Q8_0 quantizes blocks of 32

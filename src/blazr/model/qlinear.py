@@ -16,10 +16,11 @@ mechanism by which attention, MLA, MoE and the linears of one forward pick their
   `DENSE_MIN_ROWS`: MKL's sgemm rounds a row identically for every M ≥ 12 and differently below (measured
   on torch 2.13, AVX2, shapes 576-4096 × 768-100352), and one call runs 1.5x faster than 128-row tiles
   (60 vs 39 GFLOP/s at 500 × 768 × 3376 on a 2-core Zen 1).
-An output head (`head=True`) whose format offers it runs with x kept fp32 (`exact_x`: Q8_0 as stored —
-csrc/linear_q8xf.c widens each weight exactly): the 8-bit rounding of x moves logits directly, and the head is
-where they are chosen from (Gemma 3 270M Q4_K_M against its float model: 780 → 787 of 814 teacher-forced
-top-1, NOTES §54); at one row it also reads faster than the int8 kernel.
+An output head whose format offers it may run with x kept fp32 (`keep_head_x_fp32`; `exact_x`: Q8_0 as
+stored — csrc/linear_q8xf.c widens each weight exactly): the 8-bit rounding of x moves the logits directly
+(Gemma 3 270M Q4_K_M against its float model: 780 → 787 of 814 teacher-forced top-1, NOTES §54). It reads as
+fast as the int8 kernel at one or two rows and costs fp32 FMAs beyond (16 products an instruction against
+VNNI's 64), so `--head-precision auto` takes it only where the engine's head calls hold at most two rows.
 `weight` returns the dequantized float32 weight (the reference every path is tested against).
 `Linear` is the float layer the model builds (an nn.Linear called the same way, so a forward never asks
 which kind of layer the loader left in a place).
@@ -53,19 +54,11 @@ class Linear(nn.Linear):
 
 class QuantizedLinear(nn.Module):
     def __init__(
-        self,
-        qweight: QuantizedWeight,
-        bias: torch.Tensor | None = None,
-        dense: torch.Tensor | None = None,
-        *,
-        head: bool = False,
+        self, qweight: QuantizedWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
     ) -> None:
-        """`head`: the model's output head — its kernel keeps x fp32 where the weight's format offers that
-        (`exact_x`, kernels/formats.py: Q8_0 as stored), so the logits are the float model's up to fp32
-        rounding rather than moved by 8-bit activations (see the module docstring)."""
         super().__init__()
         self.qweight = qweight
-        self.exact_x = head and formats.of(qweight.kind).exact_x
+        self.exact_x = False  # x kept fp32 by the kernel (`keep_head_x_fp32`: an output head)
         self.in_features, self.out_features = qweight.in_features, qweight.out_features
         self.bias = None if bias is None else nn.Parameter(bias.float().contiguous(), requires_grad=False)
         self.register_buffer("dense", dense, persistent=False)
@@ -111,3 +104,13 @@ class QuantizedLinear(nn.Module):
         dense = "none" if self.dense is None else dtype_name(self.dense.dtype)
         exact = ", exact_x" if self.exact_x else ""
         return f"in={self.in_features}, out={self.out_features}, kind={self.kind}, dense={dense}{exact}"
+
+
+def keep_head_x_fp32(head: nn.Module | None, exact: bool) -> bool:
+    """Put an output head on fp32 x (`exact`: its format's exact_x kernel) or on 8-bit x; returns whether it
+    keeps x fp32 now (False for a float head, or a format without the form). Set before any decode plan is
+    recorded: the form is fixed for every row the engine computes, whatever its batch."""
+    if not isinstance(head, QuantizedLinear):
+        return False
+    head.exact_x = exact and formats.of(head.kind).exact_x
+    return head.exact_x
