@@ -141,7 +141,7 @@ def llm_configs(
         raise TypeError(f"LLM() got {e}") from None
     except ValueError as e:
         raise BlazrError(str(e)) from None
-    return resolve_head_precision(tree.load, tree.engine), tree.engine
+    return tree.load, tree.engine
 
 
 def resolve_head_precision(load: LoadConfig, engine: EngineConfig) -> LoadConfig:
@@ -178,6 +178,7 @@ class LLM:
         policy — on a terminal, unless the command line asked for quiet)."""
         t0 = time.perf_counter()
         load, engine_cfg = llm_configs(model, load_config, engine_config, options)
+        load = resolve_head_precision(load, engine_cfg)  # the ranks and a draft model load the same form
         self.load_config = load
         self.path = resolve_model_path(load.model)
         self.checkpoint = inspect_checkpoint(self.path, vocab_name=load.vocab)
