@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 
 from blazr.kernels import build
-from blazr.kernels.bindings_attention import AttentionPrefillBindings
+from blazr.kernels.bindings_attention import AttentionBindings
 from blazr.kernels.bindings_conv import ConvBindings
 from blazr.kernels.bindings_deltanet import DeltaNetBindings
 from blazr.kernels.bindings_kda import KDABindings
@@ -41,8 +41,6 @@ from blazr.kernels.calls import (
     _check,
     _f32_ptr,
     _i64_ptr,
-    _pool_ptrs,
-    _rows_ptr,
 )
 from blazr.kernels.formats import FORMATS
 from blazr.kernels.quant import (
@@ -57,7 +55,7 @@ _ROWS_FLAG = 0x100  # BLZ_ROWS: the weight pointer is a row table (kernels/mappe
 _GEMM_FLAG = 0x200  # BLZ_GEMM: f32 rows may take the panel GEMM (a prefill call)
 _XF32_FLAG = 0x400  # BLZ_XF32: x kept fp32 against Q8_0 as stored (csrc/linear_q8xf.c)
 _OP_LINEAR = {f.kind: f.op for f in FORMATS}  # the packed call's linear op of each weight kind
-_OP_RMS_NORM, _OP_ROPE_NEOX, _OP_PAGED_ATTENTION_DECODE, _OP_KV_WRITE = 4, 5, 6, 7
+_OP_RMS_NORM, _OP_ROPE_NEOX = 4, 5
 _OP_GATED_RMS_NORM, _OP_EMBEDDING, _OP_AXPBY, _OP_ACTIVATION = 9, 10, 11, 12
 _OP_EMBEDDING_Q, _OP_SOFTCAP = 19, 24
 _ROW_CODES = {f.kind: f.row_code for f in FORMATS if f.row_code is not None}  # blz_embedding_q's
@@ -68,7 +66,7 @@ TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, 
 
 
 class Kernels(
-    AttentionPrefillBindings,
+    AttentionBindings,
     Mamba2Bindings,
     MoEMLABindings,
     SampleBindings,
@@ -412,90 +410,3 @@ class Kernels(
         a.i[0:11] = (xp, T, H, hs, ldx, pp, cp, sp, cos.shape[0], rot_dim, torch.get_num_threads())
         self._run(a, addr, "rope_neox", x, positions, cos, sin)
         return x
-
-    def paged_attention_decode(
-        self,
-        q: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-        kv_indices: torch.Tensor,
-        seq_lens: torch.Tensor | Sequence[int],
-        scale: float,
-        *,
-        window: int | None = None,
-        out: torch.Tensor | None = None,
-        sinks: torch.Tensor | None = None,
-        softcap: float | None = None,
-    ) -> torch.Tensor:
-        if not isinstance(seq_lens, torch.Tensor):
-            seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
-        B, H, D = q.shape
-        if sinks is not None and sinks.numel() != H:
-            raise ValueError(f"paged_attention_decode: sinks [{H}] expected, found {list(sinks.shape)}")
-        if softcap is not None and not softcap > 0:
-            raise ValueError(f"paged_attention_decode: softcap must be > 0 or None, found {softcap}")
-        S, Hkv, Dk = k_pool.shape
-        Dv = v_pool.shape[2]
-        if Dk != D or v_pool.shape[:2] != (S, Hkv) or H % Hkv:
-            raise ValueError(
-                f"paged_attention_decode: q [B, H, {D}], k_pool [S, Hkv, {D}], v_pool [S, Hkv, Dv] with "
-                f"H % Hkv == 0; found {list(q.shape)}, {list(k_pool.shape)}, {list(v_pool.shape)}"
-            )
-        if kv_indices.dim() != 2 or kv_indices.shape[0] != B or seq_lens.numel() != B:
-            raise ValueError(f"paged_attention_decode: kv_indices [{B}, Lmax] and seq_lens [{B}] expected")
-        if out is None:
-            out = torch.empty(B, H, Dv, dtype=_F32)
-        elif out.numel() != B * H * Dv:
-            raise ValueError(f"paged_attention_decode: out must have [{B}, {H}, {Dv}] elements")
-        a, addr = self._args()
-        a.op = _OP_PAGED_ATTENTION_DECODE
-        (qp, ldq), (kp, vp, kv_type) = _rows_ptr(q, "attention q"), _pool_ptrs(k_pool, v_pool)
-        ip, lp = _i64_ptr(kv_indices, "kv_indices"), _i64_ptr(seq_lens, "seq_lens")
-        op, nt = _f32_ptr(out, "attention out"), torch.get_num_threads()
-        sp = _f32_ptr(sinks, "attention sinks") if sinks is not None else 0
-        a.i[0:18] = (
-            qp, ldq, kp, vp, kv_type, S, ip, kv_indices.shape[1], lp,
-            B, H, Hkv, D, Dv, window or 0, op, nt, sp,
-        )  # fmt: skip
-        a.f[0], a.f[1] = scale, softcap or 0.0
-        keep = (sinks,) if sinks is not None else ()
-        self._run(a, addr, "paged_attention_decode", q, k_pool, v_pool, kv_indices, seq_lens, out, *keep)
-        return out
-
-    def kv_write(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-    ) -> None:
-        T, Hkv, D = k.shape
-        S, Dv = k_pool.shape[0], v_pool.shape[2]
-        if v.shape[:2] != (T, Hkv) or k_pool.shape[1:] != (Hkv, D) or v_pool.shape[:2] != (S, Hkv):
-            raise ValueError(
-                f"kv_write: k [T, Hkv, D], v [T, Hkv, Dv] into pools [S, Hkv, D*]; found {list(k.shape)}, "
-                f"{list(v.shape)}, {list(k_pool.shape)}, {list(v_pool.shape)}"
-            )
-        if slot_mapping.numel() != T:
-            raise ValueError(f"kv_write: slot_mapping has {slot_mapping.numel()} slots for {T} tokens")
-        (kp, ldk), (vp, ldv) = _rows_ptr(k, "kv_write k"), _rows_ptr(v, "kv_write v")
-        kpool, vpool, kv_type = _pool_ptrs(k_pool, v_pool)
-        a, addr = self._args()
-        a.op = _OP_KV_WRITE
-        a.i[0:13] = (
-            kp,
-            ldk,
-            vp,
-            ldv,
-            _i64_ptr(slot_mapping, "slot_mapping"),
-            T,
-            Hkv,
-            D,
-            Dv,
-            kpool,
-            vpool,
-            kv_type,
-            S,
-        )
-        self._run(a, addr, "kv_write", k, v, slot_mapping, k_pool, v_pool)
