@@ -31,6 +31,7 @@ from blazr.kernels.quant import (
     block_fields,
     dequantize,
 )
+from blazr.kernels.reference_attention import attention_prefill_reference
 from blazr.kernels.row_table import RowTable
 
 
@@ -264,26 +265,16 @@ def paged_attention_decode_reference(
     """Per sequence: gather its keys from the pools, softmax(scale · q·kᵀ) · v in fp32; keys
     [L − window, L) with a window; no keys → zeros. `softcap` c: the scores s become c · tanh(s / c)
     before the softmax. `sinks` [H]: each head's logit joins the softmax as one more score without a
-    value."""
+    value. (Row b is the prefill of one query at position L − 1: `attention_prefill_reference`.)"""
     B, H, _ = q.shape
-    G = H // k_pool.shape[1]
     res = torch.zeros(B, H, v_pool.shape[2], dtype=torch.float32)
     for b in range(B):
         L = int(seq_lens[b])
-        start = max(0, L - window) if window else 0
-        if start >= L:
+        if L == 0:
             continue
-        idx = kv_indices[b, start:L]
-        k = k_pool[idx].float().repeat_interleave(G, dim=1)  # [n, H, D]
-        v = v_pool[idx].float().repeat_interleave(G, dim=1)
-        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale  # [H, n]
-        if softcap is not None:
-            s = torch.tanh(s / softcap) * softcap
-        if sinks is not None:
-            p = torch.cat([s, sinks.float()[:, None]], dim=1).softmax(-1)[:, :-1]
-        else:
-            p = s.softmax(-1)
-        res[b] = torch.einsum("hn,nhd->hd", p, v)
+        kw = {"window": window, "sinks": sinks, "softcap": softcap}
+        row = attention_prefill_reference(q[b : b + 1], k_pool, v_pool, kv_indices[b], L - 1, scale, **kw)
+        res[b] = row[0]
     return res if out is None else out.copy_(res)
 
 

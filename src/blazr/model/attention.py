@@ -128,9 +128,9 @@ def causal_attention(
     `_sdpa`). Returns [T, H, Dv]."""
     T, H, _ = q.shape
     nd = batch.num_decodes
-    pools = k_pool is not None and v_pool is not None and batch.kv_indices is not None
-    on_kernel = pools and nd < batch.num_seqs and _prefill_kernel(q, v)  # prefill rows read the pools
-    alone = k_pool is None and nd < batch.num_seqs and _prefill_kernel(q, v)
+    kernel = nd < batch.num_seqs and _prefill_kernel(q, v)
+    on_kernel = kernel and k_pool is not None and v_pool is not None and batch.kv_indices is not None
+    alone = kernel and k_pool is None  # no cache: the chunk's own keys as the kernel's pools (ctx is 0)
     if k_pool is not None and k_pool.dtype != q.dtype and not on_kernel:
         k, v = k.to(k_pool.dtype).to(q.dtype), v.to(k_pool.dtype).to(q.dtype)
     out = q.new_empty(T, H, v.shape[-1])
@@ -145,14 +145,14 @@ def causal_attention(
     starts = batch.query_starts
     for b in range(nd, batch.num_seqs):
         s, n, ctx = starts[b], batch.query_lens[b], batch.context_lens[b]
-        if on_kernel:
+        if on_kernel or (alone and ctx == 0):  # cacheless: a cached prefill's bits
+            kb, vb, slots = (
+                (k_pool, v_pool, batch.kv_indices[b])
+                if on_kernel
+                else (k[s : s + n].contiguous(), v[s : s + n].contiguous(), torch.arange(n))
+            )
             kw = {"window": window, "sinks": sinks, "softcap": softcap, "out": out[s : s + n]}
-            ops.attention_prefill(q[s : s + n], k_pool, v_pool, batch.kv_indices[b], ctx, scale, **kw)
-            continue
-        if alone and ctx == 0:  # no cache: the chunk's own keys as the pools, so cached == cacheless bits
-            kw = {"window": window, "sinks": sinks, "softcap": softcap, "out": out[s : s + n]}
-            kc, vc = k[s : s + n].contiguous(), v[s : s + n].contiguous()
-            ops.attention_prefill(q[s : s + n], kc, vc, torch.arange(n), 0, scale, **kw)
+            ops.attention_prefill(q[s : s + n], kb, vb, slots, ctx, scale, **kw)
             continue
         qb = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, Dk]
         if ctx == 0:
