@@ -175,6 +175,29 @@ def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) 
                 assert torch.equal(lib.linear(x[:M], qw, swiglu=True), swiglu[:M]), (N, K, M)
 
 
+@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS])
+def test_swiglu_epilogue_is_the_activation_kernels_silu(lib: ops.Kernels, kind: str) -> None:
+    """A fused SwiGLU output is silu(gate + b) · (up + b) of the plain outputs, bit for bit, on every path
+    that writes it — the decode walks' scalar epilogue, the prefill GEMMs' vector rows (16 lanes on AVX-512,
+    8 on AVX2, a scalar tail) — and equal to the activation kernel's silu: one exp (blz_exp_poly's
+    operations) at every width, so no output depends on which path or build computed it. Gates reach past
+    exp's clamp (silu of −500) and exactly 0."""
+    g = torch.Generator().manual_seed(5)
+    N, K = 2 * 45, 512  # 45 outputs: two 16-lane steps and a tail; 8-lane steps and a tail
+    if kind in K_KINDS:
+        qw = random_kquant(kind, N, K, g)
+    else:
+        qw = quantize(torch.randn(N, K, generator=g) * 0.05, kind)
+    bias = torch.randn(N, generator=g)
+    for M in (1, 5, 14, 30, 100):
+        x = torch.randn(M, K, generator=g) * torch.logspace(-1, 3, M).unsqueeze(1)  # gates to ±1e3 and past
+        x[0] = 0  # gate and up exactly 0 (+ the bias)
+        for b in (None, bias):
+            plain = lib.linear(x, qw, b, prefill=True)
+            fused = lib.linear(x, qw, b, swiglu=True, prefill=True)
+            assert torch.equal(fused, lib.activation(plain, "silu", gated=True)), (kind, M, b is None)
+
+
 def test_bf16_weights_run_as_f16_on_x_as_given(lib: ops.Kernels) -> None:
     """bf16 and f16 weights share one kernel (csrc/linear_16bit.c): each widened exactly, x used as given.
     On weights that both formats hold exactly, bf16 gives f16's bits at every row count — the decode walk

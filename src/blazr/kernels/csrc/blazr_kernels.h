@@ -631,8 +631,6 @@ BLZ_INLINE void blz_kv_store1(char *row, int64_t i, float v, int kv_type) {
     else ((uint16_t *)row)[i] = kv_type == BLZ_KV_BF16 ? blz_fp32_to_bf16(v) : blz_fp32_to_fp16(v);
 }
 
-BLZ_INLINE float blz_silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* blz_exp256's operations on one value, one by one (the same clamps, reduction and polynomial; fnmadd(n, c,
  * x) is fmaf(−n, c, x) exactly), so the two agree bit for bit; ≤ 2 ulp from exp. */
 BLZ_INLINE float blz_exp_poly(float x) {
@@ -652,6 +650,10 @@ BLZ_INLINE float blz_exp_poly(float x) {
     memcpy(&s, &bits, 4);
     return y * s;
 }
+
+/* silu(x) = x / (1 + exp(−x)), exp by blz_exp_poly: the same bits as the vector steps (blz_silu256,
+ * blz_epilogue16), so an output's SwiGLU is the same whichever path, width or build computed it. */
+BLZ_INLINE float blz_silu(float x) { return x / (1.0f + blz_exp_poly(0.0f - x)); }
 
 
 /* Epilogue shared by the linear kernels, for the tile of output rows m0 .. m0+mt-1 at column n.
@@ -882,26 +884,51 @@ BLZ_INLINE __m512 blz_exp512(__m512 x) {
 
 #ifdef BLZ_AVX512
 /* blz_epilogue for 16 consecutive outputs n0 .. n0+nn-1 (nn ≤ 16) of one row, r (and u, the SwiGLU up
- * values) in lanes; same formulas, with silu's exp from blz_exp512 (≤ 2 ulp, where the scalar path uses
- * libm's expf). */
+ * values) in lanes: the same operations, so the same bits (a missing bias adds +0 as blz_epilogue's does;
+ * silu's exp is blz_exp512 clamped as blz_exp_poly: its operations in 16 lanes). */
 BLZ_INLINE void blz_epilogue16(__m512 r, __m512 u, int64_t row, int64_t n0, int nn, int64_t N, int64_t nout,
                                const float *bias, const float *residual, float *out, int swiglu) {
     const __mmask16 k = (__mmask16)((1u << nn) - 1u);
     if (swiglu) {
-        if (bias) {
-            r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(k, bias + n0));
-            u = _mm512_add_ps(u, _mm512_maskz_loadu_ps(k, bias + nout + n0));
-        }
-        const __m512 e = blz_exp512(_mm512_sub_ps(_mm512_setzero_ps(), r));
+        r = _mm512_add_ps(r, bias ? _mm512_maskz_loadu_ps(k, bias + n0) : _mm512_setzero_ps());
+        u = _mm512_add_ps(u, bias ? _mm512_maskz_loadu_ps(k, bias + nout + n0) : _mm512_setzero_ps());
+        /* blz_exp512 below 88.3, blz_exp_poly's range (above it exp512 goes on to 88.7) */
+        const __m512 e = blz_exp512(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), r), _mm512_set1_ps(88.3f)));
         const __m512 silu = _mm512_div_ps(r, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_mask_storeu_ps(out + row * nout + n0, k, _mm512_mul_ps(silu, u));
     } else {
-        if (bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(k, bias + n0));
+        r = _mm512_add_ps(r, bias ? _mm512_maskz_loadu_ps(k, bias + n0) : _mm512_setzero_ps());
         if (residual) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(k, residual + row * N + n0));
         _mm512_mask_storeu_ps(out + row * N + n0, k, r);
     }
 }
 #endif
+
+/* blz_epilogue for the nn consecutive outputs n0 .. n0+nn-1 of one row (r[j], u[j]: output n0 + j's dots;
+ * u unused without SwiGLU) in vector steps where the build has them — the same bits as blz_epilogue output
+ * by output (silu's exp is blz_exp_poly's operations at every width). The prefill GEMMs' epilogue: libm's
+ * expf one value at a time cost ~10 % of a SwiGLU projection's time at 256-500 rows. */
+BLZ_INLINE void blz_epilogue_row(const float *r, const float *u, int64_t row, int64_t n0, int64_t nn, int64_t N,
+                                 int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
+    int64_t j = 0;
+#ifdef BLZ_AVX512
+    for (; j < nn; j += 16) {
+        const int n = (int)blz_min(16, nn - j);
+        const __mmask16 k = (__mmask16)((1u << n) - 1u);
+        const __m512 uv = swiglu ? _mm512_maskz_loadu_ps(k, u + j) : _mm512_setzero_ps();
+        blz_epilogue16(_mm512_maskz_loadu_ps(k, r + j), uv, row, n0 + j, n, N, nout, bias, residual, out, swiglu);
+    }
+#elif defined(BLZ_AVX2)
+    for (; swiglu && j + 8 <= nn; j += 8) {
+        const int64_t n = n0 + j;
+        const __m256 zero = _mm256_setzero_ps();
+        const __m256 g = _mm256_add_ps(_mm256_loadu_ps(r + j), bias ? _mm256_loadu_ps(bias + n) : zero);
+        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(u + j), bias ? _mm256_loadu_ps(bias + nout + n) : zero);
+        _mm256_storeu_ps(out + row * nout + n, _mm256_mul_ps(blz_silu256(g), v));
+    }
+#endif
+    for (; j < nn; ++j) blz_epilogue(r + j, swiglu ? u + j : NULL, 1, row, n0 + j, N, nout, bias, residual, out, swiglu);
+}
 
 /* Row t of a causal depthwise conv over C channels, K taps, before its activation (Mamba2's and gated
  * DeltaNet's prefill): u[c] = bias[c] (0 without) + Σ_j wt[j·C + c]·x(t − (K−1) + j, c), x(r) = rows[r·ld + c]

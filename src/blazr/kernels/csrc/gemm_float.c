@@ -418,10 +418,8 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
                 panel_block(w, tab, wk, n0, nr, K, xp, M, Mp, m0, m1, panel, c);
                 if (swiglu) panel_block(w, tab, wk, n0 + nout, nr, K, xp, M, Mp, m0, m1, panel, cu);
                 for (int64_t m = m0; m < blz_min(M, m1); ++m)
-                    for (int j = 0; j < nr; ++j) {
-                        const float r = c[(m - m0) * PANEL_NR + j], g = swiglu ? cu[(m - m0) * PANEL_NR + j] : 0.0f;
-                        blz_epilogue(&r, &g, 1, m, n0 + j, N, nout, bias, residual, out, swiglu);
-                    }
+                    blz_epilogue_row(c + (m - m0) * PANEL_NR, cu + (m - m0) * PANEL_NR, m, n0, nr, N, nout, bias,
+                                     residual, out, swiglu);
             }
         }
     }

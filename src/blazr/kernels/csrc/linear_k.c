@@ -772,8 +772,7 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
                 tile_dots(kinds[0], gate, apart[0], nn, &a, m0, mt, r);
                 if (swiglu) tile_dots(kinds[1], up, apart[1], nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
-                    for (int j = 0; j < nn; ++j)
-                        blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
+                    blz_epilogue_row(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
             }
         }
     }

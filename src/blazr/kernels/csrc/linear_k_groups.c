@@ -176,8 +176,7 @@ int blz_kgroup_run(const ksegs_t *sg, const int64_t *tab, const actk_t *a, int64
         kgroup_tile(gkind, mt, pk, a, m0, r);
         if (swiglu) kgroup_tile(ukind, mt, pk + half, a, m0, u);
         for (int m = 0; m < mt; ++m)
-            for (int j = 0; j < nn; ++j)
-                blz_epilogue(&r[m][j], &u[m][j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
+            blz_epilogue_row(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
     }
     return BLZ_OK;
 }

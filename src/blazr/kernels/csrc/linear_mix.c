@@ -87,9 +87,7 @@ int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64
     const int nt = blz_threads(nthreads, M * N, BLZ_LINEAR_PARALLEL_MIN);
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < nout; ++j)
-            blz_epilogue(raw + m * N + j, swiglu ? raw + m * N + nout + j : NULL, 1, 0, j, N, nout, bias,
-                         residual ? residual + m * N : NULL, out + m * (swiglu ? nout : N), swiglu);
+        blz_epilogue_row(raw + m * N, raw + m * N + nout, m, 0, nout, N, nout, bias, residual, out, swiglu);
     free(raw);
     return BLZ_OK;
 }

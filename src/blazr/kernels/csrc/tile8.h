@@ -67,17 +67,11 @@ BLZ_INLINE void blz_tile_block_scalar(const int8_t *v, float dw, const blz_act_t
     }
 }
 
-/* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u): linear_q.c's
- * epilogue (its silu) on AVX-512 builds, the same bits as the packed groups on every host; blz_epilogue
- * elsewhere. */
+/* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u): blz_epilogue_row,
+ * the same bits as linear_q.c's packed groups on every host. */
 BLZ_INLINE void blz_tile_epilogue(const float r[QR], const float u[QR], int64_t row, int64_t n0, int nn, int64_t N,
                                   int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
-#ifdef BLZ_AVX512
-    const __m512 uv = swiglu ? _mm512_zextps256_ps512(_mm256_loadu_ps(u)) : _mm512_setzero_ps();
-    blz_epilogue16(_mm512_zextps256_ps512(_mm256_loadu_ps(r)), uv, row, n0, nn, N, nout, bias, residual, out, swiglu);
-#else
-    for (int j = 0; j < nn; ++j) blz_epilogue(&r[j], &u[j], 1, row, n0 + j, N, nout, bias, residual, out, swiglu);
-#endif
+    blz_epilogue_row(r, u, row, n0, nn, N, nout, bias, residual, out, swiglu);
 }
 
 /* The outputs of a blz_stream_tiles step from its streams' dots r (SwiGLU: tile s's up dots are r[ns + s]). */
