@@ -35,8 +35,10 @@ blazr runs the same GGUF as llama.cpp (`--quantize auto`: its tensors kept as st
 and the HF directory with `--quantize bf16` / `int8` beside the F16 / Q8_0 rows — `int8` twice: its first
 load (an empty quantization cache: the checkpoint quantized, the cache file written in the background,
 timed apart and waited for before the speed is measured) and a later one (the cache file mapped;
-loading/quant_cache.py). Rounds alternate the engines; the table holds medians. Speed is reported,
-never asserted.
+loading/quant_cache.py). Rounds alternate the engines; the table holds medians. The last column is each
+engine's decode as a read rate: the weight bytes a token reads (llama.cpp's file: every tensor, less the token
+embedding where the head stands apart) × decode tok/s — where both near the host's read rate, a step is
+bandwidth-bound and no kernel moves it. Speed is reported, never asserted.
 """
 
 from __future__ import annotations
@@ -376,6 +378,25 @@ def build_8b(cache: Path) -> Path:
     return q4
 
 
+def decode_bytes(gguf: Path) -> int:
+    """Weight bytes one decode token reads from `gguf`: every tensor, less the token embedding when an
+    output head stands apart (a step reads one row of it); tied, the embedding is the head and is read."""
+    import math
+    import mmap
+
+    from blazr.loading.gguf_header import GGML_TYPES, parse_header
+
+    with open(gguf, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        tensors = parse_header(buf).tensors
+    size = {}
+    for t in tensors:
+        _, block, block_bytes = GGML_TYPES[t.ggml_type]
+        size[t.name] = math.prod(t.dims) // block * block_bytes
+    if "output.weight" in size:
+        size.pop("token_embd.weight", None)
+    return sum(size.values())
+
+
 def measure(
     engine: str, path: Path, quant: str, args: argparse.Namespace, quant_cache: Path
 ) -> dict[str, float]:
@@ -467,18 +488,20 @@ def main() -> None:
     columns = (
         "weights", "blazr load s (+ imports)", "llama.cpp load s", "blazr peak RSS GiB",
         "llama.cpp peak RSS GiB", "blazr prefill / decode tok/s", "llama.cpp prefill / decode", "prefill ×",
-        "decode ×",
+        "decode ×", "decode GB/s of weights, blazr / llama.cpp",
     )  # fmt: skip
     print("| " + " | ".join(columns) + " |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     keys = ("load", "imports", "rss", "prefill", "decode", "write")
-    for label, *_ in rows:
+    for label, _, _, theirs, _ in rows:
         b = {k: med(label, "blazr", k) for k in keys}
         c = {k: med(label, "llama.cpp", k) for k in keys}
+        gb = decode_bytes(theirs) / 1e9  # a token's weights: the file's (bf16 / int8: as F16 / Q8_0)
         print(f"| {label} | {b['load']:.2f} (+{b['imports']:.1f}) | {c['load']:.2f} | {b['rss']:.2f} | "
               f"{c['rss']:.2f} | "
               f"{b['prefill']:.1f} / {b['decode']:.2f} | {c['prefill']:.1f} / {c['decode']:.2f} | "
-              f"{b['prefill'] / c['prefill']:.2f} | {b['decode'] / c['decode']:.2f} |")  # fmt: skip
+              f"{b['prefill'] / c['prefill']:.2f} | {b['decode'] / c['decode']:.2f} | "
+              f"{gb * b['decode']:.1f} / {gb * c['decode']:.1f} |")  # fmt: skip
     writes = [(label, med(label, "blazr", "write")) for label, *_ in rows]
     for label, write in writes:
         if write > 0.01:
