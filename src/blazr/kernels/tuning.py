@@ -65,9 +65,9 @@ KNOBS = (
     Knob("streams_f", (4, 2, 1), ("bf16",)),
     Knob("streams_q", (4, 2, 1), ("q4_0", "q4_1")),  # Zen 5: Q4_1 in 4 streams at half Q4_0's GB/s
     Knob("streams_q8g", (4, 2, 1), ("q8_0g",)),
-    # streams_k before k1_zmm: the 512-bit sums pay at 4 streams a thread and not at 1 (Zen 5, the probe: 33.0
-    # against 31.6 GB/s at 4, 37.1 against 38.9 at 1; the 1B Q4_K_M decode step at 1 stream: 54.0 against
-    # 57.4 steps/s, 512- against 256-bit), so k1_zmm is measured at the stream count this host runs
+    # streams_k before k1_zmm, which is measured at the stream count the host will run: the 512-bit sums pay
+    # at 4 streams a thread and not at 1 (Zen 5, the probe: 33.0 against 31.6 GB/s at 4, 37.1 against 38.9
+    # at 1; the 1B Q4_K_M decode step at 1 stream favoured either form by 5-8 % as the VM's rate moved)
     Knob("streams_k", (4, 2, 1), ("q4_k", "q6_k")),
     Knob("k1_zmm", (0, 1), ("q4_k", "q6_k")),
     Knob("streams_b32", (4, 2, 1), ("q5_0",)),
