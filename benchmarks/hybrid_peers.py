@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import hybrid_batched  # noqa: I001
 from benchmarks.host import host_line
+from benchmarks.read_rate import decode_bytes
 from benchmarks.run import Row, load_blazr, load_llama_cpp, log, measure_single, prompt_ids
 from benchmarks.run import batching_table, measure_batching, single_table, spread_note, versions
 from tests import llama_cpp_convert
@@ -500,16 +501,20 @@ def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: in
             continue
         quantize, kind = PRECISIONS[p]
         path = gguf(name, kind)
-        peer = Row("llama.cpp", f"{name} {kind} GGUF", p, lambda g=path: load_llama_cpp(g, ids, gen, threads))
+        nb = decode_bytes(path)  # a token's weight bytes, for every row of the precision (bf16 as F16, …)
+        peer_load = partial(load_llama_cpp, path, ids, gen, threads)
+        peer = Row("llama.cpp", f"{name} {kind} GGUF", p, peer_load, weight_bytes=nb)
         ours = Row(
             "blazr",
             f"{name} --quantize {quantize}",
             p,
             lambda q=quantize: load_blazr(ids, gen, hf, quantize=q),
+            weight_bytes=nb,
         )
         out += [peer, ours]
         if kind.startswith("Q"):
-            out.append(Row("blazr", f"{name} {kind} GGUF", p, lambda g=path: load_blazr(ids, gen, g)))
+            load = partial(load_blazr, ids, gen, path)
+            out.append(Row("blazr", f"{name} {kind} GGUF", p, load, weight_bytes=nb))
     return out
 
 

@@ -36,9 +36,8 @@ and the HF directory with `--quantize bf16` / `int8` beside the F16 / Q8_0 rows 
 load (an empty quantization cache: the checkpoint quantized, the cache file written in the background,
 timed apart and waited for before the speed is measured) and a later one (the cache file mapped;
 loading/quant_cache.py). Rounds alternate the engines; the table holds medians. The last column is each
-engine's decode as a read rate: the weight bytes a token reads (llama.cpp's file: every tensor, less the token
-embedding where the head stands apart) × decode tok/s — where both near the host's read rate, a step is
-bandwidth-bound and no kernel moves it. Speed is reported, never asserted.
+engine's decode as a read rate (benchmarks/read_rate.py: the weight bytes of llama.cpp's file a token reads ×
+decode tok/s). Speed is reported, never asserted.
 """
 
 from __future__ import annotations
@@ -378,25 +377,6 @@ def build_8b(cache: Path) -> Path:
     return q4
 
 
-def decode_bytes(gguf: Path) -> int:
-    """Weight bytes one decode token reads from `gguf`: every tensor, less the token embedding when an
-    output head stands apart (a step reads one row of it); tied, the embedding is the head and is read."""
-    import math
-    import mmap
-
-    from blazr.loading.gguf_header import GGML_TYPES, parse_header
-
-    with open(gguf, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        tensors = parse_header(buf).tensors
-    size = {}
-    for t in tensors:
-        _, block, block_bytes = GGML_TYPES[t.ggml_type]
-        size[t.name] = math.prod(t.dims) // block * block_bytes
-    if "output.weight" in size:
-        size.pop("token_embd.weight", None)
-    return sum(size.values())
-
-
 def measure(
     engine: str, path: Path, quant: str, args: argparse.Namespace, quant_cache: Path
 ) -> dict[str, float]:
@@ -483,6 +463,7 @@ def main() -> None:
     print(head + f"{args.threads} threads, medians of {args.rounds} rounds, each engine in a fresh process")
     sys.path.insert(0, str(ROOT))
     from benchmarks.host import host_line
+    from benchmarks.read_rate import decode_bytes
 
     print(f"\nmachine: {host_line()}\n")
     columns = (

@@ -192,6 +192,7 @@ class Row:
     missing: str = ""
     prefill: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
+    weight_bytes: int = 0  # the weight bytes a decode token reads (read_rate.py); 0: not shown
 
     @property
     def name(self) -> str:
@@ -258,10 +259,11 @@ def single_table(rows: list[Row]) -> str:
     against the best transformers decode."""
     bases = {r.precision: r for r in rows if r.engine == "llama.cpp"}
     hf = max((r.decode_tok_s for r in rows if r.engine == "transformers"), default=None)
+    gbs = any(r.weight_bytes for r in rows)  # a column of decode as GB/s of weights read
     lines = [
         "| engine | weights | prefill tok/s | decode tok/s | prefill × llama.cpp | decode × llama.cpp "
-        "| decode × transformers |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| decode × transformers |" + (" decode GB/s of weights |" if gbs else ""),
+        "|---|---|---:|---:|---:|---:|---:|" + ("---:|" if gbs else ""),
     ]
     for r in rows:
         base = bases.get(r.precision) or bases.get("q4")
@@ -269,7 +271,9 @@ def single_table(rows: list[Row]) -> str:
         rd = f"{r.decode_tok_s / base.decode_tok_s:.2f}" if base else "–"
         rt = f"{r.decode_tok_s / hf:.2f}" if hf else "–"
         rates = f"{r.prefill_tok_s:.0f} | {r.decode_tok_s:.1f}"
-        lines.append(f"| {r.engine} | {r.weights} | {rates} | {rp} | {rd} | {rt} |")
+        gb = f" {r.weight_bytes * r.decode_tok_s / 1e9:.1f} |" if r.weight_bytes else " – |"
+        rate = gb if gbs else ""
+        lines.append(f"| {r.engine} | {r.weights} | {rates} | {rp} | {rd} | {rt} |" + rate)
     return "\n".join(lines)
 
 
