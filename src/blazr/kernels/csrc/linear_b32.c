@@ -310,7 +310,7 @@ static void rows_by_tiles(int kind, const uint8_t *w, const int64_t *tab, int64_
             tile_dots(kind, gate, apart[0], n, a, m0, mt, r);
             if (swiglu) tile_dots(kind, up, apart[1], n, a, m0, mt, u);
             for (int m = 0; m < mt; ++m)
-                blz_tile_epilogue(r[m], u[m], m0 + m, t0, n, N, nout, bias, residual, out, swiglu);
+                blz_epilogue_row(r[m], u[m], m0 + m, t0, n, N, nout, bias, residual, out, swiglu);
         }
     }
 }

@@ -453,13 +453,7 @@ void blz_q_group_run(int kind, const blz_act_t *a, int64_t M, int64_t tile, cons
                 memcpy(up, u[0][m], sizeof(u[0][m]));
                 if (shift + nn > BLZ_RG) memcpy(up + BLZ_RG, u[1][m], sizeof(u[1][m]));
             }
-#ifdef BLZ_AVX512
-            const __m512 uv = swiglu ? _mm512_loadu_ps(up + shift) : _mm512_setzero_ps();
-            blz_epilogue16(_mm512_load_ps(r[m]), uv, m0 + m, n0, (int)nn, N, nout, bias, residual, out, swiglu);
-#else
-            for (int64_t j = 0; j < nn; ++j)
-                blz_epilogue(&r[m][j], &up[shift + j], 1, m0 + m, n0 + j, N, nout, bias, residual, out, swiglu);
-#endif
+            blz_epilogue_row(r[m], up + shift, m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
         }
     }
 }

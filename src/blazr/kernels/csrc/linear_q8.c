@@ -301,7 +301,7 @@ int blz_linear_q8g(const float *x, int64_t M, int64_t K, const uint8_t *w, const
                 tile_dots(gate, apart[0], nn, &a, m0, mt, r);
                 if (swiglu) tile_dots(up, apart[1], nn, &a, m0, mt, u);
                 for (int m = 0; m < mt; ++m)
-                    blz_tile_epilogue(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
+                    blz_epilogue_row(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
             }
         }
     }

@@ -67,18 +67,11 @@ BLZ_INLINE void blz_tile_block_scalar(const int8_t *v, float dw, const blz_act_t
     }
 }
 
-/* Activation row `row`'s outputs n0 .. n0+nn-1 from a tile's dots r (and SwiGLU up dots u): blz_epilogue_row,
- * the same bits as linear_q.c's packed groups on every host. */
-BLZ_INLINE void blz_tile_epilogue(const float r[QR], const float u[QR], int64_t row, int64_t n0, int nn, int64_t N,
-                                  int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
-    blz_epilogue_row(r, u, row, n0, nn, N, nout, bias, residual, out, swiglu);
-}
-
 /* The outputs of a blz_stream_tiles step from its streams' dots r (SwiGLU: tile s's up dots are r[ns + s]). */
 BLZ_INLINE void blz_stream_epilogue(int ns, float (*r)[QR], const int64_t *t, const int *nn, int64_t N, int64_t nout,
                                     const float *bias, const float *residual, float *out, int swiglu) {
     for (int s = 0; s < ns; ++s)
-        blz_tile_epilogue(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out, swiglu);
+        blz_epilogue_row(r[s], swiglu ? r[ns + s] : r[s], 0, t[s] * QR, nn[s], N, nout, bias, residual, out, swiglu);
 }
 
 #endif
