@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from blazr import LLM
-from blazr.kernels import ops
+from blazr import LLM, SamplingParams
+from blazr.kernels import kquant_packed, ops
 from blazr.kernels.kquant import quantize_q8_k, random_kquant
 from blazr.kernels.kquant_fields import kquant_fields
 from blazr.kernels.quant import (
@@ -314,10 +314,12 @@ def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return llama_quantize(f32, root / "q4_k_m.gguf", "Q4_K_M")
 
 
-def _kernel_layers(llm: LLM) -> dict[str, str]:
-    """The layers kept in a K-quant / block kind, by name."""
+def _kernel_layers(llm: LLM, stored: bool = True) -> dict[str, str]:
+    """The layers kept in a K-quant / block kind, by name; `stored`: a kind re-laid in 16-row groups by its
+    stored kind (kernels/kquant_packed.py: where the kernels have the VNNI path)."""
     layers = llm.model.named_modules()
-    return {n: m.kind for n, m in layers if isinstance(m, QuantizedLinear) and m.kind != "f32"}
+    kinds = {n: m.kind for n, m in layers if isinstance(m, QuantizedLinear) and m.kind != "f32"}
+    return {n: kquant_packed.BASE_OF.get(k, k) for n, k in kinds.items()} if stored else kinds
 
 
 def _kernel_logits(llm: LLM, batch: list[list[int]]) -> list[torch.Tensor]:
@@ -354,6 +356,27 @@ def test_q4_k_m_gguf_runs_as_stored(q4_k_m: Path) -> None:
     for got, want in zip(_kernel_logits(ours, batch), full_logits(plain.runner, batch), strict=True):
         assert_quantized_logits(got, want, 0.08)
     assert_greedy_diverges_only_at_ties(ours, plain, batch[1])
+
+
+def test_q4_k_m_gguf_packed_layout_changes_no_bit(q4_k_m: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's Q4_K / Q6_K linears re-laid in 16-row groups where the kernels have the VNNI path (none
+    elsewhere), against the same file with every K-quant kept as stored (BLAZR_KPACK=0): the same logits,
+    bit for bit, at prefill and decode, and the same greedy tokens."""
+    packed = LLM(q4_k_m, cpu=True, dtype="float32", max_num_seqs=2)
+    monkeypatch.setenv("BLAZR_KPACK", "0")
+    stored = LLM(q4_k_m, cpu=True, dtype="float32", max_num_seqs=2)
+    kinds = set(_kernel_layers(packed, stored=False).values())
+    if "avx512_vnni" in ops.kernels().features:
+        assert {"q4_kx", "q6_kx"} <= kinds and _kernel_layers(packed)["lm_head"] == "q6_k", kinds
+    else:
+        assert not kinds & set(kquant_packed.BASE_OF), kinds
+    assert _kernel_layers(packed) == _kernel_layers(stored, stored=False)
+    batch = prompts([7, 30], seed=8, vocab=packed.config.vocab_size)
+    for got, want in zip(_kernel_logits(packed, batch), _kernel_logits(stored, batch), strict=True):
+        assert torch.equal(got, want)
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    tokens = [out.outputs[0].token_ids for llm in (packed, stored) for out in llm.generate([batch[1]], sp)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 12
 
 
 def test_q4_k_m_gguf_agrees_with_llama_cpp(q4_k_m: Path) -> None:

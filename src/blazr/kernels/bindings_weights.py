@@ -46,6 +46,8 @@ def declare_weight_calls(lib: ctypes.CDLL) -> None:
     lib.blz_gather_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_int]  # fmt: skip
     lib.blz_gather_rows.restype = ctypes.c_int
+    lib.blz_pack_kx.argtypes = lib.blz_pack_blocks.argtypes
+    lib.blz_pack_kx.restype = ctypes.c_int
 
 
 def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
@@ -70,8 +72,8 @@ def _blocks_out(kind: str, out_features: int, in_features: int) -> torch.Tensor:
 
 
 class WeightFormatBindings:
-    """`pack_blocks`, `pack_rows`, `gather_rows`, `dequantize_blocks`, `quantize_blocks`, `quantize_rows`;
-    uses the `lib` of the Kernels it is mixed into."""
+    """`pack_blocks`, `pack_rows`, `pack_kx`, `gather_rows`, `dequantize_blocks`, `quantize_blocks`,
+    `quantize_rows`; uses the `lib` of the Kernels it is mixed into."""
 
     lib: ctypes.CDLL
 
@@ -100,6 +102,24 @@ class WeightFormatBindings:
         rc = self.lib.blz_pack_rows(_KIND_CODES[kind], rows.data_ptr(), out_features, in_features,
                                     out.data_ptr(), torch.get_num_threads())  # fmt: skip
         _check(rc, "pack_rows")
+        return out
+
+    def pack_kx(self, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+        """A q4_k / q6_k weight's ggml rows, `rows` int64 [N] their addresses (the caller keeps that memory
+        alive for the call), re-laid in 16-row groups → uint8 [N/16, 16 · row_bytes], as
+        kernels/kquant_packed.py's `pack_reference` of the gathered rows (csrc/linear_kx.c `blz_pack_kx`)."""
+        if kind not in ("q4_k", "q6_k") or out_features % ROW_GROUP or in_features <= 0 or in_features % 256:
+            raise ValueError(f"pack_kx: kind {kind!r} [{out_features}, {in_features}]: q4_k / q6_k with N a "
+                             f"multiple of {ROW_GROUP} and K of 256 expected")  # fmt: skip
+        if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
+            raise ValueError(f"pack_kx: int64 CPU row addresses [{out_features}] expected, found "
+                             f"{rows.dtype} {list(rows.shape)}")  # fmt: skip
+        rows = rows.contiguous()
+        groups, size = out_features // ROW_GROUP, ROW_GROUP * row_bytes(kind, in_features)
+        out = empty_huge(groups, size, dtype=torch.uint8)
+        rc = self.lib.blz_pack_kx(_KIND_CODES[kind], rows.data_ptr(), out_features, in_features,
+                                  out.data_ptr(), torch.get_num_threads())  # fmt: skip
+        _check(rc, "pack_kx")
         return out
 
     def gather_rows(self, rows: torch.Tensor, row_bytes: int) -> torch.Tensor:

@@ -7,6 +7,8 @@ checks its codes against the C header, so a format added here and there is a for
 
 Layouts: `packed` — ggml's 32-weight blocks re-laid in 16-row groups for the kernel (csrc/linear_q.c);
 `ggml` — ggml's bytes as a GGUF stores them, row after row (Q8_0 as stored, the K-quants, MXFP4, Q5_0);
+`kpacked` — a GGUF's Q4_K / Q6_K re-laid at load in 16-row groups (csrc/linear_kx.c,
+kernels/kquant_packed.py): the stored kinds' values and bits, vpdpbusd across rows at every row count;
 `mixed` — a fused weight of row segments of different `ggml` kinds with one K (a 64-byte segment table, then
 each part);
 `float` — a torch tensor of the dtype.
@@ -19,7 +21,7 @@ from typing import Literal
 
 import torch
 
-Layout = Literal["packed", "ggml", "mixed", "float"]
+Layout = Literal["packed", "ggml", "kpacked", "mixed", "float"]
 
 # csrc/blazr_kernels.h: the packed call's linear op codes (BLZ_OP_LINEAR_*)
 OP_LINEAR_Q, OP_LINEAR_F32, OP_LINEAR_BF16, OP_LINEAR_F16 = 1, 2, 3, 18
@@ -64,6 +66,8 @@ FORMATS: tuple[WeightFormat, ...] = (
     WeightFormat("q5_k", "ggml", 256, 176, 4, OP_LINEAR_Q, row_code=4, ggml="Q5_K", as_stored=True),
     WeightFormat("q6_k", "ggml", 256, 210, 5, OP_LINEAR_Q, row_code=5, ggml="Q6_K", as_stored=True),
     WeightFormat("kmix", "mixed", 256, 0, 6, OP_LINEAR_Q),
+    WeightFormat("q4_kx", "kpacked", 256, 144, 12, OP_LINEAR_Q),
+    WeightFormat("q6_kx", "kpacked", 256, 210, 13, OP_LINEAR_Q),
     WeightFormat("mxfp4", "ggml", 32, 17, 10, OP_LINEAR_Q, ggml="MXFP4", as_stored=True),
     WeightFormat("q5_0", "ggml", 32, 22, 11, OP_LINEAR_Q, row_code=11, ggml="Q5_0", as_stored=True),
     WeightFormat("bf16", "float", 1, 2, 0, OP_LINEAR_BF16, row_code=8, ggml="BF16", as_stored=True,

@@ -21,15 +21,14 @@ so a view of an mmap'd file can be used in place and `ggml_blocks` is `data` its
 - q4_k (144 B): f16 d, f16 dmin, 12 B of 6-bit scales / mins, 128 B nibbles — w = d·sc·q − dmin·m per 32
 - q5_k (176 B): as q4_k plus 32 B of 5th bits — q in 0..31
 - q6_k (210 B): 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, f16 d — w = d·sc·(q − 32) per 16
-Why not row-interleaved like the 32-block kinds: their interleave lets a dot with one weight row per lane
-leave 16 rows' sums in 16 lanes without horizontal adds. A K-quant super-block carries its own scale per
-sub-block of 16 / 32, which the AVX2 kernel applies inside the integer dot (vpmaddwd against the scale),
-so each (row, super-block) ends as an 8-lane int32 vector to reduce anyway — batched 8 rows at a time
-into 6 vphaddd, a few % of the dot's instructions. An interleave would save only that, and cost a copy
-of every K-quant tensor at load (and the in-place use of a mapped file). Measured on the stored layout
-(benchmarks/kernels.py --kquant, Zen 3 AVX2, one thread, 1B-class shapes): decode 8-11 GB/s cold, as
-q4_0's row-packed 9.5-12 (once the kernel prefetches the rows after its tile: the 8 rows a tile walks are
-8 interleaved streams), and 512-row prefill 64-100 GFLOP/s against torch's float32 sgemm at 52-62.
+On a kernel build with AVX-512 VNNI the loader re-lays Q4_K / Q6_K linear weights in 16-row groups (kinds
+q4_kx / q6_kx, kernels/kquant_packed.py, csrc/linear_kx.c): the same bytes moved so that vpdpbusd computes
+16 rows' dots side by side, the stored kinds' bits at every row count. The stored layout's one-row kernel
+applies each sub-block's scale inside the integer dot and reduces every row's lanes; on Zen 5 that computed
+Q4_K at ~25 GB/s of weight bytes a core against ~77 for the groups, and a decode step read its weights at two
+thirds of the memory's rate (benchmarks/NOTES.md §56). On a Zen 3 without VNNI the two had measured level
+(decode 8-11 GB/s cold against q4_0's row-packed 9.5-12), which is why the stored layout came first and stays
+where the kernels have no VNNI path.
 
 q8_0g (34 B per 32 weights: f16 d, 32 int8 — w = d·q) is GGUF Q8_0 kept the same way, ggml's bytes as
 stored, uint8 [N, K/32 · 34] (csrc/linear_q8.c): the values of q8_0 and the same arithmetic (activation
@@ -77,6 +76,7 @@ QK = 32  # weights per block
 BLOCK_BYTES = {k: BY_KIND[k].block_bytes for k in kinds("packed")}
 BLOCK_KINDS = tuple(BLOCK_BYTES)
 K_KINDS = tuple(KQUANT_BYTES)
+KX_KINDS = kinds("kpacked")  # q4_kx, q6_kx: K-quants re-laid in 16-row groups (kernels/kquant_packed.py)
 Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
 MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_b32.c)
 Q5_0 = "q5_0"  # GGUF Q5_0 in ggml's own layout, run as stored (csrc/linear_b32.c)
@@ -153,6 +153,12 @@ class QuantizedWeight:
             if k % QK_K:
                 raise ValueError(f"{self.kind} weight: in_features {k} is not a multiple of {QK_K}")
             want, dtype = (n, row_bytes(self.kind, k)), torch.uint8
+        elif self.kind in KX_KINDS:
+            if k % QK_K or n % ROW_GROUP:
+                raise ValueError(f"{self.kind} weight [{n}, {k}]: in_features must be a multiple of {QK_K}, "
+                                 f"out_features of {ROW_GROUP}")  # fmt: skip
+            size = ROW_GROUP * k // QK_K * BY_KIND[self.kind].block_bytes
+            want, dtype = (n // ROW_GROUP, size), torch.uint8
         elif self.kind in FLOAT_KINDS:
             want, dtype = (n, k), FLOAT_KINDS[self.kind]
         else:
@@ -171,10 +177,11 @@ class QuantizedWeight:
 
     @property
     def is_kquant(self) -> bool:
-        """A K-quant kind, or a kmix weight all of whose segments are K-quants."""
+        """A K-quant kind (as stored or in 16-row groups), or a kmix weight all of whose segments are
+        K-quants."""
         if self.kind == KMIX:
             return all(kd in KQUANT_BYTES for kd, _ in _kmix_segments(self.data))
-        return self.kind in KQUANT_BYTES
+        return self.kind in KQUANT_BYTES or self.kind in KX_KINDS
 
     def parts(self) -> list[QuantizedWeight]:
         """A kmix weight's row segments (views of `data`), each of one as-stored kind; [self] otherwise."""
@@ -250,6 +257,10 @@ class QuantizedWeight:
         """A block weight's bytes in ggml order, uint8 [N, row_bytes] (what a GGUF file stores)."""
         if self.kind == KMIX:
             raise ValueError("a kmix weight has no single ggml layout: take each of parts()")
+        if self.kind in KX_KINDS:
+            from blazr.kernels import kquant_packed  # here: it imports this module
+
+            return kquant_packed.unpack(self.kind, self.data, self.out_features, self.in_features)
         return (
             self.data if self.kind in KQUANT_BYTES or self.kind in GGML_BLOCK_KINDS else unpack_blocks(self)
         )
@@ -453,6 +464,11 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """float32 [N, K] (the reference every kernel is tested against); matches gguf.quants.dequantize."""
     if qw.kind == KMIX:
         return torch.cat([dequantize(p) for p in qw.parts()])
+    if qw.kind in KX_KINDS:  # the stored kind's values
+        from blazr.kernels.kquant_packed import BASE_OF
+
+        n, k = qw.out_features, qw.in_features
+        return dequantize(QuantizedWeight(BASE_OF[qw.kind], qw.ggml_blocks(), n, k))
     if qw.is_kquant:
         return kquant_fields.dequantize(qw)
     if qw.kind == MXFP4:

@@ -25,6 +25,7 @@ from blazr.kernels import formats
 from blazr.kernels.kquant import quantize_q8_k
 from blazr.kernels.quant import (
     KMIX,
+    KX_KINDS,
     QK,
     QK_K,
     QuantizedWeight,
@@ -36,9 +37,13 @@ from blazr.kernels.row_table import RowTable
 
 
 def linear_out_features(qw: QuantizedWeight, swiglu: bool) -> int:
-    """Output width of a linear layer: N, or N/2 for the SwiGLU form (N must then be even)."""
+    """Output width of a linear layer: N, or N/2 for the SwiGLU form (N must then be even; for a kind in
+    16-row groups, each half whole groups)."""
     if swiglu and qw.out_features % 2:
         raise ValueError(f"SwiGLU linear: weight has {qw.out_features} rows, expected an even [gate; up]")
+    if swiglu and qw.kind in KX_KINDS and qw.out_features % 32:
+        raise ValueError(f"SwiGLU linear: a {qw.kind} weight's halves of {qw.out_features // 2} rows do not "
+                         "fill 16-row groups")  # fmt: skip
     return qw.out_features // 2 if swiglu else qw.out_features
 
 

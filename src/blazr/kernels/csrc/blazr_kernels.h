@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 14
+#define BLZ_ABI_VERSION 15
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -59,6 +59,9 @@ enum { BLZ_MXFP4 = 10 };
 /* Q5_0 (32 five-bit values under one f16 scale) as a GGUF stores it, ggml's block_q5_0 (linear_b32.c): llama.cpp's
  * K-quant files keep it for rows of no multiple of 256 values (Gemma 3's 640, Qwen2.5-0.5B's 896). */
 enum { BLZ_Q5_0 = 11 };
+/* Q4_K / Q6_K re-laid at load in groups of 16 rows (linear_kx.c): the same bytes as ggml's super-blocks, moved
+ * so that one-row calls run vpdpbusd across rows. */
+enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13 };
 #define BLZ_QK 32
 /* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
  * weight's bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused
@@ -229,6 +232,8 @@ int blz_linear_b32(int kind, const float *x, int64_t M, int64_t K, const uint8_t
                    const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                    const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                  const float *residual, float *out, int swiglu, int nthreads);
 
 /* Internal: the 32-block activations of linear_q.c (ggml's quantize_row_q8_0 / q8_1), shared with
  * linear_q8.c — rows of K int8 in natural order and per block of 32 the fp16-rounded scale d, Q4_1's offset

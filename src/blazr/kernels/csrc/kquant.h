@@ -22,6 +22,11 @@ typedef struct {
     int64_t K, nb;
 } actk_t;
 
+/* One activation row x[K] → Q8_K (linear_k.c's header): q [K], d [nb], bs [nb][16] sums per 16, xs [nb][8] sums
+ * per 32 — shared with linear_kx.c. */
+void blz_quantize_q8k_row(const float *restrict x, int64_t nb, int8_t *restrict q, float *restrict d,
+                          int16_t *restrict bs, int16_t *restrict xs);
+
 /* Q4_K / Q5_K: the 12-byte field → 8 six-bit scales (bytes of sc[0..1]) and 8 six-bit mins (mn[0..1]),
  * four bytes at a time: bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7, bytes 4-7
  * the same for the mins, bytes 8-11 the low 4 bits of scales 4-7 (low nibbles) and mins 4-7 (high). */
@@ -100,6 +105,13 @@ BLZ_INLINE const uint8_t *krow(const ksegs_t *sg, const int64_t *tab, int64_t n)
     return sg->base[s] + (n - sg->row0[s]) * sg->row_bytes[s];
 }
 
+#define KX4_BYTES 2304 /* one super-block of a q4_kx 16-row group (linear_kx.c's header) */
+#define KX6_BYTES 3360 /* of a q6_kx group */
+
+#ifndef KG_MIN
+#define KG_MIN 24 /* activation rows from which AVX-512 VNNI builds take linear_k_groups.c's path */
+#endif
+
 #ifdef BLZ_VNNI
 #define KG 16 /* weight rows per group of linear_k_groups.c (the int32 / fp32 lanes) */
 /* linear_k_groups.c: out rows m of outputs n0 .. n0+nn-1 (nn ≤ KG, one segment; SwiGLU: with their up rows)
@@ -107,6 +119,36 @@ BLZ_INLINE const uint8_t *krow(const ksegs_t *sg, const int64_t *tab, int64_t n)
  * thread's scratch (slot 3), then run KG_MT activation rows at a time. */
 int blz_kgroup_run(const ksegs_t *sg, const int64_t *tab, const actk_t *a, int64_t M, int64_t n0, int nn, int64_t N,
                    int64_t nout, const float *bias, const float *residual, float *out, int swiglu);
+/* The same for outputs n0 .. n0+15 of a q4_kx / q6_kx weight (linear_kx.c): its group `gate` (SwiGLU: and `up`)
+ * re-laid from the 16-row-group layout instead of from ggml rows. */
+int blz_kgroup_run_kx(int kind, const uint8_t *gate, const uint8_t *up, const actk_t *a, int64_t M, int64_t n0,
+                      int64_t N, int64_t nout, const float *bias, const float *residual, float *out, int swiglu);
+
+
+/* A q4_kx super-block's scale / min fields (at p + 64) decoded for its 16 rows: bytes 0-3 of each dword of
+ * sc[0] / mn[0] are the row's scales / mins 0-3, of sc[1] / mn[1] 4-7 (k4_scales on 16 rows at once). */
+BLZ_INLINE void kx4_scales(const uint8_t *p, __m512i sc[2], __m512i mn[2]) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), m3f = _mm512_set1_epi8(0x3f), m03 = _mm512_set1_epi8(0x03);
+    const __m512i w0 = _mm512_loadu_si512(p + 64), w1 = _mm512_loadu_si512(p + 128), w2 = _mm512_loadu_si512(p + 192);
+    sc[0] = _mm512_and_si512(w0, m3f);
+    mn[0] = _mm512_and_si512(w1, m3f);
+    sc[1] = _mm512_or_si512(_mm512_and_si512(w2, lo4), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m03), 4));
+    mn[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), lo4),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m03), 4));
+}
+
+/* A q6_kx super-block's unsigned quants (q + 32) of half h, chunk column i (i < 8) for its 16 rows: e[t] holds
+ * elements 128h + 32t + 4i .. + 3 of each row (q6k_quants' operations on the group's ql / qh chunks). */
+BLZ_INLINE void kx6_quants(const uint8_t *p, const int h, const int i, __m512i e[4]) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), b30 = _mm512_set1_epi8(0x30);
+    const __m512i A = _mm512_loadu_si512(p + 288 + 64 * (16 * h + i));
+    const __m512i B = _mm512_loadu_si512(p + 288 + 64 * (16 * h + 8 + i));
+    const __m512i H = _mm512_loadu_si512(p + 2336 + 64 * (8 * h + i));
+    e[0] = _mm512_or_si512(_mm512_and_si512(A, lo4), _mm512_and_si512(_mm512_slli_epi16(H, 4), b30));
+    e[1] = _mm512_or_si512(_mm512_and_si512(B, lo4), _mm512_and_si512(_mm512_slli_epi16(H, 2), b30));
+    e[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), lo4), _mm512_and_si512(H, b30));
+    e[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), lo4), _mm512_and_si512(_mm512_srli_epi16(H, 2), b30));
+}
 #endif
 
 #endif

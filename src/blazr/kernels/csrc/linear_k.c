@@ -56,9 +56,6 @@
 #define MADD_ACC256(acc, p, s) _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
 #define MADD_ACC512(acc, p, s) _mm512_add_epi32(acc, _mm512_madd_epi16(p, s))
 #endif
-#ifndef KG_MIN
-#define KG_MIN 24 /* activation rows from which AVX-512 VNNI builds take linear_k_groups.c's path */
-#endif
 #ifndef KT
 #define KT 16 /* activation rows per tile, at most (512-row prefill, 1 thread: 8 → 16 rows 74 → 80-91 GFLOP/s
                * Q4_K, 68 → 82-93 Q6_K; 24 and 32 slower) */
@@ -72,8 +69,8 @@
 
 /* Quantize one row x[K] to Q8_K (see the header comment). Plain C in every build: the work is M·K, small
  * next to the M·N·K of the dots, and the first-occurrence rule for the signed max is kept as written. */
-static void quantize_q8k_row(const float *restrict x, int64_t nb, int8_t *restrict q, float *restrict d,
-                             int16_t *restrict bs, int16_t *restrict xs) {
+void blz_quantize_q8k_row(const float *restrict x, int64_t nb, int8_t *restrict q, float *restrict d,
+                          int16_t *restrict bs, int16_t *restrict xs) {
     for (int64_t b = 0; b < nb; ++b) {
         const float *xb = x + b * QK_K;
         int8_t *qb = q + b * QK_K;
@@ -725,7 +722,7 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
         {
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; ++m)
-                quantize_q8k_row(x + m * K, a.nb, a.q + m * K, a.d + m * a.nb, a.bs + m * a.nb * 16, a.xs + m * a.nb * 8);
+                blz_quantize_q8k_row(x + m * K, a.nb, a.q + m * K, a.d + m * a.nb, a.bs + m * a.nb * 16, a.xs + m * a.nb * 8);
 #pragma omp for schedule(static)
             for (int64_t g = 0; g < ngroups; ++g)
                 if (blz_kgroup_run(&sg, tab, &a, M, tiles[2 * g], (int)tiles[2 * g + 1], N, nout, bias, residual, out,
@@ -740,7 +737,7 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
     const int64_t ntiles = ktiles(&sg, nout, swiglu, KR, tiles);
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
-        quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
+        blz_quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
 #ifdef BLZ_AVX512
         if (blz_tune[BLZ_TUNE_K1_ZMM]) { /* the 512-bit sums' activation order (Q6_K reads a.q) */
             a.qz = a.q + blz_round_up(K, 64);
@@ -758,7 +755,7 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; ++m)
-            quantize_q8k_row(x + m * K, a.nb, a.q + m * K, a.d + m * a.nb, a.bs + m * a.nb * 16, a.xs + m * a.nb * 8);
+            blz_quantize_q8k_row(x + m * K, a.nb, a.q + m * K, a.d + m * a.nb, a.bs + m * a.nb * 16, a.xs + m * a.nb * 8);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < ntiles; ++t) {
             float r[KT][KR] __attribute__((aligned(32))), u[KT][KR] __attribute__((aligned(32)));
@@ -786,6 +783,6 @@ BLZ_EXPORT int blz_quantize_q8k(const float *x, int64_t M, int64_t K, int8_t *q,
     const int64_t nb = K / QK_K;
     int16_t *xs = blz_scratch((size_t)nb * 8 * sizeof(int16_t));
     if (!xs) return BLZ_ENOMEM;
-    for (int64_t m = 0; m < M; ++m) quantize_q8k_row(x + m * K, nb, q + m * K, d + m * nb, bsums + m * nb * 16, xs);
+    for (int64_t m = 0; m < M; ++m) blz_quantize_q8k_row(x + m * K, nb, q + m * K, d + m * nb, bsums + m * nb * 16, xs);
     return BLZ_OK;
 }

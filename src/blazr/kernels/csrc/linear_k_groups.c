@@ -156,6 +156,21 @@ static void kgroup_tile(int kind, int mt, const uint8_t *pk, const actk_t *a, in
 #undef KG_DOTS
 }
 
+/* The re-laid group at pk (SwiGLU: its up rows' at pk + half) against all M activation rows, KG_MT at a time,
+ * then the epilogue of outputs n0 .. n0+nn-1. */
+static void kgroup_tiles(int gkind, int ukind, const uint8_t *pk, int64_t half, const actk_t *a, int64_t M,
+                         int64_t n0, int nn, int64_t N, int64_t nout, const float *bias, const float *residual,
+                         float *out, int swiglu) {
+    for (int64_t m0 = 0; m0 < M; m0 += KG_MT) {
+        const int mt = (int)blz_min(KG_MT, M - m0);
+        float r[KG_MT][KG] __attribute__((aligned(64))), u[KG_MT][KG] __attribute__((aligned(64)));
+        kgroup_tile(gkind, mt, pk, a, m0, r);
+        if (swiglu) kgroup_tile(ukind, mt, pk + half, a, m0, u);
+        for (int m = 0; m < mt; ++m)
+            blz_epilogue_row(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
+    }
+}
+
 int blz_kgroup_run(const ksegs_t *sg, const int64_t *tab, const actk_t *a, int64_t M, int64_t n0, int nn, int64_t N,
                    int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
     const int64_t half = a->nb * KG_BYTES;
@@ -170,14 +185,58 @@ int blz_kgroup_run(const ksegs_t *sg, const int64_t *tab, const actk_t *a, int64
     const int gkind = sg->kind[kseg_of(sg, n0)], ukind = swiglu ? sg->kind[kseg_of(sg, nout + n0)] : 0;
     kgroup_pack(gkind, gate, a->nb, pk);
     if (swiglu) kgroup_pack(ukind, up, a->nb, pk + half);
-    for (int64_t m0 = 0; m0 < M; m0 += KG_MT) {
-        const int mt = (int)blz_min(KG_MT, M - m0);
-        float r[KG_MT][KG] __attribute__((aligned(64))), u[KG_MT][KG] __attribute__((aligned(64)));
-        kgroup_tile(gkind, mt, pk, a, m0, r);
-        if (swiglu) kgroup_tile(ukind, mt, pk + half, a, m0, u);
-        for (int m = 0; m < mt; ++m)
-            blz_epilogue_row(r[m], u[m], m0 + m, n0, nn, N, nout, bias, residual, out, swiglu);
+    kgroup_tiles(gkind, ukind, pk, half, a, M, n0, nn, N, nout, bias, residual, out, swiglu);
+    return BLZ_OK;
+}
+
+/* Super-blocks 0 .. nb-1 of a q4_kx / q6_kx group at g (linear_kx.c's layout) → the re-laid group at pk: the
+ * quants a byte each (Q4_K's nibbles split, Q6_K's ql / qh joined), the scales widened, the f16 d widened. */
+static void kgroup_from_kx(const int kind, const uint8_t *restrict g, const int64_t nb, uint8_t *restrict pk) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi32(0xff);
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t *o = pk + b * KG_BYTES;
+        if (kind == BLZ_Q4_KX) {
+            const uint8_t *p = g + b * KX4_BYTES;
+            _mm512_store_ps(o + KG_D, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)));
+            _mm512_store_ps(o + KG_DMIN, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))));
+            __m512i sc[2], mn[2];
+            kx4_scales(p, sc, mn);
+            for (int j = 0; j < 8; ++j)
+                _mm512_store_si512(o + KG_SC + 64 * j, _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), byte));
+            for (int q = 0; q < 4; ++q) { /* pair q: mins 2q, 2q + 1 as int16 */
+                const __m512i v = _mm512_srli_epi32(mn[q / 2], 16 * (q % 2));
+                _mm512_store_si512(o + KG_MN + 64 * q, _mm512_or_si512(_mm512_and_si512(v, byte),
+                                                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8), byte), 16)));
+            }
+            for (int c = 0; c < 32; ++c) { /* chunk 8c' + i: sub-blocks 2c' (low nibbles), 2c' + 1 (high) */
+                const __m512i v = _mm512_loadu_si512(p + 256 + 64 * c);
+                _mm512_store_si512(o + KG_Q + 64 * (16 * (c / 8) + c % 8), _mm512_and_si512(v, lo4));
+                _mm512_store_si512(o + KG_Q + 64 * (16 * (c / 8) + 8 + c % 8), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+            }
+        } else {
+            const uint8_t *p = g + b * KX6_BYTES;
+            _mm512_store_ps(o + KG_D, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)));
+            for (int j = 0; j < 16; ++j)
+                _mm512_store_si512(o + KG_SC + 64 * j, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * j))));
+            for (int h = 0; h < 2; ++h)
+                for (int i = 0; i < 8; ++i) {
+                    __m512i e[4];
+                    kx6_quants(p, h, i, e);
+                    for (int t = 0; t < 4; ++t) _mm512_store_si512(o + KG_Q + 64 * (32 * h + 8 * t + i), e[t]);
+                }
+        }
     }
+}
+
+int blz_kgroup_run_kx(int kind, const uint8_t *gate, const uint8_t *up, const actk_t *a, int64_t M, int64_t n0,
+                      int64_t N, int64_t nout, const float *bias, const float *residual, float *out, int swiglu) {
+    const int64_t half = a->nb * KG_BYTES;
+    uint8_t *pk = blz_scratch_slot(3, (size_t)(swiglu ? 2 * half : half));
+    if (!pk) return BLZ_ENOMEM;
+    kgroup_from_kx(kind, gate, a->nb, pk);
+    if (swiglu) kgroup_from_kx(kind, up, a->nb, pk + half);
+    const int bk = kind == BLZ_Q4_KX ? BLZ_Q4_K : BLZ_Q6_K;
+    kgroup_tiles(bk, bk, pk, half, a, M, n0, KG, N, nout, bias, residual, out, swiglu);
     return BLZ_OK;
 }
 #endif

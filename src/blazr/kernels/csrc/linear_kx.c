@@ -1,0 +1,270 @@
+/* blazr kernels — Q4_K and Q6_K re-laid in 16-row groups at load (kinds BLZ_Q4_KX, BLZ_Q6_KX), so that every
+ * row count, one activation row (decode) included, runs vpdpbusd across 16 weight rows.
+ *
+ * linear_k.c runs the K-quants as a GGUF stores them: one weight row's 256 quants of a super-block in the lanes
+ * of a register, each sub-block's scale applied by a vpmaddubsw / vpmaddwd pair, the rows' partial sums
+ * reduced across lanes — about 20 cycles per row and super-block, so a one-row call computes Q4_K at ~25 GB/s
+ * of weight bytes a core (Zen 5), where packed Q4_0 runs ~90 and the memory ~25-35: decode waited on the
+ * arithmetic (benchmarks/NOTES.md §56). linear_k_groups.c already re-lays 16 rows per prefill call for
+ * vpdpbusd; this layout is the same idea kept compact, made once when the model loads — the same bytes as the
+ * 16 rows' ggml super-blocks, moved. Per group g (rows 16g .. 16g+15) and super-block b, KX4_BYTES / KX6_BYTES:
+ *   Q4_K (2304 = 16 × 144): f16 d[16] | f16 dmin[16] | the 12-byte scale / min fields as 3 planes of 16 dwords
+ *        (plane p, lane r = bytes 4p .. 4p+3 of row r's field) | 32 chunks of 64 B: chunk 8c + i, lane r =
+ *        ggml's nibble bytes 32c + 4i .. 32c + 4i + 3 of row r (low nibbles: elements 64c + 4i .. of
+ *        sub-block 2c, high: elements 64c + 32 + 4i .. of sub-block 2c + 1)
+ *   Q6_K (3360 = 16 × 210): f16 d[16] | int8 sc[16 sub-blocks][16 rows] | ql chunks 16h + i (i < 16), lane r
+ *        = ql bytes 64h + 4i .. + 3 of row r | qh chunks 8h + i (i < 8), lane r = qh bytes 32h + 4i .. + 3
+ * A chunk holds 4 elements of all 16 rows: vpdpbusd against the activation's 4 matching bytes broadcast leaves
+ * row r's partial dot in int32 lane r; a sub-block's chain (Q6_K's started at −32 · its activation sum) is
+ * scaled by one vpmulld of the 16 rows' scales, the Q4_K mins by vpdpwssd of the rows' min pairs against the
+ * activation's sums per 32. The integer sums are exact, so sumi and summ are linear_k.c's values, and the fp32
+ * steps per super-block are its steps in its order:
+ *   acc = fma((float)sumi, d·dx, acc);   Q4_K: acc = fma(−(float)summ, dmin·dx, acc)
+ * — every output has linear_k.c's bits on the same weights, at any row count (tests/test_kquant_packed.py).
+ * Builds without AVX-512 VNNI (where the loader never packs) unpack the weight and run linear_k.c: the same
+ * bits. Activations: linear_k.c's Q8_K rows (blz_quantize_q8k_row).
+ *
+ * Parallel strategy: OpenMP splits the groups; a group runs its activation rows KX_MT at a time, each chunk
+ * unpacked once for the tile; the first tile prefetches each super-block's lines KX_PF bytes ahead (the
+ * groups are one linear stream a thread). From KG_MIN rows a group is instead unpacked once per call into
+ * linear_k_groups.c's layout (quants a byte each) and run by its tiles: 512-row prefill on this layout's own
+ * tiles ran Q4_K at 0.89-0.95x and Q6_K at 0.64-0.69x of the stored kinds' groups (1B shapes, Zen 5). SwiGLU: output group g takes gate group g and up group g + I/16
+ * (I = N/2 a multiple of 16).
+ */
+#include <stdlib.h>
+
+#include "kquant.h"
+
+#ifndef KX_MT
+#define KX_MT 4 /* activation rows per register tile */
+#endif
+#ifndef KX_PF
+#define KX_PF 4608 /* software prefetch distance, bytes (cold 1B shapes, one thread: 2304 1.43x, 9216 1.48x) */
+#endif
+
+BLZ_INLINE int64_t kx_bytes(int kind) { return kind == BLZ_Q4_KX ? KX4_BYTES : KX6_BYTES; }
+
+/* Rows `rows[0..N-1]` (addresses of ggml rows of base kind BLZ_Q4_K / BLZ_Q6_K, K values each) → dst
+ * [N/16][K/256][group bytes] (the header's layout). Plain byte moves, OpenMP over groups. */
+BLZ_EXPORT int blz_pack_kx(int kind, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
+    if ((kind != BLZ_Q4_K && kind != BLZ_Q6_K) || N < 0 || N % 16 || K <= 0 || K % QK_K) return BLZ_EINVAL;
+    const int64_t nb = K / QK_K, bb = kblock_bytes(kind), gb = kind == BLZ_Q4_K ? KX4_BYTES : KX6_BYTES;
+#pragma omp parallel for num_threads(nthreads > 0 ? nthreads : 1) schedule(static)
+    for (int64_t g = 0; g < N / 16; ++g)
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t *p = dst + (g * nb + b) * gb;
+            for (int r = 0; r < 16; ++r) {
+                const uint8_t *blk = (const uint8_t *)(intptr_t)rows[16 * g + r] + b * bb;
+                if (kind == BLZ_Q4_K) {
+                    memcpy(p + 2 * r, blk, 2);
+                    memcpy(p + 32 + 2 * r, blk + 2, 2);
+                    for (int pl = 0; pl < 3; ++pl) memcpy(p + 64 + 64 * pl + 4 * r, blk + 4 + 4 * pl, 4);
+                    for (int c = 0; c < 32; ++c) memcpy(p + 256 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+                } else {
+                    memcpy(p + 2 * r, blk + 208, 2);
+                    for (int j = 0; j < 16; ++j) p[32 + 16 * j + r] = blk[192 + j];
+                    for (int c = 0; c < 32; ++c) memcpy(p + 288 + 64 * c + 4 * r, blk + 4 * c, 4);
+                    for (int c = 0; c < 16; ++c) memcpy(p + 2336 + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
+                }
+            }
+        }
+    return BLZ_OK;
+}
+
+#ifdef BLZ_VNNI
+/* Q4_K: acc_out[m][r] = the dots of group `grp` (super-block 0) with activation rows m0 .. m0+mt-1. xs2: per
+ * activation row and super-block the sums per 32 in min-pair order (0, 2, 1, 3, 4, 6, 5, 7). */
+BLZ_INLINE void kx4_dots(const int mt, const uint8_t *restrict grp, const actk_t *restrict a,
+                         const int16_t *restrict xs2, const int64_t m0, float acc_out[KX_MT][16]) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi32(0xff), pair = _mm512_set1_epi32(0x00ff00ff);
+    __m512 acc[KX_MT];
+    for (int m = 0; m < mt; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b) {
+        const uint8_t *p = grp + b * KX4_BYTES;
+        if (m0 == 0)
+            for (int l = 0; l < KX4_BYTES; l += 64) _mm_prefetch((const char *)p + KX_PF + l, _MM_HINT_T0);
+        __m512i sc[2], mn[2];
+        kx4_scales(p, sc, mn);
+        __m512i sumi[KX_MT];
+        for (int m = 0; m < mt; ++m) sumi[m] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            __m512i lo[8], hi[8];
+            for (int i = 0; i < 8; ++i) {
+                const __m512i v = _mm512_loadu_si512(p + 256 + 64 * (8 * c + i));
+                lo[i] = _mm512_and_si512(v, lo4);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            }
+            const __m512i s = sc[c / 2]; /* sub-blocks 2c, 2c+1: bytes 2(c%2), 2(c%2)+1 of each dword */
+            const int sh = 16 * (c & 1);
+            const __m512i s_lo = _mm512_and_si512(_mm512_srli_epi32(s, sh), byte);
+            const __m512i s_hi = _mm512_and_si512(_mm512_srli_epi32(s, sh + 8), byte);
+            for (int m = 0; m < mt; ++m) {
+                const int8_t *x = a->q + (m0 + m) * a->K + b * QK_K + 64 * c;
+                __m512i sl = _mm512_setzero_si512(), shv = _mm512_setzero_si512();
+                for (int i = 0; i < 8; ++i) {
+                    sl = _mm512_dpbusd_epi32(sl, lo[i], blz_bcast4_512(x + 4 * i));
+                    shv = _mm512_dpbusd_epi32(shv, hi[i], blz_bcast4_512(x + 32 + 4 * i));
+                }
+                sumi[m] = _mm512_add_epi32(sumi[m], _mm512_add_epi32(_mm512_mullo_epi32(sl, s_lo),
+                                                                     _mm512_mullo_epi32(shv, s_hi)));
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        /* the min pairs (0, 2), (1, 3) of mn0 and (4, 6), (5, 7) of mn1 as int16 */
+        const __m512i mp0 = _mm512_and_si512(mn[0], pair), mp1 = _mm512_srli_epi16(mn[0], 8);
+        const __m512i mp2 = _mm512_and_si512(mn[1], pair), mp3 = _mm512_srli_epi16(mn[1], 8);
+        for (int m = 0; m < mt; ++m) {
+            const int64_t row = (m0 + m) * a->nb + b;
+            const int16_t *xp = xs2 + 8 * row;
+            __m512i summ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp0, blz_bcast4_512(xp));
+            summ = _mm512_dpwssd_epi32(summ, mp1, blz_bcast4_512(xp + 2));
+            summ = _mm512_dpwssd_epi32(summ, mp2, blz_bcast4_512(xp + 4));
+            summ = _mm512_dpwssd_epi32(summ, mp3, blz_bcast4_512(xp + 6));
+            const __m512 dx = _mm512_set1_ps(a->d[row]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[m]), _mm512_mul_ps(dw, dx), acc[m]);
+            acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(dm, dx), acc[m]);
+        }
+    }
+    for (int m = 0; m < mt; ++m) _mm512_storeu_ps(acc_out[m], acc[m]);
+}
+
+/* Q6_K: kx4_dots for the Q6_K layout (sub-block (h, t, is): elements 128h + 32t + 16is .. + 15, scale and
+ * activation sum 8h + 2t + is). */
+BLZ_INLINE void kx6_dots(const int mt, const uint8_t *restrict grp, const actk_t *restrict a, const int64_t m0,
+                         float acc_out[KX_MT][16]) {
+    __m512 acc[KX_MT];
+    for (int m = 0; m < mt; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b) {
+        const uint8_t *p = grp + b * KX6_BYTES;
+        if (m0 == 0)
+            for (int l = 0; l < KX6_BYTES; l += 64) _mm_prefetch((const char *)p + KX_PF + l, _MM_HINT_T0);
+        __m512i sumi[KX_MT];
+        for (int m = 0; m < mt; ++m) sumi[m] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; ++h)
+            for (int is = 0; is < 2; ++is) {
+                __m512i ch[KX_MT][4];
+                for (int m = 0; m < mt; ++m)
+                    for (int t = 0; t < 4; ++t)
+                        ch[m][t] = _mm512_set1_epi32(-32 * a->bs[16 * ((m0 + m) * a->nb + b) + 8 * h + 2 * t + is]);
+                for (int i = 4 * is; i < 4 * is + 4; ++i) {
+                    __m512i e[4];
+                    kx6_quants(p, h, i, e);
+                    for (int m = 0; m < mt; ++m) {
+                        const int8_t *x = a->q + (m0 + m) * a->K + b * QK_K + 128 * h + 4 * i;
+                        for (int t = 0; t < 4; ++t) ch[m][t] = _mm512_dpbusd_epi32(ch[m][t], e[t], blz_bcast4_512(x + 32 * t));
+                    }
+                }
+                for (int t = 0; t < 4; ++t) {
+                    const __m512i sc = _mm512_cvtepi8_epi32(
+                        _mm_loadu_si128((const __m128i *)(p + 32 + 16 * (8 * h + 2 * t + is))));
+                    for (int m = 0; m < mt; ++m) sumi[m] = _mm512_add_epi32(sumi[m], _mm512_mullo_epi32(ch[m][t], sc));
+                }
+            }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        for (int m = 0; m < mt; ++m) {
+            const __m512 dx = _mm512_set1_ps(a->d[(m0 + m) * a->nb + b]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[m]), _mm512_mul_ps(dw, dx), acc[m]);
+        }
+    }
+    for (int m = 0; m < mt; ++m) _mm512_storeu_ps(acc_out[m], acc[m]);
+}
+
+/* One group's dots with kind and (for full tiles) mt as constants. */
+static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, const int16_t *xs2, int64_t m0,
+                    float acc[KX_MT][16]) {
+    if (kind == BLZ_Q4_KX) {
+        if (mt == KX_MT) kx4_dots(KX_MT, grp, a, xs2, m0, acc);
+        else kx4_dots(mt, grp, a, xs2, m0, acc);
+    } else {
+        if (mt == KX_MT) kx6_dots(KX_MT, grp, a, m0, acc);
+        else kx6_dots(mt, grp, a, m0, acc);
+    }
+}
+#endif
+
+/* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form (blz_linear_q's contract). x [M, K], w [N/16][K/256]
+ * [group bytes] of kind BLZ_Q4_KX / BLZ_Q6_KX, bias [N] or NULL, residual [M, N] or NULL (may equal out),
+ * out [M, N] (SwiGLU: [M, N/2], N/2 a multiple of 16). */
+int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                  const float *residual, float *out, int swiglu, int nthreads) {
+    if ((kind != BLZ_Q4_KX && kind != BLZ_Q6_KX) || M < 0 || N < 0 || N % 16 || K <= 0 || K % QK_K)
+        return BLZ_EINVAL;
+    if (swiglu && (N % 32 || residual)) return BLZ_EINVAL;
+    if (M == 0 || N == 0) return BLZ_OK;
+    const int64_t nb = K / QK_K;
+    const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#ifdef BLZ_VNNI
+    const int64_t gbytes = nb * kx_bytes(kind), nout = swiglu ? N / 2 : N;
+    actk_t a = {.K = K, .nb = nb, .qz = NULL};
+    const size_t qb = (size_t)blz_round_up(M * K, 64), db = (size_t)blz_round_up(M * nb * 4, 64);
+    const size_t sb = (size_t)blz_round_up(M * nb * 32, 64), xb = (size_t)blz_round_up(M * nb * 16, 64);
+    uint8_t *buf = blz_scratch(qb + db + sb + 2 * xb);
+    if (!buf) return BLZ_ENOMEM;
+    a.q = (int8_t *)buf;
+    a.d = (float *)(buf + qb);
+    a.bs = (int16_t *)(buf + qb + db);
+    a.xs = (int16_t *)(buf + qb + db + sb);
+    int16_t *xs2 = (int16_t *)(buf + qb + db + sb + xb);
+    const int64_t ngroups = nout / 16, up = swiglu ? nout / 16 : 0;
+    int rc = BLZ_OK;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; ++m) {
+            blz_quantize_q8k_row(x + m * K, nb, a.q + m * K, a.d + m * nb, a.bs + m * nb * 16, a.xs + m * nb * 8);
+            for (int64_t j = 0; j < nb * 8; j += 8) {
+                static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+                for (int i = 0; i < 8; ++i) xs2[m * nb * 8 + j + i] = a.xs[m * nb * 8 + j + order[i]];
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < ngroups; ++g) {
+            if (M >= KG_MIN) { /* long calls: the group re-laid once for linear_k_groups.c's tiles */
+                if (blz_kgroup_run_kx(kind, w + g * gbytes, swiglu ? w + (g + up) * gbytes : NULL, &a, M, 16 * g, N,
+                                      nout, bias, residual, out, swiglu)) {
+#pragma omp atomic write
+                    rc = BLZ_ENOMEM;
+                }
+                continue;
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += KX_MT) {
+                const int mt = (int)blz_min(KX_MT, M - m0);
+                float r[KX_MT][16] __attribute__((aligned(64))), u[KX_MT][16] __attribute__((aligned(64)));
+                kx_tile(kind, mt, w + g * gbytes, &a, xs2, m0, r);
+                if (swiglu) kx_tile(kind, mt, w + (g + up) * gbytes, &a, xs2, m0, u);
+                for (int m = 0; m < mt; ++m)
+                    blz_epilogue_row(r[m], u[m], m0 + m, 16 * g, 16, N, nout, bias, residual, out, swiglu);
+            }
+        }
+    }
+    return rc;
+#else
+    /* no VNNI: the ggml rows back (the loader packs only for VNNI builds; this keeps every build's bits) */
+    const int base = kind == BLZ_Q4_KX ? BLZ_Q4_K : BLZ_Q6_K;
+    const int64_t bb = kblock_bytes(base), gb = kx_bytes(kind);
+    uint8_t *rows = malloc((size_t)(N * nb * bb));
+    if (!rows) return BLZ_ENOMEM;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t *p = w + (n / 16 * nb + b) * gb;
+            uint8_t *blk = rows + (n * nb + b) * bb;
+            const int r = (int)(n % 16);
+            if (base == BLZ_Q4_K) {
+                memcpy(blk, p + 2 * r, 2);
+                memcpy(blk + 2, p + 32 + 2 * r, 2);
+                for (int pl = 0; pl < 3; ++pl) memcpy(blk + 4 + 4 * pl, p + 64 + 64 * pl + 4 * r, 4);
+                for (int c = 0; c < 32; ++c) memcpy(blk + 16 + 4 * c, p + 256 + 64 * c + 4 * r, 4);
+            } else {
+                memcpy(blk + 208, p + 2 * r, 2);
+                for (int j = 0; j < 16; ++j) blk[192 + j] = p[32 + 16 * j + r];
+                for (int c = 0; c < 32; ++c) memcpy(blk + 4 * c, p + 288 + 64 * c + 4 * r, 4);
+                for (int c = 0; c < 16; ++c) memcpy(blk + 128 + 4 * c, p + 2336 + 64 * c + 4 * r, 4);
+            }
+        }
+    const int rc = blz_linear_k(base, x, M, K, rows, NULL, N, bias, residual, out, swiglu, nthreads);
+    free(rows);
+    return rc;
+#endif
+}

@@ -1,0 +1,97 @@
+"""Q4_K / Q6_K re-laid in 16-row groups (kinds q4_kx / q6_kx: kernels/kquant_packed.py, csrc/linear_kx.c).
+
+The layout only moves bytes: the C pack equals the torch reference, unpacking gives ggml's rows back, and the
+values (`dequantize`) are the stored kind's. The kernel gives the stored kind's bits — every row count (one
+row, the register tiles up to 23 rows, linear_k_groups.c's tiles from 24), bias, residual and SwiGLU
+epilogues, on every ISA build (builds without VNNI unpack and run the stored kernel). The loader re-lays
+Q4_K / Q6_K linears where the kernels have the VNNI path, from a view or a row table of the file, and leaves
+the rest as stored; a whole Q4_K_M GGUF gives the same logits and tokens either way (tests/test_kquant.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blazr.kernels import kquant_packed, ops
+from blazr.kernels.kquant import random_kquant
+from blazr.kernels.mapped import MappedWeight
+from blazr.kernels.quant import QuantizedWeight, dequantize
+from blazr.kernels.reference import linear_reference
+from tests.test_kquant import _acts, _weight
+
+KINDS = ["q4_k", "q6_k"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pack_moves_the_bytes(native: ops.Kernels, kind: str) -> None:
+    qw = _weight(kind, 48, 768, seed=3)
+    want = kquant_packed.pack_reference(kind, qw.data, 48, 768)
+    rows = qw.data.data_ptr() + qw.data.shape[1] * torch.arange(48, dtype=torch.int64)
+    assert torch.equal(native.pack_kx(kind, rows, 48, 768), want)
+    packed = kquant_packed.pack(qw)
+    assert packed.kind == kquant_packed.KX_OF[kind] and torch.equal(packed.data, want)
+    assert torch.equal(packed.data.view(-1).sort().values, qw.data.view(-1).sort().values)  # a permutation
+    assert torch.equal(packed.ggml_blocks(), qw.data)
+    assert torch.equal(dequantize(packed), dequantize(qw))
+    group = 16 * qw.data.shape[1]  # the first group's bytes are the first 16 rows' bytes, moved
+    assert torch.equal(want.view(-1)[:group].sort().values, qw.data[:16].reshape(-1).sort().values)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("M", [1, 2, 4, 5, 16, 23, 24, 30, 61])
+def test_packed_kernel_gives_the_stored_bits(lib: ops.Kernels, kind: str, M: int) -> None:
+    g = torch.Generator().manual_seed(M)
+    qw = _weight(kind, 64, 512, seed=M + 1)
+    packed = kquant_packed.pack(qw)
+    x = _acts(M, 512, g)
+    bias, residual = torch.randn(64, generator=g), torch.randn(M, 64, generator=g)
+    for kw in ({}, {"bias": bias}, {"residual": residual}, {"bias": bias, "swiglu": True}):
+        got, want = lib.linear(x, packed, **kw), lib.linear(x, qw, **kw)
+        assert torch.equal(got, want), (M, kw.keys())
+    assert torch.equal(linear_reference(x, packed), linear_reference(x, qw))  # the reference sees its values
+
+
+def test_packed_kernel_batch_rows_are_independent(lib: ops.Kernels) -> None:
+    """A batched call equals one call per row wherever the row falls: the 4-row tiles, the groups' tiles."""
+    g = torch.Generator().manual_seed(5)
+    x = _acts(37, 256, g)
+    for kind in KINDS:
+        packed = kquant_packed.pack(_weight(kind, 32, 256, seed=9))
+        rows = torch.cat([lib.linear(x[i : i + 1], packed) for i in range(len(x))])
+        for lo, hi in ((0, 37), (5, 12), (3, 26), (13, 37)):
+            assert torch.equal(lib.linear(x[lo:hi], packed), rows[lo:hi]), (kind, lo, hi)
+
+
+def test_packed_kinds_check_their_shapes(native: ops.Kernels) -> None:
+    qw = random_kquant("q4_k", 40, 256, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kquant_packed.pack(qw)
+    with pytest.raises(ValueError, match="out_features of 16"):
+        QuantizedWeight("q6_kx", torch.zeros(3, 16 * 210, dtype=torch.uint8), 40, 256)
+    odd_halves = kquant_packed.pack(random_kquant("q4_k", 48, 256, torch.Generator().manual_seed(1)))
+    with pytest.raises(ValueError, match="do not fill 16-row groups"):  # SwiGLU halves of 24 rows
+        native.linear(torch.randn(2, 256), odd_halves, swiglu=True)
+
+
+def test_loader_packs_where_the_kernels_run_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`for_kernels`: a q4_k / q6_k weight of whole 32-row groups is re-laid on a VNNI build — from a row
+    table into the file's map too —, anything else is returned as it is."""
+    g = torch.Generator().manual_seed(2)
+    qw = random_kquant("q6_k", 64, 256, g)
+    vnni = "avx512_vnni" in ops.kernels().features
+    made = kquant_packed.for_kernels(qw)
+    if vnni:
+        assert made.kind == "q6_kx" and torch.equal(made.data, kquant_packed.pack(qw).data)
+    else:
+        assert made is qw
+    holder = qw.data.clone()
+    order = torch.arange(64).flip(0)  # rows in reverse order, read where they lie
+    mapped = MappedWeight("q6_k", holder.data_ptr() + holder.shape[1] * order, holder, 64, 256)
+    if vnni:
+        want = kquant_packed.pack(QuantizedWeight("q6_k", holder[order].contiguous(), 64, 256)).data
+        assert torch.equal(kquant_packed.for_kernels(mapped).data, want)
+    for other in (random_kquant("q4_k", 48, 256, g), random_kquant("q5_k", 64, 256, g)):
+        assert kquant_packed.for_kernels(other) is other
+    monkeypatch.setenv("BLAZR_KPACK", "0")
+    assert kquant_packed.for_kernels(qw) is qw
