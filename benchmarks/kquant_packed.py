@@ -1,125 +1,75 @@
-"""The lever measured for K-quant decode: Q4_K / Q6_K re-laid in 16-row groups (benchmarks/probes/
-kquant_packed.c, a prototype outside the library) against the library's one-row K-quant linear as stored.
+"""Q4_K / Q6_K as stored (kinds q4_k / q6_k, csrc/linear_k.c) against the same weights re-laid in 16-row
+groups (q4_kx / q6_kx, csrc/linear_kx.c — what the loader runs on AVX-512 VNNI builds), side by side.
 
-    python benchmarks/kquant_packed.py [--kinds q4_k q6_k] [--rounds 7] [--prefetch 4608]
+    python benchmarks/kquant_packed.py [--kinds q4_k q6_k] [--rows 1 4 16 512] [--threads 2] [--rounds 5]
 
-Compiles the prototype with the library's flags (-O3 -march=native -fopenmp; it needs AVX-512 VNNI), then per
-kind, thread count (1, 2) and regime — `hot`: one 2048 × 2048 weight called again and again (L2/L3-resident:
-the kernel's compute rate), `cold`: 8192 × 2048 weights cycled past 3× the last-level cache (what a decode
-step sees) — prints GB/s of weight bytes for both, alternated round by round, medians. One activation row,
-quantized by the library (blz_quantize_q8k); the prototype's outputs are asserted equal to blz_linear_k's,
-bit for bit, before any timing. With one thread the time is the thread's CPU time. Speed only.
+At the 1B shapes (q 2048 × 2048, gate|up 16384 × 2048, down 2048 × 8192) and each row count: rows ≤ 16
+cycle through weights past 3× the last-level cache (what a decode step reads) and print GB/s of weight
+bytes; more rows call one weight (a prefill) and print GFLOP/s. `--hot` adds the one-row call on one
+cache-resident weight (the kernel's compute rate). The two layouts alternate round by round (medians); their
+outputs are asserted equal, bit for bit, before any timing. Speed only.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from blazr.kernels import ops, tuning
+from blazr.kernels import kquant_packed, ops, tuning
+from blazr.kernels.quant import QuantizedWeight
 
-SRC = Path(__file__).resolve().parent / "probes" / "kquant_packed.c"
-ROW_BYTES = {"q4_k": 144, "q6_k": 210}  # per 256-value super-block
-
-
-def _compile(prefetch: int) -> ctypes.CDLL:
-    out = Path(tempfile.mkdtemp()) / "kquant_packed.so"
-    subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", f"-DPFD={prefetch}", "-o",
-                    str(out), str(SRC)], check=True)  # fmt: skip
-    lib = ctypes.CDLL(str(out))
-    p, i = ctypes.c_void_p, ctypes.c_int64
-    for f in ("kp_pack", "kp6_pack"):
-        getattr(lib, f).argtypes = [p, i, i, p]
-    for f in ("kp_gemv", "kp6_gemv"):
-        getattr(lib, f).argtypes = [p, i, i, p, p, p, p, ctypes.c_int]
-    return lib
+SHAPES = {"q": (2048, 2048), "gate|up": (16384, 2048), "down": (2048, 8192)}  # N × K
 
 
-def _q8k(k: ops.Kernels, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    m, kk = x.shape
-    q, d = torch.empty(m, kk, dtype=torch.int8), torch.empty(m, kk // 256)
-    bs = torch.empty(m, kk // 16, dtype=torch.int16)
-    fn = k.lib.blz_quantize_q8k
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 3
-    assert fn(x.data_ptr(), m, kk, q.data_ptr(), d.data_ptr(), bs.data_ptr()) == 0
-    return q, d, bs
+def _rate(k: ops.Kernels, x: torch.Tensor, ws: list[QuantizedWeight], per_call: float) -> float:
+    """Units of `per_call` (bytes or flops of one call) per second over 0.1 s of calls cycling `ws`."""
+    t0, reps = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.1:
+        for w in ws:
+            k.linear(x, w)
+        reps += 1
+    return reps * len(ws) * per_call / (time.perf_counter() - t0) / 1e9
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kinds", nargs="+", default=["q4_k", "q6_k"], choices=list(ROW_BYTES))
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--prefetch", type=int, default=4608)
+    ap.add_argument("--kinds", nargs="+", default=["q4_k", "q6_k"], choices=list(kquant_packed.KX_OF))
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 4, 16, 512])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--hot", action="store_true")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     k = ops.kernels()
     assert k is not None, "the kernel library did not load"
-    proto = _compile(args.prefetch)
     g = torch.Generator().manual_seed(0)
     l3 = tuning._l3_bytes()
-    print("| kind | threads | regime | N × K | library GB/s | packed GB/s | × |")
-    print("|---|---:|---|---|---:|---:|---:|")
+    print(f"{args.threads} threads, kernels {', '.join(k.features)}; decode rows: GB/s of weight bytes "
+          "(cold), prefill rows: GFLOP/s")  # fmt: skip
+    print("| kind | shape | rows | stored | 16-row groups | × |")
+    print("|---|---|---:|---:|---:|---:|")
     for kind in args.kinds:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            for regime, (n, kk) in (("hot", (2048, 2048)), ("cold", (8192, 2048))):
-                count = 1 if regime == "hot" else -(-3 * l3 // (n * kk // 256 * ROW_BYTES[kind]))
-                lib_r, pk_r = _case(k, proto, kind, n, kk, count, threads, args.rounds, g)
-                cells = f"{lib_r:.1f} | {pk_r:.1f} | {pk_r / lib_r:.2f}"
-                print(f"| {kind} | {threads} | {regime} | {n} × {kk} | {cells} |", flush=True)
-
-
-def _case(
-    k: ops.Kernels,
-    proto: ctypes.CDLL,
-    kind: str,
-    n: int,
-    kk: int,
-    count: int,
-    threads: int,
-    rounds: int,
-    g: torch.Generator,
-) -> tuple[float, float]:
-    """Median GB/s of the library and of the prototype over `count` weights of one shape, after asserting
-    their outputs equal."""
-    pack, gemv = (proto.kp_pack, proto.kp_gemv) if kind == "q4_k" else (proto.kp6_pack, proto.kp6_gemv)
-    nbytes = n * kk // 256 * ROW_BYTES[kind]
-    ws = [tuning._weight(kind, n, kk, g) for _ in range(count)]
-    bufs, addrs = [], []
-    for w in ws:
-        buf = torch.empty(nbytes + 64, dtype=torch.uint8)
-        addr = buf.data_ptr() + (-buf.data_ptr()) % 64  # 64-byte aligned loads of the Q4_K chunks
-        pack(w.data.data_ptr(), n, kk // 256, addr)
-        bufs.append(buf)
-        addrs.append(addr)
-    x = torch.randn(1, kk, generator=g)
-    q, d, bs = _q8k(k, x)
-    out = torch.empty(1, n)
-    calls = {
-        "library": [functools.partial(k.linear, x, w) for w in ws],
-        "packed": [functools.partial(gemv, a, n, kk // 256, q.data_ptr(), d.data_ptr(), bs.data_ptr(),
-                                     out.data_ptr(), threads) for a in addrs],
-    }  # fmt: skip
-    calls["packed"][0]()
-    assert torch.equal(out, k.linear(x, ws[0])), f"{kind}: the prototype's dots differ from blz_linear_k's"
-    clock = time.thread_time if threads == 1 else time.perf_counter
-    rates: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fns in calls.items():
-            t0, reps = clock(), 0
-            while clock() - t0 < 0.05:
-                for fn in fns:
-                    fn()
-                reps += 1
-            rates[name].append(reps * count * nbytes / (clock() - t0) / 1e9)
-    return statistics.median(rates["library"]), statistics.median(rates["packed"])
+        for shape, (n, kk) in SHAPES.items():
+            stored = [tuning._weight(kind, n, kk, g)]
+            size = stored[0].nbytes
+            stored += [tuning._weight(kind, n, kk, g) for _ in range(-(-3 * l3 // size) - 1)]
+            packed = [kquant_packed.pack(w) for w in stored]
+            cases = [("1 (hot)", 1, 1)] if args.hot else []
+            cases += [(str(m), m, len(stored) if m <= 16 else 1) for m in args.rows]
+            for label, m, count in cases:
+                x = torch.randn(m, kk, generator=g)
+                assert torch.equal(k.linear(x, stored[0]), k.linear(x, packed[0])), (kind, shape, m)
+                per_call = size if m <= 16 else 2 * m * n * kk
+                rates: dict[str, list[float]] = {"stored": [], "packed": []}
+                for _ in range(args.rounds):
+                    rates["stored"].append(_rate(k, x, stored[:count], per_call))
+                    rates["packed"].append(_rate(k, x, packed[:count], per_call))
+                a, b = statistics.median(rates["stored"]), statistics.median(rates["packed"])
+                cells = f"{a:.1f} | {b:.1f} | {b / a:.2f}"
+                print(f"| {kind} | {shape} {n} × {kk} | {label} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -121,11 +121,13 @@ _CFG = {**TINY, "hidden_size": 256, "intermediate_size": 512, "vocab_size": 64} 
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K"])
-def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
+def test_gguf_fused_parts_stay_in_the_map(tmp_path, monkeypatch: pytest.MonkeyPatch, qtype: str) -> None:
     """A llama GGUF written as llama.cpp's converter writes one (tensors sorted by name, so ffn_gate and
     ffn_up lie apart; q / k rows permuted): its gate|up is a MappedWeight over the file's map — nothing
     gathered —, q|k|v (rows out of order) gathered, and the logits equal those with every fused weight
-    gathered into one tensor."""
+    gathered into one tensor. Q4_K kept as stored for this (BLAZR_KPACK=0); where the kernels re-lay it in
+    16-row groups, from the same row tables, the logits are the same."""
+    monkeypatch.setenv("BLAZR_KPACK", "0")
     from tests.gguf_fixtures import (
         hf_to_gguf_name,
         llama_metadata,
@@ -163,3 +165,10 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, qtype: str) -> None:
     for got, want in zip(logits, full_logits(llm.runner, prompts), strict=True):
         assert torch.equal(got, want)
         assert np.isfinite(got.numpy()).all()
+    if qtype == "Q4_K" and "avx512_vnni" in ops.kernels().features:
+        monkeypatch.delenv("BLAZR_KPACK")
+        packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_model_len=64)
+        kinds = {n: m.kind for n, m in packed.runner.model.named_modules() if n in fused}
+        assert set(kinds.values()) == {"q4_kx"}, kinds  # gate|up packed from its row table, q|k|v gathered
+        for got, want in zip(full_logits(packed.runner, prompts), logits, strict=True):
+            assert torch.equal(got, want)

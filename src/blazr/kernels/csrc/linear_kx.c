@@ -45,29 +45,35 @@
 BLZ_INLINE int64_t kx_bytes(int kind) { return kind == BLZ_Q4_KX ? KX4_BYTES : KX6_BYTES; }
 
 /* Rows `rows[0..N-1]` (addresses of ggml rows of base kind BLZ_Q4_K / BLZ_Q6_K, K values each) → dst
- * [N/16][K/256][group bytes] (the header's layout). Plain byte moves, OpenMP over groups. */
+ * [N/16][K/256][group bytes] (the header's layout). Plain byte moves, each thread a contiguous share of the
+ * groups (its part of the output mapped first, `blz_populate`), a row read in order. */
 BLZ_EXPORT int blz_pack_kx(int kind, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
     if ((kind != BLZ_Q4_K && kind != BLZ_Q6_K) || N < 0 || N % 16 || K <= 0 || K % QK_K) return BLZ_EINVAL;
     const int64_t nb = K / QK_K, bb = kblock_bytes(kind), gb = kind == BLZ_Q4_K ? KX4_BYTES : KX6_BYTES;
-#pragma omp parallel for num_threads(nthreads > 0 ? nthreads : 1) schedule(static)
-    for (int64_t g = 0; g < N / 16; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            uint8_t *p = dst + (g * nb + b) * gb;
+#pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
+    {
+        int64_t lo, hi;
+        blz_thread_share(N / 16, &lo, &hi);
+        blz_populate(dst + lo * nb * gb, (hi - lo) * nb * gb);
+        for (int64_t g = lo; g < hi; ++g)
             for (int r = 0; r < 16; ++r) {
-                const uint8_t *blk = (const uint8_t *)(intptr_t)rows[16 * g + r] + b * bb;
-                if (kind == BLZ_Q4_K) {
-                    memcpy(p + 2 * r, blk, 2);
-                    memcpy(p + 32 + 2 * r, blk + 2, 2);
-                    for (int pl = 0; pl < 3; ++pl) memcpy(p + 64 + 64 * pl + 4 * r, blk + 4 + 4 * pl, 4);
-                    for (int c = 0; c < 32; ++c) memcpy(p + 256 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
-                } else {
-                    memcpy(p + 2 * r, blk + 208, 2);
-                    for (int j = 0; j < 16; ++j) p[32 + 16 * j + r] = blk[192 + j];
-                    for (int c = 0; c < 32; ++c) memcpy(p + 288 + 64 * c + 4 * r, blk + 4 * c, 4);
-                    for (int c = 0; c < 16; ++c) memcpy(p + 2336 + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
+                const uint8_t *blk = (const uint8_t *)(intptr_t)rows[16 * g + r];
+                for (int64_t b = 0; b < nb; ++b, blk += bb) {
+                    uint8_t *p = dst + (g * nb + b) * gb;
+                    if (kind == BLZ_Q4_K) {
+                        memcpy(p + 2 * r, blk, 2);
+                        memcpy(p + 32 + 2 * r, blk + 2, 2);
+                        for (int pl = 0; pl < 3; ++pl) memcpy(p + 64 + 64 * pl + 4 * r, blk + 4 + 4 * pl, 4);
+                        for (int c = 0; c < 32; ++c) memcpy(p + 256 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+                    } else {
+                        memcpy(p + 2 * r, blk + 208, 2);
+                        for (int j = 0; j < 16; ++j) p[32 + 16 * j + r] = blk[192 + j];
+                        for (int c = 0; c < 32; ++c) memcpy(p + 288 + 64 * c + 4 * r, blk + 4 * c, 4);
+                        for (int c = 0; c < 16; ++c) memcpy(p + 2336 + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
+                    }
                 }
             }
-        }
+    }
     return BLZ_OK;
 }
 
