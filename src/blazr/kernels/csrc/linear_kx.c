@@ -176,14 +176,16 @@ BLZ_INLINE void kx6_dots(const int mt, const uint8_t *restrict grp, const actk_t
     for (int m = 0; m < mt; ++m) _mm512_storeu_ps(acc_out[m], acc[m]);
 }
 
-/* One group's dots with kind and (for full tiles) mt as constants. */
+/* One group's dots with kind and mt as constants for one row (decode) and full tiles. */
 static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, const int16_t *xs2, int64_t m0,
                     float acc[KX_MT][16]) {
     if (kind == BLZ_Q4_KX) {
-        if (mt == KX_MT) kx4_dots(KX_MT, grp, a, xs2, m0, acc);
+        if (mt == 1) kx4_dots(1, grp, a, xs2, m0, acc);
+        else if (mt == KX_MT) kx4_dots(KX_MT, grp, a, xs2, m0, acc);
         else kx4_dots(mt, grp, a, xs2, m0, acc);
     } else {
-        if (mt == KX_MT) kx6_dots(KX_MT, grp, a, m0, acc);
+        if (mt == 1) kx6_dots(1, grp, a, m0, acc);
+        else if (mt == KX_MT) kx6_dots(KX_MT, grp, a, m0, acc);
         else kx6_dots(mt, grp, a, m0, acc);
     }
 }
