@@ -21,14 +21,8 @@ so a view of an mmap'd file can be used in place and `ggml_blocks` is `data` its
 - q4_k (144 B): f16 d, f16 dmin, 12 B of 6-bit scales / mins, 128 B nibbles — w = d·sc·q − dmin·m per 32
 - q5_k (176 B): as q4_k plus 32 B of 5th bits — q in 0..31
 - q6_k (210 B): 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, f16 d — w = d·sc·(q − 32) per 16
-On a kernel build with AVX-512 VNNI the loader re-lays Q4_K / Q6_K linear weights in 16-row groups (kinds
-q4_kx / q6_kx, kernels/kquant_packed.py, csrc/linear_kx.c): the same bytes moved so that vpdpbusd computes
-16 rows' dots side by side, the stored kinds' bits at every row count. The stored layout's one-row kernel
-applies each sub-block's scale inside the integer dot and reduces every row's lanes; on Zen 5 that computed
-Q4_K at ~25 GB/s of weight bytes a core against ~77 for the groups, and a decode step read its weights at two
-thirds of the memory's rate (benchmarks/NOTES.md §56). On a Zen 3 without VNNI the two had measured level
-(decode 8-11 GB/s cold against q4_0's row-packed 9.5-12), which is why the stored layout came first and stays
-where the kernels have no VNNI path.
+On a kernel build with AVX-512 VNNI the loader re-lays Q4_K / Q6_K linears in 16-row groups (kinds q4_kx /
+q6_kx: kernels/kquant_packed.py says why and when), the same bytes moved, the stored kinds' bits.
 
 q8_0g (34 B per 32 weights: f16 d, 32 int8 — w = d·q) is GGUF Q8_0 kept the same way, ggml's bytes as
 stored, uint8 [N, K/32 · 34] (csrc/linear_q8.c): the values of q8_0 and the same arithmetic (activation
