@@ -66,6 +66,7 @@ def test_derived_lists() -> None:
         "q6_k",
         "kmix",
         "q4_kx",
+        "q5_kx",
         "q6_kx",
         "mxfp4",
         "q5_0",
@@ -74,7 +75,7 @@ def test_derived_lists() -> None:
     want_ggml = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q5_0")}
     assert quant.BLOCK_BYTES == {"q4_0": 18, "q4_1": 20, "q8_0": 34}
     assert quant.KQUANT_BYTES == {"q4_k": 144, "q5_k": 176, "q6_k": 210}
-    assert quant.KX_KINDS == ("q4_kx", "q6_kx")  # loaded only as re-laid K-quants: no GGML type of their own
+    assert quant.KX_KINDS == ("q4_kx", "q5_kx", "q6_kx")  # re-laid K-quants only: no GGML type of their own
     assert (want_floats, want_kinds) == (quant.FLOAT_KINDS, quant.KINDS)
     assert {**want_ggml, "BF16": "bf16", "F16": "f16", "F32": "f32"} == quant.GGML_KINDS
     assert quant.AS_STORED == {"q8_0": "q8_0g"}

@@ -299,19 +299,25 @@ def test_llama_cpp_q4_k_tensor(native: ops.Kernels, q4_k_m: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def f32_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama (hidden 256, so every matrix's K is a whole number of super-blocks; tied embeddings)
-    converted by llama.cpp's converter to F32, then quantized by llama_model_quantize to Q4_K_M."""
+    converted by llama.cpp's converter to an F32 GGUF."""
     from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer
-    from tests.llama_cpp_convert import quantize as llama_quantize
     from tests.tiny import build as build_hf
 
-    root = tmp_path_factory.mktemp("q4_k_m")
+    root = tmp_path_factory.mktemp("k_quants")
     tokenizer = export_tokenizer(root / "tokenizer")
     sizes = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
     build_hf("LlamaForCausalLM", root / "hf", seed=3, vocab_size=VOCAB, tie_word_embeddings=True, **sizes)
-    f32 = convert(root / "hf", tokenizer, root / "f32.gguf", "f32")
-    return llama_quantize(f32, root / "q4_k_m.gguf", "Q4_K_M")
+    return convert(root / "hf", tokenizer, root / "f32.gguf", "f32")
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(f32_llama: Path) -> Path:
+    """`f32_llama` quantized by llama.cpp's llama_model_quantize to Q4_K_M."""
+    from tests.llama_cpp_convert import quantize as llama_quantize
+
+    return llama_quantize(f32_llama, f32_llama.parent / "q4_k_m.gguf", "Q4_K_M")
 
 
 def _kernel_layers(llm: LLM, stored: bool = True) -> dict[str, str]:
@@ -358,16 +364,25 @@ def test_q4_k_m_gguf_runs_as_stored(q4_k_m: Path) -> None:
     assert_greedy_diverges_only_at_ties(ours, plain, batch[1])
 
 
-def test_q4_k_m_gguf_packed_layout_changes_no_bit(q4_k_m: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The file's Q4_K / Q6_K linears re-laid in 16-row groups where the kernels have the VNNI path (none
-    elsewhere), against the same file with every K-quant kept as stored (BLAZR_KPACK=0): the same logits,
-    bit for bit, at prefill and decode, and the same greedy tokens."""
-    packed = LLM(q4_k_m, cpu=True, dtype="float32", max_num_seqs=2)
+@pytest.mark.parametrize("ftype", ["Q4_K_M", "Q5_K_M"])
+def test_k_quant_gguf_packed_layout_changes_no_bit(
+    f32_llama: Path, ftype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp's Q4_K_M / Q5_K_M file: its K-quant linears re-laid in 16-row groups where the kernels have
+    the VNNI path (none elsewhere), against the same file with every K-quant kept as stored (BLAZR_KPACK=0):
+    the same logits, bit for bit, at prefill and decode, and the same greedy tokens."""
+    from tests.llama_cpp_convert import quantize as llama_quantize
+
+    path = f32_llama.parent / f"{ftype.lower()}.gguf"
+    if not path.exists():
+        llama_quantize(f32_llama, path, ftype)
+    packed = LLM(path, cpu=True, dtype="float32", max_num_seqs=2)
     monkeypatch.setenv("BLAZR_KPACK", "0")
-    stored = LLM(q4_k_m, cpu=True, dtype="float32", max_num_seqs=2)
+    stored = LLM(path, cpu=True, dtype="float32", max_num_seqs=2)
     kinds = set(_kernel_layers(packed, stored=False).values())
     if "avx512_vnni" in ops.kernels().features:
-        assert {"q4_kx", "q6_kx"} <= kinds and _kernel_layers(packed)["lm_head"] == "q6_k", kinds
+        want = {"q4_kx", "q6_kx"} if ftype == "Q4_K_M" else {"q5_kx", "q6_kx"}
+        assert want <= kinds and _kernel_layers(packed)["lm_head"] == "q6_k", kinds
     else:
         assert not kinds & set(kquant_packed.BASE_OF), kinds
     assert _kernel_layers(packed) == _kernel_layers(stored, stored=False)

@@ -1,10 +1,11 @@
-"""Q4_K / Q6_K re-laid in 16-row groups (kinds q4_kx / q6_kx: kernels/kquant_packed.py, csrc/linear_kx.c).
+"""Q4_K / Q5_K / Q6_K re-laid in 16-row groups (kinds q4_kx / q5_kx / q6_kx: kernels/kquant_packed.py,
+csrc/linear_kx.c).
 
 The layout only moves bytes: the C pack equals the torch reference, unpacking gives ggml's rows back, and the
 values (`dequantize`) are the stored kind's. The kernel gives the stored kind's bits — every row count (one
 row, the register tiles up to 23 rows, linear_k_groups.c's tiles from 24), bias, residual and SwiGLU
 epilogues, on every ISA build (builds without VNNI unpack and run the stored kernel). The loader re-lays
-Q4_K / Q6_K linears where the kernels have the VNNI path, from a view or a row table of the file, and leaves
+K-quant linears where the kernels have the VNNI path, from a view or a row table of the file, and leaves
 the rest as stored; a whole Q4_K_M GGUF gives the same logits and tokens either way (tests/test_kquant.py).
 """
 
@@ -16,11 +17,11 @@ import torch
 from blazr.kernels import kquant_packed, ops
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.mapped import MappedWeight
-from blazr.kernels.quant import QuantizedWeight, dequantize
+from blazr.kernels.quant import QuantizedWeight, dequantize, quantize
 from blazr.kernels.reference import linear_reference
 from tests.test_kquant import _acts, _weight
 
-KINDS = ["q4_k", "q6_k"]
+KINDS = ["q4_k", "q5_k", "q6_k"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -75,7 +76,7 @@ def test_packed_kinds_check_their_shapes(native: ops.Kernels) -> None:
 
 
 def test_loader_packs_where_the_kernels_run_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`for_kernels`: a q4_k / q6_k weight of whole 32-row groups is re-laid on a VNNI build — from a row
+    """`for_kernels`: a K-quant weight of whole 32-row groups is re-laid on a VNNI build — from a row
     table into the file's map too —, anything else is returned as it is."""
     g = torch.Generator().manual_seed(2)
     qw = random_kquant("q6_k", 64, 256, g)
@@ -91,7 +92,7 @@ def test_loader_packs_where_the_kernels_run_it(monkeypatch: pytest.MonkeyPatch) 
     if vnni:
         want = kquant_packed.pack(QuantizedWeight("q6_k", holder[order].contiguous(), 64, 256)).data
         assert torch.equal(kquant_packed.for_kernels(mapped).data, want)
-    for other in (random_kquant("q4_k", 48, 256, g), random_kquant("q5_k", 64, 256, g)):
+    for other in (random_kquant("q4_k", 48, 256, g), quantize(torch.randn(64, 256, generator=g), "q8_0g")):
         assert kquant_packed.for_kernels(other) is other
     monkeypatch.setenv("BLAZR_KPACK", "0")
     assert kquant_packed.for_kernels(qw) is qw

@@ -105,11 +105,12 @@ class WeightFormatBindings:
         return out
 
     def pack_kx(self, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-        """A q4_k / q6_k weight's ggml rows, `rows` int64 [N] their addresses (the caller keeps that memory
-        alive for the call), re-laid in 16-row groups → uint8 [N/16, 16 · row_bytes], as
+        """A q4_k / q5_k / q6_k weight's ggml rows, `rows` int64 [N] their addresses (the caller keeps that
+        memory alive for the call), re-laid in 16-row groups → uint8 [N/16, 16 · row_bytes], as
         kernels/kquant_packed.py's `pack_reference` of the gathered rows (csrc/linear_kx.c `blz_pack_kx`)."""
-        if kind not in ("q4_k", "q6_k") or out_features % ROW_GROUP or in_features <= 0 or in_features % 256:
-            raise ValueError(f"pack_kx: kind {kind!r} [{out_features}, {in_features}]: q4_k / q6_k with N a "
+        bad_shape = out_features % ROW_GROUP or in_features <= 0 or in_features % 256
+        if kind not in KQUANT_BYTES or bad_shape:
+            raise ValueError(f"pack_kx: kind {kind!r} [{out_features}, {in_features}]: a K-quant with N a "
                              f"multiple of {ROW_GROUP} and K of 256 expected")  # fmt: skip
         if rows.dtype != torch.int64 or rows.dim() != 1 or rows.numel() != out_features or not rows.is_cpu:
             raise ValueError(f"pack_kx: int64 CPU row addresses [{out_features}] expected, found "

@@ -7,7 +7,7 @@ checks its codes against the C header, so a format added here and there is a for
 
 Layouts: `packed` — ggml's 32-weight blocks re-laid in 16-row groups for the kernel (csrc/linear_q.c);
 `ggml` — ggml's bytes as a GGUF stores them, row after row (Q8_0 as stored, the K-quants, MXFP4, Q5_0);
-`kpacked` — a GGUF's Q4_K / Q6_K re-laid at load in 16-row groups (csrc/linear_kx.c,
+`kpacked` — a GGUF's Q4_K / Q5_K / Q6_K re-laid at load in 16-row groups (csrc/linear_kx.c,
 kernels/kquant_packed.py): the stored kinds' values and bits, vpdpbusd across rows at every row count;
 `mixed` — a fused weight of row segments of different `ggml` kinds with one K (a 64-byte segment table, then
 each part);
@@ -67,6 +67,7 @@ FORMATS: tuple[WeightFormat, ...] = (
     WeightFormat("q6_k", "ggml", 256, 210, 5, OP_LINEAR_Q, row_code=5, ggml="Q6_K", as_stored=True),
     WeightFormat("kmix", "mixed", 256, 0, 6, OP_LINEAR_Q),
     WeightFormat("q4_kx", "kpacked", 256, 144, 12, OP_LINEAR_Q),
+    WeightFormat("q5_kx", "kpacked", 256, 176, 14, OP_LINEAR_Q),
     WeightFormat("q6_kx", "kpacked", 256, 210, 13, OP_LINEAR_Q),
     WeightFormat("mxfp4", "ggml", 32, 17, 10, OP_LINEAR_Q, ggml="MXFP4", as_stored=True),
     WeightFormat("q5_0", "ggml", 32, 22, 11, OP_LINEAR_Q, row_code=11, ggml="Q5_0", as_stored=True),

@@ -1,7 +1,7 @@
-"""Q4_K and Q6_K re-laid in groups of 16 rows (kinds q4_kx, q6_kx): the layout, its torch references, and
-when the loader takes it.
+"""Q4_K, Q5_K and Q6_K re-laid in groups of 16 rows (kinds q4_kx, q5_kx, q6_kx): the layout, its torch
+references, and when the loader takes it.
 
-A GGUF's Q4_K / Q6_K tensors run as stored (kinds q4_k, q6_k: csrc/linear_k.c, one row's quants in a
+A GGUF's K-quant tensors run as stored (kinds q4_k, q5_k, q6_k: csrc/linear_k.c, one row's quants in a
 register's lanes). On a kernel build with AVX-512 VNNI the loader re-lays each whole linear weight of those
 kinds once (`for_kernels`): the same bytes, moved so that 16 rows' quants share a register and vpdpbusd
 computes 16 rows' dots at once (csrc/linear_kx.c, whose header gives the layout; here `FIELDS`). A one-row
@@ -12,13 +12,13 @@ cycles a row and super-block. (On a Zen 3 without VNNI the two layouts had measu
 cold against q4_0's row-packed 9.5-12: the stored layout came first, and stays where the kernels have no VNNI
 path.) The outputs are the stored kinds' bits at every row count, so packing changes speed only.
 
-Bytes: data uint8 [N/16, 16 · row_bytes] (N a multiple of 16), row_bytes = K/256 · 144 (q4_kx) or 210
-(q6_kx); per group, per super-block, each field of the 16 rows' ggml blocks as [units][16 rows][unit
+Bytes: data uint8 [N/16, 16 · row_bytes] (N a multiple of 16), row_bytes = K/256 · 144 (q4_kx), 176 (q5_kx) or
+210 (q6_kx); per group, per super-block, each field of the 16 rows' ggml blocks as [units][16 rows][unit
 bytes]. `pack_reference` / `unpack` move them in torch; `pack` in C from row addresses (csrc/linear_kx.c
-`blz_pack_kx`, so a GGUF's rows are read once, straight from the file's map). Kept as stored: weights
-whose rows do not fill whole groups of 32 (a fused gate|up's halves must each fill groups), kmix weights
-(Q4_K_M's q|k beside a Q6_K v), expert stacks, token tables, and everything on builds without VNNI (which
-would unpack per call) or with `BLAZR_KPACK=0` (for A/B measurements).
+`blz_pack_kx`, so a GGUF's rows are read once, straight from the file's map). Kept as stored: weights whose
+rows do not fill whole groups of 32 (a fused gate|up's halves must each fill groups), kmix weights (Q4_K_M's
+q|k beside a Q6_K v), expert stacks, token tables, and everything on builds without VNNI (which would unpack
+per call) or with `BLAZR_KPACK=0` (for A/B measurements).
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from blazr.kernels.kquant_fields import KQUANT_BYTES, QK_K
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import QuantizedWeight
 
-KX_OF = {"q4_k": "q4_kx", "q6_k": "q6_kx"}  # stored kind → its 16-row-group kind
+KX_OF = {"q4_k": "q4_kx", "q5_k": "q5_kx", "q6_k": "q6_kx"}  # stored kind → its 16-row-group kind
 BASE_OF = {kx: k for k, kx in KX_OF.items()}
 ROWS = 16
 # Per base kind, its super-block's fields in packed order: (first byte in the ggml block, units, unit bytes).
 FIELDS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "q4_k": ((0, 1, 2), (2, 1, 2), (4, 3, 4), (16, 32, 4)),  # d, dmin, 3 planes of the scale field, nibbles
+    "q5_k": ((0, 1, 2), (2, 1, 2), (4, 3, 4), (16, 8, 4), (48, 32, 4)),  # the same, fifth bits before them
     "q6_k": ((208, 1, 2), (192, 16, 1), (0, 32, 4), (128, 16, 4)),  # d, 16 int8 scales, ql, qh
 }
 PACK_MULTIPLE = 32  # rows the loader's packing needs (a SwiGLU weight's halves each fill groups of 16)
@@ -45,7 +46,7 @@ PACK_MULTIPLE = 32  # rows the loader's packing needs (a SwiGLU weight's halves 
 
 def _check(base: str, blocks: torch.Tensor, n: int, k: int) -> None:
     if base not in FIELDS or n % ROWS or k <= 0 or k % QK_K:
-        raise ValueError(f"kquant_packed: kind {base!r} [{n}, {k}]: q4_k / q6_k with N a multiple of {ROWS} "
+        raise ValueError(f"kquant_packed: kind {base!r} [{n}, {k}]: a K-quant with N a multiple of {ROWS} "
                          f"and K of {QK_K} expected")  # fmt: skip
     if blocks.dtype != torch.uint8 or blocks.numel() != n * (k // QK_K) * KQUANT_BYTES[base]:
         raise ValueError(f"kquant_packed: {base} blocks of [{n}, {k}]: expected "
@@ -67,7 +68,8 @@ def pack_reference(base: str, blocks: torch.Tensor, n: int, k: int) -> torch.Ten
 
 
 def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The inverse of `pack_reference`: a q4_kx / q6_kx weight's bytes → ggml rows uint8 [N, row_bytes]."""
+    """The inverse of `pack_reference`: a q4_kx / q5_kx / q6_kx weight's bytes → ggml rows uint8
+    [N, row_bytes]."""
     base = BASE_OF[kind]
     g, nb, bb = n // ROWS, k // QK_K, KQUANT_BYTES[base]
     src = data.reshape(g, nb, ROWS * bb)
@@ -81,9 +83,9 @@ def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 def pack(qw: QuantizedWeight) -> QuantizedWeight:
-    """A q4_k / q6_k weight (N a multiple of 16; a MappedWeight too, read through its row table) re-laid as
-    q4_kx / q6_kx: by the C kernel from its rows' addresses when the library is loaded and the bytes are on
-    the CPU, else `pack_reference`."""
+    """A K-quant weight (N a multiple of 16; a MappedWeight too, read through its row table) re-laid in
+    16-row groups (q4_k → q4_kx …): by the C kernel from its rows' addresses when the library is loaded and
+    the bytes are on the CPU, else `pack_reference`."""
     n, k = qw.out_features, qw.in_features
     mapped = isinstance(qw, MappedWeight)
     lib = ops.kernels() if mapped or qw.data.is_cpu else None
@@ -100,7 +102,7 @@ def pack(qw: QuantizedWeight) -> QuantizedWeight:
 
 
 def for_kernels(qw: QuantizedWeight) -> QuantizedWeight:
-    """What the CPU kernels should run for a linear weight the loader made: q4_k / q6_k (as a view of the
+    """What the CPU kernels should run for a linear weight the loader made: a K-quant (as a view of the
     file, a gathered copy or a row table) re-laid in groups by `pack` when the library has its VNNI path and
     the weight fills whole groups of PACK_MULTIPLE rows; else `qw` (the module docstring says what stays as
     stored)."""

@@ -21,8 +21,8 @@ so a view of an mmap'd file can be used in place and `ggml_blocks` is `data` its
 - q4_k (144 B): f16 d, f16 dmin, 12 B of 6-bit scales / mins, 128 B nibbles — w = d·sc·q − dmin·m per 32
 - q5_k (176 B): as q4_k plus 32 B of 5th bits — q in 0..31
 - q6_k (210 B): 128 B low nibbles, 64 B high 2 bits, 16 int8 scales, f16 d — w = d·sc·(q − 32) per 16
-On a kernel build with AVX-512 VNNI the loader re-lays Q4_K / Q6_K linears in 16-row groups (kinds q4_kx /
-q6_kx: kernels/kquant_packed.py says why and when), the same bytes moved, the stored kinds' bits.
+On a kernel build with AVX-512 VNNI the loader re-lays K-quant linears in 16-row groups (kinds q4_kx /
+q5_kx / q6_kx: kernels/kquant_packed.py says why and when), the same bytes moved, the stored kinds' bits.
 
 q8_0g (34 B per 32 weights: f16 d, 32 int8 — w = d·q) is GGUF Q8_0 kept the same way, ggml's bytes as
 stored, uint8 [N, K/32 · 34] (csrc/linear_q8.c): the values of q8_0 and the same arithmetic (activation
@@ -70,7 +70,7 @@ QK = 32  # weights per block
 BLOCK_BYTES = {k: BY_KIND[k].block_bytes for k in kinds("packed")}
 BLOCK_KINDS = tuple(BLOCK_BYTES)
 K_KINDS = tuple(KQUANT_BYTES)
-KX_KINDS = kinds("kpacked")  # q4_kx, q6_kx: K-quants re-laid in 16-row groups (kernels/kquant_packed.py)
+KX_KINDS = kinds("kpacked")  # q4_kx, q5_kx, q6_kx: K-quants in 16-row groups (kernels/kquant_packed.py)
 Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
 MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_b32.c)
 Q5_0 = "q5_0"  # GGUF Q5_0 in ggml's own layout, run as stored (csrc/linear_b32.c)

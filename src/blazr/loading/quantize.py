@@ -6,7 +6,7 @@ Modes:
 - `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, MXFP4, F16,
   BF16) stay as stored (their bytes used as-is — a view of the file's map where no rows move, a MappedWeight
   (a row table into the map) where fused parts lie apart (gate|up), gathered where q/k rows are un-permuted;
-  Q4_0 / Q4_1 rows packed into the kernel's row groups; Q4_K / Q6_K linears re-laid in 16-row groups where the
+  Q4_0 / Q4_1 rows packed into the kernel's row groups; K-quant linears re-laid in 16-row groups where the
   kernels have their VNNI path, kernels/kquant_packed.py), and so does the token embedding table
   (`embed_from_file`: a lookup dequantizes only its rows); an HF checkpoint's MXFP4 experts (GPT-OSS's
   `*_blocks` / `*_scales`) stay mxfp4 too, their blocks re-laid in GGUF's nibble order (`mxfp4_as_stored`);
@@ -158,7 +158,7 @@ def quantize_from_file(
             qw = gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            qw = kquant_packed.for_kernels(qw)  # Q4_K / Q6_K in 16-row groups where the kernels take them
+            qw = kquant_packed.for_kernels(qw)  # K-quants in 16-row groups where the kernels take them
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:

@@ -59,9 +59,9 @@ enum { BLZ_MXFP4 = 10 };
 /* Q5_0 (32 five-bit values under one f16 scale) as a GGUF stores it, ggml's block_q5_0 (linear_b32.c): llama.cpp's
  * K-quant files keep it for rows of no multiple of 256 values (Gemma 3's 640, Qwen2.5-0.5B's 896). */
 enum { BLZ_Q5_0 = 11 };
-/* Q4_K / Q6_K re-laid at load in groups of 16 rows (linear_kx.c): the same bytes as ggml's super-blocks, moved
+/* Q4_K / Q5_K / Q6_K re-laid at load in groups of 16 rows (linear_kx.c): the same bytes as ggml's super-blocks, moved
  * so that one-row calls run vpdpbusd across rows. */
-enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13 };
+enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13, BLZ_Q5_KX = 14 };
 #define BLZ_QK 32
 /* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
  * weight's bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused

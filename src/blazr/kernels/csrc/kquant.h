@@ -106,7 +106,11 @@ BLZ_INLINE const uint8_t *krow(const ksegs_t *sg, const int64_t *tab, int64_t n)
 }
 
 #define KX4_BYTES 2304 /* one super-block of a q4_kx 16-row group (linear_kx.c's header) */
+#define KX5_BYTES 2816 /* of a q5_kx group */
 #define KX6_BYTES 3360 /* of a q6_kx group */
+/* The stored kind of a 16-row-group kind (BLZ_Q4_KX → BLZ_Q4_K …), and a group's super-block bytes by stored kind. */
+BLZ_INLINE int kx_base(int kx) { return kx == BLZ_Q4_KX ? BLZ_Q4_K : kx == BLZ_Q5_KX ? BLZ_Q5_K : BLZ_Q6_K; }
+BLZ_INLINE int64_t kx_group_bytes(int base) { return base == BLZ_Q4_K ? KX4_BYTES : base == BLZ_Q5_K ? KX5_BYTES : KX6_BYTES; }
 
 #ifndef KG_MIN
 #define KG_MIN 24 /* activation rows from which AVX-512 VNNI builds take linear_k_groups.c's path */
@@ -125,7 +129,7 @@ int blz_kgroup_run_kx(int kind, const uint8_t *gate, const uint8_t *up, const ac
                       int64_t N, int64_t nout, const float *bias, const float *residual, float *out, int swiglu);
 
 
-/* A q4_kx super-block's scale / min fields (at p + 64) decoded for its 16 rows: bytes 0-3 of each dword of
+/* A q4_kx / q5_kx super-block's scale / min fields (at p + 64) decoded for its 16 rows: bytes 0-3 of each dword of
  * sc[0] / mn[0] are the row's scales / mins 0-3, of sc[1] / mn[1] 4-7 (k4_scales on 16 rows at once). */
 BLZ_INLINE void kx4_scales(const uint8_t *p, __m512i sc[2], __m512i mn[2]) {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), m3f = _mm512_set1_epi8(0x3f), m03 = _mm512_set1_epi8(0x03);

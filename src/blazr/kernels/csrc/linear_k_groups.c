@@ -189,14 +189,16 @@ int blz_kgroup_run(const ksegs_t *sg, const int64_t *tab, const actk_t *a, int64
     return BLZ_OK;
 }
 
-/* Super-blocks 0 .. nb-1 of a q4_kx / q6_kx group at g (linear_kx.c's layout) → the re-laid group at pk: the
- * quants a byte each (Q4_K's nibbles split, Q6_K's ql / qh joined), the scales widened, the f16 d widened. */
+/* Super-blocks 0 .. nb-1 of a q4_kx / q5_kx / q6_kx group at g (linear_kx.c's layout) → the re-laid group at
+ * pk: the quants a byte each (the nibbles split, Q5_K's fifth bits and Q6_K's ql / qh joined), the scales and
+ * the f16 d widened. */
 static void kgroup_from_kx(const int kind, const uint8_t *restrict g, const int64_t nb, uint8_t *restrict pk) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi32(0xff);
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi32(0xff), one = _mm512_set1_epi8(0x01);
+    const int five = kind == BLZ_Q5_KX;
     for (int64_t b = 0; b < nb; ++b) {
         uint8_t *o = pk + b * KG_BYTES;
-        if (kind == BLZ_Q4_KX) {
-            const uint8_t *p = g + b * KX4_BYTES;
+        if (kind != BLZ_Q6_KX) {
+            const uint8_t *p = g + b * (five ? KX5_BYTES : KX4_BYTES);
             _mm512_store_ps(o + KG_D, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)));
             _mm512_store_ps(o + KG_DMIN, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))));
             __m512i sc[2], mn[2];
@@ -209,9 +211,16 @@ static void kgroup_from_kx(const int kind, const uint8_t *restrict g, const int6
                                                                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8), byte), 16)));
             }
             for (int c = 0; c < 32; ++c) { /* chunk 8c' + i: sub-blocks 2c' (low nibbles), 2c' + 1 (high) */
-                const __m512i v = _mm512_loadu_si512(p + 256 + 64 * c);
-                _mm512_store_si512(o + KG_Q + 64 * (16 * (c / 8) + c % 8), _mm512_and_si512(v, lo4));
-                _mm512_store_si512(o + KG_Q + 64 * (16 * (c / 8) + 8 + c % 8), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+                const int j = 2 * (c / 8), i = c % 8;
+                const __m512i v = _mm512_loadu_si512(p + (five ? 768 : 256) + 64 * c);
+                __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                if (five) { /* bits j, j + 1 of high-bit chunk i → bit 4 */
+                    const __m512i h = _mm512_loadu_si512(p + 256 + 64 * i);
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, j), one), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, j + 1), one), 4));
+                }
+                _mm512_store_si512(o + KG_Q + 64 * (8 * j + i), lo);
+                _mm512_store_si512(o + KG_Q + 64 * (8 * j + 8 + i), hi);
             }
         } else {
             const uint8_t *p = g + b * KX6_BYTES;
@@ -235,7 +244,7 @@ int blz_kgroup_run_kx(int kind, const uint8_t *gate, const uint8_t *up, const ac
     if (!pk) return BLZ_ENOMEM;
     kgroup_from_kx(kind, gate, a->nb, pk);
     if (swiglu) kgroup_from_kx(kind, up, a->nb, pk + half);
-    const int bk = kind == BLZ_Q4_KX ? BLZ_Q4_K : BLZ_Q6_K;
+    const int bk = kx_base(kind);
     kgroup_tiles(bk, bk, pk, half, a, M, n0, KG, N, nout, bias, residual, out, swiglu);
     return BLZ_OK;
 }

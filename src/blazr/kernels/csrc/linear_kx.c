@@ -1,4 +1,4 @@
-/* blazr kernels — Q4_K and Q6_K re-laid in 16-row groups at load (kinds BLZ_Q4_KX, BLZ_Q6_KX), so that every
+/* blazr kernels — Q4_K, Q5_K and Q6_K re-laid in 16-row groups at load (BLZ_Q4_KX, Q5_KX, Q6_KX), so that every
  * row count, one activation row (decode) included, runs vpdpbusd across 16 weight rows.
  *
  * linear_k.c runs the K-quants as a GGUF stores them: one weight row's 256 quants of a super-block in the lanes
@@ -7,11 +7,13 @@
  * of weight bytes a core (Zen 5), where packed Q4_0 runs ~90 and the memory ~25-35: decode waited on the
  * arithmetic (benchmarks/NOTES.md §56). linear_k_groups.c already re-lays 16 rows per prefill call for
  * vpdpbusd; this layout is the same idea kept compact, made once when the model loads — the same bytes as the
- * 16 rows' ggml super-blocks, moved. Per group g (rows 16g .. 16g+15) and super-block b, KX4_BYTES / KX6_BYTES:
+ * 16 rows' ggml super-blocks, moved. Per group g (rows 16g .. 16g+15) and super-block b, KX4 / KX5 / KX6_BYTES:
  *   Q4_K (2304 = 16 × 144): f16 d[16] | f16 dmin[16] | the 12-byte scale / min fields as 3 planes of 16 dwords
  *        (plane p, lane r = bytes 4p .. 4p+3 of row r's field) | 32 chunks of 64 B: chunk 8c + i, lane r =
  *        ggml's nibble bytes 32c + 4i .. 32c + 4i + 3 of row r (low nibbles: elements 64c + 4i .. of
  *        sub-block 2c, high: elements 64c + 32 + 4i .. of sub-block 2c + 1)
+ *   Q5_K (2816 = 16 × 176): as Q4_K, with 8 chunks of the 32 fifth-bit bytes (chunk i, lane r = bytes 4i ..
+ *        4i + 3 of row r's: bit j is sub-block j's) between the scale planes and the nibbles (at 768)
  *   Q6_K (3360 = 16 × 210): f16 d[16] | int8 sc[16 sub-blocks][16 rows] | ql chunks 16h + i (i < 16), lane r
  *        = ql bytes 64h + 4i .. + 3 of row r | qh chunks 8h + i (i < 8), lane r = qh bytes 32h + 4i .. + 3
  * A chunk holds 4 elements of all 16 rows: vpdpbusd against the activation's 4 matching bytes broadcast leaves
@@ -42,14 +44,14 @@
 #define KX_PF 4608 /* software prefetch distance, bytes (cold 1B shapes, one thread: 2304 1.43x, 9216 1.48x) */
 #endif
 
-BLZ_INLINE int64_t kx_bytes(int kind) { return kind == BLZ_Q4_KX ? KX4_BYTES : KX6_BYTES; }
+BLZ_INLINE int64_t kx_bytes(int kind) { return kx_group_bytes(kx_base(kind)); }
 
-/* Rows `rows[0..N-1]` (addresses of ggml rows of base kind BLZ_Q4_K / BLZ_Q6_K, K values each) → dst
+/* Rows `rows[0..N-1]` (addresses of ggml rows of stored kind BLZ_Q4_K / Q5_K / Q6_K, K values each) → dst
  * [N/16][K/256][group bytes] (the header's layout). Plain byte moves, each thread a contiguous share of the
  * groups (its part of the output mapped first, `blz_populate`), a row read in order. */
 BLZ_EXPORT int blz_pack_kx(int kind, const int64_t *rows, int64_t N, int64_t K, uint8_t *dst, int nthreads) {
-    if ((kind != BLZ_Q4_K && kind != BLZ_Q6_K) || N < 0 || N % 16 || K <= 0 || K % QK_K) return BLZ_EINVAL;
-    const int64_t nb = K / QK_K, bb = kblock_bytes(kind), gb = kind == BLZ_Q4_K ? KX4_BYTES : KX6_BYTES;
+    if (kind < BLZ_Q4_K || kind > BLZ_Q6_K || N < 0 || N % 16 || K <= 0 || K % QK_K) return BLZ_EINVAL;
+    const int64_t nb = K / QK_K, bb = kblock_bytes(kind), gb = kx_group_bytes(kind);
 #pragma omp parallel num_threads(nthreads > 0 ? nthreads : 1)
     {
         int64_t lo, hi;
@@ -60,11 +62,13 @@ BLZ_EXPORT int blz_pack_kx(int kind, const int64_t *rows, int64_t N, int64_t K, 
                 const uint8_t *blk = (const uint8_t *)(intptr_t)rows[16 * g + r];
                 for (int64_t b = 0; b < nb; ++b, blk += bb) {
                     uint8_t *p = dst + (g * nb + b) * gb;
-                    if (kind == BLZ_Q4_K) {
+                    if (kind != BLZ_Q6_K) { /* Q5_K: its 32 high-bit bytes as 8 chunks before the nibbles */
+                        const int hb = kind == BLZ_Q5_K ? 8 : 0;
                         memcpy(p + 2 * r, blk, 2);
                         memcpy(p + 32 + 2 * r, blk + 2, 2);
                         for (int pl = 0; pl < 3; ++pl) memcpy(p + 64 + 64 * pl + 4 * r, blk + 4 + 4 * pl, 4);
-                        for (int c = 0; c < 32; ++c) memcpy(p + 256 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+                        for (int c = 0; c < hb; ++c) memcpy(p + 256 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+                        for (int c = 0; c < 32; ++c) memcpy(p + 256 + 64 * (hb + c) + 4 * r, blk + 16 + 4 * hb + 4 * c, 4);
                     } else {
                         memcpy(p + 2 * r, blk + 208, 2);
                         for (int j = 0; j < 16; ++j) p[32 + 16 * j + r] = blk[192 + j];
@@ -78,17 +82,20 @@ BLZ_EXPORT int blz_pack_kx(int kind, const int64_t *rows, int64_t N, int64_t K, 
 }
 
 #ifdef BLZ_VNNI
-/* Q4_K: acc_out[m][r] = the dots of group `grp` (super-block 0) with activation rows m0 .. m0+mt-1. xs2: per
- * activation row and super-block the sums per 32 in min-pair order (0, 2, 1, 3, 4, 6, 5, 7). */
-BLZ_INLINE void kx4_dots(const int mt, const uint8_t *restrict grp, const actk_t *restrict a,
-                         const int16_t *restrict xs2, const int64_t m0, float acc_out[KX_MT][16]) {
+/* Q4_K (five = 0) / Q5_K (five = 1): acc_out[m][r] = the dots of group `grp` (super-block 0) with activation
+ * rows m0 .. m0+mt-1. xs2: per activation row and super-block the sums per 32 in min-pair order (0, 2, 1, 3, 4,
+ * 6, 5, 7). Q5_K's fifth bits: bit j of a high-bit byte l belongs to sub-block j's element l. */
+BLZ_INLINE void kx45_dots(const int five, const int mt, const uint8_t *restrict grp, const actk_t *restrict a,
+                          const int16_t *restrict xs2, const int64_t m0, float acc_out[KX_MT][16]) {
     const __m512i lo4 = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi32(0xff), pair = _mm512_set1_epi32(0x00ff00ff);
+    const __m512i one = _mm512_set1_epi8(0x01);
+    const int64_t gb = five ? KX5_BYTES : KX4_BYTES, qs = five ? 768 : 256;
     __m512 acc[KX_MT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < a->nb; ++b) {
-        const uint8_t *p = grp + b * KX4_BYTES;
+        const uint8_t *p = grp + b * gb;
         if (m0 == 0)
-            for (int l = 0; l < KX4_BYTES; l += 64) _mm_prefetch((const char *)p + KX_PF + l, _MM_HINT_T0);
+            for (int l = 0; l < gb; l += 64) _mm_prefetch((const char *)p + KX_PF + l, _MM_HINT_T0);
         __m512i sc[2], mn[2];
         kx4_scales(p, sc, mn);
         __m512i sumi[KX_MT];
@@ -96,9 +103,14 @@ BLZ_INLINE void kx4_dots(const int mt, const uint8_t *restrict grp, const actk_t
         for (int c = 0; c < 4; ++c) {
             __m512i lo[8], hi[8];
             for (int i = 0; i < 8; ++i) {
-                const __m512i v = _mm512_loadu_si512(p + 256 + 64 * (8 * c + i));
+                const __m512i v = _mm512_loadu_si512(p + qs + 64 * (8 * c + i));
                 lo[i] = _mm512_and_si512(v, lo4);
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                if (five) { /* bits 2c and 2c + 1 of high-bit chunk i → bit 4 */
+                    const __m512i h = _mm512_loadu_si512(p + 256 + 64 * i);
+                    lo[i] = _mm512_or_si512(lo[i], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * c), one), 4));
+                    hi[i] = _mm512_or_si512(hi[i], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, 2 * c + 1), one), 4));
+                }
             }
             const __m512i s = sc[c / 2]; /* sub-blocks 2c, 2c+1: bytes 2(c%2), 2(c%2)+1 of each dword */
             const int sh = 16 * (c & 1);
@@ -180,9 +192,13 @@ BLZ_INLINE void kx6_dots(const int mt, const uint8_t *restrict grp, const actk_t
 static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, const int16_t *xs2, int64_t m0,
                     float acc[KX_MT][16]) {
     if (kind == BLZ_Q4_KX) {
-        if (mt == 1) kx4_dots(1, grp, a, xs2, m0, acc);
-        else if (mt == KX_MT) kx4_dots(KX_MT, grp, a, xs2, m0, acc);
-        else kx4_dots(mt, grp, a, xs2, m0, acc);
+        if (mt == 1) kx45_dots(0, 1, grp, a, xs2, m0, acc);
+        else if (mt == KX_MT) kx45_dots(0, KX_MT, grp, a, xs2, m0, acc);
+        else kx45_dots(0, mt, grp, a, xs2, m0, acc);
+    } else if (kind == BLZ_Q5_KX) {
+        if (mt == 1) kx45_dots(1, 1, grp, a, xs2, m0, acc);
+        else if (mt == KX_MT) kx45_dots(1, KX_MT, grp, a, xs2, m0, acc);
+        else kx45_dots(1, mt, grp, a, xs2, m0, acc);
     } else {
         if (mt == 1) kx6_dots(1, grp, a, m0, acc);
         else if (mt == KX_MT) kx6_dots(KX_MT, grp, a, m0, acc);
@@ -192,11 +208,11 @@ static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, const
 #endif
 
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form (blz_linear_q's contract). x [M, K], w [N/16][K/256]
- * [group bytes] of kind BLZ_Q4_KX / BLZ_Q6_KX, bias [N] or NULL, residual [M, N] or NULL (may equal out),
+ * [group bytes] of kind BLZ_Q4_KX / Q5_KX / Q6_KX, bias [N] or NULL, residual [M, N] or NULL (may equal out),
  * out [M, N] (SwiGLU: [M, N/2], N/2 a multiple of 16). */
 int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                   const float *residual, float *out, int swiglu, int nthreads) {
-    if ((kind != BLZ_Q4_KX && kind != BLZ_Q6_KX) || M < 0 || N < 0 || N % 16 || K <= 0 || K % QK_K)
+    if ((kind != BLZ_Q4_KX && kind != BLZ_Q5_KX && kind != BLZ_Q6_KX) || M < 0 || N < 0 || N % 16 || K <= 0 || K % QK_K)
         return BLZ_EINVAL;
     if (swiglu && (N % 32 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
@@ -249,7 +265,7 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
     return rc;
 #else
     /* no VNNI: the ggml rows back (the loader packs only for VNNI builds; this keeps every build's bits) */
-    const int base = kind == BLZ_Q4_KX ? BLZ_Q4_K : BLZ_Q6_K;
+    const int base = kx_base(kind);
     const int64_t bb = kblock_bytes(base), gb = kx_bytes(kind);
     uint8_t *rows = malloc((size_t)(N * nb * bb));
     if (!rows) return BLZ_ENOMEM;
@@ -259,11 +275,13 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
             const uint8_t *p = w + (n / 16 * nb + b) * gb;
             uint8_t *blk = rows + (n * nb + b) * bb;
             const int r = (int)(n % 16);
-            if (base == BLZ_Q4_K) {
+            if (base != BLZ_Q6_K) {
+                const int hb = base == BLZ_Q5_K ? 8 : 0;
                 memcpy(blk, p + 2 * r, 2);
                 memcpy(blk + 2, p + 32 + 2 * r, 2);
                 for (int pl = 0; pl < 3; ++pl) memcpy(blk + 4 + 4 * pl, p + 64 + 64 * pl + 4 * r, 4);
-                for (int c = 0; c < 32; ++c) memcpy(blk + 16 + 4 * c, p + 256 + 64 * c + 4 * r, 4);
+                for (int c = 0; c < hb; ++c) memcpy(blk + 16 + 4 * c, p + 256 + 64 * c + 4 * r, 4);
+                for (int c = 0; c < 32; ++c) memcpy(blk + 16 + 4 * hb + 4 * c, p + 256 + 64 * (hb + c) + 4 * r, 4);
             } else {
                 memcpy(blk + 208, p + 2 * r, 2);
                 for (int j = 0; j < 16; ++j) blk[192 + j] = p[32 + 16 * j + r];
