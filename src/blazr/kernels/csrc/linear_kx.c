@@ -21,7 +21,7 @@
  * scaled by one vpmulld of the 16 rows' scales, the Q4_K mins by vpdpwssd of the rows' min pairs against the
  * activation's sums per 32. The integer sums are exact, so sumi and summ are linear_k.c's values, and the fp32
  * steps per super-block are its steps in its order:
- *   acc = fma((float)sumi, d·dx, acc);   Q4_K: acc = fma(−(float)summ, dmin·dx, acc)
+ *   acc = fma((float)sumi, d·dx, acc);   Q4_K / Q5_K: acc = fma(−(float)summ, dmin·dx, acc)
  * — every output has linear_k.c's bits on the same weights, at any row count (tests/test_kquant_packed.py).
  * Builds without AVX-512 VNNI (where the loader never packs) unpack the weight and run linear_k.c: the same
  * bits. Activations: linear_k.c's Q8_K rows (blz_quantize_q8k_row).
@@ -30,8 +30,8 @@
  * unpacked once for the tile; the first tile prefetches each super-block's lines KX_PF bytes ahead (the
  * groups are one linear stream a thread). From KG_MIN rows a group is instead unpacked once per call into
  * linear_k_groups.c's layout (quants a byte each) and run by its tiles: 512-row prefill on this layout's own
- * tiles ran Q4_K at 0.89-0.95x and Q6_K at 0.64-0.69x of the stored kinds' groups (1B shapes, Zen 5). SwiGLU: output group g takes gate group g and up group g + I/16
- * (I = N/2 a multiple of 16).
+ * tiles ran Q4_K at 0.89-0.95x and Q6_K at 0.64-0.69x of the stored kinds' groups (1B shapes, Zen 5).
+ * SwiGLU: output group g takes gate group g and up group g + I/16 (I = N/2 a multiple of 16).
  */
 #include <stdlib.h>
 
