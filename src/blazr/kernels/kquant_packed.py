@@ -5,13 +5,14 @@ A GGUF's K-quant tensors run as stored (kinds q4_k, q5_k, q6_k: csrc/linear_k.c,
 register's lanes). On a kernel build with AVX-512 VNNI the loader re-lays each whole linear weight of those
 kinds once (`for_kernels`): the same bytes, moved so that 16 rows' quants share a register and vpdpbusd
 computes 16 rows' dots at once (csrc/linear_kx.c, whose header gives the layout; here `FIELDS`). A one-row
-(decode) call then computes Q4_K 2.1-2.9×, Q5_K 2.3-2.6× and Q6_K 1.6-2.2× faster (hot weights, Zen 5, 2
-threads) and reads the weights at the memory's rate, where the stored layout reached two thirds of it
-(benchmarks/NOTES.md §56): its one-row kernel applies each sub-block's scale inside the integer dot and
-reduces every row's lanes, ~20 cycles a row and super-block. (On a Zen 3 without VNNI the two layouts had
-measured level, decode 8-11 GB/s cold against q4_0's row-packed 9.5-12: the stored layout came first, and
-stays where the kernels have no VNNI path.) The outputs are the stored kinds' bits at every row count, so
-packing changes speed only.
+(decode) call then computes Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2
+threads, against the stored layout's host-tuned form), enough to read the weights at the memory's rate when
+that rate is high, where the stored layout falls behind it (a 1B Q4_K_M decode +12-24 %, 4 and 16 sequences
++37 / +49 %: benchmarks/NOTES.md §56): the stored one-row kernel applies each sub-block's scale inside the
+integer dot and reduces every row's lanes, ~20 cycles a row and super-block. (On a Zen 3 without VNNI the two
+layouts had measured level, decode 8-11 GB/s cold against q4_0's row-packed 9.5-12: the stored layout came
+first, and stays where the kernels have no VNNI path.) The outputs are the stored kinds' bits at every row
+count, so packing changes speed only.
 
 Bytes: data uint8 [N/16, 16 · row_bytes] (N a multiple of 16), row_bytes = K/256 · 144 (q4_kx), 176 (q5_kx) or
 210 (q6_kx); per group, per super-block, each field of the 16 rows' ggml blocks as [units][16 rows][unit
