@@ -40,7 +40,8 @@ def test_pack_moves_the_bytes(native: ops.Kernels, kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("M", [1, 2, 4, 5, 16, 23, 24, 30, 61])
+# one row; a full 4-row tile and one past it; the tiles' last row count; the groups' first, and several tiles
+@pytest.mark.parametrize("M", [1, 4, 5, 23, 24, 61])
 def test_packed_kernel_gives_the_stored_bits(lib: ops.Kernels, kind: str, M: int) -> None:
     g = torch.Generator().manual_seed(M)
     qw = _weight(kind, 64, 512, seed=M + 1)
