@@ -123,11 +123,10 @@ BLZ_INLINE int64_t kx_group_bytes(int base) { return base == BLZ_Q4_K ? KX4_BYTE
  * thread's scratch (slot 3), then run KG_MT activation rows at a time. */
 int blz_kgroup_run(const ksegs_t *sg, const int64_t *tab, const actk_t *a, int64_t M, int64_t n0, int nn, int64_t N,
                    int64_t nout, const float *bias, const float *residual, float *out, int swiglu);
-/* The same for outputs n0 .. n0+15 of a q4_kx / q6_kx weight (linear_kx.c): its group `gate` (SwiGLU: and `up`)
- * re-laid from the 16-row-group layout instead of from ggml rows. */
+/* The same for outputs n0 .. n0+15 of a q4_kx / q5_kx / q6_kx weight (linear_kx.c): its group `gate` (SwiGLU:
+ * and `up`) re-laid from the 16-row-group layout instead of from ggml rows. */
 int blz_kgroup_run_kx(int kind, const uint8_t *gate, const uint8_t *up, const actk_t *a, int64_t M, int64_t n0,
                       int64_t N, int64_t nout, const float *bias, const float *residual, float *out, int swiglu);
-
 
 /* A q4_kx / q5_kx super-block's scale / min fields (at p + 64) decoded for its 16 rows: bytes 0-3 of each dword of
  * sc[0] / mn[0] are the row's scales / mins 0-3, of sc[1] / mn[1] 4-7 (k4_scales on 16 rows at once). */
