@@ -37,7 +37,8 @@ from blazr.kernels.quant import QuantizedWeight
 KX_OF = {"q4_k": "q4_kx", "q5_k": "q5_kx", "q6_k": "q6_kx"}  # stored kind → its 16-row-group kind
 BASE_OF = {kx: k for k, kx in KX_OF.items()}
 ROWS = 16
-# Per base kind, its super-block's fields in packed order: (first byte in the ggml block, units, unit bytes).
+# Per base kind, its super-block's fields in packed order: (first byte in the ggml block, units, unit bytes)
+# — csrc/linear_kx.c's KX_FIELDS, the same table (the tests compare the two packs byte for byte).
 FIELDS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "q4_k": ((0, 1, 2), (2, 1, 2), (4, 3, 4), (16, 32, 4)),  # d, dmin, 3 planes of the scale field, nibbles
     "q5_k": ((0, 1, 2), (2, 1, 2), (4, 3, 4), (16, 8, 4), (48, 32, 4)),  # the same, fifth bits before them

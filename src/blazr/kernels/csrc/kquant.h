@@ -140,6 +140,15 @@ BLZ_INLINE void kx4_scales(const uint8_t *p, __m512i sc[2], __m512i mn[2]) {
                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m03), 4));
 }
 
+/* kx4_scales' mins as int16 pairs: mp[q], lane r = row r's mins 2q and 2q + 1, so that Σ_q vpdpwssd(mp[q], the
+ * activation's sums per 32, pair q broadcast) leaves row r's Σ_j m[j]·xs[j] in lane r (linear_k_groups.c's KG_MN). */
+BLZ_INLINE void kx4_min_pairs(const __m512i mn[2], __m512i mp[4]) {
+    /* per dword: bytes 0 and 1 (pair 2q), or 2 and 3 (pair 2q + 1), zero-extended: one vpshufb each */
+    const __m512i lo = _mm512_set4_epi32(0x800d800c, 0x80098008, 0x80058004, 0x80018000);
+    const __m512i hi = _mm512_set4_epi32(0x800f800e, 0x800b800a, 0x80078006, 0x80038002);
+    for (int q = 0; q < 4; ++q) mp[q] = _mm512_shuffle_epi8(mn[q / 2], q % 2 ? hi : lo);
+}
+
 /* A q6_kx super-block's unsigned quants (q + 32) of half h, chunk column i (i < 8) for its 16 rows: e[t] holds
  * elements 128h + 32t + 4i .. + 3 of each row (q6k_quants' operations on the group's ql / qh chunks). */
 BLZ_INLINE void kx6_quants(const uint8_t *p, const int h, const int i, __m512i e[4]) {

@@ -205,11 +205,9 @@ static void kgroup_from_kx(const int kind, const uint8_t *restrict g, const int6
             kx4_scales(p, sc, mn);
             for (int j = 0; j < 8; ++j)
                 _mm512_store_si512(o + KG_SC + 64 * j, _mm512_and_si512(_mm512_srli_epi32(sc[j / 4], 8 * (j % 4)), byte));
-            for (int q = 0; q < 4; ++q) { /* pair q: mins 2q, 2q + 1 as int16 */
-                const __m512i v = _mm512_srli_epi32(mn[q / 2], 16 * (q % 2));
-                _mm512_store_si512(o + KG_MN + 64 * q, _mm512_or_si512(_mm512_and_si512(v, byte),
-                                                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8), byte), 16)));
-            }
+            __m512i mp[4];
+            kx4_min_pairs(mn, mp);
+            for (int q = 0; q < 4; ++q) _mm512_store_si512(o + KG_MN + 64 * q, mp[q]);
             for (int c = 0; c < 32; ++c) { /* chunk 8c' + i: sub-blocks 2c' (low nibbles), 2c' + 1 (high) */
                 const int j = 2 * (c / 8), i = c % 8;
                 const __m512i v = _mm512_loadu_si512(p + (five ? 768 : 256) + 64 * c);

@@ -46,6 +46,36 @@
 
 BLZ_INLINE int64_t kx_bytes(int kind) { return kx_group_bytes(kx_base(kind)); }
 
+/* A stored kind's super-block fields in group order: first byte in the ggml block, units, unit bytes — each
+ * field laid [units][16 rows][unit bytes] in the group (the header's layout; kernels/kquant_packed.py's FIELDS,
+ * the same table, tied by the tests' byte comparison). */
+typedef struct {
+    int16_t at, units, size;
+} kx_field_t;
+static const kx_field_t KX_FIELDS[3][5] = {
+    {{0, 1, 2}, {2, 1, 2}, {4, 3, 4}, {16, 32, 4}},               /* Q4_K: d, dmin, scale planes, nibbles */
+    {{0, 1, 2}, {2, 1, 2}, {4, 3, 4}, {16, 8, 4}, {48, 32, 4}},   /* Q5_K: the same, fifth bits first */
+    {{208, 1, 2}, {192, 16, 1}, {0, 32, 4}, {128, 16, 4}},        /* Q6_K: d, int8 scales, ql, qh */
+};
+
+/* Row r's super-block between its ggml block `blk` and the group's super-block `p`: into the group (`in`; blk
+ * only read) or back out of it (p only read). */
+BLZ_INLINE void kx_move(int base, uint8_t *blk, uint8_t *p, int r, int in) {
+    const kx_field_t *fields = KX_FIELDS[base - BLZ_Q4_K];
+    for (int f = 0; f < 5 && fields[f].units; ++f) {
+        const int at = fields[f].at, units = fields[f].units, size = fields[f].size;
+        for (int u = 0; u < units; ++u) {
+            uint8_t *g = p + (u * 16 + r) * size, *s = blk + at + u * size;
+            switch (size) { /* constant sizes: plain moves */
+                case 4: in ? memcpy(g, s, 4) : memcpy(s, g, 4); break;
+                case 2: in ? memcpy(g, s, 2) : memcpy(s, g, 2); break;
+                default: in ? (void)(*g = *s) : (void)(*s = *g);
+            }
+        }
+        p += units * 16 * size;
+    }
+}
+
 /* Rows `rows[0..N-1]` (addresses of ggml rows of stored kind BLZ_Q4_K / Q5_K / Q6_K, K values each) → dst
  * [N/16][K/256][group bytes] (the header's layout). Plain byte moves, each thread a contiguous share of the
  * groups (its part of the output mapped first, `blz_populate`), a row read in order. */
@@ -59,23 +89,8 @@ BLZ_EXPORT int blz_pack_kx(int kind, const int64_t *rows, int64_t N, int64_t K, 
         blz_populate(dst + lo * nb * gb, (hi - lo) * nb * gb);
         for (int64_t g = lo; g < hi; ++g)
             for (int r = 0; r < 16; ++r) {
-                const uint8_t *blk = (const uint8_t *)(intptr_t)rows[16 * g + r];
-                for (int64_t b = 0; b < nb; ++b, blk += bb) {
-                    uint8_t *p = dst + (g * nb + b) * gb;
-                    if (kind != BLZ_Q6_K) { /* Q5_K: its 32 high-bit bytes as 8 chunks before the nibbles */
-                        const int hb = kind == BLZ_Q5_K ? 8 : 0;
-                        memcpy(p + 2 * r, blk, 2);
-                        memcpy(p + 32 + 2 * r, blk + 2, 2);
-                        for (int pl = 0; pl < 3; ++pl) memcpy(p + 64 + 64 * pl + 4 * r, blk + 4 + 4 * pl, 4);
-                        for (int c = 0; c < hb; ++c) memcpy(p + 256 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
-                        for (int c = 0; c < 32; ++c) memcpy(p + 256 + 64 * (hb + c) + 4 * r, blk + 16 + 4 * hb + 4 * c, 4);
-                    } else {
-                        memcpy(p + 2 * r, blk + 208, 2);
-                        for (int j = 0; j < 16; ++j) p[32 + 16 * j + r] = blk[192 + j];
-                        for (int c = 0; c < 32; ++c) memcpy(p + 288 + 64 * c + 4 * r, blk + 4 * c, 4);
-                        for (int c = 0; c < 16; ++c) memcpy(p + 2336 + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
-                    }
-                }
+                uint8_t *blk = (uint8_t *)(intptr_t)rows[16 * g + r]; /* read only: kx_move into the group */
+                for (int64_t b = 0; b < nb; ++b, blk += bb) kx_move(kind, blk, dst + (g * nb + b) * gb, r, 1);
             }
     }
     return BLZ_OK;
@@ -83,12 +98,10 @@ BLZ_EXPORT int blz_pack_kx(int kind, const int64_t *rows, int64_t N, int64_t K, 
 
 #ifdef BLZ_VNNI
 /* Q4_K (five = 0) / Q5_K (five = 1): acc_out[m][r] = the dots of group `grp` (super-block 0) with activation
- * rows m0 .. m0+mt-1. xs2: per activation row and super-block the sums per 32 in min-pair order (0, 2, 1, 3, 4,
- * 6, 5, 7). Q5_K's fifth bits: bit j of a high-bit byte l belongs to sub-block j's element l. */
+ * rows m0 .. m0+mt-1. Q5_K's fifth bits: bit j of a high-bit byte l belongs to sub-block j's element l. */
 BLZ_INLINE void kx45_dots(const int five, const int mt, const uint8_t *restrict grp, const actk_t *restrict a,
-                          const int16_t *restrict xs2, const int64_t m0, float acc_out[KX_MT][16]) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi32(0xff), pair = _mm512_set1_epi32(0x00ff00ff);
-    const __m512i one = _mm512_set1_epi8(0x01);
+                          const int64_t m0, float acc_out[KX_MT][16]) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi32(0xff), one = _mm512_set1_epi8(0x01);
     const int64_t gb = five ? KX5_BYTES : KX4_BYTES, qs = five ? 768 : 256;
     __m512 acc[KX_MT];
     for (int m = 0; m < mt; ++m) acc[m] = _mm512_setzero_ps();
@@ -129,16 +142,13 @@ BLZ_INLINE void kx45_dots(const int five, const int mt, const uint8_t *restrict 
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-        /* the min pairs (0, 2), (1, 3) of mn0 and (4, 6), (5, 7) of mn1 as int16 */
-        const __m512i mp0 = _mm512_and_si512(mn[0], pair), mp1 = _mm512_srli_epi16(mn[0], 8);
-        const __m512i mp2 = _mm512_and_si512(mn[1], pair), mp3 = _mm512_srli_epi16(mn[1], 8);
+        __m512i mp[4];
+        kx4_min_pairs(mn, mp);
         for (int m = 0; m < mt; ++m) {
             const int64_t row = (m0 + m) * a->nb + b;
-            const int16_t *xp = xs2 + 8 * row;
-            __m512i summ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp0, blz_bcast4_512(xp));
-            summ = _mm512_dpwssd_epi32(summ, mp1, blz_bcast4_512(xp + 2));
-            summ = _mm512_dpwssd_epi32(summ, mp2, blz_bcast4_512(xp + 4));
-            summ = _mm512_dpwssd_epi32(summ, mp3, blz_bcast4_512(xp + 6));
+            const int16_t *xs = a->xs + 8 * row;
+            __m512i summ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp[0], blz_bcast4_512(xs));
+            for (int q = 1; q < 4; ++q) summ = _mm512_dpwssd_epi32(summ, mp[q], blz_bcast4_512(xs + 2 * q));
             const __m512 dx = _mm512_set1_ps(a->d[row]);
             acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[m]), _mm512_mul_ps(dw, dx), acc[m]);
             acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(dm, dx), acc[m]);
@@ -189,16 +199,16 @@ BLZ_INLINE void kx6_dots(const int mt, const uint8_t *restrict grp, const actk_t
 }
 
 /* One group's dots with kind and mt as constants for one row (decode) and full tiles. */
-static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, const int16_t *xs2, int64_t m0,
+static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, int64_t m0,
                     float acc[KX_MT][16]) {
     if (kind == BLZ_Q4_KX) {
-        if (mt == 1) kx45_dots(0, 1, grp, a, xs2, m0, acc);
-        else if (mt == KX_MT) kx45_dots(0, KX_MT, grp, a, xs2, m0, acc);
-        else kx45_dots(0, mt, grp, a, xs2, m0, acc);
+        if (mt == 1) kx45_dots(0, 1, grp, a, m0, acc);
+        else if (mt == KX_MT) kx45_dots(0, KX_MT, grp, a, m0, acc);
+        else kx45_dots(0, mt, grp, a, m0, acc);
     } else if (kind == BLZ_Q5_KX) {
-        if (mt == 1) kx45_dots(1, 1, grp, a, xs2, m0, acc);
-        else if (mt == KX_MT) kx45_dots(1, KX_MT, grp, a, xs2, m0, acc);
-        else kx45_dots(1, mt, grp, a, xs2, m0, acc);
+        if (mt == 1) kx45_dots(1, 1, grp, a, m0, acc);
+        else if (mt == KX_MT) kx45_dots(1, KX_MT, grp, a, m0, acc);
+        else kx45_dots(1, mt, grp, a, m0, acc);
     } else {
         if (mt == 1) kx6_dots(1, grp, a, m0, acc);
         else if (mt == KX_MT) kx6_dots(KX_MT, grp, a, m0, acc);
@@ -223,25 +233,19 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
     actk_t a = {.K = K, .nb = nb, .qz = NULL};
     const size_t qb = (size_t)blz_round_up(M * K, 64), db = (size_t)blz_round_up(M * nb * 4, 64);
     const size_t sb = (size_t)blz_round_up(M * nb * 32, 64), xb = (size_t)blz_round_up(M * nb * 16, 64);
-    uint8_t *buf = blz_scratch(qb + db + sb + 2 * xb);
+    uint8_t *buf = blz_scratch(qb + db + sb + xb);
     if (!buf) return BLZ_ENOMEM;
     a.q = (int8_t *)buf;
     a.d = (float *)(buf + qb);
     a.bs = (int16_t *)(buf + qb + db);
     a.xs = (int16_t *)(buf + qb + db + sb);
-    int16_t *xs2 = (int16_t *)(buf + qb + db + sb + xb);
     const int64_t ngroups = nout / 16, up = swiglu ? nout / 16 : 0;
     int rc = BLZ_OK;
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; ++m) {
+        for (int64_t m = 0; m < M; ++m)
             blz_quantize_q8k_row(x + m * K, nb, a.q + m * K, a.d + m * nb, a.bs + m * nb * 16, a.xs + m * nb * 8);
-            for (int64_t j = 0; j < nb * 8; j += 8) {
-                static const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-                for (int i = 0; i < 8; ++i) xs2[m * nb * 8 + j + i] = a.xs[m * nb * 8 + j + order[i]];
-            }
-        }
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < ngroups; ++g) {
             if (M >= KG_MIN) { /* long calls: the group re-laid once for linear_k_groups.c's tiles */
@@ -255,8 +259,8 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
             for (int64_t m0 = 0; m0 < M; m0 += KX_MT) {
                 const int mt = (int)blz_min(KX_MT, M - m0);
                 float r[KX_MT][16] __attribute__((aligned(64))), u[KX_MT][16] __attribute__((aligned(64)));
-                kx_tile(kind, mt, w + g * gbytes, &a, xs2, m0, r);
-                if (swiglu) kx_tile(kind, mt, w + (g + up) * gbytes, &a, xs2, m0, u);
+                kx_tile(kind, mt, w + g * gbytes, &a, m0, r);
+                if (swiglu) kx_tile(kind, mt, w + (g + up) * gbytes, &a, m0, u);
                 for (int m = 0; m < mt; ++m)
                     blz_epilogue_row(r[m], u[m], m0 + m, 16 * g, 16, N, nout, bias, residual, out, swiglu);
             }
@@ -270,25 +274,9 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
     uint8_t *rows = malloc((size_t)(N * nb * bb));
     if (!rows) return BLZ_ENOMEM;
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t *p = w + (n / 16 * nb + b) * gb;
-            uint8_t *blk = rows + (n * nb + b) * bb;
-            const int r = (int)(n % 16);
-            if (base != BLZ_Q6_K) {
-                const int hb = base == BLZ_Q5_K ? 8 : 0;
-                memcpy(blk, p + 2 * r, 2);
-                memcpy(blk + 2, p + 32 + 2 * r, 2);
-                for (int pl = 0; pl < 3; ++pl) memcpy(blk + 4 + 4 * pl, p + 64 + 64 * pl + 4 * r, 4);
-                for (int c = 0; c < hb; ++c) memcpy(blk + 16 + 4 * c, p + 256 + 64 * c + 4 * r, 4);
-                for (int c = 0; c < 32; ++c) memcpy(blk + 16 + 4 * hb + 4 * c, p + 256 + 64 * (hb + c) + 4 * r, 4);
-            } else {
-                memcpy(blk + 208, p + 2 * r, 2);
-                for (int j = 0; j < 16; ++j) blk[192 + j] = p[32 + 16 * j + r];
-                for (int c = 0; c < 32; ++c) memcpy(blk + 4 * c, p + 288 + 64 * c + 4 * r, 4);
-                for (int c = 0; c < 16; ++c) memcpy(blk + 128 + 4 * c, p + 2336 + 64 * c + 4 * r, 4);
-            }
-        }
+    for (int64_t n = 0; n < N; ++n) /* w is read only: kx_move out of the group */
+        for (int64_t b = 0; b < nb; ++b)
+            kx_move(base, rows + (n * nb + b) * bb, (uint8_t *)(intptr_t)(w + (n / 16 * nb + b) * gb), (int)(n % 16), 0);
     const int rc = blz_linear_k(base, x, M, K, rows, NULL, N, bias, residual, out, swiglu, nthreads);
     free(rows);
     return rc;
