@@ -1,6 +1,6 @@
 """Hybrid models at published shapes, blazr vs llama.cpp on the same weights (random: speed only).
 
-    python benchmarks/hybrid_peers.py [--models NAME,...] [--precisions f32,16,q8,q4]
+    python benchmarks/hybrid_peers.py [--models NAME,...] [--precisions f32,16,q8,q4[,q4km]]
                                       [--prompt-len 500] [--gen 128] [--rounds 3] [--threads N]
                                       [--batched int8]   (--precisions "" for the batched table alone)
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -404,6 +405,9 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
 
 # precision → (blazr --quantize, llama.cpp GGUF type)
 PRECISIONS = {"f32": ("none", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_0"), "q4": ("int4", "Q4_0")}
+# Optional (not in the default list): llama.cpp's Q4_K_M, which blazr runs only as the GGUF — its K-quants
+# re-laid in 16-row groups (kernels/kquant_packed.py) and, beside it, kept as stored (BLAZR_KPACK=0).
+QUANTIZER_ONLY = {"q4km": "Q4_K_M"}
 # The MoE rows run at Q8_0 only: their float GGUFs (5–10 GB) would take most of a `make bench` to write.
 ONLY_Q8 = {"granite-4.0-h-tiny-10-blocks", "deepseek-v2-lite-8-experts"}
 
@@ -484,12 +488,21 @@ def gguf(name: str, kind: str) -> Path:
     if out.exists():
         return out
     part = out.with_suffix(".part")  # renamed when whole: a run stopped mid-write leaves no damaged cache
-    if kind == "Q4_0":
+    if kind in ("Q4_0", *QUANTIZER_ONLY.values()):
         llama_cpp_convert.quantize(gguf(name, "F32"), part, kind)
     else:
         log(f"# converting {name} to {kind} with llama.cpp's convert_hf_to_gguf.py")
         llama_cpp_convert.convert(checkpoint(name), None, part, kind.lower(), converter())
     return part.replace(out)
+
+
+def _as_stored(ids: list[int], gen: int, path: Path) -> Callable[[], tuple[float, float]]:
+    """blazr on `path` with every K-quant kept in its stored layout (BLAZR_KPACK=0 while it loads)."""
+    os.environ["BLAZR_KPACK"] = "0"
+    try:
+        return load_blazr(ids, gen, path)
+    finally:
+        del os.environ["BLAZR_KPACK"]
 
 
 def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: int) -> list[Row]:
@@ -498,6 +511,17 @@ def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: in
     hf, out = checkpoint(name), []
     for p in precisions:
         if name in ONLY_Q8 and p != "q8":
+            continue
+        if p in QUANTIZER_ONLY:
+            kind = QUANTIZER_ONLY[p]
+            path = gguf(name, kind)
+            nb, peer_load = decode_bytes(path), partial(load_llama_cpp, path, ids, gen, threads)
+            out.append(Row("llama.cpp", f"{name} {kind} GGUF", p, peer_load, weight_bytes=nb))
+            out.append(
+                Row("blazr", f"{name} {kind} GGUF", p, partial(load_blazr, ids, gen, path), weight_bytes=nb)
+            )
+            stored = partial(_as_stored, ids, gen, path)
+            out.append(Row("blazr", f"{name} {kind} GGUF as stored", p, stored, weight_bytes=nb))
             continue
         quantize, kind = PRECISIONS[p]
         path = gguf(name, kind)
@@ -562,7 +586,7 @@ def batched_report(models: list[str], quantize: str, rounds: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    ap.add_argument("--precisions", default=",".join(PRECISIONS), help=f"of {[*PRECISIONS, *QUANTIZER_ONLY]}")
     ap.add_argument("--prompt-len", type=int, default=500)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)

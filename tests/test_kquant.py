@@ -408,3 +408,54 @@ def test_q4_k_m_gguf_agrees_with_llama_cpp(q4_k_m: Path) -> None:
     got, exact = _kernel_logits(ours, [ids])[0], full_logits(plain.runner, [ids])[0]
     assert (got - theirs).abs().mean() <= (theirs - exact).abs().mean() + 1e-3
     assert (got.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE (hidden and expert widths 256: every expert matrix's K whole super-blocks) converted
+    by llama.cpp's converter and quantized by its quantizer to Q4_K_M: the routed experts stacked in Q4_K,
+    their down projections Q4_K or Q6_K."""
+    from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer
+    from tests.llama_cpp_convert import quantize as llama_quantize
+    from tests.tiny import build as build_hf
+
+    root = tmp_path_factory.mktemp("k_quant_moe")
+    tokenizer = export_tokenizer(root / "tokenizer")
+    sizes = dict(
+        hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64
+    )
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True)
+    build_hf(
+        "Qwen3MoeForCausalLM", root / "hf", seed=5, vocab_size=VOCAB, num_hidden_layers=2, **sizes, **experts
+    )
+    f32 = convert(root / "hf", tokenizer, root / "f32.gguf", "f32")
+    return llama_quantize(f32, root / "q4_k_m.gguf", "Q4_K_M")
+
+
+def test_k_quant_moe_experts_packed_change_no_bit(q4_k_m_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The routed experts of a Q4_K_M MoE, stacked, are re-laid in 16-row groups expert by expert where the
+    kernels have the VNNI path (csrc/moe.c runs each expert's rows through the same linear kernels), and
+    kept as stored elsewhere or with BLAZR_KPACK=0: the same logits bit for bit — prefill (several tokens
+    an expert) and decode —, and the same greedy tokens for two sequences decoded together."""
+    from blazr.model.moe import Experts
+
+    def stacks(llm: LLM) -> list[tuple[str, str]]:
+        found = [m for m in llm.model.modules() if isinstance(m, Experts)]
+        assert found and all(e.w_up is not None and e.w_down is not None for e in found)
+        return [(e.w_up.kind, e.w_down.kind) for e in found]  # type: ignore[union-attr]
+
+    packed = LLM(q4_k_m_moe, cpu=True, dtype="float32", max_num_seqs=2)
+    monkeypatch.setenv("BLAZR_KPACK", "0")
+    stored = LLM(q4_k_m_moe, cpu=True, dtype="float32", max_num_seqs=2)
+    kinds, base = stacks(packed), stacks(stored)
+    assert {k for pair in base for k in pair} <= {"q4_k", "q6_k"} and ("q4_k", "q4_k") in base, base
+    if "avx512_vnni" in ops.kernels().features:
+        assert kinds == [(kquant_packed.KX_OF[u], kquant_packed.KX_OF[d]) for u, d in base], kinds
+    else:
+        assert kinds == base
+    batch = prompts([9, 33], seed=4, vocab=packed.config.vocab_size)
+    for got, want in zip(_kernel_logits(packed, batch), _kernel_logits(stored, batch), strict=True):
+        assert torch.equal(got, want)
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    tokens = [[o.outputs[0].token_ids for o in llm.generate(batch, sp)] for llm in (packed, stored)]
+    assert tokens[0] == tokens[1] and all(len(t) == 10 for t in tokens[0])

@@ -3,7 +3,8 @@ references, and when the loader takes it.
 
 A GGUF's K-quant tensors run as stored (kinds q4_k, q5_k, q6_k: csrc/linear_k.c, one row's quants in a
 register's lanes). On a kernel build with AVX-512 VNNI the loader re-lays each whole linear weight of those
-kinds once (`for_kernels`): the same bytes, moved so that 16 rows' quants share a register and vpdpbusd
+kinds, and each MoE expert stack (model/moe.py: csrc/moe.c runs an expert's rows through the same linear
+kernels), once (`for_kernels`): the same bytes, moved so that 16 rows' quants share a register and vpdpbusd
 computes 16 rows' dots at once (csrc/linear_kx.c, whose header gives the layout; here `FIELDS`). A one-row
 (decode) call then computes Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2
 threads, against the stored layout's host-tuned form), enough to read the weights at the memory's rate when
@@ -18,9 +19,9 @@ Bytes: data uint8 [N/16, 16 · row_bytes] (N a multiple of 16), row_bytes = K/25
 210 (q6_kx); per group, per super-block, each field of the 16 rows' ggml blocks as [units][16 rows][unit
 bytes]. `pack_reference` / `unpack` move them in torch; `pack` in C from row addresses (csrc/linear_kx.c
 `blz_pack_kx`, so a GGUF's rows are read once, straight from the file's map). Kept as stored: weights whose
-rows do not fill whole groups of 32 (a fused gate|up's halves must each fill groups), kmix weights (Q4_K_M's
-q|k beside a Q6_K v), expert stacks, token tables, and everything on builds without VNNI (which would unpack
-per call) or with `BLAZR_KPACK=0` (for A/B measurements).
+rows do not fill whole groups of 32 (a fused gate|up's halves must each fill groups; in a stack, each
+expert's rows), kmix weights (Q4_K_M's q|k beside a Q6_K v), token tables, and everything on builds without
+VNNI (which would unpack per call) or with `BLAZR_KPACK=0` (for A/B measurements).
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ def pack(qw: QuantizedWeight) -> QuantizedWeight:
     return QuantizedWeight(KX_OF[qw.kind], data, n, k)
 
 
-def for_kernels(qw: QuantizedWeight) -> QuantizedWeight:
+def for_kernels(qw: QuantizedWeight, num_stacked: int = 1) -> QuantizedWeight:
     """What the CPU kernels should run for a linear weight the loader made: a K-quant (as a view of the
     file, a gathered copy or a row table) re-laid in groups by `pack` when the library has its VNNI path and
-    the weight fills whole groups of PACK_MULTIPLE rows; else `qw` (the module docstring says what stays as
-    stored)."""
-    if qw.kind not in KX_OF or qw.out_features % PACK_MULTIPLE:
+    the weight fills whole groups of PACK_MULTIPLE rows — each of its `num_stacked` weights stacked one
+    after another (MoE experts: [E·N, K], each expert's N rows then whole groups of the stack, so an expert
+    still starts at e · N · row_bytes); else `qw` (the module docstring says what stays as stored)."""
+    rows = qw.out_features // num_stacked
+    if qw.kind not in KX_OF or qw.out_features % num_stacked or rows % PACK_MULTIPLE:
         return qw
     lib = ops.kernels()
     if lib is None or "avx512_vnni" not in lib.features or os.environ.get("BLAZR_KPACK") == "0":

@@ -236,8 +236,9 @@ def _dense_copy(qw: QuantizedWeight, name: str, dense_dtype: torch.dtype | None)
 def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[str]:
     """Put the MoE experts of `model` (still on meta) in a kernel weight format, stacked
     (`Experts.set_stacked`), so a token streams only its chosen experts' quantized rows: a GGUF's
-    block-quantized expert tensors as stored (`auto`, never dequantized), or the float experts quantized one
-    projection at a time as they are read (`int8` / `int4` / `bf16`). Experts whose rows do not split into
+    block-quantized expert tensors as stored (`auto`, never dequantized; K-quants re-laid in 16-row groups
+    expert by expert where the kernels take them, kernels/kquant_packed.py), or the float experts quantized
+    one projection at a time as they are read (`int8` / `int4` / `bf16`). Experts whose rows do not split into
     whole row groups stay float (loaded later with the rest). Returns how many stacks of each kind were
     made."""
     made: Counter[str] = Counter()
@@ -258,6 +259,7 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
             ]
             if None in stacked:
                 continue
+            stacked = [kquant_packed.for_kernels(w, experts.num_experts) for w in stacked]  # type: ignore[arg-type]
         elif _ISQ_KIND[mode] != "bf16" and any(shape[2] % 32 for _, shape in params):
             continue  # block kinds quantize blocks of 32
         else:
