@@ -369,13 +369,15 @@ def test_k_quant_gguf_packed_layout_changes_no_bit(
     f32_llama: Path, ftype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """llama.cpp's Q4_K_M / Q5_K_M file: its K-quant linears re-laid in 16-row groups where the kernels have
-    the VNNI path (none elsewhere), against the same file with every K-quant kept as stored (BLAZR_KPACK=0):
-    the same logits, bit for bit, at prefill and decode, and the same greedy tokens."""
+    the VNNI path (none elsewhere; BLAZR_KPACK=1 over host tuning's choice), against the same file with
+    every K-quant kept as stored (BLAZR_KPACK=0): the same logits, bit for bit, at prefill and decode, and
+    the same greedy tokens."""
     from tests.llama_cpp_convert import quantize as llama_quantize
 
     path = f32_llama.parent / f"{ftype.lower()}.gguf"
     if not path.exists():
         llama_quantize(f32_llama, path, ftype)
+    monkeypatch.setenv("BLAZR_KPACK", "1")  # the groups whatever host tuning chose for this host
     packed = LLM(path, cpu=True, dtype="float32", max_num_seqs=2)
     monkeypatch.setenv("BLAZR_KPACK", "0")
     stored = LLM(path, cpu=True, dtype="float32", max_num_seqs=2)
@@ -434,9 +436,10 @@ def q4_k_m_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_k_quant_moe_experts_packed_change_no_bit(q4_k_m_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The routed experts of a Q4_K_M MoE, stacked, are re-laid in 16-row groups expert by expert where the
-    kernels have the VNNI path (csrc/moe.c runs each expert's rows through the same linear kernels), and
-    kept as stored elsewhere or with BLAZR_KPACK=0: the same logits bit for bit — prefill (several tokens
-    an expert) and decode —, and the same greedy tokens for two sequences decoded together."""
+    kernels have the VNNI path (BLAZR_KPACK=1; csrc/moe.c runs each expert's rows through the same linear
+    kernels), and kept as stored elsewhere or with BLAZR_KPACK=0: the same logits bit for bit — prefill
+    (several tokens an expert) and decode —, and the same greedy tokens for two sequences decoded
+    together."""
     from blazr.model.moe import Experts
 
     def stacks(llm: LLM) -> list[tuple[str, str]]:
@@ -444,6 +447,7 @@ def test_k_quant_moe_experts_packed_change_no_bit(q4_k_m_moe: Path, monkeypatch:
         assert found and all(e.w_up is not None and e.w_down is not None for e in found)
         return [(e.w_up.kind, e.w_down.kind) for e in found]  # type: ignore[union-attr]
 
+    monkeypatch.setenv("BLAZR_KPACK", "1")  # the groups whatever host tuning chose for this host
     packed = LLM(q4_k_m_moe, cpu=True, dtype="float32", max_num_seqs=2)
     monkeypatch.setenv("BLAZR_KPACK", "0")
     stored = LLM(q4_k_m_moe, cpu=True, dtype="float32", max_num_seqs=2)

@@ -166,7 +166,7 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, monkeypatch: pytest.MonkeyPa
         assert torch.equal(got, want)
         assert np.isfinite(got.numpy()).all()
     if qtype == "Q4_K" and "avx512_vnni" in ops.kernels().features:
-        monkeypatch.delenv("BLAZR_KPACK")
+        monkeypatch.setenv("BLAZR_KPACK", "1")  # the groups whatever host tuning chose for this host
         packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_model_len=64)
         kinds = {n: m.kind for n, m in packed.runner.model.named_modules() if n in fused}
         assert set(kinds.values()) == {"q4_kx"}, kinds  # gate|up packed from its row table, q|k|v gathered

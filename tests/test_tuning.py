@@ -154,3 +154,33 @@ def test_the_float32_prefill_gemm_is_chosen_on_this_host_and_followed(
     for choice in ("kernel", "sgemm"):
         monkeypatch.setitem(tuning.CHOICES, "f32_prefill", choice)
         assert kernel_prefill_f32() == (choice == "kernel" and "avx2" in k.features)
+
+
+def test_the_k_quant_layout_is_chosen_on_this_host_and_followed(
+    small: Path, monkeypatch: pytest.MonkeyPatch, generic: ops.Kernels
+) -> None:
+    """On a build with the VNNI path, each probed K-quant kind's layout — 16-row groups or as stored — is
+    timed after the knobs, kept in the file beside both layouts' GB/s, read back by a later load, and the
+    loader's rule (`kquant_packed.wanted`) follows it; a build without the path has no such choice."""
+    from blazr.kernels import kquant_packed
+
+    k = ops.kernels()
+    assert k is not None
+    monkeypatch.delenv("BLAZR_KPACK", raising=False)
+    names = {f"kpack_{kind}": kind for kind in tuning.KPACK_PROBES}
+    tuning.CHOICES.clear()
+    tuning.apply(k)
+    data = json.loads(_file(small).read_text())
+    if "avx512_vnni" in k.features:
+        assert {data["choices"][name] for name in names} <= {"groups", "stored"}
+        assert {kind: set(rates) for kind, rates in data["kpack_gbps"].items()} == {
+            kind: {"groups", "stored"} for kind in tuning.KPACK_PROBES
+        }
+        tuning.CHOICES.clear()
+        tuning.apply(k)  # read back
+        for name, kind in names.items():
+            assert tuning.CHOICES[name] == data["choices"][name]
+            assert kquant_packed.wanted(kind) == (data["choices"][name] == "groups")
+    else:
+        assert not set(names) & set(data["choices"]) and data["kpack_gbps"] == {}
+    assert not set(names) & set(tuning.measure(generic)["choices"])  # no VNNI path: nothing to choose

@@ -21,7 +21,8 @@ bytes]. `pack_reference` / `unpack` move them in torch; `pack` in C from row add
 `blz_pack_kx`, so a GGUF's rows are read once, straight from the file's map). Kept as stored: weights whose
 rows do not fill whole groups of 32 (a fused gate|up's halves must each fill groups; in a stack, each
 expert's rows), kmix weights (Q4_K_M's q|k beside a Q6_K v), token tables, and everything on builds without
-VNNI (which would unpack per call) or with `BLAZR_KPACK=0` (for A/B measurements).
+VNNI (which would unpack per call), a kind whose stored layout host tuning measured faster here (`wanted`),
+or with `BLAZR_KPACK=0` (for A/B measurements; `=1` packs whatever tuning chose).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import os
 
 import torch
 
-from blazr.kernels import ops
+from blazr.kernels import ops, tuning
 from blazr.kernels.kquant_fields import KQUANT_BYTES, QK_K
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import QuantizedWeight
@@ -45,6 +46,7 @@ FIELDS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "q5_k": ((0, 1, 2), (2, 1, 2), (4, 3, 4), (16, 8, 4), (48, 32, 4)),  # the same, fifth bits before them
     "q6_k": ((208, 1, 2), (192, 16, 1), (0, 32, 4), (128, 16, 4)),  # d, 16 int8 scales, ql, qh
 }
+PROBED_AS = {"q5_k": "q4_k"}  # host tuning times q4_k and q6_k; q5_k runs q4_k's walk (csrc/linear_kx.c)
 PACK_MULTIPLE = 32  # rows the loader's packing needs (a SwiGLU weight's halves each fill groups of 16)
 
 
@@ -112,11 +114,22 @@ def for_kernels(qw: QuantizedWeight, num_stacked: int = 1) -> QuantizedWeight:
     after another (MoE experts: [E·N, K], each expert's N rows then whole groups of the stack, so an expert
     still starts at e · N · row_bytes); else `qw` (the module docstring says what stays as stored)."""
     rows = qw.out_features // num_stacked
-    if qw.kind not in KX_OF or qw.out_features % num_stacked or rows % PACK_MULTIPLE:
-        return qw
-    lib = ops.kernels()
-    if lib is None or "avx512_vnni" not in lib.features or os.environ.get("BLAZR_KPACK") == "0":
+    if qw.kind not in KX_OF or qw.out_features % num_stacked or rows % PACK_MULTIPLE or not wanted(qw.kind):
         return qw
     if not isinstance(qw, MappedWeight) and not qw.data.is_cpu:
         return qw
     return pack(qw)
+
+
+def wanted(kind: str) -> bool:
+    """Whether the loader re-lays stored K-quant `kind` in groups on this host: never where the library lacks
+    its VNNI path (the kernel would unpack per call); else `BLAZR_KPACK` (0 / 1) when set, else host tuning's
+    choice (kernels/tuning.py `kpack_q4_k` / `kpack_q6_k`, q5_k following q4_k's walk; the groups unless the
+    stored layout read faster there), else yes."""
+    lib = ops.kernels()
+    if lib is None or "avx512_vnni" not in lib.features:
+        return False
+    forced = os.environ.get("BLAZR_KPACK")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return tuning.CHOICES.get(f"kpack_{PROBED_AS.get(kind, kind)}", "groups") == "groups"

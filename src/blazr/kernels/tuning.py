@@ -18,6 +18,10 @@ run until a load finds the host quiet; a choice forced on a busy host is marked 
 - `apply(k)`: the cached choice set on library `k`, measured first when there is none (~2-3 s once;
   `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
   `ops.kernels()` on the default library.
+- Choices above the C knobs, kept in `CHOICES` for the code that reads them: the float32 prefill's GEMM
+  (`f32_prefill`, loading/quantize.py) and, on VNNI builds, whether the loader re-lays each K-quant kind in
+  16-row groups (`kpack_q4_k`, `kpack_q6_k`: kernels/kquant_packed.py `wanted`) — chosen like a knob, the
+  loader's default kept unless the other form reads MARGIN faster; both forms give the same bits.
 - `BLAZR_TUNE=off` keeps the defaults; `BLAZR_TUNE=force` measures again.
 - `python -m blazr.kernels.tuning [--force]` measures and prints the table.
 """
@@ -30,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +44,15 @@ from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.quant import QuantizedWeight
 
-FORMAT = 3  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
-# measured after streams_k)
+FORMAT = 4  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
+# measured after streams_k; 4: + the K-quant layouts' choice, kpack_*)
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
 MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
 # 1B-model shapes (Llama-3.2-1B: qkv, o, gate|up, down): [N, K]
 SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
 PREFILL_ROWS = 256  # a prompt chunk's rows for the float32 prefill GEMM's choice
+KPACK_PROBES = ("q4_k", "q6_k")  # K-quant kinds whose layout is chosen (q5_k follows q4_k: the same walk)
 # host choices made above the C knobs, as measured or read by the last `apply` (name → value)
 CHOICES: dict[str, str] = {}
 
@@ -102,21 +108,41 @@ def _l3_bytes() -> int:
         return 64 << 20
 
 
-def _decode_pass(k: Kernels, kind: str, g: torch.Generator) -> tuple[Callable[[], None], int]:
-    """A pass of one-row linears over enough copies of the 1B shapes of `kind` to leave the last-level cache
-    (what a decode step reads), and the bytes it reads."""
+def _decode_weights(kind: str, g: torch.Generator) -> list[list[QuantizedWeight]]:
+    """Enough copies of the 1B shapes in `kind` to leave the last-level cache (what a decode step reads)."""
     one = [_weight(kind, n, kk, g) for n, kk in SHAPES]
-    size = sum(w.data.numel() * w.data.element_size() for w in one)
+    size = sum(w.nbytes for w in one)
     copies = -(-3 * _l3_bytes() // size)  # ≥ 3× the last-level cache: every pass reads from memory
-    weights = [one] + [[_weight(kind, n, kk, g) for n, kk in SHAPES] for _ in range(copies - 1)]
-    xs = [torch.randn(1, kk, generator=g) for _, kk in SHAPES]
+    return [one] + [[_weight(kind, n, kk, g) for n, kk in SHAPES] for _ in range(copies - 1)]
+
+
+def _decode_pass(k: Kernels, weights: list[list[QuantizedWeight]]) -> tuple[Callable[[], None], int]:
+    """A pass of one-row linears over `weights` (copies of SHAPES) and the bytes it reads."""
+    xs = [torch.randn(1, kk) for _, kk in SHAPES]
 
     def run() -> None:
         for ws in weights:
             for w, x in zip(ws, xs, strict=True):
                 k.linear(x, w)
 
-    return run, size * copies
+    return run, sum(w.nbytes for ws in weights for w in ws)
+
+
+def _best_rates(variants: dict[Any, Callable[[], None]], nbytes: int) -> dict[Any, float]:
+    """GB/s of each variant (a pass reading `nbytes`): ROUNDS alternating rounds, each timing at least
+    MIN_TIME, the best round of each (the least disturbed)."""
+    first = next(iter(variants.values()))
+    t0 = time.perf_counter()
+    first()
+    reps = max(1, round(MIN_TIME / max(time.perf_counter() - t0, 1e-6)))
+    best = dict.fromkeys(variants, float("inf"))
+    for _ in range(ROUNDS):
+        for name, run in variants.items():
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                run()
+            best[name] = min(best[name], (time.perf_counter() - t0) / reps)
+    return {name: nbytes / t / 1e9 for name, t in best.items()}
 
 
 def _accepted(k: Kernels, knob: Knob) -> tuple[int, ...]:
@@ -132,35 +158,28 @@ def _accepted(k: Kernels, knob: Knob) -> tuple[int, ...]:
 
 
 def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Time every knob's values on this host (each knob with the others at the values chosen before it) and
-    return {"knobs": {name: value}, "gbps": {name: {value: GB/s}}}; the knobs are left at the chosen
-    values."""
+    """Time every knob's values on this host (each knob with the others at the values chosen before it), then
+    the choices made above the knobs (the K-quant layouts, the float32 prefill GEMM), and return {"knobs":
+    {name: value}, "gbps": {name: {value: GB/s}}, "choices": {name: choice}, "gflops": …, "kpack_gbps": …};
+    the knobs are left at the chosen values."""
     g = torch.Generator().manual_seed(0)
     chosen: dict[str, int] = {}
     rates: dict[str, dict[str, float]] = {}
-    made: dict[str, tuple[Callable[[], None], int]] = {}
+    made: dict[str, list[list[QuantizedWeight]]] = {}
     for knob in KNOBS:
         values = _accepted(k, knob)
         default = k.tune_defaults[knob.name]
         if len(values) < 2:
             chosen[knob.name] = default
             continue
-        passes = [made.setdefault(kind, _decode_pass(k, kind, g)) for kind in knob.kinds]
-        t0 = time.perf_counter()
-        for run, _ in passes:
-            run()
-        reps = max(1, round(MIN_TIME / max(time.perf_counter() - t0, 1e-6)))  # each timing ≥ MIN_TIME
-        times: dict[int, list[float]] = {v: [] for v in values}
-        for _ in range(ROUNDS):
-            for v in values:
-                with k.tuned(**{knob.name: v}):
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        for run, _ in passes:
-                            run()
-                    times[v].append((time.perf_counter() - t0) / reps)
-        nbytes = sum(b for _, b in passes)
-        rate = {v: nbytes / min(ts) / 1e9 for v, ts in times.items()}  # the best round: least disturbed
+        passes = [_decode_pass(k, made.setdefault(kind, _decode_weights(kind, g))) for kind in knob.kinds]
+
+        def run(v: int, passes: list[tuple[Callable[[], None], int]] = passes, name: str = knob.name) -> None:
+            with k.tuned(**{name: v}):
+                for one, _ in passes:
+                    one()
+
+        rate = _best_rates({v: partial(run, v) for v in values}, sum(b for _, b in passes))
         best = max(rate, key=rate.__getitem__)
         chosen[knob.name] = best if rate[best] > rate[default] * (1 + MARGIN) else default
         rates[knob.name] = {str(v): round(r, 2) for v, r in rate.items()}
@@ -168,10 +187,32 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
         if log:
             cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in rate.items())
             log(f"  {knob.name}: {cells} → {chosen[knob.name]}")
+    choices: dict[str, str] = {}
+    layouts: dict[str, dict[str, float]] = {}  # K-quant kind → GB/s of each layout
+    for kind in KPACK_PROBES if "avx512_vnni" in k.features else ():
+        choices[f"kpack_{kind}"], layouts[kind] = _kpack(k, made.get(kind) or _decode_weights(kind, g))
+        if log:
+            cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in layouts[kind].items())
+            log(f"  kpack_{kind}: {cells} → {choices[f'kpack_{kind}']}")
     choice, gflops = _f32_prefill(k, g)
     if log:
         log(f"  f32_prefill: kernel {gflops['kernel']:.0f}, sgemm {gflops['sgemm']:.0f} GFLOP/s → {choice}")
-    return {"knobs": chosen, "gbps": rates, "choices": {"f32_prefill": choice}, "gflops": gflops}
+    choices["f32_prefill"] = choice
+    return {"knobs": chosen, "gbps": rates, "choices": choices, "gflops": gflops, "kpack_gbps": layouts}
+
+
+def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
+    """A K-quant's one-row decode pass over cold weights as stored (linear_k.c) against the same weights
+    re-laid in 16-row groups (linear_kx.c, kernels/kquant_packed.py): "groups", the loader's default on VNNI
+    builds, unless the stored layout reads MARGIN faster here (Zen 5, 2 threads: the groups at 0.93-1.29x
+    cold and 1.5-2.3x hot; an Emerald Rapids VM's 2 threads read Q6_K at 16384 rows 0.78x, NOTES §57)."""
+    from blazr.kernels import kquant_packed
+
+    packed = [[kquant_packed.pack(w) for w in ws] for ws in stored]
+    (run_s, nbytes), (run_g, _) = _decode_pass(k, stored), _decode_pass(k, packed)
+    rate = _best_rates({"groups": run_g, "stored": run_s}, nbytes)
+    choice = "stored" if rate["stored"] > rate["groups"] * (1 + MARGIN) else "groups"
+    return choice, {name: round(r, 2) for name, r in rate.items()}
 
 
 def _f32_prefill(k: Kernels, g: torch.Generator) -> tuple[str, dict[str, float]]:
