@@ -31,10 +31,11 @@ using the main checkout's benchmarks/.cache).
 Every measurement runs in a fresh process (the engine alone in it): load time (the constructor, to ready;
 the module imports before it are shown apart: torch's dominate blazr's), peak RSS, prefill tok/s of one
 --prompt-len prompt (time to the first token), decode tok/s of --gen greedy tokens after it (ignore_eos).
-blazr runs the same GGUF as llama.cpp (`--quantize auto`: its tensors kept as stored, F16 included),
-and the HF directory with `--quantize bf16` / `int8` beside the F16 / Q8_0 rows — `int8` twice: its first
-load (an empty quantization cache: the checkpoint quantized, the cache file written in the background,
-timed apart and waited for before the speed is measured) and a later one (the cache file mapped;
+blazr runs the same GGUF as llama.cpp (`--quantize auto`: its tensors kept as stored, F16 included; the
+K-quants re-laid in 16-row groups where host tuning packs them), and the HF directory with `--quantize
+bf16` / `int8` beside the F16 / Q8_0 rows. `int8` twice, and the Q4_K_M GGUF: a first load (an empty
+quantization cache: the checkpoint quantized or re-laid, the cache file written in the background, timed
+apart and waited for before the speed is measured) and a later one (the cache file mapped;
 loading/quant_cache.py). Rounds alternate the engines; the table holds medians. The last column is each
 engine's decode as a read rate (benchmarks/read_rate.py: the weight bytes of llama.cpp's file a token reads ×
 decode tok/s). Speed is reported, never asserted.
@@ -423,6 +424,9 @@ def main() -> None:
     # (row label, blazr's input, blazr's quantize mode, llama.cpp's file, blazr's quantization cache:
     # "kept" = one dir for the run, filled before the rounds; "fresh" = an empty dir for each process)
     rows = [(f"{p} GGUF, both engines", files[p], "auto", files[p], "kept") for p in args.only]
+    if "Q4_K_M" in args.only:  # its K-quants re-laid at a first load, mapped from the cache by later ones
+        at = [r[0] for r in rows].index("Q4_K_M GGUF, both engines")
+        rows.insert(at, ("Q4_K_M GGUF, first load", files["Q4_K_M"], "auto", files["Q4_K_M"], "fresh"))
     if "F16" in args.only:  # blazr from the HF directory in bf16 beside the F16 GGUF
         rows.insert(1, ("HF bf16 `--quantize bf16` vs F16", files["hf"], "bf16", files["F16"], "kept"))
     if "Q8_0" in args.only and "hf" in files:
@@ -435,7 +439,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="blazr-quant-cache-") as tmp:
         kept = Path(tmp) / "kept"
         for label, ours, quant, _, cache in rows:  # later loads map what a first load wrote
-            if cache == "kept" and quant in ("int8", "int4", "bf16"):
+            if cache == "kept" and quant != "none":
                 print(f"{label}: filling the quantization cache …", file=sys.stderr, flush=True)
                 measure("blazr", ours, quant, args, kept)
         for r in range(args.rounds):

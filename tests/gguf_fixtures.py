@@ -165,6 +165,21 @@ def llama_metadata(config: Any, vocab: Sequence[str] | None = None) -> dict[str,
     return metadata
 
 
+def write_random_block_llama_gguf(
+    path: str | Path, hf_state_dict: Mapping[str, Any], config: Mapping[str, Any], qtype: str
+) -> Path:
+    """A llama GGUF whose matrices are random `qtype` blocks (`random_blocks`, one seed a tensor: gguf's
+    Python has no K-quant encoder) in the shapes of `hf_state_dict`, tensors in its order (sort it by GGUF
+    name for the converter's order); 1-D tensors as F32 values."""
+    layers = config["num_hidden_layers"]
+    tensors = {
+        hf_to_gguf_name(hf, layers): (random_blocks(qtype, v.numel(), i).reshape(v.shape[0], -1), qtype)
+        if v.dim() == 2 else (v.numpy(), "F32")
+        for i, (hf, v) in enumerate(hf_state_dict.items())
+    }  # fmt: skip
+    return write_gguf(path, tensors, llama_metadata(config))
+
+
 def write_tiny_llama_gguf(
     path: str | Path,
     hf_state_dict: Mapping[str, Any],

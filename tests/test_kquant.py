@@ -33,6 +33,7 @@ from blazr.kernels.quant import (
     dequantize,
     quantize,
 )
+from blazr.loading import quant_cache
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import assert_greedy_diverges_only_at_ties, assert_quantized_logits, full_logits
 from tests.hf_parity import prompts
@@ -439,7 +440,7 @@ def test_k_quant_moe_experts_packed_change_no_bit(q4_k_m_moe: Path, monkeypatch:
     kernels have the VNNI path (BLAZR_KPACK=1; csrc/moe.c runs each expert's rows through the same linear
     kernels), and kept as stored elsewhere or with BLAZR_KPACK=0: the same logits bit for bit — prefill
     (several tokens an expert) and decode —, and the same greedy tokens for two sequences decoded
-    together."""
+    together; a later load maps the re-laid stacks from the quantization cache."""
     from blazr.model.moe import Experts
 
     def stacks(llm: LLM) -> list[tuple[str, str]]:
@@ -463,3 +464,13 @@ def test_k_quant_moe_experts_packed_change_no_bit(q4_k_m_moe: Path, monkeypatch:
     sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     tokens = [[o.outputs[0].token_ids for o in llm.generate(batch, sp)] for llm in (packed, stored)]
     assert tokens[0] == tokens[1] and all(len(t) == 10 for t in tokens[0])
+    if kinds == base:
+        return
+    # a later load maps the re-laid stacks from the quantization cache (loading/quant_cache.py): no pack run
+    quant_cache.wait()
+    monkeypatch.setenv("BLAZR_KPACK", "1")
+    monkeypatch.setattr(kquant_packed, "pack", None)
+    again = LLM(q4_k_m_moe, cpu=True, dtype="float32", max_num_seqs=2)
+    assert stacks(again) == kinds
+    for got, want in zip(_kernel_logits(again, batch), _kernel_logits(packed, batch), strict=True):
+        assert torch.equal(got, want)

@@ -128,23 +128,12 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, monkeypatch: pytest.MonkeyPa
     gathered into one tensor. Q4_K kept as stored for this (BLAZR_KPACK=0); where the kernels re-lay it in
     16-row groups, from the same row tables, the logits are the same."""
     monkeypatch.setenv("BLAZR_KPACK", "0")
-    from tests.gguf_fixtures import (
-        hf_to_gguf_name,
-        llama_metadata,
-        random_blocks,
-        write_gguf,
-        write_tiny_llama_gguf,
-    )
+    from tests.gguf_fixtures import hf_to_gguf_name, write_random_block_llama_gguf, write_tiny_llama_gguf
 
     state = tiny_state_dict(cfg=_CFG)
     state = dict(sorted(state.items(), key=lambda item: hf_to_gguf_name(item[0], 2)))
     if qtype == "Q4_K":  # gguf's Python has no K-quant encoder: random super-blocks (finite scales)
-        tensors = {
-            hf_to_gguf_name(hf, 2): (random_blocks(qtype, v.numel(), i).reshape(v.shape[0], -1), qtype)
-            if v.dim() == 2 else (v.numpy(), "F32")
-            for i, (hf, v) in enumerate(state.items())
-        }  # fmt: skip
-        path = write_gguf(tmp_path / "m.gguf", tensors, llama_metadata(_CFG))
+        path = write_random_block_llama_gguf(tmp_path / "m.gguf", state, _CFG, qtype)
     else:
         path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, _CFG, qtype)
     llm = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_model_len=64)

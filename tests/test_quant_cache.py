@@ -112,6 +112,47 @@ def test_stacked_experts_come_from_the_cache(tmp_path: Path, cache_dir: Path, mo
     assert torch.equal(full_logits(first.runner, batch)[0], full_logits(second.runner, batch)[0])
 
 
+def test_a_ggufs_k_quants_re_laid_at_load_come_from_the_cache(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `auto`, the K-quants a load re-lays in 16-row groups (kernels/kquant_packed.py, BLAZR_KPACK=1
+    over host tuning's choice) are cached as quantized weights are: the second load maps every one from the
+    file (no pack run, nothing else cached), the same bytes and logits. Where the library has no VNNI path
+    nothing is re-laid and nothing written."""
+    from blazr.kernels import kquant_packed, ops
+    from tests.gguf_fixtures import hf_to_gguf_name, write_random_block_llama_gguf
+    from tests.test_gguf import TINY, tiny_state_dict
+
+    monkeypatch.setenv("BLAZR_KPACK", "1")
+    cfg = {**TINY, "hidden_size": 256, "intermediate_size": 512, "vocab_size": 64}  # K % 256 == 0
+    state = dict(sorted(tiny_state_dict(cfg=cfg).items(), key=lambda item: hf_to_gguf_name(item[0], 2)))
+    path = write_random_block_llama_gguf(tmp_path / "m.gguf", state, cfg, "Q4_K")
+    first = _load(path, "auto")
+    files = list(cache_dir.glob("*.blzq"))
+    made = _weights(first)
+    relaid = {n for n, m in quantized_layers(first).items() if m.kind in kquant_packed.BASE_OF}
+    if "avx512_vnni" not in ops.kernels().features:
+        assert not relaid and files == []
+        return
+    # q|k|v, o, gate|up (packed from its row table), down, and the tied head: every linear
+    assert len(relaid) == 4 * 2 + 1 and len(files) == 1 and "-auto-" in files[0].name, (relaid, files)
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("a weight was re-laid although the cache held it")
+
+    monkeypatch.setattr(kquant_packed, "pack", refuse)
+    second = _load(path, "auto")
+    mapped = _weights(second)
+    for name in relaid:
+        assert mapped_file(mapped[name].data_ptr()) == str(files[0]), name
+        assert torch.equal(mapped[name], made[name]), name
+    assert all(mapped_file(mapped[n].data_ptr()) != str(files[0]) for n in mapped.keys() - relaid)
+    batch = prompts([30, 17], seed=4, vocab=cfg["vocab_size"])
+    for a, b in zip(full_logits(first.runner, batch), full_logits(second.runner, batch), strict=True):
+        assert torch.equal(a, b)
+    assert list(cache_dir.glob("*.blzq")) == files  # nothing new to write
+
+
 def test_a_changed_checkpoint_is_a_new_key(tmp_path: Path, cache_dir: Path, monkeypatch) -> None:
     """Rewriting the checkpoint (same names, same shapes, other values) changes the key: the load quantizes
     the new weights — equal to a load with the cache off — and a second file appears."""

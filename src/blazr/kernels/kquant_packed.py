@@ -108,17 +108,22 @@ def pack(qw: QuantizedWeight) -> QuantizedWeight:
 
 
 def for_kernels(qw: QuantizedWeight, num_stacked: int = 1) -> QuantizedWeight:
-    """What the CPU kernels should run for a linear weight the loader made: a K-quant (as a view of the
-    file, a gathered copy or a row table) re-laid in groups by `pack` when the library has its VNNI path and
-    the weight fills whole groups of PACK_MULTIPLE rows — each of its `num_stacked` weights stacked one
-    after another (MoE experts: [E·N, K], each expert's N rows then whole groups of the stack, so an expert
-    still starts at e · N · row_bytes); else `qw` (the module docstring says what stays as stored)."""
+    """What the CPU kernels should run for a linear weight the loader made: `pack(qw)` where `packed_kind`
+    names a kind, else `qw` (the module docstring says what stays as stored)."""
+    return qw if packed_kind(qw, num_stacked) is None else pack(qw)
+
+
+def packed_kind(qw: QuantizedWeight, num_stacked: int = 1) -> str | None:
+    """The kind the loader re-lays `qw` into — a K-quant (as a view of the file, a gathered copy or a row
+    table) on the CPU, whose kind this host packs (`wanted`) and which fills whole groups of PACK_MULTIPLE
+    rows, each of its `num_stacked` weights stacked one after another (MoE experts: [E·N, K], each expert's
+    N rows then whole groups of the stack, so an expert still starts at e · N · row_bytes) — or None."""
     rows = qw.out_features // num_stacked
     if qw.kind not in KX_OF or qw.out_features % num_stacked or rows % PACK_MULTIPLE or not wanted(qw.kind):
-        return qw
+        return None
     if not isinstance(qw, MappedWeight) and not qw.data.is_cpu:
-        return qw
-    return pack(qw)
+        return None
+    return KX_OF[qw.kind]
 
 
 def wanted(kind: str) -> bool:

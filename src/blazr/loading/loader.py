@@ -40,7 +40,6 @@ from blazr.loading.gguf_split import open_gguf
 from blazr.loading.names import name_map_for
 from blazr.loading.quant_cache import QuantCache
 from blazr.loading.quantize import (
-    ISQ_MODES,
     check_mode,
     embed_from_file,
     embed_quantized,
@@ -118,7 +117,8 @@ def load_model(
     on_kernels = device.type == "cpu" and dtype == torch.float32 and kernels.available()
     num_params = len(list(model.parameters()))
     bar = progress.bar(num_params, f"loading {ckpt.name}", "tensor", show=show_progress)
-    cache = QuantCache.open(ckpt.weight_files, quantize) if on_kernels and quantize in ISQ_MODES else None
+    # the weights made at load: quantized in situ (ISQ modes), a GGUF's K-quants re-laid in groups (auto)
+    cache = QuantCache.open(ckpt.weight_files, quantize) if on_kernels and quantize != "none" else None
     with bar:
         loader = WeightLoader(ckpt.config, source, names, dtype, device, bar, cache)
         made: Counter[str] = Counter()

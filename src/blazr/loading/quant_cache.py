@@ -1,5 +1,7 @@
-"""The quantization cache: what `--quantize int8 / int4 / bf16` made from a float checkpoint, kept in one
-file and mapped by every later load of the same checkpoint in the same mode.
+"""The quantization cache: what `--quantize int8 / int4 / bf16` made from a float checkpoint — and, under
+`auto`, a GGUF's K-quants re-laid in 16-row groups (kernels/kquant_packed.py; the 8B Q4_K_M's 4.2 GB took
+1.8-3.3 s to move, benchmarks/NOTES.md §57) —, kept in one file and mapped by every later load of the same
+checkpoint in the same mode.
 
 Quantizing in place is bound by work no layout can skip — a 1B bf16 checkpoint is 2.5 GB read and 1.24 G
 values quantized into 1.1 GB of fresh memory, ≥ 0.57 s of CPU on 2 cores (benchmarks/NOTES.md §41) — while

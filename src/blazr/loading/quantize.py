@@ -31,7 +31,7 @@ or routers. Quantized layers run on blazr's C kernels on the CPU with float32 ac
 (loader.py `prefill_dtype`, on request only) adds a dense tensor for prefill GEMMs (see model/qlinear.py).
 Under `int8` / `int4` / `bf16` a weight the quantization cache holds (loading/quant_cache.py: what the first
 load of the same checkpoint made) is mapped from its file instead, and each weight made in fresh memory is
-handed to it (`_in_situ`).
+handed to it (`_in_situ`); under `auto` likewise each K-quant re-laid in 16-row groups (`_relaid`).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy. How a weight is
 made from where its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
 """
@@ -77,7 +77,6 @@ MODES = ("auto", "none", "int8", "int4", "bf16")
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
 # place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
-ISQ_MODES = tuple(_ISQ_KIND)  # the modes that quantize a float checkpoint in situ
 # the feed-forward's linears and Gemma 4's per-layer gate (model/per_layer.py); each mixer kind declares
 # its own (`MixerSpec.linears`, model/mixers.py)
 _FFN_TARGETS = (
@@ -158,7 +157,7 @@ def quantize_from_file(
             qw = gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            qw = kquant_packed.for_kernels(qw)  # K-quants in 16-row groups where the kernels take them
+            qw = _relaid(loader, pname, qw)  # K-quants in 16-row groups where the kernels take them
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:
@@ -214,6 +213,23 @@ def _in_situ(
     return qw
 
 
+def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: int = 1) -> QuantizedWeight:
+    """A GGUF's weight `qw` as the CPU kernels run it: a K-quant whose kind this host packs re-laid in 16-row
+    groups (kernels/kquant_packed.py `packed_kind`) — the quantization cache's copy where an earlier load of
+    the file made it (the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57), else
+    packed here and handed to the cache under `entry` —; any other weight as it is."""
+    kind = kquant_packed.packed_kind(qw, num_stacked)
+    if kind is None:
+        return qw
+    cache = loader.cache
+    if cache is not None and (cached := cache.get(entry, kind, qw.out_features, qw.in_features)) is not None:
+        return cached
+    packed = kquant_packed.pack(qw)
+    if cache is not None:
+        cache.put(entry, packed)
+    return packed
+
+
 def _read_dtype(loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str) -> torch.dtype | None:
     """The dtype to read a weight in for quantizing it to `kind`: bf16 for `bf16`; a block kind reads a
     16-bit (bf16 / f16) weight as stored — the C quantizer widens it exactly, so the bytes are those of its
@@ -259,7 +275,8 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
             ]
             if None in stacked:
                 continue
-            stacked = [kquant_packed.for_kernels(w, experts.num_experts) for w in stacked]  # type: ignore[arg-type]
+            E = experts.num_experts
+            stacked = [_relaid(loader, p, w, E) for (p, _), w in zip(params, stacked, strict=True)]  # type: ignore[arg-type]
         elif _ISQ_KIND[mode] != "bf16" and any(shape[2] % 32 for _, shape in params):
             continue  # block kinds quantize blocks of 32
         else:
