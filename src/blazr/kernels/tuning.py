@@ -15,7 +15,7 @@ flags and, for -march=native, the CPU's flags), the CPU model and the thread cou
 where the quiet host reads 40-50, and the "winner" chosen by it a 1.6x slower form) — and the build's defaults
 run until a load finds the host quiet; a choice forced on a busy host is marked and measured again then.
 
-- `apply(k)`: the cached choice set on library `k`, measured first when there is none (~2-3 s once;
+- `apply(k)`: the cached choice set on library `k`, measured first when there is none (~6 s once on 2 cores;
   `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
   `ops.kernels()` on the default library.
 - Choices above the C knobs, kept in `CHOICES` for the code that reads them: the float32 prefill's GEMM
@@ -84,7 +84,7 @@ def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
     """A random weight of `kind` made fast (random block bytes with a normal f16 scale; small floats): only
     the speed of reading it is measured."""
     from blazr.kernels import mxfp4, q5_0
-    from blazr.kernels.kquant import random_kquant
+    from blazr.kernels.kquant import random_bytes, random_kquant
     from blazr.kernels.quant import BLOCK_BYTES, FLOAT_KINDS, MXFP4, Q5_0, Q8_0G, quantize
 
     if kind in ("q4_k", "q5_k", "q6_k"):
@@ -95,7 +95,7 @@ def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
         blocks = (mxfp4 if kind == MXFP4 else q5_0).random_blocks(n, k, g)
         return QuantizedWeight.from_blocks(kind, blocks.reshape(n * k // 32, -1), n, k)
     bs = BLOCK_BYTES["q8_0" if kind == Q8_0G else kind]
-    blocks = torch.randint(0, 256, (n * k // 32, bs), dtype=torch.uint8, generator=g)
+    blocks = random_bytes((n * k // 32, bs), g)
     blocks[:, :2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)  # d (Q4_1: m after it)
     return QuantizedWeight.from_blocks(kind, blocks, n, k)
 
