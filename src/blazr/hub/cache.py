@@ -74,7 +74,8 @@ def hub_entries() -> list[Entry]:
 
 
 def quantized_entries() -> list[Entry]:
-    """The quantization cache's files (`--quantize int8 / int4 / bf16` results), by file name."""
+    """The quantization cache's files (`--quantize int8 / int4 / bf16` results, a GGUF's re-laid K-quants),
+    by file name."""
     directory = _quant_cache_dir()
     if directory is None or not directory.is_dir():
         return []
