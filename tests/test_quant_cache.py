@@ -219,6 +219,26 @@ def test_off_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert all(mapped_file(t.data_ptr()) is None for t in _weights(llm).values())
 
 
+def test_a_load_with_nothing_to_cache_makes_no_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under `auto` a GGUF whose tensors all run as stored (Q8_0) leaves the cache nothing to write: its dir
+    is not made (the first write makes it), and where it could not be made nothing warns."""
+    from tests.gguf_fixtures import write_tiny_llama_gguf
+    from tests.test_gguf import TINY, tiny_state_dict
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "a-file" / "cache"))  # cannot be made
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(), TINY, "Q8_0")
+    with caplog.at_level(logging.INFO, logger="blazr.loading"):
+        llm = _load(path, "auto")
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+    assert not [r for r in caplog.records if "quantization cache" in r.getMessage()], caplog.records
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "cache"))
+    _load(path, "auto")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_the_dir_stays_under_its_cap(tmp_path: Path, cache_dir: Path, monkeypatch) -> None:
     """Least recently used files go first; a file bigger than the cap is not written."""
     for seed in (1, 2):

@@ -126,12 +126,13 @@ class QuantCache:
 
     @classmethod
     def open(cls, files: Sequence[Path], mode: str) -> QuantCache | None:
-        """The cache of `files` in `mode`, or None when the cache is off or its dir cannot be made."""
+        """The cache of `files` in `mode`, or None when the cache is off or the files cannot be read. Its dir
+        is made by the first write (`save`): a load that makes nothing to cache (a GGUF of Q8_0 / Q4_0
+        tensors under `auto`) neither needs nor warns about it."""
         root = cache_dir()
         if root is None or not files:
             return None
         try:
-            root.mkdir(parents=True, exist_ok=True)
             key = cache_key(files, mode)
         except OSError as e:
             log.warning("quantization cache off: %s", e)
@@ -149,7 +150,7 @@ class QuantCache:
         try:
             with self.path.open("rb") as f:
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no file yet (its dir may not exist either)
             return
         except (OSError, ValueError) as e:  # ValueError: an empty file cannot be mapped
             log.warning("quantization cache %s unreadable (%s): quantizing again", self.path, e)
@@ -207,6 +208,11 @@ class QuantCache:
             return None
         items = {**self._hits, **self._made}
         nbytes = sum(_page_up(qw.data.numel() * qw.data.element_size()) for qw in items.values())
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            log.warning("quantization cache: %s; not written", e)
+            return None
         if not _make_room(self.path, nbytes):
             return None
         log.info(
