@@ -77,42 +77,38 @@ def test_packed_kinds_check_their_shapes(native: ops.Kernels) -> None:
 
 
 def test_loader_packs_where_the_kernels_run_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`for_kernels`: a K-quant weight of whole 32-row groups (in a stack, each weight's rows) is re-laid on
-    a VNNI build — from a row table into the file's map too —, anything else is returned as it is; host
-    tuning's choice decides each kind (q5_k following q4_k), BLAZR_KPACK=0 / 1 over it, and a build
-    without VNNI never packs."""
+    """`packed_kind`, the loader's rule: a K-quant weight of whole 32-row groups (in a stack, each weight's
+    rows; a row table into the file's map too) is re-laid on a VNNI build, anything else kept as stored; host
+    tuning's choice decides each kind (q5_k following q4_k), BLAZR_KPACK=0 / 1 over it, and a build without
+    VNNI never packs. A row table packs to the gathered rows' groups."""
     from blazr.kernels import tuning
 
     g = torch.Generator().manual_seed(2)
     qw = random_kquant("q6_k", 64, 256, g)
     vnni = "avx512_vnni" in ops.kernels().features
     monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": "groups", "kpack_q6_k": "groups"})
-    made = kquant_packed.for_kernels(qw)
-    if vnni:
-        assert made.kind == "q6_kx" and torch.equal(made.data, kquant_packed.pack(qw).data)
-    else:
-        assert made is qw
+    rule = kquant_packed.packed_kind
+    assert rule(qw) == ("q6_kx" if vnni else None)
     holder = qw.data.clone()
     order = torch.arange(64).flip(0)  # rows in reverse order, read where they lie
     mapped = MappedWeight("q6_k", holder.data_ptr() + holder.shape[1] * order, holder, 64, 256)
-    if vnni:
-        want = kquant_packed.pack(QuantizedWeight("q6_k", holder[order].contiguous(), 64, 256)).data
-        assert torch.equal(kquant_packed.for_kernels(mapped).data, want)
+    assert rule(mapped) == rule(qw)
+    want = kquant_packed.pack(QuantizedWeight("q6_k", holder[order].contiguous(), 64, 256)).data
+    assert torch.equal(kquant_packed.pack(mapped).data, want)
     stack = random_kquant("q4_k", 96, 256, g)  # 3 stacked weights of 32 rows: packs; 2 of 48 do not
-    assert (kquant_packed.for_kernels(stack, 3).kind == "q4_kx") == vnni
-    assert kquant_packed.for_kernels(stack, 2) is stack
+    assert rule(stack, 3) == ("q4_kx" if vnni else None) and rule(stack, 2) is None
     for other in (random_kquant("q4_k", 48, 256, g), quantize(torch.randn(64, 256, generator=g), "q8_0g")):
-        assert kquant_packed.for_kernels(other) is other
+        assert rule(other) is None
     q5 = random_kquant("q5_k", 32, 256, g)
     for q4_choice, q6_choice in (
         ("stored", "groups"),
         ("groups", "stored"),
     ):  # host tuning's choice, per kind
         monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": q4_choice, "kpack_q6_k": q6_choice})
-        assert (kquant_packed.for_kernels(qw).kind == "q6_kx") == (vnni and q6_choice == "groups")
-        assert (kquant_packed.for_kernels(q5).kind == "q5_kx") == (vnni and q4_choice == "groups")
+        assert (rule(qw) == "q6_kx") == (vnni and q6_choice == "groups")
+        assert (rule(q5) == "q5_kx") == (vnni and q4_choice == "groups")
         monkeypatch.setenv("BLAZR_KPACK", "1")  # over the choice, where the kernels have the path
-        assert (kquant_packed.for_kernels(qw).kind == "q6_kx") == vnni
+        assert (rule(qw) == "q6_kx") == vnni
         monkeypatch.setenv("BLAZR_KPACK", "0")
-        assert kquant_packed.for_kernels(qw) is qw
+        assert rule(qw) is None
         monkeypatch.delenv("BLAZR_KPACK")

@@ -4,8 +4,9 @@ references, and when the loader takes it.
 A GGUF's K-quant tensors run as stored (kinds q4_k, q5_k, q6_k: csrc/linear_k.c, one row's quants in a
 register's lanes). On a kernel build with AVX-512 VNNI the loader re-lays each whole linear weight of those
 kinds, and each MoE expert stack (model/moe.py: csrc/moe.c runs an expert's rows through the same linear
-kernels), once (`for_kernels`): the same bytes, moved so that 16 rows' quants share a register and vpdpbusd
-computes 16 rows' dots at once (csrc/linear_kx.c, whose header gives the layout; here `FIELDS`). A one-row
+kernels), once (`packed_kind` says which; loading/quantize.py `_relaid`): the same bytes, moved so that 16
+rows' quants share a register and vpdpbusd computes 16 rows' dots at once (csrc/linear_kx.c, whose header
+gives the layout; here `FIELDS`). A one-row
 (decode) call then computes Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2
 threads, against the stored layout's host-tuned form), enough to read the weights at the memory's rate when
 that rate is high, where the stored layout falls behind it (a 1B Q4_K_M decode +12-24 %, 4 and 16 sequences
@@ -105,12 +106,6 @@ def pack(qw: QuantizedWeight) -> QuantizedWeight:
         rows = qw.data.data_ptr() + qw.data.shape[1] * torch.arange(n, dtype=torch.int64)
         data = lib.pack_kx(qw.kind, rows, n, k)
     return QuantizedWeight(KX_OF[qw.kind], data, n, k)
-
-
-def for_kernels(qw: QuantizedWeight, num_stacked: int = 1) -> QuantizedWeight:
-    """What the CPU kernels should run for a linear weight the loader made: `pack(qw)` where `packed_kind`
-    names a kind, else `qw` (the module docstring says what stays as stored)."""
-    return qw if packed_kind(qw, num_stacked) is None else pack(qw)
 
 
 def packed_kind(qw: QuantizedWeight, num_stacked: int = 1) -> str | None:

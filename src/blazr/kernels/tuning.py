@@ -118,7 +118,8 @@ def _decode_weights(kind: str, g: torch.Generator) -> list[list[QuantizedWeight]
 
 def _decode_pass(k: Kernels, weights: list[list[QuantizedWeight]]) -> tuple[Callable[[], None], int]:
     """A pass of one-row linears over `weights` (copies of SHAPES) and the bytes it reads."""
-    xs = [torch.randn(1, kk) for _, kk in SHAPES]
+    g = torch.Generator().manual_seed(1)  # not the global generator: tuning runs inside a user's process
+    xs = [torch.randn(1, kk, generator=g) for _, kk in SHAPES]
 
     def run() -> None:
         for ws in weights:
