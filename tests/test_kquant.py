@@ -369,8 +369,9 @@ def test_q4_k_m_gguf_runs_as_stored(q4_k_m: Path) -> None:
 def test_k_quant_gguf_packed_layout_changes_no_bit(
     f32_llama: Path, ftype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """llama.cpp's Q4_K_M / Q5_K_M file: its K-quant linears re-laid in 16-row groups where the kernels have
-    the VNNI path (none elsewhere; BLAZR_KPACK=1 over host tuning's choice), against the same file with
+    """llama.cpp's Q4_K_M / Q5_K_M file: its K-quant linears — and a mixed q|k|v's segments — re-laid in
+    16-row groups where the kernels have the VNNI path (none elsewhere; BLAZR_KPACK=1 over host tuning's
+    choice), against the same file with
     every K-quant kept as stored (BLAZR_KPACK=0): the same logits, bit for bit, at prefill and decode, and
     the same greedy tokens."""
     from tests.llama_cpp_convert import quantize as llama_quantize
@@ -383,9 +384,12 @@ def test_k_quant_gguf_packed_layout_changes_no_bit(
     monkeypatch.setenv("BLAZR_KPACK", "0")
     stored = LLM(path, cpu=True, dtype="float32", max_num_seqs=2)
     kinds = set(_kernel_layers(packed, stored=False).values())
+    mixed = [m.qweight for m in packed.model.modules() if isinstance(m, QuantizedLinear) and m.kind == "kmix"]
     if "avx512_vnni" in ops.kernels().features:
         want = {"q4_kx", "q6_kx"} if ftype == "Q4_K_M" else {"q5_kx", "q6_kx"}
         assert want <= kinds and _kernel_layers(packed)["lm_head"] == "q6_k", kinds
+        # q|k|v of a layer whose attn_v llama.cpp kept in Q6_K: each segment re-laid
+        assert mixed and all(p.kind in kquant_packed.BASE_OF for w in mixed for p in w.parts())
     else:
         assert not kinds & set(kquant_packed.BASE_OF), kinds
     assert _kernel_layers(packed) == _kernel_layers(stored, stored=False)

@@ -65,6 +65,47 @@ def test_packed_kernel_batch_rows_are_independent(lib: ops.Kernels) -> None:
             assert torch.equal(lib.linear(x[lo:hi], packed), rows[lo:hi]), (kind, lo, hi)
 
 
+def test_a_kmix_weights_k_quant_segments_re_laid_give_the_stored_bits(
+    lib: ops.Kernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kmix weight (Q4_K_M's q|k in Q4_K beside a Q6_K v; here a Q8_0 segment and a K-quant one of 24 rows
+    too) with its K-quant segments of whole 16-row groups re-laid, the others kept: csrc/linear_mix.c, running
+    it segment by segment, gives the stored kmix's bits at every row count — bias, residual, and a SwiGLU
+    whose halves differ in kind — on every build. The loader's rule packs exactly those segments where this
+    host packs their kinds."""
+    from blazr.kernels import tuning
+
+    g = torch.Generator().manual_seed(21)
+    q8 = quantize(torch.randn(16, 512, generator=g), "q8_0g")
+    parts = [_weight("q4_k", 32, 512, 1), _weight("q6_k", 16, 512, 2), q8, _weight("q5_k", 24, 512, 3)]
+    mixed = QuantizedWeight.from_parts(parts)
+    packs = [p.kind in kquant_packed.KX_OF and p.out_features % 16 == 0 for p in parts]
+    relaid = QuantizedWeight.from_parts(
+        [kquant_packed.pack(p) if packs[i] else p for i, p in enumerate(parts)]
+    )
+    assert [p.kind for p in relaid.parts()] == ["q4_kx", "q6_kx", "q8_0g", "q5_k"]
+    assert torch.equal(dequantize(relaid), dequantize(mixed))
+    for M in (1, 5, 30):
+        x = _acts(M, 512, g)
+        bias, residual = torch.randn(88, generator=g), torch.randn(M, 88, generator=g)
+        for kw in ({}, {"bias": bias}, {"residual": residual}):
+            assert torch.equal(lib.linear(x, relaid, **kw), lib.linear(x, mixed, **kw)), (M, kw.keys())
+    gate_up = QuantizedWeight.from_parts([_weight("q4_k", 32, 512, 4), _weight("q6_k", 32, 512, 5)])
+    relaid_gate_up = QuantizedWeight.from_parts([kquant_packed.pack(p) for p in gate_up.parts()])
+    for M in (1, 3, 26):
+        x = _acts(M, 512, g)
+        want = lib.linear(x, gate_up, swiglu=True)
+        assert torch.equal(lib.linear(x, relaid_gate_up, swiglu=True), want), M
+    monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": "groups", "kpack_q6_k": "groups"})
+    vnni = "avx512_vnni" in ops.kernels().features
+    assert kquant_packed.packed_kind(mixed) == ("kmix" if vnni else None)
+    if vnni:
+        assert torch.equal(kquant_packed.pack(mixed).data, relaid.data)
+    monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": "stored", "kpack_q6_k": "groups"})
+    if vnni:  # the Q4_K and Q5_K segments kept as stored
+        assert [p.kind for p in kquant_packed.pack(mixed).parts()] == ["q4_k", "q6_kx", "q8_0g", "q5_k"]
+
+
 def test_packed_kinds_check_their_shapes(native: ops.Kernels) -> None:
     qw = random_kquant("q4_k", 40, 256, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="multiple of 16"):

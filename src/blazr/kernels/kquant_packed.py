@@ -21,9 +21,10 @@ Bytes: data uint8 [N/16, 16 · row_bytes] (N a multiple of 16), row_bytes = K/25
 bytes]. `pack_reference` / `unpack` move them in torch; `pack` in C from row addresses (csrc/linear_kx.c
 `blz_pack_kx`, so a GGUF's rows are read once, straight from the file's map). Kept as stored: weights whose
 rows do not fill whole groups of 32 (a fused gate|up's halves must each fill groups; in a stack, each
-expert's rows), kmix weights (Q4_K_M's q|k beside a Q6_K v), token tables, and everything on builds without
-VNNI (which would unpack per call), a kind whose stored layout host tuning measured faster here (`wanted`),
-or with `BLAZR_KPACK=0` (for A/B measurements; `=1` packs whatever tuning chose).
+expert's rows), a kmix weight's segments other than K-quants of whole 16-row groups (its K-quant segments —
+Q4_K_M's q|k beside a Q6_K v — are re-laid one by one), token tables, and everything on builds without VNNI
+(which would unpack per call), a kind whose stored layout host tuning measured faster here (`wanted`), or
+with `BLAZR_KPACK=0` (for A/B measurements; `=1` packs whatever tuning chose).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 from blazr.kernels import ops, tuning
 from blazr.kernels.kquant_fields import KQUANT_BYTES, QK_K
 from blazr.kernels.mapped import MappedWeight
-from blazr.kernels.quant import QuantizedWeight
+from blazr.kernels.quant import KMIX, QuantizedWeight
 
 KX_OF = {"q4_k": "q4_kx", "q5_k": "q5_kx", "q6_k": "q6_kx"}  # stored kind → its 16-row-group kind
 BASE_OF = {kx: k for k, kx in KX_OF.items()}
@@ -92,7 +93,10 @@ def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
 def pack(qw: QuantizedWeight) -> QuantizedWeight:
     """A K-quant weight (N a multiple of 16; a MappedWeight too, read through its row table) re-laid in
     16-row groups (q4_k → q4_kx …): by the C kernel from its rows' addresses when the library is loaded and
-    the bytes are on the CPU, else `pack_reference`."""
+    the bytes are on the CPU, else `pack_reference`. A kmix weight: its segments that `_packs` each re-laid
+    (a kmix again, csrc/linear_mix.c running it segment by segment)."""
+    if qw.kind == KMIX:
+        return QuantizedWeight.from_parts([pack(p) if _packs(p) else p for p in qw.parts()])
     n, k = qw.out_features, qw.in_features
     mapped = isinstance(qw, MappedWeight)
     lib = ops.kernels() if mapped or qw.data.is_cpu else None
@@ -113,12 +117,20 @@ def packed_kind(qw: QuantizedWeight, num_stacked: int = 1) -> str | None:
     table) on the CPU, whose kind this host packs (`wanted`) and which fills whole groups of PACK_MULTIPLE
     rows, each of its `num_stacked` weights stacked one after another (MoE experts: [E·N, K], each expert's
     N rows then whole groups of the stack, so an expert still starts at e · N · row_bytes) — or None."""
+    if qw.kind == KMIX:  # fused parts of different kinds (Q4_K_M's q|k beside a Q6_K v): each K-quant part
+        return KMIX if num_stacked == 1 and any(_packs(p) for p in qw.parts()) else None
     rows = qw.out_features // num_stacked
     if qw.kind not in KX_OF or qw.out_features % num_stacked or rows % PACK_MULTIPLE or not wanted(qw.kind):
         return None
     if not isinstance(qw, MappedWeight) and not qw.data.is_cpu:
         return None
     return KX_OF[qw.kind]
+
+
+def _packs(part: QuantizedWeight) -> bool:
+    """Whether a kmix weight's segment is re-laid: a K-quant of whole 16-row groups whose kind this host packs
+    (the segments' dots are computed apart, so a SwiGLU's halves need no more than that)."""
+    return part.kind in KX_OF and part.out_features % ROWS == 0 and wanted(part.kind)
 
 
 def wanted(kind: str) -> bool:

@@ -79,9 +79,10 @@ GGML_BLOCK_KINDS = (Q8_0G, MXFP4, Q5_0)
 # A fused weight whose parts (row segments) are of different kinds run as stored, of one K — llama.cpp's
 # Q4_K_M keeps attn_v in Q6_K where attn_q / attn_k are Q4_K, Gemma 3's attn_v in Q8_0 where they are Q5_0.
 # Its bytes: a 64-byte table (int32 count ≤ 7, int32 kind codes [7], int32 rows [7]), then each part's ggml
-# bytes in order (csrc/linear_mix.c: all K-quants run by linear_k.c in one pass, else segment by segment).
+# bytes in order (csrc/linear_mix.c: all K-quants as stored run by linear_k.c in one pass, else segment by
+# segment — K-quant segments re-laid in 16-row groups included, kernels/kquant_packed.py).
 KMIX = "kmix"
-_KMIX_CODES = {k: BY_KIND[k].c_kind for k in (*K_KINDS, *GGML_BLOCK_KINDS)}  # BLZ_Q4_K .. BLZ_Q6_K, Q8_0G …
+_KMIX_CODES = {k: BY_KIND[k].c_kind for k in (*K_KINDS, *GGML_BLOCK_KINDS, *KX_KINDS)}  # BLZ_Q4_K …, Q4_KX …
 MIX_KINDS = tuple(_KMIX_CODES)  # the kinds a kmix weight's segments may be
 _KMIX_HEADER, _KMIX_MAX = 64, 7
 FLOAT_KINDS: dict[str, torch.dtype] = {f.kind: f.dtype for f in FORMATS if f.dtype is not None}
@@ -103,7 +104,8 @@ def row_bytes(kind: str, dim: int) -> int:
     if kind in GGML_BLOCK_KINDS:
         qk, bs = QK, BY_KIND[kind].block_bytes
     else:
-        qk, bs = (QK_K, KQUANT_BYTES[kind]) if kind in KQUANT_BYTES else (QK, BLOCK_BYTES[kind])
+        kquant = kind in KQUANT_BYTES or kind in KX_KINDS  # a re-laid K-quant's rows: its stored kind's bytes
+        qk, bs = (QK_K, BY_KIND[kind].block_bytes) if kquant else (QK, BLOCK_BYTES[kind])
     if dim % qk:
         raise ValueError(f"{kind} rows of {dim} values: not a multiple of {qk}")
     return dim // qk * bs
@@ -174,25 +176,25 @@ class QuantizedWeight:
         """A K-quant kind (as stored or in 16-row groups), or a kmix weight all of whose segments are
         K-quants."""
         if self.kind == KMIX:
-            return all(kd in KQUANT_BYTES for kd, _ in _kmix_segments(self.data))
+            return all(kd in KQUANT_BYTES or kd in KX_KINDS for kd, _ in _kmix_segments(self.data))
         return self.kind in KQUANT_BYTES or self.kind in KX_KINDS
 
     def parts(self) -> list[QuantizedWeight]:
-        """A kmix weight's row segments (views of `data`), each of one as-stored kind; [self] otherwise."""
+        """A kmix weight's row segments (views of `data`), each of one kind; [self] otherwise."""
         if self.kind != KMIX:
             return [self]
         out, at, k = [], _KMIX_HEADER, self.in_features
         for kind, rows in _kmix_segments(self.data):
-            size = rows * row_bytes(kind, k)
-            out.append(QuantizedWeight(kind, self.data[at : at + size].view(rows, -1), rows, k))
+            size, lines = rows * row_bytes(kind, k), rows // ROW_GROUP if kind in KX_KINDS else rows
+            out.append(QuantizedWeight(kind, self.data[at : at + size].view(lines, -1), rows, k))
             at += size
         return out
 
     @classmethod
     def from_parts(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
-        """The row concatenation of weights of kinds run as stored (K-quants, q8_0g, mxfp4, q5_0) with one
-        in_features (fused q|k|v, gate|up): one kind when they share it, else a kmix weight (the segment
-        table, then their bytes)."""
+        """The row concatenation of weights of kinds run as stored (K-quants — or re-laid in 16-row groups —,
+        q8_0g, mxfp4, q5_0) with one in_features (fused q|k|v, gate|up): one kind when they share it, else a
+        kmix weight (the segment table, then their bytes)."""
         kinds, k = [p.kind for p in parts], parts[0].in_features
         if any(kd not in _KMIX_CODES for kd in kinds) or any(p.in_features != k for p in parts):
             raise ValueError(

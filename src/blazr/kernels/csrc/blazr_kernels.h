@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 15
+#define BLZ_ABI_VERSION 16
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0

@@ -5,10 +5,12 @@
  * Bytes: the 64-byte segment table — int32 count n ≤ KSEG_MAX, int32 kinds[KSEG_MAX], int32 rows[KSEG_MAX] —,
  * then each segment's rows in its own ggml layout, one segment after another (kernels/quant.py `from_parts`).
  * A segment's kind is any kind run as a GGUF stores it: the K-quants (BLZ_Q4_K … BLZ_Q6_K), BLZ_Q8_0G,
- * BLZ_MXFP4, BLZ_Q5_0.
+ * BLZ_MXFP4, BLZ_Q5_0 — or a K-quant re-laid in 16-row groups (BLZ_Q4_KX / Q5_KX / Q6_KX, linear_kx.c; its
+ * rows a multiple of 16, its bytes the stored kind's, moved: the loader re-lays a kmix weight's K-quant
+ * segments as it does whole weights, kernels/kquant_packed.py).
  *
  * Computes what blz_linear_q computes (out = x·Wᵀ (+bias) (+residual), or the SwiGLU form) in one of two ways:
- *   - every segment a K-quant: linear_k.c's one pass over the segments (its tiles never cross one);
+ *   - every segment a K-quant as stored: linear_k.c's one pass over the segments (its tiles never cross one);
  *   - otherwise each segment by its own kernel (blz_linear_q of its kind: its activation rounding, its
  *     arithmetic — a segment's dots are the bits its rows alone would give), no bias, into the raw dots
  *     [M, N], then blz_epilogue over them (bias, residual or SwiGLU's silu(gate)·up). One OpenMP team per
@@ -31,6 +33,9 @@ static int64_t mix_row_bytes(int kind, int64_t K) {
         case BLZ_Q4_K: qk = 256, bs = 144; break;
         case BLZ_Q5_K: qk = 256, bs = 176; break;
         case BLZ_Q6_K: qk = 256, bs = 210; break;
+        case BLZ_Q4_KX: qk = 256, bs = 144; break;
+        case BLZ_Q5_KX: qk = 256, bs = 176; break;
+        case BLZ_Q6_KX: qk = 256, bs = 210; break;
         case BLZ_Q8_0G: bs = 34; break;
         case BLZ_MXFP4: bs = 17; break;
         case BLZ_Q5_0: bs = 22; break;
@@ -53,7 +58,8 @@ int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64
     int64_t total = 0, widest = 0;
     for (int i = 0; i < n; ++i) {
         const int kind = hdr[1 + i], rows = hdr[1 + MIX_MAX + i];
-        if (rows < 0 || !mix_row_bytes(kind, K)) return BLZ_EINVAL;
+        const int is_kx = kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX;
+        if (rows < 0 || !mix_row_bytes(kind, K) || (is_kx && rows % 16)) return BLZ_EINVAL;
         is_k &= kind >= BLZ_Q4_K && kind <= BLZ_Q6_K;
         total += rows;
         widest = blz_max(widest, rows);
