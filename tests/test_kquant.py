@@ -371,9 +371,8 @@ def test_k_quant_gguf_packed_layout_changes_no_bit(
 ) -> None:
     """llama.cpp's Q4_K_M / Q5_K_M file: its K-quant linears — and a mixed q|k|v's segments — re-laid in
     16-row groups where the kernels have the VNNI path (none elsewhere; BLAZR_KPACK=1 over host tuning's
-    choice), against the same file with
-    every K-quant kept as stored (BLAZR_KPACK=0): the same logits, bit for bit, at prefill and decode, and
-    the same greedy tokens."""
+    choice), against the same file with every K-quant kept as stored (BLAZR_KPACK=0): the same logits, bit
+    for bit, at prefill and decode, and the same greedy tokens."""
     from tests.llama_cpp_convert import quantize as llama_quantize
 
     path = f32_llama.parent / f"{ftype.lower()}.gguf"
