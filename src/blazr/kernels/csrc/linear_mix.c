@@ -12,14 +12,13 @@
  * Computes what blz_linear_q computes (out = x·Wᵀ (+bias) (+residual), or the SwiGLU form) in one of two ways:
  *   - every segment a K-quant as stored: linear_k.c's one pass over the segments (its tiles never cross one);
  *   - otherwise each segment by its own kernel (blz_linear_q of its kind: its activation rounding, its
- *     arithmetic — a segment's dots are the bits its rows alone would give), no bias, into the raw dots
- *     [M, N], then blz_epilogue over them (bias, residual or SwiGLU's silu(gate)·up). One OpenMP team per
+ *     arithmetic — a segment's dots are the bits its rows alone would give), no bias, then blz_epilogue
+ *     (bias, residual) into its columns of out — or, for a SwiGLU, whose gate and up columns pair across
+ *     segments, into the raw dots [M, N] and silu(gate)·up over them at the end. One OpenMP team per
  *     segment: at decode a fused weight of 2-3 segments costs one or two extra team wake-ups, no extra bytes.
  *
  * Shapes: M activation rows, K in features, N out features (all segments' rows; SwiGLU: N = 2·I).
  */
-#include <stdlib.h>
-
 #include "blazr_kernels.h"
 
 #define MIX_HEADER 64
@@ -67,33 +66,43 @@ int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64
     if (total != N) return BLZ_EINVAL;
     if (is_k) return blz_linear_k(BLZ_KMIX, x, M, K, w, NULL, N, bias, residual, out, swiglu, nthreads);
     if (M == 0 || N == 0) return BLZ_OK;
-    /* the raw dots [M, N], and one segment's [M, rows] where M > 1 (with one row a segment's dots are a run
-     * of the row's: written in place) — malloc, not the scratch, which the segments' kernels use */
-    float *raw = malloc((size_t)(M * N + (M > 1 ? M * widest : 0)) * sizeof(float));
+    /* Scratch slot 1, kept between calls (the segments' kernels use slots 0, 2 and 3; a fresh malloc of a
+     * prefill's buffers faulted their pages in at every call). One segment's dots seg [M, rows] go through
+     * the epilogue into their columns of out at once; a SwiGLU pairs gate and up columns across segments, so
+     * there the raw dots [M, N] are gathered first (with one row a segment's dots are a run of the row's,
+     * written in place) and the epilogue runs over them after the last segment. */
+    const int64_t nraw = swiglu ? M * N : 0, nseg = swiglu && M == 1 ? 0 : M * widest;
+    float *raw = blz_scratch_slot(1, (size_t)(nraw + nseg) * sizeof(float));
     if (!raw) return BLZ_ENOMEM;
-    float *seg = raw + M * N;
+    float *seg = raw + nraw;
+    const int64_t nout = swiglu ? N / 2 : N;
     const uint8_t *p = w + MIX_HEADER;
     int64_t row0 = 0;
     for (int i = 0; i < n; ++i) {
         const int kind = hdr[1 + i];
         const int64_t rows = hdr[1 + MIX_MAX + i];
         if (rows) {
-            float *dst = M > 1 ? seg : raw + row0;
+            float *dst = swiglu && M == 1 ? raw + row0 : seg;
             const int rc = blz_linear_q(kind, x, M, K, p, rows, NULL, NULL, dst, 0, nthreads);
-            if (rc) {
-                free(raw);
-                return rc;
+            if (rc) return rc;
+            const int nt = blz_threads(nthreads, M * rows, BLZ_LINEAR_PARALLEL_MIN);
+            if (!swiglu) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+                for (int64_t m = 0; m < M; ++m)
+                    blz_epilogue_row(seg + m * rows, NULL, m, row0, rows, N, N, bias, residual, out, 0);
+            } else if (M > 1) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+                for (int64_t m = 0; m < M; ++m) memcpy(raw + m * N + row0, seg + m * rows, rows * sizeof(float));
             }
-            for (int64_t m = 0; M > 1 && m < M; ++m) memcpy(raw + m * N + row0, seg + m * rows, rows * sizeof(float));
         }
         p += rows * mix_row_bytes(kind, K);
         row0 += rows;
     }
-    const int64_t nout = swiglu ? N / 2 : N;
-    const int nt = blz_threads(nthreads, M * N, BLZ_LINEAR_PARALLEL_MIN);
+    if (swiglu) {
+        const int nt = blz_threads(nthreads, M * N, BLZ_LINEAR_PARALLEL_MIN);
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t m = 0; m < M; ++m)
-        blz_epilogue_row(raw + m * N, raw + m * N + nout, m, 0, nout, N, nout, bias, residual, out, swiglu);
-    free(raw);
+        for (int64_t m = 0; m < M; ++m)
+            blz_epilogue_row(raw + m * N, raw + m * N + nout, m, 0, nout, N, nout, bias, residual, out, 1);
+    }
     return BLZ_OK;
 }
