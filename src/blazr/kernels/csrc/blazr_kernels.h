@@ -62,6 +62,7 @@ enum { BLZ_Q5_0 = 11 };
 /* Q4_K / Q5_K / Q6_K re-laid at load in groups of 16 rows (linear_kx.c): the same bytes as ggml's super-blocks, moved
  * so that one-row calls run vpdpbusd across rows. */
 enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13, BLZ_Q5_KX = 14 };
+BLZ_INLINE int blz_is_kx(int kind) { return kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX; }
 #define BLZ_QK 32
 /* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
  * weight's bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused

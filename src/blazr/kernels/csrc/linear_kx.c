@@ -222,7 +222,7 @@ static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, int64
  * out [M, N] (SwiGLU: [M, N/2], N/2 a multiple of 16). */
 int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                   const float *residual, float *out, int swiglu, int nthreads) {
-    if ((kind != BLZ_Q4_KX && kind != BLZ_Q5_KX && kind != BLZ_Q6_KX) || M < 0 || N < 0 || N % 16 || K <= 0 || K % QK_K)
+    if (!blz_is_kx(kind) || M < 0 || N < 0 || N % 16 || K <= 0 || K % QK_K)
         return BLZ_EINVAL;
     if (swiglu && (N % 32 || residual)) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;

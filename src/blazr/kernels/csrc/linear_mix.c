@@ -29,12 +29,9 @@
 static int64_t mix_row_bytes(int kind, int64_t K) {
     int qk = BLZ_QK, bs = 0;
     switch (kind) {
-        case BLZ_Q4_K: qk = 256, bs = 144; break;
-        case BLZ_Q5_K: qk = 256, bs = 176; break;
-        case BLZ_Q6_K: qk = 256, bs = 210; break;
-        case BLZ_Q4_KX: qk = 256, bs = 144; break;
-        case BLZ_Q5_KX: qk = 256, bs = 176; break;
-        case BLZ_Q6_KX: qk = 256, bs = 210; break;
+        case BLZ_Q4_K: case BLZ_Q4_KX: qk = 256, bs = 144; break; /* re-laid: the stored kind's bytes */
+        case BLZ_Q5_K: case BLZ_Q5_KX: qk = 256, bs = 176; break;
+        case BLZ_Q6_K: case BLZ_Q6_KX: qk = 256, bs = 210; break;
         case BLZ_Q8_0G: bs = 34; break;
         case BLZ_MXFP4: bs = 17; break;
         case BLZ_Q5_0: bs = 22; break;
@@ -57,8 +54,7 @@ int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64
     int64_t total = 0, widest = 0;
     for (int i = 0; i < n; ++i) {
         const int kind = hdr[1 + i], rows = hdr[1 + MIX_MAX + i];
-        const int is_kx = kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX;
-        if (rows < 0 || !mix_row_bytes(kind, K) || (is_kx && rows % 16)) return BLZ_EINVAL;
+        if (rows < 0 || !mix_row_bytes(kind, K) || (blz_is_kx(kind) && rows % 16)) return BLZ_EINVAL;
         is_k &= kind >= BLZ_Q4_K && kind <= BLZ_Q6_K;
         total += rows;
         widest = blz_max(widest, rows);

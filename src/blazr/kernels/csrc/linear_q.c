@@ -472,7 +472,7 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
     kind &= ~BLZ_ROWS;
     if (kind >= BLZ_Q4_K && kind <= BLZ_Q6_K) /* GGUF K-quants: linear_k.c */
         return blz_linear_k(kind, x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
-    if ((kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX) && !tab) /* K-quants in 16-row groups */
+    if (blz_is_kx(kind) && !tab) /* K-quants in 16-row groups */
         return blz_linear_kx(kind, x, M, K, w, N, bias, residual, out, swiglu, nthreads);
     if (kind == BLZ_KMIX && !tab) /* a fused weight's segments of different kinds: linear_mix.c */
         return blz_linear_mix(x, M, K, w, N, bias, residual, out, swiglu, nthreads);
