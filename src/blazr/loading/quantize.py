@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from blazr.errors import UnsupportedError
-from blazr.kernels import kquant_packed
+from blazr.kernels import bf16_coded, kquant_packed
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
@@ -157,7 +157,9 @@ def quantize_from_file(
             qw = gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            qw = _relaid(loader, pname, qw)  # K-quants in 16-row groups where the kernels take them
+            qw = _relaid(
+                loader, pname, qw
+            )  # K-quants in 16-row groups, bf16 coded, where the kernels take them
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:
@@ -166,6 +168,9 @@ def quantize_from_file(
                 continue
             if linear is None and (shared := _table_as_head(model, kind)) is not None:
                 qw = shared
+            elif linear is not None and (coded := _cached_coded(loader, f"{name}.weight", shape, kind)):
+                loader.consume(pname, shape, is_copied=False)
+                qw = coded
             elif linear is None and not isinstance(model.embed_tokens, QuantizedEmbedding):
                 # the table itself is needed float: load it now, quantize a copy
                 weight = loader.parameter(pname, shape)
@@ -174,6 +179,7 @@ def quantize_from_file(
                 qw = quantize(weight, kind)
             else:
                 qw = _in_situ(loader, pname, shape, kind, entry=f"{name}.weight")
+            qw = _coded(loader, f"{name}.weight", qw)
         bias = None
         if linear is not None and linear.bias is not None:
             bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
@@ -217,10 +223,11 @@ def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: 
     """A GGUF's weight `qw` as the CPU kernels run it: a K-quant whose kind this host packs re-laid in 16-row
     groups (kernels/kquant_packed.py `packed_kind`) — the quantization cache's copy where an earlier load of
     the file made it (the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57), else
-    packed here and handed to the cache under `entry` —; any other weight as it is."""
+    packed here and handed to the cache under `entry` —; a BF16 linear coded (`_coded`); any other weight as
+    it is."""
     kind = kquant_packed.packed_kind(qw, num_stacked)
     if kind is None:
-        return qw
+        return _coded(loader, entry, qw) if num_stacked == 1 else qw
     cache = loader.cache
     if cache is not None and (cached := cache.get(entry, kind, qw.out_features, qw.in_features)) is not None:
         return cached
@@ -228,6 +235,35 @@ def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: 
     if cache is not None:
         cache.put(entry, packed)
     return packed
+
+
+def _cached_coded(
+    loader: WeightLoader, entry: str, shape: tuple[int, ...], kind: str
+) -> QuantizedWeight | None:
+    """The quantization cache's coded bf16 copy of linear `entry` [N, K] when `kind` is bf16 and this host
+    codes it (so neither the checkpoint's rows nor a bf16 copy are read), else None."""
+    n, k = shape
+    if kind != "bf16" or loader.cache is None or not bf16_coded.wanted() or not bf16_coded.worth(k):
+        return None
+    return loader.cache.get(entry, bf16_coded.KIND, n, k)
+
+
+def _coded(loader: WeightLoader, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
+    """A bf16 linear weight with its exponents coded where this host's kernels decode them (kernels/
+    bf16_coded.py: every bit kept, 0.77× the bytes a decode step reads) — the quantization cache's copy, else
+    coded here and handed to it under `entry` —; any other weight, or one with rows of too many rare
+    exponents, as it is."""
+    if qw.kind != "bf16" or not bf16_coded.wanted() or not bf16_coded.worth(qw.in_features):
+        return qw
+    n, k, cache = qw.out_features, qw.in_features, loader.cache
+    if cache is not None and (cached := cache.get(entry, bf16_coded.KIND, n, k)) is not None:
+        return cached
+    coded = bf16_coded.pack(qw)
+    if coded is None:
+        return qw
+    if cache is not None:
+        cache.put(entry, coded)
+    return coded
 
 
 def _read_dtype(loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str) -> torch.dtype | None:

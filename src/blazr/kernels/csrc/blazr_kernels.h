@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 16
+#define BLZ_ABI_VERSION 17
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -63,6 +63,16 @@ enum { BLZ_Q5_0 = 11 };
  * so that one-row calls run vpdpbusd across rows. */
 enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13, BLZ_Q5_KX = 14 };
 BLZ_INLINE int blz_is_kx(int kind) { return kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX; }
+/* bf16 weights with their exponents coded in 4 bits (linear_bf16z.c): the bf16 bits, in 3/4 of the bytes. A row
+ * of K (a multiple of 64 below 65536): 32 bytes of exponent tables, cap escapes of 4 bytes, K/64 blocks of 96;
+ * column j of a block at position blz_bz_pos(j). */
+enum { BLZ_BF16Z = 15 };
+BLZ_INLINE int64_t blz_bz_cap(int64_t K) { /* escapes a row: K/128, at least 8, a multiple of 8 (32-byte rows) */
+    const int64_t c = K / 128 > 8 ? K / 128 : 8;
+    return (c + 7) / 8 * 8;
+}
+BLZ_INLINE int64_t blz_bz_row_bytes(int64_t K) { return 32 + 4 * blz_bz_cap(K) + K / 64 * 96; }
+BLZ_INLINE int blz_bz_pos(int j) { return 16 * ((j % 16) / 4) + 8 * (j / 32) + 2 * (j % 4) + (j / 16) % 2; }
 #define BLZ_QK 32
 /* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
  * weight's bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused
@@ -115,6 +125,7 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
  * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (x as given: 16-bit weights widened exactly);
  * nt threads. Each output one sequential fp32 sum over k, whatever M. */
 enum { BLZ_PANEL_F16 = BLZ_KV_F16, BLZ_PANEL_BF16 = BLZ_KV_BF16, BLZ_PANEL_F32 = BLZ_KV_F32 }; /* widened by blz_kv_load* */
+enum { BLZ_PANEL_BF16Z = 3 }; /* BLZ_BF16Z rows, decoded 16 rows at a time to bf16 (blz_bz_decode_rows) */
 /* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 4 x rows (row m at x + m·K elements) →
  * res[r·mt + m], each pair by the operations it takes alone. */
 typedef void (*blz_rows_fn)(int nr, int mt, const void *const *rows, int64_t K, const void *x, float *res);
@@ -233,6 +244,9 @@ int blz_linear_b32(int kind, const float *x, int64_t M, int64_t K, const uint8_t
                    const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                    const float *residual, float *out, int swiglu, int nthreads);
+int blz_linear_bf16z(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                     const float *residual, float *out, int swiglu, int nthreads);
+void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, uint16_t *dst);
 int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                   const float *residual, float *out, int swiglu, int nthreads);
 

@@ -1,0 +1,266 @@
+/* blazr kernels — bf16 weights with their exponents coded in 4 bits (kind BLZ_BF16Z): every bf16 bit kept, in
+ * 3/4 of the bytes, so a decode step that reads its weights at the memory's rate reads them 1.3× faster.
+ *
+ * Why: a 16-bit decode step is a read of the weights. On a 2-vCPU Zen 5 both blazr's bf16 kernel and llama.cpp's
+ * F16 one read them near the memory's rate (benchmarks/NOTES.md §53, §55), so no kernel of 16-bit weights can
+ * be much faster than another. Trained (and random) weights use few of bf16's 256 exponents — a row's 15 most
+ * frequent cover all but ~1e-4 of its weights — so a weight is its sign and 7 mantissa bits (a byte) and a
+ * 4-bit code into a 16-entry table of its row's exponents; the rest (the rare exponents) are kept whole in a
+ * short list. Lossless: the kernels see the bf16 bits of the weight as stored, and give the same bits as
+ * linear_16bit.c's bf16 kernel on the same weight, at every row count and on every build. Cold one-row passes
+ * (2 threads, 16384 × 8192): 1.32-1.43× the weights a second of the bf16 kernel at the same GB/s.
+ *
+ * Layout of one row of K weights (K a multiple of 64 below 65536; row bytes blz_bz_row_bytes(K)):
+ * - bytes 0-15: hi[c] = e_c >> 1, bytes 16-31: lo[c] = (e_c & 1) << 7 — the exponent e_c of code c (c = 0:
+ *   exponent 0, also the escapes' placeholder);
+ * - cap = blz_bz_cap(K) escapes of 4 bytes: uint16 column, uint16 bf16 bits, by column, then 0xFFFF columns
+ *   (at most cap − 1 used, so a 0xFFFF always ends the list);
+ * - K/64 blocks of 96 bytes: 64 bytes (sign << 7 | 7 mantissa bits) at block position p, then 32 bytes of
+ *   codes (code of position p: nibble p & 1 of byte p/2). Column j of a block is at position
+ *   blz_bz_pos(j) = 16·(l/4) + 8·(i/2) + 2·(l%4) + i%2 (i = j/16, l = j%16): where the AVX-512 decode —
+ *   codes looked up with vpshufb, bytes interleaved per 128-bit lane, words split into fp32 by a shift and a
+ *   mask — leaves it in lane l of register i. An escaped column has code 0 and byte 0 (+0), its value put in
+ *   its lane before it is used.
+ * The sums are linear_16bit.c's (columns k..k+15 of each 32 into one accumulator, k+16..k+31 into the other,
+ * in column order, then blz_quarters512), so the bits are the bf16 kernel's: decode (M ≤ 8) as streams of
+ * rows; prefill (more rows) by gemm_float.c's panel GEMM on 16 rows decoded at a time into L2
+ * (blz_bz_decode_rows). Builds without AVX-512 decode the whole weight and run the bf16 kernel on it (tests;
+ * the loader codes weights only where the AVX-512 kernel runs). */
+#include "blazr_kernels.h"
+
+#define BZ_PF 3072 /* prefetch distance of a row stream, in bytes (2048 weights, as the bf16 kernel's) */
+
+/* The bf16 bits of column j of the row at w (any build; the reference of the decode). */
+static uint16_t bz_weight(const uint8_t *w, int64_t K, int64_t j) {
+    const uint16_t *esc = (const uint16_t *)(w + 32);
+    for (int64_t e = 0; e < blz_bz_cap(K) && esc[2 * e] != 0xFFFF; ++e)
+        if (esc[2 * e] == j) return esc[2 * e + 1];
+    const uint8_t *b = w + 32 + 4 * blz_bz_cap(K) + j / 64 * 96;
+    const int p = blz_bz_pos((int)(j % 64)), c = (b[64 + p / 2] >> (4 * (p & 1))) & 15, r = b[p];
+    return (uint16_t)(((r & 0x80) | w[c]) << 8 | (r & 0x7f) | w[16 + c]);
+}
+
+#ifdef BLZ_AVX512
+/* One block's 64 weights as fp32: f[i] lane l = column 16·i + l (escapes not yet in place). */
+BLZ_INLINE void bz_block(const uint8_t *b, __m512i thi, __m512i tlo, __m512 f[4]) {
+    const __m512i r = _mm512_loadu_si512(b);
+    const __m512i cw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64)));
+    const __m512i c = _mm512_ternarylogic_epi32(cw, _mm512_slli_epi16(cw, 4), _mm512_set1_epi16(0x0f0f), 0xA8);
+    const __m512i hi = _mm512_ternarylogic_epi32(r, _mm512_shuffle_epi8(thi, c), _mm512_set1_epi8((char)0x80), 0xEC);
+    const __m512i lo = _mm512_ternarylogic_epi32(r, _mm512_shuffle_epi8(tlo, c), _mm512_set1_epi8(0x7f), 0xEC);
+    const __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000);
+    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, top));
+    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, top));
+}
+
+/* The escapes of the block at column k put in their lanes (*esc: the row's next escape). Each register by a
+ * constant index, so that f stays in registers. */
+BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
+    for (const uint16_t *e = *esc; e[0] < k + 64; e += 2, *esc = e) {
+        const int j = (int)(e[0] - k);
+        const __m512 v = _mm512_set1_ps(blz_bf16_to_fp32(e[1]));
+        for (int i = 0; i < 4; ++i)
+            f[i] = _mm512_mask_mov_ps(f[i], (__mmask16)((j >> 4) == i ? 1u << (j & 15) : 0u), v);
+    }
+}
+
+/* One block at column k of each row r < nr, decoded and summed into a[r][m] for m < nx; `patch`: the block may
+ * hold escapes (else none of the rows has one there, and the loop has no branch — with one, GCC kept x's
+ * vectors on the stack across it and the 4-row pass ran at half speed). */
+#define BZ_STEP(patch)                                                                                     \
+    do {                                                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; pf && r < nr; ++r) {                                       \
+            _mm_prefetch((const char *)(b[r] + BZ_PF), _MM_HINT_T1);                                       \
+            _mm_prefetch((const char *)(b[r] + BZ_PF + 64), _MM_HINT_T1);                                  \
+        }                                                                                                  \
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {                                             \
+            __m512 f[4];                                                                                   \
+            bz_block(b[r], thi[r], tlo[r], f);                                                             \
+            if (patch) bz_patch(&esc[r], k, f);                                                            \
+            b[r] += 96;                                                                                    \
+            _Pragma("GCC unroll 4") for (int m = 0; m < nx; ++m) {                                         \
+                a[r][m][0] = _mm512_fmadd_ps(f[0], _mm512_loadu_ps(xr[m] + k), a[r][m][0]);                \
+                a[r][m][1] = _mm512_fmadd_ps(f[1], _mm512_loadu_ps(xr[m] + k + 16), a[r][m][1]);           \
+                a[r][m][0] = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(xr[m] + k + 32), a[r][m][0]);           \
+                a[r][m][1] = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(xr[m] + k + 48), a[r][m][1]);           \
+            }                                                                                              \
+        }                                                                                                  \
+    } while (0)
+
+/* res[r·nx + m] = row w[r] · x row xr[m] for r < nr, m < nx (nr · nx ≤ 8; constants after inlining): the sums
+ * of linear_16bit.c's half_rows_simd, in the same order. The blocks up to the rows' next escape run without a
+ * test, then that block with its escapes put in place. */
+BLZ_INLINE void bz_rows_simd(const int nr, const int nx, const uint8_t *const *w, int64_t K, const float *const *xr,
+                             float *res, const int pf) {
+    __m512 a[4][4][2];
+    __m512i thi[4], tlo[4];
+    const uint8_t *b[4];
+    const uint16_t *esc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; ++r) {
+#pragma GCC unroll 4
+        for (int m = 0; m < nx; ++m) a[r][m][0] = a[r][m][1] = _mm512_setzero_ps();
+        thi[r] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)w[r]));
+        tlo[r] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w[r] + 16)));
+        esc[r] = (const uint16_t *)(w[r] + 32);
+        b[r] = w[r] + 32 + 4 * blz_bz_cap(K);
+    }
+    for (int64_t k = 0; k < K; k += 64) {
+        int64_t stop = K; /* the first block holding an escape of one of the rows */
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; ++r) stop = blz_min(stop, (int64_t)(esc[r][0] & ~63));
+        for (; k < stop; k += 64) BZ_STEP(0);
+        if (k < K) BZ_STEP(1);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; ++r)
+#pragma GCC unroll 4
+        for (int m = 0; m < nx; ++m) res[r * nx + m] = blz_quarters512(a[r][m][0], a[r][m][1]);
+}
+
+/* nr rows × mt ≤ 4 x rows, as blz_gemv_streams makes them: (1..4, 1) or (1..2, 2..4), as linear_16bit.c. */
+BLZ_INLINE void bz_streams4(const int nr, const int mt, const void *const *rows, int64_t K, const float *xf,
+                            float *res) {
+    const uint8_t *const *w = (const uint8_t *const *)rows;
+    const float *xr[4] = {xf, xf + K, xf + 2 * K, xf + 3 * K};
+#define BZ_NR(NX)                                                  \
+    switch (nr) {                                                  \
+        case 1: bz_rows_simd(1, NX, w, K, xr, res, 1); return;      \
+        case 2: bz_rows_simd(2, NX, w, K, xr, res, 1); return;      \
+    }
+    switch (mt) {
+        case 2: BZ_NR(2) break;
+        case 3: BZ_NR(3) break;
+        case 4: BZ_NR(4) break;
+    }
+#undef BZ_NR
+#define BZ_ONE_X(NR, ...) bz_rows_simd(NR, 1, __VA_ARGS__)
+    BLZ_TILE_SWITCH(BZ_ONE_X, nr, w, K, xr, res, 1);
+#undef BZ_ONE_X
+}
+
+/* blz_rows_fn of blz_gemv_streams: 5-8 x rows as rows 0-3 and then the rest against the same weight rows. */
+static void bz_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    const float *xf = (const float *)x;
+    if (mt <= 4) {
+        bz_streams4(nr, mt, rows, K, xf, res);
+        return;
+    }
+    float lo[2 * 4], hi[2 * 4];
+    bz_streams4(nr, 4, rows, K, xf, lo);
+    bz_streams4(nr, mt - 4, rows, K, xf + 4 * K, hi);
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < mt; ++m) res[r * mt + m] = m < 4 ? lo[r * 4 + m] : hi[r * (mt - 4) + m - 4];
+}
+#endif
+
+/* dst[(n − n0)·K + j] = the bf16 bits of row n, column j, for n0 ≤ n < n0 + nr. */
+void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, uint16_t *dst) {
+    const int64_t rb = blz_bz_row_bytes(K);
+    for (int64_t n = n0; n < n0 + nr; ++n) {
+        const uint8_t *row = w + n * rb;
+        uint16_t *out = dst + (n - n0) * K;
+#ifdef BLZ_AVX512
+        const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)row));
+        const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(row + 16)));
+        const uint16_t *esc = (const uint16_t *)(row + 32);
+        const uint8_t *b = row + 32 + 4 * blz_bz_cap(K);
+        for (int64_t k = 0; k < K; k += 64, b += 96) {
+            __m512 f[4];
+            bz_block(b, thi, tlo, f);
+            if (esc[0] < k + 64) bz_patch(&esc, k, f);
+            for (int i = 0; i < 4; ++i)
+                _mm256_storeu_si256((__m256i *)(out + k + 16 * i),
+                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f[i]), 16)));
+        }
+#else
+        for (int64_t j = 0; j < K; ++j) out[j] = bz_weight(row, K, j);
+#endif
+    }
+}
+
+/* x [M, K] fp32, w [N] rows of blz_bz_row_bytes(K): blz_linear_bf16's result (bit for bit) on the decoded weight. */
+int blz_linear_bf16z(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+                     const float *residual, float *out, int swiglu, int nthreads) {
+    if (M < 0 || N < 0 || K <= 0 || K % 64 || K >= 65536 || (swiglu && (N % 2 || residual))) return BLZ_EINVAL;
+    if (M == 0 || N == 0) return BLZ_OK;
+    const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
+#ifdef BLZ_AVX512
+    if (M <= 8) {
+        blz_team_t team;
+        blz_team_init(&team, nt, swiglu ? N / 2 : N, blz_gemv_parts(BLZ_TUNE_STREAMS_F, (int)M, swiglu));
+#pragma omp parallel num_threads(nt)
+        blz_gemv_streams(bz_streams, w, NULL, blz_bz_row_bytes(K), K, x, (int)M, N, bias, residual, out, swiglu, &team);
+        return BLZ_OK;
+    }
+    return blz_panel_gemm(w, NULL, BLZ_PANEL_BF16Z, x, M, K, N, bias, residual, out, swiglu, nt);
+#else
+    uint16_t *dec = blz_scratch_slot(1, (size_t)(N * K) * sizeof(uint16_t));
+    if (!dec) return BLZ_ENOMEM;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t n = 0; n < N; ++n) blz_bz_decode_rows(w, K, n, 1, dec + n * K);
+    return blz_linear_bf16(x, M, K, dec, N, bias, residual, out, swiglu, nthreads);
+#endif
+}
+
+/* Code the bf16 rows w [N, K] into out (N rows of blz_bz_row_bytes(K)): each row's table its 15 most frequent
+ * non-zero exponents (the lower first on ties) beside exponent 0. Returns the number of rows with more than
+ * cap − 1 escapes (0: out holds the weight; else the weight is not codable, out's contents unspecified), or
+ * BLZ_EINVAL for a K the layout cannot hold. */
+BLZ_EXPORT int64_t blz_pack_bf16z(const uint16_t *w, int64_t N, int64_t K, uint8_t *out, int nthreads) {
+    if (N < 0 || K <= 0 || K % 64 || K >= 65536) return BLZ_EINVAL;
+    const int64_t rb = blz_bz_row_bytes(K), cap = blz_bz_cap(K);
+    int64_t over = 0;
+#pragma omp parallel for schedule(static) reduction(+ : over) num_threads(blz_threads(nthreads, N * K, 1 << 20))
+    for (int64_t n = 0; n < N; ++n) {
+        const uint16_t *src = w + n * K;
+        uint8_t *row = out + n * rb;
+        int64_t hist[256] = {0};
+        for (int64_t j = 0; j < K; ++j) ++hist[(src[j] >> 7) & 0xff];
+        int code[256], tab[16] = {0};
+        for (int e = 0; e < 256; ++e) code[e] = -1;
+        code[0] = 0;
+        for (int c = 1; c < 16; ++c) {
+            int best = 0;
+            int64_t most = 0;
+            for (int e = 1; e < 256; ++e)
+                if (code[e] < 0 && hist[e] > most) best = e, most = hist[e];
+            if (!best) break; /* no other exponent in the row */
+            tab[c] = best;
+            code[best] = c;
+        }
+        for (int c = 0; c < 16; ++c) {
+            row[c] = (uint8_t)(tab[c] >> 1);
+            row[16 + c] = (uint8_t)((tab[c] & 1) << 7);
+        }
+        uint16_t *esc = (uint16_t *)(row + 32);
+        for (int64_t e = 0; e < 2 * cap; ++e) esc[e] = 0xFFFF;
+        int64_t ne = 0;
+        uint8_t *b = row + 32 + 4 * cap;
+        for (int64_t k = 0; k < K; k += 64, b += 96) {
+            memset(b + 64, 0, 32);
+            for (int j = 0; j < 64; ++j) {
+                const uint16_t h = src[k + j];
+                const int p = blz_bz_pos(j);
+                int c = code[(h >> 7) & 0xff];
+                uint8_t r = (uint8_t)(((h >> 8) & 0x80) | (h & 0x7f));
+                if (c < 0) { /* an escape: +0 here, its bits in the list */
+                    if (ne < cap - 1) {
+                        esc[2 * ne] = (uint16_t)(k + j);
+                        esc[2 * ne + 1] = h;
+                    }
+                    ++ne;
+                    c = 0;
+                    r = 0;
+                }
+                b[p] = r;
+                b[64 + p / 2] |= (uint8_t)(c << (4 * (p & 1)));
+            }
+        }
+        over += ne > cap - 1;
+    }
+    return over;
+}
