@@ -156,3 +156,41 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
             assert torch.equal(m.qweight.data, made[name]), name
         monkeypatch.undo()
         monkeypatch.setenv("BLAZR_QUANT_CACHE", str(cache))
+
+
+def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Mixtral's stacked experts under `--quantize bf16` are coded too (csrc/moe.c runs an expert's rows
+    through the linear kernels by weight code): the logits of the bf16 experts bit for bit, prefill and decode
+    steps, and the second load takes the coded stacks from the quantization cache."""
+    from blazr.model.moe import Experts
+    from tests.tiny import build
+
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
+    path = tmp_path / "mixtral"
+    build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
+          num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
+    batch = prompts([19, 7], seed=2, vocab=64)
+    plan = [[len(p) - 3] + [1] * 3 for p in batch]
+
+    def load() -> LLM:
+        llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize="bf16")
+        quant_cache.wait()
+        return llm
+
+    def experts(llm: LLM) -> list[Experts]:
+        return [m for m in llm.model.modules() if isinstance(m, Experts)]
+
+    monkeypatch.setenv("BLAZR_BF16Z", "0")
+    plain = load()
+    monkeypatch.delenv("BLAZR_BF16Z")
+    coded = load()
+    want = "bf16z" if "avx512" in ops.kernels().features else "bf16"
+    assert {e.w_up.kind for e in experts(coded)} == {e.w_down.kind for e in experts(coded)} == {want}
+    assert {e.w_up.kind for e in experts(plain)} == {"bf16"}
+    for a, b in zip(stepwise_logits(coded, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(bf16_coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+    again = load()
+    for a, b in zip(experts(again), experts(coded), strict=True):
+        assert a.w_up.kind == want and torch.equal(a.w_up.data, b.w_up.data)
+        assert torch.equal(a.w_down.data, b.w_down.data)

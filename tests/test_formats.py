@@ -40,7 +40,7 @@ def test_codes_equal_the_c_header() -> None:
     kv = {torch.float32: "BLZ_KV_F32", torch.bfloat16: "BLZ_KV_BF16", torch.float16: "BLZ_KV_F16"}
     assert {dtype: c[name] for dtype, name in kv.items()} == formats.ELEMENT_CODES
     # every weight-kind constant of the header is a format's (a C kind no table row names would be dead)
-    c_kinds = {name for name in c if re.fullmatch(r"BLZ_(Q\d_\w+|KMIX|MXFP4)", name)}
+    c_kinds = {name for name in c if re.fullmatch(r"BLZ_(Q\d_\w+|KMIX|MXFP4|BF16Z)", name)}
     assert c_kinds == {f.c_name for f in FORMATS if f.layout != "float"}
 
 
@@ -70,6 +70,7 @@ def test_derived_lists() -> None:
         "q6_kx",
         "mxfp4",
         "q5_0",
+        "bf16z",
         *want_floats,
     )
     want_ggml = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q5_0")}

@@ -227,7 +227,7 @@ def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: 
     it is."""
     kind = kquant_packed.packed_kind(qw, num_stacked)
     if kind is None:
-        return _coded(loader, entry, qw) if num_stacked == 1 else qw
+        return _coded(loader, entry, qw)
     cache = loader.cache
     if cache is not None and (cached := cache.get(entry, kind, qw.out_features, qw.in_features)) is not None:
         return cached
@@ -317,7 +317,11 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
             continue  # block kinds quantize blocks of 32
         else:
             kind = _ISQ_KIND[mode]
-            stacked = [_in_situ(loader, p, shape, kind, is_stacked=True) for p, shape in params]
+            stacked = [
+                _cached_coded(loader, p, (math.prod(shape[:-1]), shape[-1]), kind)
+                or _coded(loader, p, _in_situ(loader, p, shape, kind, is_stacked=True))
+                for p, shape in params
+            ]
         try:
             experts.set_stacked(*stacked)  # type: ignore[arg-type]
         except ValueError:  # an expert's rows straddle a row group: keep them float
