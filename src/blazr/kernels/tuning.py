@@ -44,8 +44,8 @@ from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.quant import QuantizedWeight
 
-FORMAT = 4  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
-# measured after streams_k; 4: + the K-quant layouts' choice, kpack_*)
+FORMAT = 5  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
+# measured after streams_k; 4: + the K-quant layouts' choice, kpack_*; 5: + streams_z)
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
 MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
@@ -77,6 +77,7 @@ KNOBS = (
     Knob("streams_k", (4, 2, 1), ("q4_k", "q6_k")),
     Knob("k1_zmm", (0, 1), ("q4_k", "q6_k")),
     Knob("streams_b32", (4, 2, 1), ("q5_0",)),
+    Knob("streams_z", (4, 2, 1), ("bf16z",)),  # coded bf16 (csrc/linear_bf16z.c): Zen 5 reads 1 stream best
 )
 
 
@@ -89,6 +90,12 @@ def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
 
     if kind in ("q4_k", "q5_k", "q6_k"):
         return random_kquant(kind, n, k, g)
+    if kind == "bf16z":
+        from blazr.kernels import bf16_coded
+
+        coded = bf16_coded.pack(_weight("bf16", n, k, g))
+        assert coded is not None  # uniform values: a few exponents a row
+        return coded
     if kind in FLOAT_KINDS:
         return quantize(torch.empty(n, k).uniform_(-0.05, 0.05, generator=g).to(FLOAT_KINDS[kind]), kind)
     if kind in (MXFP4, Q5_0):

@@ -51,6 +51,7 @@ int blz_tune[BLZ_TUNE_COUNT] = {
     [BLZ_TUNE_STREAMS_K] = BLZ_STREAMS,
     [BLZ_TUNE_K1_ZMM] = 0,
     [BLZ_TUNE_STREAMS_B32] = BLZ_STREAMS,
+    [BLZ_TUNE_STREAMS_Z] = 1,
 };
 
 /* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
@@ -64,6 +65,7 @@ BLZ_EXPORT int blz_set_tune(int knob, int value) {
         case BLZ_TUNE_STREAMS_Q8G:
         case BLZ_TUNE_STREAMS_K:
         case BLZ_TUNE_STREAMS_B32:
+        case BLZ_TUNE_STREAMS_Z:
             top = BLZ_STREAMS;
             low = 1;
             break;

@@ -191,7 +191,7 @@ int blz_linear_bf16z(const float *x, int64_t M, int64_t K, const uint8_t *w, int
 #ifdef BLZ_AVX512
     if (M <= 8) {
         blz_team_t team;
-        blz_team_init(&team, nt, swiglu ? N / 2 : N, blz_gemv_parts(BLZ_TUNE_STREAMS_F, (int)M, swiglu));
+        blz_team_init(&team, nt, swiglu ? N / 2 : N, blz_gemv_parts(BLZ_TUNE_STREAMS_Z, (int)M, swiglu));
 #pragma omp parallel num_threads(nt)
         blz_gemv_streams(bz_streams, w, NULL, blz_bz_row_bytes(K), K, x, (int)M, N, bias, residual, out, swiglu, &team);
         return BLZ_OK;
