@@ -62,7 +62,15 @@ _ROW_CODES = {f.kind: f.row_code for f in FORMATS if f.row_code is not None}  # 
 
 
 # csrc's BLZ_TUNE_* knobs (blazr_kernels.h): the variants kernels/tuning.py picks per host
-TUNE_KNOBS = {"streams_f": 0, "streams_q": 1, "streams_q8g": 2, "streams_k": 3, "k1_zmm": 4, "streams_b32": 5, "streams_z": 6}
+TUNE_KNOBS = {
+    "streams_f": 0,
+    "streams_q": 1,
+    "streams_q8g": 2,
+    "streams_k": 3,
+    "k1_zmm": 4,
+    "streams_b32": 5,
+    "streams_z": 6,
+}
 
 
 class Kernels(
