@@ -48,14 +48,9 @@ def declare_weight_calls(lib: ctypes.CDLL) -> None:
     lib.blz_gather_rows.restype = ctypes.c_int
     lib.blz_pack_kx.argtypes = lib.blz_pack_blocks.argtypes
     lib.blz_pack_kx.restype = ctypes.c_int
-    lib.blz_pack_bf16z.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_int,
-    ]
-    lib.blz_pack_bf16z.restype = ctypes.c_int64
+    lib.blz_pack_coded.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                   ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+    lib.blz_pack_coded.restype = ctypes.c_int64
 
 
 def _rows_out(op: str, kind: str, rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
@@ -131,21 +126,26 @@ class WeightFormatBindings:
         _check(rc, "pack_kx")
         return out
 
-    def pack_bf16z(self, w: torch.Tensor) -> torch.Tensor | None:
-        """A bf16 weight [N, K] (CPU) with its exponents coded (kernels/bf16_coded.py, csrc/linear_bf16z.c
-        `blz_pack_bf16z`) → uint8 [N, row_bytes(K)], `pack_reference`'s bytes; None when a row has more
-        rare exponents than its escape slots hold."""
-        from blazr.kernels.bf16_coded import codable_shape
-        from blazr.kernels.bf16_coded import row_bytes as coded_row_bytes
+    def pack_coded(self, w: torch.Tensor) -> torch.Tensor | None:
+        """A bf16 or f32 weight [N, K] (CPU) with its exponents coded (kernels/coded.py, csrc/linear_coded.c
+        `blz_pack_coded`) → uint8 [N, row_bytes(K)], `pack_reference`'s bytes; None when a row has more rare
+        exponents than its escape slots hold."""
+        from blazr.kernels.coded import codable_shape
+        from blazr.kernels.coded import row_bytes as coded_row_bytes
 
-        if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_cpu or not codable_shape(w.shape[1]):
-            raise ValueError(f"pack_bf16z: a CPU bf16 weight [N, K], K a multiple of 64 below 65536 "
+        if (
+            w.dtype not in (torch.bfloat16, _F32)
+            or w.dim() != 2
+            or not w.is_cpu
+            or not codable_shape(w.shape[1])
+        ):
+            raise ValueError(f"pack_coded: a CPU bf16 / f32 weight [N, K], K a multiple of 64 below 65536 "
                              f"expected; found {w.dtype} {list(w.shape)}")  # fmt: skip
-        w = w.contiguous()
+        w, f32 = w.contiguous(), int(w.dtype == _F32)
         n, k = w.shape
-        out = empty_huge(n, coded_row_bytes(k), dtype=torch.uint8)
-        over = self.lib.blz_pack_bf16z(w.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
-        _check(min(int(over), 0), "pack_bf16z")
+        out = empty_huge(n, coded_row_bytes(k, "f32z" if f32 else "bf16z"), dtype=torch.uint8)
+        over = self.lib.blz_pack_coded(w.data_ptr(), n, k, f32, out.data_ptr(), torch.get_num_threads())
+        _check(min(int(over), 0), "pack_coded")
         return out if over == 0 else None
 
     def gather_rows(self, rows: torch.Tensor, row_bytes: int) -> torch.Tensor:

@@ -11,8 +11,8 @@ Layouts: `packed` — ggml's 32-weight blocks re-laid in 16-row groups for the k
 kernels/kquant_packed.py): the stored kinds' values and bits, vpdpbusd across rows at every row count;
 `mixed` — a fused weight of row segments of different `ggml` kinds with one K (a 64-byte segment table, then
 each part);
-`coded` — bf16 weights with their exponents coded in 4 bits, lossless (csrc/linear_bf16z.c,
-kernels/bf16_coded.py): rows of 32 bytes of tables, a few escapes, 96 bytes per 64 weights;
+`coded` — bf16 / f32 weights with their exponents coded in 4 bits, lossless (csrc/linear_coded.c,
+kernels/coded.py): rows of 32 bytes of tables, a few escapes, 96 (f32: 224) bytes per 64 weights;
 `float` — a torch tensor of the dtype.
 """
 
@@ -74,6 +74,7 @@ FORMATS: tuple[WeightFormat, ...] = (
     WeightFormat("mxfp4", "ggml", 32, 17, 10, OP_LINEAR_Q, ggml="MXFP4", as_stored=True),
     WeightFormat("q5_0", "ggml", 32, 22, 11, OP_LINEAR_Q, row_code=11, ggml="Q5_0", as_stored=True),
     WeightFormat("bf16z", "coded", 64, 96, 15, OP_LINEAR_Q),
+    WeightFormat("f32z", "coded", 64, 224, 16, OP_LINEAR_Q),
     WeightFormat("bf16", "float", 1, 2, 0, OP_LINEAR_BF16, row_code=8, ggml="BF16", as_stored=True,
                  dtype=torch.bfloat16),
     WeightFormat("f16", "float", 1, 2, 0, OP_LINEAR_F16, row_code=7, ggml="F16", as_stored=True,

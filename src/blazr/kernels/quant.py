@@ -74,7 +74,9 @@ KX_KINDS = kinds("kpacked")  # q4_kx, q5_kx, q6_kx: K-quants in 16-row groups (k
 Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
 MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_b32.c)
 Q5_0 = "q5_0"  # GGUF Q5_0 in ggml's own layout, run as stored (csrc/linear_b32.c)
-BF16Z = "bf16z"  # bf16 with its exponents coded in 4 bits, lossless (kernels/bf16_coded.py)
+CODED_KINDS = kinds(
+    "coded"
+)  # bf16z, f32z: bf16 / f32 with their exponents coded, lossless (kernels/coded.py)
 # 32-weight block kinds kept in ggml's own row layout, [N, K/32 · block_bytes] (no repack)
 GGML_BLOCK_KINDS = (Q8_0G, MXFP4, Q5_0)
 # A fused weight whose parts (row segments) are of different kinds run as stored, of one K — llama.cpp's
@@ -102,12 +104,12 @@ def row_bytes(kind: str, dim: int) -> int:
     """Bytes of one [dim] row of `kind` in ggml's layout (ValueError when dim does not split into blocks)."""
     if kind in FLOAT_KINDS:
         return dim * FLOAT_KINDS[kind].itemsize
-    if kind == BF16Z:
-        from blazr.kernels import bf16_coded  # here: it imports this module
+    if kind in CODED_KINDS:
+        from blazr.kernels import coded  # here: it imports this module
 
-        if not bf16_coded.codable_shape(dim):
-            raise ValueError(f"bf16z rows of {dim} values: not a multiple of 64 below 65536")
-        return bf16_coded.row_bytes(dim)
+        if not coded.codable_shape(dim):
+            raise ValueError(f"{kind} rows of {dim} values: not a multiple of 64 below 65536")
+        return coded.row_bytes(dim, kind)
     if kind in GGML_BLOCK_KINDS:
         qk, bs = QK, BY_KIND[kind].block_bytes
     else:
@@ -162,8 +164,8 @@ class QuantizedWeight:
                                  f"out_features of {ROW_GROUP}")  # fmt: skip
             size = ROW_GROUP * k // QK_K * BY_KIND[self.kind].block_bytes
             want, dtype = (n // ROW_GROUP, size), torch.uint8
-        elif self.kind == BF16Z:  # bf16 with coded exponents (kernels/bf16_coded.py)
-            want, dtype = (n, row_bytes(BF16Z, k)), torch.uint8
+        elif self.kind in CODED_KINDS:
+            want, dtype = (n, row_bytes(self.kind, k)), torch.uint8
         elif self.kind in FLOAT_KINDS:
             want, dtype = (n, k), FLOAT_KINDS[self.kind]
         else:
@@ -476,10 +478,10 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
         return dequantize(QuantizedWeight(BASE_OF[qw.kind], qw.ggml_blocks(), n, k))
     if qw.is_kquant:
         return kquant_fields.dequantize(qw)
-    if qw.kind == BF16Z:
-        from blazr.kernels import bf16_coded
+    if qw.kind in CODED_KINDS:
+        from blazr.kernels import coded
 
-        return bf16_coded.unpack(qw.data, qw.out_features, qw.in_features).float()
+        return coded.unpack(qw.kind, qw.data, qw.out_features, qw.in_features).float()
     if qw.kind == MXFP4:
         return mxfp4.dequantize_blocks(qw.data).reshape(qw.out_features, qw.in_features)
     if qw.kind == Q5_0:

@@ -77,7 +77,7 @@ KNOBS = (
     Knob("streams_k", (4, 2, 1), ("q4_k", "q6_k")),
     Knob("k1_zmm", (0, 1), ("q4_k", "q6_k")),
     Knob("streams_b32", (4, 2, 1), ("q5_0",)),
-    Knob("streams_z", (4, 2, 1), ("bf16z",)),  # coded bf16 (csrc/linear_bf16z.c): Zen 5 reads 1 stream best
+    Knob("streams_z", (4, 2, 1), ("bf16z",)),  # coded bf16 (csrc/linear_coded.c): Zen 5 reads 1 stream best
 )
 
 
@@ -91,11 +91,11 @@ def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
     if kind in ("q4_k", "q5_k", "q6_k"):
         return random_kquant(kind, n, k, g)
     if kind == "bf16z":
-        from blazr.kernels import bf16_coded
+        from blazr.kernels import coded
 
-        coded = bf16_coded.pack(_weight("bf16", n, k, g))
-        assert coded is not None  # uniform values: a few exponents a row
-        return coded
+        packed = coded.pack(_weight("bf16", n, k, g))
+        assert packed is not None  # uniform values: a few exponents a row
+        return packed
     if kind in FLOAT_KINDS:
         return quantize(torch.empty(n, k).uniform_(-0.05, 0.05, generator=g).to(FLOAT_KINDS[kind]), kind)
     if kind in (MXFP4, Q5_0):

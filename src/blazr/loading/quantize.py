@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from blazr.errors import UnsupportedError
-from blazr.kernels import bf16_coded, kquant_packed
+from blazr.kernels import coded, kquant_packed
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
@@ -159,7 +159,7 @@ def quantize_from_file(
                 continue
             qw = _relaid(
                 loader, pname, qw
-            )  # K-quants in 16-row groups, bf16 coded, where the kernels take them
+            )  # K-quants in 16-row groups, BF16 coded, where the kernels take them
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:
@@ -168,9 +168,9 @@ def quantize_from_file(
                 continue
             if linear is None and (shared := _table_as_head(model, kind)) is not None:
                 qw = shared
-            elif linear is not None and (coded := _cached_coded(loader, f"{name}.weight", shape, kind)):
+            elif linear is not None and (cached := _cached_coded(loader, f"{name}.weight", shape, kind)):
                 loader.consume(pname, shape, is_copied=False)
-                qw = coded
+                qw = cached
             elif linear is None and not isinstance(model.embed_tokens, QuantizedEmbedding):
                 # the table itself is needed float: load it now, quantize a copy
                 weight = loader.parameter(pname, shape)
@@ -223,7 +223,7 @@ def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: 
     """A GGUF's weight `qw` as the CPU kernels run it: a K-quant whose kind this host packs re-laid in 16-row
     groups (kernels/kquant_packed.py `packed_kind`) — the quantization cache's copy where an earlier load of
     the file made it (the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57), else
-    packed here and handed to the cache under `entry` —; a BF16 linear coded (`_coded`); any other weight as
+    packed here and handed to the cache under `entry` —; a BF16 weight coded (`_coded`); any other weight as
     it is."""
     kind = kquant_packed.packed_kind(qw, num_stacked)
     if kind is None:
@@ -240,30 +240,30 @@ def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: 
 def _cached_coded(
     loader: WeightLoader, entry: str, shape: tuple[int, ...], kind: str
 ) -> QuantizedWeight | None:
-    """The quantization cache's coded bf16 copy of linear `entry` [N, K] when `kind` is bf16 and this host
-    codes it (so neither the checkpoint's rows nor a bf16 copy are read), else None."""
+    """The quantization cache's coded copy of weight `entry` [N, K] of `kind` where this host codes it (so
+    neither the checkpoint's rows nor a bf16 copy are read), else None."""
     n, k = shape
-    if kind != "bf16" or loader.cache is None or not bf16_coded.wanted() or not bf16_coded.worth(k):
+    if loader.cache is None or not coded.wanted(kind, k):
         return None
-    return loader.cache.get(entry, bf16_coded.KIND, n, k)
+    return loader.cache.get(entry, coded.KIND_OF[kind], n, k)
 
 
 def _coded(loader: WeightLoader, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
-    """A bf16 linear weight with its exponents coded where this host's kernels decode them (kernels/
-    bf16_coded.py: every bit kept, 0.77× the bytes a decode step reads) — the quantization cache's copy, else
-    coded here and handed to it under `entry` —; any other weight, or one with rows of too many rare
-    exponents, as it is."""
-    if qw.kind != "bf16" or not bf16_coded.wanted() or not bf16_coded.worth(qw.in_features):
+    """A bf16 / f32 weight with its exponents coded where this host's kernels decode it (kernels/coded.py:
+    every bit kept, 0.77× / 0.88× the bytes a decode step reads) — the quantization cache's copy, else coded
+    here and handed to it under `entry` —; any other weight, or one with rows of too many rare exponents, as
+    it is."""
+    if not coded.wanted(qw.kind, qw.in_features):
         return qw
-    n, k, cache = qw.out_features, qw.in_features, loader.cache
-    if cache is not None and (cached := cache.get(entry, bf16_coded.KIND, n, k)) is not None:
+    cached = _cached_coded(loader, entry, (qw.out_features, qw.in_features), qw.kind)
+    if cached is not None:
         return cached
-    coded = bf16_coded.pack(qw)
-    if coded is None:
+    made = coded.pack(qw)
+    if made is None:
         return qw
-    if cache is not None:
-        cache.put(entry, coded)
-    return coded
+    if loader.cache is not None:
+        loader.cache.put(entry, made)
+    return made
 
 
 def _read_dtype(loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str) -> torch.dtype | None:
@@ -477,11 +477,14 @@ def kernel_prefill_f32() -> bool:
 
 def wrap_float_linears(model: CausalLM) -> int:
     """Put the float32 target linears left after `quantize_from_file` on the C kernels: each becomes a
-    QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy). A decode-only forward streams
-    the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18
-    GB/s against torch's 10–13). Prefill runs the kernel too where its many-row path is gemm_float.c's panel
-    GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is that same tensor, and prefill keeps
-    torch's GEMM. A tied lm_head wraps the embedding table itself. Returns how many layers were wrapped."""
+    QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy) — or, where its prefill runs the
+    kernel's panel GEMM and the host decodes coded weights, the tensor coded (f32z, kernels/coded.py: every
+    bit in 7/8 of the bytes a decode step reads, made at each load; a tied head keeps the table itself). A
+    decode-only forward streams the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one
+    row, cold weights: 15–18 GB/s against torch's 10–13). Prefill runs the kernel too where its many-row path
+    is gemm_float.c's panel GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is that same tensor,
+    and prefill keeps torch's GEMM. A tied lm_head wraps the embedding table itself. Returns how many layers
+    were wrapped."""
     wrapped, on_panel = 0, kernel_prefill_f32()
     for name, linear in _targets(model):  # after quantize_from_file: the float linears it left
         weight = model.embed_tokens.weight if linear is None else linear.weight
@@ -490,6 +493,8 @@ def wrap_float_linears(model: CausalLM) -> int:
         qw = quantize(weight.detach(), "f32")  # a view of the same storage
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
+        if linear is not None and on_panel and coded.wanted("f32", qw.in_features):
+            qw = coded.pack(qw) or qw  # 7/8 of the bytes, the same bits (prefill: the panel on decoded rows)
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
     return wrapped

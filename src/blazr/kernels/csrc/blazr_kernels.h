@@ -63,15 +63,17 @@ enum { BLZ_Q5_0 = 11 };
  * so that one-row calls run vpdpbusd across rows. */
 enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13, BLZ_Q5_KX = 14 };
 BLZ_INLINE int blz_is_kx(int kind) { return kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX; }
-/* bf16 weights with their exponents coded in 4 bits (linear_bf16z.c): the bf16 bits, in 3/4 of the bytes. A row
- * of K (a multiple of 64 below 65536): 32 bytes of exponent tables, cap escapes of 4 bytes, K/64 blocks of 96;
- * column j of a block at position blz_bz_pos(j). */
-enum { BLZ_BF16Z = 15 };
+/* bf16 weights with their exponents coded in 4 bits (linear_coded.c): the bf16 bits, in 3/4 of the bytes; f32
+ * weights likewise (their top 16 bits coded, the low 16 kept: 7/8 of the bytes). A row of K (a multiple of 64
+ * below 65536): 32 bytes of exponent tables, cap escapes of 4 bytes, K/64 blocks of 96 (f32z: 224); column j
+ * of a block at position blz_bz_pos(j). BLZ_F32Z is past 15: not a code of blz_linear_by_code's weight codes
+ * (op · 16 + kind), as its weights are never experts or MLA heads. */
+enum { BLZ_BF16Z = 15, BLZ_F32Z = 16 };
 BLZ_INLINE int64_t blz_bz_cap(int64_t K) { /* escapes a row: K/128, at least 8, a multiple of 8 (32-byte rows) */
     const int64_t c = K / 128 > 8 ? K / 128 : 8;
     return (c + 7) / 8 * 8;
 }
-BLZ_INLINE int64_t blz_bz_row_bytes(int64_t K) { return 32 + 4 * blz_bz_cap(K) + K / 64 * 96; }
+BLZ_INLINE int64_t blz_bz_row_bytes(int64_t K, int f32) { return 32 + 4 * blz_bz_cap(K) + K / 64 * (f32 ? 224 : 96); }
 BLZ_INLINE int blz_bz_pos(int j) { return 16 * ((j % 16) / 4) + 8 * (j / 32) + 2 * (j % 4) + (j / 16) % 2; }
 #define BLZ_QK 32
 /* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
@@ -125,7 +127,7 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
  * given) of kind wk on fp32 FMAs, out [M, N] as the blz_linear_* calls (x as given: 16-bit weights widened exactly);
  * nt threads. Each output one sequential fp32 sum over k, whatever M. */
 enum { BLZ_PANEL_F16 = BLZ_KV_F16, BLZ_PANEL_BF16 = BLZ_KV_BF16, BLZ_PANEL_F32 = BLZ_KV_F32 }; /* widened by blz_kv_load* */
-enum { BLZ_PANEL_BF16Z = 3 }; /* BLZ_BF16Z rows, decoded 16 rows at a time to bf16 (blz_bz_decode_rows) */
+enum { BLZ_PANEL_BF16Z = 3, BLZ_PANEL_F32Z = 4 }; /* coded rows, decoded 16 at a time (blz_bz_decode_rows) */
 /* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 4 x rows (row m at x + m·K elements) →
  * res[r·mt + m], each pair by the operations it takes alone. */
 typedef void (*blz_rows_fn)(int nr, int mt, const void *const *rows, int64_t K, const void *x, float *res);
@@ -244,9 +246,9 @@ int blz_linear_b32(int kind, const float *x, int64_t M, int64_t K, const uint8_t
                    const float *bias, const float *residual, float *out, int swiglu, int nthreads);
 int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                    const float *residual, float *out, int swiglu, int nthreads);
-int blz_linear_bf16z(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
+int blz_linear_coded(int f32, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                      const float *residual, float *out, int swiglu, int nthreads);
-void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, uint16_t *dst);
+void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, void *dst, int f32);
 int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                   const float *residual, float *out, int swiglu, int nthreads);
 
@@ -422,7 +424,7 @@ enum {
     BLZ_TUNE_STREAMS_K = 3,
     BLZ_TUNE_K1_ZMM = 4, /* K-quant one-row dots in 512-bit registers (1; AVX-512 builds) or 256-bit (0) */
     BLZ_TUNE_STREAMS_B32 = 5, /* weight streams of the 32-block kinds' one-row walk (linear_b32.c: q5_0, mxfp4) */
-    BLZ_TUNE_STREAMS_Z = 6,   /* weight streams of the coded bf16 decode (linear_bf16z.c; Zen 5: 1) */
+    BLZ_TUNE_STREAMS_Z = 6,   /* weight streams of the coded bf16 decode (linear_coded.c; Zen 5: 1) */
     BLZ_TUNE_COUNT
 };
 extern int blz_tune[BLZ_TUNE_COUNT];

@@ -392,7 +392,7 @@ static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const flo
 int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float *x, int64_t M, int64_t K, int64_t N,
                    const float *bias, const float *residual, float *out, int swiglu, int nt) {
 #ifdef BLZ_AVX512
-    if (M >= LANES_MIN && M <= LANES_M && wk != BLZ_PANEL_BF16Z) return lanes_gemm(w, tab, wk, x, M, K, N, bias, residual, out, swiglu, nt);
+    if (M >= LANES_MIN && M <= LANES_M && wk != BLZ_PANEL_BF16Z && wk != BLZ_PANEL_F32Z) return lanes_gemm(w, tab, wk, x, M, K, N, bias, residual, out, swiglu, nt);
 #endif
     const int64_t nout = swiglu ? N / 2 : N, nblocks = (nout + PANEL_NR - 1) / PANEL_NR;
     const int64_t Mp = blz_round_up(M, PANEL_MR);
@@ -418,17 +418,19 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
                 if (!panel) continue;
                 const int64_t n0 = b * PANEL_NR;
                 const int nr = (int)blz_min(PANEL_NR, nout - n0);
-                if (wk == BLZ_PANEL_BF16Z) { /* this block's rows (and up rows) decoded to bf16 */
-                    uint16_t *dec = blz_scratch_slot(3, (size_t)(2 * PANEL_NR * K) * sizeof(uint16_t));
+                if (wk == BLZ_PANEL_BF16Z || wk == BLZ_PANEL_F32Z) { /* the block's rows (and up rows) decoded */
+                    const int f32 = wk == BLZ_PANEL_F32Z, dk = f32 ? BLZ_PANEL_F32 : BLZ_PANEL_BF16;
+                    const int64_t es = blz_kv_elem_bytes(dk);
+                    uint8_t *dec = blz_scratch_slot(3, (size_t)(2 * PANEL_NR * K * es));
                     if (!dec) {
 #pragma omp atomic write
                         failed = 1;
                         continue;
                     }
-                    blz_bz_decode_rows(w, K, n0, nr, dec);
-                    if (swiglu) blz_bz_decode_rows(w, K, n0 + nout, nr, dec + nr * K);
-                    panel_block(dec, NULL, BLZ_PANEL_BF16, 0, nr, K, xp, M, Mp, m0, m1, panel, c);
-                    if (swiglu) panel_block(dec, NULL, BLZ_PANEL_BF16, nr, nr, K, xp, M, Mp, m0, m1, panel, cu);
+                    blz_bz_decode_rows(w, K, n0, nr, dec, f32);
+                    if (swiglu) blz_bz_decode_rows(w, K, n0 + nout, nr, dec + nr * K * es, f32);
+                    panel_block(dec, NULL, dk, 0, nr, K, xp, M, Mp, m0, m1, panel, c);
+                    if (swiglu) panel_block(dec, NULL, dk, nr, nr, K, xp, M, Mp, m0, m1, panel, cu);
                 } else {
                     panel_block(w, tab, wk, n0, nr, K, xp, M, Mp, m0, m1, panel, c);
                     if (swiglu) panel_block(w, tab, wk, n0 + nout, nr, K, xp, M, Mp, m0, m1, panel, cu);

@@ -474,8 +474,8 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
         return blz_linear_k(kind, x, M, K, tab ? NULL : w, tab, N, bias, residual, out, swiglu, nthreads);
     if (blz_is_kx(kind) && !tab) /* K-quants in 16-row groups */
         return blz_linear_kx(kind, x, M, K, w, N, bias, residual, out, swiglu, nthreads);
-    if (kind == BLZ_BF16Z && !tab) /* bf16 with coded exponents: linear_bf16z.c */
-        return blz_linear_bf16z(x, M, K, w, N, bias, residual, out, swiglu, nthreads);
+    if ((kind == BLZ_BF16Z || kind == BLZ_F32Z) && !tab) /* bf16 / f32 with coded exponents: linear_coded.c */
+        return blz_linear_coded(kind == BLZ_F32Z, x, M, K, w, N, bias, residual, out, swiglu, nthreads);
     if (kind == BLZ_KMIX && !tab) /* a fused weight's segments of different kinds: linear_mix.c */
         return blz_linear_mix(x, M, K, w, N, bias, residual, out, swiglu, nthreads);
     if (kind == BLZ_Q8_0G) /* Q8_0 as a GGUF stores it: linear_q8.c */

@@ -1,4 +1,4 @@
-/* blazr kernels — bf16 weights with their exponents coded in 4 bits (kind BLZ_BF16Z): every bf16 bit kept, in
+/* blazr kernels — bf16 weights with their exponents coded in 4 bits (kind BLZ_BF16Z; f32 weights likewise, BLZ_F32Z): every bf16 bit kept, in
  * 3/4 of the bytes, so a decode step that reads its weights at the memory's rate reads them 1.3× faster.
  *
  * Why: a 16-bit decode step is a read of the weights. On a 2-vCPU Zen 5 both blazr's bf16 kernel and llama.cpp's
@@ -30,19 +30,32 @@
 
 #define BZ_PF 3072 /* prefetch distance of a row stream, in bytes (2048 weights, as the bf16 kernel's) */
 
-/* The bf16 bits of column j of the row at w (any build; the reference of the decode). */
-static uint16_t bz_weight(const uint8_t *w, int64_t K, int64_t j) {
+/* Bytes of one block: 64 of sign | mantissa, 32 of codes, and for f32z 128 of the low 16 bits. */
+BLZ_INLINE int64_t bz_block_bytes(const int f32) { return f32 ? 224 : 96; }
+
+/* The top 16 bits (bf16z: all 16) of column j of the row at w (any build; the reference of the decode). */
+static uint16_t bz_top(const uint8_t *w, int64_t K, int64_t j, const int f32) {
     const uint16_t *esc = (const uint16_t *)(w + 32);
     for (int64_t e = 0; e < blz_bz_cap(K) && esc[2 * e] != 0xFFFF; ++e)
         if (esc[2 * e] == j) return esc[2 * e + 1];
-    const uint8_t *b = w + 32 + 4 * blz_bz_cap(K) + j / 64 * 96;
+    const uint8_t *b = w + 32 + 4 * blz_bz_cap(K) + j / 64 * bz_block_bytes(f32);
     const int p = blz_bz_pos((int)(j % 64)), c = (b[64 + p / 2] >> (4 * (p & 1))) & 15, r = b[p];
     return (uint16_t)(((r & 0x80) | w[c]) << 8 | (r & 0x7f) | w[16 + c]);
 }
 
+/* f32z: the low 16 bits of column j (dword d of chunk h holds columns 32h + d and 32h + 16 + d). */
+static uint16_t bz_low(const uint8_t *w, int64_t K, int64_t j) {
+    const uint8_t *b = w + 32 + 4 * blz_bz_cap(K) + j / 64 * 224 + 96;
+    const int c = (int)(j % 64), h = c / 32, d = c % 16, hi = (c % 32) / 16;
+    uint16_t v;
+    memcpy(&v, b + 64 * h + 4 * d + 2 * hi, 2);
+    return v;
+}
+
 #ifdef BLZ_AVX512
-/* One block's 64 weights as fp32: f[i] lane l = column 16·i + l (escapes not yet in place). */
-BLZ_INLINE void bz_block(const uint8_t *b, __m512i thi, __m512i tlo, __m512 f[4]) {
+/* One block's 64 weights as fp32: f[i] lane l = column 16·i + l (escapes not yet in place: their top 16 bits
+ * are 0). */
+BLZ_INLINE void bz_block(const uint8_t *b, __m512i thi, __m512i tlo, __m512 f[4], const int f32) {
     const __m512i r = _mm512_loadu_si512(b);
     const __m512i cw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64)));
     const __m512i c = _mm512_ternarylogic_epi32(cw, _mm512_slli_epi16(cw, 4), _mm512_set1_epi16(0x0f0f), 0xA8);
@@ -50,20 +63,27 @@ BLZ_INLINE void bz_block(const uint8_t *b, __m512i thi, __m512i tlo, __m512 f[4]
     const __m512i lo = _mm512_ternarylogic_epi32(r, _mm512_shuffle_epi8(tlo, c), _mm512_set1_epi8(0x7f), 0xEC);
     const __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
     const __m512i top = _mm512_set1_epi32((int)0xffff0000);
-    f[0] = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
-    f[1] = _mm512_castsi512_ps(_mm512_and_si512(w0, top));
-    f[2] = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
-    f[3] = _mm512_castsi512_ps(_mm512_and_si512(w1, top));
+    __m512i v[4] = {_mm512_slli_epi32(w0, 16), _mm512_and_si512(w0, top), _mm512_slli_epi32(w1, 16),
+                    _mm512_and_si512(w1, top)};
+    if (f32) /* the low 16 bits: v | (L & 0xffff), v | (L >> 16) */
+        for (int h = 0; h < 2; ++h) {
+            const __m512i L = _mm512_loadu_si512(b + 96 + 64 * h);
+            v[2 * h] = _mm512_ternarylogic_epi32(v[2 * h], L, _mm512_set1_epi32(0xffff), 0xF8);
+            v[2 * h + 1] = _mm512_or_si512(v[2 * h + 1], _mm512_srli_epi32(L, 16));
+        }
+    for (int i = 0; i < 4; ++i) f[i] = _mm512_castsi512_ps(v[i]);
 }
 
-/* The escapes of the block at column k put in their lanes (*esc: the row's next escape). Each register by a
- * constant index, so that f stays in registers. */
+/* The escapes of the block at column k put in their lanes (*esc: the row's next escape): their top 16 bits
+ * or-ed in. Each register by a constant index, so that f stays in registers. */
 BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
     for (const uint16_t *e = *esc; e[0] < k + 64; e += 2, *esc = e) {
         const int j = (int)(e[0] - k);
-        const __m512 v = _mm512_set1_ps(blz_bf16_to_fp32(e[1]));
-        for (int i = 0; i < 4; ++i)
-            f[i] = _mm512_mask_mov_ps(f[i], (__mmask16)((j >> 4) == i ? 1u << (j & 15) : 0u), v);
+        const __m512i v = _mm512_set1_epi32((int)((uint32_t)e[1] << 16));
+        for (int i = 0; i < 4; ++i) {
+            const __mmask16 mk = (__mmask16)((j >> 4) == i ? 1u << (j & 15) : 0u);
+            f[i] = _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(f[i]), mk, _mm512_castps_si512(f[i]), v));
+        }
     }
 }
 
@@ -73,14 +93,14 @@ BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
 #define BZ_STEP(patch)                                                                                     \
     do {                                                                                                   \
         _Pragma("GCC unroll 4") for (int r = 0; pf && r < nr; ++r) {                                       \
-            _mm_prefetch((const char *)(b[r] + BZ_PF), _MM_HINT_T1);                                       \
-            _mm_prefetch((const char *)(b[r] + BZ_PF + 64), _MM_HINT_T1);                                  \
+            for (int64_t l = 0; l < bz_block_bytes(f32); l += 64)                                          \
+                _mm_prefetch((const char *)(b[r] + BZ_PF + l), _MM_HINT_T1);                               \
         }                                                                                                  \
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {                                             \
             __m512 f[4];                                                                                   \
-            bz_block(b[r], thi[r], tlo[r], f);                                                             \
+            bz_block(b[r], thi[r], tlo[r], f, f32);                                                        \
             if (patch) bz_patch(&esc[r], k, f);                                                            \
-            b[r] += 96;                                                                                    \
+            b[r] += bz_block_bytes(f32);                                                                   \
             _Pragma("GCC unroll 4") for (int m = 0; m < nx; ++m) {                                         \
                 a[r][m][0] = _mm512_fmadd_ps(f[0], _mm512_loadu_ps(xr[m] + k), a[r][m][0]);                \
                 a[r][m][1] = _mm512_fmadd_ps(f[1], _mm512_loadu_ps(xr[m] + k + 16), a[r][m][1]);           \
@@ -91,10 +111,11 @@ BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
     } while (0)
 
 /* res[r·nx + m] = row w[r] · x row xr[m] for r < nr, m < nx (nr · nx ≤ 8; constants after inlining): the sums
- * of linear_16bit.c's half_rows_simd, in the same order. The blocks up to the rows' next escape run without a
- * test, then that block with its escapes put in place. */
+ * of linear_16bit.c's half_rows_simd (bf16z) or linear_float.c's f32_tile (f32z), in the same order — columns
+ * k..k+15 of each 32 into one accumulator, k+16..k+31 into the other — and their final sums. The blocks up to
+ * the rows' next escape run without a test, then that block with its escapes put in place. */
 BLZ_INLINE void bz_rows_simd(const int nr, const int nx, const uint8_t *const *w, int64_t K, const float *const *xr,
-                             float *res, const int pf) {
+                             float *res, const int pf, const int f32) {
     __m512 a[4][4][2];
     __m512i thi[4], tlo[4];
     const uint8_t *b[4];
@@ -118,18 +139,20 @@ BLZ_INLINE void bz_rows_simd(const int nr, const int nx, const uint8_t *const *w
 #pragma GCC unroll 4
     for (int r = 0; r < nr; ++r)
 #pragma GCC unroll 4
-        for (int m = 0; m < nx; ++m) res[r * nx + m] = blz_quarters512(a[r][m][0], a[r][m][1]);
+        for (int m = 0; m < nx; ++m)
+            res[r * nx + m] = f32 ? _mm512_reduce_add_ps(_mm512_add_ps(a[r][m][0], a[r][m][1]))
+                                  : blz_quarters512(a[r][m][0], a[r][m][1]);
 }
 
 /* nr rows × mt ≤ 4 x rows, as blz_gemv_streams makes them: (1..4, 1) or (1..2, 2..4), as linear_16bit.c. */
 BLZ_INLINE void bz_streams4(const int nr, const int mt, const void *const *rows, int64_t K, const float *xf,
-                            float *res) {
+                            float *res, const int f32) {
     const uint8_t *const *w = (const uint8_t *const *)rows;
     const float *xr[4] = {xf, xf + K, xf + 2 * K, xf + 3 * K};
-#define BZ_NR(NX)                                                  \
-    switch (nr) {                                                  \
-        case 1: bz_rows_simd(1, NX, w, K, xr, res, 1); return;      \
-        case 2: bz_rows_simd(2, NX, w, K, xr, res, 1); return;      \
+#define BZ_NR(NX)                                                     \
+    switch (nr) {                                                     \
+        case 1: bz_rows_simd(1, NX, w, K, xr, res, 1, f32); return;    \
+        case 2: bz_rows_simd(2, NX, w, K, xr, res, 1, f32); return;    \
     }
     switch (mt) {
         case 2: BZ_NR(2) break;
@@ -138,53 +161,75 @@ BLZ_INLINE void bz_streams4(const int nr, const int mt, const void *const *rows,
     }
 #undef BZ_NR
 #define BZ_ONE_X(NR, ...) bz_rows_simd(NR, 1, __VA_ARGS__)
-    BLZ_TILE_SWITCH(BZ_ONE_X, nr, w, K, xr, res, 1);
+    BLZ_TILE_SWITCH(BZ_ONE_X, nr, w, K, xr, res, 1, f32);
 #undef BZ_ONE_X
 }
 
 /* blz_rows_fn of blz_gemv_streams: 5-8 x rows as rows 0-3 and then the rest against the same weight rows. */
-static void bz_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+BLZ_INLINE void bz_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res,
+                           const int f32) {
     const float *xf = (const float *)x;
     if (mt <= 4) {
-        bz_streams4(nr, mt, rows, K, xf, res);
+        bz_streams4(nr, mt, rows, K, xf, res, f32);
         return;
     }
     float lo[2 * 4], hi[2 * 4];
-    bz_streams4(nr, 4, rows, K, xf, lo);
-    bz_streams4(nr, mt - 4, rows, K, xf + 4 * K, hi);
+    bz_streams4(nr, 4, rows, K, xf, lo, f32);
+    bz_streams4(nr, mt - 4, rows, K, xf + 4 * K, hi, f32);
     for (int r = 0; r < nr; ++r)
         for (int m = 0; m < mt; ++m) res[r * mt + m] = m < 4 ? lo[r * 4 + m] : hi[r * (mt - 4) + m - 4];
 }
+
+static void bf16z_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    bz_streams(nr, mt, rows, K, x, res, 0);
+}
+
+static void f32z_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    bz_streams(nr, mt, rows, K, x, res, 1);
+}
 #endif
 
-/* dst[(n − n0)·K + j] = the bf16 bits of row n, column j, for n0 ≤ n < n0 + nr. */
-void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, uint16_t *dst) {
-    const int64_t rb = blz_bz_row_bytes(K);
+/* Rows n0 .. n0 + nr − 1 decoded: dst[(n − n0)·K + j] = the weight of row n, column j — bf16 bits (uint16) for
+ * bf16z, fp32 (float) for f32z. */
+void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, void *dst, int f32) {
+    const int64_t rb = blz_bz_row_bytes(K, f32);
     for (int64_t n = n0; n < n0 + nr; ++n) {
         const uint8_t *row = w + n * rb;
-        uint16_t *out = dst + (n - n0) * K;
 #ifdef BLZ_AVX512
         const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)row));
         const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(row + 16)));
         const uint16_t *esc = (const uint16_t *)(row + 32);
         const uint8_t *b = row + 32 + 4 * blz_bz_cap(K);
-        for (int64_t k = 0; k < K; k += 64, b += 96) {
+        for (int64_t k = 0; k < K; k += 64, b += bz_block_bytes(f32)) {
             __m512 f[4];
-            bz_block(b, thi, tlo, f);
+            bz_block(b, thi, tlo, f, f32);
             if (esc[0] < k + 64) bz_patch(&esc, k, f);
             for (int i = 0; i < 4; ++i)
-                _mm256_storeu_si256((__m256i *)(out + k + 16 * i),
-                                    _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f[i]), 16)));
+                if (f32)
+                    _mm512_storeu_ps((float *)dst + (n - n0) * K + k + 16 * i, f[i]);
+                else
+                    _mm256_storeu_si256((__m256i *)((uint16_t *)dst + (n - n0) * K + k + 16 * i),
+                                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f[i]), 16)));
         }
 #else
-        for (int64_t j = 0; j < K; ++j) out[j] = bz_weight(row, K, j);
+        for (int64_t j = 0; j < K; ++j) {
+            const uint16_t t = bz_top(row, K, j, f32);
+            if (f32) {
+                const uint32_t bits = (uint32_t)t << 16 | bz_low(row, K, j);
+                memcpy((float *)dst + (n - n0) * K + j, &bits, 4);
+            } else {
+                ((uint16_t *)dst)[(n - n0) * K + j] = t;
+            }
+        }
 #endif
     }
 }
 
-/* x [M, K] fp32, w [N] rows of blz_bz_row_bytes(K): blz_linear_bf16's result (bit for bit) on the decoded weight. */
-int blz_linear_bf16z(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
-                     const float *residual, float *out, int swiglu, int nthreads) {
+/* x [M, K] fp32, w [N] coded rows of blz_bz_row_bytes(K, f32): the result of the stored kind's kernel (bit for
+ * bit) on the decoded weight — blz_linear_bf16's, or blz_linear_f32_gemm's with a prefill call's GEMM past 8
+ * rows. */
+int blz_linear_coded(const int f32, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                     const float *bias, const float *residual, float *out, int swiglu, int nthreads) {
     if (M < 0 || N < 0 || K <= 0 || K % 64 || K >= 65536 || (swiglu && (N % 2 || residual))) return BLZ_EINVAL;
     if (M == 0 || N == 0) return BLZ_OK;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
@@ -193,33 +238,40 @@ int blz_linear_bf16z(const float *x, int64_t M, int64_t K, const uint8_t *w, int
         blz_team_t team;
         blz_team_init(&team, nt, swiglu ? N / 2 : N, blz_gemv_parts(BLZ_TUNE_STREAMS_Z, (int)M, swiglu));
 #pragma omp parallel num_threads(nt)
-        blz_gemv_streams(bz_streams, w, NULL, blz_bz_row_bytes(K), K, x, (int)M, N, bias, residual, out, swiglu, &team);
+        blz_gemv_streams(f32 ? f32z_streams : bf16z_streams, w, NULL, blz_bz_row_bytes(K, f32), K, x, (int)M, N,
+                         bias, residual, out, swiglu, &team);
         return BLZ_OK;
     }
-    return blz_panel_gemm(w, NULL, BLZ_PANEL_BF16Z, x, M, K, N, bias, residual, out, swiglu, nt);
+    const int wk = f32 ? BLZ_PANEL_F32Z : BLZ_PANEL_BF16Z;
+    return blz_panel_gemm(w, NULL, wk, x, M, K, N, bias, residual, out, swiglu, nt);
 #else
-    uint16_t *dec = blz_scratch_slot(1, (size_t)(N * K) * sizeof(uint16_t));
+    const size_t esize = f32 ? sizeof(float) : sizeof(uint16_t);
+    uint8_t *dec = blz_scratch_slot(1, (size_t)(N * K) * esize);
     if (!dec) return BLZ_ENOMEM;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t n = 0; n < N; ++n) blz_bz_decode_rows(w, K, n, 1, dec + n * K);
-    return blz_linear_bf16(x, M, K, dec, N, bias, residual, out, swiglu, nthreads);
+    for (int64_t n = 0; n < N; ++n) blz_bz_decode_rows(w, K, n, 1, dec + (size_t)(n * K) * esize, f32);
+    if (f32)
+        return blz_linear_f32_gemm(x, M, K, (const float *)dec, N, bias, residual, out, swiglu, nthreads, M > 8);
+    return blz_linear_bf16(x, M, K, (const uint16_t *)dec, N, bias, residual, out, swiglu, nthreads);
 #endif
 }
 
-/* Code the bf16 rows w [N, K] into out (N rows of blz_bz_row_bytes(K)): each row's table its 15 most frequent
- * non-zero exponents (the lower first on ties) beside exponent 0. Returns the number of rows with more than
- * cap − 1 escapes (0: out holds the weight; else the weight is not codable, out's contents unspecified), or
- * BLZ_EINVAL for a K the layout cannot hold. */
-BLZ_EXPORT int64_t blz_pack_bf16z(const uint16_t *w, int64_t N, int64_t K, uint8_t *out, int nthreads) {
+/* Code the rows w [N, K] (bf16 bits, or f32 when `f32`: their top 16 bits coded, the low 16 kept) into out
+ * (N rows of blz_bz_row_bytes(K, f32)): each row's table its 15 most frequent non-zero exponents (the lower
+ * first on ties) beside exponent 0. Returns the number of rows with more than cap − 1 escapes (0: out holds
+ * the weight; else the weight is not codable, out's contents unspecified), or BLZ_EINVAL for a K the layout
+ * cannot hold. */
+BLZ_EXPORT int64_t blz_pack_coded(const void *w, int64_t N, int64_t K, int f32, uint8_t *out, int nthreads) {
     if (N < 0 || K <= 0 || K % 64 || K >= 65536) return BLZ_EINVAL;
-    const int64_t rb = blz_bz_row_bytes(K), cap = blz_bz_cap(K);
+    const int64_t rb = blz_bz_row_bytes(K, f32), cap = blz_bz_cap(K), bb = bz_block_bytes(f32);
     int64_t over = 0;
 #pragma omp parallel for schedule(static) reduction(+ : over) num_threads(blz_threads(nthreads, N * K, 1 << 20))
     for (int64_t n = 0; n < N; ++n) {
-        const uint16_t *src = w + n * K;
+        const uint16_t *s16 = (const uint16_t *)w + n * K;
+        const uint32_t *s32 = (const uint32_t *)w + n * K;
         uint8_t *row = out + n * rb;
         int64_t hist[256] = {0};
-        for (int64_t j = 0; j < K; ++j) ++hist[(src[j] >> 7) & 0xff];
+        for (int64_t j = 0; j < K; ++j) ++hist[((f32 ? s32[j] >> 16 : s16[j]) >> 7) & 0xff];
         int code[256], tab[16] = {0};
         for (int e = 0; e < 256; ++e) code[e] = -1;
         code[0] = 0;
@@ -240,14 +292,14 @@ BLZ_EXPORT int64_t blz_pack_bf16z(const uint16_t *w, int64_t N, int64_t K, uint8
         for (int64_t e = 0; e < 2 * cap; ++e) esc[e] = 0xFFFF;
         int64_t ne = 0;
         uint8_t *b = row + 32 + 4 * cap;
-        for (int64_t k = 0; k < K; k += 64, b += 96) {
+        for (int64_t k = 0; k < K; k += 64, b += bb) {
             memset(b + 64, 0, 32);
             for (int j = 0; j < 64; ++j) {
-                const uint16_t h = src[k + j];
+                const uint16_t h = f32 ? (uint16_t)(s32[k + j] >> 16) : s16[k + j];
                 const int p = blz_bz_pos(j);
                 int c = code[(h >> 7) & 0xff];
                 uint8_t r = (uint8_t)(((h >> 8) & 0x80) | (h & 0x7f));
-                if (c < 0) { /* an escape: +0 here, its bits in the list */
+                if (c < 0) { /* an escape: its top 16 bits 0 here, in the list */
                     if (ne < cap - 1) {
                         esc[2 * ne] = (uint16_t)(k + j);
                         esc[2 * ne + 1] = h;
@@ -258,6 +310,10 @@ BLZ_EXPORT int64_t blz_pack_bf16z(const uint16_t *w, int64_t N, int64_t K, uint8
                 }
                 b[p] = r;
                 b[64 + p / 2] |= (uint8_t)(c << (4 * (p & 1)));
+                if (f32) { /* the low 16 bits, dword d of chunk h: columns 32h + d (low), 32h + 16 + d (high) */
+                    const uint16_t low = (uint16_t)s32[k + j];
+                    memcpy(b + 96 + 64 * (j / 32) + 4 * (j % 16) + 2 * ((j % 32) / 16), &low, 2);
+                }
             }
         }
         over += ne > cap - 1;

@@ -1,0 +1,181 @@
+"""Float weights with their exponents coded in 4 bits (kinds bf16z and f32z): every bit of a bf16 weight in
+3/4 of the bytes, of an f32 weight in 7/8 — the layout, its torch references, and when the loader takes it.
+
+A float decode step is a read of the weights, at the memory's rate in blazr and in llama.cpp alike
+(benchmarks/NOTES.md §53, §55), so the one way to a faster step is fewer bytes. A trained (or random) weight
+row uses few of the 256 exponents: its 15 most frequent cover all but ~1e-4 of the row. So each weight's top
+16 bits (a bf16 weight's all) are stored as their sign and 7 mantissa bits (a byte) beside a 4-bit code of the
+exponent in a 16-entry table of the row, the rare others whole in a short list (the escapes); an f32 weight's
+low 16 bits follow as they are. Lossless: csrc/linear_coded.c, whose header gives the layout, decodes the bits
+as stored and gives the stored kind's kernel's bits on the same weight — linear_16bit.c's for bf16z,
+linear_float.c's for f32z — at every row count, on every build: the coding changes speed and size only.
+
+Bytes: data uint8 [N, row_bytes(K)], K a multiple of 64 below 65536. `pack_reference` / `unpack` code and
+decode in torch; `pack` in C (csrc/linear_coded.c `blz_pack_coded`, the same bytes). A weight with more than
+cap − 1 escapes in some row is not codable and stays as it is (`pack` returns None).
+
+The loader codes bf16 linears and MoE expert stacks (`--quantize bf16`, a GGUF's BF16 tensors) and float32
+linears (a float32 checkpoint, `auto` or `none`) where the library has its AVX-512 decode (elsewhere the
+kernel would decode the whole weight per call) and the rows are long enough to gain (`worth`), unless
+`BLAZR_CODED=0`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from blazr.kernels import ops
+from blazr.kernels.quant import QuantizedWeight
+
+KIND_OF = {"bf16": "bf16z", "f32": "f32z"}  # stored kind → coded kind
+BASE_OF = {coded: kind for kind, coded in KIND_OF.items()}
+BLOCK = (
+    64  # weights per block: 64 bytes of sign | mantissa, 32 of exponent codes (f32z: then 128 of low bits)
+)
+_TABLES = 32  # bytes of a row's exponent tables: hi (e >> 1) then lo ((e & 1) << 7), 16 codes each
+
+
+def cap(k: int) -> int:
+    """Escape slots of a row of k weights (at most cap − 1 used; csrc's blz_bz_cap)."""
+    return -(-max(8, k // 128) // 8) * 8
+
+
+def block_bytes(kind: str) -> int:
+    return 224 if kind == "f32z" else 96
+
+
+def row_bytes(k: int, kind: str = "bf16z") -> int:
+    """Bytes of one coded row of k weights."""
+    return _TABLES + 4 * cap(k) + k // BLOCK * block_bytes(kind)
+
+
+def codable_shape(k: int) -> bool:
+    """Whether rows of k weights fit the layout: k a multiple of 64 below 65536 (escapes' columns: uint16)."""
+    return k > 0 and k % BLOCK == 0 and k < 65536
+
+
+def worth(k: int, kind: str = "bf16z") -> bool:
+    """Whether the loader codes rows of k weights: a shape the layout holds, the coded row at most 0.85×
+    (bf16z) or 0.91× (f32z) of the stored bytes (a short row's tables and escape slots outweigh what its
+    codes save: bf16z 1.25× at 64, 0.81× at 512, 0.77× from 2048; f32z 0.91× at 512, 0.88× from 2048)."""
+    stored, share = (4, 0.91) if kind == "f32z" else (2, 0.85)
+    return codable_shape(k) and row_bytes(k, kind) <= share * stored * k
+
+
+def positions() -> torch.Tensor:
+    """int64 [64]: the byte position of column j of a block (csrc's blz_bz_pos)."""
+    j = torch.arange(BLOCK)
+    i, lane = j // 16, j % 16
+    return 16 * (lane // 4) + 8 * (i // 2) + 2 * (lane % 4) + i % 2
+
+
+def _low_slots() -> torch.Tensor:
+    """int64 [64]: where column j's low 16 bits lie in an f32z block's 64 uint16 after the codes (dword d of
+    chunk h: columns 32h + d, then 32h + 16 + d)."""
+    j = torch.arange(BLOCK)
+    return 32 * (j // 32) + 2 * (j % 16) + (j % 32) // 16
+
+
+def _check(w: torch.Tensor) -> None:
+    if w.dim() != 2 or w.dtype not in (torch.bfloat16, torch.float32) or not codable_shape(w.shape[1]):
+        raise ValueError(f"coded: a bf16 or f32 weight [N, K] with K a multiple of {BLOCK} below 65536 "
+                         f"expected, found {w.dtype} {list(w.shape)}")  # fmt: skip
+
+
+def _top_bits(w: torch.Tensor) -> torch.Tensor:
+    """int64 [N, K]: each weight's top 16 bits (a bf16 weight's all)."""
+    if w.dtype == torch.float32:
+        return (w.contiguous().view(torch.int32).to(torch.int64) >> 16) & 0xFFFF
+    return w.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def pack_reference(w: torch.Tensor) -> torch.Tensor | None:
+    """bf16 or f32 [N, K] → uint8 [N, row_bytes(K)] in torch (the C pack's bytes), or None when some row has
+    more than cap − 1 escapes."""
+    _check(w)
+    n, k = w.shape
+    kind = KIND_OF["f32" if w.dtype == torch.float32 else "bf16"]
+    bits = _top_bits(w)
+    exp = (bits >> 7) & 0xFF
+    hist = torch.zeros(n, 256, dtype=torch.int64).scatter_add_(1, exp, torch.ones_like(exp))
+    hist[:, 0] = 0
+    # the 15 most frequent non-zero exponents, the lower first on ties (a stable sort of −count)
+    order = torch.sort(-hist, dim=1, stable=True).indices[:, :15]
+    table = torch.zeros(n, 16, dtype=torch.int64)
+    table[:, 1:] = torch.where(hist.gather(1, order) > 0, order, 0)
+    code_of = torch.full((n, 256), -1, dtype=torch.int64)
+    code_of.scatter_(1, table[:, 1:].flip(1), torch.arange(15, 0, -1).expand(n, 15).contiguous())
+    code_of[:, 0] = 0  # exponent 0: code 0 (set last: unused table slots hold exponent 0 too)
+    code = code_of.gather(1, exp)
+    escaped = code < 0
+    c = cap(k)
+    if n and int(escaped.sum(1).max()) > c - 1:
+        return None
+    raw = torch.where(escaped, 0, ((bits >> 8) & 0x80) | (bits & 0x7F))
+    code = code.clamp(min=0)
+    nb, pos, bb = k // BLOCK, positions(), block_bytes(kind)
+    blocks = torch.zeros(n, nb, bb, dtype=torch.uint8)
+    blocks[..., pos] = raw.view(n, nb, BLOCK).to(torch.uint8)
+    nib = torch.zeros(n, nb, BLOCK, dtype=torch.int64)
+    nib[..., pos] = code.view(n, nb, BLOCK)
+    blocks[..., 64:96] = (nib[..., 0::2] | (nib[..., 1::2] << 4)).to(torch.uint8)
+    if kind == "f32z":
+        low = torch.zeros(n, nb, BLOCK, dtype=torch.int64)
+        low[..., _low_slots()] = (w.contiguous().view(torch.int32).to(torch.int64) & 0xFFFF).view(
+            n, nb, BLOCK
+        )
+        blocks[..., 96:] = low.to(torch.int32).to(torch.int16).view(torch.uint8).view(n, nb, 128)
+    esc = torch.full((n, c, 2), 0xFFFF, dtype=torch.int64)
+    rows, cols = escaped.nonzero(as_tuple=True)  # row-major: each row's columns ascending
+    slot = escaped.to(torch.int64).cumsum(1)[rows, cols] - 1
+    esc[rows, slot, 0], esc[rows, slot, 1] = cols, bits[rows, cols]
+    head = torch.cat([(table >> 1), (table & 1) << 7], dim=1).to(torch.uint8)  # [N, 32]
+    esc_bytes = esc.to(torch.int32).to(torch.int16).view(torch.uint8).reshape(n, 4 * c)  # uint16 pairs
+    return torch.cat([head, esc_bytes, blocks.reshape(n, nb * bb)], dim=1).contiguous()
+
+
+def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """A coded weight's bytes uint8 [N, row_bytes(K)] → its bf16 (bf16z) or f32 (f32z) [N, K], in torch."""
+    c, nb, bb = cap(k), k // BLOCK, block_bytes(kind)
+    if data.dtype != torch.uint8 or tuple(data.shape) != (n, row_bytes(k, kind)):
+        raise ValueError(f"{kind} data: expected uint8 [{n}, {row_bytes(k, kind)}], found {data.dtype} "
+                         f"{list(data.shape)}")  # fmt: skip
+    d = data.to(torch.int64)
+    hi, lo = d[:, :16], d[:, 16:32]
+    blocks = d[:, _TABLES + 4 * c :].reshape(n, nb, bb)
+    pos = positions()
+    raw = blocks[..., pos].reshape(n, k)
+    codes = (blocks[..., 64 + pos // 2] >> (4 * (pos % 2)) & 15).reshape(n, k)
+    top = ((raw & 0x80) | hi.gather(1, codes)) << 8 | (raw & 0x7F) | lo.gather(1, codes)
+    esc = (
+        data[:, _TABLES : _TABLES + 4 * c].contiguous().view(torch.int16).to(torch.int64).view(n, c, 2)
+        & 0xFFFF
+    )
+    rows, slots = (esc[..., 0] != 0xFFFF).nonzero(as_tuple=True)
+    top[rows, esc[rows, slots, 0]] = esc[rows, slots, 1]
+    if kind == "bf16z":
+        return top.to(torch.int32).to(torch.int16).view(torch.bfloat16)
+    low16 = data[:, _TABLES + 4 * c :].reshape(n, nb, bb)[..., 96:].contiguous().view(torch.int16)
+    low = (low16.to(torch.int64) & 0xFFFF)[..., _low_slots()].reshape(n, k)
+    return (top << 16 | low).to(torch.int64).to(torch.int32).view(torch.float32)
+
+
+def pack(qw: QuantizedWeight) -> QuantizedWeight | None:
+    """A bf16 or f32 weight coded (the C pack when the library is loaded, else `pack_reference`), or None when
+    it is not codable (its kind or shape, or a row of too many rare exponents)."""
+    if qw.kind not in KIND_OF or not codable_shape(qw.in_features):
+        return None
+    w, lib = qw.data, ops.kernels()
+    data = lib.pack_coded(w) if lib is not None and w.is_cpu else pack_reference(w)
+    return None if data is None else QuantizedWeight(KIND_OF[qw.kind], data, qw.out_features, qw.in_features)
+
+
+def wanted(kind: str, k: int) -> bool:
+    """Whether the loader codes a weight of `kind` (bf16, f32) and rows of k here: rows worth coding, where
+    the library has its AVX-512 decode, unless `BLAZR_CODED=0`."""
+    lib = ops.kernels()
+    if kind not in KIND_OF or lib is None or "avx512" not in lib.features:
+        return False
+    return os.environ.get("BLAZR_CODED") != "0" and worth(k, KIND_OF[kind])

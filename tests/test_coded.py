@@ -1,0 +1,243 @@
+"""Float weights with their exponents coded in 4 bits (kinds bf16z, f32z: kernels/coded.py,
+csrc/linear_coded.c).
+
+The coding is lossless: the C pack equals the torch reference byte for byte, decoding gives every bit back
+(zeros of both signs, subnormals, infinities, NaNs and the rare exponents kept as escapes included), and a row
+of more rare exponents than its escape slots is refused, not approximated. The kernel gives the stored kind's
+kernel's bits on the same weight — every row count (the decode streams up to 8 rows, the panel GEMM past
+them), bias, residual and SwiGLU epilogues, escapes anywhere in a block or a row — on every ISA build. The
+loader codes the bf16 linears and expert stacks of `--quantize bf16` and of a BF16 GGUF, and the float32
+linears of a float32 checkpoint, where the library decodes them: the logits bit for bit those of the stored
+weights, and a later load maps the coded bf16 weights from the quantization cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from blazr import LLM
+from blazr.kernels import coded, ops
+from blazr.kernels.quant import QuantizedWeight, dequantize
+from blazr.loading import quant_cache
+from blazr.loading.quantize import kernel_prefill_f32
+from blazr.model.qlinear import QuantizedLinear
+from tests.drive import full_logits, stepwise_logits
+from tests.hf_parity import prompts
+from tests.test_quantize import mapped_file, quantized_layers
+
+SPECIAL = [0.0, -0.0, 1e-40, -3e-39, float("inf"), float("-inf"), float("nan"), 3.0e38, 1e-30, -(2.0**-60)]
+DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def _weight(
+    n: int, k: int, seed: int, rare: bool = True, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """[n, k] ~ N(0, 0.02²); with `rare`, values no row table holds (escapes) at a row's first and last
+    column, two in one block, in a later block, and zeros, subnormals, infinities and a NaN among them."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    if rare:
+        w[0, 0], w[0, k - 1] = SPECIAL[0], SPECIAL[8]
+        w[1, 3:7] = torch.tensor(SPECIAL[2:6])
+        w[2, 5], w[2, 6], w[2, k // 2 + 1] = SPECIAL[6], SPECIAL[7], SPECIAL[9]
+        w[n - 1, 63] = SPECIAL[1]
+        cols = torch.linspace(0, k - 1, 8).long()  # eight exponents once each along a row, its ends included
+        w[3, cols] = torch.tensor([2.0 ** (-100 + i) for i in range(8)])
+    return w.to(dtype)
+
+
+def _bits(w: torch.Tensor) -> torch.Tensor:
+    return w.contiguous().view(torch.int16 if w.dtype == torch.bfloat16 else torch.int32)
+
+
+@pytest.mark.parametrize("base", ["bf16", "f32"])
+@pytest.mark.parametrize(("n", "k"), [(48, 64), (40, 128), (33, 960), (20, 2048)])
+def test_pack_keeps_every_bit(native: ops.Kernels, base: str, n: int, k: int) -> None:
+    w, kind = _weight(n, k, seed=k, dtype=DTYPES[base]), coded.KIND_OF[base]
+    want = coded.pack_reference(w)
+    assert want is not None and want.shape == (n, coded.row_bytes(k, kind))
+    assert torch.equal(native.pack_coded(w), want)
+    made = coded.pack(QuantizedWeight(base, w, n, k))
+    assert made is not None and made.kind == kind and torch.equal(made.data, want)
+    assert torch.equal(_bits(coded.unpack(kind, want, n, k)), _bits(w))  # NaN's bits too
+    assert bool((dequantize(made).nan_to_num() == w.float().nan_to_num()).all())
+    # a row's escapes are its weights of a non-zero exponent outside its table (read from the bytes)
+    escapes = want[:, 32 : 32 + 4 * coded.cap(k)].contiguous().view(torch.int16).view(n, -1, 2)
+    used = (escapes[..., 0] != -1).sum(1)
+    table = (want[:, :16].long() << 1) | (want[:, 16:32].long() >> 7)  # [N, 16] exponents
+    exp = (w.float().contiguous().view(torch.int32).long() >> 23) & 0xFF
+    outside = (exp != 0) & ~(exp.unsqueeze(-1) == table.unsqueeze(1)).any(-1)
+    assert torch.equal(used, outside.sum(1)) and (k < 960 or int(used[3]) > 0)  # short rows fit them all
+
+
+@pytest.mark.parametrize("base", ["bf16", "f32"])
+def test_a_row_of_too_many_rare_exponents_is_refused(native: ops.Kernels, base: str) -> None:
+    """Every exponent from 2⁻⁹⁰ to 2⁹⁰ in one row: more escapes than its slots hold — not codable."""
+    w = _weight(16, 256, seed=1, rare=False, dtype=DTYPES[base])
+    w[5] = torch.logspace(-90, 90, 256, base=2).to(w.dtype)
+    assert coded.pack_reference(w) is None and native.pack_coded(w) is None
+    assert coded.pack(QuantizedWeight(base, w, 16, 256)) is None
+    w[5, :] = w[4, :]  # the same weight with an ordinary row is codable
+    assert coded.pack(QuantizedWeight(base, w, 16, 256)) is not None
+
+
+def test_shapes_the_layout_cannot_hold() -> None:
+    assert not coded.codable_shape(96) and not coded.codable_shape(65536)
+    assert coded.codable_shape(64) and not coded.worth(64) and coded.worth(512)
+    assert not coded.worth(128, "f32z") and coded.worth(512, "f32z")
+    assert coded.pack(QuantizedWeight("bf16", _weight(4, 96, 0, rare=False), 4, 96)) is None
+    assert coded.pack(QuantizedWeight("q8_0", torch.zeros(1, 16 * 34, dtype=torch.uint8), 4, 32)) is None
+    with pytest.raises(ValueError, match="coded"):
+        coded.pack_reference(torch.zeros(4, 96, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="bf16z weight data"):
+        QuantizedWeight("bf16z", torch.zeros(4, 100, dtype=torch.uint8), 4, 128)
+
+
+# one row (streams of 1-4 rows), 2-4 rows (2 streams), 5-8 (two passes), the panel GEMM from 9
+@pytest.mark.parametrize("base", ["bf16", "f32"])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 14, 40])
+@pytest.mark.parametrize(("n", "k"), [(37, 512), (64, 2048)])
+def test_kernel_gives_the_stored_bits(lib: ops.Kernels, base: str, M: int, n: int, k: int) -> None:
+    """The stored kind's kernel's bits: bf16's at every row count; f32's decode tiles up to 8 rows and its
+    prefill GEMM past them (the coded kernel's prefill path)."""
+    g = torch.Generator().manual_seed(M * 7 + n)
+    w = _weight(n, k, seed=M, dtype=DTYPES[base]).nan_to_num(0.0, 0.0, 0.0)  # outputs compare as numbers
+    stored = QuantizedWeight(base, w, n, k)
+    made = coded.pack(stored)
+    assert made is not None
+    x = torch.randn(M, k, generator=g)
+    bias, residual = torch.randn(n, generator=g), torch.randn(M, n, generator=g)
+    cases: list[dict] = [{}, {"bias": bias}, {"residual": residual}]
+    if n % 2 == 0:
+        cases.append({"bias": bias, "swiglu": True})
+    for kw in cases:
+        got, want = lib.linear(x, made, **kw), lib.linear(x, stored, prefill=M > 8, **kw)
+        assert torch.equal(got, want), (M, kw.keys())
+    torch.testing.assert_close(lib.linear(x, made), x @ w.float().T, rtol=1e-4, atol=1e-4)
+
+
+def test_loader_codes_bf16_linears_with_the_same_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--quantize bf16` and a BF16 GGUF kept as stored: each linear of rows worth coding (K ≥ 512) runs
+    coded where the library has its AVX-512 decode, with the logits of the bf16 weights bit for bit under
+    whole prefill and decode steps; `BLAZR_CODED=0` keeps them bf16. A second load maps every coded weight
+    from the quantization cache (no coding run) with the same bytes."""
+    from tests.gguf_fixtures import write_tiny_llama_gguf
+    from tests.test_gguf import TINY, tiny_state_dict
+
+    cache = tmp_path / "qcache"
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(cache))
+    cfg = {**TINY, "hidden_size": 512, "intermediate_size": 1024, "vocab_size": 64}
+    gguf = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(seed=3, cfg=cfg), cfg, "BF16")
+    decodes = "avx512" in ops.kernels().features
+    batch = prompts([21, 9], seed=5, vocab=cfg["vocab_size"])
+    plan = [[len(p) - 4] + [1] * 4 for p in batch]
+
+    def load(mode: str) -> LLM:
+        llm = LLM(gguf, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize=mode)
+        quant_cache.wait()
+        return llm
+
+    for mode in ("auto", "bf16"):
+        monkeypatch.setenv("BLAZR_CODED", "0")
+        plain = load(mode)
+        assert {m.kind for m in quantized_layers(plain).values()} == {"bf16"}
+        monkeypatch.delenv("BLAZR_CODED")
+        made_llm = load(mode)
+        kinds = {name: m.kind for name, m in quantized_layers(made_llm).items()}
+        want = "bf16z" if decodes else "bf16"
+        assert set(kinds.values()) == {want}, kinds  # every K here is 512 or 1024: worth coding
+        for a, b in zip(
+            stepwise_logits(made_llm, batch, plan), stepwise_logits(plain, batch, plan), strict=True
+        ):
+            assert torch.equal(a, b), mode
+        for a, b in zip(full_logits(made_llm.runner, batch), full_logits(plain.runner, batch), strict=True):
+            assert torch.equal(a, b), mode
+        if not decodes:
+            continue
+        made = {name: m.qweight.data for name, m in quantized_layers(made_llm).items()}
+        monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+        again = load(mode)
+        files = sorted(cache.glob(f"*-{mode}-*.blzq"))
+        assert len(files) == 1, list(cache.iterdir())
+        for name, m in quantized_layers(again).items():
+            assert m.kind == "bf16z" and mapped_file(m.qweight.data.data_ptr()) == str(files[0]), name
+            assert torch.equal(m.qweight.data, made[name]), name
+        monkeypatch.undo()
+        monkeypatch.setenv("BLAZR_QUANT_CACHE", str(cache))
+
+
+def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Mixtral's stacked experts under `--quantize bf16` are coded too (csrc/moe.c runs an expert's rows
+    through the linear kernels by weight code): the logits of the bf16 experts bit for bit, prefill and decode
+    steps, and the second load takes the coded stacks from the quantization cache."""
+    from blazr.model.moe import Experts
+    from tests.tiny import build
+
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
+    path = tmp_path / "mixtral"
+    build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
+          num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
+    batch = prompts([19, 7], seed=2, vocab=64)
+    plan = [[len(p) - 3] + [1] * 3 for p in batch]
+
+    def load() -> LLM:
+        llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize="bf16")
+        quant_cache.wait()
+        return llm
+
+    def experts(llm: LLM) -> list[Experts]:
+        return [m for m in llm.model.modules() if isinstance(m, Experts)]
+
+    monkeypatch.setenv("BLAZR_CODED", "0")
+    plain = load()
+    monkeypatch.delenv("BLAZR_CODED")
+    made = load()
+    want = "bf16z" if "avx512" in ops.kernels().features else "bf16"
+    assert {e.w_up.kind for e in experts(made)} == {e.w_down.kind for e in experts(made)} == {want}
+    assert {e.w_up.kind for e in experts(plain)} == {"bf16"}
+    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+    again = load()
+    for a, b in zip(experts(again), experts(made), strict=True):
+        assert a.w_up.kind == want and torch.equal(a.w_up.data, b.w_up.data)
+        assert torch.equal(a.w_down.data, b.w_down.data)
+
+
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_loader_codes_float32_linears_with_the_same_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A float32 checkpoint's untied linears run coded (f32z) where the host decodes them and its float32
+    prefill runs the kernel's panel GEMM: the logits bit for bit those of the f32 weights (decode steps, and a
+    prefill's panel GEMM on the decoded rows); `BLAZR_CODED=0` keeps them f32 views of the loaded tensors."""
+    from tests.tiny import build
+
+    path = tmp_path / "llama"
+    build("LlamaForCausalLM", path, hidden_size=512, intermediate_size=1024, vocab_size=64,
+          tie_word_embeddings=False, initializer_range=0.02)  # fmt: skip
+    batch = prompts([23, 9], seed=4, vocab=64)
+    plan = [[len(p) - 4] + [1] * 4 for p in batch]
+
+    def load() -> LLM:
+        return LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize=mode)
+
+    def linears(llm: LLM) -> dict[str, QuantizedLinear]:
+        return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
+
+    monkeypatch.setenv("BLAZR_CODED", "0")
+    plain = load()
+    assert {m.kind for m in linears(plain).values()} == {"f32"}
+    monkeypatch.delenv("BLAZR_CODED")
+    made = load()
+    codes = "avx512" in ops.kernels().features and kernel_prefill_f32()
+    assert {m.kind for m in linears(made).values()} == {"f32z" if codes else "f32"}
+    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
+        assert torch.equal(a, b)
+    for name, m in linears(made).items():
+        assert torch.equal(m.weight, linears(plain)[name].weight), name
