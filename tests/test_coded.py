@@ -209,18 +209,20 @@ def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pyt
         assert torch.equal(a.w_down.data, b.w_down.data)
 
 
-@pytest.mark.parametrize("mode", ["auto", "none"])
+@pytest.mark.parametrize(("mode", "tied"), [("auto", False), ("none", False), ("auto", True)])
 def test_loader_codes_float32_linears_with_the_same_logits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, tied: bool
 ) -> None:
-    """A float32 checkpoint's untied linears run coded (f32z) where the host decodes them and its float32
-    prefill runs the kernel's panel GEMM: the logits bit for bit those of the f32 weights (decode steps, and a
-    prefill's panel GEMM on the decoded rows); `BLAZR_CODED=0` keeps them f32 views of the loaded tensors."""
+    """A float32 checkpoint's linears run coded (f32z) where the host decodes them and its float32 prefill
+    runs the kernel's panel GEMM: the logits bit for bit those of the f32 weights (decode steps, and a
+    prefill's panel GEMM on the decoded rows); a tied head's table then looks its rows up in the head's
+    coded bytes (no float32 table kept). `BLAZR_CODED=0` keeps them f32 views of the loaded tensors."""
+    from blazr.model.embedding import QuantizedEmbedding
     from tests.tiny import build
 
     path = tmp_path / "llama"
     build("LlamaForCausalLM", path, hidden_size=512, intermediate_size=1024, vocab_size=64,
-          tie_word_embeddings=False, initializer_range=0.02)  # fmt: skip
+          tie_word_embeddings=tied, initializer_range=0.02)  # fmt: skip
     batch = prompts([23, 9], seed=4, vocab=64)
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
 
@@ -241,3 +243,10 @@ def test_loader_codes_float32_linears_with_the_same_logits(
         assert torch.equal(a, b)
     for name, m in linears(made).items():
         assert torch.equal(m.weight, linears(plain)[name].weight), name
+    table = made.model.embed_tokens
+    if tied and codes:
+        head = linears(made)["lm_head"].qweight
+        assert isinstance(table, QuantizedEmbedding) and table.table.data.data_ptr() == head.data.data_ptr()
+        assert torch.equal(table.weight, plain.model.embed_tokens.weight)
+    else:
+        assert not isinstance(table, QuantizedEmbedding)

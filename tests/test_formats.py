@@ -40,7 +40,7 @@ def test_codes_equal_the_c_header() -> None:
     kv = {torch.float32: "BLZ_KV_F32", torch.bfloat16: "BLZ_KV_BF16", torch.float16: "BLZ_KV_F16"}
     assert {dtype: c[name] for dtype, name in kv.items()} == formats.ELEMENT_CODES
     # every weight-kind constant of the header is a format's (a C kind no table row names would be dead)
-    c_kinds = {name for name in c if re.fullmatch(r"BLZ_(Q\d_\w+|KMIX|MXFP4|BF16Z)", name)}
+    c_kinds = {name for name in c if re.fullmatch(r"BLZ_(Q\d_\w+|KMIX|MXFP4|BF16Z|F32Z)", name)}
     assert c_kinds == {f.c_name for f in FORMATS if f.layout != "float"}
 
 
@@ -71,6 +71,7 @@ def test_derived_lists() -> None:
         "mxfp4",
         "q5_0",
         "bf16z",
+        "f32z",
         *want_floats,
     )
     want_ggml = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q5_0")}
@@ -81,7 +82,8 @@ def test_derived_lists() -> None:
     assert {**want_ggml, "BF16": "bf16", "F16": "f16", "F32": "f32"} == quant.GGML_KINDS
     assert quant.AS_STORED == {"q8_0": "q8_0g"}
     assert set(bindings._OP_LINEAR) == set(quant.KINDS) == set(bindings_weights._KIND_CODES)
-    assert set(bindings._ROW_CODES) == {"q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "f16", "bf16"}
+    rows = {"q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "f16", "bf16", "bf16z", "f32z"}
+    assert set(bindings._ROW_CODES) == rows
     assert want_ggml == gguf._C_KINDS
 
 

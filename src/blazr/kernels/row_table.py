@@ -11,10 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
-from blazr.kernels.quant import BLOCK_KINDS, FLOAT_KINDS, K_KINDS, Q5_0, QuantizedWeight, row_bytes
+from blazr.kernels.quant import (
+    BLOCK_KINDS,
+    CODED_KINDS,
+    FLOAT_KINDS,
+    K_KINDS,
+    Q5_0,
+    QuantizedWeight,
+    row_bytes,
+)
 
-# Kinds a RowTable can hold: ggml's row layouts that the embedding kernel dequantizes in place.
-ROW_KINDS = (*BLOCK_KINDS, Q5_0, *K_KINDS, "f16", "bf16")
+# Kinds a RowTable can hold: ggml's row layouts that the embedding kernel dequantizes in place, and coded rows
+# (kernels/coded.py: a tied head's own bytes, decoded).
+ROW_KINDS = (*BLOCK_KINDS, Q5_0, *K_KINDS, "f16", "bf16", *CODED_KINDS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,4 +51,6 @@ class RowTable:
         picked, t = self.data[ids], ids.numel()
         if self.kind in FLOAT_KINDS:
             return QuantizedWeight(self.kind, picked.view(FLOAT_KINDS[self.kind]), t, self.dim)
+        if self.kind in CODED_KINDS:
+            return QuantizedWeight(self.kind, picked, t, self.dim)
         return QuantizedWeight.from_blocks(self.kind, picked, t, self.dim)

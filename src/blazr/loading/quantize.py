@@ -493,8 +493,12 @@ def wrap_float_linears(model: CausalLM) -> int:
         qw = quantize(weight.detach(), "f32")  # a view of the same storage
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
-        if linear is not None and on_panel and coded.wanted("f32", qw.in_features):
+        if on_panel and coded.wanted("f32", qw.in_features) and (linear is not None or model.tp is None):
             qw = coded.pack(qw) or qw  # 7/8 of the bytes, the same bits (prefill: the panel on decoded rows)
+            if linear is None and qw.kind == "f32z":  # a tied head: the table reads the same coded rows
+                model.embed_tokens = QuantizedEmbedding(
+                    RowTable(qw.kind, qw.data, qw.out_features, qw.in_features)
+                )
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
     return wrapped

@@ -147,12 +147,26 @@ BLZ_EXPORT int blz_dequantize_blocks(int kind, const uint8_t *src, int64_t N, in
 }
 
 /* Embedding lookup in a table kept as a GGUF stores it: out[t] = scale · row ids[t] of table [V, D],
- * each row dequantized on the spot — `kind` a block kind (BLZ_Q4_0 … BLZ_Q6_K, rows of ggml blocks) or
- * BLZ_ROW_F16 / BLZ_ROW_BF16 (rows of 16-bit floats). The same values as dequantizing the whole table
+ * each row dequantized on the spot — `kind` a block kind (BLZ_Q4_0 … BLZ_Q6_K, rows of ggml blocks),
+ * BLZ_ROW_F16 / BLZ_ROW_BF16 (rows of 16-bit floats) or BLZ_BF16Z / BLZ_F32Z (coded rows, decoded). The same values as dequantizing the whole table
  * (blz_dequantize_blocks, gguf.quants) and then blz_embedding: the product by scale is skipped at 1, as
  * there. A lookup touches only its own rows, so a memory-mapped table stays out of memory. */
 BLZ_EXPORT int blz_embedding_q(int kind, const int64_t *ids, int64_t T, const uint8_t *table, int64_t V,
                                int64_t D, float scale, float *out) {
+    if (kind == BLZ_BF16Z || kind == BLZ_F32Z) { /* coded rows (linear_coded.c): a tied head's own bytes */
+        if (T < 0 || V <= 0 || D <= 0 || D % 64 || D >= 65536) return BLZ_EINVAL;
+        for (int64_t t = 0; t < T; ++t)
+            if (ids[t] < 0 || ids[t] >= V) return BLZ_ERANGE;
+        for (int64_t t = 0; t < T; ++t) {
+            float *o = out + t * D;
+            blz_bz_decode_rows(table, D, ids[t], 1, o, kind == BLZ_F32Z);
+            if (kind == BLZ_BF16Z) /* the bits in o's first half: widened from the end, in place */
+                for (int64_t i = D - 1; i >= 0; --i) o[i] = blz_bf16_to_fp32(((const uint16_t *)o)[i]);
+            if (scale != 1.0f)
+                for (int64_t i = 0; i < D; ++i) o[i] *= scale;
+        }
+        return BLZ_OK;
+    }
     const int is_k = kind == BLZ_Q4_K || kind == BLZ_Q5_K || kind == BLZ_Q6_K;
     const int is_f = kind == BLZ_ROW_F16 || kind == BLZ_ROW_BF16;
     const int qk = is_k ? QK_K : is_f ? 1 : BLZ_QK;
