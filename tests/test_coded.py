@@ -1,9 +1,9 @@
-"""Float weights with their exponents coded in 4 bits (kinds bf16z, f32z: kernels/coded.py,
+"""Float weights with their top byte coded in 4 bits (kinds bf16z, f32z: kernels/coded.py,
 csrc/linear_coded.c).
 
 The coding is lossless: the C pack equals the torch reference byte for byte, decoding gives every bit back
-(zeros of both signs, subnormals, infinities, NaNs and the rare exponents kept as escapes included), and a row
-of more rare exponents than its escape slots is refused, not approximated. The kernel gives the stored kind's
+(zeros of both signs, subnormals, infinities, NaNs and the rare top bytes kept as escapes included), and a row
+of more rare top bytes than its escape slots is refused, not approximated. The kernel gives the stored kind's
 kernel's bits on the same weight — every row count (the decode streams up to 8 rows, the panel GEMM past
 them), bias, residual and SwiGLU epilogues, escapes anywhere in a block or a row — on every ISA build. The
 loader codes the bf16 linears and expert stacks of `--quantize bf16` and of a BF16 GGUF, and the float32
@@ -64,12 +64,12 @@ def test_pack_keeps_every_bit(native: ops.Kernels, base: str, n: int, k: int) ->
     assert made is not None and made.kind == kind and torch.equal(made.data, want)
     assert torch.equal(_bits(coded.unpack(kind, want, n, k)), _bits(w))  # NaN's bits too
     assert bool((dequantize(made).nan_to_num() == w.float().nan_to_num()).all())
-    # a row's escapes are its weights of a non-zero exponent outside its table (read from the bytes)
+    # a row's escapes are its weights of a non-zero top byte outside its table (read from the bytes)
     escapes = want[:, 32 : 32 + 4 * coded.cap(k)].contiguous().view(torch.int16).view(n, -1, 2)
     used = (escapes[..., 0] != -1).sum(1)
-    table = (want[:, :16].long() << 1) | (want[:, 16:32].long() >> 7)  # [N, 16] exponents
-    exp = (w.float().contiguous().view(torch.int32).long() >> 23) & 0xFF
-    outside = (exp != 0) & ~(exp.unsqueeze(-1) == table.unsqueeze(1)).any(-1)
+    table = want[:, :16].long()  # [N, 16] top bytes
+    top = (w.float().contiguous().view(torch.int32).long() >> 24) & 0xFF
+    outside = (top != 0) & ~(top.unsqueeze(-1) == table.unsqueeze(1)).any(-1)
     assert torch.equal(used, outside.sum(1)) and (k < 960 or int(used[3]) > 0)  # short rows fit them all
 
 

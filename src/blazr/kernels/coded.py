@@ -1,14 +1,14 @@
-"""Float weights with their exponents coded in 4 bits (kinds bf16z and f32z): every bit of a bf16 weight in
-3/4 of the bytes, of an f32 weight in 7/8 — the layout, its torch references, and when the loader takes it.
+"""Float weights with their top byte coded in 4 bits (kinds bf16z and f32z): every bit of a bf16 weight in 3/4
+of the bytes, of an f32 weight in 7/8 — the layout, its torch references, and when the loader takes it.
 
 A float decode step is a read of the weights, at the memory's rate in blazr and in llama.cpp alike
-(benchmarks/NOTES.md §53, §55), so the one way to a faster step is fewer bytes. A trained (or random) weight
-row uses few of the 256 exponents: its 15 most frequent cover all but ~1e-4 of the row. So each weight's top
-16 bits (a bf16 weight's all) are stored as their sign and 7 mantissa bits (a byte) beside a 4-bit code of the
-exponent in a 16-entry table of the row, the rare others whole in a short list (the escapes); an f32 weight's
-low 16 bits follow as they are. Lossless: csrc/linear_coded.c, whose header gives the layout, decodes the bits
-as stored and gives the stored kind's kernel's bits on the same weight — linear_16bit.c's for bf16z,
-linear_float.c's for f32z — at every row count, on every build: the coding changes speed and size only.
+(benchmarks/NOTES.md §53, §55), so the one way to a faster step is fewer bytes. A weight's top byte is its
+sign and 7 of its 8 exponent bits, and a trained (or random) weight row uses few exponents: its 15 most
+frequent top bytes cover all but ~1e-4 of the row. So the top byte is stored as a 4-bit code into a 16-entry
+table of the row, the rare others whole in a short list (the escapes), and every other bit as it is (bf16: one
+byte; f32: three). Lossless: csrc/linear_coded.c, whose header gives the layout, decodes the bits as stored
+and gives the stored kind's kernel's bits on the same weight — linear_16bit.c's for bf16z, linear_float.c's
+for f32z — at every row count, on every build: the coding changes speed and size only.
 
 Bytes: data uint8 [N, row_bytes(K)], K a multiple of 64 below 65536. `pack_reference` / `unpack` code and
 decode in torch; `pack` in C (csrc/linear_coded.c `blz_pack_coded`, the same bytes). A weight with more than
@@ -31,10 +31,8 @@ from blazr.kernels.quant import QuantizedWeight
 
 KIND_OF = {"bf16": "bf16z", "f32": "f32z"}  # stored kind → coded kind
 BASE_OF = {coded: kind for kind, coded in KIND_OF.items()}
-BLOCK = (
-    64  # weights per block: 64 bytes of sign | mantissa, 32 of exponent codes (f32z: then 128 of low bits)
-)
-_TABLES = 32  # bytes of a row's exponent tables: hi (e >> 1) then lo ((e & 1) << 7), 16 codes each
+BLOCK = 64  # weights per block: 64 bytes under the top ones, 32 of codes (f32z: then 128 of the low 16 bits)
+_TABLES = 32  # bytes of a row's table: the top byte of each of the 16 codes, then 16 zero bytes
 
 
 def cap(k: int) -> int:
@@ -98,26 +96,25 @@ def pack_reference(w: torch.Tensor) -> torch.Tensor | None:
     n, k = w.shape
     kind = KIND_OF["f32" if w.dtype == torch.float32 else "bf16"]
     bits = _top_bits(w)
-    exp = (bits >> 7) & 0xFF
-    hist = torch.zeros(n, 256, dtype=torch.int64).scatter_add_(1, exp, torch.ones_like(exp))
+    top = bits >> 8
+    hist = torch.zeros(n, 256, dtype=torch.int64).scatter_add_(1, top, torch.ones_like(top))
     hist[:, 0] = 0
-    # the 15 most frequent non-zero exponents, the lower first on ties (a stable sort of −count)
+    # the 15 most frequent non-zero top bytes, the lower first on ties (a stable sort of −count)
     order = torch.sort(-hist, dim=1, stable=True).indices[:, :15]
     table = torch.zeros(n, 16, dtype=torch.int64)
     table[:, 1:] = torch.where(hist.gather(1, order) > 0, order, 0)
     code_of = torch.full((n, 256), -1, dtype=torch.int64)
     code_of.scatter_(1, table[:, 1:].flip(1), torch.arange(15, 0, -1).expand(n, 15).contiguous())
-    code_of[:, 0] = 0  # exponent 0: code 0 (set last: unused table slots hold exponent 0 too)
-    code = code_of.gather(1, exp)
+    code_of[:, 0] = 0  # top byte 0: code 0 (set last: unused table slots hold 0 too)
+    code = code_of.gather(1, top)
     escaped = code < 0
     c = cap(k)
     if n and int(escaped.sum(1).max()) > c - 1:
         return None
-    raw = torch.where(escaped, 0, ((bits >> 8) & 0x80) | (bits & 0x7F))
     code = code.clamp(min=0)
     nb, pos, bb = k // BLOCK, positions(), block_bytes(kind)
     blocks = torch.zeros(n, nb, bb, dtype=torch.uint8)
-    blocks[..., pos] = raw.view(n, nb, BLOCK).to(torch.uint8)
+    blocks[..., pos] = (bits & 0xFF).view(n, nb, BLOCK).to(torch.uint8)
     nib = torch.zeros(n, nb, BLOCK, dtype=torch.int64)
     nib[..., pos] = code.view(n, nb, BLOCK)
     blocks[..., 64:96] = (nib[..., 0::2] | (nib[..., 1::2] << 4)).to(torch.uint8)
@@ -131,7 +128,7 @@ def pack_reference(w: torch.Tensor) -> torch.Tensor | None:
     rows, cols = escaped.nonzero(as_tuple=True)  # row-major: each row's columns ascending
     slot = escaped.to(torch.int64).cumsum(1)[rows, cols] - 1
     esc[rows, slot, 0], esc[rows, slot, 1] = cols, bits[rows, cols]
-    head = torch.cat([(table >> 1), (table & 1) << 7], dim=1).to(torch.uint8)  # [N, 32]
+    head = torch.cat([table, torch.zeros_like(table)], dim=1).to(torch.uint8)  # [N, 32]
     esc_bytes = esc.to(torch.int32).to(torch.int16).view(torch.uint8).reshape(n, 4 * c)  # uint16 pairs
     return torch.cat([head, esc_bytes, blocks.reshape(n, nb * bb)], dim=1).contiguous()
 
@@ -143,12 +140,11 @@ def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
         raise ValueError(f"{kind} data: expected uint8 [{n}, {row_bytes(k, kind)}], found {data.dtype} "
                          f"{list(data.shape)}")  # fmt: skip
     d = data.to(torch.int64)
-    hi, lo = d[:, :16], d[:, 16:32]
     blocks = d[:, _TABLES + 4 * c :].reshape(n, nb, bb)
     pos = positions()
-    raw = blocks[..., pos].reshape(n, k)
+    under = blocks[..., pos].reshape(n, k)
     codes = (blocks[..., 64 + pos // 2] >> (4 * (pos % 2)) & 15).reshape(n, k)
-    top = ((raw & 0x80) | hi.gather(1, codes)) << 8 | (raw & 0x7F) | lo.gather(1, codes)
+    top = d[:, :16].gather(1, codes) << 8 | under
     esc = (
         data[:, _TABLES : _TABLES + 4 * c].contiguous().view(torch.int16).to(torch.int64).view(n, c, 2)
         & 0xFFFF
@@ -159,12 +155,12 @@ def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
         return top.to(torch.int32).to(torch.int16).view(torch.bfloat16)
     low16 = data[:, _TABLES + 4 * c :].reshape(n, nb, bb)[..., 96:].contiguous().view(torch.int16)
     low = (low16.to(torch.int64) & 0xFFFF)[..., _low_slots()].reshape(n, k)
-    return (top << 16 | low).to(torch.int64).to(torch.int32).view(torch.float32)
+    return (top << 16 | low).to(torch.int32).view(torch.float32)
 
 
 def pack(qw: QuantizedWeight) -> QuantizedWeight | None:
     """A bf16 or f32 weight coded (the C pack when the library is loaded, else `pack_reference`), or None when
-    it is not codable (its kind or shape, or a row of too many rare exponents)."""
+    it is not codable (its kind or shape, or a row of too many rare top bytes)."""
     if qw.kind not in KIND_OF or not codable_shape(qw.in_features):
         return None
     w, lib = qw.data, ops.kernels()

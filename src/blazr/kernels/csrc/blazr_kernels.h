@@ -63,11 +63,11 @@ enum { BLZ_Q5_0 = 11 };
  * so that one-row calls run vpdpbusd across rows. */
 enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13, BLZ_Q5_KX = 14 };
 BLZ_INLINE int blz_is_kx(int kind) { return kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX; }
-/* bf16 weights with their exponents coded in 4 bits (linear_coded.c): the bf16 bits, in 3/4 of the bytes; f32
- * weights likewise (their top 16 bits coded, the low 16 kept: 7/8 of the bytes). A row of K (a multiple of 64
- * below 65536): 32 bytes of exponent tables, cap escapes of 4 bytes, K/64 blocks of 96 (f32z: 224); column j
- * of a block at position blz_bz_pos(j). BLZ_F32Z is past 15: not a code of blz_linear_by_code's weight codes
- * (op · 16 + kind), as its weights are never experts or MLA heads. */
+/* Float weights with their top byte (sign, 7 exponent bits) coded in 4 bits (linear_coded.c): a bf16 weight's
+ * bits in 3/4 of the bytes, an f32 weight's in 7/8. A row of K (a multiple of 64 below 65536): a 32-byte table,
+ * cap escapes of 4 bytes, K/64 blocks of 96 (f32z: 224); column j of a block at position blz_bz_pos(j).
+ * BLZ_F32Z is past 15: not a code of blz_linear_by_code's weight codes (op · 16 + kind), as its weights are never
+ * experts or MLA heads. */
 enum { BLZ_BF16Z = 15, BLZ_F32Z = 16 };
 BLZ_INLINE int64_t blz_bz_cap(int64_t K) { /* escapes a row: K/128, at least 8, a multiple of 8 (32-byte rows) */
     const int64_t c = K / 128 > 8 ? K / 128 : 8;

@@ -1,31 +1,34 @@
-/* blazr kernels — bf16 weights with their exponents coded in 4 bits (kind BLZ_BF16Z; f32 weights likewise, BLZ_F32Z): every bf16 bit kept, in
- * 3/4 of the bytes, so a decode step that reads its weights at the memory's rate reads them 1.3× faster.
+/* blazr kernels — float weights with their top byte coded in 4 bits (kinds BLZ_BF16Z, BLZ_F32Z): every bit of a
+ * bf16 weight kept in 3/4 of the bytes, of an f32 weight in 7/8, so a decode step that reads its weights at the
+ * memory's rate reads them 1.3× (bf16) or 1.14× (f32) faster.
  *
- * Why: a 16-bit decode step is a read of the weights. On a 2-vCPU Zen 5 both blazr's bf16 kernel and llama.cpp's
- * F16 one read them near the memory's rate (benchmarks/NOTES.md §53, §55), so no kernel of 16-bit weights can
- * be much faster than another. Trained (and random) weights use few of bf16's 256 exponents — a row's 15 most
- * frequent cover all but ~1e-4 of its weights — so a weight is its sign and 7 mantissa bits (a byte) and a
- * 4-bit code into a 16-entry table of its row's exponents; the rest (the rare exponents) are kept whole in a
- * short list. Lossless: the kernels see the bf16 bits of the weight as stored, and give the same bits as
- * linear_16bit.c's bf16 kernel on the same weight, at every row count and on every build. Cold one-row passes
- * (2 threads, 16384 × 8192): 1.32-1.43× the weights a second of the bf16 kernel at the same GB/s.
+ * Why: a float decode step is a read of the weights. On a 2-vCPU Zen 5 both blazr's kernels and llama.cpp's
+ * read them near the memory's rate (benchmarks/NOTES.md §53, §55), so no kernel of stored float weights can be
+ * much faster than another. A weight's top byte is its sign and 7 of its 8 exponent bits, and trained (and
+ * random) weights use few exponents: a row's 15 most frequent top bytes cover all but ~1e-4 of its weights.
+ * So the top byte is a 4-bit code into a 16-entry table of the row; the rest of the bits are kept as they are;
+ * the rare top bytes are kept whole in a short list (the escapes). Lossless: the kernels see the bits as
+ * stored, and give the same bits as the stored kind's kernel on the same weight (linear_16bit.c's bf16,
+ * linear_float.c's f32), at every row count and on every build. Cold one-row passes (2 threads, Zen 5): bf16z
+ * 1.3-1.4× the weights a second of the bf16 kernel at the same GB/s.
  *
- * Layout of one row of K weights (K a multiple of 64 below 65536; row bytes blz_bz_row_bytes(K)):
- * - bytes 0-15: hi[c] = e_c >> 1, bytes 16-31: lo[c] = (e_c & 1) << 7 — the exponent e_c of code c (c = 0:
- *   exponent 0, also the escapes' placeholder);
- * - cap = blz_bz_cap(K) escapes of 4 bytes: uint16 column, uint16 bf16 bits, by column, then 0xFFFF columns
- *   (at most cap − 1 used, so a 0xFFFF always ends the list);
- * - K/64 blocks of 96 bytes: 64 bytes (sign << 7 | 7 mantissa bits) at block position p, then 32 bytes of
- *   codes (code of position p: nibble p & 1 of byte p/2). Column j of a block is at position
- *   blz_bz_pos(j) = 16·(l/4) + 8·(i/2) + 2·(l%4) + i%2 (i = j/16, l = j%16): where the AVX-512 decode —
- *   codes looked up with vpshufb, bytes interleaved per 128-bit lane, words split into fp32 by a shift and a
- *   mask — leaves it in lane l of register i. An escaped column has code 0 and byte 0 (+0), its value put in
- *   its lane before it is used.
- * The sums are linear_16bit.c's (columns k..k+15 of each 32 into one accumulator, k+16..k+31 into the other,
- * in column order, then blz_quarters512), so the bits are the bf16 kernel's: decode (M ≤ 8) as streams of
- * rows; prefill (more rows) by gemm_float.c's panel GEMM on 16 rows decoded at a time into L2
- * (blz_bz_decode_rows). Builds without AVX-512 decode the whole weight and run the bf16 kernel on it (tests;
- * the loader codes weights only where the AVX-512 kernel runs). */
+ * Layout of one row of K weights (K a multiple of 64 below 65536; row bytes blz_bz_row_bytes(K, f32)):
+ * - bytes 0-15: the top byte of code c (c = 0: 0x00, also the escapes' placeholder); bytes 16-31: 0;
+ * - cap = blz_bz_cap(K) escapes of 4 bytes: uint16 column, uint16 top 16 bits, by column, then 0xFFFF
+ *   columns (at most cap − 1 used, so a 0xFFFF always ends the list);
+ * - K/64 blocks of 96 bytes (f32z: 224): 64 bytes — the byte under the top one (bits 16-23 of an f32, 0-7 of
+ *   a bf16) — at block position p, then 32 bytes of codes (code of position p: nibble p & 1 of byte p/2);
+ *   f32z then 128 bytes of the low 16 bits (dword d of chunk h: columns 32h + d, 32h + 16 + d). Column j of a
+ *   block is at position blz_bz_pos(j) = 16·(l/4) + 8·(i/2) + 2·(l%4) + i%2 (i = j/16, l = j%16): where the
+ *   AVX-512 decode — codes looked up with vpshufb, bytes interleaved per 128-bit lane, words split into fp32
+ *   by a shift and a mask (f32z: the low bits or-ed in) — leaves it in lane l of register i. An escaped
+ *   column has code 0; its top byte is or-ed into its lane before the lane is used.
+ * The sums are the stored kind's (columns k..k+15 of each 32 into one accumulator, k+16..k+31 into the other,
+ * in column order, then blz_quarters512 for bf16, f32's reduce for f32), so the bits are the stored kernel's:
+ * decode (M ≤ 8) as streams of rows; prefill (more rows) by gemm_float.c's panel GEMM on 16 rows decoded at a
+ * time into L2 (blz_bz_decode_rows) — f32's prefill GEMM's bits. Builds without AVX-512 decode the whole
+ * weight and run the stored kernel on it (tests; the loader codes weights only where the AVX-512 kernel
+ * runs). */
 #include "blazr_kernels.h"
 
 #define BZ_PF 3072 /* prefetch distance of a row stream, in bytes (2048 weights, as the bf16 kernel's) */
@@ -39,8 +42,8 @@ static uint16_t bz_top(const uint8_t *w, int64_t K, int64_t j, const int f32) {
     for (int64_t e = 0; e < blz_bz_cap(K) && esc[2 * e] != 0xFFFF; ++e)
         if (esc[2 * e] == j) return esc[2 * e + 1];
     const uint8_t *b = w + 32 + 4 * blz_bz_cap(K) + j / 64 * bz_block_bytes(f32);
-    const int p = blz_bz_pos((int)(j % 64)), c = (b[64 + p / 2] >> (4 * (p & 1))) & 15, r = b[p];
-    return (uint16_t)(((r & 0x80) | w[c]) << 8 | (r & 0x7f) | w[16 + c]);
+    const int p = blz_bz_pos((int)(j % 64)), c = (b[64 + p / 2] >> (4 * (p & 1))) & 15;
+    return (uint16_t)(w[c] << 8 | b[p]);
 }
 
 /* f32z: the low 16 bits of column j (dword d of chunk h holds columns 32h + d and 32h + 16 + d). */
@@ -55,22 +58,25 @@ static uint16_t bz_low(const uint8_t *w, int64_t K, int64_t j) {
 #ifdef BLZ_AVX512
 /* One block's 64 weights as fp32: f[i] lane l = column 16·i + l (escapes not yet in place: their top 16 bits
  * are 0). */
-BLZ_INLINE void bz_block(const uint8_t *b, __m512i thi, __m512i tlo, __m512 f[4], const int f32) {
-    const __m512i r = _mm512_loadu_si512(b);
+BLZ_INLINE void bz_block(const uint8_t *b, __m512i table, __m512 f[4], const int f32) {
+    const __m512i lo = _mm512_loadu_si512(b);
     const __m512i cw = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 64)));
     const __m512i c = _mm512_ternarylogic_epi32(cw, _mm512_slli_epi16(cw, 4), _mm512_set1_epi16(0x0f0f), 0xA8);
-    const __m512i hi = _mm512_ternarylogic_epi32(r, _mm512_shuffle_epi8(thi, c), _mm512_set1_epi8((char)0x80), 0xEC);
-    const __m512i lo = _mm512_ternarylogic_epi32(r, _mm512_shuffle_epi8(tlo, c), _mm512_set1_epi8(0x7f), 0xEC);
+    const __m512i hi = _mm512_shuffle_epi8(table, c);
     const __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
     const __m512i top = _mm512_set1_epi32((int)0xffff0000);
-    __m512i v[4] = {_mm512_slli_epi32(w0, 16), _mm512_and_si512(w0, top), _mm512_slli_epi32(w1, 16),
-                    _mm512_and_si512(w1, top)};
-    if (f32) /* the low 16 bits: v | (L & 0xffff), v | (L >> 16) */
-        for (int h = 0; h < 2; ++h) {
-            const __m512i L = _mm512_loadu_si512(b + 96 + 64 * h);
-            v[2 * h] = _mm512_ternarylogic_epi32(v[2 * h], L, _mm512_set1_epi32(0xffff), 0xF8);
-            v[2 * h + 1] = _mm512_or_si512(v[2 * h + 1], _mm512_srli_epi32(L, 16));
-        }
+    __m512i v[4];
+    if (f32) { /* the low 16 bits beside: (w << 16) | (L & 0xffff), (w & 0xffff0000) | (L >> 16) */
+        const __m512i L0 = _mm512_loadu_si512(b + 96), L1 = _mm512_loadu_si512(b + 160);
+        const __m512i low = _mm512_set1_epi32(0xffff);
+        v[0] = _mm512_ternarylogic_epi32(_mm512_slli_epi32(w0, 16), L0, low, 0xF8);
+        v[1] = _mm512_ternarylogic_epi32(w0, _mm512_srli_epi32(L0, 16), top, 0xEC);
+        v[2] = _mm512_ternarylogic_epi32(_mm512_slli_epi32(w1, 16), L1, low, 0xF8);
+        v[3] = _mm512_ternarylogic_epi32(w1, _mm512_srli_epi32(L1, 16), top, 0xEC);
+    } else {
+        v[0] = _mm512_slli_epi32(w0, 16), v[1] = _mm512_and_si512(w0, top);
+        v[2] = _mm512_slli_epi32(w1, 16), v[3] = _mm512_and_si512(w1, top);
+    }
     for (int i = 0; i < 4; ++i) f[i] = _mm512_castsi512_ps(v[i]);
 }
 
@@ -98,7 +104,7 @@ BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
         }                                                                                                  \
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {                                             \
             __m512 f[4];                                                                                   \
-            bz_block(b[r], thi[r], tlo[r], f, f32);                                                        \
+            bz_block(b[r], tab[r], f, f32);                                                        \
             if (patch) bz_patch(&esc[r], k, f);                                                            \
             b[r] += bz_block_bytes(f32);                                                                   \
             _Pragma("GCC unroll 4") for (int m = 0; m < nx; ++m) {                                         \
@@ -117,15 +123,14 @@ BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
 BLZ_INLINE void bz_rows_simd(const int nr, const int nx, const uint8_t *const *w, int64_t K, const float *const *xr,
                              float *res, const int pf, const int f32) {
     __m512 a[4][4][2];
-    __m512i thi[4], tlo[4];
+    __m512i tab[4];
     const uint8_t *b[4];
     const uint16_t *esc[4];
 #pragma GCC unroll 4
     for (int r = 0; r < nr; ++r) {
 #pragma GCC unroll 4
         for (int m = 0; m < nx; ++m) a[r][m][0] = a[r][m][1] = _mm512_setzero_ps();
-        thi[r] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)w[r]));
-        tlo[r] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(w[r] + 16)));
+        tab[r] = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)w[r]));
         esc[r] = (const uint16_t *)(w[r] + 32);
         b[r] = w[r] + 32 + 4 * blz_bz_cap(K);
     }
@@ -196,13 +201,12 @@ void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, voi
     for (int64_t n = n0; n < n0 + nr; ++n) {
         const uint8_t *row = w + n * rb;
 #ifdef BLZ_AVX512
-        const __m512i thi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)row));
-        const __m512i tlo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(row + 16)));
+        const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)row));
         const uint16_t *esc = (const uint16_t *)(row + 32);
         const uint8_t *b = row + 32 + 4 * blz_bz_cap(K);
         for (int64_t k = 0; k < K; k += 64, b += bz_block_bytes(f32)) {
             __m512 f[4];
-            bz_block(b, thi, tlo, f, f32);
+            bz_block(b, tab, f, f32);
             if (esc[0] < k + 64) bz_patch(&esc, k, f);
             for (int i = 0; i < 4; ++i)
                 if (f32)
@@ -256,9 +260,8 @@ int blz_linear_coded(const int f32, const float *x, int64_t M, int64_t K, const 
 #endif
 }
 
-/* Code the rows w [N, K] (bf16 bits, or f32 when `f32`: their top 16 bits coded, the low 16 kept) into out
- * (N rows of blz_bz_row_bytes(K, f32)): each row's table its 15 most frequent non-zero exponents (the lower
- * first on ties) beside exponent 0. Returns the number of rows with more than cap − 1 escapes (0: out holds
+/* Code the rows w [N, K] (bf16 bits, or f32 when `f32`) into out (N rows of blz_bz_row_bytes(K, f32)): each
+ * row's table its 15 most frequent non-zero top bytes (the lower first on ties) beside 0x00. Returns the number of rows with more than cap − 1 escapes (0: out holds
  * the weight; else the weight is not codable, out's contents unspecified), or BLZ_EINVAL for a K the layout
  * cannot hold. */
 BLZ_EXPORT int64_t blz_pack_coded(const void *w, int64_t N, int64_t K, int f32, uint8_t *out, int nthreads) {
@@ -271,7 +274,7 @@ BLZ_EXPORT int64_t blz_pack_coded(const void *w, int64_t N, int64_t K, int f32, 
         const uint32_t *s32 = (const uint32_t *)w + n * K;
         uint8_t *row = out + n * rb;
         int64_t hist[256] = {0};
-        for (int64_t j = 0; j < K; ++j) ++hist[((f32 ? s32[j] >> 16 : s16[j]) >> 7) & 0xff];
+        for (int64_t j = 0; j < K; ++j) ++hist[(f32 ? s32[j] >> 24 : (uint32_t)s16[j] >> 8) & 0xff];
         int code[256], tab[16] = {0};
         for (int e = 0; e < 256; ++e) code[e] = -1;
         code[0] = 0;
@@ -280,14 +283,12 @@ BLZ_EXPORT int64_t blz_pack_coded(const void *w, int64_t N, int64_t K, int f32, 
             int64_t most = 0;
             for (int e = 1; e < 256; ++e)
                 if (code[e] < 0 && hist[e] > most) best = e, most = hist[e];
-            if (!best) break; /* no other exponent in the row */
+            if (!best) break; /* no other top byte in the row */
             tab[c] = best;
             code[best] = c;
         }
-        for (int c = 0; c < 16; ++c) {
-            row[c] = (uint8_t)(tab[c] >> 1);
-            row[16 + c] = (uint8_t)((tab[c] & 1) << 7);
-        }
+        for (int c = 0; c < 16; ++c) row[c] = (uint8_t)tab[c];
+        memset(row + 16, 0, 16);
         uint16_t *esc = (uint16_t *)(row + 32);
         for (int64_t e = 0; e < 2 * cap; ++e) esc[e] = 0xFFFF;
         int64_t ne = 0;
@@ -297,18 +298,16 @@ BLZ_EXPORT int64_t blz_pack_coded(const void *w, int64_t N, int64_t K, int f32, 
             for (int j = 0; j < 64; ++j) {
                 const uint16_t h = f32 ? (uint16_t)(s32[k + j] >> 16) : s16[k + j];
                 const int p = blz_bz_pos(j);
-                int c = code[(h >> 7) & 0xff];
-                uint8_t r = (uint8_t)(((h >> 8) & 0x80) | (h & 0x7f));
-                if (c < 0) { /* an escape: its top 16 bits 0 here, in the list */
+                int c = code[h >> 8];
+                if (c < 0) { /* an escape: its top byte 0 here, its top 16 bits in the list */
                     if (ne < cap - 1) {
                         esc[2 * ne] = (uint16_t)(k + j);
                         esc[2 * ne + 1] = h;
                     }
                     ++ne;
                     c = 0;
-                    r = 0;
                 }
-                b[p] = r;
+                b[p] = (uint8_t)h;
                 b[64 + p / 2] |= (uint8_t)(c << (4 * (p & 1)));
                 if (f32) { /* the low 16 bits, dword d of chunk h: columns 32h + d (low), 32h + 16 + d (high) */
                     const uint16_t low = (uint16_t)s32[k + j];
