@@ -9,7 +9,7 @@ cached under benchmarks/.cache/hybrid/), a tokenizer llama.cpp's converter accep
 (SmolLM2's, exported from the embedded GGUF), and llama.cpp's own `convert_hf_to_gguf.py` — from the
 llama-cpp-python sdist that `make test` unpacks (or LLAMA_CPP_SDIST; else fetched into the cache) —
 writes F32, F16 and Q8_0 GGUFs; Q4_0 comes from llama.cpp's quantizer. blazr loads the
-safetensors directory with the matching --quantize (none / bf16 / int8 / int4), and the Q8_0 / Q4_0 GGUFs
+safetensors directory with the matching --quantize (auto / bf16 / int8 / int4), and the Q8_0 / Q4_0 GGUFs
 themselves (blocks kept as stored).
 
 Each row: a prompt of --prompt-len random tokens then --gen greedy tokens; prefill tok/s = prompt / time to
@@ -404,7 +404,9 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
 }
 
 # precision → (blazr --quantize, llama.cpp GGUF type)
-PRECISIONS = {"f32": ("none", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_0"), "q4": ("int4", "Q4_0")}
+# F32: blazr's default (`auto`), which codes a float32 checkpoint's linears (kernels/coded.py: the same bits in
+# 7/8 of the bytes); `none` keeps them as loaded (the reference path: 0.88x the bytes more a decode step)
+PRECISIONS = {"f32": ("auto", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_0"), "q4": ("int4", "Q4_0")}
 # Optional (not in the default list): llama.cpp's Q4_K_M, which blazr runs only as the GGUF — its K-quants
 # re-laid in 16-row groups (kernels/kquant_packed.py) and, beside it, kept as stored (BLAZR_KPACK=0).
 QUANTIZER_ONLY = {"q4km": "Q4_K_M"}

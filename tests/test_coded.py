@@ -213,13 +213,15 @@ def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pyt
 def test_loader_codes_float32_linears_with_the_same_logits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, tied: bool
 ) -> None:
-    """A float32 checkpoint's linears run coded (f32z) where the host decodes them and its float32 prefill
-    runs the kernel's panel GEMM: the logits bit for bit those of the f32 weights (decode steps, and a
-    prefill's panel GEMM on the decoded rows); a tied head's table then looks its rows up in the head's
-    coded bytes (no float32 table kept). `BLAZR_CODED=0` keeps them f32 views of the loaded tensors."""
+    """Under `auto` a float32 checkpoint's linears run coded (f32z) where the host decodes them and its
+    float32 prefill runs the kernel's panel GEMM: the logits bit for bit those of the f32 weights (decode
+    steps, and a prefill's panel GEMM on the decoded rows); a tied head's table then looks its rows up in the
+    head's coded bytes (no float32 table kept); a later load maps them from the quantization cache. `none`
+    and `BLAZR_CODED=0` keep them f32 views of the loaded tensors."""
     from blazr.model.embedding import QuantizedEmbedding
     from tests.tiny import build
 
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
     path = tmp_path / "llama"
     build("LlamaForCausalLM", path, hidden_size=512, intermediate_size=1024, vocab_size=64,
           tie_word_embeddings=tied, initializer_range=0.02)  # fmt: skip
@@ -227,7 +229,9 @@ def test_loader_codes_float32_linears_with_the_same_logits(
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
 
     def load() -> LLM:
-        return LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize=mode)
+        llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize=mode)
+        quant_cache.wait()
+        return llm
 
     def linears(llm: LLM) -> dict[str, QuantizedLinear]:
         return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
@@ -237,7 +241,7 @@ def test_loader_codes_float32_linears_with_the_same_logits(
     assert {m.kind for m in linears(plain).values()} == {"f32"}
     monkeypatch.delenv("BLAZR_CODED")
     made = load()
-    codes = "avx512" in ops.kernels().features and kernel_prefill_f32()
+    codes = "avx512" in ops.kernels().features and kernel_prefill_f32() and mode == "auto"
     assert {m.kind for m in linears(made).values()} == {"f32z" if codes else "f32"}
     for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
         assert torch.equal(a, b)
@@ -250,3 +254,10 @@ def test_loader_codes_float32_linears_with_the_same_logits(
         assert torch.equal(table.weight, plain.model.embed_tokens.weight)
     else:
         assert not isinstance(table, QuantizedEmbedding)
+    if codes:
+        monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+        again = load()
+        files = list((tmp_path / "qcache").glob("*.blzq"))
+        assert len(files) == 1
+        for name, m in linears(again).items():
+            assert m.kind == "f32z" and mapped_file(m.qweight.data.data_ptr()) == str(files[0]), name

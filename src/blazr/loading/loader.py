@@ -137,12 +137,12 @@ def load_model(
     model = model.to(device).eval()
     if made:
         log.info("quantized linear layers (%s): %s", quantize, dict(made))
+    if on_kernels and (wrapped := wrap_float_linears(model, quantize, cache)):
+        log.info("float32 linear layers on the f32 decode kernel: %d", wrapped)
     if cache is not None and cache.hits:
         log.info("quantization cache: %d weights mapped from %s", cache.hits, cache.path)
     if cache is not None:
         cache.save()  # a background write when this load quantized anything the file did not hold
-    if on_kernels and (wrapped := wrap_float_linears(model)):
-        log.info("float32 linear layers on the f32 decode kernel: %d", wrapped)
     if on_kernels and (absorbed := absorb_mla(model, quantize)):
         log.info("MLA per-head decode weights (W_UKᵀ, W_UV): %s", dict(absorbed))
     log.info("weights: %.2f GiB in %.1fs", weight_bytes(model) / 2**30, time.perf_counter() - t0)
@@ -189,7 +189,7 @@ def load_shard(
         made = quantize_loaded(model, quantize, prefill_dtype())
         if made:
             log.info("quantized linear layers (%s): %s", quantize, dict(made))
-        wrap_float_linears(model)
+        wrap_float_linears(model, quantize)
         absorb_mla(model, quantize)
     log.info(
         "tensor-parallel rank %d of %d: %.2f GiB of weights in %.1fs",

@@ -58,6 +58,7 @@ from blazr.kernels.quant import (
     quantize,
 )
 from blazr.kernels.row_table import ROW_KINDS, RowTable
+from blazr.loading.quant_cache import QuantCache
 from blazr.loading.stored import (
     bf16_as_stored,
     gguf_blocks,
@@ -475,16 +476,19 @@ def kernel_prefill_f32() -> bool:
     return measured == "kernel" if measured else "avx512" not in lib.features
 
 
-def wrap_float_linears(model: CausalLM) -> int:
+def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | None = None) -> int:
     """Put the float32 target linears left after `quantize_from_file` on the C kernels: each becomes a
-    QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy) — or, where its prefill runs the
-    kernel's panel GEMM and the host decodes coded weights, the tensor coded (f32z, kernels/coded.py: every
-    bit in 7/8 of the bytes a decode step reads, made at each load; a tied head keeps the table itself). A
-    decode-only forward streams the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one
-    row, cold weights: 15–18 GB/s against torch's 10–13). Prefill runs the kernel too where its many-row path
-    is gemm_float.c's panel GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is that same tensor,
-    and prefill keeps torch's GEMM. A tied lm_head wraps the embedding table itself. Returns how many layers
-    were wrapped."""
+    QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy). Under `auto`, where the host
+    decodes coded weights and its float32 prefill runs the kernel's panel GEMM, the weight is coded instead
+    (f32z, kernels/coded.py: every bit, in 7/8 of the bytes a decode step reads; prefill decodes 16 rows at
+    a time into the panel) — the quantization cache's copy when it holds one, else coded here and handed to
+    `cache` (~1 GB/s: 3.4 s for Qwen3.5-0.8B's 3.2 GB) —, and a tied head's token table then looks its rows
+    up in the head's coded bytes; `none` keeps every f32 tensor as loaded (the reference path). A decode-
+    only forward streams the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row,
+    cold weights: 15–18 GB/s against torch's 10–13). Prefill runs the kernel too where its many-row path is
+    gemm_float.c's panel GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is that same tensor,
+    and prefill keeps torch's GEMM. A tied lm_head wraps the embedding table itself. Returns how many
+    layers were wrapped."""
     wrapped, on_panel = 0, kernel_prefill_f32()
     for name, linear in _targets(model):  # after quantize_from_file: the float linears it left
         weight = model.embed_tokens.weight if linear is None else linear.weight
@@ -493,12 +497,27 @@ def wrap_float_linears(model: CausalLM) -> int:
         qw = quantize(weight.detach(), "f32")  # a view of the same storage
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
-        if on_panel and coded.wanted("f32", qw.in_features) and (linear is not None or model.tp is None):
-            qw = coded.pack(qw) or qw  # 7/8 of the bytes, the same bits (prefill: the panel on decoded rows)
+        if mode == "auto" and on_panel and (linear is not None or model.tp is None):
+            qw = _coded_f32(qw, f"{name}.weight", cache)
             if linear is None and qw.kind == "f32z":  # a tied head: the table reads the same coded rows
-                model.embed_tokens = QuantizedEmbedding(
-                    RowTable(qw.kind, qw.data, qw.out_features, qw.in_features)
-                )
+                table = RowTable(qw.kind, qw.data, qw.out_features, qw.in_features)
+                model.embed_tokens = QuantizedEmbedding(table)
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
     return wrapped
+
+
+def _coded_f32(qw: QuantizedWeight, entry: str, cache: QuantCache | None) -> QuantizedWeight:
+    """f32 weight `qw` coded where the host decodes it (the cache's copy under `entry`, else made and handed
+    to the cache), else as it is."""
+    if not coded.wanted("f32", qw.in_features):
+        return qw
+    n, k = qw.out_features, qw.in_features
+    if cache is not None and (cached := cache.get(entry, "f32z", n, k)) is not None:
+        return cached
+    made = coded.pack(qw)
+    if made is None:
+        return qw
+    if cache is not None:
+        cache.put(entry, made)
+    return made
