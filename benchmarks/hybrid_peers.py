@@ -404,8 +404,8 @@ MODELS: dict[str, tuple[str, dict, Callable[[dict], None] | None]] = {
 }
 
 # precision → (blazr --quantize, llama.cpp GGUF type)
-# F32: blazr's default (`auto`), which codes a float32 checkpoint's linears (kernels/coded.py: the same bits in
-# 7/8 of the bytes); `none` keeps them as loaded (the reference path: 0.88x the bytes more a decode step)
+# F32: blazr's default (`auto`), which codes a float32 checkpoint's linears (kernels/coded.py: the same bits
+# in 7/8 of the bytes); `none` keeps them as loaded (the reference path: 8/7 of the bytes a decode step reads)
 PRECISIONS = {"f32": ("auto", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_0"), "q4": ("int4", "Q4_0")}
 # Optional (not in the default list): llama.cpp's Q4_K_M, which blazr runs only as the GGUF — its K-quants
 # re-laid in 16-row groups (kernels/kquant_packed.py) and, beside it, kept as stored (BLAZR_KPACK=0).
