@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from blazr.kernels import ops
+from blazr.kernels import coded, ops
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.quant import BLOCK_KINDS, FLOAT_KINDS, K_KINDS, dequantize, quantize
 from blazr.kernels.row_table import ROW_KINDS, RowTable
@@ -29,18 +29,23 @@ def test_embedding(lib: ops.Kernels) -> None:
 @pytest.mark.parametrize("kind", ROW_KINDS)
 def test_embedding_rows(lib: ops.Kernels, kind: str) -> None:
     """A table kept in a GGUF's row layout: the looked-up rows dequantized bit for bit as dequantizing the
-    whole table would (gguf.quants' values), times a scale; only rows in range."""
+    whole table would (gguf.quants' values), times a scale; only rows in range. Coded rows (a tied head's,
+    kernels/coded.py) decode to their bf16 / f32 values the same way."""
     g = torch.Generator().manual_seed(2)
     V, D = 37, 512
     if kind in K_KINDS:
         data = random_kquant(kind, V, D, g).data
     elif kind in (*BLOCK_KINDS, "q5_0"):
         data = quantize(torch.randn(V, D, generator=g), kind).ggml_blocks()
+    elif kind in coded.BASE_OF:
+        data = coded.pack_reference(torch.randn(V, D, generator=g).to(FLOAT_KINDS[coded.BASE_OF[kind]]))
     else:
         data = torch.randn(V, D, generator=g).to(FLOAT_KINDS[kind]).view(torch.uint8)
     table = RowTable(kind, data.contiguous(), V, D)
     whole = dequantize(table.rows(torch.arange(V)))
-    if kind not in FLOAT_KINDS:  # the file's values, as gguf-py dequantizes them
+    if (
+        kind not in FLOAT_KINDS and kind not in coded.BASE_OF
+    ):  # the file's values, as gguf-py dequantizes them
         ggml_type = gguf.GGMLQuantizationType[kind.upper()]
         assert np.array_equal(whole.numpy(), gguf.quants.dequantize(data.numpy(), ggml_type))
     ids = torch.tensor([3, 0, 36, 3])
