@@ -400,6 +400,31 @@ def test_k_quant_gguf_packed_layout_changes_no_bit(
     assert tokens[0] == tokens[1] and len(tokens[0]) == 12
 
 
+def test_a_cached_kmix_follows_the_layout_chosen_now(
+    q4_k_m: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kmix weight (Q4_K_M's q|k beside a Q6_K v) cached when host tuning re-laid Q6_K alone is re-laid
+    again once both kinds are chosen — not taken from the cache with its old segments (a suite run caught it:
+    an earlier test's load had cached the q4_k segments as stored) — with the same logits."""
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
+    monkeypatch.setattr(kquant_packed, "wanted", lambda kind: kind == "q6_k")
+    first = LLM(q4_k_m, cpu=True, dtype="float32", max_num_seqs=2)
+    quant_cache.wait()
+    monkeypatch.setattr(kquant_packed, "wanted", lambda kind: True)
+    second = LLM(q4_k_m, cpu=True, dtype="float32", max_num_seqs=2)
+
+    def segments(llm: LLM) -> set[tuple[str, ...]]:
+        mods = llm.model.modules()
+        return {tuple(p.kind for p in m.qweight.parts()) for m in mods if isinstance(m, QuantizedLinear)
+                and m.kind == "kmix"}  # fmt: skip
+
+    assert segments(first) and all("q6_kx" in s and "q4_k" in s for s in segments(first)), segments(first)
+    assert all(set(s) <= {"q4_kx", "q6_kx"} for s in segments(second)), segments(second)
+    batch = prompts([20, 7], seed=3, vocab=first.config.vocab_size)
+    for a, b in zip(full_logits(first.runner, batch), full_logits(second.runner, batch), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_q4_k_m_gguf_agrees_with_llama_cpp(q4_k_m: Path) -> None:
     """llama.cpp on the same file (its own Q8_K activations and K-quant dots): blazr is at least as close
     to llama.cpp as llama.cpp is to the file's float values."""

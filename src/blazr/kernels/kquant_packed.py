@@ -127,6 +127,14 @@ def packed_kind(qw: QuantizedWeight, num_stacked: int = 1) -> str | None:
     return KX_OF[qw.kind]
 
 
+def layout(qw: QuantizedWeight, num_stacked: int = 1) -> tuple[str, ...]:
+    """The kinds of `qw`'s parts as the loader would re-lay them on this host now (one part unless kmix) —
+    what a cached re-laid copy must hold to be used: host tuning may since have changed its choice."""
+    if qw.kind == KMIX:
+        return tuple(KX_OF[p.kind] if _packs(p) else p.kind for p in qw.parts())
+    return (packed_kind(qw, num_stacked) or qw.kind,)
+
+
 def _packs(part: QuantizedWeight) -> bool:
     """Whether a kmix weight's segment is re-laid: a K-quant of whole 16-row groups whose kind this host packs
     (the segments' dots are computed apart, so a SwiGLU's halves need no more than that)."""

@@ -223,14 +223,16 @@ def _in_situ(
 def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: int = 1) -> QuantizedWeight:
     """A GGUF's weight `qw` as the CPU kernels run it: a K-quant whose kind this host packs re-laid in 16-row
     groups (kernels/kquant_packed.py `packed_kind`) — the quantization cache's copy where an earlier load of
-    the file made it (the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57), else
+    the file made it and it holds the layout chosen now (a kmix's segments follow host tuning, which may have
+    changed its mind since; the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57), else
     packed here and handed to the cache under `entry` —; a BF16 weight coded (`_coded`); any other weight as
     it is."""
     kind = kquant_packed.packed_kind(qw, num_stacked)
     if kind is None:
         return _coded(loader, entry, qw)
-    cache = loader.cache
-    if cache is not None and (cached := cache.get(entry, kind, qw.out_features, qw.in_features)) is not None:
+    cache, want = loader.cache, kquant_packed.layout(qw, num_stacked)
+    cached = None if cache is None else cache.get(entry, kind, qw.out_features, qw.in_features)
+    if cached is not None and tuple(p.kind for p in cached.parts()) == want:  # a kmix's segments as now
         return cached
     packed = kquant_packed.pack(qw)
     if cache is not None:
