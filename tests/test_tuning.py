@@ -184,3 +184,42 @@ def test_the_k_quant_layout_is_chosen_on_this_host_and_followed(
     else:
         assert not set(names) & set(data["choices"]) and data["kpack_gbps"] == {}
     assert not set(names) & set(tuning.measure(generic)["choices"])  # no VNNI path: nothing to choose
+
+
+def test_the_coded_form_is_chosen_on_this_host_and_followed(
+    small: Path, monkeypatch: pytest.MonkeyPatch, generic: ops.Kernels
+) -> None:
+    """On a build with the AVX-512 decode, each float kind's coded form (kernels/coded.py) is timed against
+    the stored kind after the knobs, kept in the file beside both rates (weights a second), read back by a
+    later load, and the loader's rule (`coded.wanted`) follows it unless `BLAZR_CODED` decides; rows too short
+    to gain are never coded; a build without the decode has no such choice."""
+    from blazr.kernels import coded
+
+    k = ops.kernels()
+    assert k is not None
+    monkeypatch.delenv("BLAZR_CODED", raising=False)
+    names = {f"coded_{kind}": kind for kind in tuning.CODED_PROBES}
+    tuning.CHOICES.clear()
+    tuning.apply(k)
+    data = json.loads(_file(small).read_text())
+    if "avx512" in k.features:
+        assert {data["choices"][name] for name in names} <= {"coded", "stored"}
+        assert {kind: set(rates) for kind, rates in data["coded_gws"].items()} == {
+            kind: {"coded", "stored"} for kind in tuning.CODED_PROBES
+        }
+        tuning.CHOICES.clear()
+        tuning.apply(k)  # read back
+        for name, kind in names.items():
+            assert tuning.CHOICES[name] == data["choices"][name]
+            assert coded.wanted(kind, 2048) == (data["choices"][name] == "coded")
+            monkeypatch.setitem(tuning.CHOICES, name, "stored")
+            assert not coded.wanted(kind, 2048)
+            monkeypatch.setenv("BLAZR_CODED", "1")
+            assert coded.wanted(kind, 2048) and not coded.wanted(kind, 64)
+            monkeypatch.setitem(tuning.CHOICES, name, "coded")
+            monkeypatch.setenv("BLAZR_CODED", "0")
+            assert not coded.wanted(kind, 2048)
+            monkeypatch.delenv("BLAZR_CODED")
+    else:
+        assert not set(names) & set(data["choices"]) and data["coded_gws"] == {}
+    assert not set(names) & set(tuning.measure(generic)["choices"])  # no AVX-512 decode: nothing to choose

@@ -15,9 +15,9 @@ decode in torch; `pack` in C (csrc/linear_coded.c `blz_pack_coded`, the same byt
 cap − 1 escapes in some row is not codable and stays as it is (`pack` returns None).
 
 The loader codes bf16 linears and MoE expert stacks (`--quantize bf16`, a GGUF's BF16 tensors) and float32
-linears (a float32 checkpoint, `auto` or `none`) where the library has its AVX-512 decode (elsewhere the
-kernel would decode the whole weight per call) and the rows are long enough to gain (`worth`), unless
-`BLAZR_CODED=0`.
+linears (a float32 checkpoint under `auto`; `none` keeps them as loaded) where the library has its AVX-512
+decode (elsewhere the kernel would decode the whole weight per call), the rows are long enough to gain
+(`worth`) and host tuning measured the coded decode faster (`wanted`); `BLAZR_CODED=0` / `1` decides instead.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 
 import torch
 
-from blazr.kernels import ops
+from blazr.kernels import ops, tuning
 from blazr.kernels.quant import QuantizedWeight
 
 KIND_OF = {"bf16": "bf16z", "f32": "f32z"}  # stored kind → coded kind
@@ -62,18 +62,21 @@ def worth(k: int, kind: str = "bf16z") -> bool:
     return codable_shape(k) and row_bytes(k, kind) <= share * stored * k
 
 
-def positions() -> torch.Tensor:
-    """int64 [64]: the byte position of column j of a block (csrc's blz_bz_pos)."""
+def positions(kind: str = "bf16z") -> torch.Tensor:
+    """int64 [64]: the byte position of column j of a block (csrc's blz_bz_pos): where the AVX-512 decode
+    leaves it in lane j % 16 of register j / 16 (f32z's decode interleaves words, not bytes, last)."""
     j = torch.arange(BLOCK)
     i, lane = j // 16, j % 16
+    if kind == "f32z":
+        return 16 * (lane // 4) + 4 * i + lane % 4
     return 16 * (lane // 4) + 8 * (i // 2) + 2 * (lane % 4) + i % 2
 
 
 def _low_slots() -> torch.Tensor:
-    """int64 [64]: where column j's low 16 bits lie in an f32z block's 64 uint16 after the codes (dword d of
-    chunk h: columns 32h + d, then 32h + 16 + d)."""
-    j = torch.arange(BLOCK)
-    return 32 * (j // 32) + 2 * (j % 16) + (j % 32) // 16
+    """int64 [64]: f32z: the uint16 slot after the codes of column j's low 16 bits (csrc's blz_bz_low_at: in
+    position order, chunk 0 the positions 16L + t, chunk 1 16L + 8 + t, t < 8)."""
+    p = positions("f32z")
+    return 32 * ((p % 16) // 8) + 8 * (p // 16) + p % 8
 
 
 def _check(w: torch.Tensor) -> None:
@@ -112,7 +115,7 @@ def pack_reference(w: torch.Tensor) -> torch.Tensor | None:
     if n and int(escaped.sum(1).max()) > c - 1:
         return None
     code = code.clamp(min=0)
-    nb, pos, bb = k // BLOCK, positions(), block_bytes(kind)
+    nb, pos, bb = k // BLOCK, positions(kind), block_bytes(kind)
     blocks = torch.zeros(n, nb, bb, dtype=torch.uint8)
     blocks[..., pos] = (bits & 0xFF).view(n, nb, BLOCK).to(torch.uint8)
     nib = torch.zeros(n, nb, BLOCK, dtype=torch.int64)
@@ -141,7 +144,7 @@ def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
                          f"{list(data.shape)}")  # fmt: skip
     d = data.to(torch.int64)
     blocks = d[:, _TABLES + 4 * c :].reshape(n, nb, bb)
-    pos = positions()
+    pos = positions(kind)
     under = blocks[..., pos].reshape(n, k)
     codes = (blocks[..., 64 + pos // 2] >> (4 * (pos % 2)) & 15).reshape(n, k)
     top = d[:, :16].gather(1, codes) << 8 | under
@@ -170,8 +173,12 @@ def pack(qw: QuantizedWeight) -> QuantizedWeight | None:
 
 def wanted(kind: str, k: int) -> bool:
     """Whether the loader codes a weight of `kind` (bf16, f32) and rows of k here: rows worth coding, where
-    the library has its AVX-512 decode, unless `BLAZR_CODED=0`."""
+    the library has its AVX-512 decode; then `BLAZR_CODED` (0 / 1) when set, else host tuning's choice
+    (kernels/tuning.py `coded_bf16` / `coded_f32`: coded unless the stored kind's decode read faster here)."""
     lib = ops.kernels()
-    if kind not in KIND_OF or lib is None or "avx512" not in lib.features:
+    if kind not in KIND_OF or lib is None or "avx512" not in lib.features or not worth(k, KIND_OF[kind]):
         return False
-    return os.environ.get("BLAZR_CODED") != "0" and worth(k, KIND_OF[kind])
+    forced = os.environ.get("BLAZR_CODED")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return tuning.CHOICES.get(f"coded_{kind}", "coded") == "coded"

@@ -45,7 +45,7 @@ from blazr.kernels.bindings import Kernels
 from blazr.kernels.quant import QuantizedWeight
 
 FORMAT = 5  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
-# measured after streams_k; 4: + the K-quant layouts' choice, kpack_*; 5: + streams_z)
+# measured after streams_k; 4: + the K-quant layouts' choice, kpack_*; 5: + streams_z, coded_bf16 / coded_f32)
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
 MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
@@ -53,6 +53,7 @@ MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
 SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
 PREFILL_ROWS = 256  # a prompt chunk's rows for the float32 prefill GEMM's choice
 KPACK_PROBES = ("q4_k", "q6_k")  # K-quant kinds whose layout is chosen (q5_k follows q4_k: the same walk)
+CODED_PROBES = ("bf16", "f32")  # float kinds whose coded form (kernels/coded.py) is chosen or not
 # host choices made above the C knobs, as measured or read by the last `apply` (name → value)
 CHOICES: dict[str, str] = {}
 
@@ -202,11 +203,18 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
         if log:
             cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in layouts[kind].items())
             log(f"  kpack_{kind}: {cells} → {choices[f'kpack_{kind}']}")
+    coded_rates: dict[str, dict[str, float]] = {}  # bf16 / f32 → G weights/s, stored and coded
+    for kind in CODED_PROBES if "avx512" in k.features else ():
+        choices[f"coded_{kind}"], coded_rates[kind] = _coded(k, made.get(kind) or _decode_weights(kind, g))
+        if log:
+            cells = ", ".join(f"{v}: {r:.1f} G weights/s" for v, r in coded_rates[kind].items())
+            log(f"  coded_{kind}: {cells} → {choices[f'coded_{kind}']}")
     choice, gflops = _f32_prefill(k, g)
     if log:
         log(f"  f32_prefill: kernel {gflops['kernel']:.0f}, sgemm {gflops['sgemm']:.0f} GFLOP/s → {choice}")
     choices["f32_prefill"] = choice
-    return {"knobs": chosen, "gbps": rates, "choices": choices, "gflops": gflops, "kpack_gbps": layouts}
+    return {"knobs": chosen, "gbps": rates, "choices": choices, "gflops": gflops, "kpack_gbps": layouts,
+            "coded_gws": coded_rates}  # fmt: skip
 
 
 def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
@@ -220,6 +228,23 @@ def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[s
     (run_s, nbytes), (run_g, _) = _decode_pass(k, stored), _decode_pass(k, packed)
     rate = _best_rates({"groups": run_g, "stored": run_s}, nbytes)
     choice = "stored" if rate["stored"] > rate["groups"] * (1 + MARGIN) else "groups"
+    return choice, {name: round(r, 2) for name, r in rate.items()}
+
+
+def _coded(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
+    """A float kind's one-row decode pass over cold weights as stored against the same weights coded
+    (linear_coded.c, kernels/coded.py), in weights a second: "coded", the loader's default on AVX-512 builds,
+    unless the stored kind reads MARGIN faster here. The coded pass reads 0.77x (bf16) / 0.88x (f32) the bytes
+    but decodes them: it wins where the memory is the limit and loses where the memory outruns its decode (Zen
+    5, 2 threads, the memory at 40-50 GB/s: bf16 1.2-1.4x, f32 1.1-1.15x; at 70-90 GB/s: bf16 1.1-1.3x, f32
+    0.85-0.9x, NOTES §58)."""
+    from blazr.kernels import coded
+
+    made = [[coded.pack(w) for w in ws] for ws in stored]
+    (run_s, _), (run_c, _) = _decode_pass(k, stored), _decode_pass(k, made)  # type: ignore[arg-type]
+    weights = sum(w.out_features * w.in_features for ws in stored for w in ws)
+    rate = _best_rates({"coded": run_c, "stored": run_s}, weights)
+    choice = "stored" if rate["stored"] > rate["coded"] * (1 + MARGIN) else "coded"
     return choice, {name: round(r, 2) for name, r in rate.items()}
 
 

@@ -65,7 +65,7 @@ enum { BLZ_Q4_KX = 12, BLZ_Q6_KX = 13, BLZ_Q5_KX = 14 };
 BLZ_INLINE int blz_is_kx(int kind) { return kind == BLZ_Q4_KX || kind == BLZ_Q5_KX || kind == BLZ_Q6_KX; }
 /* Float weights with their top byte (sign, 7 exponent bits) coded in 4 bits (linear_coded.c): a bf16 weight's
  * bits in 3/4 of the bytes, an f32 weight's in 7/8. A row of K (a multiple of 64 below 65536): a 32-byte table,
- * cap escapes of 4 bytes, K/64 blocks of 96 (f32z: 224); column j of a block at position blz_bz_pos(j).
+ * cap escapes of 4 bytes, K/64 blocks of 96 (f32z: 224); column j of a block at position blz_bz_pos(j, f32).
  * BLZ_F32Z is past 15: not a code of blz_linear_by_code's weight codes (op · 16 + kind), as its weights are never
  * experts or MLA heads. */
 enum { BLZ_BF16Z = 15, BLZ_F32Z = 16 };
@@ -74,7 +74,12 @@ BLZ_INLINE int64_t blz_bz_cap(int64_t K) { /* escapes a row: K/128, at least 8, 
     return (c + 7) / 8 * 8;
 }
 BLZ_INLINE int64_t blz_bz_row_bytes(int64_t K, int f32) { return 32 + 4 * blz_bz_cap(K) + K / 64 * (f32 ? 224 : 96); }
-BLZ_INLINE int blz_bz_pos(int j) { return 16 * ((j % 16) / 4) + 8 * (j / 32) + 2 * (j % 4) + (j / 16) % 2; }
+BLZ_INLINE int blz_bz_pos(int j, int f32) {
+    return f32 ? 16 * ((j % 16) / 4) + 4 * (j / 16) + j % 4 : 16 * ((j % 16) / 4) + 8 * (j / 32) + 2 * (j % 4) + (j / 16) % 2;
+}
+/* f32z: the byte offset in a block of the low 16 bits at position p (two 64-byte chunks, words in position
+ * order: chunk 0 the positions 16L + t, chunk 1 16L + 8 + t, t < 8, word 8L + t) */
+BLZ_INLINE int blz_bz_low_at(int p) { return 96 + 64 * ((p % 16) / 8) + 2 * (8 * (p / 16) + p % 8); }
 #define BLZ_QK 32
 /* Kind flag of blz_linear_q (Q8_0G and the K-quants) and of the f16 and bf16 linear calls: `w` is not the
  * weight's bytes but a row table, int64 [N] — the address of each row's bytes, wherever they lie (a fused

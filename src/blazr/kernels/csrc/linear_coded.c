@@ -18,11 +18,11 @@
  *   columns (at most cap − 1 used, so a 0xFFFF always ends the list);
  * - K/64 blocks of 96 bytes (f32z: 224): 64 bytes — the byte under the top one (bits 16-23 of an f32, 0-7 of
  *   a bf16) — at block position p, then 32 bytes of codes (code of position p: nibble p & 1 of byte p/2);
- *   f32z then 128 bytes of the low 16 bits (dword d of chunk h: columns 32h + d, 32h + 16 + d). Column j of a
- *   block is at position blz_bz_pos(j) = 16·(l/4) + 8·(i/2) + 2·(l%4) + i%2 (i = j/16, l = j%16): where the
- *   AVX-512 decode — codes looked up with vpshufb, bytes interleaved per 128-bit lane, words split into fp32
- *   by a shift and a mask (f32z: the low bits or-ed in) — leaves it in lane l of register i. An escaped
- *   column has code 0; its top byte is or-ed into its lane before the lane is used.
+ *   f32z then the low 16 bits, 64 uint16 at blz_bz_low_at(p). Column j of a block is at position
+ *   blz_bz_pos(j, f32): where the AVX-512 decode — codes looked up with vpshufb, bytes interleaved per 128-bit
+ *   lane into top 16-bit words, then (bf16z) split into fp32 by a shift and a mask or (f32z) interleaved with
+ *   the low words — leaves it in lane j % 16 of register j / 16. An escaped column has code 0; its top byte is
+ *   or-ed into its lane before the lane is used.
  * The sums are the stored kind's (columns k..k+15 of each 32 into one accumulator, k+16..k+31 into the other,
  * in column order, then blz_quarters512 for bf16, f32's reduce for f32), so the bits are the stored kernel's:
  * decode (M ≤ 8) as streams of rows; prefill (more rows) by gemm_float.c's panel GEMM on 16 rows decoded at a
@@ -42,16 +42,14 @@ static uint16_t bz_top(const uint8_t *w, int64_t K, int64_t j, const int f32) {
     for (int64_t e = 0; e < blz_bz_cap(K) && esc[2 * e] != 0xFFFF; ++e)
         if (esc[2 * e] == j) return esc[2 * e + 1];
     const uint8_t *b = w + 32 + 4 * blz_bz_cap(K) + j / 64 * bz_block_bytes(f32);
-    const int p = blz_bz_pos((int)(j % 64)), c = (b[64 + p / 2] >> (4 * (p & 1))) & 15;
+    const int p = blz_bz_pos((int)(j % 64), f32), c = (b[64 + p / 2] >> (4 * (p & 1))) & 15;
     return (uint16_t)(w[c] << 8 | b[p]);
 }
 
-/* f32z: the low 16 bits of column j (dword d of chunk h holds columns 32h + d and 32h + 16 + d). */
+/* f32z: the low 16 bits of column j. */
 static uint16_t bz_low(const uint8_t *w, int64_t K, int64_t j) {
-    const uint8_t *b = w + 32 + 4 * blz_bz_cap(K) + j / 64 * 224 + 96;
-    const int c = (int)(j % 64), h = c / 32, d = c % 16, hi = (c % 32) / 16;
     uint16_t v;
-    memcpy(&v, b + 64 * h + 4 * d + 2 * hi, 2);
+    memcpy(&v, w + 32 + 4 * blz_bz_cap(K) + j / 64 * 224 + blz_bz_low_at(blz_bz_pos((int)(j % 64), 1)), 2);
     return v;
 }
 
@@ -66,13 +64,10 @@ BLZ_INLINE void bz_block(const uint8_t *b, __m512i table, __m512 f[4], const int
     const __m512i w0 = _mm512_unpacklo_epi8(lo, hi), w1 = _mm512_unpackhi_epi8(lo, hi);
     const __m512i top = _mm512_set1_epi32((int)0xffff0000);
     __m512i v[4];
-    if (f32) { /* the low 16 bits beside: (w << 16) | (L & 0xffff), (w & 0xffff0000) | (L >> 16) */
+    if (f32) { /* the low 16 bits beside: each dword (low word, top word), the words interleaved */
         const __m512i L0 = _mm512_loadu_si512(b + 96), L1 = _mm512_loadu_si512(b + 160);
-        const __m512i low = _mm512_set1_epi32(0xffff);
-        v[0] = _mm512_ternarylogic_epi32(_mm512_slli_epi32(w0, 16), L0, low, 0xF8);
-        v[1] = _mm512_ternarylogic_epi32(w0, _mm512_srli_epi32(L0, 16), top, 0xEC);
-        v[2] = _mm512_ternarylogic_epi32(_mm512_slli_epi32(w1, 16), L1, low, 0xF8);
-        v[3] = _mm512_ternarylogic_epi32(w1, _mm512_srli_epi32(L1, 16), top, 0xEC);
+        v[0] = _mm512_unpacklo_epi16(L0, w0), v[1] = _mm512_unpackhi_epi16(L0, w0);
+        v[2] = _mm512_unpacklo_epi16(L1, w1), v[3] = _mm512_unpackhi_epi16(L1, w1);
     } else {
         v[0] = _mm512_slli_epi32(w0, 16), v[1] = _mm512_and_si512(w0, top);
         v[2] = _mm512_slli_epi32(w1, 16), v[3] = _mm512_and_si512(w1, top);
@@ -297,7 +292,7 @@ BLZ_EXPORT int64_t blz_pack_coded(const void *w, int64_t N, int64_t K, int f32, 
             memset(b + 64, 0, 32);
             for (int j = 0; j < 64; ++j) {
                 const uint16_t h = f32 ? (uint16_t)(s32[k + j] >> 16) : s16[k + j];
-                const int p = blz_bz_pos(j);
+                const int p = blz_bz_pos(j, f32);
                 int c = code[h >> 8];
                 if (c < 0) { /* an escape: its top byte 0 here, its top 16 bits in the list */
                     if (ne < cap - 1) {
@@ -309,9 +304,9 @@ BLZ_EXPORT int64_t blz_pack_coded(const void *w, int64_t N, int64_t K, int f32, 
                 }
                 b[p] = (uint8_t)h;
                 b[64 + p / 2] |= (uint8_t)(c << (4 * (p & 1)));
-                if (f32) { /* the low 16 bits, dword d of chunk h: columns 32h + d (low), 32h + 16 + d (high) */
+                if (f32) { /* the low 16 bits */
                     const uint16_t low = (uint16_t)s32[k + j];
-                    memcpy(b + 96 + 64 * (j / 32) + 4 * (j % 16) + 2 * ((j % 32) / 16), &low, 2);
+                    memcpy(b + blz_bz_low_at(p), &low, 2);
                 }
             }
         }
