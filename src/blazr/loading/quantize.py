@@ -180,7 +180,10 @@ def quantize_from_file(
                 qw = quantize(weight, kind)
             else:
                 qw = _in_situ(loader, pname, shape, kind, entry=f"{name}.weight")
+            was = qw.kind
             qw = _coded(loader, f"{name}.weight", qw)
+            if qw.kind != was and linear is not None:  # coded: the checkpoint rows it viewed are not needed
+                loader.consume(pname, shape, is_copied=True)
         bias = None
         if linear is not None and linear.bias is not None:
             bias = loader.parameter(f"{name}.bias", (linear.out_features,), torch.float32)
