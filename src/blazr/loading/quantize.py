@@ -158,9 +158,8 @@ def quantize_from_file(
             qw = gguf_blocks(cfg, source, loader.names, pname, shape)
             if qw is None:
                 continue
-            qw = _relaid(
-                loader, pname, qw
-            )  # K-quants in 16-row groups, BF16 coded, where the kernels take them
+            # K-quants in 16-row groups, BF16 coded, where the kernels take them
+            qw = _relaid(loader, pname, qw)
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:
@@ -169,7 +168,9 @@ def quantize_from_file(
                 continue
             if linear is None and (shared := _table_as_head(model, kind)) is not None:
                 qw = shared
-            elif linear is not None and (cached := _cached_coded(loader, f"{name}.weight", shape, kind)):
+            elif linear is not None and (
+                cached := _cached_coded(loader.cache, f"{name}.weight", shape, kind)
+            ):
                 loader.consume(pname, shape, is_copied=False)
                 qw = cached
             elif linear is None and not isinstance(model.embed_tokens, QuantizedEmbedding):
@@ -181,7 +182,7 @@ def quantize_from_file(
             else:
                 qw = _in_situ(loader, pname, shape, kind, entry=f"{name}.weight")
             was = qw.kind
-            qw = _coded(loader, f"{name}.weight", qw)
+            qw = _coded(loader.cache, f"{name}.weight", qw)
             if qw.kind != was and linear is not None:  # coded: the checkpoint rows it viewed are not needed
                 loader.consume(pname, shape, is_copied=True)
         bias = None
@@ -230,10 +231,10 @@ def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: 
     changed its mind since; the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57), else
     packed here and handed to the cache under `entry` —; a BF16 weight coded (`_coded`); any other weight as
     it is."""
-    kind = kquant_packed.packed_kind(qw, num_stacked)
+    kind, cache = kquant_packed.packed_kind(qw, num_stacked), loader.cache
     if kind is None:
-        return _coded(loader, entry, qw)
-    cache, want = loader.cache, kquant_packed.layout(qw, num_stacked)
+        return _coded(cache, entry, qw)
+    want = kquant_packed.layout(qw, num_stacked)
     cached = None if cache is None else cache.get(entry, kind, qw.out_features, qw.in_features)
     if cached is not None and tuple(p.kind for p in cached.parts()) == want:  # a kmix's segments as now
         return cached
@@ -244,31 +245,30 @@ def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: 
 
 
 def _cached_coded(
-    loader: WeightLoader, entry: str, shape: tuple[int, ...], kind: str
+    cache: QuantCache | None, entry: str, shape: tuple[int, ...], kind: str
 ) -> QuantizedWeight | None:
     """The quantization cache's coded copy of weight `entry` [N, K] of `kind` where this host codes it (so
     neither the checkpoint's rows nor a bf16 copy are read), else None."""
     n, k = shape
-    if loader.cache is None or not coded.wanted(kind, k):
+    if cache is None or not coded.wanted(kind, k):
         return None
-    return loader.cache.get(entry, coded.KIND_OF[kind], n, k)
+    return cache.get(entry, coded.KIND_OF[kind], n, k)
 
 
-def _coded(loader: WeightLoader, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
-    """A bf16 / f32 weight with its exponents coded where this host's kernels decode it (kernels/coded.py:
+def _coded(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
+    """A bf16 / f32 weight with its top byte coded where this host's kernels decode it (kernels/coded.py:
     every bit kept, 0.77× / 0.88× the bytes a decode step reads) — the quantization cache's copy, else coded
-    here and handed to it under `entry` —; any other weight, or one with rows of too many rare exponents, as
-    it is."""
+    here and handed to `cache` under `entry` —; any other weight, or one with rows of too many rare top
+    bytes, as it is."""
     if not coded.wanted(qw.kind, qw.in_features):
         return qw
-    cached = _cached_coded(loader, entry, (qw.out_features, qw.in_features), qw.kind)
-    if cached is not None:
+    if (cached := _cached_coded(cache, entry, (qw.out_features, qw.in_features), qw.kind)) is not None:
         return cached
     made = coded.pack(qw)
     if made is None:
         return qw
-    if loader.cache is not None:
-        loader.cache.put(entry, made)
+    if cache is not None:
+        cache.put(entry, made)
     return made
 
 
@@ -324,8 +324,8 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
         else:
             kind = _ISQ_KIND[mode]
             stacked = [
-                _cached_coded(loader, p, (math.prod(shape[:-1]), shape[-1]), kind)
-                or _coded(loader, p, _in_situ(loader, p, shape, kind, is_stacked=True))
+                _cached_coded(loader.cache, p, (math.prod(shape[:-1]), shape[-1]), kind)
+                or _coded(loader.cache, p, _in_situ(loader, p, shape, kind, is_stacked=True))
                 for p, shape in params
             ]
         try:
@@ -503,26 +503,10 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
         if mode == "auto" and on_panel and (linear is not None or model.tp is None):
-            qw = _coded_f32(qw, f"{name}.weight", cache)
+            qw = _coded(cache, f"{name}.weight", qw)
             if linear is None and qw.kind == "f32z":  # a tied head: the table reads the same coded rows
                 table = RowTable(qw.kind, qw.data, qw.out_features, qw.in_features)
                 model.embed_tokens = QuantizedEmbedding(table)
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
     return wrapped
-
-
-def _coded_f32(qw: QuantizedWeight, entry: str, cache: QuantCache | None) -> QuantizedWeight:
-    """f32 weight `qw` coded where the host decodes it (the cache's copy under `entry`, else made and handed
-    to the cache), else as it is."""
-    if not coded.wanted("f32", qw.in_features):
-        return qw
-    n, k = qw.out_features, qw.in_features
-    if cache is not None and (cached := cache.get(entry, "f32z", n, k)) is not None:
-        return cached
-    made = coded.pack(qw)
-    if made is None:
-        return qw
-    if cache is not None:
-        cache.put(entry, made)
-    return made

@@ -33,7 +33,7 @@
 
 #define BZ_PF 3072 /* prefetch distance of a row stream, in bytes (2048 weights, as the bf16 kernel's) */
 
-/* Bytes of one block: 64 of sign | mantissa, 32 of codes, and for f32z 128 of the low 16 bits. */
+/* Bytes of one block: 64 under the top bytes, 32 of codes, and for f32z 128 of the low 16 bits. */
 BLZ_INLINE int64_t bz_block_bytes(const int f32) { return f32 ? 224 : 96; }
 
 /* The top 16 bits (bf16z: all 16) of column j of the row at w (any build; the reference of the decode). */
@@ -99,7 +99,7 @@ BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
         }                                                                                                  \
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {                                             \
             __m512 f[4];                                                                                   \
-            bz_block(b[r], tab[r], f, f32);                                                        \
+            bz_block(b[r], tab[r], f, f32);                                                                \
             if (patch) bz_patch(&esc[r], k, f);                                                            \
             b[r] += bz_block_bytes(f32);                                                                   \
             _Pragma("GCC unroll 4") for (int m = 0; m < nx; ++m) {                                         \
