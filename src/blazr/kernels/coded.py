@@ -3,12 +3,14 @@ of the bytes, of an f32 weight in 7/8 — the layout, its torch references, and 
 
 A float decode step is a read of the weights, at the memory's rate in blazr and in llama.cpp alike
 (benchmarks/NOTES.md §53, §55), so the one way to a faster step is fewer bytes. A weight's top byte is its
-sign and 7 of its 8 exponent bits, and a trained (or random) weight row uses few exponents: its 15 most
-frequent top bytes cover all but ~1e-4 of the row. So the top byte is stored as a 4-bit code into a 16-entry
-table of the row, the rare others whole in a short list (the escapes), and every other bit as it is (bf16: one
-byte; f32: three). Lossless: csrc/linear_coded.c, whose header gives the layout, decodes the bits as stored
-and gives the stored kind's kernel's bits on the same weight — linear_16bit.c's for bf16z, linear_float.c's
-for f32z — at every row count, on every build: the coding changes speed and size only.
+sign and 7 of its 8 exponent bits, and a weight row uses few exponents: the 15 most frequent top bytes of a
+random N(0, σ²) row cover all but ~1e-4 of it (14 binades). So the top byte is stored as a 4-bit code into a
+16-entry table of the row, the rare others whole in a short list (the escapes: K/128 slots a row, 0.8 %), and
+every other bit as it is (bf16: one byte; f32: three). A trained checkpoint's rate is not measured here (none
+in float is on the build machine); a weight with a row past its slots stays stored. Lossless:
+csrc/linear_coded.c, whose header gives the layout, decodes the bits as stored and gives the stored kind's
+kernel's bits on the same weight — linear_16bit.c's for bf16z, linear_float.c's for f32z — at every row count,
+on every build: the coding changes speed and size only.
 
 Bytes: data uint8 [N, row_bytes(K)], K a multiple of 64 below 65536. `pack_reference` / `unpack` code and
 decode in torch; `pack` in C (csrc/linear_coded.c `blz_pack_coded`, the same bytes). A weight with more than

@@ -4,8 +4,8 @@
  *
  * Why: a float decode step is a read of the weights. On a 2-vCPU Zen 5 both blazr's kernels and llama.cpp's
  * read them near the memory's rate (benchmarks/NOTES.md §53, §55), so no kernel of stored float weights can be
- * much faster than another. A weight's top byte is its sign and 7 of its 8 exponent bits, and trained (and
- * random) weights use few exponents: a row's 15 most frequent top bytes cover all but ~1e-4 of its weights.
+ * much faster than another. A weight's top byte is its sign and 7 of its 8 exponent bits, and weights use few
+ * exponents: the 15 most frequent top bytes of a random N(0, σ²) row cover all but ~1e-4 of it.
  * So the top byte is a 4-bit code into a 16-entry table of the row; the rest of the bits are kept as they are;
  * the rare top bytes are kept whole in a short list (the escapes). Lossless: the kernels see the bits as
  * stored, and give the same bits as the stored kind's kernel on the same weight (linear_16bit.c's bf16,
