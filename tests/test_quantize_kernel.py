@@ -19,9 +19,9 @@ from blazr.kernels.quant import (
     ROW_GROUP,
     pack_blocks_reference,
     quantize,
-    quantize_reference,
     unpack_blocks,
 )
+from blazr.kernels.quant_reference import quantize_reference
 from blazr.loading.gguf import dequantize_reference
 from tests.gguf_fixtures import random_blocks
 from tests.threads import intra_op_threads

@@ -127,9 +127,9 @@ class WeightFormatBindings:
         return out
 
     def pack_coded(self, w: torch.Tensor) -> torch.Tensor | None:
-        """A bf16 or f32 weight [N, K] (CPU) with its exponents coded (kernels/coded.py, csrc/linear_coded.c
+        """A bf16 or f32 weight [N, K] (CPU) with its top byte coded (kernels/coded.py, csrc/linear_coded.c
         `blz_pack_coded`) → uint8 [N, row_bytes(K)], `pack_reference`'s bytes; None when a row has more rare
-        exponents than its escape slots hold."""
+        top bytes than its escape slots hold."""
         from blazr.kernels.coded import codable_shape
         from blazr.kernels.coded import row_bytes as coded_row_bytes
 
@@ -187,9 +187,9 @@ class WeightFormatBindings:
         return out
 
     def quantize_blocks(self, kind: str, w: torch.Tensor) -> torch.Tensor:
-        """`quant.quantize_reference` in C (a direct call, never recorded): a float weight [N, K] (f32, bf16
-        or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes] (q8_0g:
-        ggml's rows [N, row_bytes])."""
+        """`quant_reference.quantize_reference` in C (a direct call, never recorded): a float weight [N, K]
+        (f32, bf16 or f16 on the CPU) → the row-packed bytes of block kind `kind`, uint8 [G, 16 · row_bytes]
+        (q8_0g: ggml's rows [N, row_bytes])."""
         check_quantize(kind, w)
         if not w.is_cpu or w.dtype not in ELEMENT_CODES:
             raise UnsupportedInput(f"quantize_blocks: a CPU f32 / bf16 / f16 weight expected, found "

@@ -11,7 +11,7 @@ Layouts: `packed` — ggml's 32-weight blocks re-laid in 16-row groups for the k
 kernels/kquant_packed.py): the stored kinds' values and bits, vpdpbusd across rows at every row count;
 `mixed` — a fused weight of row segments of different `ggml` kinds with one K (a 64-byte segment table, then
 each part);
-`coded` — bf16 / f32 weights with their exponents coded in 4 bits, lossless (csrc/linear_coded.c,
+`coded` — bf16 / f32 weights with their top byte coded in 4 bits, lossless (csrc/linear_coded.c,
 kernels/coded.py): rows of 32 bytes of tables, a few escapes, 96 (f32: 224) bytes per 64 weights;
 `float` — a torch tensor of the dtype.
 """

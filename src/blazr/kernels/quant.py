@@ -42,14 +42,13 @@ kept the same way, uint8 [N, K/32 · 22] (csrc/linear_b32.c, beside mxfp4; its v
 what llama.cpp's K-quant files hold for rows of no multiple of 256 values (Gemma 3, Qwen2.5-0.5B). Its kernel
 rounds activations as the 32-block kinds (`int8_dot_reference` emulates it).
 
-`quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C
-quantizers) byte for byte for the 32-block kinds — in C (csrc/quantize.c, straight into the packed layout)
-when the kernel library is loaded, else `quantize_reference` in torch; the same bytes
-(tests/test_quantize_kernel.py) (ggml's K-quant quantizers search scales iteratively; the
-tests take K-quant weights from llama.cpp's own quantizer, or kernels/kquant.py's `random_kquant`);
-`dequantize` reproduces `gguf.quants.dequantize` for every kind. The K-quant kernels' activation rounding
-(`quantize_q8_k`) is in kernels/kquant.py, row tables (a GGUF's token table kept as stored) in
-kernels/row_table.py.
+`quantize` reproduces gguf's numpy quantizers (`gguf.quants`, bit-exact with ggml's reference C quantizers)
+byte for byte for the 32-block kinds — in C (csrc/quantize.c, straight into the packed layout) when the kernel
+library is loaded, else `quantize_reference` in torch (kernels/quant_reference.py); the same bytes
+(tests/test_quantize_kernel.py) (ggml's K-quant quantizers search scales iteratively; the tests take K-quant
+weights from llama.cpp's own quantizer, or kernels/kquant.py's `random_kquant`); `dequantize` reproduces
+`gguf.quants.dequantize` for every kind. The K-quant kernels' activation rounding (`quantize_q8_k`) is in
+kernels/kquant.py, row tables (a GGUF's token table kept as stored) in kernels/row_table.py.
 
 Shapes: N = out_features, K = in_features, nb = K/32 blocks per row, G = ⌈N/16⌉ row groups; K-quants:
 K/256 super-blocks per row.
@@ -74,9 +73,8 @@ KX_KINDS = kinds("kpacked")  # q4_kx, q5_kx, q6_kx: K-quants in 16-row groups (k
 Q8_0G = "q8_0g"  # Q8_0 in ggml's own layout, run as stored (csrc/linear_q8.c)
 MXFP4 = "mxfp4"  # GGUF MXFP4 in ggml's own layout, run as stored (csrc/linear_b32.c)
 Q5_0 = "q5_0"  # GGUF Q5_0 in ggml's own layout, run as stored (csrc/linear_b32.c)
-CODED_KINDS = kinds(
-    "coded"
-)  # bf16z, f32z: bf16 / f32 with their exponents coded, lossless (kernels/coded.py)
+# bf16z, f32z: bf16 / f32 with their top byte coded, lossless (kernels/coded.py)
+CODED_KINDS = kinds("coded")
 # 32-weight block kinds kept in ggml's own row layout, [N, K/32 · block_bytes] (no repack)
 GGML_BLOCK_KINDS = (Q8_0G, MXFP4, Q5_0)
 # A fused weight whose parts (row segments) are of different kinds run as stored, of one K — llama.cpp's
@@ -354,26 +352,6 @@ def unpack_blocks(qw: QuantizedWeight) -> torch.Tensor:
     return rows.reshape(g * ROW_GROUP, -1)[:n].contiguous()
 
 
-def _round_half_away(v: torch.Tensor) -> torch.Tensor:
-    """gguf's np_roundf: round half away from zero, computed the same way."""
-    a = v.abs()
-    fl = a.floor()
-    return v.sign() * (fl + (2 * (a - fl)).floor())
-
-
-def _inverse(d: torch.Tensor) -> torch.Tensor:
-    return torch.where(d == 0, torch.zeros_like(d), 1 / d)
-
-
-def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """q [n, 32] uint8 in 0..15 → [n, 16] bytes: element j low, element j + 16 high."""
-    return q[:, :16] | (q[:, 16:] << 4)
-
-
-def _f16_bytes(v: torch.Tensor) -> torch.Tensor:
-    return v.to(torch.float16).view(torch.uint8)  # [n, 1] f16 → [n, 2]
-
-
 def check_quantize(kind: str, w: torch.Tensor) -> None:
     """ValueError unless `w` is a 2-D weight [N, K] that block kind `kind` (or q8_0g) can quantize (K a
     positive multiple of 32)."""
@@ -406,6 +384,7 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     ):  # gguf-py's quantizers, in torch (such weights come from checkpoints: for tests)
         return QuantizedWeight.from_blocks(kind, (mxfp4 if kind == MXFP4 else q5_0).quantize_blocks(w), n, k)
     from blazr.kernels import ops  # here, not at the top: ops imports this module
+    from blazr.kernels.quant_reference import quantize_reference  # it imports this module
 
     lib = ops.kernels() if w.is_cpu and w.dtype in (torch.float32, torch.bfloat16, torch.float16) else None
     if lib is None and kind == Q8_0G:  # q8_0's bytes in ggml's order
@@ -413,34 +392,6 @@ def quantize(w: torch.Tensor, kind: str) -> QuantizedWeight:
     if lib is None:
         return quantize_reference(w, kind)
     return QuantizedWeight(kind, lib.quantize_blocks(kind, w), n, k)
-
-
-def quantize_reference(w: torch.Tensor, kind: str) -> QuantizedWeight:
-    """`quantize` in torch: gguf's numpy quantizers' operations on fp32 blocks of 32, then `from_blocks`."""
-    if kind in FLOAT_KINDS:
-        return quantize(w, kind)
-    if kind in (MXFP4, Q5_0):
-        return quantize(w, kind)  # torch either way
-    if kind == Q8_0G:
-        return QuantizedWeight.from_blocks(kind, quantize_reference(w, "q8_0").ggml_blocks(), *w.shape)
-    check_quantize(kind, w)
-    n, k = w.shape
-    blocks = w.detach().to("cpu", torch.float32).reshape(-1, QK)  # [n·K/32, 32]
-    if kind == "q8_0":
-        d = blocks.abs().amax(-1, keepdim=True) / 127
-        q = _round_half_away(blocks * _inverse(d)).to(torch.int8).view(torch.uint8)
-        parts = [_f16_bytes(d), q]
-    elif kind == "q4_0":
-        imax = blocks.abs().argmax(-1, keepdim=True)  # first occurrence, as numpy
-        d = blocks.gather(-1, imax) / -8
-        q = (blocks * _inverse(d) + 8.5).trunc().clamp(0, 15).to(torch.uint8)
-        parts = [_f16_bytes(d), _pack_nibbles(q)]
-    else:  # q4_1
-        mx, mn = blocks.amax(-1, keepdim=True), blocks.amin(-1, keepdim=True)
-        d = (mx - mn) / 15
-        q = ((blocks - mn) * _inverse(d) + 0.5).trunc().clamp(0, 15).to(torch.uint8)
-        parts = [_f16_bytes(d), _f16_bytes(mn), _pack_nibbles(q)]
-    return QuantizedWeight.from_blocks(kind, torch.cat(parts, dim=-1), n, k)
 
 
 def block_fields(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
