@@ -4,7 +4,7 @@ references, and when the loader takes it.
 A GGUF's K-quant tensors run as stored (kinds q4_k, q5_k, q6_k: csrc/linear_k.c, one row's quants in a
 register's lanes). On a kernel build with AVX-512 VNNI the loader re-lays each whole linear weight of those
 kinds, and each MoE expert stack (model/moe.py: csrc/moe.c runs an expert's rows through the same linear
-kernels), once (`packed_kind` says which; loading/quantize.py `_relaid`): the same bytes, moved so that 16
+kernels), once (`packed_kind` says which; loading/relaid.py): the same bytes, moved so that 16
 rows' quants share a register and vpdpbusd computes 16 rows' dots at once (csrc/linear_kx.c, whose header
 gives the layout; here `FIELDS`). A one-row
 (decode) call then computes Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2

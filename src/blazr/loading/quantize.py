@@ -31,7 +31,8 @@ or routers. Quantized layers run on blazr's C kernels on the CPU with float32 ac
 (loader.py `prefill_dtype`, on request only) adds a dense tensor for prefill GEMMs (see model/qlinear.py).
 Under `int8` / `int4` / `bf16` a weight the quantization cache holds (loading/quant_cache.py: what the first
 load of the same checkpoint made) is mapped from its file instead, and each weight made in fresh memory is
-handed to it (`_in_situ`); under `auto` likewise each K-quant re-laid in 16-row groups (`_relaid`).
+handed to it (`_in_situ`); under `auto` likewise each K-quant re-laid in 16-row groups and each BF16 weight
+coded (loading/relaid.py).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy. How a weight is
 made from where its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
 """
@@ -45,7 +46,6 @@ import torch
 from torch import nn
 
 from blazr.errors import UnsupportedError
-from blazr.kernels import coded, kquant_packed
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
@@ -59,6 +59,7 @@ from blazr.kernels.quant import (
 )
 from blazr.kernels.row_table import ROW_KINDS, RowTable
 from blazr.loading.quant_cache import QuantCache
+from blazr.loading.relaid import cached_coded, coded, relaid
 from blazr.loading.stored import (
     bf16_as_stored,
     gguf_blocks,
@@ -159,7 +160,7 @@ def quantize_from_file(
             if qw is None:
                 continue
             # K-quants in 16-row groups, BF16 coded, where the kernels take them
-            qw = _relaid(loader, pname, qw)
+            qw = relaid(loader.cache, pname, qw)
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:
@@ -168,9 +169,7 @@ def quantize_from_file(
                 continue
             if linear is None and (shared := _table_as_head(model, kind)) is not None:
                 qw = shared
-            elif linear is not None and (
-                cached := _cached_coded(loader.cache, f"{name}.weight", shape, kind)
-            ):
+            elif linear is not None and (cached := cached_coded(loader.cache, f"{name}.weight", shape, kind)):
                 loader.consume(pname, shape, is_copied=False)
                 qw = cached
             elif linear is None and not isinstance(model.embed_tokens, QuantizedEmbedding):
@@ -182,7 +181,7 @@ def quantize_from_file(
             else:
                 qw = _in_situ(loader, pname, shape, kind, entry=f"{name}.weight")
             was = qw.kind
-            qw = _coded(loader.cache, f"{name}.weight", qw)
+            qw = coded(loader.cache, f"{name}.weight", qw)
             if qw.kind != was and linear is not None:  # coded: the checkpoint rows it viewed are not needed
                 loader.consume(pname, shape, is_copied=True)
         bias = None
@@ -222,54 +221,6 @@ def _in_situ(
     if cache is not None and not isinstance(qw, MappedWeight) and is_copy(loader.source, qw.data):
         cache.put(entry, qw)
     return qw
-
-
-def _relaid(loader: WeightLoader, entry: str, qw: QuantizedWeight, num_stacked: int = 1) -> QuantizedWeight:
-    """A GGUF's weight `qw` as the CPU kernels run it: a K-quant whose kind this host packs re-laid in 16-row
-    groups (kernels/kquant_packed.py `packed_kind`) — the quantization cache's copy where an earlier load of
-    the file made it and it holds the layout chosen now (a kmix's segments follow host tuning, which may have
-    changed its mind since; the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57), else
-    packed here and handed to the cache under `entry` —; a BF16 weight coded (`_coded`); any other weight as
-    it is."""
-    kind, cache = kquant_packed.packed_kind(qw, num_stacked), loader.cache
-    if kind is None:
-        return _coded(cache, entry, qw)
-    want = kquant_packed.layout(qw, num_stacked)
-    cached = None if cache is None else cache.get(entry, kind, qw.out_features, qw.in_features)
-    if cached is not None and tuple(p.kind for p in cached.parts()) == want:  # a kmix's segments as now
-        return cached
-    packed = kquant_packed.pack(qw)
-    if cache is not None:
-        cache.put(entry, packed)
-    return packed
-
-
-def _cached_coded(
-    cache: QuantCache | None, entry: str, shape: tuple[int, ...], kind: str
-) -> QuantizedWeight | None:
-    """The quantization cache's coded copy of weight `entry` [N, K] of `kind` where this host codes it (so
-    neither the checkpoint's rows nor a bf16 copy are read), else None."""
-    n, k = shape
-    if cache is None or not coded.wanted(kind, k):
-        return None
-    return cache.get(entry, coded.KIND_OF[kind], n, k)
-
-
-def _coded(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
-    """A bf16 / f32 weight with its top byte coded where this host's kernels decode it (kernels/coded.py:
-    every bit kept, 0.77× / 0.88× the bytes a decode step reads) — the quantization cache's copy, else coded
-    here and handed to `cache` under `entry` —; any other weight, or one with rows of too many rare top
-    bytes, as it is."""
-    if not coded.wanted(qw.kind, qw.in_features):
-        return qw
-    if (cached := _cached_coded(cache, entry, (qw.out_features, qw.in_features), qw.kind)) is not None:
-        return cached
-    made = coded.pack(qw)
-    if made is None:
-        return qw
-    if cache is not None:
-        cache.put(entry, made)
-    return made
 
 
 def _read_dtype(loader: WeightLoader, pname: str, shape: tuple[int, ...], kind: str) -> torch.dtype | None:
@@ -318,14 +269,14 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
             if None in stacked:
                 continue
             E = experts.num_experts
-            stacked = [_relaid(loader, p, w, E) for (p, _), w in zip(params, stacked, strict=True)]  # type: ignore[arg-type]
+            stacked = [relaid(loader.cache, p, w, E) for (p, _), w in zip(params, stacked, strict=True)]  # type: ignore[arg-type]
         elif _ISQ_KIND[mode] != "bf16" and any(shape[2] % 32 for _, shape in params):
             continue  # block kinds quantize blocks of 32
         else:
             kind = _ISQ_KIND[mode]
             stacked = [
-                _cached_coded(loader.cache, p, (math.prod(shape[:-1]), shape[-1]), kind)
-                or _coded(loader.cache, p, _in_situ(loader, p, shape, kind, is_stacked=True))
+                cached_coded(loader.cache, p, (math.prod(shape[:-1]), shape[-1]), kind)
+                or coded(loader.cache, p, _in_situ(loader, p, shape, kind, is_stacked=True))
                 for p, shape in params
             ]
         try:
@@ -503,7 +454,7 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
         if mode == "auto" and on_panel and (linear is not None or model.tp is None):
-            qw = _coded(cache, f"{name}.weight", qw)
+            qw = coded(cache, f"{name}.weight", qw)
             if linear is None and qw.kind == "f32z":  # a tied head: the table reads the same coded rows
                 table = RowTable(qw.kind, qw.data, qw.out_features, qw.in_features)
                 model.embed_tokens = QuantizedEmbedding(table)
