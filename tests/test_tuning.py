@@ -156,6 +156,35 @@ def test_the_float32_prefill_gemm_is_chosen_on_this_host_and_followed(
         assert kernel_prefill_f32() == (choice == "kernel" and "avx2" in k.features)
 
 
+def _choice_kept_and_read_back(
+    small: Path,
+    k: ops.Kernels,
+    generic: ops.Kernels,
+    prefix: str,
+    probes: tuple[str, ...],
+    path: str,
+    forms: set[str],
+    rates_key: str,
+) -> dict[str, str] | None:
+    """Tuning's choice of form for each kind of `probes` (`{prefix}_{kind}`), on a build with `path`: measured
+    after the knobs, kept in the file beside each form's rate, read back by a later load — the choices; a
+    build without `path` has no such choice (None)."""
+    names = {f"{prefix}_{kind}" for kind in probes}
+    tuning.CHOICES.clear()
+    tuning.apply(k)
+    data = json.loads(_file(small).read_text())
+    assert not names & set(tuning.measure(generic)["choices"])  # the portable build: nothing to choose
+    if path not in k.features:
+        assert not names & set(data["choices"]) and data[rates_key] == {}
+        return None
+    assert {data["choices"][name] for name in names} <= forms
+    assert {kind: set(rates) for kind, rates in data[rates_key].items()} == {kind: forms for kind in probes}
+    tuning.CHOICES.clear()
+    tuning.apply(k)  # read back
+    assert {name: tuning.CHOICES[name] for name in names} == {name: data["choices"][name] for name in names}
+    return {name: data["choices"][name] for name in names}
+
+
 def test_the_k_quant_layout_is_chosen_on_this_host_and_followed(
     small: Path, monkeypatch: pytest.MonkeyPatch, generic: ops.Kernels
 ) -> None:
@@ -167,23 +196,11 @@ def test_the_k_quant_layout_is_chosen_on_this_host_and_followed(
     k = ops.kernels()
     assert k is not None
     monkeypatch.delenv("BLAZR_KPACK", raising=False)
-    names = {f"kpack_{kind}": kind for kind in tuning.KPACK_PROBES}
-    tuning.CHOICES.clear()
-    tuning.apply(k)
-    data = json.loads(_file(small).read_text())
-    if "avx512_vnni" in k.features:
-        assert {data["choices"][name] for name in names} <= {"groups", "stored"}
-        assert {kind: set(rates) for kind, rates in data["kpack_gbps"].items()} == {
-            kind: {"groups", "stored"} for kind in tuning.KPACK_PROBES
-        }
-        tuning.CHOICES.clear()
-        tuning.apply(k)  # read back
-        for name, kind in names.items():
-            assert tuning.CHOICES[name] == data["choices"][name]
-            assert kquant_packed.wanted(kind) == (data["choices"][name] == "groups")
-    else:
-        assert not set(names) & set(data["choices"]) and data["kpack_gbps"] == {}
-    assert not set(names) & set(tuning.measure(generic)["choices"])  # no VNNI path: nothing to choose
+    chosen = _choice_kept_and_read_back(
+        small, k, generic, "kpack", tuning.KPACK_PROBES, "avx512_vnni", {"groups", "stored"}, "kpack_gbps"
+    )
+    for kind in tuning.KPACK_PROBES if chosen is not None else ():
+        assert kquant_packed.wanted(kind) == (chosen[f"kpack_{kind}"] == "groups")
 
 
 def test_the_coded_form_is_chosen_on_this_host_and_followed(
@@ -198,28 +215,17 @@ def test_the_coded_form_is_chosen_on_this_host_and_followed(
     k = ops.kernels()
     assert k is not None
     monkeypatch.delenv("BLAZR_CODED", raising=False)
-    names = {f"coded_{kind}": kind for kind in tuning.CODED_PROBES}
-    tuning.CHOICES.clear()
-    tuning.apply(k)
-    data = json.loads(_file(small).read_text())
-    if "avx512" in k.features:
-        assert {data["choices"][name] for name in names} <= {"coded", "stored"}
-        assert {kind: set(rates) for kind, rates in data["coded_gws"].items()} == {
-            kind: {"coded", "stored"} for kind in tuning.CODED_PROBES
-        }
-        tuning.CHOICES.clear()
-        tuning.apply(k)  # read back
-        for name, kind in names.items():
-            assert tuning.CHOICES[name] == data["choices"][name]
-            assert coded.wanted(kind, 2048) == (data["choices"][name] == "coded")
-            monkeypatch.setitem(tuning.CHOICES, name, "stored")
-            assert not coded.wanted(kind, 2048)
-            monkeypatch.setenv("BLAZR_CODED", "1")
-            assert coded.wanted(kind, 2048) and not coded.wanted(kind, 64)
-            monkeypatch.setitem(tuning.CHOICES, name, "coded")
-            monkeypatch.setenv("BLAZR_CODED", "0")
-            assert not coded.wanted(kind, 2048)
-            monkeypatch.delenv("BLAZR_CODED")
-    else:
-        assert not set(names) & set(data["choices"]) and data["coded_gws"] == {}
-    assert not set(names) & set(tuning.measure(generic)["choices"])  # no AVX-512 decode: nothing to choose
+    chosen = _choice_kept_and_read_back(
+        small, k, generic, "coded", tuning.CODED_PROBES, "avx512", {"coded", "stored"}, "coded_gws"
+    )
+    for kind in tuning.CODED_PROBES if chosen is not None else ():
+        name = f"coded_{kind}"
+        assert coded.wanted(kind, 2048) == (chosen[name] == "coded")
+        monkeypatch.setitem(tuning.CHOICES, name, "stored")
+        assert not coded.wanted(kind, 2048)
+        monkeypatch.setenv("BLAZR_CODED", "1")
+        assert coded.wanted(kind, 2048) and not coded.wanted(kind, 64)
+        monkeypatch.setitem(tuning.CHOICES, name, "coded")
+        monkeypatch.setenv("BLAZR_CODED", "0")
+        assert not coded.wanted(kind, 2048)
+        monkeypatch.delenv("BLAZR_CODED")

@@ -197,24 +197,23 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
             cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in rate.items())
             log(f"  {knob.name}: {cells} → {chosen[knob.name]}")
     choices: dict[str, str] = {}
-    layouts: dict[str, dict[str, float]] = {}  # K-quant kind → GB/s of each layout
-    for kind in KPACK_PROBES if "avx512_vnni" in k.features else ():
-        choices[f"kpack_{kind}"], layouts[kind] = _kpack(k, made.get(kind) or _decode_weights(kind, g))
-        if log:
-            cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in layouts[kind].items())
-            log(f"  kpack_{kind}: {cells} → {choices[f'kpack_{kind}']}")
-    coded_rates: dict[str, dict[str, float]] = {}  # bf16 / f32 → G weights/s, stored and coded
-    for kind in CODED_PROBES if "avx512" in k.features else ():
-        choices[f"coded_{kind}"], coded_rates[kind] = _coded(k, made.get(kind) or _decode_weights(kind, g))
-        if log:
-            cells = ", ".join(f"{v}: {r:.1f} G weights/s" for v, r in coded_rates[kind].items())
-            log(f"  coded_{kind}: {cells} → {choices[f'coded_{kind}']}")
+    above: dict[str, dict[str, dict[str, float]]] = {"kpack": {}, "coded": {}}  # kind → each form's rate
+    for prefix, probes, path, choose, unit in (
+        ("kpack", KPACK_PROBES, "avx512_vnni", _kpack, "GB/s"),
+        ("coded", CODED_PROBES, "avx512", _coded, "G weights/s"),
+    ):
+        for kind in probes if path in k.features else ():
+            name = f"{prefix}_{kind}"
+            choices[name], above[prefix][kind] = choose(k, made.get(kind) or _decode_weights(kind, g))
+            if log:
+                cells = ", ".join(f"{v}: {r:.1f} {unit}" for v, r in above[prefix][kind].items())
+                log(f"  {name}: {cells} → {choices[name]}")
     choice, gflops = _f32_prefill(k, g)
     if log:
         log(f"  f32_prefill: kernel {gflops['kernel']:.0f}, sgemm {gflops['sgemm']:.0f} GFLOP/s → {choice}")
     choices["f32_prefill"] = choice
-    return {"knobs": chosen, "gbps": rates, "choices": choices, "gflops": gflops, "kpack_gbps": layouts,
-            "coded_gws": coded_rates}  # fmt: skip
+    return {"knobs": chosen, "gbps": rates, "choices": choices, "gflops": gflops,
+            "kpack_gbps": above["kpack"], "coded_gws": above["coded"]}  # fmt: skip
 
 
 def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
@@ -224,11 +223,7 @@ def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[s
     cold and 1.5-2.3x hot; an Emerald Rapids VM's 2 threads read Q6_K at 16384 rows 0.78x, NOTES §57)."""
     from blazr.kernels import kquant_packed
 
-    packed = [[kquant_packed.pack(w) for w in ws] for ws in stored]
-    (run_s, nbytes), (run_g, _) = _decode_pass(k, stored), _decode_pass(k, packed)
-    rate = _best_rates({"groups": run_g, "stored": run_s}, nbytes)
-    choice = "stored" if rate["stored"] > rate["groups"] * (1 + MARGIN) else "groups"
-    return choice, {name: round(r, 2) for name, r in rate.items()}
+    return _stored_or(k, stored, "groups", kquant_packed.pack)  # GB/s: both layouts hold the same bytes
 
 
 def _coded(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
@@ -240,11 +235,24 @@ def _coded(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[s
     0.85-0.9x, NOTES §58)."""
     from blazr.kernels import coded
 
-    made = [[coded.pack(w) for w in ws] for ws in stored]
-    (run_s, _), (run_c, _) = _decode_pass(k, stored), _decode_pass(k, made)  # type: ignore[arg-type]
-    weights = sum(w.out_features * w.in_features for ws in stored for w in ws)
-    rate = _best_rates({"coded": run_c, "stored": run_s}, weights)
-    choice = "stored" if rate["stored"] > rate["coded"] * (1 + MARGIN) else "coded"
+    return _stored_or(k, stored, "coded", coded.pack, per_weight=True)  # type: ignore[arg-type]
+
+
+def _stored_or(
+    k: Kernels,
+    stored: list[list[QuantizedWeight]],
+    alt: str,
+    make: Callable[[QuantizedWeight], QuantizedWeight],
+    per_weight: bool = False,
+) -> tuple[str, dict[str, float]]:
+    """Cold one-row decode passes over `stored` and over the same weights made `alt` by `make`: `alt` unless
+    the stored form reads MARGIN faster here, and each form's rate — GB/s of the stored bytes, or
+    (`per_weight`: forms of different sizes) G weights a second."""
+    made = [[make(w) for w in ws] for ws in stored]
+    (run_s, nbytes), (run_a, _) = _decode_pass(k, stored), _decode_pass(k, made)
+    per = sum(w.out_features * w.in_features for ws in stored for w in ws) if per_weight else nbytes
+    rate = _best_rates({alt: run_a, "stored": run_s}, per)
+    choice = "stored" if rate["stored"] > rate[alt] * (1 + MARGIN) else alt
     return choice, {name: round(r, 2) for name, r in rate.items()}
 
 
