@@ -16,25 +16,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from blazr.kernels import coded, ops, tuning
-from blazr.kernels.quant import QuantizedWeight
+from blazr.kernels import coded, ops
 
-SHAPES = {"q": (2048, 2048), "gate|up": (16384, 2048), "down": (2048, 8192)}  # N × K
-
-
-def _rate(k: ops.Kernels, x: torch.Tensor, ws: list[QuantizedWeight], per_call: float) -> float:
-    """Units of `per_call` (weights or flops of one call) per second over 0.1 s of calls cycling `ws`."""
-    t0, reps = time.perf_counter(), 0
-    prefill = x.shape[0] > 8
-    while time.perf_counter() - t0 < 0.1:
-        for w in ws:
-            k.linear(x, w, prefill=prefill)
-        reps += 1
-    return reps * len(ws) * per_call / (time.perf_counter() - t0) / 1e9
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.kquant_packed import SHAPES, cold_weights, rate  # the same harness
 
 
 def main() -> None:
@@ -49,7 +39,6 @@ def main() -> None:
     k = ops.kernels()
     assert k is not None, "the kernel library did not load"
     g = torch.Generator().manual_seed(0)
-    l3 = tuning._l3_bytes()
     knobs = f"streams_f {k.get_tune('streams_f')}, streams_z {k.get_tune('streams_z')}"
     print(f"{args.threads} threads, kernels {', '.join(k.features)}, {knobs}; decode rows: G weights/s, "
           "cold; prefill rows: GFLOP/s")  # fmt: skip
@@ -57,8 +46,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|")
     for kind in args.kinds:
         for shape, (n, kk) in SHAPES.items():
-            stored = [tuning._weight(kind, n, kk, g)]
-            stored += [tuning._weight(kind, n, kk, g) for _ in range(-(-3 * l3 // stored[0].nbytes) - 1)]
+            stored = cold_weights(kind, n, kk, g)
             made = [coded.pack(w) for w in stored]
             assert all(w is not None for w in made), (kind, shape)
             cases = [("1 (hot)", 1, 1)] if args.hot else []
@@ -70,8 +58,8 @@ def main() -> None:
                 per_call = n * kk if m <= 16 else 2 * m * n * kk
                 rates: dict[str, list[float]] = {"stored": [], "coded": []}
                 for _ in range(args.rounds):
-                    rates["stored"].append(_rate(k, x, stored[:count], per_call))
-                    rates["coded"].append(_rate(k, x, made[:count], per_call))  # type: ignore[arg-type]
+                    rates["stored"].append(rate(k, x, stored[:count], per_call))
+                    rates["coded"].append(rate(k, x, made[:count], per_call))  # type: ignore[arg-type]
                 a, b = statistics.median(rates["stored"]), statistics.median(rates["coded"])
                 print(
                     f"| {kind} | {shape} {n} × {kk} | {label} | {a:.2f} | {b:.2f} | {b / a:.2f} |", flush=True

@@ -24,14 +24,24 @@ from blazr.kernels.quant import QuantizedWeight
 SHAPES = {"q": (2048, 2048), "gate|up": (16384, 2048), "down": (2048, 8192)}  # N × K
 
 
-def _rate(k: ops.Kernels, x: torch.Tensor, ws: list[QuantizedWeight], per_call: float) -> float:
-    """Units of `per_call` (bytes or flops of one call) per second over 0.1 s of calls cycling `ws`."""
+def rate(k: ops.Kernels, x: torch.Tensor, ws: list[QuantizedWeight], per_call: float) -> float:
+    """Units of `per_call` (bytes, weights or flops of one call) per second over 0.1 s of calls cycling `ws`
+    (more than 8 rows: a prefill call, which f32 weights run on the panel GEMM)."""
     t0, reps = time.perf_counter(), 0
     while time.perf_counter() - t0 < 0.1:
         for w in ws:
-            k.linear(x, w)
+            k.linear(x, w, prefill=x.shape[0] > 8)
         reps += 1
     return reps * len(ws) * per_call / (time.perf_counter() - t0) / 1e9
+
+
+def cold_weights(kind: str, n: int, kk: int, g: torch.Generator) -> list[QuantizedWeight]:
+    """Random weights [n, kk] of `kind`, enough copies to pass 3× the last-level cache (a decode step's
+    reads)."""
+    ws = [tuning._weight(kind, n, kk, g)]
+    return ws + [
+        tuning._weight(kind, n, kk, g) for _ in range(-(-3 * tuning._l3_bytes() // ws[0].nbytes) - 1)
+    ]
 
 
 def main() -> None:
@@ -46,16 +56,14 @@ def main() -> None:
     k = ops.kernels()
     assert k is not None, "the kernel library did not load"
     g = torch.Generator().manual_seed(0)
-    l3 = tuning._l3_bytes()
     print(f"{args.threads} threads, kernels {', '.join(k.features)}; decode rows: GB/s of weight bytes "
           "(cold), prefill rows: GFLOP/s")  # fmt: skip
     print("| kind | shape | rows | stored | 16-row groups | × |")
     print("|---|---|---:|---:|---:|---:|")
     for kind in args.kinds:
         for shape, (n, kk) in SHAPES.items():
-            stored = [tuning._weight(kind, n, kk, g)]
+            stored = cold_weights(kind, n, kk, g)
             size = stored[0].nbytes
-            stored += [tuning._weight(kind, n, kk, g) for _ in range(-(-3 * l3 // size) - 1)]
             packed = [kquant_packed.pack(w) for w in stored]
             cases = [("1 (hot)", 1, 1)] if args.hot else []
             cases += [(str(m), m, len(stored) if m <= 16 else 1) for m in args.rows]
@@ -65,8 +73,8 @@ def main() -> None:
                 per_call = size if m <= 16 else 2 * m * n * kk
                 rates: dict[str, list[float]] = {"stored": [], "packed": []}
                 for _ in range(args.rounds):
-                    rates["stored"].append(_rate(k, x, stored[:count], per_call))
-                    rates["packed"].append(_rate(k, x, packed[:count], per_call))
+                    rates["stored"].append(rate(k, x, stored[:count], per_call))
+                    rates["packed"].append(rate(k, x, packed[:count], per_call))
                 a, b = statistics.median(rates["stored"]), statistics.median(rates["packed"])
                 cells = f"{a:.1f} | {b:.1f} | {b / a:.2f}"
                 print(f"| {kind} | {shape} {n} × {kk} | {label} | {cells} |", flush=True)
