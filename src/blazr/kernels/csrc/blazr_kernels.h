@@ -133,7 +133,7 @@ int blz_linear_f16_rows(const float *x, int64_t M, int64_t K, const uint16_t *w,
  * nt threads. Each output one sequential fp32 sum over k, whatever M. */
 enum { BLZ_PANEL_F16 = BLZ_KV_F16, BLZ_PANEL_BF16 = BLZ_KV_BF16, BLZ_PANEL_F32 = BLZ_KV_F32 }; /* widened by blz_kv_load* */
 enum { BLZ_PANEL_BF16Z = 3, BLZ_PANEL_F32Z = 4 }; /* coded rows, decoded 16 at a time (blz_bz_decode_rows) */
-/* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 4 x rows (row m at x + m·K elements) →
+/* Weight rows rows[0..nr-1] (nr ≤ BLZ_STREAMS) · the call's mt ≤ 8 x rows (row m at x + m·K elements) →
  * res[r·mt + m], each pair by the operations it takes alone. */
 typedef void (*blz_rows_fn)(int nr, int mt, const void *const *rows, int64_t K, const void *x, float *res);
 void blz_populate(uint8_t *p, int64_t n);
@@ -706,10 +706,12 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
     }
 }
 
-/* A decode linear's output rows (mt ≤ 4 x rows) as weight streams (see BLZ_STREAMS), inside a parallel region:
- * this thread's block of rows [lo, hi) cut into S parts of q rows — S = BLZ_STREAMS for one x row, half as
- * many for more (the accumulators of S rows × mt x rows must fit in registers), halved again for SwiGLU,
- * whose up rows are streams too —, step i computing row lo + s·q + i of every part s at once. The epilogue
+/* A decode linear's output rows (mt ≤ 8 x rows) as weight streams (see BLZ_STREAMS), inside a parallel region:
+ * this thread's block of rows [lo, hi) cut into S parts of q rows — S = the knob's stream count for one x row,
+ * 2 for more (the accumulators of 2 rows × 4 x rows fill the registers; the knob is measured on one row) —,
+ * halved for SwiGLU, whose up rows are streams too, step i computing row lo + s·q + i of every part s at once.
+ * (2 for more x rows whatever the knob: with the knob at 2, one part had run cold bf16 weights at 3-8 x rows
+ * 1.05-1.8× slower than two, stored and coded alike, Zen 5, benchmarks/NOTES.md §59.) The epilogue
  * is blz_epilogue's, row by row. w: row n at w + n·row_bytes, or at tab[n] (BLZ_ROWS).
  * Inlined into each float kind (fn a constant there), and each step's row addresses taken from the row
  * numbers as they are found, not re-read from the n[] just stored (blz_stream_step's form): on Sapphire
@@ -719,8 +721,8 @@ BLZ_INLINE void blz_epilogue(const float *r, const float *g, int mt, int64_t m0,
  * swiglu) is also the part count of the quantized kinds' one-row walks (q_streams, q8g_streams, k_streams:
  * tiles or row groups), each with its own stream-count knob. */
 BLZ_INLINE int blz_gemv_parts(int knob, int mt, int swiglu) {
-    const int S = blz_tune[knob];
-    return (int)blz_max(1, (mt == 1 ? S : S / 2) / (swiglu ? 2 : 1));
+    const int S = mt == 1 ? blz_tune[knob] : blz_min(2, BLZ_STREAMS);
+    return (int)blz_max(1, S / (swiglu ? 2 : 1));
 }
 
 BLZ_INLINE void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes,
