@@ -209,6 +209,58 @@ def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pyt
         assert torch.equal(a.w_down.data, b.w_down.data)
 
 
+def test_float32_moe_experts_coded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `auto` a float32 Mixtral's expert stacks are coded too (f32z, by weight code through csrc/moe.c):
+    with at most 8 tokens an expert (chunks of 2 tokens of 2 sequences, then decode steps) the logits are
+    bit for bit those of the same float32 stacks on the f32 kernel; a whole prefill (an expert's rows on the
+    panel GEMM) agrees with the float model (torch's GEMMs) to fp32 rounding, greedy tokens alike; the float
+    parameters are dropped and a later load maps the coded stacks from the quantization cache."""
+    from blazr.model.moe import Experts
+    from tests.drive import assert_logits_close
+    from tests.tiny import build
+
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
+    path = tmp_path / "mixtral"
+    build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
+          num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
+    batch = prompts([13, 9], seed=3, vocab=64)
+    # chunks of ≤ 2 tokens (≤ 8 of a step's 2 × 2 × 2 expert slots an expert), the last two as decode steps
+    plan = [[2] * ((len(p) - 2) // 2) + [1] * ((len(p) - 2) % 2) + [1, 1] for p in batch]
+
+    def load() -> LLM:
+        llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize="auto")
+        quant_cache.wait()
+        return llm
+
+    def experts(llm: LLM) -> list[Experts]:
+        return [m for m in llm.model.modules() if isinstance(m, Experts)]
+
+    monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
+    monkeypatch.setenv("BLAZR_CODED", "0")
+    plain = load()
+    assert all(e.w_up is None for e in experts(plain))
+    want = full_logits(plain.runner, batch)
+    monkeypatch.setenv("BLAZR_CODED", "1")
+    made = load()
+    if "avx512" not in ops.kernels().features:
+        assert all(e.w_up is None for e in experts(made))  # no coded decode in this build: nothing coded
+        return
+    for e in experts(made):
+        assert e.w_up.kind == e.w_down.kind == "f32z" and not hasattr(e, "down_proj")
+    for e in experts(plain):  # the same float32 stacks on the f32 kernel, prefill included
+        e.set_stacked(*e.stacked())
+    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
+        assert torch.equal(a, b)
+    for got, ref in zip(full_logits(made.runner, batch), want, strict=True):
+        assert_logits_close(got, ref)
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+    again = load()
+    for a, b in zip(experts(again), experts(made), strict=True):
+        assert a.w_up.kind == "f32z" and torch.equal(a.w_up.data, b.w_up.data)
+        assert torch.equal(a.w_down.data, b.w_down.data)
+
+
 @pytest.mark.parametrize(("mode", "tied"), [("auto", False), ("none", False), ("auto", True)])
 def test_loader_codes_float32_linears_with_the_same_logits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, tied: bool

@@ -152,10 +152,9 @@ class Kernels(
 
     @staticmethod
     def weight_code(qw: QuantizedWeight) -> int:
-        """A weight's format for kernels that run linears inside (MoE experts): linear op · 16 + kind."""
-        if _KIND_CODES[qw.kind] > 15:  # f32z: never an expert's or an MLA head's (csrc's blz_linear_by_code)
-            raise UnsupportedInput(f"{qw.kind} weights have no weight code")
-        return _OP_LINEAR[qw.kind] * 16 + _KIND_CODES[qw.kind]
+        """A weight's format for kernels that run linears inside (MoE experts, MLA heads): linear op · 32 +
+        kind (csrc's blz_linear_by_code)."""
+        return _OP_LINEAR[qw.kind] * 32 + _KIND_CODES[qw.kind]
 
     def _run(self, a: _Args, addr: int, name: str, *tensors: torch.Tensor | None) -> None:
         """Run the packed call, or append it to the plan being recorded (keeping its tensors alive)."""

@@ -41,7 +41,7 @@ DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
 # Always added: position-independent, C dialect, only BLZ_EXPORT symbols visible, no implicit FMA
 # contraction (scalar and SIMD paths then round the same way).
 _BASE_FLAGS = ("-fPIC", "-std=gnu11", "-fvisibility=hidden", "-ffp-contract=off", "-Wall")
-ABI_VERSION = 17  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
+ABI_VERSION = 18  # must equal BLZ_ABI_VERSION in csrc/blazr_kernels.h
 
 
 class BuildError(RuntimeError):

@@ -41,6 +41,7 @@ from blazr.loading.names import name_map_for
 from blazr.loading.quant_cache import QuantCache
 from blazr.loading.quantize import (
     check_mode,
+    code_float_experts,
     embed_from_file,
     embed_quantized,
     per_layer_table,
@@ -139,6 +140,8 @@ def load_model(
         log.info("quantized linear layers (%s): %s", quantize, dict(made))
     if on_kernels and (wrapped := wrap_float_linears(model, quantize, cache)):
         log.info("float32 linear layers on the f32 decode kernel: %d", wrapped)
+    if on_kernels and quantize == "auto" and (stacks := code_float_experts(model, cache)):
+        log.info("float32 MoE experts coded (f32z): %d layers", stacks)
     if cache is not None and cache.hits:
         log.info("quantization cache: %d weights mapped from %s", cache.hits, cache.path)
     if cache is not None:

@@ -33,8 +33,9 @@ Under `int8` / `int4` / `bf16` a weight the quantization cache holds (loading/qu
 load of the same checkpoint made) is mapped from its file instead, and each weight made in fresh memory is
 handed to it (`_in_situ`); under `auto` likewise each K-quant re-laid in 16-row groups and each BF16 weight
 coded (loading/relaid.py).
-`wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy. How a weight is
-made from where its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
+`wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy (coded where the
+host decodes f32z; `code_float_experts` codes float32 expert stacks alike). How a weight is made from where
+its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
 """
 
 from __future__ import annotations
@@ -461,3 +462,31 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
     return wrapped
+
+
+def code_float_experts(model: CausalLM, cache: QuantCache | None = None) -> int:
+    """Under `auto`, where `wrap_float_linears` codes float32 linears, each float32 MoE expert stack left as
+    loaded coded too (f32z, kernels/coded.py), one projection at a time (the cache's copy when it holds one):
+    a decode step then reads its chosen experts' rows in 7/8 of the bytes, and a prefill runs each expert's
+    rows on the panel GEMM (csrc/moe.c runs them by weight code) instead of torch's per-expert GEMMs. The
+    float parameters are dropped; a stack with no projection coded stays as loaded. Returns how many layers'
+    experts were coded."""
+    if model.tp is not None or not kernel_prefill_f32():
+        return 0
+    made = 0
+    for name, experts in model.named_modules():
+        if not isinstance(experts, Experts) or experts.w_up is not None:
+            continue
+        names = ("gate_up_proj" if experts.cfg.is_gated else "up_proj", "down_proj")
+        params = [getattr(experts, n) for n in names]
+        if any(p.dtype != torch.float32 or not p.is_cpu for p in params):
+            continue
+        stacked = [
+            coded(cache, f"{name}.{n}", quantize(p.detach().reshape(-1, p.shape[-1]), "f32"))
+            for n, p in zip(names, params, strict=True)
+        ]
+        if all(w.kind == "f32" for w in stacked):
+            continue
+        experts.set_stacked(*stacked)
+        made += 1
+    return made

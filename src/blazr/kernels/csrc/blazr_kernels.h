@@ -37,7 +37,7 @@
 #define BLZ_INLINE static inline __attribute__((always_inline))
 
 /* Bumped whenever an exported signature changes; ops.py refuses a library with another version. */
-#define BLZ_ABI_VERSION 17
+#define BLZ_ABI_VERSION 18
 
 /* Error codes returned by the kernels. */
 #define BLZ_OK 0
@@ -66,8 +66,7 @@ BLZ_INLINE int blz_is_kx(int kind) { return kind == BLZ_Q4_KX || kind == BLZ_Q5_
 /* Float weights with their top byte (sign, 7 exponent bits) coded in 4 bits (linear_coded.c): a bf16 weight's
  * bits in 3/4 of the bytes, an f32 weight's in 7/8. A row of K (a multiple of 64 below 65536): a 32-byte table,
  * cap escapes of 4 bytes, K/64 blocks of 96 (f32z: 224); column j of a block at position blz_bz_pos(j, f32).
- * BLZ_F32Z is past 15: not a code of blz_linear_by_code's weight codes (op · 16 + kind), as its weights are never
- * experts or MLA heads. */
+ * Both are kinds of blz_linear_by_code's weight codes (op · 32 + kind): coded MoE expert stacks. */
 enum { BLZ_BF16Z = 15, BLZ_F32Z = 16 };
 BLZ_INLINE int64_t blz_bz_cap(int64_t K) { /* escapes a row: K/128, at least 8, a multiple of 8 (32-byte rows) */
     const int64_t c = K / 128 > 8 ? K / 128 : 8;
@@ -236,7 +235,7 @@ int blz_recurrent_rows(const int64_t *index, int64_t B, int prefill, int64_t S, 
 int blz_block_bytes(int kind, int *header);
 void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j, uint8_t *group);
 
-/* Internal: one linear call by weight code (op · 16 + kind), no bias or residual (common.c). */
+/* Internal: one linear call by weight code (op · 32 + kind: kinds past 15), no bias or residual (common.c). */
 int blz_linear_by_code(int code, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *out,
                        int swiglu, int nthreads);
 

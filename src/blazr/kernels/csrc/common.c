@@ -113,12 +113,12 @@ void *blz_scratch_slot(int slot, size_t bytes) {
 
 void *blz_scratch(size_t bytes) { return blz_scratch_slot(0, bytes); }
 
-/* One linear kernel call by weight code (op · 16 + kind; see blz_moe_experts), no bias or residual. */
+/* One linear kernel call by weight code (op · 32 + kind; see blz_moe_experts), no bias or residual. */
 int blz_linear_by_code(int code, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *out,
                        int swiglu, int nthreads) {
-    switch (code >> 4) {
+    switch (code >> 5) {
         case BLZ_OP_LINEAR_Q:
-            return blz_linear_q(code & 15, x, M, K, (const uint8_t *)w, N, NULL, NULL, out, swiglu, nthreads);
+            return blz_linear_q(code & 31, x, M, K, (const uint8_t *)w, N, NULL, NULL, out, swiglu, nthreads);
         case BLZ_OP_LINEAR_F32:
             return blz_linear_f32(x, M, K, (const float *)w, N, NULL, NULL, out, swiglu, nthreads);
         case BLZ_OP_LINEAR_BF16:

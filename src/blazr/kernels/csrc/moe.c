@@ -11,8 +11,8 @@
  * the experts chosen: act(x · W_upᵀ) (gated: act(gate) · up over the [gate; up] halves of W_up [2I, D];
  * ungated: act(x · W_upᵀ), W_up [I, D]) · W_downᵀ, W_down [D, I]. The experts' weights are stacked: expert e's
  * rows start at w_up + e·up_stride / w_down + e·down_stride bytes, in any weight format of the linear
- * kernels (`code` = op · 16 + kind: op 1 block-quantized (kind BLZ_Q4_0 … ), 2 f32, 3 bf16, 18 f16), so a quantized
- * expert streams only its own quantized rows. The (token, slot) assignments are grouped by expert, each
+ * kernels (`code` = op · 32 + kind: op 1 block-quantized or coded (kind BLZ_Q4_0 … BLZ_F32Z), 2 f32, 3 bf16,
+ * 18 f16), so a quantized expert streams only its own quantized rows. The (token, slot) assignments are grouped by expert, each
  * expert runs one linear pair on its rows (M = tokens routed to it: one weight read for all of them), and
  * the k outputs of a token are summed in slot order j = 0..k-1. Optional biases (NULL: none): b_up [E, Nup]
  * added to the up projection's output, b_down [E, D] to the down projection's (GPT-OSS). Activation codes
