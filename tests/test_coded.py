@@ -49,6 +49,28 @@ def _weight(
     return w.to(dtype)
 
 
+def _load(path: Path, quantize: str) -> LLM:
+    """A float32 load of the checkpoint at `path`, its quantization cache written before it returns."""
+    llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize=quantize)
+    quant_cache.wait()
+    return llm
+
+
+def _mixtral(path: Path) -> Path:
+    """A tiny Mixtral whose expert rows are wide enough to code (K = 512), 4 experts, 2 a token."""
+    from tests.tiny import build
+
+    build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
+          num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
+    return path
+
+
+def _experts(llm: LLM) -> list:
+    from blazr.model.moe import Experts
+
+    return [m for m in llm.model.modules() if isinstance(m, Experts)]
+
+
 def _bits(w: torch.Tensor) -> torch.Tensor:
     return w.contiguous().view(torch.int16 if w.dtype == torch.bfloat16 else torch.int32)
 
@@ -137,17 +159,12 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
     batch = prompts([21, 9], seed=5, vocab=cfg["vocab_size"])
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
 
-    def load(mode: str) -> LLM:
-        llm = LLM(gguf, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize=mode)
-        quant_cache.wait()
-        return llm
-
     for mode in ("auto", "bf16"):
         monkeypatch.setenv("BLAZR_CODED", "0")
-        plain = load(mode)
+        plain = _load(gguf, mode)
         assert {m.kind for m in quantized_layers(plain).values()} == {"bf16"}
         monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
-        made_llm = load(mode)
+        made_llm = _load(gguf, mode)
         kinds = {name: m.kind for name, m in quantized_layers(made_llm).items()}
         want = "bf16z" if decodes else "bf16"
         assert set(kinds.values()) == {want}, kinds  # every K here is 512 or 1024: worth coding
@@ -161,7 +178,7 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
             continue
         made = {name: m.qweight.data for name, m in quantized_layers(made_llm).items()}
         monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
-        again = load(mode)
+        again = _load(gguf, mode)
         files = sorted(cache.glob(f"*-{mode}-*.blzq"))
         assert len(files) == 1, list(cache.iterdir())
         for name, m in quantized_layers(again).items():
@@ -175,36 +192,22 @@ def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pyt
     """A Mixtral's stacked experts under `--quantize bf16` are coded too (csrc/moe.c runs an expert's rows
     through the linear kernels by weight code): the logits of the bf16 experts bit for bit, prefill and decode
     steps, and the second load takes the coded stacks from the quantization cache."""
-    from blazr.model.moe import Experts
-    from tests.tiny import build
-
     monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
-    path = tmp_path / "mixtral"
-    build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
-          num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
+    path = _mixtral(tmp_path / "mixtral")
     batch = prompts([19, 7], seed=2, vocab=64)
     plan = [[len(p) - 3] + [1] * 3 for p in batch]
-
-    def load() -> LLM:
-        llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize="bf16")
-        quant_cache.wait()
-        return llm
-
-    def experts(llm: LLM) -> list[Experts]:
-        return [m for m in llm.model.modules() if isinstance(m, Experts)]
-
     monkeypatch.setenv("BLAZR_CODED", "0")
-    plain = load()
+    plain = _load(path, "bf16")
     monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
-    made = load()
+    made = _load(path, "bf16")
     want = "bf16z" if "avx512" in ops.kernels().features else "bf16"
-    assert {e.w_up.kind for e in experts(made)} == {e.w_down.kind for e in experts(made)} == {want}
-    assert {e.w_up.kind for e in experts(plain)} == {"bf16"}
+    assert {e.w_up.kind for e in _experts(made)} == {e.w_down.kind for e in _experts(made)} == {want}
+    assert {e.w_up.kind for e in _experts(plain)} == {"bf16"}
     for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
         assert torch.equal(a, b)
     monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
-    again = load()
-    for a, b in zip(experts(again), experts(made), strict=True):
+    again = _load(path, "bf16")
+    for a, b in zip(_experts(again), _experts(made), strict=True):
         assert a.w_up.kind == want and torch.equal(a.w_up.data, b.w_up.data)
         assert torch.equal(a.w_down.data, b.w_down.data)
 
@@ -215,39 +218,26 @@ def test_float32_moe_experts_coded(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     bit for bit those of the same float32 stacks on the f32 kernel; a whole prefill (an expert's rows on the
     panel GEMM) agrees with the float model (torch's GEMMs) to fp32 rounding, greedy tokens alike; the float
     parameters are dropped and a later load maps the coded stacks from the quantization cache."""
-    from blazr.model.moe import Experts
     from tests.drive import assert_logits_close
-    from tests.tiny import build
 
     monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
-    path = tmp_path / "mixtral"
-    build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
-          num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
+    path = _mixtral(tmp_path / "mixtral")
     batch = prompts([13, 9], seed=3, vocab=64)
     # chunks of ≤ 2 tokens (≤ 8 of a step's 2 × 2 × 2 expert slots an expert), the last two as decode steps
     plan = [[2] * ((len(p) - 2) // 2) + [1] * ((len(p) - 2) % 2) + [1, 1] for p in batch]
-
-    def load() -> LLM:
-        llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize="auto")
-        quant_cache.wait()
-        return llm
-
-    def experts(llm: LLM) -> list[Experts]:
-        return [m for m in llm.model.modules() if isinstance(m, Experts)]
-
     monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
     monkeypatch.setenv("BLAZR_CODED", "0")
-    plain = load()
-    assert all(e.w_up is None for e in experts(plain))
+    plain = _load(path, "auto")
+    assert all(e.w_up is None for e in _experts(plain))
     want = full_logits(plain.runner, batch)
     monkeypatch.setenv("BLAZR_CODED", "1")
-    made = load()
+    made = _load(path, "auto")
     if "avx512" not in ops.kernels().features:
-        assert all(e.w_up is None for e in experts(made))  # no coded decode in this build: nothing coded
+        assert all(e.w_up is None for e in _experts(made))  # no coded decode in this build: nothing coded
         return
-    for e in experts(made):
+    for e in _experts(made):
         assert e.w_up.kind == e.w_down.kind == "f32z" and not hasattr(e, "down_proj")
-    for e in experts(plain):  # the same float32 stacks on the f32 kernel, prefill included
+    for e in _experts(plain):  # the same float32 stacks on the f32 kernel, prefill included
         e.set_stacked(*e.stacked())
     for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
         assert torch.equal(a, b)
@@ -255,8 +245,8 @@ def test_float32_moe_experts_coded(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert_logits_close(got, ref)
         assert torch.equal(got.argmax(-1), ref.argmax(-1))
     monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
-    again = load()
-    for a, b in zip(experts(again), experts(made), strict=True):
+    again = _load(path, "auto")
+    for a, b in zip(_experts(again), _experts(made), strict=True):
         assert a.w_up.kind == "f32z" and torch.equal(a.w_up.data, b.w_up.data)
         assert torch.equal(a.w_down.data, b.w_down.data)
 
@@ -280,19 +270,14 @@ def test_loader_codes_float32_linears_with_the_same_logits(
     batch = prompts([23, 9], seed=4, vocab=64)
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
 
-    def load() -> LLM:
-        llm = LLM(path, cpu=True, dtype="float32", kv_cache_dtype="float32", quantize=mode)
-        quant_cache.wait()
-        return llm
-
     def linears(llm: LLM) -> dict[str, QuantizedLinear]:
         return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
 
     monkeypatch.setenv("BLAZR_CODED", "0")
-    plain = load()
+    plain = _load(path, mode)
     assert {m.kind for m in linears(plain).values()} == {"f32"}
     monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
-    made = load()
+    made = _load(path, mode)
     codes = "avx512" in ops.kernels().features and kernel_prefill_f32() and mode == "auto"
     assert {m.kind for m in linears(made).values()} == {"f32z" if codes else "f32"}
     for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
@@ -308,7 +293,7 @@ def test_loader_codes_float32_linears_with_the_same_logits(
         assert not isinstance(table, QuantizedEmbedding)
     if codes:
         monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
-        again = load()
+        again = _load(path, mode)
         files = list((tmp_path / "qcache").glob("*.blzq"))
         assert len(files) == 1
         for name, m in linears(again).items():
