@@ -724,6 +724,14 @@ BLZ_INLINE int blz_gemv_parts(int knob, int mt, int swiglu) {
     return (int)blz_max(1, S / (swiglu ? 2 : 1));
 }
 
+/* res [nr, mt] (4 < mt ≤ 8) of a rows function that takes ≤ 4 x rows, as two passes of its weight rows: over x
+ * rows 0-3 (lo [nr, 4]), then rows 4 .. mt − 1 (hi [nr, mt − 4]; its weight rows from L1) — each pair by the
+ * operations it takes alone (linear_16bit.c, linear_coded.c). */
+BLZ_INLINE void blz_merge_passes(const int nr, const int mt, const float *lo, const float *hi, float *res) {
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < mt; ++m) res[r * mt + m] = m < 4 ? lo[r * 4 + m] : hi[r * (mt - 4) + m - 4];
+}
+
 BLZ_INLINE void blz_gemv_streams(blz_rows_fn fn, const uint8_t *w, const int64_t *tab, int64_t row_bytes,
                                  int64_t K, const void *x, int mt, int64_t N, const float *bias,
                                  const float *residual, float *out, int swiglu, blz_team_t *team) {

@@ -182,8 +182,7 @@ BLZ_INLINE void half_streams(const int bf, const int nr, const int mt, const voi
     float lo[2 * 4], hi[2 * 4];
     half_streams4(bf, nr, 4, rows, K, xf, lo);
     half_streams4(bf, nr, mt - 4, rows, K, xf + 4 * K, hi);
-    for (int r = 0; r < nr; ++r)
-        for (int m = 0; m < mt; ++m) res[r * mt + m] = m < 4 ? lo[r * 4 + m] : hi[r * (mt - 4) + m - 4];
+    blz_merge_passes(nr, mt, lo, hi, res);
 }
 
 static void f16_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {

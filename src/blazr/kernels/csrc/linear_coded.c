@@ -176,8 +176,7 @@ BLZ_INLINE void bz_streams(const int nr, const int mt, const void *const *rows, 
     float lo[2 * 4], hi[2 * 4];
     bz_streams4(nr, 4, rows, K, xf, lo, f32);
     bz_streams4(nr, mt - 4, rows, K, xf + 4 * K, hi, f32);
-    for (int r = 0; r < nr; ++r)
-        for (int m = 0; m < mt; ++m) res[r * mt + m] = m < 4 ? lo[r * 4 + m] : hi[r * (mt - 4) + m - 4];
+    blz_merge_passes(nr, mt, lo, hi, res);
 }
 
 static void bf16z_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
