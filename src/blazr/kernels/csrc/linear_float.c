@@ -4,7 +4,9 @@
  * W [N, K] row-major fp32; x and out are fp32.
  *
  * fp32 FMA, two independent accumulators per x row; 16 floats per vector (8 on AVX2), masked tail; tiles of
- * up to 4 x rows per weight row, at every M for decode calls — a prefill call (BLZ_GEMM) of more than 8 rows
+ * up to 4 x rows per weight row, at every M for decode calls — on AVX-512 up to 8 rows as weight row streams
+ * (blz_gemv_streams: the same sums; 4-8 rows read cold weights 1.4-1.5× faster than the tiles' one walk a
+ * thread, NOTES §59) —, a prefill call (BLZ_GEMM) of more than 8 rows
  * takes gemm_float.c's panel GEMM on every AVX2 host (on Sapphire Rapids the tiles ran 500-row prefill GEMMs
  * at 31 GFLOP/s, x streaming from L3 for every weight row; the panel 250-320; which float32 layers send
  * prefill here is quantize.py's kernel_prefill_f32). So f32 prefill has two paths, each giving a row the
@@ -65,6 +67,8 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
 }
 
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
+#define F32_PF 1024 /* prefetch distance of a decode weight row stream from 2 x rows on, in weights (4 KB) */
+
 /* One x row (M = 1) against weight rows w[0..nr-1] (nr ≤ 4, a constant after inlining; one per stream):
  * res[r] by f32_tile's operations for row r. */
 BLZ_INLINE void f32_rows1(const int nr, const float *const *w, int64_t K, const float *restrict x,
@@ -87,9 +91,79 @@ BLZ_INLINE void f32_rows1(const int nr, const float *const *w, int64_t K, const 
     for (int r = 0; r < nr; ++r) res[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-static void f32_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+/* Weight rows w[0..nr-1] × x rows xr[0..nx-1] (nr ≤ 2, 2 ≤ nx ≤ 4, constants after inlining): res[r·nx + m]
+ * by f32_tile's operations for the pair, whatever nr and nx (one x row: f32_rows1); the rows prefetched
+ * ahead into L2 (the 16-bit kernel's rule from 2 x rows on: a step long enough for the hardware's own
+ * prefetch to fall behind). */
+BLZ_INLINE void f32_rows(const int nr, const int nx, const float *const *w, int64_t K, const float *const *xr,
+                         float *restrict res) {
+    __m512 acc[2][4][2];
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < nx; ++m) acc[r][m][0] = acc[r][m][1] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+        for (int r = 0; r < nr; ++r) {
+            _mm_prefetch((const char *)(w[r] + k + F32_PF), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w[r] + k + F32_PF + 16), _MM_HINT_T1);
+        }
+        for (int r = 0; r < nr; ++r) {
+            const __m512 w0 = _mm512_loadu_ps(w[r] + k), w1 = _mm512_loadu_ps(w[r] + k + 16);
+            for (int m = 0; m < nx; ++m) {
+                acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr[m] + k), acc[r][m][0]);
+                acc[r][m][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr[m] + k + 16), acc[r][m][1]);
+            }
+        }
+    }
+    for (; k < K; k += 16) {
+        const __mmask16 mk = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        for (int r = 0; r < nr; ++r) {
+            const __m512 w0 = _mm512_maskz_loadu_ps(mk, w[r] + k);
+            for (int m = 0; m < nx; ++m)
+                acc[r][m][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mk, xr[m] + k), acc[r][m][0]);
+        }
+    }
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < nx; ++m) res[r * nx + m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][m][0], acc[r][m][1]));
+}
+
+/* nr rows × mt ≤ 4 x rows, as blz_gemv_streams makes them: (1..4, 1) or (1..2, 2..4). */
+BLZ_INLINE void f32_streams4(const int nr, const int mt, const float *const *w, int64_t K, const float *xf,
+                             float *res) {
+    const float *xr[4] = {xf, xf + K, xf + 2 * K, xf + 3 * K};
+#define F32_NR(NX)                                           \
+    switch (nr) {                                            \
+        case 1: f32_rows(1, NX, w, K, xr, res); return;      \
+        case 2: f32_rows(2, NX, w, K, xr, res); return;      \
+    }
+    switch (mt) {
+        case 2: F32_NR(2) break;
+        case 3: F32_NR(3) break;
+        case 4: F32_NR(4) break;
+    }
+#undef F32_NR
+    BLZ_TILE_SWITCH(f32_rows1, nr, w, K, xf, res); /* one x row: the second pass of 5 */
+}
+
+/* blz_rows_fn of blz_gemv_streams for one x row (a function of its own, so that GCC inlines it into the walk:
+ * behind f32_streams' branches it was called through the pointer, and read q 2048 × 2048 ~10 % slower). */
+static void f32_streams1(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
     (void)mt; /* one x row */
     BLZ_TILE_SWITCH(f32_rows1, nr, (const float *const *)rows, K, x, res);
+}
+
+/* blz_rows_fn of blz_gemv_streams for 2-8 x rows: 5-8 as rows 0-3 and then the rest against the same weight
+ * rows. */
+static void f32_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    const float *const *w = (const float *const *)rows;
+    const float *xf = (const float *)x;
+    if (mt <= 4) {
+        f32_streams4(nr, mt, w, K, xf, res);
+        return;
+    }
+    float lo[2 * 4], hi[2 * 4];
+    f32_streams4(nr, 4, w, K, xf, lo);
+    f32_streams4(nr, mt - 4, w, K, xf + 4 * K, hi);
+    blz_merge_passes(nr, mt, lo, hi, res);
 }
 #endif
 
@@ -107,11 +181,18 @@ int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, in
     if (gemm && M > F32_ROWWISE_M)
         return blz_panel_gemm(w, NULL, BLZ_PANEL_F32, x, M, K, N, bias, residual, out, swiglu, nt);
 #if defined(BLZ_AVX512) && BLZ_STREAMS > 1
-    if (M == 1) {
+    if (M <= 8) {
         blz_team_t team;
-        blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, 1, swiglu));
+        blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, (int)M, swiglu));
+        if (M == 1) {
 #pragma omp parallel num_threads(nt)
-        blz_gemv_streams(f32_streams, (const uint8_t *)w, NULL, 4 * K, K, x, 1, N, bias, residual, out, swiglu, &team);
+            blz_gemv_streams(f32_streams1, (const uint8_t *)w, NULL, 4 * K, K, x, 1, N, bias, residual, out, swiglu,
+                             &team);
+        } else {
+#pragma omp parallel num_threads(nt)
+            blz_gemv_streams(f32_streams, (const uint8_t *)w, NULL, 4 * K, K, x, (int)M, N, bias, residual, out,
+                             swiglu, &team);
+        }
         return BLZ_OK;
     }
 #endif
