@@ -235,7 +235,7 @@ int blz_recurrent_rows(const int64_t *index, int64_t B, int prefill, int64_t S, 
 int blz_block_bytes(int kind, int *header);
 void blz_pack_row(const uint8_t *src, int64_t nb, int bs, int header, uint32_t flip, int j, uint8_t *group);
 
-/* Internal: one linear call by weight code (op · 32 + kind: kinds past 15), no bias or residual (common.c). */
+/* Internal: one linear call by weight code (op · 32 + kind, kinds 0-31), no bias or residual (common.c). */
 int blz_linear_by_code(int code, const float *x, int64_t M, int64_t K, const void *w, int64_t N, float *out,
                        int swiglu, int nthreads);
 

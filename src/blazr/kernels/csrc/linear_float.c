@@ -145,7 +145,7 @@ BLZ_INLINE void f32_streams4(const int nr, const int mt, const float *const *w, 
 }
 
 /* blz_rows_fn of blz_gemv_streams for one x row (a function of its own, so that GCC inlines it into the walk:
- * behind f32_streams' branches it was called through the pointer, and read q 2048 × 2048 ~10 % slower). */
+ * behind f32_streams' branches it was called through the pointer, and read q 2048 × 2048 ~8 % slower). */
 static void f32_streams1(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
     (void)mt; /* one x row */
     BLZ_TILE_SWITCH(f32_rows1, nr, (const float *const *)rows, K, x, res);

@@ -7,20 +7,20 @@
  *   max, or the sum of its top two), choose only inside them; ids = top-k of choice (ties: lower id first);
  *   weights = the un-biased scores of those ids, divided by their sum (+1e-20) when `renorm`, times `scale`.
  *
- * blz_moe_experts: out [T, D] = Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]), the experts' MLPs run only for
- * the experts chosen: act(x · W_upᵀ) (gated: act(gate) · up over the [gate; up] halves of W_up [2I, D];
- * ungated: act(x · W_upᵀ), W_up [I, D]) · W_downᵀ, W_down [D, I]. The experts' weights are stacked: expert e's
- * rows start at w_up + e·up_stride / w_down + e·down_stride bytes, in any weight format of the linear
- * kernels (`code` = op · 32 + kind: op 1 block-quantized or coded (kind BLZ_Q4_0 … BLZ_F32Z), 2 f32, 3 bf16,
- * 18 f16), so a quantized expert streams only its own quantized rows. The (token, slot) assignments are grouped by expert, each
- * expert runs one linear pair on its rows (M = tokens routed to it: one weight read for all of them), and
- * the k outputs of a token are summed in slot order j = 0..k-1. Optional biases (NULL: none): b_up [E, Nup]
- * added to the up projection's output, b_down [E, D] to the down projection's (GPT-OSS). Activation codes
- * (reference.py ACTIVATIONS): 0 silu, 1 gelu (tanh), 2 relu², 3 gelu (erf), 4 GPT-OSS's clamped SwiGLU
- * (gated only): g = min(gate, limit), u = clamp(up, −limit, limit), (u + 1) · g · sigmoid(alpha · g). The block-quantized and f32 linear kernels
- * compute a row the same whatever the other rows of the call, so with those weights a token's output does
- * not depend on what else is in the batch; 16-bit weights do so up to 8 tokens an expert, and from 9 on run
- * the GEMM (linear_16bit.c), each row again independent of the others there: the two agree to fp32 rounding.
+ * blz_moe_experts: out [T, D] = Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]), the experts' MLPs run only for the
+ * experts chosen: act(x · W_upᵀ) (gated: act(gate) · up over the [gate; up] halves of W_up [2I, D]; ungated: act(x ·
+ * W_upᵀ), W_up [I, D]) · W_downᵀ, W_down [D, I]. The experts' weights are stacked: expert e's rows start at w_up +
+ * e·up_stride / w_down + e·down_stride bytes, in any weight format of the linear kernels (`code` = op · 32 + kind:
+ * op 1 block-quantized or coded (kind BLZ_Q4_0 … BLZ_F32Z), 2 f32, 3 bf16, 18 f16), so a quantized expert streams
+ * only its own quantized rows. The (token, slot) assignments are grouped by expert, each expert runs one linear pair
+ * on its rows (M = tokens routed to it: one weight read for all of them), and the k outputs of a token are summed in
+ * slot order j = 0..k-1. Optional biases (NULL: none): b_up [E, Nup] added to the up projection's output, b_down [E,
+ * D] to the down projection's (GPT-OSS). Activation codes (reference.py ACTIVATIONS): 0 silu, 1 gelu (tanh), 2
+ * relu², 3 gelu (erf), 4 GPT-OSS's clamped SwiGLU (gated only): g = min(gate, limit), u = clamp(up, −limit, limit),
+ * (u + 1) · g · sigmoid(alpha · g). The block-quantized and f32 linear kernels compute a row the same whatever the
+ * other rows of the call, so with those weights a token's output does not depend on what else is in the batch;
+ * 16-bit and coded (bf16z, f32z) weights do so up to 8 tokens an expert, and from 9 on run the GEMM (linear_16bit.c,
+ * linear_coded.c), each row again independent of the others there: the two agree to fp32 rounding.
  *
  * Shapes: T tokens, D hidden, E experts, k chosen per token, I expert width, G groups.
  */
