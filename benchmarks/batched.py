@@ -1,12 +1,13 @@
 """Batched decode (issue 14's "Batched" target): blazr vs llama.cpp, aggregate decode tok/s at N sequences.
 
     python benchmarks/batched.py [--seqs 4 16] [--prompt-len 128] [--gen 32] [--rounds 2] [--threads 2]
-                                 [--only Q4_0 Q8_0 Q4_K_M F16] [--cache DIR]
+                                 [--only Q4_0 Q8_0 Q4_K_M F16 bf16] [--cache DIR]
 
 The checkpoints are benchmarks/realsize.py's (its `build()`: the Llama-3.2-1B shape with SmolLM2's 49k
 vocabulary, GGUFs by llama.cpp's converter and quantizer; built once into --cache, default realsize's
 benchmarks/.cache/1b). Both engines run the same GGUF; blazr with `quantize="auto"` (tensors kept as
-stored, F16 included).
+stored, F16 included). `bf16`: blazr loads the bf16 HF checkpoint with `quantize="bf16"` (its weights coded
+where the host decodes them, kernels/coded.py) against llama.cpp on the F16 GGUF.
 
 Each measurement runs in a fresh process (this file with `--child`, the engine alone in it). N different
 --prompt-len prompts are prefilled, then decoded greedily (temperature 0, ignore_eos) to --gen tokens each:
@@ -45,7 +46,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
-PRECISIONS = ("Q4_0", "Q8_0", "Q4_K_M", "F16")
+PRECISIONS = ("Q4_0", "Q8_0", "Q4_K_M", "F16", "bf16")
+BLAZR_QUANTIZE = {"bf16": "bf16"}  # blazr's --quantize where it is not `auto` (on the HF checkpoint)
 
 
 def prompt_ids(seq: int, plen: int) -> list[int]:
@@ -55,7 +57,8 @@ def prompt_ids(seq: int, plen: int) -> list[int]:
 # ------------------------------------------------------------------------------------------ children
 
 
-def child_llama_cpp(path: str, nseq: int, plen: int, gen: int, threads: int) -> dict[str, Any]:
+def child_llama_cpp(path: str, nseq: int, plen: int, gen: int, threads: int, quantize: str) -> dict[str, Any]:
+    del quantize  # llama.cpp runs the GGUF as stored
     import llama_cpp
     import numpy as np
 
@@ -139,7 +142,7 @@ def child_llama_cpp(path: str, nseq: int, plen: int, gen: int, threads: int) -> 
     }
 
 
-def child_blazr(path: str, nseq: int, plen: int, gen: int, threads: int) -> dict[str, Any]:
+def child_blazr(path: str, nseq: int, plen: int, gen: int, threads: int, quantize: str) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(threads)
@@ -147,7 +150,7 @@ def child_blazr(path: str, nseq: int, plen: int, gen: int, threads: int) -> dict
 
     t0 = time.perf_counter()
     llm = LLM(
-        path, cpu=True, quantize="auto", max_model_len=plen + gen + 16, max_num_seqs=nseq,
+        path, cpu=True, quantize=quantize, max_model_len=plen + gen + 16, max_num_seqs=nseq,
         max_num_batched_tokens=max(512, nseq * plen), enable_prefix_caching=False,
     )  # fmt: skip
     load = time.perf_counter() - t0
@@ -198,9 +201,9 @@ def peak_rss_gib() -> float:
 
 
 def child(args: argparse.Namespace) -> None:
-    engine, path, nseq, plen, gen, threads = args.child
+    engine, path, nseq, plen, gen, threads, quantize = args.child
     run = child_llama_cpp if engine == "llama.cpp" else child_blazr
-    res = run(path, int(nseq), int(plen), int(gen), int(threads))
+    res = run(path, int(nseq), int(plen), int(gen), int(threads), quantize)
     res["rss"] = peak_rss_gib()
     print(json.dumps(res), flush=True)
 
@@ -208,9 +211,11 @@ def child(args: argparse.Namespace) -> None:
 # -------------------------------------------------------------------------------------------- parent
 
 
-def measure(engine: str, path: Path, nseq: int, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    engine: str, path: Path, nseq: int, args: argparse.Namespace, quantize: str = "auto"
+) -> dict[str, Any]:
     cmd = [sys.executable, str(HERE), "--child", engine, str(path), str(nseq), str(args.prompt_len)]
-    cmd += [str(args.gen), str(args.threads)]
+    cmd += [str(args.gen), str(args.threads), quantize]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"{engine} on {path.name} at {nseq} sequences failed:\n{done.stderr[-3000:]}")
@@ -237,7 +242,7 @@ def measure(engine: str, path: Path, nseq: int, args: argparse.Namespace) -> dic
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     ap.add_argument("--seqs", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen", type=int, default=32)
@@ -255,7 +260,10 @@ def main() -> None:
     sys.path.insert(0, str(HERE.parent))
     import realsize
 
-    files = realsize.build(args.only, (args.cache or realsize.CACHE_ROOT / "1b").resolve())
+    files = realsize.build(
+        [p for p in args.only if p in realsize.PRECISIONS],
+        (args.cache or realsize.CACHE_ROOT / "1b").resolve(),
+    )
 
     results: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in range(args.rounds):
@@ -264,7 +272,10 @@ def main() -> None:
                 order = ["blazr", "llama.cpp"]
                 for engine in order if r % 2 == 0 else order[::-1]:
                     print(f"round {r + 1}: {p} N={nseq}: {engine} …", file=sys.stderr, flush=True)
-                    results.setdefault((p, nseq, engine), []).append(measure(engine, files[p], nseq, args))
+                    path, mode = files[p if p in files else "F16"], "auto"
+                    if engine == "blazr" and p in BLAZR_QUANTIZE:
+                        path, mode = files["hf"], BLAZR_QUANTIZE[p]
+                    results.setdefault((p, nseq, engine), []).append(measure(engine, path, nseq, args, mode))
                     time.sleep(1)
 
     def med(p: str, nseq: int, engine: str, key: str) -> float:
@@ -290,7 +301,8 @@ def main() -> None:
         for nseq in args.seqs:
             b, c = med(p, nseq, "blazr", "decode"), med(p, nseq, "llama.cpp", "decode")
             rb, rc = med(p, nseq, "blazr", "rss"), med(p, nseq, "llama.cpp", "rss")
-            print(f"| {p} GGUF | {nseq} | {b:.2f} | {c:.2f} | {b / c:.2f} | {rb:.2f} | {rc:.2f} |")
+            label = f"HF bf16 `--quantize {BLAZR_QUANTIZE[p]}` vs F16" if p in BLAZR_QUANTIZE else f"{p} GGUF"
+            print(f"| {label} | {nseq} | {b:.2f} | {c:.2f} | {b / c:.2f} | {rb:.2f} | {rc:.2f} |")
 
 
 if __name__ == "__main__":
