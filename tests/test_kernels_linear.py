@@ -118,7 +118,7 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
     or one tile of up to 16 (short calls). f16, bf16 and f32 prefill calls have two paths, each
     row-independent on its own: the decode walk (up to 8 rows) and the prefill GEMM (gemm_float.c: packed
     row groups × output panels, x rows in vector lanes at 13-16 rows on AVX-512). f32 without `prefill`
-    takes its decode tiles at every M."""
+    sums as its decode tiles at every M (AVX-512: as weight streams up to 8 rows, tiles past them)."""
     x = torch.randn(131, 576)
     two_paths = {"f16": 8, "bf16": 8, "f32 prefill": 8}  # the decode path's most rows
     for name, most in two_paths.items():
@@ -145,9 +145,9 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
 def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) -> None:
     """A decode linear reads its weights as several streams at once on AVX-512 hosts (each thread's block of
     output rows — of 8-row tiles for the block kinds — cut into parts, row or tile i of every part computed
-    together; 16-bit weights up to 8 x rows, 5-8 in two passes); every output still has the bits that the x
-    row gets alone and in a larger decode call — at row counts that leave parts short or empty, K with
-    a tail, one thread and two, with each epilogue."""
+    together; 16-bit and f32 weights up to 8 x rows, 5-8 in two passes); every output still has the bits
+    that the x row gets alone and in a larger decode call — at row counts that leave parts short or empty, K
+    with a tail, one thread and two, with each epilogue."""
     g = torch.Generator().manual_seed(11)
     shapes = ((1, 96), (3, 100), (5, 608), (14, 1000), (301, 600), (1000, 1000))
     if kind in LINEAR_BLOCK_KINDS:
