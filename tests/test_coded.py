@@ -23,6 +23,7 @@ from blazr.kernels import coded, ops
 from blazr.kernels.quant import QuantizedWeight, dequantize
 from blazr.loading import quant_cache
 from blazr.loading.quantize import kernel_prefill_f32
+from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits, stepwise_logits
 from tests.hf_parity import prompts
@@ -65,9 +66,7 @@ def _mixtral(path: Path) -> Path:
     return path
 
 
-def _experts(llm: LLM) -> list:
-    from blazr.model.moe import Experts
-
+def _experts(llm: LLM) -> list[Experts]:
     return [m for m in llm.model.modules() if isinstance(m, Experts)]
 
 
