@@ -14,31 +14,19 @@ kernel's path there). Speed only.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from blazr.kernels import coded, ops
+from blazr.kernels import coded
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.kquant_packed import SHAPES, cold_weights, rate  # the same harness
+from benchmarks.kquant_packed import SHAPES, cases, cold_weights, medians, setup  # the same harness
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kinds", nargs="+", default=["bf16", "f32"], choices=list(coded.KIND_OF))
-    ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 256])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--hot", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    k = ops.kernels()
-    assert k is not None, "the kernel library did not load"
-    g = torch.Generator().manual_seed(0)
+    args, k, g = setup(__doc__, ["bf16", "f32"], list(coded.KIND_OF), [1, 2, 4, 8, 256])
     knobs = f"streams_f {k.get_tune('streams_f')}, streams_z {k.get_tune('streams_z')}"
     print(f"{args.threads} threads, kernels {', '.join(k.features)}, {knobs}; decode rows: G weights/s, "
           "cold; prefill rows: GFLOP/s")  # fmt: skip
@@ -49,18 +37,12 @@ def main() -> None:
             stored = cold_weights(kind, n, kk, g)
             made = [coded.pack(w) for w in stored]
             assert all(w is not None for w in made), (kind, shape)
-            cases = [("1 (hot)", 1, 1)] if args.hot else []
-            cases += [(str(m), m, len(stored) if m <= 16 else 1) for m in args.rows]
-            for label, m, count in cases:
+            for label, m, count in cases(args, len(stored)):
                 x = torch.randn(m, kk, generator=g)
                 want = k.linear(x, stored[0], prefill=m > 8)
                 assert torch.equal(k.linear(x, made[0]), want), (kind, shape, m)  # type: ignore[arg-type]
                 per_call = n * kk if m <= 16 else 2 * m * n * kk
-                rates: dict[str, list[float]] = {"stored": [], "coded": []}
-                for _ in range(args.rounds):
-                    rates["stored"].append(rate(k, x, stored[:count], per_call))
-                    rates["coded"].append(rate(k, x, made[:count], per_call))  # type: ignore[arg-type]
-                a, b = statistics.median(rates["stored"]), statistics.median(rates["coded"])
+                a, b = medians(k, x, stored[:count], made[:count], per_call, args.rounds)  # type: ignore[arg-type]
                 print(
                     f"| {kind} | {shape} {n} × {kk} | {label} | {a:.2f} | {b:.2f} | {b / a:.2f} |", flush=True
                 )

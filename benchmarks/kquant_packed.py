@@ -44,10 +44,15 @@ def cold_weights(kind: str, n: int, kk: int, g: torch.Generator) -> list[Quantiz
     ]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kinds", nargs="+", default=["q4_k", "q6_k"], choices=list(kquant_packed.KX_OF))
-    ap.add_argument("--rows", nargs="+", type=int, default=[1, 4, 16, 512])
+def setup(
+    doc: str, kinds: list[str], choices: list[str], rows: list[int]
+) -> tuple[argparse.Namespace, ops.Kernels, torch.Generator]:
+    """The command line of the stored-against-re-laid kernel benchmarks (this file, benchmarks/coded.py) —
+    --kinds, --rows, --threads, --rounds, --hot — parsed, the threads set; the library and a seeded
+    generator."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--kinds", nargs="+", default=kinds, choices=choices)
+    ap.add_argument("--rows", nargs="+", type=int, default=rows)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--hot", action="store_true")
@@ -55,7 +60,34 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     k = ops.kernels()
     assert k is not None, "the kernel library did not load"
-    g = torch.Generator().manual_seed(0)
+    return args, k, torch.Generator().manual_seed(0)
+
+
+def cases(args: argparse.Namespace, cold: int) -> list[tuple[str, int, int]]:
+    """(label, x rows, weights cycled) of each measured call: `--hot`'s one row on one weight, then each
+    --rows count — over the `cold` weights up to 16 rows (a decode step's reads), one weight past them."""
+    hot = [("1 (hot)", 1, 1)] if args.hot else []
+    return hot + [(str(m), m, cold if m <= 16 else 1) for m in args.rows]
+
+
+def medians(
+    k: ops.Kernels,
+    x: torch.Tensor,
+    a: list[QuantizedWeight],
+    b: list[QuantizedWeight],
+    per_call: float,
+    rounds: int,
+) -> tuple[float, float]:
+    """The rates of the two forms `a` and `b` (`rate`), alternating round by round: their medians."""
+    ra, rb = [], []
+    for _ in range(rounds):
+        ra.append(rate(k, x, a, per_call))
+        rb.append(rate(k, x, b, per_call))
+    return statistics.median(ra), statistics.median(rb)
+
+
+def main() -> None:
+    args, k, g = setup(__doc__, ["q4_k", "q6_k"], list(kquant_packed.KX_OF), [1, 4, 16, 512])
     print(f"{args.threads} threads, kernels {', '.join(k.features)}; decode rows: GB/s of weight bytes "
           "(cold), prefill rows: GFLOP/s")  # fmt: skip
     print("| kind | shape | rows | stored | 16-row groups | × |")
@@ -65,17 +97,11 @@ def main() -> None:
             stored = cold_weights(kind, n, kk, g)
             size = stored[0].nbytes
             packed = [kquant_packed.pack(w) for w in stored]
-            cases = [("1 (hot)", 1, 1)] if args.hot else []
-            cases += [(str(m), m, len(stored) if m <= 16 else 1) for m in args.rows]
-            for label, m, count in cases:
+            for label, m, count in cases(args, len(stored)):
                 x = torch.randn(m, kk, generator=g)
                 assert torch.equal(k.linear(x, stored[0]), k.linear(x, packed[0])), (kind, shape, m)
                 per_call = size if m <= 16 else 2 * m * n * kk
-                rates: dict[str, list[float]] = {"stored": [], "packed": []}
-                for _ in range(args.rounds):
-                    rates["stored"].append(rate(k, x, stored[:count], per_call))
-                    rates["packed"].append(rate(k, x, packed[:count], per_call))
-                a, b = statistics.median(rates["stored"]), statistics.median(rates["packed"])
+                a, b = medians(k, x, stored[:count], packed[:count], per_call, args.rounds)
                 cells = f"{a:.1f} | {b:.1f} | {b / a:.2f}"
                 print(f"| {kind} | {shape} {n} × {kk} | {label} | {cells} |", flush=True)
 
