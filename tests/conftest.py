@@ -15,6 +15,9 @@ import pytest
 
 from blazr.kernels import build, ops
 
+# fixtures' temporary directories removed with the fixtures
+pytest_plugins = ["tests.tmp_cleanup"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def session_quant_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
