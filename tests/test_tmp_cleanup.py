@@ -1,6 +1,7 @@
-"""tests/tmp_cleanup.py, run in a pytest session of its own: a module fixture's directory is gone once the
-next module runs, a function fixture's once its test ends, after each fixture's own teardown has used it; a
-session fixture's stays to the end; a failing test keeps its tmp_path."""
+"""tests/tmp_cleanup.py, run in a pytest session of its own: what a module makes (by a module fixture, by a
+lazy getter that fixture hands out, by a function fixture) is gone once the next module runs, and only after
+the module fixture's own teardown has used it; a session fixture's directory stays to the end, also when the
+fixture is first set up in the middle of a module; a failing test keeps its tmp_path."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def per_module(tmp_path_factory):
     record(event="module teardown", sees_own_file=(d / "w").exists())
 
 
+@pytest.fixture(scope="module")
+def getter(tmp_path_factory):
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = tmp_path_factory.mktemp(name)
+        return made[name]
+
+    return get
+
+
 @pytest.fixture
 def per_test(tmp_path_factory):
     d = tmp_path_factory.mktemp("per-test")
@@ -52,12 +65,14 @@ MODULE_A = """
 from conftest import record
 
 
-def test_a(per_module, per_test, kept, tmp_path):
-    record(event="a", module=str(per_module), test=str(per_test), kept=str(kept))
+def test_a(per_module, per_test, getter, tmp_path):
+    record(event="a", module=str(per_module), test=str(per_test), lazy=str(getter("lazy")))
 
 
-def test_a_after(per_module, per_test):
-    record(event="a after", module_there=per_module.exists())
+def test_a_after(per_module, getter, kept):
+    # `kept` is first set up here, in the middle of the module
+    there = dict(module_there=per_module.exists(), lazy_there=getter("lazy").exists())
+    record(event="a after", kept=str(kept), **there)
 
 
 def test_fails(tmp_path):
@@ -99,10 +114,10 @@ def test_fixture_directories_go_with_their_fixtures(tmp_path: Path) -> None:
     )
     assert "1 failed, 3 passed" in run.stdout, run.stdout + run.stderr
     events = {e["event"]: e for e in map(json.loads, log.read_text().splitlines())}
-    a = events["a"]
+    a, after = events["a"], events["a after"]
     assert events["module teardown"]["sees_own_file"]  # removed only after the fixture's teardown
-    assert events["a after"]["module_there"]  # a module fixture's directory lives through its module
-    assert not Path(a["module"]).exists()  # ...and is gone after it
-    assert not Path(a["test"]).exists()  # a function fixture's directory is gone after its test
-    assert events["b"]["kept_there"] and Path(a["kept"]).exists()  # a session fixture's stays
+    assert after["module_there"] and after["lazy_there"]  # a module's directories live through it
+    for made in ("module", "lazy", "test"):
+        assert not Path(a[made]).exists(), made  # ...and are gone after it
+    assert events["b"]["kept_there"] and Path(after["kept"]).exists()  # a session fixture's stays
     assert (Path(events["failing"]["tmp"]) / "w").exists()  # a failing test's tmp_path is kept

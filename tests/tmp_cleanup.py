@@ -1,12 +1,16 @@
-"""A pytest plugin (tests/conftest.py `pytest_plugins`) that bounds the suite's disk: the directories a
-module-, class- or function-scoped fixture makes under the session's base temporary directory are removed
-when that fixture is torn down, after its own teardown.
+"""A pytest plugin (tests/conftest.py `pytest_plugins`) that bounds the suite's disk: what a test module
+makes under the session's base temporary directory is removed when the module ends, after its fixtures'
+own teardowns.
 
 The suite's tiny checkpoints carry real vocabularies (a 128k-token embedding is 30-60 MiB), so its
 checkpoints and GGUFs came to ~7 GiB kept to the end of a session, and a host with less free disk failed
-hundreds of tests at once. Removed with their fixtures, the disk holds about one module's at a time.
-Session fixtures keep theirs to the end; a test's own `tmp_path` follows `tmp_path_retention_policy` in
-pyproject.toml (removed when the test passes, kept when it fails)."""
+hundreds of tests at once. Swept per module, the disk holds about one module's at a time.
+
+Kept: what session fixtures make while they are set up (to the end of the session), and each test's own
+`tmp_path`, which follows `tmp_path_retention_policy` in pyproject.toml (removed when the test passes, kept
+when it fails). The sweep is by module, not by fixture, because fixtures hand out lazy getters (`models(name)`
+builds a checkpoint the first time a test asks), so the fixture being set up when a directory appears need
+not be the one that owns it."""
 
 from __future__ import annotations
 
@@ -18,28 +22,33 @@ from pathlib import Path
 import pytest
 
 _BASETEMP: list[Path] = []  # the session's base temporary directory, once known
+_KEPT: set[str] = set()  # top-level names the sweep leaves alone
 
 
 @pytest.fixture(scope="session", autouse=True)
 def session_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's base temporary directory, for `pytest_fixture_setup` below."""
+    """The session's base temporary directory."""
     _BASETEMP.append(tmp_path_factory.getbasetemp())
     return _BASETEMP[0]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> Iterator[object]:
-    """Removes what a fixture other than a session one (or pytest's own `tmp_path`) makes under the base
-    temporary directory when that fixture is torn down."""
-    if fixturedef.scope == "session" or fixturedef.argname in ("tmp_path", "tmpdir") or not _BASETEMP:
+    """What a session fixture or a test's tmp_path makes is kept from the module sweep."""
+    if not _BASETEMP or not (fixturedef.scope == "session" or fixturedef.argname in ("tmp_path", "tmpdir")):
         return (yield)
-    base = _BASETEMP[0]
-    made: set[str] = set()
-    # registered before the fixture runs, so it runs after the fixture's own teardown (finalizers run last
-    # in, first out)
-    fixturedef.addfinalizer(lambda: [shutil.rmtree(base / name, ignore_errors=True) for name in made])
-    before = set(os.listdir(base))
+    before = set(os.listdir(_BASETEMP[0]))
     try:
         return (yield)
     finally:
-        made.update(set(os.listdir(base)) - before)
+        _KEPT.update(set(os.listdir(_BASETEMP[0])) - before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sweep_module_dirs(session_basetemp: Path) -> Iterator[None]:
+    """Removes what the module made, at its end. Autouse and module-scoped, it is set up before the
+    module's other module fixtures and so torn down after them."""
+    before = set(os.listdir(session_basetemp))
+    yield
+    for name in set(os.listdir(session_basetemp)) - before - _KEPT:
+        shutil.rmtree(session_basetemp / name, ignore_errors=True)
