@@ -1,7 +1,8 @@
 """tests/tmp_cleanup.py, run in a pytest session of its own: what a module makes (by a module fixture, by a
 lazy getter that fixture hands out, by a function fixture) is gone once the next module runs, and only after
 the module fixture's own teardown has used it; a session fixture's directory stays to the end, also when the
-fixture is first set up in the middle of a module; a failing test keeps its tmp_path."""
+fixture is first set up in the middle of a module; a failing test keeps its tmp_path; the run's summary
+reports the disk."""
 
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ def test_fixture_directories_go_with_their_fixtures(tmp_path: Path) -> None:
         timeout=120,
     )
     assert "1 failed, 3 passed" in run.stdout, run.stdout + run.stderr
+    assert "temporary files: at most" in run.stdout and "disk free:" in run.stdout  # the summary
     events = {e["event"]: e for e in map(json.loads, log.read_text().splitlines())}
     a, after = events["a"], events["a after"]
     assert events["module teardown"]["sees_own_file"]  # removed only after the fixture's teardown

@@ -4,13 +4,14 @@ own teardowns.
 
 The suite's tiny checkpoints carry real vocabularies (a 128k-token embedding is 30-60 MiB), so its
 checkpoints and GGUFs came to ~7 GiB kept to the end of a session, and a host with less free disk failed
-hundreds of tests at once. Swept per module, the disk holds about one module's at a time.
+hundreds of tests at once. Swept per module, the disk holds about one module's at a time. The sweep is by
+module, not by fixture, because fixtures hand out lazy getters (`models(name)` builds a checkpoint the first
+time a test asks), so the fixture being set up when a directory appears need not be the one that owns it.
 
 Kept: what session fixtures make while they are set up (to the end of the session), and each test's own
 `tmp_path`, which follows `tmp_path_retention_policy` in pyproject.toml (removed when the test passes, kept
-when it fails). The sweep is by module, not by fixture, because fixtures hand out lazy getters (`models(name)`
-builds a checkpoint the first time a test asks), so the fixture being set up when a directory appears need
-not be the one that owns it."""
+when it fails). The run's summary says how much the base directory held at most and how low the disk's
+free space went, so a run that fills a disk says so."""
 
 from __future__ import annotations
 
@@ -23,13 +24,18 @@ import pytest
 
 _BASETEMP: list[Path] = []  # the session's base temporary directory, once known
 _KEPT: set[str] = set()  # top-level names the sweep leaves alone
+# "start": free bytes on the base directory's disk; "peak": bytes under it; "low": free bytes — each with
+# the module it was read after
+_DISK: dict[str, tuple[int, str]] = {}
 
 
 @pytest.fixture(scope="session", autouse=True)
 def session_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's base temporary directory."""
-    _BASETEMP.append(tmp_path_factory.getbasetemp())
-    return _BASETEMP[0]
+    base = tmp_path_factory.getbasetemp()
+    _BASETEMP.append(base)
+    _DISK["start"] = (shutil.disk_usage(base).free, "")
+    return base
 
 
 @pytest.hookimpl(wrapper=True)
@@ -45,10 +51,34 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
 
 
 @pytest.fixture(scope="module", autouse=True)
-def sweep_module_dirs(session_basetemp: Path) -> Iterator[None]:
+def sweep_module_dirs(session_basetemp: Path, request: pytest.FixtureRequest) -> Iterator[None]:
     """Removes what the module made, at its end. Autouse and module-scoped, it is set up before the
     module's other module fixtures and so torn down after them."""
     before = set(os.listdir(session_basetemp))
     yield
+    _note_disk(session_basetemp, request.node.nodeid)
     for name in set(os.listdir(session_basetemp)) - before - _KEPT:
         shutil.rmtree(session_basetemp / name, ignore_errors=True)
+
+
+def _note_disk(base: Path, module: str) -> None:
+    held = sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(base) for f in files)
+    free = shutil.disk_usage(base).free
+    if held > _DISK.get("peak", (-1, ""))[0]:
+        _DISK["peak"] = (held, module)
+    if free < _DISK.get("low", (free + 1, ""))[0]:
+        _DISK["low"] = (free, module)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The base directory's peak and the disk's free space, at the start and at its lowest."""
+    if "peak" not in _DISK:
+        return
+    gib = 2**30
+    (peak, peak_at), (start, _), (low, low_at) = _DISK["peak"], _DISK["start"], _DISK["low"]
+    tw = terminalreporter
+    tw.write_sep("-", "blazr test disk")
+    tw.write_line(f"temporary files: at most {peak / gib:.2f} GiB (at the end of {peak_at})")
+    tw.write_line(
+        f"disk free: {start / gib:.1f} GiB at the start, {low / gib:.1f} GiB at the lowest ({low_at})"
+    )
