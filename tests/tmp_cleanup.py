@@ -8,10 +8,10 @@ hundreds of tests at once. Swept per module, the disk holds about one module's a
 module, not by fixture, because fixtures hand out lazy getters (`models(name)` builds a checkpoint the first
 time a test asks), so the fixture being set up when a directory appears need not be the one that owns it.
 
-Kept: what session fixtures make while they are set up (to the end of the session), and each test's own
-`tmp_path`, which follows `tmp_path_retention_policy` in pyproject.toml (removed when the test passes, kept
-when it fails). The run's summary says how much the base directory held at most and how low the disk's
-free space went, so a run that fills a disk says so."""
+Kept: what session (and package) fixtures make while they are set up, to the end of the session, and each
+test's own `tmp_path`, which follows `tmp_path_retention_policy` in pyproject.toml (removed when the test
+passes, kept when it fails). The run's summary says how much the base directory held at most and how low the
+disk's free space went, so a run that fills a disk says so."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ def session_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> Iterator[object]:
-    """What a session fixture or a test's tmp_path makes is kept from the module sweep."""
-    if not _BASETEMP or not (fixturedef.scope == "session" or fixturedef.argname in ("tmp_path", "tmpdir")):
+    """What a session or package fixture or a test's tmp_path makes is kept from the module sweep."""
+    wider = fixturedef.scope in ("session", "package")  # outlives the module that first sets it up
+    if not _BASETEMP or not (wider or fixturedef.argname in ("tmp_path", "tmpdir")):
         return (yield)
     before = set(os.listdir(_BASETEMP[0]))
     try:
