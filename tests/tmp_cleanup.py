@@ -10,13 +10,15 @@ time a test asks), so the fixture being set up when a directory appears need not
 
 Kept: what session (and package) fixtures make while they are set up, to the end of the session, and each
 test's own `tmp_path`, which follows `tmp_path_retention_policy` in pyproject.toml (removed when the test
-passes, kept when it fails). The run's summary says how much the base directory held at most and how low the
-disk's free space went, so a run that fills a disk says so."""
+passes, kept when it fails). The run's header says the free disk where the temporary files go (under -q
+only when it is short), and its summary how much the base directory held at most and how low the disk's free
+space went, so a run that fills a disk says so."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +71,32 @@ def _note_disk(base: Path, module: str) -> None:
         _DISK["peak"] = (held, module)
     if free < _DISK.get("low", (free + 1, ""))[0]:
         _DISK["low"] = (free, module)
+
+
+LOW_GIB = 2.0  # about what the suite's temporary files peak at (1.3-1.4 GiB measured)
+
+
+def _free_line(config: pytest.Config) -> tuple[str, bool]:
+    where = Path(config.option.basetemp or tempfile.gettempdir())
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free / 2**30
+    low = free < LOW_GIB
+    note = f" — less than the ~{LOW_GIB:.0f} GiB the suite's temporary files peak at" if low else ""
+    return f"temporary files under {where}: {free:.1f} GiB free{note}", low
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The free disk where the temporary files go, at the top of the run (a run cut short still shows it)."""
+    return _free_line(config)[0]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under -q, which hides the header, the same line when the disk is short."""
+    line, low = _free_line(session.config)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if low and reporter is not None and session.config.get_verbosity() < 0:
+        reporter.write_line(line, yellow=True)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
