@@ -15,7 +15,7 @@ import pytest
 
 from blazr.kernels import build, ops
 
-# fixtures' temporary directories removed with the fixtures
+# what each test module makes under the temporary directory removed when the module ends
 pytest_plugins = ["tests.tmp_cleanup"]
 
 

@@ -64,8 +64,15 @@ def sweep_module_dirs(session_basetemp: Path, request: pytest.FixtureRequest) ->
         shutil.rmtree(session_basetemp / name, ignore_errors=True)
 
 
+def _size(path: str) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:  # gone since listed (the quantization cache's background writes rename theirs)
+        return 0
+
+
 def _note_disk(base: Path, module: str) -> None:
-    held = sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(base) for f in files)
+    held = sum(_size(os.path.join(d, f)) for d, _, files in os.walk(base) for f in files)
     free = shutil.disk_usage(base).free
     if held > _DISK.get("peak", (-1, ""))[0]:
         _DISK["peak"] = (held, module)
