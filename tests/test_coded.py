@@ -187,6 +187,70 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
         monkeypatch.setenv("BLAZR_QUANT_CACHE", str(cache))
 
 
+def test_f16_held_by_bf16_is_coded_as_bf16(native: ops.Kernels) -> None:
+    """`as_bf16`: an f16 weight whose values bf16 holds comes back as those bf16 values (a MappedWeight's rows
+    in its row order, subnormals and infinities included); one value bf16 does not hold, in the first row or
+    the last, and the weight stays f16. `pack` codes the held one as bf16z, the same bytes as its bf16."""
+    from blazr.kernels.mapped import MappedWeight
+
+    n, k = 6, 512
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    w[1, :4] = torch.tensor([2.0**-20, -(2.0**-24), float("inf"), -0.0])  # f16 subnormals, ±inf, -0
+    f16 = w.to(torch.float16)
+    assert torch.equal(f16.float(), w.float())
+    got = coded.as_bf16(QuantizedWeight("f16", f16, n, k))
+    assert got is not None and got.kind == "bf16" and torch.equal(_bits(got.data), _bits(w))
+    order = torch.tensor([3, 0, 5, 1, 4, 2])
+    rows = f16.data_ptr() + order * 2 * k
+    mapped = coded.as_bf16(MappedWeight("f16", rows, f16, n, k))
+    assert mapped is not None and torch.equal(_bits(mapped.data), _bits(w[order]))
+    for row in (0, n - 1):
+        off = f16.clone()
+        off[row, 7] = torch.tensor(1.0 + 2.0**-10, dtype=torch.float16)  # a low mantissa bit: not a bf16
+        assert coded.as_bf16(QuantizedWeight("f16", off, n, k)) is None, row
+        assert coded.pack(QuantizedWeight("f16", off, n, k)) is None, row
+    made = coded.pack(QuantizedWeight("f16", f16, n, k))
+    assert made is not None and made.kind == "bf16z"
+    assert torch.equal(made.data, native.pack_coded(w))
+
+
+def test_loader_codes_an_f16_gguf_of_bf16_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An F16 GGUF converted from bf16 weights (every value a bf16) runs its linears as bf16z under `auto`
+    where the library decodes them, with the F16 weights' logits bit for bit (whole prefill and decode
+    steps); the F16 GGUF of the same float32 weights stays f16; a later load maps the coded weights from the
+    quantization cache."""
+    from tests.gguf_fixtures import write_tiny_llama_gguf
+    from tests.test_gguf import TINY, tiny_state_dict
+
+    cache = tmp_path / "qcache"
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(cache))
+    cfg = {**TINY, "hidden_size": 512, "intermediate_size": 1024, "vocab_size": 64}
+    weights = tiny_state_dict(seed=3, cfg=cfg)
+    held = {name: w.to(torch.bfloat16).float() for name, w in weights.items()}
+    gguf = write_tiny_llama_gguf(tmp_path / "bf16-values.gguf", held, cfg, "F16")
+    decodes = "avx512" in ops.kernels().features
+    batch = prompts([21, 9], seed=5, vocab=cfg["vocab_size"])
+    plan = [[len(p) - 4] + [1] * 4 for p in batch]
+
+    monkeypatch.setenv("BLAZR_CODED", "0")
+    plain = _load(gguf, "auto")
+    assert {m.kind for m in quantized_layers(plain).values()} == {"f16"}
+    monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
+    made = _load(gguf, "auto")
+    kinds = {name: m.kind for name, m in quantized_layers(made).items()}
+    assert set(kinds.values()) == {"bf16z" if decodes else "f16"}, kinds
+    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(full_logits(made.runner, batch), full_logits(plain.runner, batch), strict=True):
+        assert torch.equal(a, b)
+    f32_values = write_tiny_llama_gguf(tmp_path / "f32-values.gguf", weights, cfg, "F16")
+    assert {m.kind for m in quantized_layers(_load(f32_values, "auto")).values()} == {"f16"}
+    if decodes:
+        monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+        again = _load(gguf, "auto")
+        assert {m.kind for m in quantized_layers(again).values()} == {"bf16z"}
+
+
 def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Mixtral's stacked experts under `--quantize bf16` are coded too (csrc/moe.c runs an expert's rows
     through the linear kernels by weight code): the logits of the bf16 experts bit for bit, prefill and decode

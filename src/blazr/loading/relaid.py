@@ -22,7 +22,8 @@ def relaid(
     """A GGUF's weight `qw` as the CPU kernels run it: a K-quant whose kind this host packs re-laid in 16-row
     groups (kernels/kquant_packed.py `packed_kind`; the cache's copy only when it holds the layout chosen now
     — a kmix's segments follow host tuning, which may have changed its mind since; the 8B Q4_K_M's 4.2 GB
-    took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57); a BF16 weight coded (`coded`); any other as it is."""
+    took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57); a BF16 weight coded, an F16 one whose values bf16
+    holds too (`coded`); any other as it is."""
     kind = kquant_packed.packed_kind(qw, num_stacked)
     if kind is None:
         return coded(cache, entry, qw)
@@ -47,11 +48,12 @@ def cached_coded(
 
 def coded(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
     """A bf16 / f32 weight with its top byte coded where this host's kernels decode it (kernels/coded.py:
-    every bit kept, 0.77× / 0.88× the bytes a decode step reads); any other weight, or one with rows of too
-    many rare top bytes, as it is."""
-    if not coded_kinds.wanted(qw.kind, qw.in_features):
+    every bit kept, 0.77× / 0.88× the bytes a decode step reads), an f16 one as bf16z where bf16 holds its
+    values; any other weight, or one with rows of too many rare top bytes, as it is."""
+    kind = coded_kinds.coded_kind(qw.kind)
+    if kind is None or not coded_kinds.wanted(qw.kind, qw.in_features):
         return qw
-    made = _through_cache(cache, entry, coded_kinds.KIND_OF[qw.kind], qw, coded_kinds.pack)
+    made = _through_cache(cache, entry, kind, qw, coded_kinds.pack)
     return qw if made is None else made
 
 
