@@ -6,9 +6,10 @@ The coding is lossless: the C pack equals the torch reference byte for byte, dec
 of more rare top bytes than its escape slots is refused, not approximated. The kernel gives the stored kind's
 kernel's bits on the same weight — every row count (the decode streams up to 8 rows, the panel GEMM past
 them), bias, residual and SwiGLU epilogues, escapes anywhere in a block or a row — on every ISA build. The
-loader codes the bf16 linears and expert stacks of `--quantize bf16` and of a BF16 GGUF, and the float32
-linears of a float32 checkpoint, where the library decodes them: the logits bit for bit those of the stored
-weights, and a later load maps the coded bf16 weights from the quantization cache.
+loader codes the bf16 linears and expert stacks of `--quantize bf16` and of a BF16 GGUF, an F16 GGUF's
+linears where bf16 holds every value (as bf16z), and the float32 linears of a float32 checkpoint, where the
+library decodes them: the logits bit for bit those of the stored weights, and a later load maps the coded
+bf16 weights from the quantization cache.
 """
 
 from __future__ import annotations
