@@ -71,6 +71,18 @@ def _experts(llm: LLM) -> list[Experts]:
     return [m for m in llm.model.modules() if isinstance(m, Experts)]
 
 
+def _same_logits(
+    made: LLM, plain: LLM, batch: list[list[int]], plan: list[list[int]], whole: bool = False, label: str = ""
+) -> None:
+    """`made` gives `plain`'s logits bit for bit at each step of `plan` (chunks, then decode steps) and, with
+    `whole`, at whole prefills."""
+    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
+        assert torch.equal(a, b), label
+    if whole:
+        for a, b in zip(full_logits(made.runner, batch), full_logits(plain.runner, batch), strict=True):
+            assert torch.equal(a, b), label
+
+
 def _bits(w: torch.Tensor) -> torch.Tensor:
     return w.contiguous().view(torch.int16 if w.dtype == torch.bfloat16 else torch.int32)
 
@@ -168,12 +180,7 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
         kinds = {name: m.kind for name, m in quantized_layers(made_llm).items()}
         want = "bf16z" if decodes else "bf16"
         assert set(kinds.values()) == {want}, kinds  # every K here is 512 or 1024: worth coding
-        for a, b in zip(
-            stepwise_logits(made_llm, batch, plan), stepwise_logits(plain, batch, plan), strict=True
-        ):
-            assert torch.equal(a, b), mode
-        for a, b in zip(full_logits(made_llm.runner, batch), full_logits(plain.runner, batch), strict=True):
-            assert torch.equal(a, b), mode
+        _same_logits(made_llm, plain, batch, plan, whole=True, label=mode)
         if not decodes:
             continue
         made = {name: m.qweight.data for name, m in quantized_layers(made_llm).items()}
@@ -240,10 +247,7 @@ def test_loader_codes_an_f16_gguf_of_bf16_values(tmp_path: Path, monkeypatch: py
     made = _load(gguf, "auto")
     kinds = {name: m.kind for name, m in quantized_layers(made).items()}
     assert set(kinds.values()) == {"bf16z" if decodes else "f16"}, kinds
-    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
-        assert torch.equal(a, b)
-    for a, b in zip(full_logits(made.runner, batch), full_logits(plain.runner, batch), strict=True):
-        assert torch.equal(a, b)
+    _same_logits(made, plain, batch, plan, whole=True)
     f32_values = write_tiny_llama_gguf(tmp_path / "f32-values.gguf", weights, cfg, "F16")
     assert {m.kind for m in quantized_layers(_load(f32_values, "auto")).values()} == {"f16"}
     if decodes:
@@ -267,8 +271,7 @@ def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pyt
     want = "bf16z" if "avx512" in ops.kernels().features else "bf16"
     assert {e.w_up.kind for e in _experts(made)} == {e.w_down.kind for e in _experts(made)} == {want}
     assert {e.w_up.kind for e in _experts(plain)} == {"bf16"}
-    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
-        assert torch.equal(a, b)
+    _same_logits(made, plain, batch, plan)
     monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
     again = _load(path, "bf16")
     for a, b in zip(_experts(again), _experts(made), strict=True):
@@ -303,8 +306,7 @@ def test_float32_moe_experts_coded(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert e.w_up.kind == e.w_down.kind == "f32z" and not hasattr(e, "down_proj")
     for e in _experts(plain):  # the same float32 stacks on the f32 kernel, prefill included
         e.set_stacked(*e.stacked())
-    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
-        assert torch.equal(a, b)
+    _same_logits(made, plain, batch, plan)
     for got, ref in zip(full_logits(made.runner, batch), want, strict=True):
         assert_logits_close(got, ref)
         assert torch.equal(got.argmax(-1), ref.argmax(-1))
@@ -344,8 +346,7 @@ def test_loader_codes_float32_linears_with_the_same_logits(
     made = _load(path, mode)
     codes = "avx512" in ops.kernels().features and kernel_prefill_f32() and mode == "auto"
     assert {m.kind for m in linears(made).values()} == {"f32z" if codes else "f32"}
-    for a, b in zip(stepwise_logits(made, batch, plan), stepwise_logits(plain, batch, plan), strict=True):
-        assert torch.equal(a, b)
+    _same_logits(made, plain, batch, plan)
     for name, m in linears(made).items():
         assert torch.equal(m.weight, linears(plain)[name].weight), name
     table = made.model.embed_tokens
