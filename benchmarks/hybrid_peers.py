@@ -1,6 +1,6 @@
 """Hybrid models at published shapes, blazr vs llama.cpp on the same weights (random: speed only).
 
-    python benchmarks/hybrid_peers.py [--models NAME,...] [--precisions f32,16,q8,q4[,q4km]]
+    python benchmarks/hybrid_peers.py [--models NAME,...] [--precisions f32,16,q8,q4[,q4km,f32b]]
                                       [--prompt-len 500] [--gen 128] [--rounds 3] [--threads N]
                                       [--batched int8]   (--precisions "" for the batched table alone)
 
@@ -410,13 +410,20 @@ PRECISIONS = {"f32": ("auto", "F32"), "16": ("bf16", "F16"), "q8": ("int8", "Q8_
 # Optional (not in the default list): llama.cpp's Q4_K_M, which blazr runs only as the GGUF — its K-quants
 # re-laid in 16-row groups (kernels/kquant_packed.py) and, beside it, kept as stored (BLAZR_KPACK=0).
 QUANTIZER_ONLY = {"q4km": "Q4_K_M"}
+# "f32b", F32 of bf16 values: the checkpoint saved in bfloat16, as models are published (cached apart, as
+# NAME-bf16), and llama.cpp's F32 GGUF of it — every value a bf16, the F32 file users make of a published
+# model —, both engines on that very file (blazr codes its linears as bf16z: kernels/coded.py).
+BF16_VALUES = {"f32b": "F32"}
 # The MoE rows run at Q8_0 only: their float GGUFs (5–10 GB) would take most of a `make bench` to write.
 ONLY_Q8 = {"granite-4.0-h-tiny-10-blocks", "deepseek-v2-lite-8-experts"}
 
 
-def checkpoint(name: str) -> Path:
-    """The HF safetensors directory of `name` (built once), with a converter-friendly tokenizer."""
+def checkpoint(name: str, bf16_values: bool = False) -> Path:
+    """The HF safetensors directory of `name` (built once), with a converter-friendly tokenizer; with
+    `bf16_values`, the one saved in bfloat16 (NAME-bf16)."""
     arch, cfg, edit = MODELS[name]
+    if bf16_values:
+        return build_hf(f"{name}-bf16", arch, cfg, edit, bf16_over=0)
     return build_hf(name, arch, cfg, edit)
 
 
@@ -484,17 +491,19 @@ def converter() -> Path:
     return script
 
 
-def gguf(name: str, kind: str) -> Path:
-    """A GGUF of `name` in F32 / F16 / Q8_0 (llama.cpp's converter) or Q4_0 (its quantizer, from F32)."""
-    out = CACHE / name / f"{name}-{kind}.gguf"
+def gguf(name: str, kind: str, bf16_values: bool = False) -> Path:
+    """A GGUF of `name` (with `bf16_values`: of its bfloat16 checkpoint) in F32 / F16 / Q8_0 (llama.cpp's
+    converter) or Q4_0 (its quantizer, from F32)."""
+    stem = f"{name}-bf16" if bf16_values else name
+    out = CACHE / stem / f"{stem}-{kind}.gguf"
     if out.exists():
         return out
     part = out.with_suffix(".part")  # renamed when whole: a run stopped mid-write leaves no damaged cache
     if kind in ("Q4_0", *QUANTIZER_ONLY.values()):
-        llama_cpp_convert.quantize(gguf(name, "F32"), part, kind)
+        llama_cpp_convert.quantize(gguf(name, "F32", bf16_values), part, kind)
     else:
-        log(f"# converting {name} to {kind} with llama.cpp's convert_hf_to_gguf.py")
-        llama_cpp_convert.convert(checkpoint(name), None, part, kind.lower(), converter())
+        log(f"# converting {stem} to {kind} with llama.cpp's convert_hf_to_gguf.py")
+        llama_cpp_convert.convert(checkpoint(name, bf16_values), None, part, kind.lower(), converter())
     return part.replace(out)
 
 
@@ -513,6 +522,14 @@ def rows(name: str, precisions: list[str], ids: list[int], gen: int, threads: in
     hf, out = checkpoint(name), []
     for p in precisions:
         if name in ONLY_Q8 and p != "q8":
+            continue
+        if p in BF16_VALUES:
+            path = gguf(name, BF16_VALUES[p], bf16_values=True)
+            nb, label = decode_bytes(path), f"{name} {BF16_VALUES[p]} GGUF of bf16 values"
+            out.append(
+                Row("llama.cpp", label, p, partial(load_llama_cpp, path, ids, gen, threads), weight_bytes=nb)
+            )
+            out.append(Row("blazr", label, p, partial(load_blazr, ids, gen, path), weight_bytes=nb))
             continue
         if p in QUANTIZER_ONLY:
             kind = QUANTIZER_ONLY[p]
@@ -588,7 +605,11 @@ def batched_report(models: list[str], quantize: str, rounds: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--precisions", default=",".join(PRECISIONS), help=f"of {[*PRECISIONS, *QUANTIZER_ONLY]}")
+    ap.add_argument(
+        "--precisions",
+        default=",".join(PRECISIONS),
+        help=f"of {[*PRECISIONS, *BF16_VALUES, *QUANTIZER_ONLY]}",
+    )
     ap.add_argument("--prompt-len", type=int, default=500)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)

@@ -83,6 +83,11 @@ def _same_logits(
             assert torch.equal(a, b), label
 
 
+def _linears(llm: LLM) -> dict[str, QuantizedLinear]:
+    """Every layer on the kernels, f32 ones included."""
+    return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
+
+
 def _bits(w: torch.Tensor) -> torch.Tensor:
     return w.contiguous().view(torch.int16 if w.dtype == torch.bfloat16 else torch.int32)
 
@@ -195,31 +200,51 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
         monkeypatch.setenv("BLAZR_QUANT_CACHE", str(cache))
 
 
-def test_f16_held_by_bf16_is_coded_as_bf16(native: ops.Kernels) -> None:
-    """`as_bf16`: an f16 weight whose values bf16 holds comes back as those bf16 values (a MappedWeight's rows
-    in its row order, subnormals and infinities included); one value bf16 does not hold, in the first row or
-    the last, and the weight stays f16. `pack` codes the held one as bf16z, the same bytes as its bf16."""
-    from blazr.kernels.mapped import MappedWeight
+@pytest.mark.parametrize("base", ["f16", "f32"])
+def test_float_held_by_bf16_is_coded_as_bf16(
+    native: ops.Kernels, monkeypatch: pytest.MonkeyPatch, base: str
+) -> None:
+    """`as_bf16`: an f16 or f32 weight whose values bf16 holds comes back as those bf16 values (an f16
+    MappedWeight's rows in its row order; subnormals, infinities and −0 included; checked a few rows at a
+    time); one value bf16 does not hold — in the first row, a middle one or the last — and it is refused: an
+    f16 weight stays f16, an f32 one is coded as f32z. `pack` codes the held one as bf16z, the same bytes as
+    its bf16 values, or as f32z when only that kind is asked for."""
+    from blazr.kernels.mapped import MAPPED_KINDS, MappedWeight
 
-    n, k = 6, 512
+    monkeypatch.setattr(coded, "_CHECK_ELEMENTS", 2 * 512)  # two rows a check: the last row's is its own
+    dtype = {"f16": torch.float16, "f32": torch.float32}[base]
+    n, k = 7, 512
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     w[1, :4] = torch.tensor([2.0**-20, -(2.0**-24), float("inf"), -0.0])  # f16 subnormals, ±inf, -0
-    f16 = w.to(torch.float16)
-    assert torch.equal(f16.float(), w.float())
-    got = coded.as_bf16(QuantizedWeight("f16", f16, n, k))
+    stored = w.to(dtype)
+    assert torch.equal(stored.float(), w.float())
+    got = coded.as_bf16(QuantizedWeight(base, stored, n, k))
     assert got is not None and got.kind == "bf16" and torch.equal(_bits(got.data), _bits(w))
-    order = torch.tensor([3, 0, 5, 1, 4, 2])
-    rows = f16.data_ptr() + order * 2 * k
-    mapped = coded.as_bf16(MappedWeight("f16", rows, f16, n, k))
-    assert mapped is not None and torch.equal(_bits(mapped.data), _bits(w[order]))
-    for row in (0, n - 1):
-        off = f16.clone()
-        off[row, 7] = torch.tensor(1.0 + 2.0**-10, dtype=torch.float16)  # a low mantissa bit: not a bf16
-        assert coded.as_bf16(QuantizedWeight("f16", off, n, k)) is None, row
-        assert coded.pack(QuantizedWeight("f16", off, n, k)) is None, row
-    made = coded.pack(QuantizedWeight("f16", f16, n, k))
+    if base in MAPPED_KINDS:
+        order = torch.tensor([3, 0, 5, 1, 6, 4, 2])
+        rows = stored.data_ptr() + order * stored.element_size() * k
+        mapped = coded.as_bf16(MappedWeight(base, rows, stored, n, k))
+        assert mapped is not None and torch.equal(_bits(mapped.data), _bits(w[order]))
+    low = 2.0**-10 if base == "f16" else 2.0**-23  # the stored kind's lowest mantissa bit: not a bf16
+    for row in (0, 3, n - 1):
+        off = stored.clone()
+        off[row, 7] = torch.tensor(1.0 + low, dtype=dtype)
+        assert coded.as_bf16(QuantizedWeight(base, off, n, k)) is None, row
+        refused = coded.pack(QuantizedWeight(base, off, n, k))
+        if base == "f16":
+            assert refused is None, row
+        else:
+            assert refused is not None and refused.kind == "f32z", row
+            assert torch.equal(_bits(coded.unpack("f32z", refused.data, n, k)), _bits(off)), row
+    made = coded.pack(QuantizedWeight(base, stored, n, k))
     assert made is not None and made.kind == "bf16z"
     assert torch.equal(made.data, native.pack_coded(w))
+    if base == "f32":
+        only = coded.pack(QuantizedWeight(base, stored, n, k), ["f32z"])
+        assert only is not None and only.kind == "f32z"
+        assert torch.equal(only.data, native.pack_coded(stored))
+    else:
+        assert coded.pack(QuantizedWeight(base, stored, n, k), ["f32z"]) is None
 
 
 def test_loader_codes_an_f16_gguf_of_bf16_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -336,22 +361,19 @@ def test_loader_codes_float32_linears_with_the_same_logits(
     batch = prompts([23, 9], seed=4, vocab=64)
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
 
-    def linears(llm: LLM) -> dict[str, QuantizedLinear]:
-        return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
-
     monkeypatch.setenv("BLAZR_CODED", "0")
     plain = _load(path, mode)
-    assert {m.kind for m in linears(plain).values()} == {"f32"}
+    assert {m.kind for m in _linears(plain).values()} == {"f32"}
     monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
     made = _load(path, mode)
     codes = "avx512" in ops.kernels().features and kernel_prefill_f32() and mode == "auto"
-    assert {m.kind for m in linears(made).values()} == {"f32z" if codes else "f32"}
+    assert {m.kind for m in _linears(made).values()} == {"f32z" if codes else "f32"}
     _same_logits(made, plain, batch, plan)
-    for name, m in linears(made).items():
-        assert torch.equal(m.weight, linears(plain)[name].weight), name
+    for name, m in _linears(made).items():
+        assert torch.equal(m.weight, _linears(plain)[name].weight), name
     table = made.model.embed_tokens
     if tied and codes:
-        head = linears(made)["lm_head"].qweight
+        head = _linears(made)["lm_head"].qweight
         assert isinstance(table, QuantizedEmbedding) and table.table.data.data_ptr() == head.data.data_ptr()
         assert torch.equal(table.weight, plain.model.embed_tokens.weight)
     else:
@@ -361,5 +383,66 @@ def test_loader_codes_float32_linears_with_the_same_logits(
         again = _load(path, mode)
         files = list((tmp_path / "qcache").glob("*.blzq"))
         assert len(files) == 1
-        for name, m in linears(again).items():
+        for name, m in _linears(again).items():
             assert m.kind == "f32z" and mapped_file(m.qweight.data.data_ptr()) == str(files[0]), name
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_float32_of_bf16_values_coded_as_bf16z(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: bool
+) -> None:
+    """A float32 checkpoint saved from bf16 weights (every value a bf16; an F32 GGUF of a published model is
+    one) runs its linears as bf16z under `auto` where the library decodes them: the very bytes `--quantize
+    bf16` codes from the same checkpoint, so its logits bit for bit; transformers' fp32 logits on the same
+    weights to fp32 rounding, greedy tokens alike, as the f32 weights on the f32 kernel give; a tied head's
+    table looks its rows up in the head's bf16z bytes; the F32 GGUF of the same weights is coded alike; a
+    later load maps them from the quantization cache."""
+    from blazr.model.embedding import QuantizedEmbedding
+    from tests.drive import assert_logits_close
+    from tests.gguf_fixtures import write_tiny_llama_gguf
+    from tests.tiny import build, hf_logits
+
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
+    monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
+    path = tmp_path / "llama"
+    cfg = {"hidden_size": 512, "intermediate_size": 1024, "vocab_size": 64, "tie_word_embeddings": tied}
+    hf = build("LlamaForCausalLM", path, initializer_range=0.02, **cfg)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    hf.save_pretrained(path)
+    batch = prompts([23, 9], seed=6, vocab=64)
+    plan = [[len(p) - 4] + [1] * 4 for p in batch]
+
+    monkeypatch.setenv("BLAZR_CODED", "0")
+    plain = _load(path, "auto")
+    assert {m.kind for m in _linears(plain).values()} == {"f32"}
+    monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
+    made = _load(path, "auto")
+    if "avx512" not in ops.kernels().features:
+        assert {m.kind for m in _linears(made).values()} == {"f32"}
+        return
+    layers = _linears(made)
+    assert {m.kind for m in layers.values()} == {"bf16z"}, {n: m.kind for n, m in layers.items()}
+    bf16 = _load(path, "bf16")
+    for name, m in _linears(bf16).items():
+        assert m.kind == "bf16z" and torch.equal(m.qweight.data, layers[name].qweight.data), name
+    _same_logits(made, bf16, batch, plan, whole=True)
+    for got, ref, ids in zip(
+        full_logits(made.runner, batch), full_logits(plain.runner, batch), batch, strict=True
+    ):
+        want = hf_logits(hf, ids)
+        assert_logits_close(got, want)
+        assert_logits_close(ref, want)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    table = made.model.embed_tokens
+    if tied:
+        assert isinstance(table, QuantizedEmbedding) and table.table.kind == "bf16z"
+        assert table.table.data.data_ptr() == layers["lm_head"].qweight.data.data_ptr()
+        assert torch.equal(table.weight, plain.model.embed_tokens.weight)
+    gguf = write_tiny_llama_gguf(tmp_path / "bf16-values-f32.gguf", hf.state_dict(), hf.config, "F32")
+    assert {m.kind for m in _linears(_load(gguf, "auto")).values()} == {"bf16z"}
+    monkeypatch.setattr(coded, "pack", lambda qw, kinds=None: pytest.fail("coded although the cache held it"))
+    again = _load(path, "auto")
+    for name, m in _linears(again).items():
+        assert m.kind == "bf16z" and torch.equal(m.qweight.data, layers[name].qweight.data), name

@@ -16,16 +16,19 @@ Bytes: data uint8 [N, row_bytes(K)], K a multiple of 64 below 65536. `pack_refer
 decode in torch; `pack` in C (csrc/linear_coded.c `blz_pack_coded`, the same bytes). A weight with more than
 cap − 1 escapes in some row is not codable and stays as it is (`pack` returns None).
 
-An f16 weight whose every value bf16 holds — an F16 GGUF converted from a bf16 checkpoint, as most published
-ones are: each value's low 3 mantissa bits clear — is coded as bf16z (`as_bf16`): csrc/linear_16bit.c gives
-the same bits on f16 and bf16 weights of the same values, so its results are the F16 file's to the bit, in
-3/4 of the bytes. One that bf16 does not hold (an F16 GGUF of float32 weights) stays f16.
+An f16 or f32 weight whose every value bf16 holds — an F16 or F32 GGUF converted from a bf16 checkpoint, as
+most published ones are, or a float32 checkpoint saved from bf16 weights: each value's low mantissa bits
+clear — is coded as bf16z (`as_bf16`). csrc/linear_16bit.c gives the same bits on f16 and bf16 weights of the
+same values, so an F16 file's results are its own to the bit, in 3/4 of the bytes. An f32 weight so coded is
+read in 3/8 of its bytes; its results are the f32 kernel's to fp32 rounding (the same exact products, summed
+in linear_16bit.c's order rather than linear_float.c's). An f16 weight that bf16 does not hold (an F16 GGUF
+of float32 weights) stays f16; such an f32 one is coded as f32z.
 
 The loader codes bf16 (and such f16) linears and MoE expert stacks (`--quantize bf16`, a GGUF's BF16 / F16
-tensors) and float32 linears (a float32 checkpoint under `auto`; `none` keeps them as loaded) where the
-library has its AVX-512 decode (elsewhere the kernel would decode the whole weight per call), the rows are
-long enough to gain (`worth`) and host tuning measured the coded decode faster (`wanted`); `BLAZR_CODED=0` /
-`1` decides instead.
+tensors) and float32 linears and expert stacks (a float32 checkpoint or F32 GGUF under `auto`; `none` keeps
+them as loaded) where the library has its AVX-512 decode (elsewhere the kernel would decode the whole weight
+per call), the rows are long enough to gain (`worth`) and host tuning measured the coded decode faster
+(`wanted`, per coded kind; `choices` lists a weight's); `BLAZR_CODED=0` / `1` decides instead.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ import torch
 
 from blazr.kernels import ops, tuning
 from blazr.kernels.mapped import MappedWeight
-from blazr.kernels.quant import QuantizedWeight
+from blazr.kernels.quant import FLOAT_KINDS, QuantizedWeight
 
 KIND_OF = {"bf16": "bf16z", "f32": "f32z"}  # stored kind → coded kind
 BASE_OF = {coded: kind for kind, coded in KIND_OF.items()}
-CODED_AS = {"f16": "bf16"}  # coded as that kind where it holds every value (`as_bf16`)
+CODED_AS = {"f16": "bf16", "f32": "bf16"}  # coded as that kind where it holds every value (`as_bf16`)
+_BITS = {torch.float16: torch.int16, torch.float32: torch.int32}  # a float dtype's bits, to compare
+_CHECK_ELEMENTS = 1 << 20  # `as_bf16` converts this many values at a time (its temporaries stay small)
 BLOCK = 64  # weights per block: 64 bytes under the top ones, 32 of codes (f32z: then 128 of the low 16 bits)
 _TABLES = 32  # bytes of a row's table: the top byte of each of the 16 codes, then 16 zero bytes
 
@@ -172,55 +177,70 @@ def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return (top << 16 | low).to(torch.int32).view(torch.float32)
 
 
-def coded_kind(kind: str) -> str | None:
-    """The coded kind a weight of `kind` may become (an f16 one: bf16z, where bf16 holds its values)."""
-    return KIND_OF.get(CODED_AS.get(kind, kind))
+def choices(kind: str, k: int) -> list[str]:
+    """The coded kinds a weight of `kind` with rows of k may become here, best first, each where `wanted`:
+    bf16z for a bf16 weight, and for an f16 or f32 one where bf16 holds its values (`as_bf16`); then f32z
+    for an f32 one. Empty: the weight stays as it is."""
+    bases = dict.fromkeys(b for b in (CODED_AS.get(kind), kind) if b in KIND_OF)
+    return [KIND_OF[b] for b in bases if wanted(b, k)]
 
 
 def _first_row(qw: QuantizedWeight) -> torch.Tensor:
-    """f16 [1, K]: row 0 as stored, without gathering a MappedWeight's rows."""
+    """[1, K] of the stored dtype: row 0, without gathering a MappedWeight's rows."""
     if not isinstance(qw, MappedWeight):
         return qw.data[:1]
-    raw = (ctypes.c_uint8 * (2 * qw.in_features)).from_address(int(qw.rows[0]))
-    return torch.frombuffer(raw, dtype=torch.float16).view(1, -1)
+    dtype = FLOAT_KINDS[qw.kind]
+    size = torch.empty((), dtype=dtype).element_size()
+    raw = (ctypes.c_uint8 * (size * qw.in_features)).from_address(int(qw.rows[0]))
+    return torch.frombuffer(raw, dtype=dtype).view(1, -1)
 
 
 def as_bf16(qw: QuantizedWeight) -> QuantizedWeight | None:
-    """An f16 weight [N, K] as a bf16 one when bf16 holds each of its values bit for bit (the f16 bits back
-    from the bf16 ones), else None. Row 0 is tried alone first, so a weight whose values bf16 does not hold
-    costs one row at each load."""
-    if qw.kind != "f16" or qw.out_features == 0:
+    """An f16 or f32 weight [N, K] as a bf16 one when bf16 holds each of its values bit for bit (the stored
+    bits back from the bf16 ones), else None. Row 0 is tried alone first, so a weight whose values bf16 does
+    not hold costs one row at each load; then the rest, `_CHECK_ELEMENTS` values at a time."""
+    if qw.kind not in CODED_AS or qw.out_features == 0:
         return None
-    for w in (_first_row(qw), qw.data):
+
+    def held(w: torch.Tensor) -> torch.Tensor | None:
         bf = w.to(torch.bfloat16)
-        if not torch.equal(bf.to(torch.float16).view(torch.int16), w.view(torch.int16)):
-            return None
-    return QuantizedWeight("bf16", bf, qw.out_features, qw.in_features)
+        return bf if torch.equal(bf.to(w.dtype).view(_BITS[w.dtype]), w.view(_BITS[w.dtype])) else None
 
-
-def pack(qw: QuantizedWeight) -> QuantizedWeight | None:
-    """A bf16 or f32 weight coded (the C pack when the library is loaded, else `pack_reference`) — an f16 one
-    as bf16z where `as_bf16` holds it —, or None when it is not codable (its kind or shape, a row of too many
-    rare top bytes, f16 values bf16 does not hold)."""
-    if coded_kind(qw.kind) is None or not codable_shape(qw.in_features):
+    if held(_first_row(qw)) is None:
         return None
-    if qw.kind in CODED_AS:
-        held = as_bf16(qw)
-        if held is None:
+    w = qw.data
+    out = torch.empty(w.shape, dtype=torch.bfloat16)
+    step = max(1, _CHECK_ELEMENTS // qw.in_features)
+    for i in range(0, qw.out_features, step):
+        part = held(w[i : i + step])
+        if part is None:
             return None
+        out[i : i + step] = part
+    return QuantizedWeight("bf16", out, qw.out_features, qw.in_features)
+
+
+def pack(qw: QuantizedWeight, kinds: list[str] | None = None) -> QuantizedWeight | None:
+    """A bf16 or f32 weight coded (the C pack when the library is loaded, else `pack_reference`) — an f16 or
+    f32 one as bf16z where `as_bf16` holds it —, in the first of `kinds` (default: any) it can take; None when
+    it is not codable (its kind or shape, a row of too many rare top bytes, f16 values bf16 does not hold)."""
+    if (qw.kind not in CODED_AS and qw.kind not in KIND_OF) or not codable_shape(qw.in_features):
+        return None
+    kinds = list(KIND_OF.values()) if kinds is None else kinds
+    if qw.kind in CODED_AS and KIND_OF[CODED_AS[qw.kind]] in kinds and (held := as_bf16(qw)) is not None:
         qw = held
+    if KIND_OF.get(qw.kind) not in kinds:
+        return None
     w, lib = qw.data, ops.kernels()
     data = lib.pack_coded(w) if lib is not None and w.is_cpu else pack_reference(w)
     return None if data is None else QuantizedWeight(KIND_OF[qw.kind], data, qw.out_features, qw.in_features)
 
 
 def wanted(kind: str, k: int) -> bool:
-    """Whether the loader codes a weight of `kind` (bf16, f32; f16 as bf16) and rows of k here: rows worth
-    coding, where the library has its AVX-512 decode; then `BLAZR_CODED` (0 / 1) when set, else host tuning's
-    choice (kernels/tuning.py `coded_bf16` / `coded_f32`: coded unless the stored kind's decode read faster
-    here)."""
+    """Whether the loader codes a weight of `kind` (bf16, f32) as `KIND_OF[kind]` with rows of k here: rows
+    worth coding, where the library has its AVX-512 decode; then `BLAZR_CODED` (0 / 1) when set, else host
+    tuning's choice (kernels/tuning.py `coded_bf16` / `coded_f32`: coded unless the stored kind's decode read
+    faster here)."""
     lib = ops.kernels()
-    kind = CODED_AS.get(kind, kind)
     if kind not in KIND_OF or lib is None or "avx512" not in lib.features or not worth(k, KIND_OF[kind]):
         return False
     forced = os.environ.get("BLAZR_CODED")

@@ -50,6 +50,7 @@ from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
+    CODED_KINDS,
     FLOAT_KINDS,
     GGML_KINDS,
     Q8_0G,
@@ -437,15 +438,16 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
     """Put the float32 target linears left after `quantize_from_file` on the C kernels: each becomes a
     QuantizedLinear of kind f32 whose weight *is* the loaded tensor (no copy). Under `auto`, where the host
     decodes coded weights and its float32 prefill runs the kernel's panel GEMM, the weight is coded instead
-    (f32z, kernels/coded.py: every bit, in 7/8 of the bytes a decode step reads; prefill decodes 16 rows at
-    a time into the panel) — the quantization cache's copy when it holds one, else coded here and handed to
-    `cache` (~1 GB/s: 3.4 s for Qwen3.5-0.8B's 3.2 GB) —, and a tied head's token table then looks its rows
-    up in the head's coded bytes; `none` keeps every f32 tensor as loaded (the reference path). A decode-
-    only forward streams the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1 host, one row,
-    cold weights: 15–18 GB/s against torch's 10–13). Prefill runs the kernel too where its many-row path is
-    gemm_float.c's panel GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is that same tensor,
-    and prefill keeps torch's GEMM. A tied lm_head wraps the embedding table itself. Returns how many
-    layers were wrapped."""
+    (f32z, kernels/coded.py: every bit, in 7/8 of the bytes a decode step reads; bf16z, in 3/8, where bf16
+    holds every value — a float32 copy of bf16 weights, as an F32 GGUF of a published checkpoint is; prefill
+    decodes 16 rows at a time into the panel) — the quantization cache's copy when it holds one, else coded
+    here and handed to `cache` (~1 GB/s: 3.4 s for Qwen3.5-0.8B's 3.2 GB) —, and a tied head's token table
+    then looks its rows up in the head's coded bytes; `none` keeps every f32 tensor as loaded (the reference
+    path). A decode-only forward streams the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1
+    host, one row, cold weights: 15–18 GB/s against torch's 10–13). Prefill runs the kernel too where its
+    many-row path is gemm_float.c's panel GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is
+    that same tensor, and prefill keeps torch's GEMM. A tied lm_head wraps the embedding table itself. Returns
+    how many layers were wrapped."""
     wrapped, on_panel = 0, kernel_prefill_f32()
     for name, linear in _targets(model):  # after quantize_from_file: the float linears it left
         weight = model.embed_tokens.weight if linear is None else linear.weight
@@ -456,7 +458,7 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
         dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
         if mode == "auto" and on_panel and (linear is not None or model.tp is None):
             qw = coded(cache, f"{name}.weight", qw)
-            if linear is None and qw.kind == "f32z":  # a tied head: the table reads the same coded rows
+            if linear is None and qw.kind in CODED_KINDS:  # a tied head: the table reads the same coded rows
                 table = RowTable(qw.kind, qw.data, qw.out_features, qw.in_features)
                 model.embed_tokens = QuantizedEmbedding(table)
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
@@ -466,11 +468,11 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
 
 def code_float_experts(model: CausalLM, cache: QuantCache | None = None) -> int:
     """Under `auto`, where `wrap_float_linears` codes float32 linears, each float32 MoE expert stack left as
-    loaded coded too (f32z, kernels/coded.py), one projection at a time (the cache's copy when it holds one):
-    a decode step then reads its chosen experts' rows in 7/8 of the bytes, and a prefill runs each expert's
-    rows on the panel GEMM (csrc/moe.c runs them by weight code) instead of torch's per-expert GEMMs. The
-    float parameters are dropped; a stack with no projection coded stays as loaded. Returns how many layers'
-    experts were coded."""
+    loaded coded too (f32z, or bf16z where bf16 holds its values: kernels/coded.py), one projection at a time
+    (the cache's copy when it holds one): a decode step then reads its chosen experts' rows in 7/8 of the
+    bytes, and a prefill runs each expert's rows on the panel GEMM (csrc/moe.c runs them by weight code)
+    instead of torch's per-expert GEMMs. The float parameters are dropped; a stack with no projection coded
+    stays as loaded. Returns how many layers' experts were coded."""
     if model.tp is not None or not kernel_prefill_f32():
         return 0
     made = 0
