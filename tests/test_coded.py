@@ -223,8 +223,10 @@ def test_float_held_by_bf16_is_coded_as_bf16(
     if base in MAPPED_KINDS:
         order = torch.tensor([3, 0, 5, 1, 6, 4, 2])
         rows = stored.data_ptr() + order * stored.element_size() * k
-        mapped = coded.as_bf16(MappedWeight(base, rows, stored, n, k))
+        table = MappedWeight(base, rows, stored, n, k)
+        mapped = coded.as_bf16(table)
         assert mapped is not None and torch.equal(_bits(mapped.data), _bits(w[order]))
+        assert table._gathered is None  # read where the rows lie
     low = 2.0**-10 if base == "f16" else 2.0**-23  # the stored kind's lowest mantissa bit: not a bf16
     for row in (0, 3, n - 1):
         off = stored.clone()

@@ -34,6 +34,7 @@ per call), the rows are long enough to gain (`worth`) and host tuning measured t
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 
 import torch
@@ -185,38 +186,33 @@ def choices(kind: str, k: int) -> list[str]:
     return [KIND_OF[b] for b in bases if wanted(b, k)]
 
 
-def _first_row(qw: QuantizedWeight) -> torch.Tensor:
-    """[1, K] of the stored dtype: row 0, without gathering a MappedWeight's rows."""
+def _stored_rows(qw: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
+    """[stop − start, K] of the stored dtype: rows start..stop, without gathering a MappedWeight's rows."""
     if not isinstance(qw, MappedWeight):
-        return qw.data[:1]
+        return qw.data[start:stop]
     dtype = FLOAT_KINDS[qw.kind]
-    size = torch.empty((), dtype=dtype).element_size()
-    raw = (ctypes.c_uint8 * (size * qw.in_features)).from_address(int(qw.rows[0]))
-    return torch.frombuffer(raw, dtype=dtype).view(1, -1)
+    size = dtype.itemsize * qw.in_features
+    rows = [(ctypes.c_uint8 * size).from_address(p) for p in qw.rows[start:stop].tolist()]
+    return torch.stack([torch.frombuffer(r, dtype=dtype) for r in rows])
 
 
 def as_bf16(qw: QuantizedWeight) -> QuantizedWeight | None:
     """An f16 or f32 weight [N, K] as a bf16 one when bf16 holds each of its values bit for bit (the stored
     bits back from the bf16 ones), else None. Row 0 is tried alone first, so a weight whose values bf16 does
-    not hold costs one row at each load; then the rest, `_CHECK_ELEMENTS` values at a time."""
+    not hold costs one row at each load; then the others, `_CHECK_ELEMENTS` values at a time (a MappedWeight's
+    rows are read where they lie, never gathered)."""
     if qw.kind not in CODED_AS or qw.out_features == 0:
         return None
-
-    def held(w: torch.Tensor) -> torch.Tensor | None:
+    n, k = qw.out_features, qw.in_features
+    out = torch.empty(n, k, dtype=torch.bfloat16)
+    bounds = [0, *range(1, n, max(1, _CHECK_ELEMENTS // k)), n]
+    for start, stop in itertools.pairwise(bounds):
+        w = _stored_rows(qw, start, stop)
         bf = w.to(torch.bfloat16)
-        return bf if torch.equal(bf.to(w.dtype).view(_BITS[w.dtype]), w.view(_BITS[w.dtype])) else None
-
-    if held(_first_row(qw)) is None:
-        return None
-    w = qw.data
-    out = torch.empty(w.shape, dtype=torch.bfloat16)
-    step = max(1, _CHECK_ELEMENTS // qw.in_features)
-    for i in range(0, qw.out_features, step):
-        part = held(w[i : i + step])
-        if part is None:
+        if not torch.equal(bf.to(w.dtype).view(_BITS[w.dtype]), w.view(_BITS[w.dtype])):
             return None
-        out[i : i + step] = part
-    return QuantizedWeight("bf16", out, qw.out_features, qw.in_features)
+        out[start:stop] = bf
+    return QuantizedWeight("bf16", out, n, k)
 
 
 def pack(qw: QuantizedWeight, kinds: list[str] | None = None) -> QuantizedWeight | None:
