@@ -9,7 +9,8 @@ them), bias, residual and SwiGLU epilogues, escapes anywhere in a block or a row
 loader codes the bf16 linears and expert stacks of `--quantize bf16` and of a BF16 GGUF, an F16 GGUF's
 linears where bf16 holds every value (as bf16z), and the float32 linears of a float32 checkpoint, where the
 library decodes them: the logits bit for bit those of the stored weights, and a later load maps the coded
-bf16 weights from the quantization cache.
+bf16 weights from the quantization cache. A float32 checkpoint (or F32 GGUF) of bf16 values is coded as
+bf16z: `--quantize bf16`'s bytes and logits, transformers' logits to fp32 rounding.
 """
 
 from __future__ import annotations
