@@ -390,16 +390,18 @@ def test_loader_codes_float32_linears_with_the_same_logits(
             assert m.kind == "f32z" and mapped_file(m.qweight.data.data_ptr()) == str(files[0]), name
 
 
+@pytest.mark.parametrize("codes", ["1", "0"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_float32_of_bf16_values_coded_as_bf16z(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: bool
+def test_float32_of_bf16_values_run_as_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: bool, codes: str
 ) -> None:
     """A float32 checkpoint saved from bf16 weights (every value a bf16; an F32 GGUF of a published model is
-    one) runs its linears as bf16z under `auto` where the library decodes them: the very bytes `--quantize
-    bf16` codes from the same checkpoint, so its logits bit for bit; transformers' fp32 logits on the same
-    weights to fp32 rounding, greedy tokens alike, as the f32 weights on the f32 kernel give; a tied head's
-    table looks its rows up in the head's bf16z bytes; the F32 GGUF of the same weights is coded alike; a
-    later load maps them from the quantization cache."""
+    one) runs its linears as bf16 under `auto` where float32 prefill runs the panel GEMM: coded (bf16z)
+    where the library decodes that (`BLAZR_CODED=1`), else the bf16 values stored (`0`) — the very bytes
+    `--quantize bf16` makes of the same checkpoint, so its logits bit for bit; transformers' fp32 logits on
+    the same weights to fp32 rounding, greedy tokens alike, as `none` (the f32 tensors as loaded) gives
+    them; a tied head's table looks its rows up in the head's bytes; the F32 GGUF of the same weights runs
+    alike; a later load maps coded weights from the quantization cache."""
     from blazr.model.embedding import QuantizedEmbedding
     from tests.drive import assert_logits_close
     from tests.gguf_fixtures import write_tiny_llama_gguf
@@ -407,6 +409,7 @@ def test_float32_of_bf16_values_coded_as_bf16z(
 
     monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
     monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
+    monkeypatch.setenv("BLAZR_CODED", codes)  # coded or not whatever host tuning chose
     path = tmp_path / "llama"
     cfg = {"hidden_size": 512, "intermediate_size": 1024, "vocab_size": 64, "tie_word_embeddings": tied}
     hf = build("LlamaForCausalLM", path, initializer_range=0.02, **cfg)
@@ -416,36 +419,63 @@ def test_float32_of_bf16_values_coded_as_bf16z(
     hf.save_pretrained(path)
     batch = prompts([23, 9], seed=6, vocab=64)
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
+    want = "bf16z" if codes == "1" and "avx512" in ops.kernels().features else "bf16"
 
-    monkeypatch.setenv("BLAZR_CODED", "0")
-    plain = _load(path, "auto")
-    assert {m.kind for m in _linears(plain).values()} == {"f32"}
-    monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
+    reference = _load(path, "none")
+    assert {m.kind for m in _linears(reference).values()} == {"f32"}
     made = _load(path, "auto")
-    if "avx512" not in ops.kernels().features:
-        assert {m.kind for m in _linears(made).values()} == {"f32"}
-        return
     layers = _linears(made)
-    assert {m.kind for m in layers.values()} == {"bf16z"}, {n: m.kind for n, m in layers.items()}
-    bf16 = _load(path, "bf16")
-    for name, m in _linears(bf16).items():
-        assert m.kind == "bf16z" and torch.equal(m.qweight.data, layers[name].qweight.data), name
-    _same_logits(made, bf16, batch, plan, whole=True)
+    assert {m.kind for m in layers.values()} == {want}, {n: m.kind for n, m in layers.items()}
+    twin = _load(path, "bf16")
+    for name, m in _linears(twin).items():
+        assert m.kind == want and torch.equal(m.qweight.data, layers[name].qweight.data), name
+    _same_logits(made, twin, batch, plan, whole=True)
     for got, ref, ids in zip(
-        full_logits(made.runner, batch), full_logits(plain.runner, batch), batch, strict=True
+        full_logits(made.runner, batch), full_logits(reference.runner, batch), batch, strict=True
     ):
-        want = hf_logits(hf, ids)
-        assert_logits_close(got, want)
-        assert_logits_close(ref, want)
-        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        expected = hf_logits(hf, ids)
+        assert_logits_close(got, expected)
+        assert_logits_close(ref, expected)
+        assert torch.equal(got.argmax(-1), expected.argmax(-1))
     table = made.model.embed_tokens
     if tied:
-        assert isinstance(table, QuantizedEmbedding) and table.table.kind == "bf16z"
+        assert isinstance(table, QuantizedEmbedding) and table.table.kind == want
         assert table.table.data.data_ptr() == layers["lm_head"].qweight.data.data_ptr()
-        assert torch.equal(table.weight, plain.model.embed_tokens.weight)
+        assert torch.equal(table.weight, reference.model.embed_tokens.weight)
     gguf = write_tiny_llama_gguf(tmp_path / "bf16-values-f32.gguf", hf.state_dict(), hf.config, "F32")
-    assert {m.kind for m in _linears(_load(gguf, "auto")).values()} == {"bf16z"}
-    monkeypatch.setattr(coded, "pack", lambda qw, kinds=None: pytest.fail("coded although the cache held it"))
-    again = _load(path, "auto")
-    for name, m in _linears(again).items():
-        assert m.kind == "bf16z" and torch.equal(m.qweight.data, layers[name].qweight.data), name
+    assert {m.kind for m in _linears(_load(gguf, "auto")).values()} == {want}
+    if want == "bf16z":
+        monkeypatch.setattr(
+            coded, "pack", lambda qw, kinds=None: pytest.fail("coded although the cache held it")
+        )
+        again = _load(path, "auto")
+        for name, m in _linears(again).items():
+            assert m.kind == "bf16z" and torch.equal(m.qweight.data, layers[name].qweight.data), name
+
+
+@pytest.mark.parametrize("codes", ["1", "0"])
+def test_float32_moe_experts_of_bf16_values_run_as_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codes: str
+) -> None:
+    """A float32 Mixtral of bf16 values: under `auto` its expert stacks run as bf16 too — coded (bf16z) where
+    the library decodes that, else the bf16 values stored —, the bytes `--quantize bf16` stacks, with its
+    logits bit for bit at chunks and decode steps."""
+    from tests.tiny import build
+
+    monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
+    monkeypatch.setenv("BLAZR_CODED", codes)
+    path = tmp_path / "mixtral"
+    hf = build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
+               num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    hf.save_pretrained(path)
+    want = "bf16z" if codes == "1" and "avx512" in ops.kernels().features else "bf16"
+    made, twin = _load(path, "auto"), _load(path, "bf16")
+    for a, b in zip(_experts(made), _experts(twin), strict=True):
+        assert a.w_up.kind == a.w_down.kind == b.w_up.kind == want
+        assert torch.equal(a.w_up.data, b.w_up.data) and torch.equal(a.w_down.data, b.w_down.data)
+    batch = prompts([13, 9], seed=3, vocab=64)
+    plan = [[len(p) - 3] + [1] * 3 for p in batch]
+    _same_logits(made, twin, batch, plan)

@@ -34,7 +34,8 @@ load of the same checkpoint made) is mapped from its file instead, and each weig
 handed to it (`_in_situ`); under `auto` likewise each K-quant re-laid in 16-row groups and each BF16 weight
 coded (loading/relaid.py).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy (coded where the
-host decodes f32z; `code_float_experts` codes float32 expert stacks alike). How a weight is made from where
+host decodes f32z, as bf16 where bf16 holds every value; `code_float_experts` codes float32 expert stacks
+alike). How a weight is made from where
 its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
 """
 
@@ -50,7 +51,6 @@ from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
-    CODED_KINDS,
     FLOAT_KINDS,
     GGML_KINDS,
     Q8_0G,
@@ -61,7 +61,7 @@ from blazr.kernels.quant import (
 )
 from blazr.kernels.row_table import ROW_KINDS, RowTable
 from blazr.loading.quant_cache import QuantCache
-from blazr.loading.relaid import cached_coded, coded, relaid
+from blazr.loading.relaid import cached_coded, coded, coded_or_narrowed, relaid
 from blazr.loading.stored import (
     bf16_as_stored,
     gguf_blocks,
@@ -441,13 +441,14 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
     (f32z, kernels/coded.py: every bit, in 7/8 of the bytes a decode step reads; bf16z, in 3/8, where bf16
     holds every value — a float32 copy of bf16 weights, as an F32 GGUF of a published checkpoint is; prefill
     decodes 16 rows at a time into the panel) — the quantization cache's copy when it holds one, else coded
-    here and handed to `cache` (~1 GB/s: 3.4 s for Qwen3.5-0.8B's 3.2 GB) —, and a tied head's token table
-    then looks its rows up in the head's coded bytes; `none` keeps every f32 tensor as loaded (the reference
-    path). A decode-only forward streams the weight through blz_linear_f32 (benchmarks/kernels.py on a Zen 1
-    host, one row, cold weights: 15–18 GB/s against torch's 10–13). Prefill runs the kernel too where its
-    many-row path is gemm_float.c's panel GEMM (`kernel_prefill_f32`); elsewhere the layer's dense copy is
-    that same tensor, and prefill keeps torch's GEMM. A tied lm_head wraps the embedding table itself. Returns
-    how many layers were wrapped."""
+    here and handed to `cache` (~1 GB/s: 3.4 s for Qwen3.5-0.8B's 3.2 GB) —; a weight of bf16 values that this
+    host does not code is kept as those bf16 values (half the bytes; `relaid.coded_or_narrowed`), and a tied
+    head's token table then looks its rows up in the head's bytes; `none` keeps every f32 tensor as loaded
+    (the reference path). A decode-only forward streams the weight through blz_linear_f32
+    (benchmarks/kernels.py on a Zen 1 host, one row, cold weights: 15–18 GB/s against torch's 10–13). Prefill
+    runs the kernel too where its many-row path is gemm_float.c's panel GEMM (`kernel_prefill_f32`); elsewhere
+    the layer's dense copy is that same tensor, and prefill keeps torch's GEMM. A tied lm_head wraps the
+    embedding table itself. Returns how many layers were wrapped."""
     wrapped, on_panel = 0, kernel_prefill_f32()
     for name, linear in _targets(model):  # after quantize_from_file: the float linears it left
         weight = model.embed_tokens.weight if linear is None else linear.weight
@@ -457,9 +458,9 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         dense = None if linear is None or on_panel else qw.data  # the lm_head sees few rows: the kernel
         if mode == "auto" and on_panel and (linear is not None or model.tp is None):
-            qw = coded(cache, f"{name}.weight", qw)
-            if linear is None and qw.kind in CODED_KINDS:  # a tied head: the table reads the same coded rows
-                table = RowTable(qw.kind, qw.data, qw.out_features, qw.in_features)
+            qw = coded_or_narrowed(cache, f"{name}.weight", qw)
+            if linear is None and qw.kind != "f32":  # a tied head: the table reads the same rows
+                table = RowTable(qw.kind, qw.data.view(torch.uint8), qw.out_features, qw.in_features)
                 model.embed_tokens = QuantizedEmbedding(table)
         _set_module(model, name, QuantizedLinear(qw, bias, dense))
         wrapped += 1
@@ -468,11 +469,12 @@ def wrap_float_linears(model: CausalLM, mode: str = "auto", cache: QuantCache | 
 
 def code_float_experts(model: CausalLM, cache: QuantCache | None = None) -> int:
     """Under `auto`, where `wrap_float_linears` codes float32 linears, each float32 MoE expert stack left as
-    loaded coded too (f32z, or bf16z where bf16 holds its values: kernels/coded.py), one projection at a time
-    (the cache's copy when it holds one): a decode step then reads its chosen experts' rows in 7/8 of the
-    bytes, and a prefill runs each expert's rows on the panel GEMM (csrc/moe.c runs them by weight code)
-    instead of torch's per-expert GEMMs. The float parameters are dropped; a stack with no projection coded
-    stays as loaded. Returns how many layers' experts were coded."""
+    loaded coded too (f32z, or bf16z where bf16 holds its values: kernels/coded.py; such values stored bf16
+    where not coded), one projection at a time (the cache's copy when it holds one): a decode step then reads
+    its chosen experts' rows in 7/8 of the bytes, and a prefill runs each expert's rows on the panel GEMM
+    (csrc/moe.c runs them by weight code) instead of torch's per-expert GEMMs. The float parameters are
+    dropped; a stack with each projection still f32 stays as loaded. Returns how many layers' experts were
+    coded."""
     if model.tp is not None or not kernel_prefill_f32():
         return 0
     made = 0
@@ -484,7 +486,7 @@ def code_float_experts(model: CausalLM, cache: QuantCache | None = None) -> int:
         if any(p.dtype != torch.float32 or not p.is_cpu for p in params):
             continue
         stacked = [
-            coded(cache, f"{name}.{n}", quantize(p.detach().reshape(-1, p.shape[-1]), "f32"))
+            coded_or_narrowed(cache, f"{name}.{n}", quantize(p.detach().reshape(-1, p.shape[-1]), "f32"))
             for n, p in zip(names, params, strict=True)
         ]
         if all(w.kind == "f32" for w in stacked):

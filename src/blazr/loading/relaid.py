@@ -3,7 +3,7 @@
 the quantization cache (loading/quant_cache.py) where an earlier load made it in the layout chosen now, else
 made here and handed to the cache under its entry. Any other weight is returned as it is. The loader's modes
 call these (loading/quantize.py): `relaid` for a GGUF's tensors kept as stored, `coded` for a float weight
-made or kept at load.
+made or kept at load, `coded_or_narrowed` for a float32 one (its values, bf16 where bf16 holds them all).
 """
 
 from __future__ import annotations
@@ -56,6 +56,16 @@ def coded(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> Quantize
         return qw
     made = _through_cache(cache, entry, kinds, qw, lambda w: coded_kinds.pack(w, kinds))
     return qw if made is None else made
+
+
+def coded_or_narrowed(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
+    """`coded`, and an f32 weight that it leaves as it is stored as bf16 where bf16 holds every value
+    (kernels/coded.py `as_bf16`: an F32 GGUF of a bf16 checkpoint) — the same values in half the bytes a
+    decode step reads, where this host does not code them (no AVX-512 decode, host tuning's choice,
+    `BLAZR_CODED=0`, rows too short to gain)."""
+    made = coded(cache, entry, qw)
+    held = coded_kinds.as_bf16(made) if made.kind == "f32" else None
+    return made if held is None else held
 
 
 def _through_cache(
