@@ -89,6 +89,24 @@ def _linears(llm: LLM) -> dict[str, QuantizedLinear]:
     return {n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear)}
 
 
+def _no_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here, coding a weight fails the test (the quantization cache must hold every one)."""
+    monkeypatch.setattr(coded, "pack", lambda *a, **kw: pytest.fail("coded although the cache held it"))
+
+
+def _bf16_valued(arch: str, path: Path, **cfg: object) -> torch.nn.Module:
+    """transformers' `arch` at `cfg` (random weights) saved float32 at `path` with every value a bf16, as a
+    float32 copy of a published bf16 checkpoint is; the model returned."""
+    from tests.tiny import build
+
+    hf = build(arch, path, initializer_range=0.02, **cfg)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    hf.save_pretrained(path)
+    return hf
+
+
 def _bits(w: torch.Tensor) -> torch.Tensor:
     return w.contiguous().view(torch.int16 if w.dtype == torch.bfloat16 else torch.int32)
 
@@ -190,7 +208,7 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
         if not decodes:
             continue
         made = {name: m.qweight.data for name, m in quantized_layers(made_llm).items()}
-        monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+        _no_pack(monkeypatch)
         again = _load(gguf, mode)
         files = sorted(cache.glob(f"*-{mode}-*.blzq"))
         assert len(files) == 1, list(cache.iterdir())
@@ -279,7 +297,7 @@ def test_loader_codes_an_f16_gguf_of_bf16_values(tmp_path: Path, monkeypatch: py
     f32_values = write_tiny_llama_gguf(tmp_path / "f32-values.gguf", weights, cfg, "F16")
     assert {m.kind for m in quantized_layers(_load(f32_values, "auto")).values()} == {"f16"}
     if decodes:
-        monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+        _no_pack(monkeypatch)
         again = _load(gguf, "auto")
         assert {m.kind for m in quantized_layers(again).values()} == {"bf16z"}
 
@@ -300,7 +318,7 @@ def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pyt
     assert {e.w_up.kind for e in _experts(made)} == {e.w_down.kind for e in _experts(made)} == {want}
     assert {e.w_up.kind for e in _experts(plain)} == {"bf16"}
     _same_logits(made, plain, batch, plan)
-    monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+    _no_pack(monkeypatch)
     again = _load(path, "bf16")
     for a, b in zip(_experts(again), _experts(made), strict=True):
         assert a.w_up.kind == want and torch.equal(a.w_up.data, b.w_up.data)
@@ -338,7 +356,7 @@ def test_float32_moe_experts_coded(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     for got, ref in zip(full_logits(made.runner, batch), want, strict=True):
         assert_logits_close(got, ref)
         assert torch.equal(got.argmax(-1), ref.argmax(-1))
-    monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+    _no_pack(monkeypatch)
     again = _load(path, "auto")
     for a, b in zip(_experts(again), _experts(made), strict=True):
         assert a.w_up.kind == "f32z" and torch.equal(a.w_up.data, b.w_up.data)
@@ -382,7 +400,7 @@ def test_loader_codes_float32_linears_with_the_same_logits(
     else:
         assert not isinstance(table, QuantizedEmbedding)
     if codes:
-        monkeypatch.setattr(coded, "pack", lambda qw: pytest.fail("coded although the cache held it"))
+        _no_pack(monkeypatch)
         again = _load(path, mode)
         files = list((tmp_path / "qcache").glob("*.blzq"))
         assert len(files) == 1
@@ -405,18 +423,14 @@ def test_float32_of_bf16_values_run_as_bf16(
     from blazr.model.embedding import QuantizedEmbedding
     from tests.drive import assert_logits_close
     from tests.gguf_fixtures import write_tiny_llama_gguf
-    from tests.tiny import build, hf_logits
+    from tests.tiny import hf_logits
 
     monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
     monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
     monkeypatch.setenv("BLAZR_CODED", codes)  # coded or not whatever host tuning chose
     path = tmp_path / "llama"
     cfg = {"hidden_size": 512, "intermediate_size": 1024, "vocab_size": 64, "tie_word_embeddings": tied}
-    hf = build("LlamaForCausalLM", path, initializer_range=0.02, **cfg)
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    hf.save_pretrained(path)
+    hf = _bf16_valued("LlamaForCausalLM", path, **cfg)
     batch = prompts([23, 9], seed=6, vocab=64)
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
     want = "bf16z" if codes == "1" and "avx512" in ops.kernels().features else "bf16"
@@ -460,17 +474,11 @@ def test_float32_moe_experts_of_bf16_values_run_as_bf16(
     """A float32 Mixtral of bf16 values: under `auto` its expert stacks run as bf16 too — coded (bf16z) where
     the library decodes that, else the bf16 values stored —, the bytes `--quantize bf16` stacks, with its
     logits bit for bit at chunks and decode steps."""
-    from tests.tiny import build
-
     monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
     monkeypatch.setenv("BLAZR_CODED", codes)
     path = tmp_path / "mixtral"
-    hf = build("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
-               num_experts_per_tok=2, vocab_size=64, initializer_range=0.02)  # fmt: skip
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    hf.save_pretrained(path)
+    _bf16_valued("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
+                 num_experts_per_tok=2, vocab_size=64)  # fmt: skip
     want = "bf16z" if codes == "1" and "avx512" in ops.kernels().features else "bf16"
     made, twin = _load(path, "auto"), _load(path, "bf16")
     for a, b in zip(_experts(made), _experts(twin), strict=True):
@@ -479,3 +487,25 @@ def test_float32_moe_experts_of_bf16_values_run_as_bf16(
     batch = prompts([13, 9], seed=3, vocab=64)
     plan = [[len(p) - 3] + [1] * 3 for p in batch]
     _same_logits(made, twin, batch, plan)
+
+
+def test_a_cached_f32z_copy_of_bf16_values_is_made_again_as_bf16z(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quantization cache is asked for the best coded kind only: a float32 checkpoint of bf16 values
+    whose cached copy is f32z (made while bf16z was not wanted, as a version before bf16z coding of float32
+    weights made it) is coded again as bf16z, and the load after that maps the bf16z copy."""
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "qcache"))
+    monkeypatch.setattr("blazr.loading.quantize.kernel_prefill_f32", lambda: True)  # whatever tuning chose
+    path = tmp_path / "llama"
+    _bf16_valued("LlamaForCausalLM", path, hidden_size=512, intermediate_size=1024, vocab_size=64)
+    with monkeypatch.context() as m:
+        m.setattr(coded, "wanted", lambda kind, k: kind == "f32")
+        assert {x.kind for x in _linears(_load(path, "auto")).values()} == {"f32z"}
+    monkeypatch.setattr(coded, "wanted", lambda kind, k: True)
+    made = _load(path, "auto")
+    assert {x.kind for x in _linears(made).values()} == {"bf16z"}
+    _no_pack(monkeypatch)
+    again = _load(path, "auto")
+    for name, x in _linears(again).items():
+        assert x.kind == "bf16z" and torch.equal(x.qweight.data, _linears(made)[name].qweight.data), name

@@ -178,12 +178,28 @@ def unpack(kind: str, data: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return (top << 16 | low).to(torch.int32).view(torch.float32)
 
 
-def choices(kind: str, k: int) -> list[str]:
-    """The coded kinds a weight of `kind` with rows of k may become here, best first, each where `wanted`:
-    bf16z for a bf16 weight, and for an f16 or f32 one where bf16 holds its values (`as_bf16`); then f32z
+def choices(qw: QuantizedWeight) -> list[str]:
+    """The coded kinds weight `qw` may become here, best first, each where `wanted`: bf16z for a bf16 weight,
+    and for an f16 or f32 one whose row 0 bf16 holds (`as_bf16` checks the others when it is made); then f32z
     for an f32 one. Empty: the weight stays as it is."""
-    bases = dict.fromkeys(b for b in (CODED_AS.get(kind), kind) if b in KIND_OF)
-    return [KIND_OF[b] for b in bases if wanted(b, k)]
+    k, kinds, base = qw.in_features, [], CODED_AS.get(qw.kind)
+    if base is not None and wanted(base, k) and _row0_held(qw):
+        kinds.append(KIND_OF[base])
+    if qw.kind in KIND_OF and wanted(qw.kind, k):
+        kinds.append(KIND_OF[qw.kind])
+    return kinds
+
+
+def _row0_held(qw: QuantizedWeight) -> bool:
+    """Whether bf16 holds every value of row 0 of `qw` (an f16 / f32 weight)."""
+    return qw.out_features > 0 and _in_bf16(_stored_rows(qw, 0, 1)) is not None
+
+
+def _in_bf16(w: torch.Tensor) -> torch.Tensor | None:
+    """w (f16 / f32) as bf16 when bf16 holds each of its values bit for bit (the stored bits back from
+    the bf16 ones), else None."""
+    bf = w.to(torch.bfloat16)
+    return bf if torch.equal(bf.to(w.dtype).view(_BITS[w.dtype]), w.view(_BITS[w.dtype])) else None
 
 
 def _stored_rows(qw: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
@@ -207,9 +223,8 @@ def as_bf16(qw: QuantizedWeight) -> QuantizedWeight | None:
     out = torch.empty(n, k, dtype=torch.bfloat16)
     bounds = [0, *range(1, n, max(1, _CHECK_ELEMENTS // k)), n]
     for start, stop in itertools.pairwise(bounds):
-        w = _stored_rows(qw, start, stop)
-        bf = w.to(torch.bfloat16)
-        if not torch.equal(bf.to(w.dtype).view(_BITS[w.dtype]), w.view(_BITS[w.dtype])):
+        bf = _in_bf16(_stored_rows(qw, start, stop))
+        if bf is None:
             return None
         out[start:stop] = bf
     return QuantizedWeight("bf16", out, n, k)

@@ -35,8 +35,8 @@ handed to it (`_in_situ`); under `auto` likewise each K-quant re-laid in 16-row 
 coded (loading/relaid.py).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy (coded where the
 host decodes f32z, as bf16 where bf16 holds every value; `code_float_experts` codes float32 expert stacks
-alike). How a weight is made from where
-its rows lie in the checkpoint's map (kept as stored, quantized in place): loading/stored.py.
+alike). How a weight is made from where its rows lie in the checkpoint's map (kept as stored, quantized in
+place): loading/stored.py.
 """
 
 from __future__ import annotations
@@ -471,10 +471,10 @@ def code_float_experts(model: CausalLM, cache: QuantCache | None = None) -> int:
     """Under `auto`, where `wrap_float_linears` codes float32 linears, each float32 MoE expert stack left as
     loaded coded too (f32z, or bf16z where bf16 holds its values: kernels/coded.py; such values stored bf16
     where not coded), one projection at a time (the cache's copy when it holds one): a decode step then reads
-    its chosen experts' rows in 7/8 of the bytes, and a prefill runs each expert's rows on the panel GEMM
-    (csrc/moe.c runs them by weight code) instead of torch's per-expert GEMMs. The float parameters are
-    dropped; a stack with each projection still f32 stays as loaded. Returns how many layers' experts were
-    coded."""
+    its chosen experts' rows in 7/8 of the bytes (3/8 or 1/2 for bf16 values), and a prefill runs each
+    expert's rows on the panel GEMM (csrc/moe.c runs them by weight code) instead of torch's per-expert GEMMs.
+    The float parameters are dropped; a stack with each projection still f32 stays as loaded. Returns how many
+    layers' experts were coded."""
     if model.tp is not None or not kernel_prefill_f32():
         return 0
     made = 0

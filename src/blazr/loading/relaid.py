@@ -29,7 +29,7 @@ def relaid(
         return coded(cache, entry, qw)
     want = kquant_packed.layout(qw, num_stacked)
     made = _through_cache(
-        cache, entry, [kind], qw, kquant_packed.pack, lambda c: tuple(p.kind for p in c.parts()) == want
+        cache, entry, kind, qw, kquant_packed.pack, lambda c: tuple(p.kind for p in c.parts()) == want
     )
     assert made is not None  # packing always succeeds
     return made
@@ -50,11 +50,13 @@ def coded(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> Quantize
     """A bf16 / f32 weight with its top byte coded where this host's kernels decode it (kernels/coded.py:
     every bit kept, 0.77× / 0.88× the bytes a decode step reads), an f16 or f32 one as bf16z where bf16 holds
     its values (`coded.choices`, best first); any other weight, or one with rows of too many rare top bytes,
-    as it is."""
-    kinds = coded_kinds.choices(qw.kind, qw.in_features)
+    as it is. The cache is asked for the best kind only: a copy in another (an f32z one that an earlier
+    version made of bf16 values) is made again in the best; a weight whose row 0 alone bf16 holds is coded
+    f32z at each load."""
+    kinds = coded_kinds.choices(qw)
     if not kinds:
         return qw
-    made = _through_cache(cache, entry, kinds, qw, lambda w: coded_kinds.pack(w, kinds))
+    made = _through_cache(cache, entry, kinds[0], qw, lambda w: coded_kinds.pack(w, kinds))
     return qw if made is None else made
 
 
@@ -71,17 +73,16 @@ def coded_or_narrowed(cache: QuantCache | None, entry: str, qw: QuantizedWeight)
 def _through_cache(
     cache: QuantCache | None,
     entry: str,
-    kinds: list[str],
+    kind: str,
     qw: QuantizedWeight,
     make: Callable[[QuantizedWeight], QuantizedWeight | None],
     fits: Callable[[QuantizedWeight], bool] = lambda cached: True,
 ) -> QuantizedWeight | None:
-    """`entry` in the first of `kinds` the cache holds it in (and `fits`), else `make(qw)` handed to the cache
+    """`entry` in `kind` from the cache when it holds it (and `fits`), else `make(qw)` handed to the cache
     (None: `make` could not)."""
-    for kind in kinds:
-        cached = None if cache is None else cache.get(entry, kind, qw.out_features, qw.in_features)
-        if cached is not None and fits(cached):
-            return cached
+    cached = None if cache is None else cache.get(entry, kind, qw.out_features, qw.in_features)
+    if cached is not None and fits(cached):
+        return cached
     made = make(qw)
     if made is not None and cache is not None:
         cache.put(entry, made)
