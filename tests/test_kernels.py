@@ -14,6 +14,8 @@ test_kernels_moe_mla.py, test_kernels_sample.py; the helpers they share are test
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gguf
 import numpy as np
 import pytest
@@ -153,6 +155,41 @@ def test_dispatch_uses_kernels_and_falls_back(native: ops.Kernels) -> None:
     assert torch.equal(
         ops.rms_norm(xb, torch.ones(64), 1e-5), ops.rms_norm_reference(xb, torch.ones(64), 1e-5)
     )
+
+
+def test_blazr_isa_builds_the_default_library_at_its_level(
+    monkeypatch: pytest.MonkeyPatch, isa_build: Callable[[str], ops.Kernels]
+) -> None:
+    """`BLAZR_ISA` names the ISA level of the default library (here the one below native, found where the
+    session built it: the same flags, the same file): its SIMD paths are the level's. Unset or `native`
+    keep -march=native; a level this CPU cannot run, or an unknown name, leaves the torch references with a
+    warning that names the levels it runs."""
+    from pathlib import Path
+
+    levels = build.runnable_levels()
+    level = levels[-2] if len(levels) > 1 else levels[0]
+    made = isa_build(level.name)
+    monkeypatch.setenv("BLAZR_KERNEL_DIR", str(Path(made.lib._name).parent))
+    monkeypatch.setenv("BLAZR_TUNE", "off")
+    try:
+        for value in ("", "native", " Native "):
+            monkeypatch.setenv("BLAZR_ISA", value)
+            assert build.default_flags() == build.DEFAULT_FLAGS
+        monkeypatch.setenv("BLAZR_ISA", level.name.upper())
+        ops.reset()
+        k = ops.kernels()
+        assert k is not None and k.features == list(level.paths)
+        assert build.loaded_name() == Path(made.lib._name).name
+        here = "levels here: native, " + ", ".join(x.name for x in levels)
+        cannot = [(x.name, "this CPU cannot run it") for x in build.isa_levels() if not x.runs_here()]
+        for value, why in [("avx9000", "no such level"), *cannot]:
+            monkeypatch.setenv("BLAZR_ISA", value)
+            ops.reset()
+            with pytest.warns(UserWarning, match=f"BLAZR_ISA={value}: {why}; {here}"):
+                assert ops.kernels() is None
+    finally:
+        monkeypatch.undo()
+        ops.reset()
 
 
 def test_kernels_disabled_uses_references(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,8 @@ working on the torch references in `ops.py`.
   for another CPU. Written atomically (temporary file + rename), so concurrent builders are safe.
 - `python -m blazr.kernels.build` builds it (the Makefile's install step); `load()` builds on first use.
 - `BLAZR_KERNELS=0` disables the library: `load()` returns None and `available()` is False.
+- `BLAZR_ISA=scalar|avx2|avx512|avx512_vnni` builds the library at that level of `ISA_LEVELS` instead of
+  `-march=native` (`default_flags`): a host of that level's paths, run and measured on this one.
 
 The C code picks its SIMD paths at compile time (`BLZ_AVX2`, `BLZ_AVX512`, `BLZ_VNNI` in
 csrc/blazr_kernels.h), so a host runs only the paths its own CPU selects. `ISA_LEVELS` names one build per
@@ -232,14 +234,30 @@ def open_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def default_flags() -> tuple[str, ...]:
+    """The default library's flags: DEFAULT_FLAGS (`-march=native`), or the flags of the ISA level that
+    `BLAZR_ISA` names (scalar, avx2, avx512, avx512_vnni) — at most the CPU's own paths, as oneDNN's
+    ONEDNN_MAX_CPU_ISA: to run, and measure, what a host of that level runs. A level this CPU cannot execute,
+    or an unknown name, is a BuildError that says which levels it can."""
+    want = os.environ.get("BLAZR_ISA", "").strip().lower()
+    if not want or want == "native":
+        return DEFAULT_FLAGS
+    runnable = {level.name: level for level in runnable_levels()}
+    if want not in runnable:
+        what = "this CPU cannot run it" if want in {x.name for x in isa_levels()} else "no such level"
+        raise BuildError(f"BLAZR_ISA={want}: {what}; levels here: native, {', '.join(runnable)}")
+    return runnable[want].build_flags()
+
+
 def _build_with_fallback() -> Path:
-    """Build with DEFAULT_FLAGS; if the compiler has no OpenMP (clang without libomp), build without it
+    """Build with `default_flags()`; if the compiler has no OpenMP (clang without libomp), build without it
     (the kernels then run on one thread) rather than give up."""
+    flags = default_flags()
     try:
-        return build()
+        return build(flags)
     except BuildError as first:
         try:
-            return build(tuple(f for f in DEFAULT_FLAGS if f != "-fopenmp"))
+            return build(tuple(f for f in flags if f != "-fopenmp"))
         except BuildError:
             raise first from None
 
@@ -302,7 +320,7 @@ def main() -> int:
         print(f"  unused by any kernel: {', '.join(UNUSED_ISAS)}")
         return 0
     try:
-        path = build(force=True) if "--force" in sys.argv else _build_with_fallback()
+        path = build(default_flags(), force=True) if "--force" in sys.argv else _build_with_fallback()
         lib = open_library(path)
     except (BuildError, OSError) as e:
         print(f"blazr kernels: build failed, blazr will use the torch reference path.\n{e}", file=sys.stderr)
