@@ -33,7 +33,6 @@ per call), the rows are long enough to gain (`worth`) and host tuning measured t
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 
@@ -41,7 +40,7 @@ import torch
 
 from blazr.kernels import ops, tuning
 from blazr.kernels.mapped import MappedWeight
-from blazr.kernels.quant import FLOAT_KINDS, QuantizedWeight
+from blazr.kernels.quant import QuantizedWeight
 
 KIND_OF = {"bf16": "bf16z", "f32": "f32z"}  # stored kind → coded kind
 BASE_OF = {coded: kind for kind, coded in KIND_OF.items()}
@@ -203,13 +202,8 @@ def _in_bf16(w: torch.Tensor) -> torch.Tensor | None:
 
 
 def _stored_rows(qw: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
-    """[stop − start, K] of the stored dtype: rows start..stop, without gathering a MappedWeight's rows."""
-    if not isinstance(qw, MappedWeight):
-        return qw.data[start:stop]
-    dtype = FLOAT_KINDS[qw.kind]
-    size = dtype.itemsize * qw.in_features
-    rows = [(ctypes.c_uint8 * size).from_address(p) for p in qw.rows[start:stop].tolist()]
-    return torch.stack([torch.frombuffer(r, dtype=dtype) for r in rows])
+    """[stop − start, K] of the stored dtype: rows start..stop (a MappedWeight gathers those rows alone)."""
+    return qw.gather(start, stop) if isinstance(qw, MappedWeight) else qw.data[start:stop]
 
 
 def as_bf16(qw: QuantizedWeight) -> QuantizedWeight | None:

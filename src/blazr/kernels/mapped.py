@@ -60,20 +60,25 @@ class MappedWeight(QuantizedWeight):
         """The rows gathered into one tensor (uint8 [N, row_bytes], f16 / bf16 [N, K]), made on first use: for
         the code that reads a weight's bytes (references, dequantize, slicing); the kernels never need it."""
         if self._gathered is None:
-            k = ops.kernels()
-            step = row_bytes(self.kind, self.in_features)
-            if k is not None:
-                raw = k.gather_rows(self.rows, step)
-            else:
-                base = self.holder.data_ptr()
-                flat = self.holder.view(torch.uint8).reshape(-1)
-                raw = torch.stack([flat[a - base : a - base + step] for a in self.rows.tolist()])
-            if self.kind in FLOAT_KINDS:
-                raw = raw.view(FLOAT_KINDS[self.kind]).reshape(self.out_features, self.in_features)
             log.debug("mapped %s weight [%d, %d]: rows gathered for a reader of its bytes", self.kind,
                       self.out_features, self.in_features)  # fmt: skip
-            object.__setattr__(self, "_gathered", raw)
+            object.__setattr__(self, "_gathered", self.gather())
         return self._gathered  # type: ignore[return-value]
+
+    def gather(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start..stop gathered into fresh memory (uint8 [n, row_bytes], f16 / bf16 [n, K]), not kept:
+        for a reader of some rows at a time (kernels/coded.py `as_bf16`), where `data` keeps all of them."""
+        rows, step = self.rows[start:stop], row_bytes(self.kind, self.in_features)
+        k = ops.kernels()
+        if k is not None:
+            raw = k.gather_rows(rows, step)
+        else:
+            base = self.holder.data_ptr()
+            flat = self.holder.view(torch.uint8).reshape(-1)
+            raw = torch.stack([flat[a - base : a - base + step] for a in rows.tolist()])
+        if self.kind in FLOAT_KINDS:
+            raw = raw.view(FLOAT_KINDS[self.kind]).reshape(rows.numel(), self.in_features)
+        return raw
 
     @property
     def nbytes(self) -> int:
