@@ -459,9 +459,7 @@ def test_float32_of_bf16_values_run_as_bf16(
     gguf = write_tiny_llama_gguf(tmp_path / "bf16-values-f32.gguf", hf.state_dict(), hf.config, "F32")
     assert {m.kind for m in _linears(_load(gguf, "auto")).values()} == {want}
     if want == "bf16z":
-        monkeypatch.setattr(
-            coded, "pack", lambda qw, kinds=None: pytest.fail("coded although the cache held it")
-        )
+        _no_pack(monkeypatch)
         again = _load(path, "auto")
         for name, m in _linears(again).items():
             assert m.kind == "bf16z" and torch.equal(m.qweight.data, layers[name].qweight.data), name
