@@ -2,7 +2,7 @@
 projections, one conv per q / k / v as the published checkpoints hold them, β in (0, 2)
 (`linear_allow_neg_eigval`), in pre-norm blocks; OLMo 3 attention (q/k RMSNorm over all heads' features)
 in post-norm blocks, with rope or NoPE (the released checkpoints'). Whole / chunked prefill, decode, mixed
-batches, batched == alone; the prefix cache on == off; `--quantize int8`; tensor parallelism refused."""
+batches, batched == alone; the prefix cache on == off; `--quantize int8`; tensor parallel 2 ranks == 1."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from safetensors.torch import load_file, save_file
 
 from blazr import LLM, SamplingParams
 from blazr.config import AttentionConfig, GatedDeltaNetConfig
-from blazr.errors import UnsupportedError
 from tests.drive import full_logits
 from tests.hf_parity import ParityTests, check_batched_equals_alone, check_cache_invariants, prompts
 from tests.ssm_fixtures import Pair, layer_kinds, randomise, single_thread
@@ -129,11 +128,16 @@ def test_quantize_int8(pair):
     check_batched_equals_alone(llm)
 
 
-def test_tensor_parallel_is_refused(pair):
-    from blazr.distributed.shard import shard_config
+def test_two_ranks_give_one_ranks_tokens_and_logprobs(pair):
+    """Tensor parallel 2 == 1: the DeltaNet layers split by key heads (their q / k / v convs with them), the
+    attention by heads with its all-heads q/k norm's mean of squares all-reduced — the same greedy tokens and
+    logprobs within float32 rounding."""
+    from tests.test_tensor_parallel import TOL, _close, _run
 
-    with pytest.raises(UnsupportedError, match="q/k norm over all heads"):
-        shard_config(pair.llm.config, 2)
+    one, two = _run(pair.path, 1), _run(pair.path, 2)
+    for a, b in zip(one, two, strict=True):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        assert _close(a, b) < TOL
 
 
 def test_without_config_json(tmp_path):

@@ -4,11 +4,12 @@ layers (blocks 0, 1, 0), q/k/v and gate_up adapters per call, rope in the shared
 groups; "one-block-bias" — one block called twice, gate_up adapters only, NoPE, GQA, biases in the Mamba2 and
 MLP projections. Checked: logits, greedy tokens, cache invariants and batched == alone (ParityTests); the
 shared weights held once with a KV cache per call; the prefix cache on == off; `--quantize int8` (every
-shared, call and Mamba2 linear in Q8_0); detection without config.json; tensor parallelism refused."""
+shared, call and Mamba2 linear in Q8_0); detection without config.json; tensor parallel 2 ranks == 1."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -17,8 +18,9 @@ import torch.nn.functional as F
 from blazr import LLM, SamplingParams
 from blazr.config import EngineConfig, Mamba2Config, Zamba2SharedConfig
 from blazr.detect.ssm_common import guess_head_dim
-from blazr.distributed.shard import shard_config
+from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.errors import CheckpointError, UnsupportedError
+from blazr.model import mixers
 from blazr.model.qlinear import QuantizedLinear
 from blazr.model.zamba2_shared import SharedCall
 from tests.drive import full_logits
@@ -166,9 +168,50 @@ def test_quantize_int8(pair):
         assert kl <= 0.1, kl  # measured 0.02-0.05 on these very sensitive tiny models
 
 
-def test_tensor_parallel_is_refused(pair):
-    with pytest.raises(UnsupportedError, match="Zamba2 shared transformer block: tensor parallelism"):
-        shard_config(pair.llm.config, 2)
+def test_two_ranks_give_one_ranks_tokens_and_logprobs(pair):
+    """Tensor parallel 2 == 1: the shared blocks split by heads and MLP width (o_proj's partial sums added
+    before ffn_norm), each call's adapters with them, the Mamba2 layers by heads — the same greedy tokens and
+    logprobs within float32 rounding."""
+    from tests.test_tensor_parallel import TOL, _close, _run
+
+    one, two = _run(pair.path, 1), _run(pair.path, 2)
+    for a, b in zip(one, two, strict=True):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        assert _close(a, b) < TOL
+
+
+def test_the_shards_add_up(pair):
+    """The ranks' pieces of a shared block's and a call's tensors tile the whole; norms and the adapters'
+    down projections are whole on every rank; a width that does not divide is refused with one line."""
+    cfg = pair.llm.config
+    call, part = _calls(cfg)[0], _calls(shard_config(cfg, 2))[0]
+    a, I = call.attention, call.mlp.intermediate_size
+    assert (part.attention.num_heads * 2, part.attention.num_kv_heads * 2) == (a.num_heads, a.num_kv_heads)
+    assert part.mlp.intermediate_size * 2 == I and part.attention_adapter_rank == call.attention_adapter_rank
+    D = cfg.hidden_size
+    q, o = torch.randn(a.num_heads * a.head_dim, 2 * D), torch.randn(D, a.num_heads * a.head_dim)
+    gate_up, down = torch.randn(2 * I, D), torch.randn(D, I)
+
+    def pieces(name, t):
+        return [slice_tensor(name, t, cfg, r, 2) for r in range(2)]
+
+    assert torch.equal(torch.cat(pieces("shared_blocks.0.attn.q_proj.weight", q)), q)
+    assert torch.equal(torch.cat(pieces("shared_blocks.0.attn.o_proj.weight", o), dim=1), o)
+    assert torch.equal(torch.cat(pieces("shared_blocks.0.mlp.down_proj.weight", down), dim=1), down)
+    for r, piece in enumerate(pieces("shared_blocks.0.mlp.gate_up_proj.weight", gate_up)):
+        assert torch.equal(piece, torch.cat([h.chunk(2)[r] for h in gate_up.chunk(2)]))  # gate and up rows
+    layer = next(i for i, layer in enumerate(cfg.layers) if layer.mixer(Zamba2SharedConfig) is not None)
+    up = torch.randn(2 * I, call.mlp_adapter_rank)
+    for r, piece in enumerate(pieces(f"layers.{layer}.shared.gate_up_adapter.1.weight", up)):
+        assert torch.equal(piece, torch.cat([h.chunk(2)[r] for h in up.chunk(2)]))
+    for whole in ("shared_blocks.0.input_norm.weight", f"layers.{layer}.shared.gate_up_adapter.0.weight"):
+        t = torch.randn(4, 4)
+        assert slice_tensor(whole, t, cfg, 1, 2) is t
+    bias = torch.randn(D)
+    assert torch.equal(sum(pieces("shared_blocks.0.mlp.down_proj.bias", bias)), bias)  # counted once
+    refused = "tensor parallel 3: layer 1's Zamba2 shared attention heads is 4, not divisible by 3"
+    with pytest.raises(UnsupportedError, match=re.escape(refused)):
+        mixers.spec_of(call).shard(call, 3, "layer 1's")
 
 
 def _not_inferable(cfg):

@@ -162,23 +162,19 @@ def test_every_declared_linear_exists_in_some_sample(kind):
 def test_tensor_parallel_cuts_every_parameter_to_the_shards_shape(kind, i):
     spec, m, cfg = _sample(kind, i)
     full = CausalLM(cfg)
-    if isinstance(m, AttentionConfig) and m.qk_norm is not None and not m.is_qk_norm_per_head:
-        with pytest.raises(
-            UnsupportedError, match="q/k norm over all heads"
-        ):  # its statistics span the ranks
-            shard_config(cfg, 2)
-        return
-    if isinstance(m, Zamba2SharedConfig):  # a shared block's calls: refused
-        with pytest.raises(UnsupportedError, match="Zamba2 shared transformer block"):
-            shard_config(cfg, 2)
-        return
     shard = CausalLM(shard_config(cfg, 2))
     (part,) = shard.cfg.layers[0].mixers
     assert type(part) is type(m) and part != m
-    for name, p in full.layers[0].get_submodule(spec.prefix).named_parameters():
-        pname = f"layers.0.{spec.prefix}.{name}"
+    names = [
+        f"layers.0.{spec.prefix}.{n}" for n, _ in full.layers[0].get_submodule(spec.prefix).named_parameters()
+    ]
+    if isinstance(m, Zamba2SharedConfig):  # and the shared block it calls, held by the model
+        names += [f"shared_blocks.{n}" for n, _ in full.get_submodule("shared_blocks").named_parameters()]
+    for pname in names:
         want = shard.get_parameter(pname).shape
-        pieces = [slice_tensor(pname, torch.randn(p.shape), cfg, r, 2) for r in range(2)]
+        pieces = [
+            slice_tensor(pname, torch.randn(full.get_parameter(pname).shape), cfg, r, 2) for r in range(2)
+        ]
         assert all(piece.shape == want for piece in pieces), pname
 
 

@@ -4,7 +4,7 @@ split and one group: its norm spans the ranks), GraniteMoeHybrid, NemotronH (and
 Qwen3.5 and Qwen3-Next (gated DeltaNet by key heads, gated attention), GLM-4.5 (per-head q/k norm, partial
 rope, grouped sigmoid routing, shared expert), Phi-4-mini (fused qkv and gate_up, LongRoPE), Qwen3 and
 Qwen3-MoE, Gemma 2 / 3 / 4 (Gemma 4's shared KV, K = V, per-layer inputs, MLP and MoE side by side), GPT-OSS,
-Granite 3, SmolLM3 — the 2-rank
+Granite 3, SmolLM3, OLMo 2 / 3 (q/k norms over all heads: the mean of squares all-reduced) — the 2-rank
 engine gives the 1-rank engine's greedy tokens and its logprobs (prompt and output, top 5 at every position)
 within float32 rounding; the per-rank config and slices are checked on their own; and a 2-rank server answers
 like a 1-rank one through the openai client."""
@@ -40,6 +40,7 @@ from tests.test_hf_gemma4 import randomise_gemma4
 from tests.test_hf_gpt_oss import VARIANTS as GPT_OSS_VARIANTS
 from tests.test_hf_granite3 import EXPERTS as GRANITE3_EXPERTS
 from tests.test_hf_granite3 import SIZES as GRANITE3_SIZES
+from tests.test_hf_olmo2 import VARIANTS as OLMO_VARIANTS
 from tests.test_hf_phi3 import SIZES as PHI3_SIZES
 from tests.test_hf_phi3 import longrope as phi3_longrope
 from tests.test_hf_qwen3 import SIZES as QWEN3_SIZES
@@ -200,9 +201,14 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "granite3-moe": ("GraniteMoeForCausalLM", dict(GRANITE3_SIZES, **GRANITE3_EXPERTS)),
     # NoPE every 4th layer
     "smollm3": ("SmolLM3ForCausalLM", dict(SMOLLM3_SIZES, num_hidden_layers=4)),
+    # post-norm blocks, q/k norms over all heads' features (split with the heads, the mean of squares
+    # all-reduced); OLMo 3: sliding-window layers with their own rope
+    "olmo2": OLMO_VARIANTS["olmo2"],
+    "olmo3-window": OLMO_VARIANTS["olmo3-window"],
 }
-# biases (transformers initialises them to zeros) made random, so a bias counted on both ranks shows
-RANDOMISED = {"nemotron-h-latent", "glm4-moe", "gpt-oss"}
+# biases (transformers initialises them to zeros) made random, so a bias counted on both ranks shows; and the
+# norms (ones), so that a norm weight read from the wrong rank's slice shows
+RANDOMISED = {"nemotron-h-latent", "glm4-moe", "gpt-oss", "olmo2", "olmo3-window"}
 # and Gemma 4's layer scalars and router scales (ones in transformers)
 RANDOMISERS = {"gemma4": randomise_gemma4, "gemma4-moe": randomise_gemma4}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300], list(range(1, 42))]
@@ -297,6 +303,22 @@ def test_the_shards_add_up(checkpoints):
     assert torch.equal(biases[0] + biases[1], o_bias)  # counted once in the all-reduced sum
     with pytest.raises(UnsupportedError, match="Mamba2 has 2 groups, not divisible by 4"):
         shard_config(cfg, 4)
+
+
+def test_an_all_heads_qk_norm_is_split_with_its_heads(checkpoints):
+    """OLMo's q/k norms span all heads' features: each rank holds its heads' slice of the weights and norms
+    across the ranks; per-head norms (Qwen3) stay whole on every rank."""
+    cfg = inspect_checkpoint(checkpoints["olmo2"]).config
+    a, part = cfg.layers[0].mixer(AttentionConfig), shard_config(cfg, 2).layers[0].mixer(AttentionConfig)
+    assert not a.is_qk_norm_across_ranks and part.is_qk_norm_across_ranks
+    q_norm, k_norm = torch.randn(a.num_heads * a.head_dim), torch.randn(a.num_kv_heads * a.head_dim)
+    for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
+        pieces = [slice_tensor(f"layers.0.attn.{name}.weight", w, cfg, r, 2) for r in range(2)]
+        assert torch.equal(torch.cat(pieces), w) and pieces[0].shape[0] * 2 == w.shape[0]
+    qwen = inspect_checkpoint(checkpoints["qwen3"]).config
+    head = torch.randn(qwen.layers[0].mixer(AttentionConfig).head_dim)
+    assert slice_tensor("layers.0.attn.q_norm.weight", head, qwen, 1, 2) is head
+    assert not shard_config(qwen, 2).layers[0].mixer(AttentionConfig).is_qk_norm_across_ranks
 
 
 def test_deltanet_shards_read_their_own_key_heads():

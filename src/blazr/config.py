@@ -89,7 +89,9 @@ class AttentionConfig(MixerConfig):
     `dim` < head_dim rotates the first `dim` features (partial rope).
 
     `qk_norm`: an RMSNorm of q and of k (own weights) before rope — over each head's features
-    (`is_qk_norm_per_head`: Qwen3, Qwen3-Next, Gemma 3) or over all heads' (OLMo 2 / 3, OLMo-Hybrid).
+    (`is_qk_norm_per_head`: Qwen3, Qwen3-Next, Gemma 3) or over all heads' (OLMo 2 / 3, OLMo-Hybrid);
+    `is_qk_norm_across_ranks`: a tensor-parallel shard's all-heads norm, whose mean of squares spans every
+    rank's heads (set by the shard, never by detection).
     `has_output_gate`: the q projection emits a gate per head beside q (Qwen3-Next / Qwen3.5: q_proj's rows
     per head [q_h; gate_h]); the attention output is multiplied by sigmoid(gate) before o_proj.
     `logit_softcap` c: the scaled scores s become c · tanh(s / c) before the mask and softmax (Gemma 2).
@@ -114,6 +116,7 @@ class AttentionConfig(MixerConfig):
     sliding_window: int | None = None
     qk_norm: NormConfig | None = None
     is_qk_norm_per_head: bool = True
+    is_qk_norm_across_ranks: bool = False
     has_output_gate: bool = False
     logit_softcap: float | None = None
     has_sinks: bool = False

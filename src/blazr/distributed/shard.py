@@ -9,6 +9,8 @@ and run unchanged on their shard:
   (model/moe.py masks the other ranks' experts); a latent MoE's projections are replicated, `latent_up`'s
   bias on rank 0 only (each rank projects its own experts' partial sum back);
 - embedding and lm_head: vocab-parallel, the vocabulary padded to a multiple of the world size;
+- Zamba2's shared blocks (`shared_blocks.{b}.…`, held once): split as a transformer block
+  (model/zamba2_shared.py `slice_block`), each layer's call splitting its adapters to match;
 - replicated: Gemma 4's per-layer inputs (table, projections, gates: they act on the whole hidden state),
   routers (with Gemma 4's input and per-expert scales), norms.
 Row-parallel outputs (o_proj, down_proj, experts, out_proj) are partial sums: the block all-reduces each
@@ -26,11 +28,12 @@ from dataclasses import replace
 
 import torch
 
-from blazr.config import LayerConfig, ModelConfig
+from blazr.config import LayerConfig, ModelConfig, Zamba2SharedConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
-from blazr.model import mixers
+from blazr.model import mixers, zamba2_shared
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_SHARED_BLOCK = re.compile(r"^shared_blocks\.(\d+)\.(.+)$")  # Zamba2's blocks, held once, called by layers
 
 
 def padded_vocab(vocab_size: int, world: int) -> int:
@@ -76,12 +79,27 @@ def slice_tensor(name: str, full: torch.Tensor, cfg: ModelConfig, rank: int, wor
         if end > start:
             out[: end - start] = full[start:end]
         return out
+    if (b := _SHARED_BLOCK.match(name)) is not None:
+        piece = zamba2_shared.slice_block(
+            _shared_block_config(cfg, int(b.group(1))), b.group(2), full, rank, world
+        )
+        return full if piece is None else piece.contiguous()
     m = _LAYER.match(name)
     if m is None:
         return full
     layer, rest = cfg.layers[int(m.group(1))], m.group(2)
     piece = _slice_layer(rest, full, layer, rank, world)
     return full if piece is None else piece.contiguous()
+
+
+def _shared_block_config(cfg: ModelConfig, block: int) -> Zamba2SharedConfig:
+    """The (full) config of a call of Zamba2 shared block `block`: its sizes are the block's."""
+    return next(
+        m
+        for layer in cfg.layers
+        for m in layer.mixers
+        if isinstance(m, Zamba2SharedConfig) and m.block == block
+    )
 
 
 def _slice_layer(

@@ -27,8 +27,9 @@ the window's blocks: the batch's `kv_indices` of this layer's group point the po
 held slot, which the window's mask leaves unread); `qkv_proj` and `o_proj` quantizable, `qkv_proj` fused from
 q, k and v (and the gate, `q_gate`: a checkpoint's q_proj holds it beside q, each head's [q_h; gate_h]);
 tensor parallel splits the heads and KV heads (each rank its own contiguous heads, q / k / v / gate rows
-column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads refused; a
-KV-sharing layer's heads read its source layer's KV heads of the same rank, which the same split keeps);
+column-parallel, `o_proj` row-parallel, per-head q/k norms replicated; a q/k norm over all heads split with
+the heads, its mean of squares all-reduced, `is_qk_norm_across_ranks`; a KV-sharing layer's heads read its
+source layer's KV heads of the same rank, which the same split keeps);
 the decode plan and CUDA graphs may hold it.
 
 Shapes: T tokens, H query heads, Hkv kv heads, Dk / Dv head dims, S cache slots.
@@ -37,6 +38,7 @@ Shapes: T tokens, H query heads, Hkv kv heads, Dk / Dv head dims, S cache slots.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +46,6 @@ from torch import nn
 
 from blazr.config import AttentionConfig
 from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
-from blazr.errors import UnsupportedError
 from blazr.kernels import ops
 from blazr.kernels.bindings_attention import MAX_HEAD_DIM
 from blazr.model.mixer_spec import FusedParts, MixerSpec
@@ -54,6 +55,9 @@ from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 from blazr.state.layout import CacheTensor, Snapshot
+
+if TYPE_CHECKING:
+    from blazr.distributed.group import TPGroup
 
 
 def _sdpa(
@@ -177,9 +181,14 @@ class Attention(nn.Module):
     """GQA with fused qkv projection, optional RoPE (None = NoPE), optional biases and sliding window, q/k
     RMSNorm (`q_norm`, `k_norm`) and a sigmoid output gate (qkv_proj's rows [q | k | v | gate])."""
 
-    def __init__(self, cfg: AttentionConfig, hidden_size: int, rope: RotaryEmbedding | None) -> None:
+    def __init__(
+        self, cfg: AttentionConfig, hidden_size: int, rope: RotaryEmbedding | None, tp: TPGroup | None = None
+    ) -> None:
+        """`tp`: this layer is one tensor-parallel shard (cfg holds its heads); only a q/k norm over all
+        heads talks to the other ranks."""
         super().__init__()
         self.cfg = cfg
+        self.norm_tp = tp if cfg.is_qk_norm_across_ranks else None
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.gate_size = self.q_size if cfg.has_output_gate else 0
@@ -212,12 +221,26 @@ class Attention(nn.Module):
         in place, per head or per row."""
         if self.cfg.qk_norm is None:
             return
+        if self.norm_tp is not None:
+            self._qk_norm_across_ranks(q, k, self.norm_tp)
+            return
         if not self.cfg.is_qk_norm_per_head:  # one group of all heads' features: [T, 1, H·Dh]
             q = q.flatten(1).unsqueeze(1)
             k = None if k is None else k.flatten(1).unsqueeze(1)
         ops.head_rms_norm(q, self.q_norm.weight, self.q_norm.eps)
         if k is not None:
             ops.head_rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+
+    def _qk_norm_across_ranks(self, q: torch.Tensor, k: torch.Tensor | None, tp: TPGroup) -> None:
+        """The all-heads q/k norm of a shard (`_qk_norm`'s math, in place): each rank sums the squares of its
+        heads' features, one all-reduce adds the ranks' sums (q's and k's side by side), and each rank scales
+        its own features by the whole row's root mean square and its slice of the weights."""
+        views = [q.flatten(1)] + ([] if k is None else [k.flatten(1)])  # [T, H·Dh], [T, Hkv·Dh]
+        ss = tp.all_reduce(torch.cat([v.float().pow(2).sum(-1, keepdim=True) for v in views], dim=1))
+        norms = [self.q_norm, self.k_norm][: len(views)]
+        for j, (v, norm) in enumerate(zip(views, norms, strict=True)):
+            scale = torch.rsqrt(ss[:, j : j + 1] / (v.shape[-1] * tp.world) + norm.eps)
+            v.copy_((v.float() * scale * norm.weight).to(v.dtype))
 
     def _values(self, qkv: torch.Tensor, T: int) -> torch.Tensor:
         """v [T, Hkv, Dh]: qkv's v rows, or (`is_v_from_k`) its k rows taken before the k norm; RMS-normed
@@ -350,12 +373,13 @@ def _fused(cfg: AttentionConfig, leaf: str) -> FusedParts | None:
 def _shard(cfg: AttentionConfig, world: int, where: str) -> AttentionConfig:
     check_divisible(cfg.num_heads, world, f"{where} attention heads")
     check_divisible(cfg.num_kv_heads, world, f"{where} KV heads")
-    if cfg.qk_norm is not None and not cfg.is_qk_norm_per_head and world > 1:
-        raise UnsupportedError(
-            f"{where} attention: a q/k norm over all heads' features (OLMo) spans the ranks; tensor "
-            "parallelism does not split it (use one rank)"
-        )
-    return replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world)
+    across = cfg.qk_norm is not None and not cfg.is_qk_norm_per_head and world > 1  # OLMo's all-heads norm
+    return replace(
+        cfg,
+        num_heads=cfg.num_heads // world,
+        num_kv_heads=cfg.num_kv_heads // world,
+        is_qk_norm_across_ranks=across,
+    )
 
 
 def _slice(cfg: AttentionConfig, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
@@ -370,13 +394,15 @@ def _slice(cfg: AttentionConfig, leaf: str, t: torch.Tensor, rank: int, world: i
         return rank0_only(t, rank)
     if leaf == "sinks":  # per query head: each rank its heads'
         return split_block(t, 0, rank, world)
+    if leaf in ("q_norm.weight", "k_norm.weight") and not cfg.is_qk_norm_per_head:  # [H·Dh] / [Hkv·Dh]
+        return split_block(t, 0, rank, world)
     return None
 
 
 SPEC = MixerSpec(
     config=AttentionConfig,
     prefix="attn",
-    build=lambda cfg, hidden_size, rope_for, tp: Attention(cfg, hidden_size, rope_for(cfg.rope)),
+    build=lambda cfg, hidden_size, rope_for, tp: Attention(cfg, hidden_size, rope_for(cfg.rope), tp),
     cache=_cache,
     snapshot=Snapshot.BLOCKS,
     linears=("qkv_proj", "o_proj"),

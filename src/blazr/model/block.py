@@ -113,7 +113,7 @@ class Block(nn.Module):
             h = x
             for name in self.addend_names:
                 assert embeddings is not None, "an input-addend mixer reads the token embeddings"
-                h = _add(h, getattr(self, name)(x, batch, cache, embeddings))
+                h = _add(h, self._reduce(getattr(self, name)(x, batch, cache, embeddings)))
             h = self._norm("mixer_norm", h)
             out = None
             for name in self.mixer_names:

@@ -23,18 +23,26 @@ for a quantized one by the loader is seen by every call). Every linear of a shar
 
 `SPEC`: the paged K and V of the call's attention (a prefix is its blocks); on the CPU a decode step is
 kernel ops only (`_decode`: the concat a row copy into each half, the adapters' sums kernel adds), so the
-recorded decode plan holds it; CUDA graphs do not (not measured there); tensor parallelism is refused.
+recorded decode plan holds it; CUDA graphs do not (not measured there). Tensor parallel: a block splits as a
+transformer block does — q / k / v rows and o_proj's columns by heads, gate_up rows and down_proj's columns by
+the MLP width (`slice_block`, for the model's `shared_blocks.{b}.…`); a call's adapters split their up
+projection (`.1`) the same way and keep the down one (`.0`, to the rank) whole on every rank. o_proj's partial
+sums are all-reduced inside the call (ffn_norm needs the whole row); the call's output, `linear` (replicated)
+of down_proj's partial sum, is a partial sum the block all-reduces before adding it.
 
 Shapes: T tokens, D hidden, H heads, Hkv KV heads, Dh = 2D / H head size, I MLP width, R adapter rank.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from blazr.config import ModelConfig, Zamba2SharedConfig
-from blazr.errors import UnsupportedError
+from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
 from blazr.kernels import ops
 from blazr.model.attention import _cache as attention_cache
 from blazr.model.attention import causal_attention
@@ -46,6 +54,9 @@ from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 from blazr.state.layout import Snapshot
+
+if TYPE_CHECKING:
+    from blazr.distributed.group import TPGroup
 
 
 class _Attention(nn.Module):
@@ -98,9 +109,10 @@ class SharedCall(nn.Module):
     """One layer's call of a shared block: its adapters, its output `linear` [D, D] and (through the layer's
     cache) its own keys and values. (x [T, D], embeddings [T, D]) → [T, D]."""
 
-    def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int) -> None:
+    def __init__(self, cfg: Zamba2SharedConfig, hidden_size: int, tp: TPGroup | None = None) -> None:
+        """`tp`: this call is one tensor-parallel shard (cfg holds its heads and MLP width)."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.tp = cfg, tp
         a, wide = cfg.attention, 2 * hidden_size
         if cfg.attention_adapter_rank is not None:
             r = cfg.attention_adapter_rank
@@ -139,11 +151,15 @@ class SharedCall(nn.Module):
             k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
             v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         o = causal_attention(q, k, v, batch, cfg.softmax_scale, k_pool, v_pool, cfg.sliding_window)
-        a = block.ffn_norm(block.attn.o_proj(o.reshape(T, -1), decode=decode))  # [T, D]
+        a = block.ffn_norm(self._whole(block.attn.o_proj(o.reshape(T, -1), decode=decode)))  # [T, D]
         gate_up = block.mlp.gate_up_proj(a, decode=decode) + self.gate_up_adapter(a, decode=decode)
         gate, up = gate_up.chunk(2, dim=-1)
         y = block.mlp.down_proj(activate(gate, self.cfg.mlp.activation) * up, decode=decode)
         return self.linear(y, decode=decode)
+
+    def _whole(self, a: torch.Tensor) -> torch.Tensor:
+        """o_proj's output: on a shard, the ranks' partial sums added (in place)."""
+        return a if self.tp is None else self.tp.all_reduce(a)
 
     def _decode(
         self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache, embeddings: torch.Tensor
@@ -171,7 +187,7 @@ class SharedCall(nn.Module):
             q, cache.k, cache.v, batch.kv_indices, batch.decode_lens, cfg.softmax_scale,
             window=cfg.sliding_window,
         )  # fmt: skip
-        a = block.ffn_norm(block.attn.o_proj(o.view(B, H * Dh), decode=True))  # [B, D]
+        a = block.ffn_norm(self._whole(block.attn.o_proj(o.view(B, H * Dh), decode=True)))  # [B, D]
         gate_up = block.mlp.gate_up_proj(a, decode=True)
         ops.add(gate_up, self.gate_up_adapter(a, decode=True), out=gate_up)
         y = ops.activation(gate_up, self.cfg.mlp.activation, gated=True)
@@ -205,15 +221,48 @@ def bind_calls(layers: nn.ModuleList, blocks: nn.ModuleList) -> None:
 
 
 def _shard(cfg: Zamba2SharedConfig, world: int, where: str) -> Zamba2SharedConfig:
-    raise UnsupportedError(
-        f"{where} Zamba2 shared transformer block: tensor parallelism does not split it (use one rank)"
+    a, width = cfg.attention, cfg.mlp.intermediate_size
+    check_divisible(a.num_heads, world, f"{where} Zamba2 shared attention heads")
+    check_divisible(a.num_kv_heads, world, f"{where} Zamba2 shared KV heads")
+    check_divisible(width, world, f"{where} Zamba2 shared MLP width")
+    return replace(
+        cfg,
+        attention=replace(a, num_heads=a.num_heads // world, num_kv_heads=a.num_kv_heads // world),
+        mlp=replace(cfg.mlp, intermediate_size=width // world),
     )
+
+
+def _slice(cfg: Zamba2SharedConfig, leaf: str, t: torch.Tensor, rank: int, world: int) -> torch.Tensor | None:
+    """A call's tensors: each adapter's up projection (`.1`) split as the projection it adds to."""
+    if leaf in ("q_adapter.1.weight", "k_adapter.1.weight", "v_adapter.1.weight"):
+        return split_block(t, 0, rank, world)  # [heads · Dh, R]: the rank's heads
+    if leaf == "gate_up_adapter.1.weight":  # [2I, R]: the rank's gate rows and up rows
+        return split_segments(t, [cfg.mlp.intermediate_size] * 2, [True, True], rank, world)
+    return None
+
+
+def slice_block(
+    cfg: Zamba2SharedConfig, leaf: str, t: torch.Tensor, rank: int, world: int
+) -> torch.Tensor | None:
+    """Rank `rank`'s piece of a shared block's tensor `leaf` (`shared_blocks.{b}.{leaf}`; cfg: a full call of
+    block b); None: replicated (the norms)."""
+    if leaf in ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"):
+        return split_block(t, 0, rank, world)
+    if leaf == "attn.o_proj.weight":
+        return split_block(t, 1, rank, world)
+    if leaf.startswith("mlp.gate_up_proj."):
+        return split_segments(t, [cfg.mlp.intermediate_size] * 2, [True, True], rank, world)
+    if leaf == "mlp.down_proj.weight":
+        return split_block(t, 1, rank, world)
+    if leaf == "mlp.down_proj.bias":
+        return rank0_only(t, rank)
+    return None
 
 
 SPEC = MixerSpec(
     config=Zamba2SharedConfig,
     prefix="shared",
-    build=lambda cfg, hidden_size, rope_for, tp: SharedCall(cfg, hidden_size),
+    build=lambda cfg, hidden_size, rope_for, tp: SharedCall(cfg, hidden_size, tp),
     cache=lambda cfg: attention_cache(cfg.attention),
     snapshot=Snapshot.BLOCKS,
     linears=(
@@ -223,7 +272,7 @@ SPEC = MixerSpec(
     float_linears=(),
     fused=lambda cfg, leaf: None,
     shard=_shard,
-    slice=lambda cfg, leaf, t, rank, world: None,
+    slice=_slice,
     is_plan_safe=True,
     chains_rows=True,  # its keys and values are written before any row attends, as attention's
     graph_windows=None,
