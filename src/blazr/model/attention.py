@@ -235,10 +235,9 @@ class Attention(nn.Module):
         """The all-heads q/k norm of a shard (`_qk_norm`'s math, in place): each rank sums the squares of its
         heads' features, one all-reduce adds the ranks' sums (q's and k's side by side), and each rank scales
         its own features by the whole row's root mean square and its slice of the weights."""
-        views = [q.flatten(1)] + ([] if k is None else [k.flatten(1)])  # [T, H·Dh], [T, Hkv·Dh]
-        ss = tp.all_reduce(torch.cat([v.float().pow(2).sum(-1, keepdim=True) for v in views], dim=1))
-        norms = [self.q_norm, self.k_norm][: len(views)]
-        for j, (v, norm) in enumerate(zip(views, norms, strict=True)):
+        pairs = [(q.flatten(1), self.q_norm)] + ([] if k is None else [(k.flatten(1), self.k_norm)])
+        ss = tp.all_reduce(torch.cat([v.float().pow(2).sum(-1, keepdim=True) for v, _ in pairs], dim=1))
+        for j, (v, norm) in enumerate(pairs):  # v: [T, H·Dh] or [T, Hkv·Dh], a view into the qkv output
             scale = torch.rsqrt(ss[:, j : j + 1] / (v.shape[-1] * tp.world) + norm.eps)
             v.copy_((v.float() * scale * norm.weight).to(v.dtype))
 
