@@ -238,6 +238,14 @@ def _run(path: Path, world: int, quantize: str = "auto") -> list[Any]:
         llm.close()
 
 
+def check_two_ranks_match_one(path: Path, quantize: str = "auto", tol: float = TOL) -> None:
+    """2 ranks give 1 rank's greedy tokens, and its logprobs (prompt and output, top 5) within `tol`."""
+    one, two = _run(path, 1, quantize), _run(path, 2, quantize)
+    for a, b in zip(one, two, strict=True):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        assert _close(a, b) < tol
+
+
 def _close(a: Any, b: Any) -> float:
     """The largest logprob difference over the top-5 entries both runs list, prompt and output."""
     worst = 0.0
@@ -253,11 +261,7 @@ def _close(a: Any, b: Any) -> float:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_two_ranks_give_one_ranks_tokens_and_logprobs(checkpoints, family):
-    one = _run(checkpoints[family], 1)
-    two = _run(checkpoints[family], 2)
-    for a, b in zip(one, two, strict=True):
-        assert b.outputs[0].token_ids == a.outputs[0].token_ids
-        assert _close(a, b) < TOL
+    check_two_ranks_match_one(checkpoints[family])
 
 
 @pytest.mark.parametrize("family", ["llama", "mixtral"])
@@ -267,11 +271,7 @@ def test_quantized_shards_give_the_quantized_models_tokens(checkpoints, family):
     the partial sums differs — but the kernels round activations to 8 bits per step, which turns float
     rounding into a quantization step now and then (measured: 0.045 at most on these models, where a
     wrong slice moves logprobs by whole units)."""
-    one = _run(checkpoints[family], 1, "int8")
-    two = _run(checkpoints[family], 2, "int8")
-    for a, b in zip(one, two, strict=True):
-        assert b.outputs[0].token_ids == a.outputs[0].token_ids
-        assert _close(a, b) < 0.1
+    check_two_ranks_match_one(checkpoints[family], "int8", 0.1)
 
 
 def test_the_shards_add_up(checkpoints):
