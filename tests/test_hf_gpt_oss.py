@@ -4,7 +4,8 @@ YaRN rope; every layer a MoE with a router bias, experts with biases and the cla
 enough here that the clamps bite), gate / up interleaved in transformers' fused tensors; MXFP4 experts
 (`*_blocks` / `*_scales`) dequantized as transformers' own `convert_moe_packed_tensors` does, and a
 checkpoint stored so loading to the same model (`--quantize none`) or, by default, kept MXFP4 with the same
-values and run by the mxfp4 kernel; detection without config.json; tensor parallel refused."""
+values and run by the mxfp4 kernel; detection without config.json; the sinks split by heads across
+tensor-parallel ranks (2 ranks == 1 in test_tensor_parallel)."""
 
 from __future__ import annotations
 
