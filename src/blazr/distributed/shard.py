@@ -29,7 +29,7 @@ from dataclasses import replace
 import torch
 
 from blazr.config import LayerConfig, ModelConfig, Zamba2SharedConfig
-from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
+from blazr.distributed.split import check_divisible, rank0_only, slice_mlp, split_block
 from blazr.model import mixers, zamba2_shared
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -114,14 +114,7 @@ def _slice_layer(
         leaf = leaf.removeprefix("shared.")
         f = layer.mlp if prefix == "mlp" else layer.moe.shared  # type: ignore[union-attr]
         assert f is not None
-        if leaf.startswith("gate_up_proj."):
-            return split_segments(t, [f.intermediate_size] * 2, [True, True], rank, world)
-        if leaf.startswith("up_proj."):
-            return split_block(t, 0, rank, world)
-        if leaf == "down_proj.weight":
-            return split_block(t, 1, rank, world)
-        if leaf == "down_proj.bias":
-            return rank0_only(t, rank)
+        return slice_mlp(leaf, t, f.intermediate_size, rank, world)
     if prefix == "moe" and leaf.startswith("experts."):
         return split_block(t, 0, rank, world)  # [E, …]: whole experts
     if prefix == "moe" and leaf == "latent_up.bias":

@@ -48,3 +48,18 @@ def split_segments(
 def rank0_only(t: torch.Tensor, rank: int) -> torch.Tensor:
     """A row-parallel bias: the whole on rank 0, zeros elsewhere."""
     return t if rank == 0 else torch.zeros_like(t)
+
+
+def slice_mlp(leaf: str, t: torch.Tensor, width: int, rank: int, world: int) -> torch.Tensor | None:
+    """A gated MLP's tensor `leaf` (relative to the MLP) of intermediate `width`, split column- then
+    row-parallel: gate_up's gate rows and up rows (or up's rows) by the width, down_proj's columns, its bias
+    on rank 0; None: not an MLP tensor that splits."""
+    if leaf.startswith("gate_up_proj."):
+        return split_segments(t, [width] * 2, [True, True], rank, world)
+    if leaf.startswith("up_proj."):
+        return split_block(t, 0, rank, world)
+    if leaf == "down_proj.weight":
+        return split_block(t, 1, rank, world)
+    if leaf == "down_proj.bias":
+        return rank0_only(t, rank)
+    return None

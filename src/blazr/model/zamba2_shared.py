@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from blazr.config import ModelConfig, Zamba2SharedConfig
-from blazr.distributed.split import check_divisible, rank0_only, split_block, split_segments
+from blazr.distributed.split import check_divisible, slice_mlp, split_block, split_segments
 from blazr.kernels import ops
 from blazr.model.attention import _cache as attention_cache
 from blazr.model.attention import causal_attention
@@ -250,12 +250,8 @@ def slice_block(
         return split_block(t, 0, rank, world)
     if leaf == "attn.o_proj.weight":
         return split_block(t, 1, rank, world)
-    if leaf.startswith("mlp.gate_up_proj."):
-        return split_segments(t, [cfg.mlp.intermediate_size] * 2, [True, True], rank, world)
-    if leaf == "mlp.down_proj.weight":
-        return split_block(t, 1, rank, world)
-    if leaf == "mlp.down_proj.bias":
-        return rank0_only(t, rank)
+    if leaf.startswith("mlp."):
+        return slice_mlp(leaf.removeprefix("mlp."), t, cfg.mlp.intermediate_size, rank, world)
     return None
 
 
