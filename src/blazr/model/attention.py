@@ -49,7 +49,7 @@ from blazr.distributed.split import check_divisible, rank0_only, split_block, sp
 from blazr.kernels import ops
 from blazr.kernels.bindings_attention import MAX_HEAD_DIM
 from blazr.model.mixer_spec import FusedParts, MixerSpec
-from blazr.model.norm import RMSNorm
+from blazr.model.norm import RMSNorm, normed_across_ranks
 from blazr.model.qlinear import Linear
 from blazr.model.rope import RotaryEmbedding
 from blazr.state.batch import ForwardBatch
@@ -236,10 +236,9 @@ class Attention(nn.Module):
         heads' features, one all-reduce adds the ranks' sums (q's and k's side by side), and each rank scales
         its own features by the whole row's root mean square and its slice of the weights."""
         pairs = [(q.flatten(1), self.q_norm)] + ([] if k is None else [(k.flatten(1), self.k_norm)])
-        ss = tp.all_reduce(torch.cat([v.float().pow(2).sum(-1, keepdim=True) for v, _ in pairs], dim=1))
-        for j, (v, norm) in enumerate(pairs):  # v: [T, H·Dh] or [T, Hkv·Dh], a view into the qkv output
-            scale = torch.rsqrt(ss[:, j : j + 1] / (v.shape[-1] * tp.world) + norm.eps)
-            v.copy_((v.float() * scale * norm.weight).to(v.dtype))
+        normed = normed_across_ranks([v.float() for v, _ in pairs], [n.eps for _, n in pairs], tp)
+        for (v, norm), y in zip(pairs, normed, strict=True):  # v: [T, H·Dh] / [T, Hkv·Dh], a view into qkv
+            v.copy_((y * norm.weight).to(v.dtype))
 
     def _values(self, qkv: torch.Tensor, T: int) -> torch.Tensor:
         """v [T, Hkv, Dh]: qkv's v rows, or (`is_v_from_k`) its k rows taken before the k norm; RMS-normed

@@ -94,8 +94,18 @@ class GatedRMSNorm(nn.Module):
         gate = F.silu(z.float())
         if not self.is_norm_before_gate:
             yf = yf * gate
-        ss = tp.all_reduce(yf.pow(2).sum(-1, keepdim=True))
-        yf = yf * torch.rsqrt(ss / (yf.shape[-1] * tp.world) + self.eps)
+        (yf,) = normed_across_ranks([yf], [self.eps], tp)
         if self.is_norm_before_gate:
             yf = yf * gate
         return self.weight * yf.to(dtype)
+
+
+def normed_across_ranks(xs: list[torch.Tensor], eps: list[float], tp: TPGroup) -> list[torch.Tensor]:
+    """Each x [T, n] (float32: this rank's n of a row's n · world features) divided by its row's root mean
+    square over every rank's features (+ its eps), the rows' sums of squares added in one all-reduce for all
+    of `xs` (a shard's norms that span the ranks: GatedRMSNorm, attention's q/k norm over all heads)."""
+    ss = tp.all_reduce(torch.cat([x.pow(2).sum(-1, keepdim=True) for x in xs], dim=1))
+    return [
+        x * torch.rsqrt(ss[:, j : j + 1] / (x.shape[-1] * tp.world) + e)
+        for j, (x, e) in enumerate(zip(xs, eps, strict=True))
+    ]
