@@ -1,16 +1,17 @@
 """Per-kernel-call time of one model's prefill and decode step on the CPU kernels (where the time goes).
 
     python benchmarks/op_profile.py MODEL [--quantize auto|none|int8|int4|bf16] [--prompt-len 500] [--gen 16]
-                                    [--threads 2] [--reps 20]
+                                    [--threads 2] [--reps 20] [--warm 1]
 
 MODEL: a GGUF file or a checkpoint directory (with --quantize as `blazr --quantize`).
 
-Prefill: the prompt's eager forward with every kernel call timed (`Kernels._run` wrapped: a call's wall time,
-keyed by name and, for linears, kind and M × K → N); the forward's time not inside a kernel call is shown as
-"outside kernels" (torch ops, Python). Decode: the recorded decode plan (engine/decode_plan.py) of one
-sequence, after --gen tokens, replayed `--reps` times one call at a time in order (median per call),
-against the whole plan's replay. Timings of calls a few µs long include the Python around them (~2-4 µs
-a call): read the large entries. Speed only; nothing is checked.
+Prefill: the prompt's eager forward (after --warm untimed ones: a fresh process's first prefill also times
+the page faults of memory touched the first time) with every kernel call timed (`Kernels._run` wrapped: a
+call's wall time, keyed by name and, for linears, kind and M × K → N); the forward's time not inside a
+kernel call is shown as "outside kernels" (torch ops, Python). Decode: the recorded decode plan
+(engine/decode_plan.py) of one sequence, after --gen tokens, replayed `--reps` times one call at a time in
+order (median per call), against the whole plan's replay. Timings of calls a few µs long include the Python
+around them (~2-4 µs a call): read the large entries. Speed only; nothing is checked.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warm", type=int, default=1, help="untimed whole prefills first (0: time the cold one)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from blazr import LLM, SamplingParams
@@ -52,6 +54,9 @@ def main() -> None:
     sp = SamplingParams(temperature=0, max_tokens=args.gen, ignore_eos=True)
     for _ in llm.stream_ids(prompt[:32], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)):
         pass  # warm: the kernels loaded, the plan recorded
+    for _ in range(args.warm):  # the whole prompt's buffers touched: a first prefill's faults untimed
+        for _ in llm.stream_ids(prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)):
+            pass
 
     times: dict[str, list[float]] = defaultdict(list)
     orig = bindings.Kernels._run

@@ -116,19 +116,19 @@ def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: s
 
 @pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
 def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str) -> None:
-    """At a long K the float prefill GEMM (gemm_float.c) runs the x rows in passes (as many as ~4 MB of
-    packed x holds: 128 rows at K = 8192); a row's bits do not depend on the pass it falls in nor on its
-    place in the row groups, with every epilogue — and the call agrees with the exact product. Every window
-    has more than 16 rows."""
-    K, N = 8192, 38
+    """At a long K the float prefill GEMM (gemm_float.c) runs the x rows in passes of equal rows (up to ~8 MB
+    of packed x each, and a quarter of the L3: 700 rows at K = 8192 are 3 passes or more); a row's bits do
+    not depend on the pass it falls in nor on its place in the row groups, with every epilogue — and the call
+    agrees with the exact product. Every window has more than 16 rows; some hold a pass's edge."""
+    K, N, M = 8192, 38, 700
     g = torch.Generator().manual_seed(3)
     qw = quantize(_weights(N, K, seed=5), kind)
-    x = torch.randn(140, K, generator=g)
+    x = torch.randn(M, K, generator=g)
     xk = x.double()
     for name in EPILOGUES:
-        bias, residual, swiglu = _epilogue(name, 140, N, g)
+        bias, residual, swiglu = _epilogue(name, M, N, g)
         whole = lib.linear(x, qw, bias, residual, swiglu=swiglu, prefill=True)
-        for lo, hi in ((0, 17), (3, 131), (120, 140), (1, 140)):
+        for lo, hi in ((0, 17), (3, 131), (120, 140), (1, M), (230, 250), (470, M)):
             res = None if residual is None else residual[lo:hi]
             part = lib.linear(x[lo:hi], qw, bias, res, swiglu=swiglu, prefill=True)
             assert torch.equal(part, whole[lo:hi]), (name, lo, hi)

@@ -16,9 +16,10 @@
  *   quarters of the micro-kernel's rows, not all of them (16 rows on AVX-512: 12 + 4, not 12 + 12); the
  *   first micro-kernel call on a panel fetches the next panel's weights a line or two per k step (widening
  *   a panel from DRAM waited on 32 row streams the hardware prefetcher did not run ahead of);
- * - blocks of PANEL_NR outputs are split over the threads; the x rows go in passes of PANEL_XBYTES of
- *   packed x, which stay in the last-level cache while the weights stream past (one pass for most prefill
- *   chunks).
+ * - blocks of PANEL_NR outputs are split over the threads; the x rows go in passes of up to PANEL_XBYTES of
+ *   packed x (a quarter of the last-level cache on a smaller one), which stay in the last-level cache while
+ *   the weights stream past — passes of equal rows, one pass up to 1.25× that rather than a tail pass of a
+ *   few rows, which widens (and decodes) every panel again for them (one pass for most prefill chunks).
  * - on AVX-512, calls of 13-16 x rows (batched decode) hold the x rows in a vector's lanes instead and the
  *   weight rows in the registers (`lanes_gemm`): no transposition of the weights.
  * - a block's outputs leave through blz_epilogue_row, a row's PANEL_NR outputs in vector steps (bias,
@@ -39,6 +40,8 @@
  */
 #include "blazr_kernels.h"
 
+#include <unistd.h> /* sysconf: the L3 size */
+
 #ifdef BLZ_AVX512
 #define PANEL_NR 32            /* weight rows (outputs) per panel: two 16-lane vectors */
 #define PANEL_MR 12            /* x rows per micro-kernel call: 24 accumulators of the 32 registers */
@@ -48,7 +51,7 @@
 #define PANEL_MR 6             /* x rows per micro-kernel call: 12 accumulators of the 16 registers */
 #define PANEL_KC 256           /* columns per panel: 16 KB of fp32 */
 #endif
-#define PANEL_XBYTES (4 << 20) /* packed x per pass over the weights */
+#define PANEL_XBYTES (8 << 20) /* packed x per pass over the weights, at most (and a quarter of the L3) */
 
 #ifdef BLZ_AVX2
 /* r[i] ← column i of the 8 × 8 matrix whose rows are r[0..7]. */
@@ -389,6 +392,27 @@ static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const flo
 }
 #endif
 
+/* Bytes of packed x per pass: PANEL_XBYTES, or a quarter of the last-level cache where that is smaller. The
+ * pass was 4 MB (Zen 3, §35), a tail pass of a few rows as long as any; on Zen 5 (2 MB L2, 32 MB L3) the
+ * equal passes of up to 8 MB ran the 1B down projection (K = 8192) 1.06-1.12× faster at 128-500 rows, 6 MB
+ * measured the same, 12 MB 0.86-0.95× at 1000-2048 rows (x streamed from a shared L3; NOTES §63). */
+static int64_t pass_bytes(void) {
+    static int64_t bytes; /* 0: not yet read (a benign race: every thread reads the same value) */
+    if (!bytes) {
+        const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        bytes = l3 > 0 ? blz_min(PANEL_XBYTES, l3 / 4) : PANEL_XBYTES;
+    }
+    return bytes;
+}
+
+/* Rows of packed x per pass (a multiple of PANEL_MR): the passes of about pass_bytes() each, equal. */
+static int64_t pass_rows(int64_t Mp, int64_t K) {
+    const int64_t budget = pass_bytes() * 5 / 4, bytes = 4 * K * Mp;
+    const int64_t passes = blz_max(1, (bytes + budget - 1) / budget);
+    const int64_t mc = blz_round_up((Mp + passes - 1) / passes, PANEL_MR);
+    return blz_min(Mp, blz_max(8 * PANEL_MR, mc));
+}
+
 int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float *x, int64_t M, int64_t K, int64_t N,
                    const float *bias, const float *residual, float *out, int swiglu, int nt) {
 #ifdef BLZ_AVX512
@@ -396,7 +420,7 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
 #endif
     const int64_t nout = swiglu ? N / 2 : N, nblocks = (nout + PANEL_NR - 1) / PANEL_NR;
     const int64_t Mp = blz_round_up(M, PANEL_MR);
-    const int64_t mc = blz_min(Mp, blz_max(8 * PANEL_MR, PANEL_XBYTES / (4 * K) / PANEL_MR * PANEL_MR));
+    const int64_t mc = pass_rows(Mp, K);
     float *xp = blz_scratch_slot(2, (size_t)(Mp * K + 8) * sizeof(float));
     if (!xp) return BLZ_ENOMEM;
     const size_t scratch = (size_t)(PANEL_KC * PANEL_NR + (swiglu ? 2 : 1) * mc * PANEL_NR) * sizeof(float);
