@@ -69,14 +69,18 @@ def native() -> ops.Kernels:
 
 @pytest.fixture(scope="session")
 def isa_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], ops.Kernels]]:
-    """name → the library built at that ISA level (built once per session)."""
+    """name → the library built at that ISA level (built once per session). The levels' directories sit in
+    one made now, while the fixture is set up, so the module sweep (tests/tmp_cleanup.py) keeps them: a
+    library built lazily in a directory of its own was swept with the first module that asked for it, and
+    `BLAZR_ISA`'s test, reading the file again, built it a second time (~25 s)."""
     made: dict[str, ops.Kernels] = {}
+    root = tmp_path_factory.mktemp("kernels")
 
     def get(name: str) -> ops.Kernels:
         if name not in made:
             level = LEVELS[name]
             try:
-                path = build.build(level.build_flags(), out_dir=tmp_path_factory.mktemp(f"kernels-{name}"))
+                path = build.build(level.build_flags(), out_dir=root / name)
             except build.BuildError as e:
                 pytest.fail(f"the {name} build failed: {e}")
             k = ops.Kernels(build.open_library(path))
