@@ -397,10 +397,12 @@ static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const flo
  * equal passes of up to 8 MB ran the 1B down projection (K = 8192) 1.06-1.12× faster at 128-500 rows, 6 MB
  * measured the same, 12 MB 0.86-0.95× at 1000-2048 rows (x streamed from a shared L3; NOTES §63). */
 static int64_t pass_bytes(void) {
-    static int64_t bytes; /* 0: not yet read (a benign race: every thread reads the same value) */
+    static int64_t cached; /* 0: not yet read (callers racing to read it store the same value) */
+    int64_t bytes = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (!bytes) {
         const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
         bytes = l3 > 0 ? blz_min(PANEL_XBYTES, l3 / 4) : PANEL_XBYTES;
+        __atomic_store_n(&cached, bytes, __ATOMIC_RELAXED);
     }
     return bytes;
 }
