@@ -229,3 +229,23 @@ def test_the_coded_form_is_chosen_on_this_host_and_followed(
         monkeypatch.setenv("BLAZR_CODED", "0")
         assert not coded.wanted(kind, 2048)
         monkeypatch.delenv("BLAZR_CODED")
+
+
+def test_busy_reads_the_cores_use_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`busy` is the cores' use over a short window (/proc/stat), not the 1-minute load average, which still
+    reads busy a minute after a compile has ended: more than half the usable cores' worth of CPU in use by
+    anything is busy; where /proc/stat is missing the load average decides."""
+    monkeypatch.setattr(tuning, "BUSY_WINDOW", 0.0)
+    monkeypatch.setattr(tuning.build, "usable_cores", lambda: 2)
+    monkeypatch.setattr(tuning.os, "getloadavg", lambda: (5.0, 5.0, 5.0))  # a minute of past work
+    for after, want in ((100, False), (450, False), (550, True), (1000, True)):  # of 1000 jiffies, 2 CPUs
+        reads = iter([(0, 1000, 2), (after, 2000, 2)])
+        monkeypatch.setattr(tuning, "_cpu_times", lambda reads=reads: next(reads))
+        assert tuning.busy() is want, after
+    monkeypatch.setattr(tuning, "_cpu_times", lambda: None)
+    assert tuning.busy() is True
+    monkeypatch.setattr(tuning.os, "getloadavg", lambda: (0.2, 5.0, 5.0))
+    assert tuning.busy() is False
+    monkeypatch.undo()
+    times = tuning._cpu_times()
+    assert times is not None and 0 <= times[0] <= times[1] and times[2] >= 1  # this host's own counters

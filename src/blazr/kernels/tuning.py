@@ -285,13 +285,41 @@ def _f32_prefill(k: Kernels, g: torch.Generator) -> tuple[str, dict[str, float]]
     return (other if gflops[other] > gflops[default] * (1 + MARGIN) else default), gflops
 
 
-def busy() -> bool:
-    """Whether other work competes for the cores now (1-minute load average above half the usable cores):
-    a choice measured then is used but marked, and measured again at a load that finds the host quiet."""
+BUSY_WINDOW = 0.25  # seconds over which `busy` reads the cores' use
+
+
+def _cpu_times() -> tuple[int, int, int] | None:
+    """(busy, total) jiffies of all the machine's CPUs since boot and their count, from /proc/stat; None where
+    there is none."""
     try:
-        return os.getloadavg()[0] > 0.5 * build.usable_cores()
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
     except OSError:
-        return False
+        return None
+    fields = [int(v) for v in lines[0].split()[1:]]  # user nice system idle iowait irq softirq steal ...
+    total = sum(fields[:8])  # guest time is counted in user already
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    return total - fields[3] - fields[4], total, max(cpus, 1)
+
+
+def busy() -> bool:
+    """Whether other work competes for the cores now — more than half the usable cores' worth of CPU in use
+    over the last BUSY_WINDOW seconds (/proc/stat; elsewhere the 1-minute load average): a choice measured
+    then is used but marked, and measured again at a load that finds the host quiet. The load average alone
+    lags by a minute: right after the kernels compile (`make install`'s build, then its tuning) it still read
+    busy on an idle host, so the tuning was never measured at install and an untuned process ran the
+    defaults."""
+    first = _cpu_times()
+    if first is None:
+        try:
+            return os.getloadavg()[0] > 0.5 * build.usable_cores()
+        except OSError:
+            return False
+    time.sleep(BUSY_WINDOW)
+    second = _cpu_times()
+    assert second is not None
+    used, total = second[0] - first[0], second[1] - first[1]
+    return total > 0 and used / total * second[2] > 0.5 * build.usable_cores()
 
 
 def _key(k: Kernels) -> tuple[Path, dict[str, Any]]:
@@ -321,7 +349,10 @@ def apply(k: Kernels, force: bool = False, log: Callable[[str], None] | None = N
             pass  # absent, damaged, of another build, or measured on a busy host that is quiet now: anew
         if busy():
             return {}  # no timing worth keeping now: the defaults, measured by a load that finds it quiet
-    result = {"busy": busy(), **measure(k, log)}
+        marked = False
+    else:
+        marked = busy()
+    result = {"busy": marked, **measure(k, log)}
     CHOICES.update(result["choices"])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

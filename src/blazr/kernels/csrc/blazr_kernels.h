@@ -417,7 +417,12 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
 /* Host tuning. A kernel whose best form depends on the microarchitecture reads its variant here at run time;
  * blazr/kernels/tuning.py measures the variants once per CPU model and library build and sets them at load
  * (blz_set_tune). Every variant of a knob computes the same bits — only the speed differs — and the tests
- * run each. Defaults: the forms measured best on Sapphire Rapids. */
+ * run each. Defaults — what runs where nothing was measured (the host busy at every load so far,
+ * BLAZR_TUNE=off) — the forms that lose least on the hosts measured: BLZ_STREAMS_DEFAULT weight streams.
+ * 4 streams had been the default, Sapphire Rapids' best by 0-5 % over 2; on Zen 5 the 4-stream walks of
+ * packed Q4_0 / Q4_1, Q8_0 as stored, K-quants and the 32-block kinds read 30-41 GB/s against 45-76 in 1-2
+ * (NOTES §63), so an untuned process decoded those at ~half speed there. */
+#define BLZ_STREAMS_DEFAULT (BLZ_STREAMS < 2 ? BLZ_STREAMS : 2)
 enum {
     /* weight streams per thread of a one-row decode linear, 1 .. BLZ_STREAMS, per walker: float weights
      * (f32 / f16 / bf16), packed Q4_0 / Q4_1 / Q8_0, Q8_0 as stored, K-quants (Zen 5: 4, 2, 1, 1 — Q4_1
