@@ -419,9 +419,9 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
  * (blz_set_tune). Every variant of a knob computes the same bits — only the speed differs — and the tests
  * run each. Defaults — what runs where nothing was measured (the host busy at every load so far,
  * BLAZR_TUNE=off) — the forms that lose least on the hosts measured: BLZ_STREAMS_DEFAULT weight streams.
- * 4 streams had been the default, Sapphire Rapids' best by 5-9 % over 2 (Emerald Rapids' 0-5 %); on Zen 5 the 4-stream walks of
- * packed Q4_0 / Q4_1, Q8_0 as stored, K-quants and the 32-block kinds read 30-41 GB/s against 45-76 in 1-2
- * (NOTES §63), so an untuned process decoded those at ~half speed there. */
+ * 4 streams had been the default, Sapphire Rapids' best by 5-9 % over 2 (Emerald Rapids' 0-5 %); on Zen 5
+ * the 4-stream walks of packed Q4_0 / Q4_1, Q8_0 as stored, K-quants and the 32-block kinds read 30-41 GB/s
+ * against 45-76 in 1-2 (NOTES §63), so an untuned process decoded those at ~half speed there. */
 #define BLZ_STREAMS_DEFAULT (BLZ_STREAMS < 2 ? BLZ_STREAMS : 2)
 enum {
     /* weight streams per thread of a one-row decode linear, 1 .. BLZ_STREAMS, per walker: float weights
