@@ -1,7 +1,8 @@
-"""Batched decode of the hybrid models, blazr beside llama.cpp's parallel sequences on the same Q8_0 GGUF.
+"""Batched decode of the hybrid models, blazr beside llama.cpp's parallel sequences on the same GGUF.
 
     python benchmarks/hybrid_peers.py --precisions "" --batched-peer BUILD/bin/llama-batched-bench \
-        [--models granite-4.0-h-350m,lfm2-350m,...] [--levels 1,4,16] [--rounds 3] [--threads 2]
+        [--models granite-4.0-h-350m,lfm2-350m,...] [--levels 1,4,16] [--rounds 3] [--threads 2] \
+        [--batched-formats F32,F16,Q8_0,Q4_0]
 
 The peer is llama.cpp's own `llama-batched-bench` (tools/batched-bench of the llama.cpp that
 llama-cpp-python's sdist vendors; `make test` unpacks it under .venv/llama-cpp-sdist): configure that tree
@@ -9,7 +10,8 @@ with CMake (`cmake -S .../vendor/llama.cpp -B BUILD -DCMAKE_BUILD_TYPE=Release`)
 `cmake --build BUILD --target llama-batched-bench -j2`. llama-cpp-python itself cannot decode several
 sequences through its high-level API, and its low-level one would time Python rather than llama.cpp.
 
-Both engines run the Q8_0 GGUF that llama.cpp's converter wrote (hybrid_peers.gguf), with --threads each:
+Both engines run the GGUF that llama.cpp's converter (F32, F16, Q8_0) or quantizer (Q4_0) wrote
+(hybrid_peers.gguf; --batched-formats, Q8_0 by default), with --threads each:
 
 - llama.cpp: `llama-batched-bench -m GGUF -npp P -ntg G-1 -npl 1,4,16 -c 16·(P+G) -t T -tb T
   --output-format jsonl` — per level N, N separate P-token prompts (random tokens, sequence ids 0 … N-1;
@@ -133,12 +135,13 @@ def report(
     prompt_len: int = 128,
     gen: int = 32,
 ) -> str:
-    """Per (name, Q8_0 GGUF, prompt vocabulary): the table of both engines, headed by the peer's build."""
+    """Per (name, GGUF kind, GGUF, prompt vocabulary): the table of both engines, headed by the peer's
+    build."""
     parts = [f"- peer: {binary.name} {peer_build(binary)}", ""]
-    for name, path, vocab in models:
+    for name, kind, path, vocab in models:
         ours, peer = measure(path, binary, vocab, levels, prompt_len, gen, rounds, threads)
         parts += [
-            f"### {name} Q8_0 GGUF: batched decode, blazr (blocks as stored) vs llama-batched-bench",
+            f"### {name} {kind} GGUF: batched decode, blazr (tensors as stored) vs llama-batched-bench",
             "",
             f"N sequences × their own {prompt_len}-token random prompt, then {gen - 1} decode steps of N "
             f"tokens timed; medians of {rounds} interleaved rounds after a warm-up; {threads} threads each.",

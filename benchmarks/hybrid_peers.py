@@ -18,7 +18,8 @@ after a warm-up round, engines interleaved within a round. Peak RSS of a whole l
 one process, so load time only is printed beside each row. --batched QUANTIZE adds blazr's continuous
 batching table per model (aggregate decode tok/s at 1 / 4 / 8 / 16 sequences, as benchmarks/run.py's
 table 2, blazr alone). --batched-peer LLAMA_BATCHED_BENCH sets blazr's batched decode at --levels
-(1,4,16) on the Q8_0 GGUF beside llama.cpp's parallel sequences (llama-batched-bench: hybrid_batched.py),
+(1,4,16) on the GGUFs of --batched-formats (Q8_0 by default; F32,F16,Q8_0,Q4_0) beside llama.cpp's
+parallel sequences (llama-batched-bench: hybrid_batched.py),
 and --alone [NAME,...] adds Zamba2 and OLMo-Hybrid, which llama.cpp cannot load, beside transformers
 (benchmarks/hybrid_alone.py). The issue-42 tables:
 
@@ -617,8 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batched", metavar="QUANTIZE", help="also blazr's batched decode table (e.g. int8)")
     ap.add_argument(
         "--batched-peer", metavar="LLAMA_BATCHED_BENCH", type=Path,
-        help="also batched decode on the Q8_0 GGUF beside this llama-batched-bench (hybrid_batched.py)",
+        help="also batched decode on the GGUFs beside this llama-batched-bench (hybrid_batched.py)",
     )  # fmt: skip
+    ap.add_argument("--batched-formats", default="Q8_0", help="its GGUFs, of F32,F16,Q8_0,Q4_0")
     ap.add_argument("--levels", default="1,4,16", help="sequence counts of the --batched-peer table")
     ap.add_argument(
         "--alone", nargs="?", const="all", metavar="NAME,...",
@@ -636,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.batched_peer:
         levels = tuple(int(n) for n in args.levels.split(","))
         vocab = [json.loads((checkpoint(m) / "config.json").read_text())["vocab_size"] for m in models]
-        files = [(m, gguf(m, "Q8_0"), min(v, 49152)) for m, v in zip(models, vocab, strict=True)]
+        kinds = args.batched_formats.split(",")
+        files = [(m, k, gguf(m, k), min(v, 49152)) for m, v in zip(models, vocab, strict=True) for k in kinds]
         print(hybrid_batched.report(files, args.batched_peer, levels, args.rounds, args.threads))
     if args.alone:
         from benchmarks import hybrid_alone

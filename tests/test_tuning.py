@@ -249,3 +249,22 @@ def test_busy_reads_the_cores_use_now(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.undo()
     times = tuning._cpu_times()
     assert times is not None and 0 <= times[0] <= times[1] and times[2] >= 1  # this host's own counters
+
+
+def test_busy_counts_the_cores_this_process_may_use() -> None:
+    """/proc/stat read over the CPUs of the process's affinity: two other cores at full use on a shared host
+    leave this one's pinned cores quiet; unpinned, they are two cores' worth of the four; without per-CPU
+    lines the machine's total line counts for every CPU."""
+    stat = "\n".join([
+        "cpu  1150 0 50 800 100 0 0 0 0 0",
+        "cpu0 50 0 0 450 0 0 0 0 0 0",
+        "cpu1 50 0 0 350 100 0 0 0 0 0",  # iowait is idle
+        "cpu2 550 0 0 0 0 0 0 0 0 0",
+        "cpu3 500 0 50 0 0 0 0 0 0 0",
+        "intr 123 4 5",
+    ])  # fmt: skip
+    assert tuning.stat_times(stat, {0, 1}) == (100, 1000, 2)
+    assert tuning.stat_times(stat, None) == (1200, 2100, 4)
+    assert tuning.stat_times(stat, {2}) == (550, 550, 1)
+    assert tuning.stat_times(stat, {7}) == (1200, 2100, 4)  # none listed is ours: the total line
+    assert tuning.stat_times("cpu  10 0 0 30 0 0 0 0 0 0\n", {0}) == (10, 40, 1)

@@ -289,17 +289,35 @@ BUSY_WINDOW = 0.25  # seconds over which `busy` reads the cores' use
 
 
 def _cpu_times() -> tuple[int, int, int] | None:
-    """(busy, total) jiffies of all the machine's CPUs since boot and their count, from /proc/stat; None where
-    there is none."""
+    """(busy, total) jiffies since boot of the CPUs this process may run on and their count, from /proc/stat;
+    None where there is none."""
     try:
         with open("/proc/stat") as f:
-            lines = f.read().splitlines()
+            text = f.read()
     except OSError:
         return None
-    fields = [int(v) for v in lines[0].split()[1:]]  # user nice system idle iowait irq softirq steal ...
-    total = sum(fields[:8])  # guest time is counted in user already
-    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-    return total - fields[3] - fields[4], total, max(cpus, 1)
+    return stat_times(text, os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
+
+
+def stat_times(text: str, cpus: set[int] | None) -> tuple[int, int, int]:
+    """(busy, total) jiffies of /proc/stat's CPUs in `cpus` (None: all) and their count: a process pinned to
+    some cores of a large shared host (taskset, a cgroup's cpuset) is not kept from measuring by others' work
+    on the rest. Where the per-CPU lines are missing or none is in `cpus`, the machine's total line."""
+    rows, listed = [], 0
+    for line in text.splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            listed += 1
+            if cpus is None or int(name[3:]) in cpus:
+                rows.append([int(v) for v in values])
+    count = len(rows)
+    if not rows:  # the total line: all `listed` CPUs (1 where none is listed)
+        rows, count = [[int(v) for v in text.splitlines()[0].split()[1:]]], max(listed, 1)
+    busy = total = 0
+    for fields in rows:  # user nice system idle iowait irq softirq steal ...; guest time is counted in user
+        total += sum(fields[:8])
+        busy += sum(fields[:8]) - fields[3] - fields[4]
+    return busy, total, count
 
 
 def busy() -> bool:
