@@ -253,6 +253,7 @@ int blz_linear_mix(const float *x, int64_t M, int64_t K, const uint8_t *w, int64
 int blz_linear_coded(int f32, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                      const float *residual, float *out, int swiglu, int nthreads);
 void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, void *dst, int f32);
+void blz_bz_decode_rows_f32(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, float *dst, int f32); /* fp32 out */
 int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const float *bias,
                   const float *residual, float *out, int swiglu, int nthreads);
 

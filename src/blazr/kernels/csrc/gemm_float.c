@@ -20,8 +20,10 @@
  *   packed x (a quarter of the last-level cache on a smaller one), which stay in the last-level cache while
  *   the weights stream past — passes of equal rows, one pass up to 1.25× that rather than a tail pass of a
  *   few rows, which widens (and decodes) every panel again for them (one pass for most prefill chunks).
- * - on AVX-512, calls of 13-16 x rows (batched decode) hold the x rows in a vector's lanes instead and the
- *   weight rows in the registers (`lanes_gemm`): no transposition of the weights.
+ * - on AVX-512, calls of 13-16 x rows (batched decode; f32z from 9) hold the x rows in a vector's lanes
+ *   instead and the weight rows in the registers (`lanes_gemm`): no transposition of the weights; coded
+ *   rows decoded a block at a time, the next block's bytes fetched during the walk. Zen 5, LFM2-350M's
+ *   shapes cold, 16 rows against the panel: f32z 1.19-1.77x, bf16z 1.12-1.25x, f16 1.01-1.13x (NOTES §64).
  * - a block's outputs leave through blz_epilogue_row, a row's PANEL_NR outputs in vector steps (bias,
  *   residual, SwiGLU's silu · up: the decode epilogue's bits; one libm expf per output had cost ~10 % of a
  *   SwiGLU projection at 256-500 rows).
@@ -271,6 +273,7 @@ static void panel_block(const void *w, const int64_t *tab, const int wk, int64_t
  * shapes, 2 threads (GB/s of weights, panel → lanes): 16 rows 11.8 → 13.2, 14 rows 12.1 → 13.1, 12 rows
  * 13.8 → 12.6 (12 rows fill the panel's micro-kernel; here 4 of 16 lanes idle), 9 rows 15.6 → 13.1. */
 #define LANES_MIN 13  /* fewer x rows: the panel GEMM (above) */
+#define LANES_MIN_F32Z 9 /* f32z rows from 9 (LFM2's shapes, 9-12 rows: 1.08-1.58x the panel; bf16z 0.91-1.10x) */
 #define LANES_M 16    /* x rows: the 16 lanes */
 #define LANES_NR 24   /* weight rows per block: 24 accumulators of the 32 registers */
 #define LANES_KC 128  /* columns per step: 12 KB of fp32 weights and 8 KB of x columns in L1 (256: 3-8 % slower) */
@@ -340,11 +343,22 @@ BLZ_INLINE const uint8_t *lanes_row(const void *w, const int64_t *tab, int64_t b
     return blz_weight_row((const uint8_t *)w, tab, n, row_bytes);
 }
 
-/* blz_panel_gemm for LANES_MIN ≤ M ≤ LANES_M. */
+/* Coded row j of lanes block b (lanes_row's order) and its bytes. */
+BLZ_INLINE const uint8_t *coded_row(const void *w, int64_t b, int j, int64_t per, int64_t nout, int64_t rb) {
+    return (const uint8_t *)w + (blz_min(b * per + j % per, nout - 1) + (j >= per ? nout : 0)) * rb;
+}
+
+/* blz_panel_gemm for LANES_MIN ≤ M ≤ LANES_M. Coded rows (BLZ_PANEL_BF16Z / F32Z) are decoded to fp32 a block
+ * at a time into the thread's scratch (L2) and walked from there, while the walk fetches the next block's
+ * coded bytes (decoding a block had waited on memory as long as its walk ran: 34 % and 33 % of a 16-row f32z
+ * call's time). */
 static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const float *x, int64_t M, int64_t K, int64_t N,
                       const float *bias, const float *residual, float *out, int swiglu, int nt) {
     const int64_t nout = swiglu ? N / 2 : N, per = swiglu ? LANES_NR / 2 : LANES_NR;
-    const int64_t nblocks = (nout + per - 1) / per, esize = blz_kv_elem_bytes(wk);
+    const int coded = wk == BLZ_PANEL_BF16Z || wk == BLZ_PANEL_F32Z, f32z = wk == BLZ_PANEL_F32Z;
+    const int rk = coded ? BLZ_PANEL_F32 : wk; /* the kind of the rows walked */
+    const int64_t nblocks = (nout + per - 1) / per, esize = blz_kv_elem_bytes(rk);
+    const int64_t rb = coded ? blz_bz_row_bytes(K, f32z) : esize * K; /* bytes of a stored row */
     float *xt = blz_scratch_slot(2, (size_t)(K * 16) * sizeof(float)); /* 64-byte aligned */
     if (!xt) return BLZ_ENOMEM;
     int failed = 0;
@@ -353,39 +367,54 @@ static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const flo
         int64_t lo, hi;
         blz_thread_share((K + 15) / 16, &lo, &hi);
         pack_x_lanes(x, M, K, 16 * lo, blz_min(K, 16 * hi), xt);
-        float *buf = blz_scratch((size_t)(LANES_NR * LANES_KC + LANES_NR * 16) * sizeof(float));
-        if (!buf) {
+        float *buf = blz_scratch((size_t)(LANES_NR * LANES_KC + 2 * LANES_NR * 16) * sizeof(float));
+        float *dec = coded ? blz_scratch_slot(3, (size_t)(LANES_NR * K) * sizeof(float)) : NULL;
+        if (!buf || (coded && !dec)) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < nblocks; ++b) {
-            if (!buf) continue;
+            if (failed) continue;
+            const int nr = (int)blz_min(per, nout - b * per);
             const uint8_t *src[LANES_NR];
-            for (int j = 0; j < LANES_NR; ++j) src[j] = lanes_row(w, tab, b, j, per, nout, esize * K);
+            if (coded) { /* gate (or plain) rows, then up rows; past the last output the last row again */
+                blz_bz_decode_rows_f32(w, K, b * per, nr, dec, f32z);
+                if (swiglu) blz_bz_decode_rows_f32(w, K, nout + b * per, nr, dec + per * K, f32z);
+                for (int j = 0; j < LANES_NR; ++j)
+                    src[j] = (const uint8_t *)(dec + ((j >= per ? per : 0) + blz_min(j % per, nr - 1)) * K);
+            } else
+                for (int j = 0; j < LANES_NR; ++j) src[j] = lanes_row(w, tab, b, j, per, nout, rb);
             __m512 acc[LANES_NR];
             for (int j = 0; j < LANES_NR; ++j) acc[j] = _mm512_setzero_ps();
             for (int64_t k0 = 0; k0 < K; k0 += LANES_KC) {
                 const int64_t kc = blz_min(LANES_KC, K - k0), kn = blz_min(LANES_KC, K - k0 - kc);
-                pf_t pf = {.row_lines = (esize * (kn ? kn : blz_min(LANES_KC, K)) + 63) / 64};
-                pf.lines = LANES_NR * pf.row_lines;
-                pf.per_k = (pf.lines + kc - 1) / kc;
-                for (int j = 0; j < LANES_NR; ++j) { /* the next columns, or the next block's first ones */
-                    const uint8_t *at = src[j] + esize * k0;
-                    pf.rows[j] = (const char *)(kn ? at + esize * kc : lanes_row(w, tab, b + 1, j, per, nout, esize * K));
-                    widen_row(at, wk, kc, buf + j * LANES_KC);
+                pf_t pf;
+                if (coded) { /* this chunk's share of the next block's coded rows */
+                    const int64_t at = k0 * rb / K;
+                    pf.row_lines = (kc * rb / K + 63) / 64 + 1;
+                    pf.lines = b + 1 < nblocks ? LANES_NR * pf.row_lines : 0;
+                    for (int j = 0; j < LANES_NR; ++j)
+                        pf.rows[j] = (const char *)coded_row(w, b + 1, j, per, nout, rb) + blz_min(at, rb - 64);
+                } else { /* the next columns, or the next block's first ones */
+                    pf.row_lines = (esize * (kn ? kn : blz_min(LANES_KC, K)) + 63) / 64;
+                    pf.lines = LANES_NR * pf.row_lines;
+                    for (int j = 0; j < LANES_NR; ++j)
+                        pf.rows[j] = (const char *)(kn ? src[j] + esize * (k0 + kc)
+                                                       : lanes_row(w, tab, b + 1, j, per, nout, rb));
                 }
+                pf.per_k = (pf.lines + kc - 1) / kc;
+                for (int j = 0; j < LANES_NR; ++j) widen_row(src[j] + esize * k0, rk, kc, buf + j * LANES_KC);
                 lanes_micro(buf, xt + k0 * 16, kc, acc, &pf);
             }
-            float *c = buf + LANES_NR * LANES_KC;
+            float *c = buf + LANES_NR * LANES_KC, *ct = c + LANES_NR * 16; /* [j][m], then [m][j] */
             for (int j = 0; j < LANES_NR; ++j) _mm512_store_ps(c + 16 * j, acc[j]);
-            const int nr = (int)blz_min(per, nout - b * per);
+            for (int64_t m = 0; m < M; ++m) /* a row's outputs side by side, for the epilogue's vector steps */
+                for (int j = 0; j < LANES_NR; ++j) ct[m * LANES_NR + j] = c[16 * j + m];
             for (int64_t m = 0; m < M; ++m)
-                for (int j = 0; j < nr; ++j) {
-                    const float r = c[16 * j + m], g = swiglu ? c[16 * (j + per) + m] : 0.0f;
-                    blz_epilogue(&r, &g, 1, m, b * per + j, N, nout, bias, residual, out, swiglu);
-                }
+                blz_epilogue_row(ct + m * LANES_NR, ct + m * LANES_NR + per, m, b * per, nr, N, nout, bias, residual,
+                                 out, swiglu);
         }
     }
     return failed ? BLZ_ENOMEM : BLZ_OK;
@@ -418,7 +447,8 @@ static int64_t pass_rows(int64_t Mp, int64_t K) {
 int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float *x, int64_t M, int64_t K, int64_t N,
                    const float *bias, const float *residual, float *out, int swiglu, int nt) {
 #ifdef BLZ_AVX512
-    if (M >= LANES_MIN && M <= LANES_M && wk != BLZ_PANEL_BF16Z && wk != BLZ_PANEL_F32Z) return lanes_gemm(w, tab, wk, x, M, K, N, bias, residual, out, swiglu, nt);
+    if (M >= (wk == BLZ_PANEL_F32Z ? LANES_MIN_F32Z : LANES_MIN) && M <= LANES_M)
+        return lanes_gemm(w, tab, wk, x, M, K, N, bias, residual, out, swiglu, nt);
 #endif
     const int64_t nout = swiglu ? N / 2 : N, nblocks = (nout + PANEL_NR - 1) / PANEL_NR;
     const int64_t Mp = blz_round_up(M, PANEL_MR);

@@ -189,8 +189,8 @@ static void f32z_streams(const int nr, const int mt, const void *const *rows, in
 #endif
 
 /* Rows n0 .. n0 + nr − 1 decoded: dst[(n − n0)·K + j] = the weight of row n, column j — bf16 bits (uint16) for
- * bf16z, fp32 (float) for f32z. */
-void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, void *dst, int f32) {
+ * bf16z, fp32 (float) for f32z, or fp32 for both when `wide`. */
+BLZ_INLINE void bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, void *dst, int f32, int wide) {
     const int64_t rb = blz_bz_row_bytes(K, f32);
     for (int64_t n = n0; n < n0 + nr; ++n) {
         const uint8_t *row = w + n * rb;
@@ -203,7 +203,7 @@ void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, voi
             bz_block(b, tab, f, f32);
             if (esc[0] < k + 64) bz_patch(&esc, k, f);
             for (int i = 0; i < 4; ++i)
-                if (f32)
+                if (f32 || wide)
                     _mm512_storeu_ps((float *)dst + (n - n0) * K + k + 16 * i, f[i]);
                 else
                     _mm256_storeu_si256((__m256i *)((uint16_t *)dst + (n - n0) * K + k + 16 * i),
@@ -212,8 +212,8 @@ void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, voi
 #else
         for (int64_t j = 0; j < K; ++j) {
             const uint16_t t = bz_top(row, K, j, f32);
-            if (f32) {
-                const uint32_t bits = (uint32_t)t << 16 | bz_low(row, K, j);
+            if (f32 || wide) {
+                const uint32_t bits = (uint32_t)t << 16 | (f32 ? bz_low(row, K, j) : 0);
                 memcpy((float *)dst + (n - n0) * K + j, &bits, 4);
             } else {
                 ((uint16_t *)dst)[(n - n0) * K + j] = t;
@@ -221,6 +221,14 @@ void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, voi
         }
 #endif
     }
+}
+
+void blz_bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, void *dst, int f32) {
+    bz_decode_rows(w, K, n0, nr, dst, f32, 0);
+}
+
+void blz_bz_decode_rows_f32(const uint8_t *w, int64_t K, int64_t n0, int64_t nr, float *dst, int f32) {
+    bz_decode_rows(w, K, n0, nr, dst, f32, 1);
 }
 
 /* x [M, K] fp32, w [N] coded rows of blz_bz_row_bytes(K, f32): the result of the stored kind's kernel (bit for
