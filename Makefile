@@ -78,7 +78,8 @@ bench: $(STAMP)
 	for shape in qwen3-0.6b gemma3-1b phi4-mini gpt-oss-scaled; do \
 		$(BIN)/python benchmarks/realsize.py --shape $$shape || exit 1; done
 	$(BIN)/python benchmarks/gemma3_270m.py
-	$(BIN)/python benchmarks/hybrid_peers.py --precisions "" --batched-peer "$$($(LLAMA_TOOL) llama-batched-bench)"
+	$(BIN)/python benchmarks/hybrid_peers.py --precisions "" --batched-formats F32,F16,Q8_0,Q4_0 \
+		--batched-peer "$$($(LLAMA_TOOL) llama-batched-bench)"
 	$(BIN)/python benchmarks/hybrid_peers.py --precisions "" --alone
 	$(BIN)/python benchmarks/speculative.py --llama-server "$$($(LLAMA_TOOL) llama-server)"
 	$(BIN)/python benchmarks/batched.py

@@ -23,9 +23,10 @@ parallel sequences (llama-batched-bench: hybrid_batched.py),
 and --alone [NAME,...] adds Zamba2 and OLMo-Hybrid, which llama.cpp cannot load, beside transformers
 (benchmarks/hybrid_alone.py). The issue-42 tables:
 
-    python benchmarks/hybrid_peers.py --precisions "" --rounds 2 \\
-        --models granite-4.0-h-350m,lfm2-350m,qwen3.5-0.8b,qwen3-next-scaled-0.85b,kimi-linear-scaled-0.88b \\
-        --batched-peer /tmp/lsrv/bin/llama-batched-bench
+    python benchmarks/hybrid_peers.py --precisions "" --rounds 2 --batched-formats F32,F16,Q8_0,Q4_0 \\
+        --models lfm2-350m,qwen3.5-0.8b,jamba-block-1024,mamba-130m,\\
+qwen3-next-scaled-0.85b,kimi-linear-scaled-0.88b \\
+        --batched-peer "$(python benchmarks/llama_tools.py llama-batched-bench)"
     python benchmarks/hybrid_peers.py --precisions "" --models "" --alone --rounds 2
 """
 
