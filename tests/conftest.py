@@ -4,10 +4,12 @@ the SIMD paths some x86-64 CPU selects, so one host runs what another host's bui
 portable scalar build), and `lib`, each distinct build in turn — the level whose paths equal native's runs
 as native. The run's summary lists the builds exercised and the paths this CPU cannot run. And, for
 every test, a quantization cache of the session's own (`--quantize` loads write and map their weights
-there, never in the user's ~/.cache), and llama.cpp's converter kept loaded between conversions."""
+there, never in the user's ~/.cache), llama.cpp's converter kept loaded between conversions, and one fixed
+day for the chat templates that print today's date."""
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable, Iterator
 
@@ -51,6 +53,26 @@ def converter_workers() -> Iterator[None]:
     llama_cpp_convert.KEEP_WORKERS = True
     yield
     llama_cpp_convert.KEEP_WORKERS = False
+
+
+class _FixedDay(datetime.datetime):
+    """datetime whose `now` is one fixed day (2026-11-27, a day the whole suite passed)."""
+
+    @classmethod
+    def now(cls, tz: datetime.tzinfo | None = None) -> _FixedDay:
+        return cls(2026, 11, 27, 12, 0, 0, tzinfo=tz)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fixed_day() -> Iterator[None]:
+    """Templates that print today's date (GPT-OSS's `Current date: …` through `strftime_now`) render the same
+    prompt on every day the suite runs: a tiny random model's greedy choice (test_server_harmony: the
+    analysis channel or a tool call) must not change with the calendar — on 2026-11-28 it did."""
+    from blazr import chat_template
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chat_template, "datetime", _FixedDay)
+        yield
 
 
 LEVELS = {level.name: level for level in build.runnable_levels()}
