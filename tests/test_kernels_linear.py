@@ -141,6 +141,20 @@ def test_linear_batch_rows_are_independent(lib: ops.Kernels) -> None:
             torch.testing.assert_close(lib.linear(x[lo:hi], qw), rows[lo:hi], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("M", [16, 39, 40, 64])
+def test_q8_0g_rows_keep_their_bits_on_both_sides_of_packing(lib: ops.Kernels, M: int) -> None:
+    """Q8_0 as stored runs up to 39 rows as tiles over the stored rows and 40 or more by packing each 16-row
+    output group first (csrc/linear_q8.c Q8G_PACK_MIN): the same operations, so every row gets the bits it
+    gets alone on either side — plain, with a bias, and SwiGLU."""
+    g = torch.Generator().manual_seed(M)
+    qw = quantize(torch.randn(50, 608, generator=g), "q8_0g")
+    x, bias = torch.randn(M, 608, generator=g), torch.randn(50, generator=g)
+    alone = torch.cat([lib.linear(x[i : i + 1], qw, bias) for i in range(M)])
+    assert torch.equal(lib.linear(x, qw, bias), alone)
+    swiglu = torch.cat([lib.linear(x[i : i + 1], qw, swiglu=True) for i in range(M)])
+    assert torch.equal(lib.linear(x, qw, swiglu=True), swiglu)
+
+
 @pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS])
 def test_decode_linears_give_each_row_its_own_bits(lib: ops.Kernels, kind: str) -> None:
     """A decode linear reads its weights as several streams at once on AVX-512 hosts (each thread's block of

@@ -47,8 +47,10 @@
 #endif
 #ifndef Q8G_PACK_MIN
 /* Activation rows from which a call packs each 16-row output group into linear_q.c's layout as it goes and
- * runs the packed kernel on it (same bits): Zen 5, 1B shapes, 2 threads, 500 rows 410 → ~1100 GFLOP/s. */
-#define Q8G_PACK_MIN 16
+ * runs the packed kernel on it (same bits): Zen 5, 1B shapes, 2 threads, 500 rows 410 → ~1100 GFLOP/s. Below,
+ * packing costs more than it saves (LFM2-350M's shapes cold, the tiles against packing: 16 rows 1.6-2.2×,
+ * 24 rows 1.03-1.54×, 32 rows 0.95-1.33×, 48 rows 0.78-1.05×, 64 rows 0.70-0.94×; NOTES §64). */
+#define Q8G_PACK_MIN 40
 #endif
 
 /* Portable path: acc[m][r] = the dot products of weight rows rows[0..nr-1] with activation rows
