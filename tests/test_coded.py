@@ -155,10 +155,10 @@ def test_shapes_the_layout_cannot_hold() -> None:
 
 
 # one row (streams of 1-4 rows), 2-4 rows (2 streams), 5-8 (two passes), the panel GEMM from 9 (AVX-512: the
-# lanes form at 13-16, rows decoded a block at a time)
+# lanes form at 13-16, f32 from 9, rows decoded a block at a time)
 @pytest.mark.parametrize("base", ["bf16", "f32"])
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 13, 14, 16, 40])
-@pytest.mark.parametrize(("n", "k"), [(37, 512), (64, 2048), (50, 576)])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 13, 16, 40])
+@pytest.mark.parametrize(("n", "k"), [(50, 576), (64, 2048)])  # rows past a last block; a 64-column step
 def test_kernel_gives_the_stored_bits(lib: ops.Kernels, base: str, M: int, n: int, k: int) -> None:
     """The stored kind's kernel's bits: bf16's at every row count; f32's decode tiles up to 8 rows and its
     prefill GEMM past them (the coded kernel's prefill path)."""
