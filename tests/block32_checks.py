@@ -76,18 +76,18 @@ def check_batch_rows(lib: ops.Kernels, qw: QuantizedWeight, g: torch.Generator) 
 def check_one_row(lib: ops.Kernels, qw: QuantizedWeight, g: torch.Generator) -> None:
     """One activation row (M = 1: linear_b32.c's b32_streams, unsigned values and the −c·Σqx correction)
     gives, bit for bit, what the same row gets inside a decode batch (the signed 8-row tiles, M = 3) and a
-    prefill call (the packed groups, M = 17): at output counts that leave tiles short and streams empty,
-    every epilogue (bias + residual, SwiGLU), every stream count this build takes (knob streams_b32), one
-    thread and two."""
+    prefill call (the packed groups, M = 40: MXFP4 packs from 28 rows, Q5_0 from 16): at output counts that
+    leave tiles short and streams empty, every epilogue (bias + residual, SwiGLU), every stream count this
+    build takes (knob streams_b32), one thread and two."""
     K = qw.in_features
-    x = torch.randn(17, K, generator=g) * torch.logspace(-2, 1, K)
+    x = torch.randn(40, K, generator=g) * torch.logspace(-2, 1, K)
     x[1, :32] = 0  # a zero block: Σqx = 0
     x[2, 32:64] = torch.tensor([3.0, -3.0] * 16)  # ties at ±amax
     assert "streams_b32" in {k.name for k in tuning.KNOBS}
     for n in sorted({1, 7, 9, 40, qw.out_features}):
         qn = _rows(qw, min(n, qw.out_features))
         N = qn.out_features
-        bias, residual = torch.randn(N, generator=g), torch.randn(17, N, generator=g)
+        bias, residual = torch.randn(N, generator=g), torch.randn(40, N, generator=g)
         tiled = lib.linear(x[:3], qn, bias, residual[:3].clone())
         packed = lib.linear(x, qn, bias, residual.clone())
         swiglu = lib.linear(x[:3], qn, swiglu=True) if N % 2 == 0 else None

@@ -32,7 +32,7 @@
  * one vpdpbusd(u, qx) (AVX2: vpmaddubsw + vpmaddwd) and the exact integer correction −c·Σqx of the activation
  * block (blz_quantize_act_row's `off`), the block's scales widened 8 at a time (vcvtph2ps): the same integer
  * dots, so the same bits, in about a third of the instructions of the signed decode (tiles1_avx2). Other calls
- * with fewer than MX_PACK_MIN activation rows (decode batches) walk the output rows in tiles of QR = 8 — each
+ * with fewer than MX_PACK_MIN(kind) activation rows (decode batches) walk the output rows in tiles of QR = 8 — each
  * block of the 8 rows decoded once for up to QT activation rows, the 8 rows' dots reduced at once
  * (blz_hsum8x8_epi32), the next tile's rows prefetched as it goes. Longer calls (prefill) re-lay each 16-row output group as
  * linear_q.c's packed Q8_0 (values v, d = fp16(dw)) in the thread's scratch and run the packed kernel's group
@@ -48,7 +48,9 @@
 #define QT 16  /* activation rows per tile, at most */
 #define Q8B 34 /* bytes per Q8_0 block (the packed path's re-laid rows) */
 #ifndef MX_PACK_MIN
-#define MX_PACK_MIN 16 /* activation rows from which a call runs the packed Q8_0 kernel (as linear_q8.c's) */
+/* Activation rows from which a call runs the packed Q8_0 kernel (as linear_q8.c's): Q5_0 from 16, MXFP4 from 28
+ * (its 16-24-row calls ran 1.07-1.66× faster as tiles; Zen 5, LFM2-350M's shapes cold, NOTES §64). */
+#define MX_PACK_MIN(kind) ((kind) == BLZ_MXFP4 ? 28 : 16)
 #endif
 #ifndef BLZ_MX_PF
 #define BLZ_MX_PF 1 /* 1: prefetch the next tile's rows a block column at a time; 0: none */
@@ -366,7 +368,7 @@ int blz_linear_b32(int kind, const float *x, int64_t M, int64_t K, const uint8_t
         return BLZ_OK;
     }
 #endif
-    const int is_packed = M >= MX_PACK_MIN;
+    const int is_packed = M >= MX_PACK_MIN(kind);
     const int64_t rows_per = is_packed ? 16 : QR, nunits = (nout + rows_per - 1) / rows_per;
     const int64_t gbytes = a.nb * 16 * Q8B;
     int rc = BLZ_OK;
