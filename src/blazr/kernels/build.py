@@ -158,9 +158,15 @@ def runnable_levels() -> tuple[IsaLevel, ...]:
     return tuple(level for level in isa_levels() if level.runs_here())
 
 
+def usable_cpus() -> set[int] | None:
+    """The CPUs this process may run on (its CPU affinity), or None where the OS does not tell."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS tells it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """How many cores this process may run on (its CPU affinity where the OS tells it)."""
+    cpus = usable_cpus()
+    return len(cpus) if cpus is not None else os.cpu_count() or 1
 
 
 def _compiler_version(cc: str) -> str:

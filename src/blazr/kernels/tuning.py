@@ -296,7 +296,7 @@ def _cpu_times() -> tuple[int, int, int] | None:
             text = f.read()
     except OSError:
         return None
-    return stat_times(text, os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
+    return stat_times(text, build.usable_cpus())
 
 
 def stat_times(text: str, cpus: set[int] | None) -> tuple[int, int, int]:

@@ -343,11 +343,6 @@ BLZ_INLINE const uint8_t *lanes_row(const void *w, const int64_t *tab, int64_t b
     return blz_weight_row((const uint8_t *)w, tab, n, row_bytes);
 }
 
-/* Coded row j of lanes block b (lanes_row's order) and its bytes. */
-BLZ_INLINE const uint8_t *coded_row(const void *w, int64_t b, int j, int64_t per, int64_t nout, int64_t rb) {
-    return (const uint8_t *)w + (blz_min(b * per + j % per, nout - 1) + (j >= per ? nout : 0)) * rb;
-}
-
 /* blz_panel_gemm for LANES_MIN ≤ M ≤ LANES_M. Coded rows (BLZ_PANEL_BF16Z / F32Z) are decoded to fp32 a block
  * at a time into the thread's scratch (L2) and walked from there, while the walk fetches the next block's
  * coded bytes (decoding a block had waited on memory as long as its walk ran: 34 % and 33 % of a 16-row f32z
@@ -396,7 +391,7 @@ static int lanes_gemm(const void *w, const int64_t *tab, const int wk, const flo
                     pf.row_lines = (kc * rb / K + 63) / 64 + 1;
                     pf.lines = b + 1 < nblocks ? LANES_NR * pf.row_lines : 0;
                     for (int j = 0; j < LANES_NR; ++j)
-                        pf.rows[j] = (const char *)coded_row(w, b + 1, j, per, nout, rb) + blz_min(at, rb - 64);
+                        pf.rows[j] = (const char *)lanes_row(w, tab, b + 1, j, per, nout, rb) + blz_min(at, rb - 64);
                 } else { /* the next columns, or the next block's first ones */
                     pf.row_lines = (esize * (kn ? kn : blz_min(LANES_KC, K)) + 63) / 64;
                     pf.lines = LANES_NR * pf.row_lines;
