@@ -192,7 +192,7 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
     monkeypatch.setenv("BLAZR_QUANT_CACHE", str(cache))
     cfg = {**TINY, "hidden_size": 512, "intermediate_size": 1024, "vocab_size": 64}
     gguf = write_tiny_llama_gguf(tmp_path / "m.gguf", tiny_state_dict(seed=3, cfg=cfg), cfg, "BF16")
-    decodes = "avx512" in ops.kernels().features
+    decodes = coded.decodes(ops.kernels())
     batch = prompts([21, 9], seed=5, vocab=cfg["vocab_size"])
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
 
@@ -283,7 +283,7 @@ def test_loader_codes_an_f16_gguf_of_bf16_values(tmp_path: Path, monkeypatch: py
     weights = tiny_state_dict(seed=3, cfg=cfg)
     held = {name: w.to(torch.bfloat16).float() for name, w in weights.items()}
     gguf = write_tiny_llama_gguf(tmp_path / "bf16-values.gguf", held, cfg, "F16")
-    decodes = "avx512" in ops.kernels().features
+    decodes = coded.decodes(ops.kernels())
     batch = prompts([21, 9], seed=5, vocab=cfg["vocab_size"])
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
 
@@ -315,7 +315,7 @@ def test_moe_experts_coded_with_the_same_logits(tmp_path: Path, monkeypatch: pyt
     plain = _load(path, "bf16")
     monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
     made = _load(path, "bf16")
-    want = "bf16z" if "avx512" in ops.kernels().features else "bf16"
+    want = "bf16z" if coded.decodes(ops.kernels()) else "bf16"
     assert {e.w_up.kind for e in _experts(made)} == {e.w_down.kind for e in _experts(made)} == {want}
     assert {e.w_up.kind for e in _experts(plain)} == {"bf16"}
     _same_logits(made, plain, batch, plan)
@@ -346,7 +346,7 @@ def test_float32_moe_experts_coded(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     want = full_logits(plain.runner, batch)
     monkeypatch.setenv("BLAZR_CODED", "1")
     made = _load(path, "auto")
-    if "avx512" not in ops.kernels().features:
+    if not coded.decodes(ops.kernels()):
         assert all(e.w_up is None for e in _experts(made))  # no coded decode in this build: nothing coded
         return
     for e in _experts(made):
@@ -388,7 +388,7 @@ def test_loader_codes_float32_linears_with_the_same_logits(
     assert {m.kind for m in _linears(plain).values()} == {"f32"}
     monkeypatch.setenv("BLAZR_CODED", "1")  # coded whatever host tuning chose
     made = _load(path, mode)
-    codes = "avx512" in ops.kernels().features and kernel_prefill_f32() and mode == "auto"
+    codes = coded.decodes(ops.kernels()) and kernel_prefill_f32() and mode == "auto"
     assert {m.kind for m in _linears(made).values()} == {"f32z" if codes else "f32"}
     _same_logits(made, plain, batch, plan)
     for name, m in _linears(made).items():
@@ -434,7 +434,7 @@ def test_float32_of_bf16_values_run_as_bf16(
     hf = _bf16_valued("LlamaForCausalLM", path, **cfg)
     batch = prompts([23, 9], seed=6, vocab=64)
     plan = [[len(p) - 4] + [1] * 4 for p in batch]
-    want = "bf16z" if codes == "1" and "avx512" in ops.kernels().features else "bf16"
+    want = "bf16z" if codes == "1" and coded.decodes(ops.kernels()) else "bf16"
 
     reference = _load(path, "none")
     assert {m.kind for m in _linears(reference).values()} == {"f32"}
@@ -478,7 +478,7 @@ def test_float32_moe_experts_of_bf16_values_run_as_bf16(
     path = tmp_path / "mixtral"
     _bf16_valued("MixtralForCausalLM", path, hidden_size=512, intermediate_size=512, num_local_experts=4,
                  num_experts_per_tok=2, vocab_size=64)  # fmt: skip
-    want = "bf16z" if codes == "1" and "avx512" in ops.kernels().features else "bf16"
+    want = "bf16z" if codes == "1" and coded.decodes(ops.kernels()) else "bf16"
     made, twin = _load(path, "auto"), _load(path, "bf16")
     for a, b in zip(_experts(made), _experts(twin), strict=True):
         assert a.w_up.kind == a.w_down.kind == b.w_up.kind == want

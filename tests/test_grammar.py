@@ -316,8 +316,8 @@ def test_regex_choice_and_grammars(llm):
     regex = r"[A-Z][a-z]{2,8} [0-9]{1,3}"
     choices = ["yes", "no", "it depends"]
     lark = 'start: expr\nexpr: NUM " " OP " " NUM\nOP: "+" | "-" | "*"\nNUM: /[1-9][0-9]{0,2}/'
-    # at most 5 items: the list closes within 36 tokens whatever is sampled (unbounded, a sampled list ran past
-    # max_tokens on an AVX2 host, whose logits round apart from AVX-512's)
+    # at most 5 items: the list closes within 36 tokens whatever is sampled (unbounded, a sampled list ran
+    # past max_tokens on an AVX2 host, whose logits round apart from AVX-512's)
     gbnf = 'root ::= "(" item ("," item){0,4} ")"\nitem ::= [a-z]{1,6}'
     cases = [
         (chat(llm, "Name a street and a number."), StructuredOutput(regex=regex), re.compile(regex)),

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from blazr.kernels import ops, tuning
+from blazr.kernels import coded, ops, tuning
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.quant import FLOAT_KINDS, K_KINDS, QuantizedWeight, quantize
 from tests.kernel_checks import EPILOGUES, LINEAR_BLOCK_KINDS, _epilogue, _knob_values, _weights, gamma
@@ -75,33 +75,40 @@ def _decode_calls(
     ]
 
 
-@pytest.mark.parametrize("kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS, "q5_0", "mxfp4"])
+@pytest.mark.parametrize(
+    "kind", [*FLOAT_KINDS, *LINEAR_BLOCK_KINDS, *K_KINDS, "q5_0", "mxfp4", "bf16z", "f32z"]
+)
 def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: str) -> None:
     """A decode linear's threads balance their shares (csrc's blz_walk_t: each walks its own block's steps
     from the front, then takes what is left of the others' from the back). With one thread held until the
     others are done, so that they compute all of its rows — thread 0 or 1 of 2, thread 1 of 3 —, every
     output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 and bf16 at 3 x rows),
     at sizes that leave parts short. The streams (and so the balancing) are built where the kind's one-row
-    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI; q5_0 / mxfp4: AVX2); elsewhere no thread takes
-    another's rows and the bits are still the one-thread bits."""
+    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI; q5_0 / mxfp4 and the coded floats: AVX2);
+    elsewhere no thread takes another's rows and the bits are still the one-thread bits."""
     needs = {
         "q4_0": "avx512_vnni",
         "q4_1": "avx512_vnni",
         "q8_0": "avx512_vnni",
         "q5_0": "avx2",
         "mxfp4": "avx2",
+        "bf16z": "avx2",
+        "f32z": "avx2",
     }
     walks = needs.get(kind, "avx512") in native.features and (
-        "avx512" in native.features or kind in ("q5_0", "mxfp4")
+        "avx512" in native.features or kind in ("q5_0", "mxfp4", "bf16z", "f32z")
     )
     g = torch.Generator().manual_seed(12)
     K = 2048  # 38 rows × K: just enough work for the kernels to use 2 threads
     for N in (38, 136, 1000):
-        qw = (
-            random_kquant(kind, N, K, g)
-            if kind in K_KINDS
-            else quantize(torch.randn(N, K, generator=g), kind)
-        )
+        if kind in K_KINDS:
+            qw = random_kquant(kind, N, K, g)
+        elif kind in coded.BASE_OF:
+            made = coded.pack(quantize(torch.randn(N, K, generator=g) * 0.02, coded.BASE_OF[kind]))
+            assert made is not None
+            qw = made
+        else:
+            qw = quantize(torch.randn(N, K, generator=g), kind)
         x = torch.randn(3 if kind in ("f16", "bf16") else 1, K, generator=g)
         bias, residual = torch.randn(N, generator=g), torch.randn(x.shape[0], N, generator=g)
         with intra_op_threads(1):

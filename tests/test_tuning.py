@@ -206,17 +206,17 @@ def test_the_k_quant_layout_is_chosen_on_this_host_and_followed(
 def test_the_coded_form_is_chosen_on_this_host_and_followed(
     small: Path, monkeypatch: pytest.MonkeyPatch, generic: ops.Kernels
 ) -> None:
-    """On a build with the AVX-512 decode, each float kind's coded form (kernels/coded.py) is timed against
-    the stored kind after the knobs, kept in the file beside both rates (weights a second), read back by a
-    later load, and the loader's rule (`coded.wanted`) follows it unless `BLAZR_CODED` decides; rows too short
-    to gain are never coded; a build without the decode has no such choice."""
+    """On a build with the vector decode (AVX2, AVX-512), each float kind's coded form (kernels/coded.py) is
+    timed against the stored kind after the knobs, kept in the file beside both rates (weights a second), read
+    back by a later load, and the loader's rule (`coded.wanted`) follows it unless `BLAZR_CODED` decides; rows
+    too short to gain are never coded; a build without the decode has no such choice."""
     from blazr.kernels import coded
 
     k = ops.kernels()
     assert k is not None
     monkeypatch.delenv("BLAZR_CODED", raising=False)
     chosen = _choice_kept_and_read_back(
-        small, k, generic, "coded", tuning.CODED_PROBES, "avx512", {"coded", "stored"}, "coded_gws"
+        small, k, generic, "coded", tuning.CODED_PROBES, "avx2", {"coded", "stored"}, "coded_gws"
     )
     for kind in tuning.CODED_PROBES if chosen is not None else ():
         name = f"coded_{kind}"

@@ -26,9 +26,9 @@ of float32 weights) stays f16; such an f32 one is coded as f32z.
 
 The loader codes bf16 (and such f16) linears and MoE expert stacks (`--quantize bf16`, a GGUF's BF16 / F16
 tensors) and float32 linears and expert stacks (a float32 checkpoint or F32 GGUF under `auto`; `none` keeps
-them as loaded) where the library has its AVX-512 decode (elsewhere the kernel would decode the whole weight
-per call), the rows are long enough to gain (`worth`) and host tuning measured the coded decode faster
-(`wanted`, per coded kind; `choices` lists a weight's); `BLAZR_CODED=0` / `1` decides instead.
+them as loaded) where the library has its vector decode (AVX2 or AVX-512; the scalar build would decode the
+whole weight per call), the rows are long enough to gain (`worth`) and host tuning measured the coded decode
+faster (`wanted`, per coded kind; `choices` lists a weight's); `BLAZR_CODED=0` / `1` decides instead.
 """
 
 from __future__ import annotations
@@ -240,13 +240,19 @@ def pack(qw: QuantizedWeight, kinds: list[str] | None = None) -> QuantizedWeight
     return None if data is None else QuantizedWeight(KIND_OF[qw.kind], data, qw.out_features, qw.in_features)
 
 
+def decodes(lib: ops.Kernels | None) -> bool:
+    """Whether the library decodes coded rows in vectors as it reads them (AVX2 and AVX-512 builds; the scalar
+    build decodes a whole weight a call: tests only)."""
+    return lib is not None and "avx2" in lib.features
+
+
 def wanted(kind: str, k: int) -> bool:
     """Whether the loader codes a weight of `kind` (bf16, f32) as `KIND_OF[kind]` with rows of k here: rows
     worth coding, where the library has its AVX-512 decode; then `BLAZR_CODED` (0 / 1) when set, else host
     tuning's choice (kernels/tuning.py `coded_bf16` / `coded_f32`: coded unless the stored kind's decode read
     faster here)."""
     lib = ops.kernels()
-    if kind not in KIND_OF or lib is None or "avx512" not in lib.features or not worth(k, KIND_OF[kind]):
+    if kind not in KIND_OF or not decodes(lib) or not worth(k, KIND_OF[kind]):
         return False
     forced = os.environ.get("BLAZR_CODED")
     if forced in ("0", "1"):

@@ -200,7 +200,7 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
     above: dict[str, dict[str, dict[str, float]]] = {"kpack": {}, "coded": {}}  # kind → each form's rate
     for prefix, probes, path, choose, unit in (
         ("kpack", KPACK_PROBES, "avx512_vnni", _kpack, "GB/s"),
-        ("coded", CODED_PROBES, "avx512", _coded, "G weights/s"),
+        ("coded", CODED_PROBES, "avx2", _coded, "G weights/s"),
     ):
         for kind in probes if path in k.features else ():
             name = f"{prefix}_{kind}"
@@ -228,7 +228,7 @@ def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[s
 
 def _coded(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
     """A float kind's one-row decode pass over cold weights as stored against the same weights coded
-    (linear_coded.c, kernels/coded.py), in weights a second: "coded", the loader's default on AVX-512 builds,
+    (linear_coded.c, kernels/coded.py), in weights a second: "coded", the loader's default on AVX2 builds,
     unless the stored kind reads MARGIN faster here. The coded pass reads 0.77x (bf16) / 0.88x (f32) the bytes
     but decodes them: it wins where the memory is the limit and loses where the memory outruns its decode (Zen
     5, 2 threads, the memory at 40-50 GB/s: bf16 1.2-1.4x, f32 1.1-1.15x; at 70-90 GB/s: bf16 1.1-1.3x, f32

@@ -26,9 +26,11 @@
  * The sums are the stored kind's (columns k..k+15 of each 32 into one accumulator, k+16..k+31 into the other,
  * in column order, then blz_quarters512 for bf16, f32's reduce for f32), so the bits are the stored kernel's:
  * decode (M ≤ 8) as streams of rows; prefill (more rows) by gemm_float.c's panel GEMM on 16 rows decoded at a
- * time into L2 (blz_bz_decode_rows) — f32's prefill GEMM's bits. Builds without AVX-512 decode the whole
- * weight and run the stored kernel on it (tests; the loader codes weights only where the AVX-512 kernel
- * runs). */
+ * time into L2 (blz_bz_decode_rows) — f32's prefill GEMM's bits. AVX2 builds run the same steps on each half
+ * of a block's bytes, which leaves columns 16·i + 8·h .. + 7 in one register (bz_half) — the 8 columns the
+ * stored AVX2 kernels sum into one accumulator —, so there too the bits are the stored kernel's (one row as
+ * the balanced walk, 2-8 rows as the stored kinds' AVX2 row tiles). The scalar build decodes the whole
+ * weight and runs the stored kernel on it (tests; the loader codes weights only where a vector decode runs). */
 #include "blazr_kernels.h"
 
 #define BZ_PF 3072 /* prefetch distance of a row stream, in bytes (2048 weights, as the bf16 kernel's) */
@@ -186,6 +188,139 @@ static void bf16z_streams(const int nr, const int mt, const void *const *rows, i
 static void f32z_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
     bz_streams(nr, mt, rows, K, x, res, 1);
 }
+#elif defined(BLZ_AVX2)
+/* Half h (0, 1) of one block's 64 weights as fp32: f[i] = columns 16·i + 8·h .. 16·i + 8·h + 7 — the AVX-512
+ * decode's steps, each within a 128-bit lane, on half the bytes, so its register i's lanes 8h .. 8h + 7 (escapes
+ * not yet in place: their top 16 bits are 0). */
+BLZ_INLINE void bz_half(const uint8_t *b, const int h, __m256i table, __m256 f[4], const int f32) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)(b + 32 * h));
+    const __m256i cw = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(b + 64 + 16 * h)));
+    const __m256i c = _mm256_and_si256(_mm256_or_si256(cw, _mm256_slli_epi16(cw, 4)), _mm256_set1_epi16(0x0f0f));
+    const __m256i hi = _mm256_shuffle_epi8(table, c);
+    const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
+    __m256i v[4];
+    if (f32) {
+        const __m256i L0 = _mm256_loadu_si256((const __m256i *)(b + 96 + 32 * h));
+        const __m256i L1 = _mm256_loadu_si256((const __m256i *)(b + 160 + 32 * h));
+        v[0] = _mm256_unpacklo_epi16(L0, w0), v[1] = _mm256_unpackhi_epi16(L0, w0);
+        v[2] = _mm256_unpacklo_epi16(L1, w1), v[3] = _mm256_unpackhi_epi16(L1, w1);
+    } else {
+        const __m256i top = _mm256_set1_epi32((int)0xffff0000);
+        v[0] = _mm256_slli_epi32(w0, 16), v[1] = _mm256_and_si256(w0, top);
+        v[2] = _mm256_slli_epi32(w1, 16), v[3] = _mm256_and_si256(w1, top);
+    }
+    for (int i = 0; i < 4; ++i) f[i] = _mm256_castsi256_ps(v[i]);
+}
+
+/* The escapes of the block at column k (e: the row's next one) that fall in half h put in their lanes. Each
+ * register by a constant index, so that f stays in registers; the caller moves its escape pointer past the
+ * block. */
+BLZ_INLINE void bz_patch_half(const uint16_t *e, int64_t k, const int h, __m256 f[4]) {
+    for (; e[0] < k + 64; e += 2) {
+        const int j = (int)(e[0] - k);
+        if ((j >> 3 & 1) != h) continue;
+        const __m256i at = _mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(j & 7));
+        const __m256i v = _mm256_and_si256(at, _mm256_set1_epi32((int)((uint32_t)e[1] << 16)));
+        for (int i = 0; i < 4; ++i)
+            if (j >> 4 == i) f[i] = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(f[i]), v));
+    }
+}
+
+/* One block at column k of each row r < nr, decoded a half at a time and summed into a[r][m] for m < nx: bf16z
+ * columns 8q .. 8q + 7 of each 32 into quarter q (linear_16bit.c's AVX2 rows), f32z columns k .. k + 7 of each
+ * 16 into a[.][.][0], k + 8 .. k + 15 into [1] (linear_float.c's AVX2 f32_tile). */
+#define BZ_STEP2(patch)                                                                                    \
+    do {                                                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; pf && r < nr; ++r) {                                       \
+            for (int64_t l = 0; l < bz_block_bytes(f32); l += 64)                                          \
+                _mm_prefetch((const char *)(b[r] + BZ_PF + l), _MM_HINT_T1);                               \
+        }                                                                                                  \
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {                                             \
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {                                          \
+                __m256 f[4];                                                                               \
+                bz_half(b[r], h, tab[r], f, f32);                                                          \
+                if (patch) bz_patch_half(esc[r], k, h, f);                                                 \
+                _Pragma("GCC unroll 4") for (int m = 0; m < nx; ++m) {                                     \
+                    _Pragma("GCC unroll 4") for (int i = 0; i < 4; ++i) {                                  \
+                        const int q = f32 ? h : 2 * (i & 1) + h;                                           \
+                        a[r][m][q] = _mm256_fmadd_ps(f[i], _mm256_loadu_ps(xr[m] + k + 16 * i + 8 * h),    \
+                                                     a[r][m][q]);                                          \
+                    }                                                                                      \
+                }                                                                                          \
+            }                                                                                              \
+            if (patch)                                                                                     \
+                while (esc[r][0] < k + 64) esc[r] += 2;                                                    \
+            b[r] += bz_block_bytes(f32);                                                                   \
+        }                                                                                                  \
+    } while (0)
+
+/* res[r·nx + m] = row w[r] · x row xr[m] for r < nr, m < nx (constants after inlining; (1..4, 1) or (1, 1..4)):
+ * the stored AVX2 kernels' sums in their order, and their final sums (blz_quarters256, f32's blz_hsum256). */
+BLZ_INLINE void bz_rows_simd(const int nr, const int nx, const uint8_t *const *w, int64_t K, const float *const *xr,
+                             float *res, const int pf, const int f32) {
+    __m256 a[4][4][4];
+    __m256i tab[4];
+    const uint8_t *b[4];
+    const uint16_t *esc[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; ++r) {
+#pragma GCC unroll 4
+        for (int m = 0; m < nx; ++m)
+            for (int q = 0; q < 4; ++q) a[r][m][q] = _mm256_setzero_ps();
+        tab[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)w[r]));
+        esc[r] = (const uint16_t *)(w[r] + 32);
+        b[r] = w[r] + 32 + 4 * blz_bz_cap(K);
+    }
+    for (int64_t k = 0; k < K; k += 64) {
+        int64_t stop = K; /* the first block holding an escape of one of the rows */
+#pragma GCC unroll 4
+        for (int r = 0; r < nr; ++r) stop = blz_min(stop, (int64_t)(esc[r][0] & ~63));
+        for (; k < stop; k += 64) BZ_STEP2(0);
+        if (k < K) BZ_STEP2(1);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < nr; ++r)
+#pragma GCC unroll 4
+        for (int m = 0; m < nx; ++m)
+            res[r * nx + m] = f32 ? blz_hsum256(_mm256_add_ps(a[r][m][0], a[r][m][1]))
+                                  : blz_quarters256(a[r][m][0], a[r][m][1], a[r][m][2], a[r][m][3]);
+}
+
+/* blz_rows_fn of blz_gemv_streams for one x row: nr ≤ BLZ_STREAMS weight rows at once. */
+BLZ_INLINE void bz_streams1(const int nr, const void *const *rows, int64_t K, const void *x, float *res,
+                            const int f32) {
+    const uint8_t *const *w = (const uint8_t *const *)rows;
+    const float *xr[1] = {(const float *)x};
+#define BZ_ONE_X(NR, ...) bz_rows_simd(NR, 1, __VA_ARGS__)
+    BLZ_TILE_SWITCH(BZ_ONE_X, nr, w, K, xr, res, 1, f32);
+#undef BZ_ONE_X
+}
+
+static void bf16z_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    (void)mt; /* one x row */
+    bz_streams1(nr, rows, K, x, res, 0);
+}
+
+static void f32z_streams(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    (void)mt;
+    bz_streams1(nr, rows, K, x, res, 1);
+}
+
+/* Weight row w against x rows x[m·K], m < mt ≤ BZ_MX(f32) (each weight decoded once for them): res[m]. */
+#define BZ_MX(f32) ((f32) ? 4 : 2) /* x rows of a pass: bf16z's 4 accumulators a pair fill 8 of 16 registers at 2 */
+BLZ_INLINE void bz_row(const int mt, const uint8_t *w, int64_t K, const float *x, float *res, const int f32) {
+    const float *xr[4] = {x, x + K, x + 2 * K, x + 3 * K};
+    const uint8_t *wr[1] = {w};
+#define BZ_X(NX, ...) bz_rows_simd(1, NX, __VA_ARGS__)
+    if (f32) {
+        BLZ_TILE_SWITCH(BZ_X, mt, wr, K, xr, res, 1, 1);
+    } else if (mt == 1) {
+        bz_rows_simd(1, 1, wr, K, xr, res, 1, 0);
+    } else {
+        bz_rows_simd(1, 2, wr, K, xr, res, 1, 0);
+    }
+#undef BZ_X
+}
 #endif
 
 /* Rows n0 .. n0 + nr − 1 decoded: dst[(n − n0)·K + j] = the weight of row n, column j — bf16 bits (uint16) for
@@ -208,6 +343,28 @@ BLZ_INLINE void bz_decode_rows(const uint8_t *w, int64_t K, int64_t n0, int64_t 
                 else
                     _mm256_storeu_si256((__m256i *)((uint16_t *)dst + (n - n0) * K + k + 16 * i),
                                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f[i]), 16)));
+        }
+#elif defined(BLZ_AVX2)
+        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)row));
+        const uint16_t *esc = (const uint16_t *)(row + 32);
+        const uint8_t *b = row + 32 + 4 * blz_bz_cap(K);
+        for (int64_t k = 0; k < K; k += 64, b += bz_block_bytes(f32)) {
+            for (int h = 0; h < 2; ++h) {
+                __m256 f[4];
+                bz_half(b, h, tab, f, f32);
+                if (esc[0] < k + 64) bz_patch_half(esc, k, h, f);
+                for (int i = 0; i < 4; ++i) {
+                    const int64_t at = (n - n0) * K + k + 16 * i + 8 * h;
+                    if (f32 || wide) {
+                        _mm256_storeu_ps((float *)dst + at, f[i]);
+                    } else {
+                        const __m256i t = _mm256_srli_epi32(_mm256_castps_si256(f[i]), 16);
+                        _mm_storeu_si128((__m128i *)((uint16_t *)dst + at),
+                                         _mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1)));
+                    }
+                }
+            }
+            while (esc[0] < k + 64) esc += 2;
         }
 #else
         for (int64_t j = 0; j < K; ++j) {
@@ -250,6 +407,31 @@ int blz_linear_coded(const int f32, const float *x, int64_t M, int64_t K, const 
     }
     const int wk = f32 ? BLZ_PANEL_F32Z : BLZ_PANEL_BF16Z;
     return blz_panel_gemm(w, NULL, wk, x, M, K, N, bias, residual, out, swiglu, nt);
+#elif defined(BLZ_AVX2)
+    const int64_t nout = swiglu ? N / 2 : N;
+    if (M == 1) {
+        blz_team_t team;
+        blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_Z, 1, swiglu));
+#pragma omp parallel num_threads(nt)
+        blz_gemv_streams(f32 ? f32z_streams : bf16z_streams, w, NULL, blz_bz_row_bytes(K, f32), K, x, 1, N, bias,
+                         residual, out, swiglu, &team);
+        return BLZ_OK;
+    }
+    if (M <= 8) { /* the stored kinds' AVX2 form: each weight row against BZ_MX x rows at a time */
+        const int64_t rb = blz_bz_row_bytes(K, f32);
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t n = 0; n < nout; ++n)
+            for (int64_t m0 = 0; m0 < M; m0 += BZ_MX(f32)) {
+                const int mt = (int)blz_min(BZ_MX(f32), M - m0);
+                float r[4], g[4];
+                bz_row(mt, w + n * rb, K, x + m0 * K, r, f32);
+                if (swiglu) bz_row(mt, w + (n + nout) * rb, K, x + m0 * K, g, f32);
+                blz_epilogue(r, g, mt, m0, n, N, nout, bias, residual, out, swiglu);
+            }
+        return BLZ_OK;
+    }
+    return blz_panel_gemm(w, NULL, f32 ? BLZ_PANEL_F32Z : BLZ_PANEL_BF16Z, x, M, K, N, bias, residual, out, swiglu,
+                          nt);
 #else
     const size_t esize = f32 ? sizeof(float) : sizeof(uint16_t);
     uint8_t *dec = blz_scratch_slot(1, (size_t)(N * K) * esize);
