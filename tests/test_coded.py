@@ -182,9 +182,9 @@ def test_loader_codes_bf16_linears_with_the_same_logits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`--quantize bf16` and a BF16 GGUF kept as stored: each linear of rows worth coding (K ≥ 512) runs
-    coded where the library has its AVX-512 decode, with the logits of the bf16 weights bit for bit under
-    whole prefill and decode steps; `BLAZR_CODED=0` keeps them bf16. A second load maps every coded weight
-    from the quantization cache (no coding run) with the same bytes."""
+    coded where the library has its vector decode (AVX2, AVX-512), with the logits of the bf16 weights bit
+    for bit under whole prefill and decode steps; `BLAZR_CODED=0` keeps them bf16. A second load maps every
+    coded weight from the quantization cache (no coding run) with the same bytes."""
     from tests.gguf_fixtures import write_tiny_llama_gguf
     from tests.test_gguf import TINY, tiny_state_dict
 

@@ -248,9 +248,9 @@ def decodes(lib: ops.Kernels | None) -> bool:
 
 def wanted(kind: str, k: int) -> bool:
     """Whether the loader codes a weight of `kind` (bf16, f32) as `KIND_OF[kind]` with rows of k here: rows
-    worth coding, where the library has its AVX-512 decode; then `BLAZR_CODED` (0 / 1) when set, else host
-    tuning's choice (kernels/tuning.py `coded_bf16` / `coded_f32`: coded unless the stored kind's decode read
-    faster here)."""
+    worth coding, where the library has its vector decode (`decodes`); then `BLAZR_CODED` (0 / 1) when set,
+    else host tuning's choice (kernels/tuning.py `coded_bf16` / `coded_f32`: coded unless the stored kind's
+    decode read faster here)."""
     lib = ops.kernels()
     if kind not in KIND_OF or not decodes(lib) or not worth(k, KIND_OF[kind]):
         return False

@@ -63,7 +63,7 @@ def coded(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> Quantize
 def coded_or_narrowed(cache: QuantCache | None, entry: str, qw: QuantizedWeight) -> QuantizedWeight:
     """`coded`, and an f32 weight that it leaves as it is stored as bf16 where bf16 holds every value
     (kernels/coded.py `as_bf16`: an F32 GGUF of a bf16 checkpoint) — the same values in half the bytes a
-    decode step reads, where this host does not code them (no AVX-512 decode, host tuning's choice,
+    decode step reads, where this host does not code them (no vector decode, host tuning's choice,
     `BLAZR_CODED=0`, rows too short to gain)."""
     made = coded(cache, entry, qw)
     held = coded_kinds.as_bf16(made) if made.kind == "f32" else None
