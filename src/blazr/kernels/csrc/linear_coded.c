@@ -55,6 +55,17 @@ static uint16_t bz_low(const uint8_t *w, int64_t K, int64_t j) {
     return v;
 }
 
+/* The blocks of rows esc[r] / b[r], r < nr, each by STEP(patch): the blocks up to the rows' next escape run
+ * without a test (STEP(0)), then that block with its escapes put in place (STEP(1)). */
+#define BZ_BLOCKS(STEP)                                                                  \
+    for (int64_t k = 0; k < K; k += 64) {                                                \
+        int64_t stop = K; /* the first block holding an escape of one of the rows */     \
+        _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r)                             \
+            stop = blz_min(stop, (int64_t)(esc[r][0] & ~63));                            \
+        for (; k < stop; k += 64) STEP(0);                                               \
+        if (k < K) STEP(1);                                                              \
+    }
+
 #ifdef BLZ_AVX512
 /* One block's 64 weights as fp32: f[i] lane l = column 16·i + l (escapes not yet in place: their top 16 bits
  * are 0). */
@@ -131,13 +142,7 @@ BLZ_INLINE void bz_rows_simd(const int nr, const int nx, const uint8_t *const *w
         esc[r] = (const uint16_t *)(w[r] + 32);
         b[r] = w[r] + 32 + 4 * blz_bz_cap(K);
     }
-    for (int64_t k = 0; k < K; k += 64) {
-        int64_t stop = K; /* the first block holding an escape of one of the rows */
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; ++r) stop = blz_min(stop, (int64_t)(esc[r][0] & ~63));
-        for (; k < stop; k += 64) BZ_STEP(0);
-        if (k < K) BZ_STEP(1);
-    }
+    BZ_BLOCKS(BZ_STEP);
 #pragma GCC unroll 4
     for (int r = 0; r < nr; ++r)
 #pragma GCC unroll 4
@@ -271,13 +276,7 @@ BLZ_INLINE void bz_rows_simd(const int nr, const int nx, const uint8_t *const *w
         esc[r] = (const uint16_t *)(w[r] + 32);
         b[r] = w[r] + 32 + 4 * blz_bz_cap(K);
     }
-    for (int64_t k = 0; k < K; k += 64) {
-        int64_t stop = K; /* the first block holding an escape of one of the rows */
-#pragma GCC unroll 4
-        for (int r = 0; r < nr; ++r) stop = blz_min(stop, (int64_t)(esc[r][0] & ~63));
-        for (; k < stop; k += 64) BZ_STEP2(0);
-        if (k < K) BZ_STEP2(1);
-    }
+    BZ_BLOCKS(BZ_STEP2);
 #pragma GCC unroll 4
     for (int r = 0; r < nr; ++r)
 #pragma GCC unroll 4
