@@ -66,6 +66,13 @@ static uint16_t bz_low(const uint8_t *w, int64_t K, int64_t j) {
         if (k < K) STEP(1);                                                              \
     }
 
+/* With `pf`, a block's length of each row's bytes BZ_PF ahead fetched into L2. */
+#define BZ_PREFETCH()                                                                    \
+    _Pragma("GCC unroll 4") for (int r = 0; pf && r < nr; ++r) {                         \
+        for (int64_t l = 0; l < bz_block_bytes(f32); l += 64)                            \
+            _mm_prefetch((const char *)(b[r] + BZ_PF + l), _MM_HINT_T1);                 \
+    }
+
 #ifdef BLZ_AVX512
 /* One block's 64 weights as fp32: f[i] lane l = column 16·i + l (escapes not yet in place: their top 16 bits
  * are 0). */
@@ -106,10 +113,7 @@ BLZ_INLINE void bz_patch(const uint16_t **esc, int64_t k, __m512 f[4]) {
  * vectors on the stack across it and the 4-row pass ran at half speed). */
 #define BZ_STEP(patch)                                                                                     \
     do {                                                                                                   \
-        _Pragma("GCC unroll 4") for (int r = 0; pf && r < nr; ++r) {                                       \
-            for (int64_t l = 0; l < bz_block_bytes(f32); l += 64)                                          \
-                _mm_prefetch((const char *)(b[r] + BZ_PF + l), _MM_HINT_T1);                               \
-        }                                                                                                  \
+        BZ_PREFETCH();                                                                                     \
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {                                             \
             __m512 f[4];                                                                                   \
             bz_block(b[r], tab[r], f, f32);                                                                \
@@ -236,10 +240,7 @@ BLZ_INLINE void bz_patch_half(const uint16_t *e, int64_t k, const int h, __m256 
  * 16 into a[.][.][0], k + 8 .. k + 15 into [1] (linear_float.c's AVX2 f32_tile). */
 #define BZ_STEP2(patch)                                                                                    \
     do {                                                                                                   \
-        _Pragma("GCC unroll 4") for (int r = 0; pf && r < nr; ++r) {                                       \
-            for (int64_t l = 0; l < bz_block_bytes(f32); l += 64)                                          \
-                _mm_prefetch((const char *)(b[r] + BZ_PF + l), _MM_HINT_T1);                               \
-        }                                                                                                  \
+        BZ_PREFETCH();                                                                                     \
         _Pragma("GCC unroll 4") for (int r = 0; r < nr; ++r) {                                             \
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; ++h) {                                          \
                 __m256 f[4];                                                                               \
@@ -404,8 +405,6 @@ int blz_linear_coded(const int f32, const float *x, int64_t M, int64_t K, const 
                          bias, residual, out, swiglu, &team);
         return BLZ_OK;
     }
-    const int wk = f32 ? BLZ_PANEL_F32Z : BLZ_PANEL_BF16Z;
-    return blz_panel_gemm(w, NULL, wk, x, M, K, N, bias, residual, out, swiglu, nt);
 #elif defined(BLZ_AVX2)
     const int64_t nout = swiglu ? N / 2 : N;
     if (M == 1) {
@@ -429,6 +428,8 @@ int blz_linear_coded(const int f32, const float *x, int64_t M, int64_t K, const 
             }
         return BLZ_OK;
     }
+#endif
+#ifdef BLZ_AVX2 /* AVX-512 builds too: more rows on the panel GEMM, rows decoded into L2 16 at a time */
     return blz_panel_gemm(w, NULL, f32 ? BLZ_PANEL_F32Z : BLZ_PANEL_BF16Z, x, M, K, N, bias, residual, out, swiglu,
                           nt);
 #else
