@@ -84,20 +84,10 @@ def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: s
     others are done, so that they compute all of its rows — thread 0 or 1 of 2, thread 1 of 3 —, every
     output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 and bf16 at 3 x rows),
     at sizes that leave parts short. The streams (and so the balancing) are built where the kind's one-row
-    kernel is: AVX-512 (the packed block kinds: + AVX512_VNNI; q5_0 / mxfp4 and the coded floats: AVX2);
-    elsewhere no thread takes another's rows and the bits are still the one-thread bits."""
-    needs = {
-        "q4_0": "avx512_vnni",
-        "q4_1": "avx512_vnni",
-        "q8_0": "avx512_vnni",
-        "q5_0": "avx2",
-        "mxfp4": "avx2",
-        "bf16z": "avx2",
-        "f32z": "avx2",
-    }
-    walks = needs.get(kind, "avx512") in native.features and (
-        "avx512" in native.features or kind in ("q5_0", "mxfp4", "bf16z", "f32z")
-    )
+    walker is: AVX-512 for the float kinds, AVX2 for the rest (block kinds packed or as stored, K-quants,
+    q5_0 / mxfp4, the coded floats); elsewhere no thread takes another's rows and the bits are still the
+    one-thread bits."""
+    walks = ("avx512" if kind in FLOAT_KINDS else "avx2") in native.features
     g = torch.Generator().manual_seed(12)
     K = 2048  # 38 rows × K: just enough work for the kernels to use 2 threads
     for N in (38, 136, 1000):

@@ -396,9 +396,10 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
  * beyond L3) 25-27 GB/s walking rows one after the other, 31-33 GB/s reading 4 far-apart streams in 256-byte
  * steps (NOTES §38). So a one-row linear (f16: up to 4 rows) cuts each thread's block of output rows — or
  * tiles, or packed groups — into BLZ_STREAMS parts and computes item i of every part together, each by the
- * very operations it takes alone, so no result changes. Hosts without AVX-512 keep one stream (unmeasured
- * there; Zen 4 read 4 *adjacent* rows interleaved at 14 GB/s against 25 row by row). */
-#ifdef BLZ_AVX512
+ * very operations it takes alone, so no result changes. The quantized and coded walkers are AVX2 code, in
+ * AVX2 builds too (NOTES §66); the float walkers (linear_16bit.c, linear_float.c, linear_q8xf.c) are AVX-512
+ * code, and their knob takes only 1 elsewhere (common.c). */
+#ifdef BLZ_AVX2
 #define BLZ_STREAMS 4
 #else
 #define BLZ_STREAMS 1
@@ -423,7 +424,13 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
  * 4 streams had been the default, Sapphire Rapids' best by 5-9 % over 2 (Emerald Rapids' 0-5 %); on Zen 5
  * the 4-stream walks of packed Q4_0 / Q4_1, Q8_0 as stored, K-quants and the 32-block kinds read 30-41 GB/s
  * against 45-76 in 1-2 (NOTES §63), so an untuned process decoded those at ~half speed there. */
-#define BLZ_STREAMS_DEFAULT (BLZ_STREAMS < 2 ? BLZ_STREAMS : 2)
+/* (2 on AVX-512 builds; 1 on AVX2 ones — the form they ran before their walkers took streams: on Zen 3 the
+ * K-quants and Q5_0 read 0.89-0.91× as fast in 2 streams as in 1, NOTES §65.) */
+#ifdef BLZ_AVX512
+#define BLZ_STREAMS_DEFAULT 2
+#else
+#define BLZ_STREAMS_DEFAULT 1
+#endif
 enum {
     /* weight streams per thread of a one-row decode linear, 1 .. BLZ_STREAMS, per walker: float weights
      * (f32 / f16 / bf16), packed Q4_0 / Q4_1 / Q8_0, Q8_0 as stored, K-quants (Zen 5: 4, 2, 1, 1 — Q4_1

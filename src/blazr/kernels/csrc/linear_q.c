@@ -224,6 +224,55 @@ BLZ_INLINE void groups1_vnni(const int ns, const int kind, const uint8_t *const 
  * saturation, so the caller keeps every pair sum within ±32767 (see group_avx2). */
 BLZ_INLINE __m256i maddubs_pairs(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
 
+/* Block b of a group (its tile t) against activation row m0, both halves of the group in one pass, each
+ * activation broadcast feeding both: acc[0] (rows 0-7) and acc[1] (rows 8-15) + their step — the same integer
+ * dots and fmas as group_avx2's two passes, so the same bits. */
+BLZ_INLINE void block1_avx2(const int kind, const uint8_t *restrict t, const blz_act_t *restrict a, const int64_t m0,
+                            const int64_t b, __m256 acc[2]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    const uint8_t *qs = t + tile_header(kind);
+    const int64_t r = m0 * a->nb + b;
+    const int8_t *xq = a->q + m0 * a->K + b * BLZ_QK;
+    __m256i d0, d1;
+    if (kind == BLZ_Q8_0) {
+        d0 = d1 = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+            const __m256i xb = blz_bcast4_256(xq + 4 * c);
+            const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c)), flip);
+            const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32)), flip);
+            d0 = _mm256_add_epi32(d0, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w0), _mm256_sign_epi8(xb, w0)), ones));
+            d1 = _mm256_add_epi32(d1, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w1), _mm256_sign_epi8(xb, w1)), ones));
+        }
+    } else {
+        __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+        for (int p = 0; p < 4; ++p) {
+            const __m256i xl = blz_bcast4_256(xq + 4 * p), xh = blz_bcast4_256(xq + 16 + 4 * p);
+            const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p + 32));
+            p0 = _mm256_add_epi16(p0, maddubs_pairs(_mm256_and_si256(v0, lo4), xl));
+            p1 = _mm256_add_epi16(p1, maddubs_pairs(_mm256_and_si256(v1, lo4), xl));
+            p0 = _mm256_add_epi16(p0, maddubs_pairs(_mm256_and_si256(_mm256_srli_epi16(v0, 4), lo4), xh));
+            p1 = _mm256_add_epi16(p1, maddubs_pairs(_mm256_and_si256(_mm256_srli_epi16(v1, 4), lo4), xh));
+        }
+        d0 = _mm256_madd_epi16(p0, ones);
+        d1 = _mm256_madd_epi16(p1, ones);
+        if (kind == BLZ_Q4_0) {
+            d0 = _mm256_add_epi32(d0, _mm256_set1_epi32(a->off[r]));
+            d1 = _mm256_add_epi32(d1, _mm256_set1_epi32(a->off[r]));
+        }
+    }
+    const __m256 dx = _mm256_set1_ps(a->d[r]);
+    const __m256 sc0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t)), dx);
+    const __m256 sc1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16))), dx);
+    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), sc0, acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), sc1, acc[1]);
+    if (kind == BLZ_Q4_1) {
+        const __m256 sx = _mm256_set1_ps(a->s[r]);
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32))), sx, acc[0]);
+        acc[1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 48))), sx, acc[1]);
+    }
+}
+
 /* AVX2 path of group_scalar (no VNNI): the 64-byte chunks hold rows 0-7 in their first 32 bytes and rows
  * 8-15 in the last 32, so each half of the group is one pass of 8-lane accumulators (the second pass
  * reads the group from L1/L2). The integer block dot is exact, as in the scalar path, and then the same
@@ -238,56 +287,11 @@ BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict
                            const int64_t m0, float acc_out[BLZ_MT][BLZ_RG]) {
     const int64_t tb = tile_bytes(kind), hdr = tile_header(kind), nb = a->nb;
     const __m256i lo4 = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
-    if (mt == 1) { /* one row (single-sequence decode): both halves in one pass, each activation broadcast
-                    * feeding both; the same integer dots and fmas as below, so the same bits */
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t *t = wg + b * tb, *qs = t + hdr;
-            const int64_t r = m0 * nb + b;
-            const int8_t *xq = a->q + m0 * a->K + b * BLZ_QK;
-            __m256i d0, d1;
-            if (kind == BLZ_Q8_0) {
-                d0 = d1 = _mm256_setzero_si256();
-                for (int c = 0; c < 8; ++c) {
-                    const __m256i xb = blz_bcast4_256(xq + 4 * c);
-                    const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c)), flip);
-                    const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(qs + 64 * c + 32)), flip);
-                    d0 = _mm256_add_epi32(
-                        d0, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w0), _mm256_sign_epi8(xb, w0)), ones));
-                    d1 = _mm256_add_epi32(
-                        d1, _mm256_madd_epi16(maddubs_pairs(_mm256_abs_epi8(w1), _mm256_sign_epi8(xb, w1)), ones));
-                }
-            } else {
-                __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
-                for (int p = 0; p < 4; ++p) {
-                    const __m256i xl = blz_bcast4_256(xq + 4 * p), xh = blz_bcast4_256(xq + 16 + 4 * p);
-                    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p));
-                    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * p + 32));
-                    p0 = _mm256_add_epi16(p0, maddubs_pairs(_mm256_and_si256(v0, lo4), xl));
-                    p1 = _mm256_add_epi16(p1, maddubs_pairs(_mm256_and_si256(v1, lo4), xl));
-                    p0 = _mm256_add_epi16(p0, maddubs_pairs(_mm256_and_si256(_mm256_srli_epi16(v0, 4), lo4), xh));
-                    p1 = _mm256_add_epi16(p1, maddubs_pairs(_mm256_and_si256(_mm256_srli_epi16(v1, 4), lo4), xh));
-                }
-                d0 = _mm256_madd_epi16(p0, ones);
-                d1 = _mm256_madd_epi16(p1, ones);
-                if (kind == BLZ_Q4_0) {
-                    d0 = _mm256_add_epi32(d0, _mm256_set1_epi32(a->off[r]));
-                    d1 = _mm256_add_epi32(d1, _mm256_set1_epi32(a->off[r]));
-                }
-            }
-            const __m256 dx = _mm256_set1_ps(a->d[r]);
-            const __m256 sc0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t)), dx);
-            const __m256 sc1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16))), dx);
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), sc0, acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), sc1, acc1);
-            if (kind == BLZ_Q4_1) {
-                const __m256 sx = _mm256_set1_ps(a->s[r]);
-                acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 32))), sx, acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 48))), sx, acc1);
-            }
-        }
-        _mm256_storeu_ps(acc_out[0], acc0);
-        _mm256_storeu_ps(acc_out[0] + 8, acc1);
+    if (mt == 1) { /* one row (single-sequence decode): both halves in one pass (block1_avx2) */
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t b = 0; b < nb; ++b) block1_avx2(kind, wg + b * tb, a, m0, b, acc);
+        _mm256_storeu_ps(acc_out[0], acc[0]);
+        _mm256_storeu_ps(acc_out[0] + 8, acc[1]);
         return;
     }
     for (int h = 0; h < 2; ++h) {
@@ -390,16 +394,37 @@ int blz_act_alloc(blz_act_t *a, int64_t M, int64_t K) {
     return BLZ_OK;
 }
 
-#if defined(BLZ_VNNI) && BLZ_STREAMS > 1
-/* groups1_vnni with ns and kind as constants. */
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+#ifdef BLZ_VNNI
+#define GROUPS1 groups1_vnni
+#else
+#define GROUPS1 groups1_avx2
+/* One activation row (M = 1) against ns ≤ BLZ_STREAMS groups far apart (one per stream, blazr_kernels.h),
+ * their blocks walked together: acc_out[s] = group wg[s]'s dots by group_avx2's one-row operations. */
+BLZ_INLINE void groups1_avx2(const int ns, const int kind, const uint8_t *const *wg, const blz_act_t *restrict a,
+                             float acc_out[][BLZ_RG]) {
+    const int64_t tb = tile_bytes(kind);
+    __m256 acc[BLZ_STREAMS][2];
+    for (int s = 0; s < ns; ++s) acc[s][0] = acc[s][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b)
+        for (int s = 0; s < ns; ++s) block1_avx2(kind, wg[s] + b * tb, a, 0, b, acc[s]);
+    for (int s = 0; s < ns; ++s) {
+        _mm256_storeu_ps(acc_out[s], acc[s][0]);
+        _mm256_storeu_ps(acc_out[s] + 8, acc[s][1]);
+    }
+}
+#endif
+
+/* groups1_vnni / groups1_avx2 with ns and kind as constants. */
 static void groups1(int kind, int ns, const uint8_t *const *wg, const blz_act_t *a, float acc[][BLZ_RG]) {
     if (kind == BLZ_Q4_0)
-        BLZ_TILE_SWITCH(groups1_vnni, ns, BLZ_Q4_0, wg, a, acc)
+        BLZ_TILE_SWITCH(GROUPS1, ns, BLZ_Q4_0, wg, a, acc)
     else if (kind == BLZ_Q4_1)
-        BLZ_TILE_SWITCH(groups1_vnni, ns, BLZ_Q4_1, wg, a, acc)
+        BLZ_TILE_SWITCH(GROUPS1, ns, BLZ_Q4_1, wg, a, acc)
     else
-        BLZ_TILE_SWITCH(groups1_vnni, ns, BLZ_Q8_0, wg, a, acc)
+        BLZ_TILE_SWITCH(GROUPS1, ns, BLZ_Q8_0, wg, a, acc)
 }
+#undef GROUPS1
 
 /* blz_linear_q at M = 1 (activations quantized in a; SwiGLU only with I a multiple of 16, so that an output
  * group's up rows are one packed group): this thread's block of groups cut into BLZ_STREAMS parts (SwiGLU:
@@ -423,9 +448,14 @@ static void q_streams(int kind, const uint8_t *w, int64_t group_bytes, int64_t n
         groups1(kind, swiglu ? 2 * ns : ns, wg, a, r);
         for (int s = 0; s < ns; ++s) {
             const int64_t n0 = g[s] * BLZ_RG;
+#ifdef BLZ_VNNI
             const __m512 uv = swiglu ? _mm512_load_ps(r[ns + s]) : _mm512_setzero_ps();
             blz_epilogue16(_mm512_load_ps(r[s]), uv, 0, n0, (int)blz_min(BLZ_RG, nout - n0), N, nout, bias,
                            residual, out, swiglu);
+#else /* blz_q_group_run's epilogue */
+            blz_epilogue_row(r[s], r[swiglu ? ns + s : s], 0, n0, blz_min(BLZ_RG, nout - n0), N, nout, bias,
+                             residual, out, swiglu);
+#endif
         }
     }
 }
@@ -492,7 +522,7 @@ BLZ_EXPORT int blz_linear_q(int kind, const float *x, int64_t M, int64_t K, cons
     const int64_t ngroups = (nout + BLZ_RG - 1) / BLZ_RG, nall = (N + BLZ_RG - 1) / BLZ_RG;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
     const int64_t tile = M <= BLZ_MT ? BLZ_MT : BLZ_MT_LONG;
-#if defined(BLZ_VNNI) && BLZ_STREAMS > 1
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1 && (!swiglu || nout % BLZ_RG == 0)) {
         blz_quantize_act_row(x, K, weight_offset(kind), a.q, a.d, a.s, a.off);
         blz_team_t team;
