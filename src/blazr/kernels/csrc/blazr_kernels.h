@@ -423,9 +423,9 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
  * BLAZR_TUNE=off) — the forms that lose least on the hosts measured: BLZ_STREAMS_DEFAULT weight streams.
  * 4 streams had been the default, Sapphire Rapids' best by 5-9 % over 2 (Emerald Rapids' 0-5 %); on Zen 5
  * the 4-stream walks of packed Q4_0 / Q4_1, Q8_0 as stored, K-quants and the 32-block kinds read 30-41 GB/s
- * against 45-76 in 1-2 (NOTES §63), so an untuned process decoded those at ~half speed there. */
-/* (2 on AVX-512 builds; 1 on AVX2 ones — the form they ran before their walkers took streams: on Zen 3 the
- * K-quants and Q5_0 read 0.89-0.91× as fast in 2 streams as in 1, NOTES §65.) */
+ * against 45-76 in 1-2 (NOTES §63), so an untuned process decoded those at ~half speed there. AVX2 builds
+ * default to 1, the form they ran before their walkers took streams (Zen 3: packed Q4_0 reads best in 4,
+ * coded bf16 in 2, Q8_0 as stored, the K-quants and Q5_0 in 1; NOTES §66). */
 #ifdef BLZ_AVX512
 #define BLZ_STREAMS_DEFAULT 2
 #else
