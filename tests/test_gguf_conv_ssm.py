@@ -26,6 +26,7 @@ import torch
 from blazr import LLM
 from blazr.config import ModelConfig
 from blazr.detect import inspect_checkpoint
+from blazr.kernels import q8_packed
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 from tests.hf_parity import check_greedy, check_logits
@@ -141,7 +142,9 @@ def test_q8_0_gguf_stays_quantized_and_matches_its_float_values(made, name):
     ]
     assert mixer_linears
     for n, m in mixer_linears:  # as stored: Q8_0, or F16 (llama.cpp's fallback) where rows split in no blocks
-        assert isinstance(m, QuantizedLinear) and m.kind == ("q8_0g" if m.in_features % 32 == 0 else "f16"), n
+        assert isinstance(m, QuantizedLinear) and m.kind == (
+            q8_packed.runs_as() if m.in_features % 32 == 0 else "f16"
+        ), n
     for e in (m for m in ours.model.modules() if isinstance(m, Experts)):
         assert e.w_up is not None and e.w_up.kind == "q8_0g"
     assert ours.runner.decode_plan is not None

@@ -32,6 +32,7 @@ import torch
 from blazr import LLM
 from blazr.config import ModelConfig
 from blazr.detect import inspect_checkpoint
+from blazr.kernels import q8_packed
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
@@ -140,7 +141,7 @@ def test_q8_0_gguf_stays_quantized_and_matches_its_float_values(made, name):
     made = made[name]
     ours, dequantized = _llm(made.q8_0), _llm(made.q8_0, quantize="none")
     first = ours.model.layers[0]
-    assert any(isinstance(m, QuantizedLinear) and m.kind == "q8_0g" for m in first.modules())
+    assert any(isinstance(m, QuantizedLinear) and m.kind == q8_packed.runs_as() for m in first.modules())
     assert not any(isinstance(m, QuantizedLinear) and m.kind == "f32" for m in first.modules())
     experts = [m for m in ours.model.modules() if isinstance(m, Experts)]
     assert bool(experts) == (name in ("qwen3moe", "mixtral-as-llama", "granitemoeshared"))

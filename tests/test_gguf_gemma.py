@@ -26,6 +26,7 @@ import torch
 from blazr import LLM
 from blazr.config import ModelConfig
 from blazr.detect import inspect_checkpoint
+from blazr.kernels import q8_packed
 from blazr.model.qlinear import QuantizedLinear
 from tests.hf_parity import check_greedy, check_logits
 from tests.llama_cpp_convert import VOCAB, convert, export_tokenizer, quantize, spm_tokenizer
@@ -114,6 +115,6 @@ def test_q8_0_gguf_stays_quantized_and_agrees_with_llama_cpp(made, name):
     m = made[name]
     ours, dequantized = _llm(m.q8_0), _llm(m.q8_0, quantize="none")
     first = ours.model.layers[0]
-    assert any(isinstance(q, QuantizedLinear) and q.kind == "q8_0g" for q in first.modules())
+    assert any(isinstance(q, QuantizedLinear) and q.kind == q8_packed.runs_as() for q in first.modules())
     assert not any(isinstance(q, QuantizedLinear) and q.kind == "f32" for q in first.modules())
     _check_llama_cpp(m.q8_0, ours, dequantized, vocab=ours.config.vocab_size)

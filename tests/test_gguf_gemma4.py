@@ -29,6 +29,7 @@ import torch
 
 from blazr import LLM
 from blazr.detect import inspect_checkpoint
+from blazr.kernels import q8_packed
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.qlinear import QuantizedLinear
 from tests.hf_parity import check_greedy, check_logits
@@ -99,14 +100,14 @@ def test_f32_gguf_matches_transformers(made):
 def test_q8_0_gguf_stays_quantized_and_agrees_with_llama_cpp(made):
     ours, dequantized = _llm(made.q8_0), _llm(made.q8_0, quantize="none")
     first = ours.model.layers[0]
-    assert any(isinstance(q, QuantizedLinear) and q.kind == "q8_0g" for q in first.modules())
+    assert any(isinstance(q, QuantizedLinear) and q.kind == q8_packed.runs_as() for q in first.modules())
     if first.moe is not None:  # the stacked experts too
         assert first.moe.experts.w_up is not None and first.moe.experts.w_up.kind == "q8_0g"
     # the per-layer table as the file stores it (llama.cpp's quantizer keeps it F16), the layers' gates Q8_0
     # as stored, the per-layer projection (kept F32 by the quantizer) on the f32 kernel
     per_layer = ours.model.per_layer_inputs
     assert isinstance(per_layer.embed, QuantizedEmbedding) and per_layer.embed.table.kind == "f16"
-    assert first.per_layer.gate.kind == "q8_0g" and isinstance(per_layer.proj, QuantizedLinear)
+    assert first.per_layer.gate.kind == q8_packed.runs_as() and isinstance(per_layer.proj, QuantizedLinear)
     _check_llama_cpp(made.q8_0, ours, dequantized, vocab=ours.config.vocab_size)
 
 

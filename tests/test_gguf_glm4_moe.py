@@ -27,6 +27,7 @@ import torch
 from blazr import LLM
 from blazr.config import ModelConfig
 from blazr.detect import inspect_checkpoint
+from blazr.kernels import q8_packed
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
@@ -108,7 +109,7 @@ def test_q8_0_gguf_stays_quantized_and_matches_its_float_values(made, name):
     made = made[name]
     ours, dequantized = _llm(made.q8_0), _llm(made.q8_0, quantize="none")
     for layer in (ours.model.layers[0], ours.model.layers[-1]):
-        assert any(isinstance(m, QuantizedLinear) and m.kind == "q8_0g" for m in layer.modules())
+        assert any(isinstance(m, QuantizedLinear) and m.kind == q8_packed.runs_as() for m in layer.modules())
         assert not any(isinstance(m, QuantizedLinear) and m.kind == "f32" for m in layer.modules())
     experts = [m for m in ours.model.modules() if isinstance(m, Experts)]
     assert len(experts) == KINDS[name].count("attention+moe")

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from blazr import LLM
+from blazr.kernels import q8_packed
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 from tests.hf_parity import check_greedy, check_logits, prompts
@@ -92,7 +93,7 @@ def test_llama_cpp_agrees_on_the_same_file(made):
 def test_q8_0_gguf_runs_as_stored(made):
     ours, dequantized = _llm(made.q8_0), _llm(made.q8_0, quantize="none")
     kda = ours.model.layers[0].kda
-    assert isinstance(kda.qkv_proj, QuantizedLinear) and kda.qkv_proj.kind == "q8_0g"
+    assert isinstance(kda.qkv_proj, QuantizedLinear) and kda.qkv_proj.kind == q8_packed.runs_as()
     batch = prompts([7, 30], seed=5, vocab=VOCAB)
     for got, want in zip(
         full_logits(ours.runner, batch), full_logits(dequantized.runner, batch), strict=True

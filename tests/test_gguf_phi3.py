@@ -32,6 +32,7 @@ import torch
 from blazr import LLM
 from blazr.config import AttentionConfig, ModelConfig
 from blazr.detect import inspect_checkpoint
+from blazr.kernels import q8_packed
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
 from tests.hf_parity import check_greedy, check_logits, prompts
@@ -135,8 +136,8 @@ def test_q8_0_gguf_stays_quantized_and_agrees_with_llama_cpp(made, name):
     first = ours.model.layers[0]
     linears = {n: q for n, q in first.named_modules() if isinstance(q, QuantizedLinear)}
     assert {n: q.kind for n, q in linears.items() if n.endswith(("qkv_proj", "gate_up_proj"))} == {
-        "attn.qkv_proj": "q8_0g",
-        "mlp.gate_up_proj": "q8_0g",
+        "attn.qkv_proj": q8_packed.runs_as(),
+        "mlp.gate_up_proj": q8_packed.runs_as(),
     }
     assert not any(q.kind == "f32" for q in linears.values())
     _check_llama_cpp(m.q8_0, ours, dequantized, length=WINDOW if name == "phi3-mini" else 40)

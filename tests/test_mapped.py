@@ -125,9 +125,11 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, monkeypatch: pytest.MonkeyPa
     """A llama GGUF written as llama.cpp's converter writes one (tensors sorted by name, so ffn_gate and
     ffn_up lie apart; q / k rows permuted): its gate|up is a MappedWeight over the file's map — nothing
     gathered —, q|k|v (rows out of order) gathered, and the logits equal those with every fused weight
-    gathered into one tensor. Q4_K kept as stored for this (BLAZR_KPACK=0); where the kernels re-lay it in
-    16-row groups, from the same row tables, the logits are the same."""
+    gathered into one tensor. Q4_K and Q8_0 kept as stored for this (BLAZR_KPACK=0, BLAZR_Q8PACK=0); where the
+    kernels re-lay them (Q4_K in 16-row groups, Q8_0 in the row-packed layout), from the same row tables,
+    the logits are the same."""
     monkeypatch.setenv("BLAZR_KPACK", "0")
+    monkeypatch.setenv("BLAZR_Q8PACK", "0")
     from tests.gguf_fixtures import hf_to_gguf_name, write_random_block_llama_gguf, write_tiny_llama_gguf
 
     state = tiny_state_dict(cfg=_CFG)
@@ -154,10 +156,12 @@ def test_gguf_fused_parts_stay_in_the_map(tmp_path, monkeypatch: pytest.MonkeyPa
     for got, want in zip(logits, full_logits(llm.runner, prompts), strict=True):
         assert torch.equal(got, want)
         assert np.isfinite(got.numpy()).all()
-    if qtype == "Q4_K" and "avx512_vnni" in ops.kernels().features:
-        monkeypatch.setenv("BLAZR_KPACK", "1")  # the groups whatever host tuning chose for this host
+    relays = {"Q4_K": ("avx512_vnni", "BLAZR_KPACK", "q4_kx"), "Q8_0": ("avx2", "BLAZR_Q8PACK", "q8_0")}
+    if qtype in relays and relays[qtype][0] in ops.kernels().features:
+        _, env, kind = relays[qtype]
+        monkeypatch.setenv(env, "1")  # re-laid whatever host tuning chose for this host
         packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_model_len=64)
         kinds = {n: m.kind for n, m in packed.runner.model.named_modules() if n in fused}
-        assert set(kinds.values()) == {"q4_kx"}, kinds  # gate|up packed from its row table, q|k|v gathered
+        assert set(kinds.values()) == {kind}, kinds  # gate|up packed from its row table, q|k|v gathered
         for got, want in zip(full_logits(packed.runner, prompts), logits, strict=True):
             assert torch.equal(got, want)

@@ -222,8 +222,10 @@ def test_off_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_load_with_nothing_to_cache_makes_no_dir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Under `auto` a GGUF whose tensors all run as stored (Q8_0) leaves the cache nothing to write: its dir
-    is not made (the first write makes it), and where it could not be made nothing warns."""
+    """Under `auto` a GGUF whose tensors all run as stored (Q8_0, not re-laid: `BLAZR_Q8PACK=0`) leaves the
+    cache nothing to write: its dir is not made (the first write makes it), and where it could not be made
+    nothing warns."""
+    monkeypatch.setenv("BLAZR_Q8PACK", "0")
     from tests.gguf_fixtures import write_tiny_llama_gguf
     from tests.test_gguf import TINY, tiny_state_dict
 

@@ -15,8 +15,10 @@ import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
 from blazr.errors import BlazrError, UnsupportedError
+from blazr.kernels import q8_packed
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import dequantize, quantize
+from blazr.loading import quant_cache
 from blazr.loading.gguf import GGUFFile
 from blazr.loading.loader import prefill_dtype
 from blazr.loading.quantize import kernel_prefill_f32
@@ -61,8 +63,12 @@ def test_gguf_blocks_kept_as_stored(qtype: str, tmp_path: Path) -> None:
     want |= {f"layers.{i}.mlp.{m}" for i in range(2) for m in ("gate_up_proj", "down_proj")}
     assert set(layers) == want | {"lm_head"}
     assert not quantized_layers(plain)
-    for name, layer in layers.items():
-        assert layer.kind == ("q8_0g" if qtype == "Q8_0" else qtype.lower())  # Q8_0 runs as stored
+    for (
+        name,
+        layer,
+    ) in layers.items():  # Q8_0 runs as stored, its linears re-laid where this host runs that faster
+        q8 = "q8_0g" if name == "lm_head" else q8_packed.runs_as()
+        assert layer.kind == (q8 if qtype == "Q8_0" else qtype.lower())
         ref = plain.model.embed_tokens.weight if name == "lm_head" else plain.model.get_submodule(name).weight
         assert torch.equal(dequantize(layer.qweight), ref), name  # fusion + q/k un-permutation exact
     # an unfused, unpermuted tensor keeps the file's bytes
@@ -73,14 +79,21 @@ def test_gguf_blocks_kept_as_stored(qtype: str, tmp_path: Path) -> None:
 def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Q8_0 GGUF's linears (the tied head too) run as the file stores them (q8_0g): unfused tensors and the
-    head are views of the file's map, no repack; and its logits — prompt rows on the kernels and cached
-    decode steps — equal bit for bit those of the same file loaded the way it was before, repacked to q8_0,
-    the head on 8-bit x as packed q8_0's (`head_precision="int8"`; fp32 x is test_head_precision's)."""
+    """A Q8_0 GGUF's linears (the tied head too) run as the file stores them (q8_0g) where the host does not
+    re-lay them (`BLAZR_Q8PACK=0`): unfused tensors and the head are views of the file's map, no repack; and
+    its logits — prompt rows on the kernels and cached decode steps — equal bit for bit those of the same file
+    loaded the way it was before, repacked to q8_0, the head on 8-bit x as packed q8_0's
+    (`head_precision="int8"`; fp32 x is test_head_precision's), and those of the load that re-lays its
+    linears in the row-packed layout (`BLAZR_Q8PACK=1`, kernels/q8_packed.py: every linear but the head q8_0,
+    the head still the file's q8_0g bytes) — a fresh load and one that maps the re-laid copy from the
+    quantization cache alike."""
     state = tiny_state_dict(seed=5)
     del state["lm_head.weight"]
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", state, {**TINY, "tie_word_embeddings": True}, "Q8_0")
-    stored = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2, head_precision="int8")
+    kw = dict(vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2, head_precision="int8")
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BLAZR_Q8PACK", "0")
+    stored = LLM(path, **kw)
     layers = quantized_layers(stored)
     assert {m.kind for m in layers.values()} == {"q8_0g"}
     where = str(path.resolve())
@@ -91,14 +104,26 @@ def test_gguf_q8_0_runs_as_stored_with_the_packed_logits(
         m.setattr("blazr.loading.stored.AS_STORED", {})
         packed = LLM(path, vocab="cl100k_base", cpu=True, dtype="float32", max_num_seqs=2)
     assert {m.kind for m in quantized_layers(packed).values()} == {"q8_0"}
+    monkeypatch.setenv("BLAZR_Q8PACK", "1")
+    relaid = [LLM(path, **kw)]
+    quant_cache.wait()
+    with monkeypatch.context() as m:  # the second load maps what the first handed to the cache: no packing
+        m.setattr(q8_packed, "pack", lambda qw: pytest.fail("re-laid again, not mapped from the cache"))
+        relaid.append(LLM(path, **kw))
+    for i, llm in enumerate(relaid):
+        layers = quantized_layers(llm)
+        kinds = {name: m.kind for name, m in layers.items()}
+        assert kinds.pop("lm_head") == "q8_0g" and set(kinds.values()) == {"q8_0"}, kinds
+        where = mapped_file(layers["layers.1.mlp.down_proj"].qweight.data.data_ptr()) or ""
+        assert where.startswith(str(tmp_path / "cache")) == (i == 1), where
     batch = prompts([5, 12], seed=3, vocab=stored.config.vocab_size)
-    for a, b in zip(full_logits(stored.runner, batch), full_logits(packed.runner, batch), strict=True):
-        assert torch.equal(a, b)
     chunks = [[1] * 5, [4] + [1] * 8]
-    for a, b in zip(
-        stepwise_logits(stored, batch, chunks), stepwise_logits(packed, batch, chunks), strict=True
-    ):
-        assert torch.equal(a, b)
+    want = full_logits(stored.runner, batch), stepwise_logits(stored, batch, chunks)
+    for other in (packed, *relaid):
+        for a, b in zip(want[0], full_logits(other.runner, batch), strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(want[1], stepwise_logits(other, batch, chunks), strict=True):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16"])

@@ -19,9 +19,11 @@ run until a load finds the host quiet; a choice forced on a busy host is marked 
   `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
   `ops.kernels()` on the default library.
 - Choices above the C knobs, kept in `CHOICES` for the code that reads them: the float32 prefill's GEMM
-  (`f32_prefill`, loading/quantize.py) and, on VNNI builds, whether the loader re-lays each K-quant kind in
-  16-row groups (`kpack_q4_k`, `kpack_q6_k`: kernels/kquant_packed.py `wanted`) — chosen like a knob, the
-  loader's default kept unless the other form reads MARGIN faster; both forms give the same bits.
+  (`f32_prefill`, loading/quantize.py), on VNNI builds whether the loader re-lays each K-quant kind in 16-row
+  groups (`kpack_q4_k`, `kpack_q6_k`: kernels/kquant_packed.py `wanted`), on AVX2 ones whether it codes float
+  rows (`coded_bf16`, `coded_f32`: kernels/coded.py) and re-lays a GGUF's Q8_0 in the row-packed layout
+  (`q8pack`: kernels/q8_packed.py) — chosen like a knob, the loader's default kept unless the other form
+  reads MARGIN faster; both forms give the same bits.
 - `BLAZR_TUNE=off` keeps the defaults; `BLAZR_TUNE=force` measures again.
 - `python -m blazr.kernels.tuning [--force]` measures and prints the table.
 """
@@ -44,8 +46,9 @@ from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.quant import QuantizedWeight
 
-FORMAT = 5  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
-# measured after streams_k; 4: + the K-quant layouts' choice, kpack_*; 5: + streams_z, coded_bf16 / coded_f32)
+FORMAT = 6  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
+# measured after streams_k; 4: + the K-quant layouts' choice, kpack_*; 5: + streams_z, coded_bf16 / coded_f32;
+# 6: + q8pack, and the stream knobs of AVX2 builds)
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
 MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
@@ -208,12 +211,18 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
             if log:
                 cells = ", ".join(f"{v}: {r:.1f} {unit}" for v, r in above[prefix][kind].items())
                 log(f"  {name}: {cells} → {choices[name]}")
+    q8_rates: dict[str, float] = {}
+    if "avx2" in k.features:
+        choices["q8pack"], q8_rates = _q8pack(k, made.get("q8_0g") or _decode_weights("q8_0g", g))
+        if log:
+            cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in q8_rates.items())
+            log(f"  q8pack: {cells} → {choices['q8pack']}")
     choice, gflops = _f32_prefill(k, g)
     if log:
         log(f"  f32_prefill: kernel {gflops['kernel']:.0f}, sgemm {gflops['sgemm']:.0f} GFLOP/s → {choice}")
     choices["f32_prefill"] = choice
     return {"knobs": chosen, "gbps": rates, "choices": choices, "gflops": gflops,
-            "kpack_gbps": above["kpack"], "coded_gws": above["coded"]}  # fmt: skip
+            "kpack_gbps": above["kpack"], "coded_gws": above["coded"], "q8pack_gbps": q8_rates}  # fmt: skip
 
 
 def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
@@ -224,6 +233,17 @@ def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[s
     from blazr.kernels import kquant_packed
 
     return _stored_or(k, stored, "groups", kquant_packed.pack)  # GB/s: both layouts hold the same bytes
+
+
+def _q8pack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
+    """A GGUF's Q8_0 as stored (q8_0g) against the same weights in the row-packed layout
+    (kernels/q8_packed.py), cold one-row decode passes at the tuned stream counts: "packed" only where it
+    reads MARGIN faster — the stored layout is the loader's default, what an untuned host runs (Zen 3: packed
+    in 4 streams 16.8-20.3 against 14-18 GB/s, NOTES §66)."""
+    from blazr.kernels import q8_packed
+
+    _, rate = _stored_or(k, stored, "packed", q8_packed.pack)
+    return ("packed" if rate["packed"] > rate["stored"] * (1 + MARGIN) else "stored"), rate
 
 
 def _coded(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:

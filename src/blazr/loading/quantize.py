@@ -6,7 +6,8 @@ Modes:
 - `auto` (default): GGUF tensors of a type the kernels run (Q4_0 / Q4_1 / Q8_0, the K-quants, MXFP4, F16,
   BF16) stay as stored (their bytes used as-is — a view of the file's map where no rows move, a MappedWeight
   (a row table into the map) where fused parts lie apart (gate|up), gathered where q/k rows are un-permuted;
-  Q4_0 / Q4_1 rows packed into the kernel's row groups; K-quant linears re-laid in 16-row groups where the
+  Q4_0 / Q4_1 rows packed into the kernel's row groups, Q8_0 linears too where host tuning measured that
+  faster, kernels/q8_packed.py; K-quant linears re-laid in 16-row groups where the
   kernels have their VNNI path, kernels/kquant_packed.py), and so does the token embedding table
   (`embed_from_file`: a lookup dequantizes only its rows); an HF checkpoint's MXFP4 experts (GPT-OSS's
   `*_blocks` / `*_scales`) stay mxfp4 too, their blocks re-laid in GGUF's nibble order (`mxfp4_as_stored`);
@@ -162,7 +163,7 @@ def quantize_from_file(
             if qw is None:
                 continue
             # K-quants in 16-row groups, BF16 coded, where the kernels take them
-            qw = relaid(loader.cache, pname, qw)
+            qw = relaid(loader.cache, pname, qw, head=name == "lm_head")
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:

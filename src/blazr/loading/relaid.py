@@ -1,9 +1,10 @@
 """Weights re-laid at load into the form this host's kernels run fastest — a GGUF's K-quants in 16-row groups
-(kernels/kquant_packed.py), bf16 / f32 weights with their top byte coded (kernels/coded.py) — each taken from
-the quantization cache (loading/quant_cache.py) where an earlier load made it in the layout chosen now, else
-made here and handed to the cache under its entry. Any other weight is returned as it is. The loader's modes
-call these (loading/quantize.py): `relaid` for a GGUF's tensors kept as stored, `coded` for a float weight
-made or kept at load, `coded_or_narrowed` for a float32 one (its values, bf16 where bf16 holds them all).
+(kernels/kquant_packed.py) and its Q8_0 in the row-packed layout (kernels/q8_packed.py), bf16 / f32 weights
+with their top byte coded (kernels/coded.py) — each taken from the quantization cache (loading/quant_cache.py)
+where an earlier load made it in the layout chosen now, else made here and handed to the cache under its
+entry. Any other weight is returned as it is. The loader's modes call these (loading/quantize.py): `relaid`
+for a GGUF's tensors kept as stored, `coded` for a float weight made or kept at load, `coded_or_narrowed` for
+a float32 one (its values, bf16 where bf16 holds them all).
 """
 
 from __future__ import annotations
@@ -11,19 +12,24 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from blazr.kernels import coded as coded_kinds
-from blazr.kernels import kquant_packed
+from blazr.kernels import kquant_packed, q8_packed
 from blazr.kernels.quant import QuantizedWeight
 from blazr.loading.quant_cache import QuantCache
 
 
 def relaid(
-    cache: QuantCache | None, entry: str, qw: QuantizedWeight, num_stacked: int = 1
+    cache: QuantCache | None, entry: str, qw: QuantizedWeight, num_stacked: int = 1, head: bool = False
 ) -> QuantizedWeight:
-    """A GGUF's weight `qw` as the CPU kernels run it: a K-quant whose kind this host packs re-laid in 16-row
-    groups (kernels/kquant_packed.py `packed_kind`; the cache's copy only when it holds the layout chosen now
-    — a kmix's segments follow host tuning, which may have changed its mind since; the 8B Q4_K_M's 4.2 GB
-    took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57); a BF16 weight coded, an F16 one whose values bf16
-    holds too (`coded`); any other as it is."""
+    """A GGUF's weight `qw` as the CPU kernels run it: a Q8_0 linear in the row-packed layout where this host
+    runs that faster (kernels/q8_packed.py; not the output `head`, whose fp32-x form is the stored kind's); a
+    K-quant whose kind this host packs re-laid in 16-row groups (kernels/kquant_packed.py `packed_kind`; the
+    cache's copy only when it holds the layout chosen now — a kmix's segments follow host tuning, which may
+    have changed its mind since; the 8B Q4_K_M's 4.2 GB took 1.8-3.3 s to re-lay, benchmarks/NOTES.md §57); a
+    BF16 weight coded, an F16 one whose values bf16 holds too (`coded`); any other as it is."""
+    if q8_packed.packs(qw, num_stacked, head):
+        made = _through_cache(cache, entry, q8_packed.PACKED, qw, q8_packed.pack)
+        assert made is not None  # packing always succeeds
+        return made
     kind = kquant_packed.packed_kind(qw, num_stacked)
     if kind is None:
         return coded(cache, entry, qw)

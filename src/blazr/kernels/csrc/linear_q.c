@@ -26,7 +26,10 @@
  *
  * Parallel strategy: OpenMP splits the row groups; inside, a tile of activation rows (up to 16 for a decode
  * batch, 8 for longer calls) shares each unpacked weight register, and each row keeps one 16-lane fp32
- * accumulator — no horizontal sums, no gathers, and 16 contiguous outputs per (row, group).
+ * accumulator — no horizontal sums, no gathers, and 16 contiguous outputs per (row, group). A one-row call
+ * (decode) instead walks each thread's groups as far-apart weight streams, balanced between the threads
+ * (q_streams; blazr_kernels.h BLZ_STREAMS, host-tuned `streams_q`): a group is one run of bytes, and a core
+ * reads faster with a few runs in flight (Zen 3, AVX2: Q4_0 16 → 22-24 GB/s in 4; NOTES §66).
  */
 #include "blazr_kernels.h"
 
