@@ -34,7 +34,6 @@ faster (`wanted`, per coded kind; `choices` lists a weight's); `BLAZR_CODED=0` /
 from __future__ import annotations
 
 import itertools
-import os
 
 import torch
 
@@ -254,7 +253,4 @@ def wanted(kind: str, k: int) -> bool:
     lib = ops.kernels()
     if kind not in KIND_OF or not decodes(lib) or not worth(k, KIND_OF[kind]):
         return False
-    forced = os.environ.get("BLAZR_CODED")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return tuning.CHOICES.get(f"coded_{kind}", "coded") == "coded"
+    return tuning.takes("BLAZR_CODED", f"coded_{kind}", "coded", default="coded")

@@ -29,8 +29,6 @@ with `BLAZR_KPACK=0` (for A/B measurements; `=1` packs whatever tuning chose).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from blazr.kernels import ops, tuning
@@ -149,7 +147,4 @@ def wanted(kind: str) -> bool:
     lib = ops.kernels()
     if lib is None or "avx512_vnni" not in lib.features:
         return False
-    forced = os.environ.get("BLAZR_KPACK")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return tuning.CHOICES.get(f"kpack_{PROBED_AS.get(kind, kind)}", "groups") == "groups"
+    return tuning.takes("BLAZR_KPACK", f"kpack_{PROBED_AS.get(kind, kind)}", "groups", default="groups")

@@ -23,8 +23,6 @@ faster), or with `BLAZR_Q8PACK=0` (`=1` packs wherever the build can: for A/B me
 
 from __future__ import annotations
 
-import os
-
 from blazr.kernels import ops, tuning
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import Q8_0G, QuantizedWeight
@@ -39,10 +37,7 @@ def wanted() -> bool:
     lib = ops.kernels()
     if lib is None or "avx2" not in lib.features:
         return False
-    forced = os.environ.get("BLAZR_Q8PACK")
-    if forced in ("0", "1"):
-        return forced == "1"
-    return tuning.CHOICES.get("q8pack", "stored") == "packed"
+    return tuning.takes("BLAZR_Q8PACK", "q8pack", "packed", default="stored")
 
 
 def packs(qw: QuantizedWeight, num_stacked: int = 1, head: bool = False) -> bool:

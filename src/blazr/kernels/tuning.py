@@ -305,6 +305,15 @@ def _f32_prefill(k: Kernels, g: torch.Generator) -> tuple[str, dict[str, float]]
     return (other if gflops[other] > gflops[default] * (1 + MARGIN) else default), gflops
 
 
+def takes(env: str, name: str, value: str, default: str) -> bool:
+    """Whether the loader takes form `value` of the choice `name` (`CHOICES`): environment variable `env`
+    (0 / 1) decides when set, else host tuning's choice, `default` where nothing was measured."""
+    forced = os.environ.get(env)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return CHOICES.get(name, default) == value
+
+
 BUSY_WINDOW = 0.25  # seconds over which `busy` reads the cores' use
 
 
