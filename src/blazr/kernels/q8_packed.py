@@ -16,9 +16,9 @@ the packed one faster — so an untuned host loads what it loaded before.
 Re-laid: whole linear weights of kind q8_0g on the CPU (a view of the file's map, a MappedWeight's rows
 gathered first, or a copy), through the quantization cache like the K-quants' groups (loading/relaid.py), so
 a later load maps the packed bytes. Kept as stored: the output head (tied or not: q8_0g has the fp32-x form
-that `head_precision` chooses, csrc/linear_q8xf.c, the packed kind none), MoE expert stacks (csrc/moe.c reads
-each expert's rows as stored), token tables, builds without AVX2 (the scalar build's packed kernel is no
-faster), or with `BLAZR_Q8PACK=0` (`=1` packs wherever the build can: for A/B measurements and tests).
+that `head_precision` chooses, csrc/linear_q8xf.c, the packed kind none), MoE expert stacks (not measured
+re-laid: an expert's few rows a token), token tables, builds without AVX2 (the scalar build's packed kernel
+is no faster), or with `BLAZR_Q8PACK=0` (`=1` packs wherever the build can: for A/B measurements and tests).
 """
 
 from __future__ import annotations
