@@ -41,6 +41,12 @@
  * 16 sequences' step 12.4 → 11.7 ms on SmolLM2); longer calls (prefill) take tiles of BLZ_MT_LONG = 8
  * (blazr_kernels.h), which keep the accumulators and the unpacked weights in registers (16-row tiles
  * prefilled 4% slower). */
+#ifndef BLZ_PF_MT_AVX2
+/* activation rows from which group_avx2 (no VNNI) prefetches as group_vnni does from 6: its dots take ~3× the
+ * instructions, so its out-of-order window reaches fewer tiles ahead (Zen 3, cold 1B shapes, 2 threads, 2 / 3
+ * / 4 rows: Q8_0 +11 / +22 / +34 %, Q4_0 +9 / +7 / +12 % against prefetching from 6; NOTES §66) */
+#define BLZ_PF_MT_AVX2 2
+#endif
 #ifndef BLZ_PF_TILES
 #define BLZ_PF_TILES 4 /* software prefetch distance of the weight stream, in tiles (0: none) */
 #endif
@@ -302,7 +308,7 @@ BLZ_INLINE void group_avx2(const int kind, const int mt, const uint8_t *restrict
         for (int m = 0; m < mt; ++m) acc[m] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t *t = wg + b * tb;
-            if (BLZ_PF_TILES && mt >= 6 && h == 0)
+            if (BLZ_PF_TILES && mt >= BLZ_PF_MT_AVX2 && h == 0)
                 for (int64_t o = 0; o < tb; o += 64) _mm_prefetch((const char *)t + BLZ_PF_TILES * tb + o, _MM_HINT_T0);
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + 16 * h)));
             const __m256 mw =
