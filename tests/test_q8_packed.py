@@ -75,7 +75,7 @@ def test_mapped_rows_are_packed_in_row_order_and_not_kept() -> None:
 def test_which_weights_the_loader_packs(monkeypatch: pytest.MonkeyPatch) -> None:
     """`packs`: a q8_0g linear on the CPU — not the output head (its fp32-x form is q8_0g's), not an expert
     stack, no other kind — on a host that packs (`wanted`: the library's AVX2 path, then `BLAZR_Q8PACK`, then
-    host tuning's `q8pack`, the stored layout where tuning chose nothing); `runs_as` names the kind."""
+    host tuning's `q8pack_q8_0g`, the stored layout where tuning chose nothing); `runs_as` names the kind."""
     k = ops.kernels()
     assert k is not None
     vector = "avx2" in k.features
@@ -90,7 +90,7 @@ def test_which_weights_the_loader_packs(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("BLAZR_Q8PACK")
     monkeypatch.setattr(tuning, "CHOICES", {})
     assert not q8_packed.packs(stored)  # untuned: as stored, what the loader did before
-    monkeypatch.setattr(tuning, "CHOICES", {"q8pack": "packed"})
+    monkeypatch.setattr(tuning, "CHOICES", {"q8pack_q8_0g": "packed"})
     assert q8_packed.packs(stored) == vector
-    monkeypatch.setattr(tuning, "CHOICES", {"q8pack": "stored"})
+    monkeypatch.setattr(tuning, "CHOICES", {"q8pack_q8_0g": "stored"})
     assert not q8_packed.packs(stored)

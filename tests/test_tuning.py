@@ -231,6 +231,28 @@ def test_the_coded_form_is_chosen_on_this_host_and_followed(
         monkeypatch.delenv("BLAZR_CODED")
 
 
+def test_the_q8_0_layout_is_chosen_on_this_host_and_followed(
+    small: Path, monkeypatch: pytest.MonkeyPatch, generic: ops.Kernels
+) -> None:
+    """On a build with the AVX2 path, a GGUF's Q8_0 as stored is timed against the row-packed layout
+    (kernels/q8_packed.py) after the knobs, kept in the file beside both layouts' GB/s, read back by a later
+    load, and the loader's rule (`q8_packed.wanted`) follows it unless `BLAZR_Q8PACK` decides; a build without
+    the path has no such choice."""
+    from blazr.kernels import q8_packed
+
+    k = ops.kernels()
+    assert k is not None
+    monkeypatch.delenv("BLAZR_Q8PACK", raising=False)
+    chosen = _choice_kept_and_read_back(
+        small, k, generic, "q8pack", tuning.Q8PACK_PROBES, "avx2", {"packed", "stored"}, "q8pack_gbps"
+    )
+    if chosen is not None:
+        assert q8_packed.wanted() == (chosen["q8pack_q8_0g"] == "packed")
+        for form in ("packed", "stored"):
+            monkeypatch.setitem(tuning.CHOICES, "q8pack_q8_0g", form)
+            assert q8_packed.wanted() == (form == "packed")
+
+
 def test_busy_reads_the_cores_use_now(monkeypatch: pytest.MonkeyPatch) -> None:
     """`busy` is the cores' use over a short window (/proc/stat), not the 1-minute load average, which still
     reads busy a minute after a compile has ended: more than half the usable cores' worth of CPU in use by

@@ -10,8 +10,8 @@ as it goes and runs linear_q.c's group kernel). A one-row call walks up to 4 gro
 (host-tuned weight streams), which on a core whose reads grow with the runs in flight reads faster: Zen 3,
 cold 1B shapes, 2 threads, packed Q8_0 in 4 streams 16.8-20.3 GB/s against the stored layout's 14-18
 (benchmarks/NOTES.md §66). Elsewhere the stored layout may win (its 8-row tiles batch many sequences well),
-so host tuning decides (kernels/tuning.py `q8pack`), and the stored layout stays where it did not measure
-the packed one faster — so an untuned host loads what it loaded before.
+so host tuning decides (kernels/tuning.py `q8pack_q8_0g`), and the stored layout stays where it did not
+measure the packed one faster — so an untuned host loads what it loaded before.
 
 Re-laid: whole linear weights of kind q8_0g on the CPU (a view of the file's map, a MappedWeight's rows
 gathered first, or a copy), through the quantization cache like the K-quants' groups (loading/relaid.py), so
@@ -32,12 +32,12 @@ PACKED = "q8_0"  # the row-packed kind (csrc/linear_q.c)
 
 def wanted() -> bool:
     """Whether the loader re-lays a GGUF's Q8_0 linears on this host: never without the library's AVX2 path;
-    else `BLAZR_Q8PACK` (0 / 1) when set, else host tuning's choice (`q8pack`: the stored layout unless the
-    packed one read MARGIN faster here)."""
+    else `BLAZR_Q8PACK` (0 / 1) when set, else host tuning's choice (`q8pack_q8_0g`: the stored layout unless
+    the packed one read MARGIN faster here)."""
     lib = ops.kernels()
     if lib is None or "avx2" not in lib.features:
         return False
-    return tuning.takes("BLAZR_Q8PACK", "q8pack", "packed", default="stored")
+    return tuning.takes("BLAZR_Q8PACK", f"q8pack_{Q8_0G}", "packed", default="stored")
 
 
 def packs(qw: QuantizedWeight, num_stacked: int = 1, head: bool = False) -> bool:

@@ -22,8 +22,8 @@ run until a load finds the host quiet; a choice forced on a busy host is marked 
   (`f32_prefill`, loading/quantize.py), on VNNI builds whether the loader re-lays each K-quant kind in 16-row
   groups (`kpack_q4_k`, `kpack_q6_k`: kernels/kquant_packed.py `wanted`), on AVX2 ones whether it codes float
   rows (`coded_bf16`, `coded_f32`: kernels/coded.py) and re-lays a GGUF's Q8_0 in the row-packed layout
-  (`q8pack`: kernels/q8_packed.py) — chosen like a knob, the loader's default kept unless the other form
-  reads MARGIN faster; both forms give the same bits.
+  (`q8pack_q8_0g`: kernels/q8_packed.py) — chosen like a knob, the loader's default kept unless the other
+  form reads MARGIN faster; both forms give the same bits.
 - `BLAZR_TUNE=off` keeps the defaults; `BLAZR_TUNE=force` measures again.
 - `python -m blazr.kernels.tuning [--force]` measures and prints the table.
 """
@@ -57,6 +57,7 @@ SHAPES = ((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
 PREFILL_ROWS = 256  # a prompt chunk's rows for the float32 prefill GEMM's choice
 KPACK_PROBES = ("q4_k", "q6_k")  # K-quant kinds whose layout is chosen (q5_k follows q4_k: the same walk)
 CODED_PROBES = ("bf16", "f32")  # float kinds whose coded form (kernels/coded.py) is chosen or not
+Q8PACK_PROBES = ("q8_0g",)  # a GGUF's Q8_0, re-laid in the row-packed layout or not (kernels/q8_packed.py)
 # host choices made above the C knobs, as measured or read by the last `apply` (name → value)
 CHOICES: dict[str, str] = {}
 
@@ -200,10 +201,11 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
             cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in rate.items())
             log(f"  {knob.name}: {cells} → {chosen[knob.name]}")
     choices: dict[str, str] = {}
-    above: dict[str, dict[str, dict[str, float]]] = {"kpack": {}, "coded": {}}  # kind → each form's rate
+    above: dict[str, dict[str, dict[str, float]]] = {"kpack": {}, "coded": {}, "q8pack": {}}  # kind → rates
     for prefix, probes, path, choose, unit in (
         ("kpack", KPACK_PROBES, "avx512_vnni", _kpack, "GB/s"),
         ("coded", CODED_PROBES, "avx2", _coded, "G weights/s"),
+        ("q8pack", Q8PACK_PROBES, "avx2", _q8pack, "GB/s"),
     ):
         for kind in probes if path in k.features else ():
             name = f"{prefix}_{kind}"
@@ -211,18 +213,13 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
             if log:
                 cells = ", ".join(f"{v}: {r:.1f} {unit}" for v, r in above[prefix][kind].items())
                 log(f"  {name}: {cells} → {choices[name]}")
-    q8_rates: dict[str, float] = {}
-    if "avx2" in k.features:
-        choices["q8pack"], q8_rates = _q8pack(k, made.get("q8_0g") or _decode_weights("q8_0g", g))
-        if log:
-            cells = ", ".join(f"{v}: {r:.1f} GB/s" for v, r in q8_rates.items())
-            log(f"  q8pack: {cells} → {choices['q8pack']}")
     choice, gflops = _f32_prefill(k, g)
     if log:
         log(f"  f32_prefill: kernel {gflops['kernel']:.0f}, sgemm {gflops['sgemm']:.0f} GFLOP/s → {choice}")
     choices["f32_prefill"] = choice
     return {"knobs": chosen, "gbps": rates, "choices": choices, "gflops": gflops,
-            "kpack_gbps": above["kpack"], "coded_gws": above["coded"], "q8pack_gbps": q8_rates}  # fmt: skip
+            "kpack_gbps": above["kpack"], "coded_gws": above["coded"],
+            "q8pack_gbps": above["q8pack"]}  # fmt: skip
 
 
 def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
@@ -242,8 +239,7 @@ def _q8pack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[
     in 4 streams 16.8-20.3 against 14-18 GB/s, NOTES §66)."""
     from blazr.kernels import q8_packed
 
-    _, rate = _stored_or(k, stored, "packed", q8_packed.pack)
-    return ("packed" if rate["packed"] > rate["stored"] * (1 + MARGIN) else "stored"), rate
+    return _stored_or(k, stored, "packed", q8_packed.pack, default="stored")
 
 
 def _coded(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
@@ -264,15 +260,18 @@ def _stored_or(
     alt: str,
     make: Callable[[QuantizedWeight], QuantizedWeight],
     per_weight: bool = False,
+    default: str | None = None,
 ) -> tuple[str, dict[str, float]]:
-    """Cold one-row decode passes over `stored` and over the same weights made `alt` by `make`: `alt` unless
-    the stored form reads MARGIN faster here, and each form's rate — GB/s of the stored bytes, or
-    (`per_weight`: forms of different sizes) G weights a second."""
+    """Cold one-row decode passes over `stored` and over the same weights made `alt` by `make`: the
+    `default` form (`alt` unless given: "stored") unless the other reads MARGIN faster here, and each form's
+    rate — GB/s of the stored bytes, or (`per_weight`: forms of different sizes) G weights a second."""
     made = [[make(w) for w in ws] for ws in stored]
     (run_s, nbytes), (run_a, _) = _decode_pass(k, stored), _decode_pass(k, made)
     per = sum(w.out_features * w.in_features for ws in stored for w in ws) if per_weight else nbytes
     rate = _best_rates({alt: run_a, "stored": run_s}, per)
-    choice = "stored" if rate["stored"] > rate[alt] * (1 + MARGIN) else alt
+    default = default or alt
+    other = "stored" if default == alt else alt
+    choice = other if rate[other] > rate[default] * (1 + MARGIN) else default
     return choice, {name: round(r, 2) for name, r in rate.items()}
 
 
