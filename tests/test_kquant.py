@@ -49,16 +49,19 @@ GGML = {"q4_k": gguf.GGMLQuantizationType.Q4_K, "q5_k": gguf.GGMLQuantizationTyp
 
 def _weight(kind: str, n: int, k: int, seed: int) -> QuantizedWeight:
     """Random bytes (every quant, scale and min over its range) with a few extreme super-blocks: all quants
-    and scales at their maximum, and for Q6_K the most negative scale with q − 32 = −32."""
+    and scales at their maximum, and for Q6_K the most negative scale with q − 32 = −32 — the first two
+    super-blocks of rows 0 and 1, so that `_acts`' full-scale super-block of constant sign meets them (the
+    integer sums' extreme: the AVX2 kernels hold runs of them in int16)."""
     qw = random_kquant(kind, n, k, torch.Generator().manual_seed(seed), d=1e-3)
     blocks = qw.data.view(n, k // QK_K, -1)
+    first = slice(0, 2)
     if kind == "q6_k":
-        blocks[0, 0, :192] = 0xFF  # q = 63
-        blocks[0, 0, 192:208] = 0x7F  # scales 127
-        blocks[1 % n, 0, :192] = 0  # q − 32 = −32
-        blocks[1 % n, 0, 192:208] = 0x80  # scales −128
+        blocks[0, first, :192] = 0xFF  # q = 63
+        blocks[0, first, 192:208] = 0x7F  # scales 127
+        blocks[1 % n, first, :192] = 0  # q − 32 = −32
+        blocks[1 % n, first, 192:208] = 0x80  # scales −128
     else:
-        blocks[0, 0, 4:] = 0xFF  # scales and mins 63, quants 15 (31 for Q5_K)
+        blocks[0, first, 4:] = 0xFF  # scales and mins 63, quants 15 (31 for Q5_K)
     return qw
 
 
@@ -370,9 +373,9 @@ def test_k_quant_gguf_packed_layout_changes_no_bit(
     f32_llama: Path, ftype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """llama.cpp's Q4_K_M / Q5_K_M file: its K-quant linears — and a mixed q|k|v's segments — re-laid in
-    16-row groups where the kernels have the VNNI path (none elsewhere; BLAZR_KPACK=1 over host tuning's
-    choice), against the same file with every K-quant kept as stored (BLAZR_KPACK=0): the same logits, bit
-    for bit, at prefill and decode, and the same greedy tokens."""
+    16-row groups where the kernels have a group path for their kind (`packs_on`: VNNI every kind, AVX2 Q4_K
+    and Q5_K; BLAZR_KPACK=1 over host tuning's choice), against the same file with every K-quant kept as
+    stored (BLAZR_KPACK=0): the same logits, bit for bit, at prefill and decode, the same greedy tokens."""
     from tests.llama_cpp_convert import quantize as llama_quantize
 
     path = f32_llama.parent / f"{ftype.lower()}.gguf"
@@ -384,13 +387,16 @@ def test_k_quant_gguf_packed_layout_changes_no_bit(
     stored = LLM(path, cpu=True, dtype="float32", max_num_seqs=2)
     kinds = set(_kernel_layers(packed, stored=False).values())
     mixed = [m.qweight for m in packed.model.modules() if isinstance(m, QuantizedLinear) and m.kind == "kmix"]
-    if "avx512_vnni" in ops.kernels().features:
-        want = {"q4_kx", "q6_kx"} if ftype == "Q4_K_M" else {"q5_kx", "q6_kx"}
-        assert want <= kinds and _kernel_layers(packed)["lm_head"] == "q6_k", kinds
-        # q|k|v of a layer whose attn_v llama.cpp kept in Q6_K: each segment re-laid
-        assert mixed and all(p.kind in kquant_packed.BASE_OF for w in mixed for p in w.parts())
-    else:
-        assert not kinds & set(kquant_packed.BASE_OF), kinds
+    features = ops.kernels().features
+    base = "q4_k" if ftype == "Q4_K_M" else "q5_k"
+    here = {kind for kind in (base, "q6_k") if kquant_packed.packs_on(kind, features)}
+    want = {kquant_packed.KX_OF[kind] for kind in here}  # VNNI: both kinds; AVX2: Q4_K / Q5_K; scalar: none
+    assert want <= kinds and not kinds & (set(kquant_packed.BASE_OF) - want), kinds
+    assert _kernel_layers(packed)["lm_head"] == "q6_k"
+    # q|k|v of a layer whose attn_v llama.cpp kept in Q6_K: each segment re-laid where its kind packs here
+    assert mixed
+    for part in (p for w in mixed for p in w.parts()) if here else ():
+        assert (part.kind in kquant_packed.BASE_OF) or part.kind not in here, part.kind
     assert _kernel_layers(packed) == _kernel_layers(stored, stored=False)
     batch = prompts([7, 30], seed=8, vocab=packed.config.vocab_size)
     for got, want in zip(_kernel_logits(packed, batch), _kernel_logits(stored, batch), strict=True):
@@ -465,9 +471,9 @@ def q4_k_m_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_k_quant_moe_experts_packed_change_no_bit(q4_k_m_moe: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The routed experts of a Q4_K_M MoE, stacked, are re-laid in 16-row groups expert by expert where the
-    kernels have the VNNI path (BLAZR_KPACK=1; csrc/moe.c runs each expert's rows through the same linear
-    kernels), and kept as stored elsewhere or with BLAZR_KPACK=0: the same logits bit for bit — prefill
-    (several tokens an expert) and decode —, and the same greedy tokens for two sequences decoded
+    kernels have a group path for their kind (BLAZR_KPACK=1; csrc/moe.c runs each expert's rows through the
+    same linear kernels), and kept as stored elsewhere or with BLAZR_KPACK=0: the same logits bit for bit —
+    prefill (several tokens an expert) and decode —, and the same greedy tokens for two sequences decoded
     together; a later load maps the re-laid stacks from the quantization cache."""
     from blazr.model.moe import Experts
 
@@ -482,10 +488,12 @@ def test_k_quant_moe_experts_packed_change_no_bit(q4_k_m_moe: Path, monkeypatch:
     stored = LLM(q4_k_m_moe, cpu=True, dtype="float32", max_num_seqs=2)
     kinds, base = stacks(packed), stacks(stored)
     assert {k for pair in base for k in pair} <= {"q4_k", "q6_k"} and ("q4_k", "q4_k") in base, base
-    if "avx512_vnni" in ops.kernels().features:
-        assert kinds == [(kquant_packed.KX_OF[u], kquant_packed.KX_OF[d]) for u, d in base], kinds
-    else:
-        assert kinds == base
+    features = ops.kernels().features
+
+    def here(kind: str) -> str:  # VNNI: every kind re-laid; AVX2: Q4_K; scalar: none
+        return kquant_packed.KX_OF[kind] if kquant_packed.packs_on(kind, features) else kind
+
+    assert kinds == [(here(u), here(d)) for u, d in base], kinds
     batch = prompts([9, 33], seed=4, vocab=packed.config.vocab_size)
     for got, want in zip(_kernel_logits(packed, batch), _kernel_logits(stored, batch), strict=True):
         assert torch.equal(got, want)

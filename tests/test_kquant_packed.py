@@ -4,9 +4,11 @@ csrc/linear_kx.c).
 The layout only moves bytes: the C pack equals the torch reference, unpacking gives ggml's rows back, and the
 values (`dequantize`) are the stored kind's. The kernel gives the stored kind's bits — every row count (one
 row, the register tiles up to 23 rows, linear_k_groups.c's tiles from 24), bias, residual and SwiGLU
-epilogues, on every ISA build (builds without VNNI unpack and run the stored kernel). The loader re-lays
-K-quant linears where the kernels have the VNNI path, from a view or a row table of the file, and leaves
-the rest as stored; a whole Q4_K_M GGUF gives the same logits and tokens either way (tests/test_kquant.py).
+epilogues, one-row calls at every weight-stream count, on every ISA build (VNNI's vpdpbusd groups, AVX2's
+vpmaddubsw runs in int16; the scalar build unpacks and runs the stored kernel). The loader re-lays K-quant
+linears where the kernels have a group path that gains (`packs_on`), from a view or a row table of the file,
+and leaves the rest as stored; a whole Q4_K_M GGUF gives the same logits and tokens either way
+(tests/test_kquant.py).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blazr.kernels import kquant_packed, ops
+from blazr.kernels import kquant_packed, ops, tuning
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import QuantizedWeight, dequantize, quantize
 from blazr.kernels.reference import linear_reference
+from tests.kernel_checks import _knob_values
 from tests.test_kquant import _acts, _weight
+from tests.threads import intra_op_threads
 
 KINDS = ["q4_k", "q5_k", "q6_k"]
 
@@ -52,6 +56,30 @@ def test_packed_kernel_gives_the_stored_bits(lib: ops.Kernels, kind: str, M: int
         got, want = lib.linear(x, packed, **kw), lib.linear(x, qw, **kw)
         assert torch.equal(got, want), (M, kw.keys())
     assert torch.equal(linear_reference(x, packed), linear_reference(x, qw))  # the reference sees its values
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_row_in_streams_gives_the_tiles_bits(lib: ops.Kernels, kind: str) -> None:
+    """A one-row call (AVX2: linear_kx.c's kx_streams, the groups of a thread's block walked S at a time,
+    balanced) gives the bits the same row gets in a batch, at every stream count this build takes (knob
+    streams_kx), one thread and two, at group counts that leave streams short or empty — bias + residual and
+    SwiGLU too."""
+    g = torch.Generator().manual_seed(11)
+    x = _acts(3, 512, g)
+    assert "streams_kx" in {k.name for k in tuning.KNOBS}
+    for n in (32, 96, 224):
+        packed = kquant_packed.pack(_weight(kind, n, 512, seed=n))
+        bias, residual = torch.randn(n, generator=g), torch.randn(3, n, generator=g)
+        batch = lib.linear(x, packed, bias, residual.clone())
+        swiglu = lib.linear(x, packed, swiglu=True)
+        for streams in _knob_values(lib, "streams_kx"):
+            for threads in (1, 2):
+                with lib.tuned(streams_kx=streams), intra_op_threads(threads):
+                    for i in range(3):
+                        one = lib.linear(x[i : i + 1], packed, bias, residual[i : i + 1].clone())
+                        assert torch.equal(one, batch[i : i + 1]), (n, streams, threads, i)
+                        got = lib.linear(x[i : i + 1], packed, swiglu=True)
+                        assert torch.equal(got, swiglu[i : i + 1]), (n, streams, threads, i, "swiglu")
 
 
 def test_packed_kernel_batch_rows_are_independent(lib: ops.Kernels) -> None:
@@ -97,13 +125,17 @@ def test_a_kmix_weights_k_quant_segments_re_laid_give_the_stored_bits(
         want = lib.linear(x, gate_up, swiglu=True)
         assert torch.equal(lib.linear(x, relaid_gate_up, swiglu=True), want), M
     monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": "groups", "kpack_q6_k": "groups"})
-    vnni = "avx512_vnni" in ops.kernels().features
-    assert kquant_packed.packed_kind(mixed) == ("kmix" if vnni else None)
-    if vnni:
+    features = ops.kernels().features
+    here = {kind: kquant_packed.packs_on(kind, features) for kind in KINDS}
+    assert kquant_packed.packed_kind(mixed) == ("kmix" if here["q4_k"] or here["q6_k"] else None)
+    kinds = [p.kind for p in kquant_packed.pack(mixed).parts()]
+    q4, q6 = ("q4_kx" if here["q4_k"] else "q4_k"), ("q6_kx" if here["q6_k"] else "q6_k")
+    assert kinds == [q4, q6, "q8_0g", "q5_k"]
+    if all(here.values()):
         assert torch.equal(kquant_packed.pack(mixed).data, relaid.data)
     monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": "stored", "kpack_q6_k": "groups"})
-    if vnni:  # the Q4_K and Q5_K segments kept as stored
-        assert [p.kind for p in kquant_packed.pack(mixed).parts()] == ["q4_k", "q6_kx", "q8_0g", "q5_k"]
+    kinds = [p.kind for p in kquant_packed.pack(mixed).parts()]  # the Q4_K and Q5_K segments kept as stored
+    assert kinds == ["q4_k", q6, "q8_0g", "q5_k"]
 
 
 def test_packed_kinds_check_their_shapes(native: ops.Kernels) -> None:
@@ -119,14 +151,18 @@ def test_packed_kinds_check_their_shapes(native: ops.Kernels) -> None:
 
 def test_loader_packs_where_the_kernels_run_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """`packed_kind`, the loader's rule: a K-quant weight of whole 32-row groups (in a stack, each weight's
-    rows; a row table into the file's map too) is re-laid on a VNNI build, anything else kept as stored; host
-    tuning's choice decides each kind (q5_k following q4_k), BLAZR_KPACK=0 / 1 over it, and a build without
-    VNNI never packs. A row table packs to the gathered rows' groups."""
-    from blazr.kernels import tuning
-
+    rows; a row table into the file's map too) is re-laid where the build's group path runs its kind (VNNI:
+    every kind; AVX2 without it: Q4_K and Q5_K), anything else kept as stored; host tuning's choice decides
+    each kind (q5_k following q4_k), BLAZR_KPACK=0 / 1 over it, and the scalar build never packs. A row table
+    packs to the gathered rows' groups."""
     g = torch.Generator().manual_seed(2)
     qw = random_kquant("q6_k", 64, 256, g)
-    vnni = "avx512_vnni" in ops.kernels().features
+    features = ops.kernels().features
+    vnni = "avx512_vnni" in features
+    avx2 = "avx2" in features
+    assert kquant_packed.packs_on("q4_k", features) == kquant_packed.packs_on("q5_k", features) == avx2
+    assert not any(kquant_packed.packs_on(kind, []) for kind in KINDS)  # the scalar build
+    assert [kquant_packed.packs_on(kind, ["avx2"]) for kind in KINDS] == [True, True, False]
     monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": "groups", "kpack_q6_k": "groups"})
     rule = kquant_packed.packed_kind
     assert rule(qw) == ("q6_kx" if vnni else None)
@@ -137,7 +173,7 @@ def test_loader_packs_where_the_kernels_run_it(monkeypatch: pytest.MonkeyPatch) 
     want = kquant_packed.pack(QuantizedWeight("q6_k", holder[order].contiguous(), 64, 256)).data
     assert torch.equal(kquant_packed.pack(mapped).data, want)
     stack = random_kquant("q4_k", 96, 256, g)  # 3 stacked weights of 32 rows: packs; 2 of 48 do not
-    assert rule(stack, 3) == ("q4_kx" if vnni else None) and rule(stack, 2) is None
+    assert rule(stack, 3) == ("q4_kx" if avx2 else None) and rule(stack, 2) is None
     for other in (random_kquant("q4_k", 48, 256, g), quantize(torch.randn(64, 256, generator=g), "q8_0g")):
         assert rule(other) is None
     q5 = random_kquant("q5_k", 32, 256, g)
@@ -147,9 +183,9 @@ def test_loader_packs_where_the_kernels_run_it(monkeypatch: pytest.MonkeyPatch) 
     ):  # host tuning's choice, per kind
         monkeypatch.setattr(tuning, "CHOICES", {"kpack_q4_k": q4_choice, "kpack_q6_k": q6_choice})
         assert (rule(qw) == "q6_kx") == (vnni and q6_choice == "groups")
-        assert (rule(q5) == "q5_kx") == (vnni and q4_choice == "groups")
+        assert (rule(q5) == "q5_kx") == (avx2 and q4_choice == "groups")
         monkeypatch.setenv("BLAZR_KPACK", "1")  # over the choice, where the kernels have the path
-        assert (rule(qw) == "q6_kx") == vnni
+        assert (rule(qw) == "q6_kx") == vnni and (rule(q5) == "q5_kx") == avx2
         monkeypatch.setenv("BLAZR_KPACK", "0")
         assert rule(qw) is None
         monkeypatch.delenv("BLAZR_KPACK")

@@ -188,18 +188,21 @@ def _choice_kept_and_read_back(
 def test_the_k_quant_layout_is_chosen_on_this_host_and_followed(
     small: Path, monkeypatch: pytest.MonkeyPatch, generic: ops.Kernels
 ) -> None:
-    """On a build with the VNNI path, each probed K-quant kind's layout — 16-row groups or as stored — is
-    timed after the knobs, kept in the file beside both layouts' GB/s, read back by a later load, and the
-    loader's rule (`kquant_packed.wanted`) follows it; a build without the path has no such choice."""
+    """On a build with a group path (AVX2: Q4_K; VNNI: Q4_K and Q6_K — `tuning.kpack_probes`), each probed
+    K-quant kind's layout — 16-row groups or as stored — is timed after the knobs, kept in the file beside
+    both layouts' GB/s, read back by a later load, and the loader's rule (`kquant_packed.wanted`) follows it;
+    the portable build has no such choice."""
     from blazr.kernels import kquant_packed
 
     k = ops.kernels()
     assert k is not None
     monkeypatch.delenv("BLAZR_KPACK", raising=False)
-    chosen = _choice_kept_and_read_back(
-        small, k, generic, "kpack", tuning.KPACK_PROBES, "avx512_vnni", {"groups", "stored"}, "kpack_gbps"
-    )
-    for kind in tuning.KPACK_PROBES if chosen is not None else ():
+    probes, features = tuning.kpack_probes(k.features), k.features
+    vnni, avx2 = "avx512_vnni" in features, "avx2" in features
+    assert probes == (("q4_k", "q6_k") if vnni else ("q4_k",) if avx2 else ())
+    forms = {"groups", "stored"}
+    chosen = _choice_kept_and_read_back(small, k, generic, "kpack", probes, "avx2", forms, "kpack_gbps")
+    for kind in probes if chosen is not None else ():
         assert kquant_packed.wanted(kind) == (chosen[f"kpack_{kind}"] == "groups")
 
 

@@ -70,6 +70,7 @@ TUNE_KNOBS = {
     "k1_zmm": 4,
     "streams_b32": 5,
     "streams_z": 6,
+    "streams_kx": 7,
 }
 
 

@@ -3,18 +3,17 @@ references, and when the loader takes it.
 
 A GGUF's K-quant tensors run as stored (kinds q4_k, q5_k, q6_k: csrc/linear_k.c, one row's quants in a
 register's lanes). On a kernel build with AVX-512 VNNI the loader re-lays each whole linear weight of those
-kinds, and each MoE expert stack (model/moe.py: csrc/moe.c runs an expert's rows through the same linear
-kernels), once (`packed_kind` says which; loading/relaid.py): the same bytes, moved so that 16
-rows' quants share a register and vpdpbusd computes 16 rows' dots at once (csrc/linear_kx.c, whose header
-gives the layout; here `FIELDS`). A one-row
-(decode) call then computes Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2
+kinds (on an AVX2 build Q4_K and Q5_K: `packs_on`), and each MoE expert stack (model/moe.py: csrc/moe.c
+runs an expert's rows through the same linear kernels), once (`packed_kind` says which; loading/relaid.py):
+the same bytes, moved so that 16 rows' quants share a register and vpdpbusd computes 16 rows' dots at once
+(csrc/linear_kx.c, whose header gives the layout; here `FIELDS`). A one-row (decode) call then computes Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2
 threads, against the stored layout's host-tuned form), enough to read the weights at the memory's rate when
 that rate is high, where the stored layout falls behind it (a 1B Q4_K_M decode +12-24 %, 4 and 16 sequences
 +37 / +49 %: benchmarks/NOTES.md §56): the stored one-row kernel applies each sub-block's scale inside the
-integer dot and reduces every row's lanes, ~20 cycles a row and super-block. (On a Zen 3 without VNNI the two
-layouts had measured level, decode 8-11 GB/s cold against q4_0's row-packed 9.5-12: the stored layout came
-first, and stays where the kernels have no VNNI path.) The outputs are the stored kinds' bits at every row
-count, so packing changes speed only.
+integer dot and reduces every row's lanes, ~20 cycles a row and super-block. Without VNNI (AVX2: vpmaddubsw
+pairs summed in int16, csrc/linear_kx.c) Q4_K's groups compute 1.4x the stored kernel's rate hot and run
+1.04-1.5x at 2-256 rows (Zen 3, NOTES §67); Q6_K's lose there, so that kind stays as stored. The outputs
+are the stored kinds' bits at every row count, so packing changes speed only.
 
 Bytes: data uint8 [N/16, 16 · row_bytes] (N a multiple of 16), row_bytes = K/256 · 144 (q4_kx), 176 (q5_kx) or
 210 (q6_kx); per group, per super-block, each field of the 16 rows' ggml blocks as [units][16 rows][unit
@@ -22,9 +21,9 @@ bytes]. `pack_reference` / `unpack` move them in torch; `pack` in C from row add
 `blz_pack_kx`, so a GGUF's rows are read once, straight from the file's map). Kept as stored: weights whose
 rows do not fill whole groups of 32 (a fused gate|up's halves must each fill groups; in a stack, each
 expert's rows), a kmix weight's segments other than K-quants of whole 16-row groups (its K-quant segments —
-Q4_K_M's q|k beside a Q6_K v — are re-laid one by one), token tables, and everything on builds without VNNI
-(which would unpack per call), a kind whose stored layout host tuning measured faster here (`wanted`), or
-with `BLAZR_KPACK=0` (for A/B measurements; `=1` packs whatever tuning chose).
+Q4_K_M's q|k beside a Q6_K v — are re-laid one by one), token tables, a kind the build's group path does not
+gain on (`packs_on`; the scalar build would unpack per call), a kind whose stored layout host tuning measured
+faster here (`wanted`), or with `BLAZR_KPACK=0` (for A/B measurements; `=1` packs whatever tuning chose).
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ FIELDS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "q6_k": ((208, 1, 2), (192, 16, 1), (0, 32, 4), (128, 16, 4)),  # d, 16 int8 scales, ql, qh
 }
 PROBED_AS = {"q5_k": "q4_k"}  # host tuning times q4_k and q6_k; q5_k runs q4_k's walk (csrc/linear_kx.c)
+AVX2_PACKS = ("q4_k", "q5_k")  # the kinds re-laid on AVX2 builds without VNNI (csrc/linear_kx.c's AVX2 path)
 PACK_MULTIPLE = 32  # rows the loader's packing needs (a SwiGLU weight's halves each fill groups of 16)
 
 
@@ -140,11 +140,18 @@ def _packs(part: QuantizedWeight) -> bool:
 
 
 def wanted(kind: str) -> bool:
-    """Whether the loader re-lays stored K-quant `kind` in groups on this host: never where the library lacks
-    its VNNI path (the kernel would unpack per call); else `BLAZR_KPACK` (0 / 1) when set, else host tuning's
-    choice (kernels/tuning.py `kpack_q4_k` / `kpack_q6_k`, q5_k following q4_k's walk; the groups unless the
-    stored layout read faster there), else yes."""
+    """Whether the loader re-lays stored K-quant `kind` in groups on this host: never where the library has
+    no group path for it that gains (`packs_on`; the scalar build would unpack per call); else `BLAZR_KPACK`
+    (0 / 1) when set, else host tuning's choice (kernels/tuning.py `kpack_q4_k` / `kpack_q6_k`, q5_k following
+    q4_k's walk; the groups unless the stored layout read faster there), else yes."""
     lib = ops.kernels()
-    if lib is None or "avx512_vnni" not in lib.features:
+    if lib is None or not packs_on(kind, lib.features):
         return False
     return tuning.takes("BLAZR_KPACK", f"kpack_{PROBED_AS.get(kind, kind)}", "groups", default="groups")
+
+
+def packs_on(kind: str, features: list[str]) -> bool:
+    """Whether a library with SIMD `features` may run stored K-quant `kind` in groups: every kind with the
+    VNNI path; on AVX2 without it Q4_K and Q5_K (`AVX2_PACKS`), whose groups run their vpmaddubsw dots in
+    int16 runs, where Q6_K's do not gain on its stored kernel."""
+    return "avx512_vnni" in features or ("avx2" in features and kind in AVX2_PACKS)

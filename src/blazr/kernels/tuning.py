@@ -19,8 +19,9 @@ run until a load finds the host quiet; a choice forced on a busy host is marked 
   `python -m blazr.kernels.build`, which `make install` runs, measures it at install). Called by
   `ops.kernels()` on the default library.
 - Choices above the C knobs, kept in `CHOICES` for the code that reads them: the float32 prefill's GEMM
-  (`f32_prefill`, loading/quantize.py), on VNNI builds whether the loader re-lays each K-quant kind in 16-row
-  groups (`kpack_q4_k`, `kpack_q6_k`: kernels/kquant_packed.py `wanted`), on AVX2 ones whether it codes float
+  (`f32_prefill`, loading/quantize.py), whether the loader re-lays each K-quant kind in 16-row groups
+  (`kpack_q4_k`, `kpack_q6_k` on VNNI builds, `kpack_q4_k` on AVX2 ones: kernels/kquant_packed.py `wanted`,
+  `packs_on`), on AVX2 builds whether it codes float
   rows (`coded_bf16`, `coded_f32`: kernels/coded.py) and re-lays a GGUF's Q8_0 in the row-packed layout
   (`q8pack_q8_0g`: kernels/q8_packed.py) — chosen like a knob, the loader's default kept unless the other
   form reads MARGIN faster; both forms give the same bits.
@@ -46,9 +47,9 @@ from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.quant import QuantizedWeight
 
-FORMAT = 6  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
+FORMAT = 7  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
 # measured after streams_k; 4: + the K-quant layouts' choice, kpack_*; 5: + streams_z, coded_bf16 / coded_f32;
-# 6: + q8pack, and the stream knobs of AVX2 builds)
+# 6: + q8pack, and the stream knobs of AVX2 builds; 7: + streams_kx, kpack_q4_k on AVX2 builds)
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
 MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
@@ -83,7 +84,16 @@ KNOBS = (
     Knob("k1_zmm", (0, 1), ("q4_k", "q6_k")),
     Knob("streams_b32", (4, 2, 1), ("q5_0",)),
     Knob("streams_z", (4, 2, 1), ("bf16z",)),  # coded bf16 (csrc/linear_coded.c): Zen 5 reads 1 stream best
+    Knob("streams_kx", (4, 2, 1), ("q4_kx",)),  # Q4_K's 16-row groups on AVX2 without VNNI (csrc/linear_kx.c)
 )
+
+
+def kpack_probes(features: list[str]) -> tuple[str, ...]:
+    """The probed K-quant kinds whose layout a library with `features` chooses: those its group path runs
+    (kernels/kquant_packed.py `packs_on`)."""
+    from blazr.kernels import kquant_packed
+
+    return tuple(kind for kind in KPACK_PROBES if kquant_packed.packs_on(kind, features))
 
 
 def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
@@ -95,6 +105,10 @@ def _weight(kind: str, n: int, k: int, g: torch.Generator) -> QuantizedWeight:
 
     if kind in ("q4_k", "q5_k", "q6_k"):
         return random_kquant(kind, n, k, g)
+    if kind == "q4_kx":
+        from blazr.kernels import kquant_packed
+
+        return kquant_packed.pack(random_kquant("q4_k", n, k, g))
     if kind == "bf16z":
         from blazr.kernels import coded
 
@@ -203,7 +217,7 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
     choices: dict[str, str] = {}
     above: dict[str, dict[str, dict[str, float]]] = {"kpack": {}, "coded": {}, "q8pack": {}}  # kind → rates
     for prefix, probes, path, choose, unit in (
-        ("kpack", KPACK_PROBES, "avx512_vnni", _kpack, "GB/s"),
+        ("kpack", kpack_probes(k.features), "avx2", _kpack, "GB/s"),
         ("coded", CODED_PROBES, "avx2", _coded, "G weights/s"),
         ("q8pack", Q8PACK_PROBES, "avx2", _q8pack, "GB/s"),
     ):
@@ -224,9 +238,10 @@ def measure(k: Kernels, log: Callable[[str], None] | None = None) -> dict[str, A
 
 def _kpack(k: Kernels, stored: list[list[QuantizedWeight]]) -> tuple[str, dict[str, float]]:
     """A K-quant's one-row decode pass over cold weights as stored (linear_k.c) against the same weights
-    re-laid in 16-row groups (linear_kx.c, kernels/kquant_packed.py): "groups", the loader's default on VNNI
-    builds, unless the stored layout reads MARGIN faster here (Zen 5, 2 threads: the groups at 0.93-1.29x
-    cold and 1.5-2.3x hot; an Emerald Rapids VM's 2 threads read Q6_K at 16384 rows 0.78x, NOTES §57)."""
+    re-laid in 16-row groups (linear_kx.c, kernels/kquant_packed.py): "groups", the loader's default where
+    the build's group path runs the kind (`kquant_packed.packs_on`), unless the stored layout reads MARGIN
+    faster here (Zen 5, 2 threads: the groups at 0.93-1.29x cold and 1.5-2.3x hot; an Emerald Rapids VM's 2
+    threads read Q6_K at 16384 rows 0.78x, NOTES §57; Zen 3's AVX2 Q4_K 1.03-1.15x cold, NOTES §67)."""
     from blazr.kernels import kquant_packed
 
     return _stored_or(k, stored, "groups", kquant_packed.pack)  # GB/s: both layouts hold the same bytes

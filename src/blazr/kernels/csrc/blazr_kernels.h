@@ -442,6 +442,7 @@ enum {
     BLZ_TUNE_K1_ZMM = 4, /* K-quant one-row dots in 512-bit registers (1; AVX-512 builds) or 256-bit (0) */
     BLZ_TUNE_STREAMS_B32 = 5, /* weight streams of the 32-block kinds' one-row walk (linear_b32.c: q5_0, mxfp4) */
     BLZ_TUNE_STREAMS_Z = 6,   /* weight streams of the coded bf16 decode (linear_coded.c; Zen 5: 1) */
+    BLZ_TUNE_STREAMS_KX = 7,  /* of the K-quants' 16-row groups on AVX2 builds without VNNI (linear_kx.c) */
     BLZ_TUNE_COUNT
 };
 extern int blz_tune[BLZ_TUNE_COUNT];

@@ -51,6 +51,12 @@ void blz_populate(uint8_t *p, int64_t n) {
 #else
 #define STREAMS_F_TOP 1
 #endif
+/* The K-quants' 16-row groups (linear_kx.c) walk streams on AVX2 builds; the VNNI form walks one. */
+#ifdef BLZ_VNNI
+#define STREAMS_KX_TOP 1
+#else
+#define STREAMS_KX_TOP BLZ_STREAMS
+#endif
 
 int blz_tune[BLZ_TUNE_COUNT] = {
     [BLZ_TUNE_STREAMS_F] = BLZ_STREAMS_DEFAULT, /* ≤ STREAMS_F_TOP: both 1 without AVX-512 */
@@ -60,11 +66,12 @@ int blz_tune[BLZ_TUNE_COUNT] = {
     [BLZ_TUNE_K1_ZMM] = 0,
     [BLZ_TUNE_STREAMS_B32] = BLZ_STREAMS_DEFAULT,
     [BLZ_TUNE_STREAMS_Z] = 1,
+    [BLZ_TUNE_STREAMS_KX] = BLZ_STREAMS_DEFAULT, /* ≤ STREAMS_KX_TOP */
 };
 
 /* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
  * an unknown knob or a value outside its range in this build (streams knobs: 1 .. BLZ_STREAMS, the float
- * walkers' 1 .. STREAMS_F_TOP; K-quant 512-bit dots: 0, or 1 on AVX-512 builds). Not for use while kernels
+ * walkers' 1 .. STREAMS_F_TOP, the K-quant groups' 1 .. STREAMS_KX_TOP; K-quant 512-bit dots: 0, or 1 on AVX-512 builds). Not for use while kernels
  * run on other threads. */
 BLZ_EXPORT int blz_set_tune(int knob, int value) {
     int top, low = 0;
@@ -79,6 +86,10 @@ BLZ_EXPORT int blz_set_tune(int knob, int value) {
         case BLZ_TUNE_STREAMS_B32:
         case BLZ_TUNE_STREAMS_Z:
             top = BLZ_STREAMS;
+            low = 1;
+            break;
+        case BLZ_TUNE_STREAMS_KX:
+            top = STREAMS_KX_TOP;
             low = 1;
             break;
 #ifdef BLZ_AVX512

@@ -43,8 +43,8 @@
  * On AVX-512 VNNI builds calls of KG_MIN rows and more take linear_k_groups.c instead: 16 weight rows re-laid
  * per call so that vpdpbusd runs their dots side by side (the same bits; 1.6-1.8x at 64-512 rows).
  * On those builds the loader re-lays K-quant linears once, at load, in that 16-row grouping kept compact
- * (linear_kx.c: the same bits at every row count, one-row calls 1.5-2.3x faster hot); this file then runs the
- * mixed-kind fused weights, expert stacks, weights of odd row counts and every build without VNNI.
+ * (linear_kx.c: the same bits at every row count, one-row calls 1.5-2.3x faster hot), on AVX2 builds Q4_K and
+ * Q5_K only; this file then runs the kinds kept as stored, weights of odd row counts and the scalar build.
  */
 #include "kquant.h"
 

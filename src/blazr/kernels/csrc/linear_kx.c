@@ -23,14 +23,21 @@
  * steps per super-block are its steps in its order:
  *   acc = fma((float)sumi, d·dx, acc);   Q4_K / Q5_K: acc = fma(−(float)summ, dmin·dx, acc)
  * — every output has linear_k.c's bits on the same weights, at any row count (tests/test_kquant_packed.py).
- * Builds without AVX-512 VNNI (where the loader never packs) unpack the weight and run linear_k.c: the same
- * bits. Activations: linear_k.c's Q8_K rows (blz_quantize_q8k_row).
+ * AVX2 builds without VNNI run the same layout as two halves of 8 rows in 256-bit registers, vpdpbusd's
+ * int32 dots made by vpmaddubsw pairs summed in int16 over runs of chunks that cannot reach 2^15, widened by
+ * the vpmaddwd that applies the scale: the same integers, so the same bits. There Q4_K's groups computed 1.4x
+ * the stored kernel's GB/s hot (2 threads, Zen 3) and read 1.03-1.15x cold, 1.04-1.5x at 2-256 rows; Q6_K's,
+ * whose quants take more unpacking than their dots save, 0.7-0.95x at 2-64 rows, so the loader re-lays only
+ * Q4_K and Q5_K there (kernels/kquant_packed.py `packs_on`; NOTES §67). The scalar build unpacks the weight
+ * and runs linear_k.c: the same bits. Activations: linear_k.c's Q8_K rows (blz_quantize_q8k_row).
  *
  * Parallel strategy: OpenMP splits the groups; a group runs its activation rows KX_MT at a time, each chunk
  * unpacked once for the tile; the first tile prefetches each super-block's lines KX_PF bytes ahead (the
- * groups are one linear stream a thread). From KG_MIN rows a group is instead unpacked once per call into
- * linear_k_groups.c's layout (quants a byte each) and run by its tiles: 512-row prefill on this layout's own
- * tiles ran Q4_K at 0.89-0.95x and Q6_K at 0.64-0.69x of the stored kinds' groups (1B shapes, Zen 5).
+ * groups are one linear stream a thread). On VNNI builds from KG_MIN rows a group is instead unpacked once
+ * per call into linear_k_groups.c's layout (quants a byte each) and run by its tiles: 512-row prefill on this
+ * layout's own tiles ran Q4_K at 0.89-0.95x and Q6_K at 0.64-0.69x of the stored kinds' groups (1B shapes,
+ * Zen 5). AVX2 builds walk a one-row call's groups as weight streams (kx_streams, knob streams_kx; Zen 3 reads
+ * best in 1-2), balanced between the threads as linear_q.c's q_streams.
  * SwiGLU: output group g takes gate group g and up group g + I/16 (I = N/2 a multiple of 16).
  */
 #include <stdlib.h>
@@ -215,6 +222,232 @@ static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, int64
         else kx6_dots(mt, grp, a, m0, acc);
     }
 }
+#elif defined(BLZ_AVX2)
+/* AVX2 without VNNI: a group's 16 rows as two halves of 8 (rows 8h .. 8h+7: bytes 32h .. 32h+31 of each 64-byte
+ * unit of the layout), vpdpbusd's exact int32 dots made by vpmaddubsw — a weight byte times the activation byte,
+ * pairs summed in int16 — summed in int16 over a run of chunks and widened by the vpmaddwd that applies the
+ * sub-block's scale (each dword's two int16 times the row's scale). Every int16 sum stays below 2^15: a pair
+ * is at most 2·q·127 (|qx| ≤ 127), Q4_K runs all 8 chunks of a sub-block (q ≤ 15: ≤ 30480), Q5_K 4 (q ≤ 31:
+ * ≤ 31496), Q6_K scales each pair (q + 32 ≤ 63); so sumi and summ are the VNNI path's integers, and the fp32
+ * steps its steps. */
+
+/* vpshufb masks: byte q of each dword (8 rows' scales or mins of one sub-block) into both int16 of the dword,
+ * zero-extended — vpmaddwd's factor for the dword's int16 pair. */
+static const uint8_t kx_pair[4][32] __attribute__((aligned(32))) = {
+#define P4(q) q, 0x80, q, 0x80, 4 + q, 0x80, 4 + q, 0x80, 8 + q, 0x80, 8 + q, 0x80, 12 + q, 0x80, 12 + q, 0x80
+    {P4(0), P4(0)}, {P4(1), P4(1)}, {P4(2), P4(2)}, {P4(3), P4(3)},
+#undef P4
+};
+/* vpshufb masks: bytes 0 and 1 (2 and 3) of each dword zero-extended to its two int16 — a pair of mins. */
+static const uint8_t kx_mins[2][32] __attribute__((aligned(32))) = {
+#define M4(q) q, 0x80, q + 1, 0x80, 4 + q, 0x80, 5 + q, 0x80, 8 + q, 0x80, 9 + q, 0x80, 12 + q, 0x80, 13 + q, 0x80
+    {M4(0), M4(0)}, {M4(2), M4(2)},
+#undef M4
+};
+
+/* Q4_K (five = 0) / Q5_K (five = 1), half h of super-block p (super-block b of the activations): acc[m] (8
+ * rows' fp32 lanes) + the step of activation row m0 + m (kx45_dots' steps for 8 rows). */
+BLZ_INLINE void kx45_block_avx2(const int five, const int mt, const uint8_t *restrict p, const int h,
+                                const actk_t *restrict a, const int64_t m0, const int64_t b, __m256 *acc) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), m3f = _mm256_set1_epi8(0x3f), m03 = _mm256_set1_epi8(0x03);
+    const __m256i one = _mm256_set1_epi8(0x01);
+    const uint8_t *ph = p + 32 * h, *qs = ph + (five ? 768 : 256);
+    const __m256i w0 = _mm256_loadu_si256((const __m256i *)(ph + 64));
+    const __m256i w1 = _mm256_loadu_si256((const __m256i *)(ph + 128));
+    const __m256i w2 = _mm256_loadu_si256((const __m256i *)(ph + 192));
+    __m256i sc[2], mn[2]; /* kx4_scales on 8 rows */
+    sc[0] = _mm256_and_si256(w0, m3f);
+    mn[0] = _mm256_and_si256(w1, m3f);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(w2, lo4), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), m03), 4));
+    mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), lo4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m03), 4));
+    const int run = five ? 4 : 8; /* chunks summed in int16 before the scale */
+    __m256i sumi[KX_MT];
+    for (int m = 0; m < mt; ++m) sumi[m] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+        for (int i0 = 0; i0 < 8; i0 += run) {
+            __m256i sl[KX_MT], sh[KX_MT];
+            for (int m = 0; m < mt; ++m) sl[m] = sh[m] = _mm256_setzero_si256();
+            for (int i = i0; i < i0 + run; ++i) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * (8 * c + i)));
+                __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                if (five) { /* bits 2c and 2c + 1 of high-bit chunk i → bit 4 */
+                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(ph + 256 + 64 * i));
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
+                }
+                for (int m = 0; m < mt; ++m) {
+                    const int8_t *x = a->q + (m0 + m) * a->K + b * QK_K + 64 * c;
+                    sl[m] = _mm256_add_epi16(sl[m], _mm256_maddubs_epi16(lo, blz_bcast4_256(x + 4 * i)));
+                    sh[m] = _mm256_add_epi16(sh[m], _mm256_maddubs_epi16(hi, blz_bcast4_256(x + 32 + 4 * i)));
+                }
+            }
+            /* sub-blocks 2c, 2c + 1: bytes 2(c % 2), 2(c % 2) + 1 of each dword of sc[c / 2] */
+            const __m256i s_lo = _mm256_shuffle_epi8(sc[c / 2], _mm256_load_si256((const __m256i *)kx_pair[2 * (c & 1)]));
+            const __m256i s_hi = _mm256_shuffle_epi8(sc[c / 2], _mm256_load_si256((const __m256i *)kx_pair[2 * (c & 1) + 1]));
+            for (int m = 0; m < mt; ++m)
+                sumi[m] = _mm256_add_epi32(sumi[m], _mm256_add_epi32(_mm256_madd_epi16(sl[m], s_lo), _mm256_madd_epi16(sh[m], s_hi)));
+        }
+    }
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * h)));
+    __m256i mp[4]; /* kx4_min_pairs: lane r = row r's mins 2q, 2q + 1 */
+    for (int q = 0; q < 4; ++q) mp[q] = _mm256_shuffle_epi8(mn[q / 2], _mm256_load_si256((const __m256i *)kx_mins[q % 2]));
+    for (int m = 0; m < mt; ++m) {
+        const int64_t row = (m0 + m) * a->nb + b;
+        const int16_t *xs = a->xs + 8 * row;
+        __m256i summ = _mm256_madd_epi16(mp[0], blz_bcast4_256(xs));
+        for (int q = 1; q < 4; ++q) summ = _mm256_add_epi32(summ, _mm256_madd_epi16(mp[q], blz_bcast4_256(xs + 2 * q)));
+        const __m256 dx = _mm256_set1_ps(a->d[row]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[m]), _mm256_mul_ps(dw, dx), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(dm, dx), acc[m]);
+    }
+}
+
+/* Q6_K, half h of super-block p: kx6_dots' steps for 8 rows. Per sub-block j (h', t, is): its int8 scales of
+ * the 8 rows as int16 pairs (sign-extended, the low half copied up), its 4 chunks' vpmaddubsw pairs summed two
+ * at a time in int16 (≤ 2·2·63·127) and scaled by vpmaddwd; sumi = Σ_j sc·dot_j − 32·Σ_j sc·bs_j, the integer
+ * of the VNNI chain started at −32·bs. A sub-block's chunk of quants is one of kx6_quants' four (element
+ * 128h' + 32t + 4i: ql chunk 16h' + 8(t & 1) + i, nibble t >> 1; qh chunk 8h' + i, bits 2t .. 2t + 1). */
+BLZ_INLINE void kx6_block_avx2(const int mt, const uint8_t *restrict p, const int h, const actk_t *restrict a,
+                               const int64_t m0, const int64_t b, __m256i *sumi) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b30 = _mm256_set1_epi8(0x30);
+    const uint8_t *ph = p + 32 * h;
+    __m256i sb[KX_MT];
+    for (int m = 0; m < mt; ++m) sumi[m] = sb[m] = _mm256_setzero_si256();
+    for (int j = 0; j < 16; ++j) {
+        const int hh = j >> 3, t = (j >> 1) & 3, is = j & 1;
+        const __m256i s32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 32 + 16 * j + 8 * h)));
+        const __m256i S = _mm256_blend_epi16(s32, _mm256_slli_epi32(s32, 16), 0xAA);
+        for (int m = 0; m < mt; ++m) {
+            const uint16_t bs = (uint16_t)a->bs[16 * ((m0 + m) * a->nb + b) + j];
+            sb[m] = _mm256_add_epi32(sb[m], _mm256_madd_epi16(S, _mm256_set1_epi32(bs)));
+        }
+        const uint8_t *ql = ph + 288 + 64 * (16 * hh + 8 * (t & 1)), *qh = ph + 2336 + 64 * 8 * hh;
+        for (int i = 4 * is; i < 4 * is + 4; i += 2) {
+            __m256i e[2];
+            for (int u = 0; u < 2; ++u) {
+                const __m256i L = _mm256_loadu_si256((const __m256i *)(ql + 64 * (i + u)));
+                const __m256i H = _mm256_loadu_si256((const __m256i *)(qh + 64 * (i + u)));
+                const __m256i lo = t >> 1 ? _mm256_srli_epi16(L, 4) : L;
+                const __m256i hi = t == 0 ? _mm256_slli_epi16(H, 4) : t == 1 ? _mm256_slli_epi16(H, 2)
+                                 : t == 2 ? H : _mm256_srli_epi16(H, 2);
+                e[u] = _mm256_or_si256(_mm256_and_si256(lo, lo4), _mm256_and_si256(hi, b30));
+            }
+            for (int m = 0; m < mt; ++m) {
+                const int8_t *x = a->q + (m0 + m) * a->K + b * QK_K + 128 * hh + 32 * t + 4 * i;
+                const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(e[0], blz_bcast4_256(x)),
+                                                     _mm256_maddubs_epi16(e[1], blz_bcast4_256(x + 4)));
+                sumi[m] = _mm256_add_epi32(sumi[m], _mm256_madd_epi16(p16, S));
+            }
+        }
+    }
+    for (int m = 0; m < mt; ++m) sumi[m] = _mm256_sub_epi32(sumi[m], _mm256_slli_epi32(sb[m], 5));
+}
+
+/* kx6_block_avx2's integers → acc[m] + the fp32 step. */
+BLZ_INLINE void kx6_step_avx2(const int mt, const uint8_t *restrict p, const int h, const actk_t *restrict a,
+                              const int64_t m0, const int64_t b, __m256 *acc) {
+    __m256i sumi[KX_MT];
+    kx6_block_avx2(mt, p, h, a, m0, b, sumi);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+    for (int m = 0; m < mt; ++m) {
+        const __m256 dx = _mm256_set1_ps(a->d[(m0 + m) * a->nb + b]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[m]), _mm256_mul_ps(dw, dx), acc[m]);
+    }
+}
+
+/* Half h of super-block p, by kind. */
+BLZ_INLINE void kx_block_avx2(const int kind, const int mt, const uint8_t *restrict p, const int h,
+                              const actk_t *restrict a, const int64_t m0, const int64_t b, __m256 *acc) {
+    if (kind == BLZ_Q6_KX) kx6_step_avx2(mt, p, h, a, m0, b, acc);
+    else kx45_block_avx2(kind == BLZ_Q5_KX, mt, p, h, a, m0, b, acc);
+}
+
+/* One group's dots (acc_out[m][r], r < 16) with activation rows m0 .. m0+mt-1: both halves of a super-block
+ * after each other, so that the group is read as one stream. */
+BLZ_INLINE void kx_dots_avx2(const int kind, const int mt, const uint8_t *restrict grp, const actk_t *restrict a,
+                             const int64_t m0, float acc_out[KX_MT][16]) {
+    const int64_t gb = kx_bytes(kind);
+    __m256 acc[2][KX_MT];
+    for (int m = 0; m < mt; ++m) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b) {
+        const uint8_t *p = grp + b * gb;
+        if (m0 == 0)
+            for (int l = 0; l < gb; l += 64) _mm_prefetch((const char *)p + KX_PF + l, _MM_HINT_T0);
+        kx_block_avx2(kind, mt, p, 0, a, m0, b, acc[0]);
+        kx_block_avx2(kind, mt, p, 1, a, m0, b, acc[1]);
+    }
+    for (int m = 0; m < mt; ++m) {
+        _mm256_storeu_ps(acc_out[m], acc[0][m]);
+        _mm256_storeu_ps(acc_out[m] + 8, acc[1][m]);
+    }
+}
+
+#if BLZ_STREAMS > 1
+/* One activation row against ns groups grp[s] (SwiGLU: gate groups, then their up groups), their super-blocks
+ * walked together: acc_out[s] = group s's dots by kx_dots_avx2's operations. */
+BLZ_INLINE void kx_groups1_avx2(const int kind, const int ns, const uint8_t *const *grp, const actk_t *restrict a,
+                                float acc_out[][16]) {
+    const int64_t gb = kx_bytes(kind);
+    __m256 acc[BLZ_STREAMS][2][1];
+    for (int s = 0; s < ns; ++s) acc[s][0][0] = acc[s][1][0] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a->nb; ++b)
+        for (int s = 0; s < ns; ++s) {
+            const uint8_t *p = grp[s] + b * gb;
+            for (int l = 0; l < gb; l += 64) _mm_prefetch((const char *)p + KX_PF + l, _MM_HINT_T0);
+            kx_block_avx2(kind, 1, p, 0, a, 0, b, acc[s][0]);
+            kx_block_avx2(kind, 1, p, 1, a, 0, b, acc[s][1]);
+        }
+    for (int s = 0; s < ns; ++s) {
+        _mm256_storeu_ps(acc_out[s], acc[s][0][0]);
+        _mm256_storeu_ps(acc_out[s] + 8, acc[s][1][0]);
+    }
+}
+
+#define KX_GROUPS1(ns, kind, ...) kx_groups1_avx2(kind, ns, __VA_ARGS__)
+/* blz_linear_kx at M = 1 (activations quantized in a): this thread's block of groups cut into S parts (the
+ * `streams_kx` knob; SwiGLU: half as many, each read with its up group), group i of every part run together,
+ * the steps walked balanced between the threads (blz_walk_t) — linear_q.c's q_streams for this layout. */
+static void kx_streams(int kind, const uint8_t *w, int64_t gbytes, int64_t ngroups, int64_t N, int64_t nout,
+                       const actk_t *a, const float *bias, const float *residual, float *out, int swiglu,
+                       blz_team_t *team) {
+    blz_walk_t wk;
+    blz_walk_begin(&wk, team);
+    for (int64_t i; blz_walk_step(&wk, &i);) {
+        const uint8_t *wg[BLZ_STREAMS];
+        int64_t g[BLZ_STREAMS];
+        const int ns = blz_stream_step(wk.lo, wk.hi, wk.q, team->S, i, g);
+        for (int s = 0; s < ns; ++s) {
+            wg[s] = w + g[s] * gbytes;
+            if (swiglu) wg[ns + s] = w + (ngroups + g[s]) * gbytes;
+        }
+        float r[BLZ_STREAMS][16] __attribute__((aligned(64)));
+        const int nr = swiglu ? 2 * ns : ns;
+        if (kind == BLZ_Q4_KX)
+            BLZ_TILE_SWITCH(KX_GROUPS1, nr, BLZ_Q4_KX, wg, a, r)
+        else if (kind == BLZ_Q5_KX)
+            BLZ_TILE_SWITCH(KX_GROUPS1, nr, BLZ_Q5_KX, wg, a, r)
+        else
+            BLZ_TILE_SWITCH(KX_GROUPS1, nr, BLZ_Q6_KX, wg, a, r)
+        for (int s = 0; s < ns; ++s)
+            blz_epilogue_row(r[s], r[swiglu ? ns + s : s], 0, 16 * g[s], 16, N, nout, bias, residual, out, swiglu);
+    }
+}
+#undef KX_GROUPS1
+#endif
+
+/* One group's dots with mt as a constant for one row (decode) and full tiles. */
+#define KX_DOTS(mt, kind, ...) kx_dots_avx2(kind, mt, __VA_ARGS__)
+static void kx_tile(int kind, int mt, const uint8_t *grp, const actk_t *a, int64_t m0, float acc[KX_MT][16]) {
+    if (kind == BLZ_Q4_KX)
+        BLZ_TILE_SWITCH(KX_DOTS, mt, BLZ_Q4_KX, grp, a, m0, acc)
+    else if (kind == BLZ_Q5_KX)
+        BLZ_TILE_SWITCH(KX_DOTS, mt, BLZ_Q5_KX, grp, a, m0, acc)
+    else
+        BLZ_TILE_SWITCH(KX_DOTS, mt, BLZ_Q6_KX, grp, a, m0, acc)
+}
+#undef KX_DOTS
 #endif
 
 /* out = x·Wᵀ (+bias) (+residual) or the SwiGLU form (blz_linear_q's contract). x [M, K], w [N/16][K/256]
@@ -228,7 +461,7 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
     if (M == 0 || N == 0) return BLZ_OK;
     const int64_t nb = K / QK_K;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
-#ifdef BLZ_VNNI
+#if defined(BLZ_VNNI) || defined(BLZ_AVX2)
     const int64_t gbytes = nb * kx_bytes(kind), nout = swiglu ? N / 2 : N;
     actk_t a = {.K = K, .nb = nb, .qz = NULL};
     const size_t qb = (size_t)blz_round_up(M * K, 64), db = (size_t)blz_round_up(M * nb * 4, 64);
@@ -240,6 +473,16 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
     a.bs = (int16_t *)(buf + qb + db);
     a.xs = (int16_t *)(buf + qb + db + sb);
     const int64_t ngroups = nout / 16, up = swiglu ? nout / 16 : 0;
+#if !defined(BLZ_VNNI) && BLZ_STREAMS > 1
+    if (M == 1) {
+        blz_quantize_q8k_row(x, nb, a.q, a.d, a.bs, a.xs);
+        blz_team_t team;
+        blz_team_init(&team, nt, ngroups, blz_gemv_parts(BLZ_TUNE_STREAMS_KX, 1, swiglu));
+#pragma omp parallel num_threads(nt)
+        kx_streams(kind, w, gbytes, ngroups, N, nout, &a, bias, residual, out, swiglu, &team);
+        return BLZ_OK;
+    }
+#endif
     int rc = BLZ_OK;
 #pragma omp parallel num_threads(nt)
     {
@@ -248,6 +491,7 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
             blz_quantize_q8k_row(x + m * K, nb, a.q + m * K, a.d + m * nb, a.bs + m * nb * 16, a.xs + m * nb * 8);
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < ngroups; ++g) {
+#ifdef BLZ_VNNI
             if (M >= KG_MIN) { /* long calls: the group re-laid once for linear_k_groups.c's tiles */
                 if (blz_kgroup_run_kx(kind, w + g * gbytes, swiglu ? w + (g + up) * gbytes : NULL, &a, M, 16 * g, N,
                                       nout, bias, residual, out, swiglu)) {
@@ -256,6 +500,7 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
                 }
                 continue;
             }
+#endif
             for (int64_t m0 = 0; m0 < M; m0 += KX_MT) {
                 const int mt = (int)blz_min(KX_MT, M - m0);
                 float r[KX_MT][16] __attribute__((aligned(64))), u[KX_MT][16] __attribute__((aligned(64)));
