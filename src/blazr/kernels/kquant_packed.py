@@ -6,8 +6,9 @@ register's lanes). On a kernel build with AVX-512 VNNI the loader re-lays each w
 kinds (on an AVX2 build Q4_K and Q5_K: `packs_on`), and each MoE expert stack (model/moe.py: csrc/moe.c
 runs an expert's rows through the same linear kernels), once (`packed_kind` says which; loading/relaid.py):
 the same bytes, moved so that 16 rows' quants share a register and vpdpbusd computes 16 rows' dots at once
-(csrc/linear_kx.c, whose header gives the layout; here `FIELDS`). A one-row (decode) call then computes Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2
-threads, against the stored layout's host-tuned form), enough to read the weights at the memory's rate when
+(csrc/linear_kx.c, whose header gives the layout; here `FIELDS`). A one-row (decode) call then computes
+Q4_K 1.8-2.3×, Q5_K 1.7-1.8× and Q6_K 1.5-1.6× faster (hot weights, Zen 5, 2 threads, against the stored
+layout's host-tuned form), enough to read the weights at the memory's rate when
 that rate is high, where the stored layout falls behind it (a 1B Q4_K_M decode +12-24 %, 4 and 16 sequences
 +37 / +49 %: benchmarks/NOTES.md §56): the stored one-row kernel applies each sub-block's scale inside the
 integer dot and reduces every row's lanes, ~20 cycles a row and super-block. Without VNNI (AVX2: vpmaddubsw
