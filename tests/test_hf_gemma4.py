@@ -18,6 +18,7 @@ from blazr import LLM
 from blazr.config import AttentionConfig
 from blazr.distributed.shard import shard_config
 from blazr.errors import UnsupportedError
+from blazr.kernels import q8_packed
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.mixers import cache_layout
 from blazr.model.qlinear import QuantizedLinear
@@ -158,7 +159,7 @@ def test_the_per_layer_table_is_read_by_rows(tmp_path):
     per_layer = int8.model.per_layer_inputs
     assert isinstance(per_layer.embed, QuantizedEmbedding) and per_layer.embed.table.kind == "q8_0"
     gates = [per_layer.proj, *(layer.per_layer.gate for layer in int8.model.layers)]
-    assert all(isinstance(g, QuantizedLinear) and g.kind == "q8_0g" for g in gates)
+    assert all(isinstance(g, QuantizedLinear) and g.kind == q8_packed.runs_as() for g in gates)
 
 
 @pytest.fixture(scope="module")

@@ -91,11 +91,13 @@ def test_mismatched_tensor_named(pair, tmp_path):
 
 
 def test_quantize_int8(pair):
-    """`--quantize int8`: every KDA and MLA linear, the MLP, the shared experts and the head become q8_0g,
-    each exactly the float weight quantized (f_b_proj / g_b_proj read Dh = 16 features here, under a block of
-    32: kept float32, as every such linear); logits stay close to the float model's, cached decode steps and
-    chunked prefill agree with the cacheless forward, batched greedy equals alone."""
+    """`--quantize int8`: every KDA and MLA linear, the MLP, the shared experts and the head become Q8_0 (the
+    head q8_0g, the others the layout a GGUF's Q8_0 runs as here: `q8_packed.runs_as`), each exactly the
+    float weight quantized (f_b_proj / g_b_proj read Dh = 16 features here, under a block of 32: kept
+    float32, as every such linear); logits stay close to the float model's, cached decode steps and chunked
+    prefill agree with the cacheless forward, batched greedy equals alone."""
     from blazr import LLM
+    from blazr.kernels import q8_packed
     from blazr.kernels.quant import quantize
     from blazr.model.qlinear import QuantizedLinear
 
@@ -107,10 +109,11 @@ def test_quantize_int8(pair):
     names += ["layers.3.mla.kv_a_proj", "layers.3.mla.o_proj", "layers.1.moe.shared.gate_up_proj", "lm_head"]
     for name in names:
         got, float_weight = wrapped[name], plain.get_submodule(name).weight.detach()
-        kind = "f32" if float_weight.shape[1] % 32 else "q8_0g"
+        q8 = "q8_0g" if name == "lm_head" else q8_packed.runs_as()
+        kind = "f32" if float_weight.shape[1] % 32 else q8
         assert got.kind == kind, name
         assert torch.equal(got.qweight.data, quantize(float_weight, kind).data), name
-    assert sum(wrapped[n].kind == "q8_0g" for n in names) == len(names) - 2
+    assert sum(wrapped[n].kind in ("q8_0g", q8_packed.runs_as()) for n in names) == len(names) - 2
     batch = prompts([40, 25], seed=6, vocab=llm.config.vocab_size)
     got, want = torch.cat(full_logits(llm.runner, batch)), torch.cat(full_logits(pair.llm.runner, batch))
     top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())

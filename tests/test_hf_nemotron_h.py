@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from blazr import LLM
 from blazr.config import AttentionConfig, Mamba2Config, ModelConfig
 from blazr.errors import CheckpointError
+from blazr.kernels import q8_packed
 from blazr.model.moe import MoE
 from blazr.model.qlinear import QuantizedLinear
 from tests.drive import full_logits
@@ -188,8 +189,9 @@ def test_latent_moe_quantized_int8(tmp_path_factory):
     pair = _pair("latent", tmp_path_factory)
     llm = LLM(pair.path, cpu=True, dtype="float32", quantize="int8", max_num_seqs=8)
     for moe in (m for m in llm.model.modules() if isinstance(m, MoE)):
-        assert isinstance(moe.latent_down, QuantizedLinear) and moe.latent_down.qweight.kind == "q8_0g"
-        assert isinstance(moe.latent_up, QuantizedLinear) and moe.latent_up.qweight.kind == "q8_0g"
+        kind = q8_packed.runs_as()  # the layout a GGUF's Q8_0 runs as here; the experts' stacks stay q8_0g
+        assert isinstance(moe.latent_down, QuantizedLinear) and moe.latent_down.qweight.kind == kind
+        assert isinstance(moe.latent_up, QuantizedLinear) and moe.latent_up.qweight.kind == kind
         assert moe.latent_down.bias is not None and moe.latent_up.bias is not None
         assert moe.experts.w_up is not None and moe.experts.w_up.kind == "q8_0g"
         assert moe.experts.w_up.in_features == 64

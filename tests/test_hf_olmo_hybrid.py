@@ -115,15 +115,16 @@ def test_prefix_cache_on_equals_off(pair):
 def test_quantize_int8(pair):
     """`--quantize int8`: the DeltaNet's separate projections joined into its quantized in_proj_qkvz /
     in_proj_ba by address; cached schedules agree with the cacheless forward; batched == alone."""
+    from blazr.kernels import q8_packed
     from blazr.kernels.quant import quantize
     from blazr.model.qlinear import QuantizedLinear
 
     llm = LLM(pair.path, cpu=True, dtype="float32", quantize="int8", max_num_seqs=4)
+    kind = q8_packed.runs_as()  # the layout a GGUF's Q8_0 runs as here
     for name in ("layers.0.deltanet.in_proj_qkvz", "layers.0.deltanet.in_proj_ba", "layers.3.attn.qkv_proj"):
         got, want = llm.model.get_submodule(name), pair.llm.model.get_submodule(name).weight.detach()
-        assert isinstance(got, QuantizedLinear) and torch.equal(
-            got.qweight.data, quantize(want, "q8_0g").data
-        )
+        assert isinstance(got, QuantizedLinear) and got.kind == kind
+        assert torch.equal(got.qweight.data, quantize(want, kind).data)
     check_cache_invariants(llm, 0.15)  # 8-bit activations on these sensitive models (test_hf_qwen3_next)
     check_batched_equals_alone(llm)
 

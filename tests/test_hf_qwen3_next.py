@@ -117,17 +117,20 @@ def test_conditional_generation_loads_its_language_model(vl, caplog):
 @pytest.mark.parametrize("mode, kind", [("int8", "q8_0g"), ("int4", "q4_1"), ("bf16", "bf16")])
 def test_quantize(pair, mode, kind):
     """`--quantize int8 / int4 / bf16`: every DeltaNet and attention linear, the MLP, the shared expert and
-    the head become `kind`, each exactly the float weight quantized — rows picked from Qwen3.5's in_proj_qkv,
+    the head become `kind` (int8: the head q8_0g, the others the layout a GGUF's Q8_0 runs as here,
+    `q8_packed.runs_as`), each exactly the float weight quantized — rows picked from Qwen3.5's in_proj_qkv,
     Qwen3-Next's interleaved in_proj_qkvz / in_proj_ba and q_proj's [q; gate] by address, in the C
     quantizer — routed experts stacked; logits stay close to the float model's, cached decode steps and
     chunked prefill agree with the cacheless forward, batched greedy equals alone."""
     from blazr import LLM
+    from blazr.kernels import q8_packed
     from blazr.kernels.quant import quantize
     from blazr.model.moe import Experts
     from blazr.model.qlinear import QuantizedLinear
 
     llm = LLM(pair.path, cpu=True, dtype="float32", quantize=mode, max_num_seqs=4)
     plain = pair.llm.model
+    head_kind, kind = kind, q8_packed.runs_as() if mode == "int8" else kind
     quantized = {
         n: m for n, m in llm.model.named_modules() if isinstance(m, QuantizedLinear) and m.kind != "f32"
     }
@@ -143,7 +146,7 @@ def test_quantize(pair, mode, kind):
             got, float_weight = quantized[name], plain.get_submodule(name).weight.detach()
             assert got.kind == kind, name
             assert torch.equal(got.qweight.data, quantize(float_weight, kind).data), name
-    assert quantized["lm_head"].kind == kind
+    assert quantized["lm_head"].kind == head_kind
     if mode == "int8" and pair.name != "qwen3_5":
         assert all(e.w_up is not None for e in llm.model.modules() if isinstance(e, Experts))
     batch = prompts([40, 25], seed=6, vocab=llm.config.vocab_size)

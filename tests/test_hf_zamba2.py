@@ -20,6 +20,7 @@ from blazr.config import EngineConfig, Mamba2Config, Zamba2SharedConfig
 from blazr.detect.ssm_common import guess_head_dim
 from blazr.distributed.shard import shard_config, slice_tensor
 from blazr.errors import CheckpointError, UnsupportedError
+from blazr.kernels import q8_packed
 from blazr.model import mixers
 from blazr.model.qlinear import QuantizedLinear
 from blazr.model.zamba2_shared import SharedCall
@@ -155,7 +156,7 @@ def test_quantize_int8(pair):
     call = next(layer.shared for layer in model.layers if hasattr(layer, "shared"))
     for name in ("linear", "gate_up_adapter.0", "gate_up_adapter.1"):
         linear = call.get_submodule(name)
-        assert isinstance(linear, QuantizedLinear) and linear.qweight.kind == "q8_0g", name
+        assert isinstance(linear, QuantizedLinear) and linear.qweight.kind == q8_packed.runs_as(), name
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules()), "a linear left float"
     # A chunk's attention sums in another order (~1e-6); where that moves an activation across an 8-bit
     # rounding step, these tiny random models amplify it (measured: up to 15% of the logit scale, all from

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from blazr import LLM
 from blazr.detect import find_weight_files, inspect_checkpoint, resolve_model_path
 from blazr.errors import BlazrError, CheckpointError, UnsupportedError
+from blazr.kernels import q8_packed
 from blazr.loading.loader import _NoInit
 from blazr.tokenizer import TokenizerSource, load_tokenizer
 from tests.drive import full_logits
@@ -205,9 +206,14 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
     monkeypatch.setattr(ops.Kernels, "quantize_rows", lambda self, *a: seen.append(a[2]) or real(self, *a))
     llm = LLM(tmp_path, cpu=True, dtype="float32", quantize=mode)
     layers = {n: m for n, m in llm.runner.model.named_modules() if isinstance(m, QuantizedLinear)}
-    assert len(seen) == sum(m.qweight.kind == kind for m in layers.values()) + 1 > 9  # + the table
+    linear_kind = q8_packed.runs_as() if mode == "int8" else kind
+    # int8: the head q8_0g, the other linears the layout a GGUF's Q8_0 runs as here (the same values)
+    kinds = {n: "q8_0g" if mode == "int8" and n == "lm_head" else linear_kind for n in layers}
+    assert {n: m.qweight.kind for n, m in layers.items()} == kinds
+    assert len(seen) == len(layers) + 1 > 9  # + the table
     assert set(seen) == {dtype}
     ggml = {"q8_0g": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
+    assert kind != "q8_0g" or linear_kind in ("q8_0", "q8_0g")
     table = tensors["model.embed_tokens.weight"].float().numpy()
     want_table = gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
     assert np.array_equal(llm.runner.model.embed_tokens.table.data.numpy(), want_table)
@@ -220,6 +226,5 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
     }
     for name, sources in expected.items():
         w = torch.cat([tensors[s].float() for s in sources])
-        assert layers[name].qweight.kind == kind
         want = torch.from_numpy(gguf.quants.quantize(w.numpy(), ggml)).view(torch.uint8)
         assert torch.equal(layers[name].qweight.ggml_blocks(), want.reshape(w.shape[0], -1)), name

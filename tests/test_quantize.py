@@ -256,6 +256,32 @@ def _agreement_and_kl(ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, flo
     return top1, float(kl)
 
 
+def test_int8_linears_follow_the_q8_0_layout_and_change_no_bit(
+    tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--quantize int8` makes its linears in the layout a GGUF's Q8_0 runs as on this host
+    (`q8_packed.runs_as`: BLAZR_Q8PACK=1 the row-packed q8_0, =0 ggml's q8_0g), the head q8_0g (its fp32-x
+    form); the two layouts give the same logits bit for bit — whole prefill and cached decode — and a load
+    whose cache holds the other layout quantizes again rather than map it."""
+    monkeypatch.setenv("BLAZR_QUANT_CACHE", str(tmp_path / "cache"))
+    kw = dict(cpu=True, dtype="float32", quantize="int8", max_num_seqs=2)
+    made = {}
+    for form in ("1", "0"):
+        monkeypatch.setenv("BLAZR_Q8PACK", form)
+        made[form] = LLM(tiny_llama, **kw)
+        quant_cache.wait()
+        kinds = {name: m.kind for name, m in quantized_layers(made[form]).items()}
+        assert kinds.pop("lm_head") == "q8_0g" and set(kinds.values()) == {"q8_0" if form == "1" else "q8_0g"}
+    batch = prompts([5, 12], seed=3, vocab=made["1"].config.vocab_size)
+    chunks = [[1] * 5, [4] + [1] * 8]
+    for a, b in zip(full_logits(made["1"].runner, batch), full_logits(made["0"].runner, batch), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(
+        stepwise_logits(made["1"], batch, chunks), stepwise_logits(made["0"], batch, chunks), strict=True
+    ):
+        assert torch.equal(a, b)
+
+
 def test_in_situ_quantization_accuracy(tiny_llama: Path) -> None:
     """Random tiny weights are the worst case (no outliers, many near-ties); the real-model numbers are in
     test_smollm2.py. Here: int8 ≈ float, int4 visibly worse but still correlated, both really quantized."""
@@ -263,10 +289,10 @@ def test_in_situ_quantization_accuracy(tiny_llama: Path) -> None:
     batch = prompts([40, 64, 25], seed=6, vocab=ref_llm.config.vocab_size)
     ref = torch.cat(full_logits(ref_llm.runner, batch))
     measured = {}
-    for mode, kind in (("int8", "q8_0g"), ("int4", "q4_1")):
+    for mode, kinds in (("int8", {"q8_0g", q8_packed.runs_as()}), ("int4", {"q4_1"})):
         q_llm = LLM(tiny_llama, cpu=True, dtype="float32", quantize=mode)
-        layers = quantized_layers(q_llm)
-        assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == {kind}
+        layers = quantized_layers(q_llm)  # int8: the head q8_0g, the rest as a GGUF's Q8_0 runs here
+        assert len(layers) == 2 * 4 + 1 and {m.kind for m in layers.values()} == kinds
         measured[mode] = _agreement_and_kl(torch.cat(full_logits(q_llm.runner, batch)), ref)
     (top1_8, kl_8), (top1_4, kl_4) = measured["int8"], measured["int4"]
     assert top1_8 >= 0.9 and 0 < kl_8 <= 2e-3, measured
@@ -520,5 +546,5 @@ def test_in_situ_int8_of_deepseek_reorders_the_rope_rows_by_address(tmp_path: Pa
     for a, b in pairs:
         for name in ("q_proj", "kv_a_proj"):
             got, float_weight = getattr(a, name), getattr(b, name).weight.detach()
-            assert isinstance(got, QuantizedLinear) and got.kind == "q8_0g", name
+            assert isinstance(got, QuantizedLinear) and got.kind == q8_packed.runs_as(), name
             assert torch.equal(got.qweight.ggml_blocks(), quantize(float_weight, "q8_0g").ggml_blocks()), name

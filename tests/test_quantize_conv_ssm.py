@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr import LLM, SamplingParams
+from blazr.kernels import q8_packed
 from blazr.model import mixers
 from blazr.model.moe import Experts
 from blazr.model.qlinear import QuantizedLinear
@@ -91,8 +92,9 @@ def test_every_declared_linear_is_quantized_and_close(family):
         assert len(found) == sum(
             len(mixers.spec_of(m).linears) for layer in llm.config.layers for m in layer.mixers
         )
+        linear_kind = q8_packed.runs_as() if mode == "int8" else kind  # a GGUF's Q8_0 layout here
         for n, m in found.items():  # a block kind needs rows of whole 32-blocks (else the f32 kernel)
-            expect = kind if kind == "bf16" or m.in_features % 32 == 0 else "f32"
+            expect = linear_kind if kind == "bf16" or m.in_features % 32 == 0 else "f32"
             assert isinstance(m, QuantizedLinear) and m.kind == expect, (mode, n)
         experts = [e for e in llm.model.modules() if isinstance(e, Experts)]
         assert all(e.w_up is not None and e.w_up.kind == kind for e in experts)

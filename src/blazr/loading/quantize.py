@@ -8,13 +8,14 @@ Modes:
   (a row table into the map) where fused parts lie apart (gate|up), gathered where q/k rows are un-permuted;
   Q4_0 / Q4_1 rows packed into the kernel's row groups, Q8_0 linears too where host tuning measured that
   faster, kernels/q8_packed.py; K-quant linears re-laid in 16-row groups where the
-  kernels have their VNNI path, kernels/kquant_packed.py), and so does the token embedding table
+  kernels have a group path that gains, kernels/kquant_packed.py), and so does the token embedding table
   (`embed_from_file`: a lookup dequantizes only its rows); an HF checkpoint's MXFP4 experts (GPT-OSS's
   `*_blocks` / `*_scales`) stay mxfp4 too, their blocks re-laid in GGUF's nibble order (`mxfp4_as_stored`);
   every other weight stays float.
 - `none`: every weight dequantized to the compute dtype (the reference path; MXFP4 experts too, as
   transformers dequantizes them).
-- `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values); `int4` → ggml Q4_1 (per 32 weights: f16
+- `int8` → ggml Q8_0 (per 32 weights: f16 scale, int8 values; its linears in the layout a GGUF's Q8_0 runs
+  as here, `_isq_kind`); `int4` → ggml Q4_1 (per 32 weights: f16
   scale and minimum, 4-bit values); `bf16` → bfloat16 weights (the 16-bit path: half the bytes of fp32,
   fp32 activations). As for a GGUF's quantized tensors, an MXFP4 tensor is then requantized from its
   dequantized values (what the mode asks: every target in its kind), not kept.
@@ -50,6 +51,7 @@ from torch import nn
 
 from blazr.errors import UnsupportedError
 from blazr.kernels import ops as kernel_ops
+from blazr.kernels import q8_packed
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
     FLOAT_KINDS,
@@ -80,8 +82,20 @@ from blazr.model.qlinear import Linear, QuantizedLinear
 
 MODES = ("auto", "none", "int8", "int4", "bf16")
 # int8 → Q8_0 in ggml's row order (q8_0g, linear_q8.c): the same values as packed q8_0, decoding faster in
-# place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33)
+# place (granite-4.0-h-350m: its linears 18.6 → 15.9 ms a token; NOTES §33) — or, where host tuning measured
+# the row-packed layout faster (kernels/q8_packed.py), that layout for the linears a GGUF's Q8_0 is re-laid
+# in (`_isq_kind`)
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
+
+
+def _isq_kind(mode: str, head: bool = False) -> str:
+    """The kind `mode` quantizes a linear weight to: `_ISQ_KIND`'s, with int8's linears in the layout a GGUF's
+    Q8_0 runs as on this host (`q8_packed.runs_as`: the same values and bits, q8_0 or q8_0g) — not the output
+    `head`, which keeps q8_0g's fp32-x form (and, tied, the table's bytes: `_table_as_head`)."""
+    kind = _ISQ_KIND[mode]
+    return q8_packed.runs_as() if kind == Q8_0G and not head else kind
+
+
 # the feed-forward's linears and Gemma 4's per-layer gate (model/per_layer.py); each mixer kind declares
 # its own (`MixerSpec.linears`, model/mixers.py)
 _FFN_TARGETS = (
@@ -167,7 +181,7 @@ def quantize_from_file(
             held = qw.holder if isinstance(qw, MappedWeight) else qw.data
             loader.consume(pname, shape, is_copied=is_copy(source, held))
         else:
-            kind = _ISQ_KIND[mode]
+            kind = _isq_kind(mode, head=name == "lm_head")
             if kind != "bf16" and shape[1] % 32:  # block kinds quantize blocks of 32
                 continue
             if linear is None and (shared := _table_as_head(model, kind)) is not None:
@@ -398,9 +412,9 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
     made: Counter[str] = Counter()
     if mode not in _ISQ_KIND:
         return made
-    kind = _ISQ_KIND[mode]
     for name, linear in _targets(model):
         weight = model.embed_tokens.weight if linear is None else linear.weight
+        kind = _isq_kind(mode, head=name == "lm_head")
         if kind != "bf16" and weight.shape[1] % 32:  # block kinds quantize blocks of 32
             continue
         qw = quantize(weight.detach(), kind)
