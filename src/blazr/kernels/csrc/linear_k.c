@@ -659,7 +659,7 @@ static void ktile_rows(const ksegs_t *sg, const int64_t *tab, int64_t nout, int 
 /* blz_linear_k at M = 1 (activations quantized in a): this thread's block of tiles cut into BLZ_STREAMS parts
  * (SwiGLU: half as many, each read with its up rows), tile i of every part run together; the
  * steps walked balanced between the threads (blz_walk_t). */
-static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tiles, int64_t ntiles, int64_t N,
+static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tiles, int64_t N,
                       int64_t nout, const actk_t *a, const float *bias, const float *residual, float *out,
                       int swiglu, blz_team_t *team) {
     const int S = team->S;
@@ -750,7 +750,7 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
         blz_team_t team;
         blz_team_init(&team, nt, ntiles, blz_gemv_parts(BLZ_TUNE_STREAMS_K, 1, swiglu));
 #pragma omp parallel num_threads(nt)
-        k_streams(&sg, tab, tiles, ntiles, N, nout, &a, bias, residual, out, swiglu, &team);
+        k_streams(&sg, tab, tiles, N, nout, &a, bias, residual, out, swiglu, &team);
         return BLZ_OK;
     }
 #endif
