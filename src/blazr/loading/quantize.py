@@ -88,14 +88,6 @@ MODES = ("auto", "none", "int8", "int4", "bf16")
 _ISQ_KIND = {"int8": "q8_0g", "int4": "q4_1", "bf16": "bf16"}
 
 
-def _isq_kind(mode: str, head: bool = False) -> str:
-    """The kind `mode` quantizes a linear weight to: `_ISQ_KIND`'s, with int8's linears in the layout a GGUF's
-    Q8_0 runs as on this host (`q8_packed.runs_as`: the same values and bits, q8_0 or q8_0g) — not the output
-    `head`, which keeps q8_0g's fp32-x form (and, tied, the table's bytes: `_table_as_head`)."""
-    kind = _ISQ_KIND[mode]
-    return q8_packed.runs_as() if kind == Q8_0G and not head else kind
-
-
 # the feed-forward's linears and Gemma 4's per-layer gate (model/per_layer.py); each mixer kind declares
 # its own (`MixerSpec.linears`, model/mixers.py)
 _FFN_TARGETS = (
@@ -112,6 +104,14 @@ _FFN_TARGETS = (
 )
 # whole modules every linear of which is a target: Zamba2's shared blocks, Gemma 4's per-layer projection
 _TARGET_MODULES = ("shared_blocks.", "per_layer_inputs.")
+
+
+def _isq_kind(mode: str, head: bool = False) -> str:
+    """The kind `mode` quantizes a linear weight to: `_ISQ_KIND`'s, with int8's linears in the layout a GGUF's
+    Q8_0 runs as on this host (`q8_packed.runs_as`: the same values and bits, q8_0 or q8_0g) — not the output
+    `head`, which keeps q8_0g's fp32-x form (and, tied, the table's bytes: `_table_as_head`)."""
+    kind = _ISQ_KIND[mode]
+    return q8_packed.runs_as() if kind == Q8_0G and not head else kind
 
 
 def check_mode(mode: str, device: torch.device, dtype: torch.dtype) -> None:

@@ -71,8 +71,8 @@ int blz_tune[BLZ_TUNE_COUNT] = {
 
 /* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
  * an unknown knob or a value outside its range in this build (streams knobs: 1 .. BLZ_STREAMS, the float
- * walkers' 1 .. STREAMS_F_TOP, the K-quant groups' 1 .. STREAMS_KX_TOP; K-quant 512-bit dots: 0, or 1 on AVX-512 builds). Not for use while kernels
- * run on other threads. */
+ * walkers' 1 .. STREAMS_F_TOP, the K-quant groups' 1 .. STREAMS_KX_TOP; K-quant 512-bit dots: 0, or 1 on
+ * AVX-512 builds). Not for use while kernels run on other threads. */
 BLZ_EXPORT int blz_set_tune(int knob, int value) {
     int top, low = 0;
     switch (knob) {

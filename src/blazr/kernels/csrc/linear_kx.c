@@ -513,7 +513,7 @@ int blz_linear_kx(int kind, const float *x, int64_t M, int64_t K, const uint8_t 
     }
     return rc;
 #else
-    /* no VNNI: the ggml rows back (the loader packs only for VNNI builds; this keeps every build's bits) */
+    /* the scalar build: the ggml rows back (the loader never packs there; this keeps every build's bits) */
     const int base = kx_base(kind);
     const int64_t bb = kblock_bytes(base), gb = kx_bytes(kind);
     uint8_t *rows = malloc((size_t)(N * nb * bb));
