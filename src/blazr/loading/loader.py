@@ -42,15 +42,13 @@ from blazr.loading.quant_cache import QuantCache
 from blazr.loading.quantize import (
     check_mode,
     code_float_experts,
-    embed_from_file,
-    embed_quantized,
-    per_layer_table,
     quantize_from_file,
     quantize_loaded,
     stack_experts,
     wrap_float_linears,
 )
 from blazr.loading.safetensors import SafetensorsCheckpoint
+from blazr.loading.tables import embed_from_file, embed_quantized, per_layer_table, table_from_loaded
 from blazr.loading.weights import TensorSource, WeightLoader, load_weights, set_parameter, with_offset
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
@@ -190,6 +188,8 @@ def load_shard(
     model = model.to(device).eval()
     if device.type == "cpu" and dtype == torch.float32 and kernels.available():
         made = quantize_loaded(model, quantize, prefill_dtype())
+        if kind := table_from_loaded(model, quantize):
+            made[f"{kind} embedding"] += 1
         if made:
             log.info("quantized linear layers (%s): %s", quantize, dict(made))
         wrap_float_linears(model, quantize)

@@ -9,7 +9,7 @@ Modes:
   Q4_0 / Q4_1 rows packed into the kernel's row groups, Q8_0 linears too where host tuning measured that
   faster, kernels/q8_packed.py; K-quant linears re-laid in 16-row groups where the
   kernels have a group path that gains, kernels/kquant_packed.py), and so does the token embedding table
-  (`embed_from_file`: a lookup dequantizes only its rows); an HF checkpoint's MXFP4 experts (GPT-OSS's
+  (loading/tables.py: a lookup dequantizes only its rows); an HF checkpoint's MXFP4 experts (GPT-OSS's
   `*_blocks` / `*_scales`) stay mxfp4 too, their blocks re-laid in GGUF's nibble order (`mxfp4_as_stored`);
   every other weight stays float.
 - `none`: every weight dequantized to the compute dtype (the reference path; MXFP4 experts too, as
@@ -25,15 +25,14 @@ Targets (`quantize_from_file`): every linear called only through its forward —
 shared experts and latent projections, every linear of a Zamba2 shared block, Gemma 4's per-layer projection
 and gates — and the lm_head (tied embeddings: a quantized copy of the embedding); and (`stack_experts`) the
 routed MoE experts, stacked in one kernel weight per layer and projection. The token table itself stays as
-stored under `auto` (`embed_from_file`) and becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16`
-(`embed_quantized`); Gemma 4's per-layer table likewise, and otherwise keeps a 16-bit checkpoint's rows
-(`per_layer_table`). Not the
+stored under `auto` and becomes Q8_0 / bf16 rows under `int8` / `int4` / `bf16`; Gemma 4's per-layer table
+likewise, and otherwise keeps a 16-bit checkpoint's rows (loading/tables.py). Not the
 linears a kind keeps float (`MixerSpec.float_linears`: MLA's kv_b_proj, read directly by the absorbed decode)
 or routers. Quantized layers run on blazr's C kernels on the CPU with float32 activations; `dense_dtype`
 (loader.py `prefill_dtype`, on request only) adds a dense tensor for prefill GEMMs (see model/qlinear.py).
 Under `int8` / `int4` / `bf16` a weight the quantization cache holds (loading/quant_cache.py: what the first
 load of the same checkpoint made) is mapped from its file instead, and each weight made in fresh memory is
-handed to it (`_in_situ`); under `auto` likewise each K-quant re-laid in 16-row groups and each BF16 weight
+handed to it (`in_situ`); under `auto` likewise each K-quant re-laid in 16-row groups and each BF16 weight
 coded (loading/relaid.py).
 `wrap_float_linears` puts the float32 targets left over on the f32 kernel, without a copy (coded where the
 host decodes f32z, as bf16 where bf16 holds every value; `code_float_experts` codes float32 expert stacks
@@ -55,14 +54,12 @@ from blazr.kernels import q8_packed
 from blazr.kernels.mapped import MappedWeight
 from blazr.kernels.quant import (
     FLOAT_KINDS,
-    GGML_KINDS,
     Q8_0G,
-    QK,
     QuantizedWeight,
     dequantize,
     quantize,
 )
-from blazr.kernels.row_table import ROW_KINDS, RowTable
+from blazr.kernels.row_table import RowTable
 from blazr.loading.quant_cache import QuantCache
 from blazr.loading.relaid import cached_coded, coded, coded_or_narrowed, relaid
 from blazr.loading.stored import (
@@ -71,7 +68,6 @@ from blazr.loading.stored import (
     is_copy,
     mxfp4_as_stored,
     quantized_in_place,
-    row_sources,
 )
 from blazr.loading.weights import WeightLoader, set_parameter
 from blazr.model import mixers
@@ -143,9 +139,9 @@ def _targets(model: CausalLM) -> list[tuple[str, nn.Linear | None]]:
 
 def _table_as_head(model: CausalLM, kind: str) -> QuantizedWeight | None:
     """A tied head of `kind` that reads the token table's own bytes — `int8`'s q8_0g head over the Q8_0 table
-    `embed_quantized` made (both ggml's rows of the same values), as a Q8_0 GGUF's tied head reads its table
-    —, else None. A second quantized copy was 0.1 GB more and, while quantized, 0.19 GB of the checkpoint's
-    table mapped: the 1B `--quantize int8` load's peak RSS 1.61 → 1.37-1.42 GiB (benchmarks/NOTES.md §40)."""
+    loading/tables.py `embed_quantized` made (both ggml's rows of the same values), as a Q8_0 GGUF's tied head
+    reads its table —, else None. A second quantized copy was 0.1 GB more and, while quantized, 0.19 GB of the
+    checkpoint's table mapped: the 1B `--quantize int8` load's peak RSS 1.61 → 1.37-1.42 GiB (NOTES §40)."""
     table = model.embed_tokens.table if isinstance(model.embed_tokens, QuantizedEmbedding) else None
     if kind != Q8_0G or table is None or table.kind != "q8_0":
         return None
@@ -196,7 +192,7 @@ def quantize_from_file(
                 loader.tick()
                 qw = quantize(weight, kind)
             else:
-                qw = _in_situ(loader, pname, shape, kind, entry=f"{name}.weight")
+                qw = in_situ(loader, pname, shape, kind, entry=f"{name}.weight")
             was = qw.kind
             qw = coded(loader.cache, f"{name}.weight", qw)
             if qw.kind != was and linear is not None:  # coded: the checkpoint rows it viewed are not needed
@@ -212,7 +208,7 @@ def quantize_from_file(
     return made
 
 
-def _in_situ(
+def in_situ(
     loader: WeightLoader,
     pname: str,
     shape: tuple[int, ...],
@@ -293,7 +289,7 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
             kind = _ISQ_KIND[mode]
             stacked = [
                 cached_coded(loader.cache, p, (math.prod(shape[:-1]), shape[-1]), kind)
-                or coded(loader.cache, p, _in_situ(loader, p, shape, kind, is_stacked=True))
+                or coded(loader.cache, p, in_situ(loader, p, shape, kind, is_stacked=True))
                 for p, shape in params
             ]
         try:
@@ -307,108 +303,11 @@ def stack_experts(model: CausalLM, loader: WeightLoader, mode: str) -> Counter[s
     return made
 
 
-def embed_from_file(model: CausalLM, loader: WeightLoader) -> str | None:
-    """Keep the token embedding table of `model` (still on meta) as the GGUF stores it, when its tensor is
-    one of `ROW_KINDS` and needs no transform: a QuantizedEmbedding over a view of the file's map, whose
-    lookups dequantize only their rows (`auto`; no float copy of the table). Returns its kind, or None
-    (the table is then loaded float with the rest)."""
-    cfg = model.cfg
-    if model.tp is not None:
-        return None
-    table = _stored_table(loader, "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))
-    if table is None:
-        return None
-    model.embed_tokens = QuantizedEmbedding(table)
-    loader.tick()
-    return table.kind
-
-
-def _stored_table(loader: WeightLoader, pname: str, shape: tuple[int, int]) -> RowTable | None:
-    """Table parameter `pname` [V, D] as a GGUF stores it — a RowTable over a view of the file's map — when
-    its one tensor is of a `ROW_KINDS` type and needs no transform; else None."""
-    source = loader.source
-    load_raw = getattr(source, "load_raw", None)
-    sources = row_sources(loader.cfg, source, loader.names, pname, shape, is_stacked=False)
-    if load_raw is None or sources is None or len(sources) != 1:
-        return None
-    if sources[0][1] is not None:  # a table is never reordered; nothing else is expected here
-        return None
-    ggml_type, raw = load_raw(sources[0][0])
-    kind = GGML_KINDS.get(ggml_type)
-    if kind not in ROW_KINDS or raw.shape[0] != shape[0]:
-        return None
-    loader.consume(pname, shape, is_copied=is_copy(source, raw))
-    return RowTable(kind, raw.contiguous(), *shape)
-
-
-def per_layer_table(model: CausalLM, loader: WeightLoader, mode: str) -> str | None:
-    """Gemma 4's per-layer table [V', L·P] (model/per_layer.py; 262144 × 8960 at E2B: 9.4 GB as float32, most
-    of the checkpoint) as a QuantizedEmbedding whose lookups read only their rows: a GGUF's rows as stored
-    (`auto`), Q8_0 / bf16 rows under `int8` / `int4` / `bf16` (as `embed_quantized` makes the token table's),
-    else a 16-bit checkpoint's own rows (a view of its map; a lookup widens them to float32 exactly, so the
-    values are those of the float table). Returns its kind, or None (the table then loads float: a float32
-    checkpoint without --quantize)."""
-    pli = model.per_layer_inputs
-    if pli is None or model.tp is not None:
-        return None
-    pname, shape = "per_layer_inputs.embed.weight", (pli.cfg.vocab_size, pli.num_layers * pli.cfg.size)
-    table = _stored_table(loader, pname, shape) if mode == "auto" else None
-    if table is None and mode in _TABLE_KIND and (_TABLE_KIND[mode] == "bf16" or shape[1] % QK == 0):
-        table = _quantized_table(loader, pname, shape, _TABLE_KIND[mode])
-    stored = loader.stored_dtype(pname, shape) if table is None else None
-    if stored in (torch.bfloat16, torch.float16):
-        kind = next(k for k, dtype in FLOAT_KINDS.items() if dtype == stored)
-        table = RowTable(kind, loader.parameter(pname, shape, stored).view(torch.uint8), *shape)
-    if table is None:
-        return None
-    pli.embed = QuantizedEmbedding(table)
-    loader.tick()
-    return table.kind
-
-
-# The token table's kind under `--quantize`: 8 bits in the 4-bit mode too (llama.cpp's Q4 mixes keep theirs
-# at Q6_K / Q8_0: a table row is a token's whole input).
-_TABLE_KIND = {"int8": "q8_0", "int4": "q8_0", "bf16": "bf16"}
-
-
-def embed_quantized(model: CausalLM, loader: WeightLoader, mode: str) -> str | None:
-    """`--quantize int8 / int4 / bf16`: the token table of `model` (still on meta) as a QuantizedEmbedding
-    of `_TABLE_KIND[mode]` — Q8_0 rows quantized straight from the checkpoint's map into ggml's row order
-    (`quantize_rows` to q8_0g, no float copy), or the bf16 values (a view of the map when stored bf16) —
-    instead of a float32 table. Runs before `quantize_from_file`, whose tied head then reads the same Q8_0
-    rows (`int8`) or quantizes its own copy from the checkpoint. Returns the table's kind, or None (the
-    table then stays float)."""
-    if mode not in _TABLE_KIND or model.tp is not None:
-        return None
-    cfg, kind = model.cfg, _TABLE_KIND[mode]
-    pname, shape = "embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size)
-    if kind != "bf16" and shape[1] % QK:  # Q8_0 quantizes blocks of 32
-        return None
-    model.embed_tokens = QuantizedEmbedding(_quantized_table(loader, pname, shape, kind))
-    loader.tick()
-    return kind
-
-
-def _quantized_table(loader: WeightLoader, pname: str, shape: tuple[int, int], kind: str) -> RowTable:
-    """Table parameter `pname` [V, D] as a RowTable of `kind`: Q8_0 rows in ggml's order (quantized in situ
-    to q8_0g), or the bf16 values (a view of the map when stored so)."""
-    data = _in_situ(loader, pname, shape, Q8_0G if kind != "bf16" else "bf16").data
-    return RowTable(kind, data.contiguous().view(torch.uint8), *shape)
-
-
-def _table_bytes(table: torch.Tensor, kind: str) -> torch.Tensor:
-    """A float table [V, D] as the bytes of a `kind` RowTable: its bf16 values, or its Q8_0 rows in ggml's
-    order (D a multiple of 32)."""
-    if kind == "bf16":
-        return table.to(torch.bfloat16).view(torch.uint8)
-    return quantize(table, kind).ggml_blocks()
-
-
 def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None) -> Counter[str]:
     """`quantize_from_file` for a model already loaded in float32 (a tensor-parallel shard, whose weights
     are slices made in memory): each target linear quantized to `mode`'s kind (`int8` / `int4` / `bf16`;
-    `auto` / `none`: nothing), its float weight dropped, then the token table made `_TABLE_KIND` rows as
-    `embed_quantized` makes them. Returns how many layers of each kind were made."""
+    `auto` / `none`: nothing), its float weight dropped (the token table after it: loading/tables.py
+    `table_from_loaded`). Returns how many layers of each kind were made."""
     made: Counter[str] = Counter()
     if mode not in _ISQ_KIND:
         return made
@@ -421,12 +320,6 @@ def quantize_loaded(model: CausalLM, mode: str, dense_dtype: torch.dtype | None)
         bias = None if linear is None or linear.bias is None else linear.bias.detach()
         _set_module(model, name, QuantizedLinear(qw, bias, _dense_copy(qw, name, dense_dtype)))
         made[qw.kind] += 1
-    table = model.embed_tokens.weight.detach()  # the rank's rows: the same rows as one process's table
-    if (row_kind := _TABLE_KIND[mode]) != "bf16" and table.shape[1] % QK:  # Q8_0 quantizes blocks of 32
-        return made
-    data = _table_bytes(table, row_kind)
-    model.embed_tokens = QuantizedEmbedding(RowTable(row_kind, data.contiguous(), *table.shape))
-    made[f"{row_kind} embedding"] += 1
     return made
 
 

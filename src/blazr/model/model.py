@@ -10,7 +10,7 @@ i reads its slice; a model whose layers share KV (`AttentionConfig.kv_source`) r
 through a scratch cache of one slot per token (`_scratch_cache`), as the sharing layers read keys from a
 cache.
 
-On the CPU kernels a GGUF's token table may stay as stored (model/embedding.py, loading/quantize.py).
+On the CPU kernels a GGUF's token table may stay as stored (model/embedding.py, loading/tables.py).
 On float32 CPU activations every step of a decode-only batch is a kernel op (`kernels/ops.py`: embedding,
 norms, linears, attention / Mamba2 steps, residual adds), so that `engine/decode_plan.py` can record this
 very forward as one replayable plan; other steps, dtypes and devices run the torch code beside them.

@@ -13,7 +13,7 @@ Layer side (`PerLayerGate`, held by each Block as `per_layer`), after the feed-f
 
 Both multipliers sqrt(P) and D^-½ follow transformers: sqrt(P) rounded to the table's dtype (its
 embed_scale tensor), D^-½ a float. Weights: `embed` [V', L·P] — an nn.Embedding, or on the CPU kernels a
-QuantizedEmbedding whose lookups read only their rows (loading/quantize.py `per_layer_table`: the table
+QuantizedEmbedding whose lookups read only their rows (loading/tables.py `per_layer_table`: the table
 is most of a Gemma 4 checkpoint, 2.35B entries at E2B) —, `proj.weight` [L·P, D], `norm.weight` [P]; per
 layer `gate.weight` [P, D], `proj.weight` [D, P], `post_norm.weight` [D].
 
