@@ -213,7 +213,6 @@ def test_in_situ_quantize_reads_rows_in_place_and_gives_ggufs_bytes(
     assert len(seen) == len(layers) + 1 > 9  # + the table
     assert set(seen) == {dtype}
     ggml = {"q8_0g": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1}[kind]
-    assert kind != "q8_0g" or linear_kind in ("q8_0", "q8_0g")
     table = tensors["model.embed_tokens.weight"].float().numpy()
     want_table = gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
     assert np.array_equal(llm.runner.model.embed_tokens.table.data.numpy(), want_table)
