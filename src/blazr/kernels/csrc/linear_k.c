@@ -70,13 +70,68 @@
 #define BLZ_K_PF 1
 #endif
 
-/* Quantize one row x[K] to Q8_K (see the header comment). Plain C in every build: the work is M·K, small
- * next to the M·N·K of the dots, and the first-occurrence rule for the signed max is kept as written. */
+#ifdef BLZ_AVX2
+/* One super-block of blz_quantize_q8k_row in AVX2: the same max (the first element of largest |x|: the
+ * largest |x| by vmaxps, whose NaN rule skips NaNs as the scalar `>` does, then its first lane by a compare),
+ * the same fp32 product rounded half to even by vroundps, clamped to ±127, and the same integer sums. x without
+ * NaNs gives the scalar loop's bytes (test_kquant's exactness test runs both builds); a NaN element, which the
+ * scalar loop converts out of range, becomes −127 here. Returns 0, writing nothing, where every |x| is 0 (or NaN). */
+static int q8k_block_avx2(const float *restrict xb, int8_t *restrict qb, float *restrict d, int16_t *restrict bs,
+                          int16_t *restrict xs) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 am = _mm256_setzero_ps();
+    for (int j = 0; j < QK_K; j += 8) am = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + j), absmask), am);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    const float amax = _mm_cvtss_f32(h);
+    if (amax == 0.0f) return 0;
+    const __m256 av = _mm256_set1_ps(amax);
+    int first = 0;
+    for (int j = 0; j < QK_K; j += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(xb + j), absmask), av, _CMP_EQ_OQ));
+        if (hit) {
+            first = j + __builtin_ctz((unsigned)hit);
+            break;
+        }
+    }
+    const float iscale = -127.0f / xb[first];
+    const __m256 is = _mm256_set1_ps(iscale), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    __m256i s16[16]; /* per 16 elements: 8 int32 partial sums */
+    for (int j = 0; j < QK_K; j += 32) {
+        __m256i v[4];
+        for (int i = 0; i < 4; ++i) {
+            const __m256 r = _mm256_round_ps(_mm256_mul_ps(is, _mm256_loadu_ps(xb + j + 8 * i)),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
+        s16[j / 16] = _mm256_add_epi32(v[0], v[1]);
+        s16[j / 16 + 1] = _mm256_add_epi32(v[2], v[3]);
+        /* int32 → int16 → int8 (exact: |v| ≤ 127); the packs interleave 128-bit lanes, one permute restores order */
+        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(qb + j), _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+    for (int g = 0; g < 2; ++g) { /* lane r of the reduction: the sum of block 8g + r's 16 quants */
+        const __m256i sums = blz_hsum8x8_epi32(s16 + 8 * g);
+        _mm_storeu_si128((__m128i *)(bs + 8 * g), _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)));
+    }
+    for (int j = 0; j < 8; ++j) xs[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+    *d = 1.0f / iscale;
+    return 1;
+}
+#endif
+
+/* Quantize one row x[K] to Q8_K (see the header comment): AVX2 builds a super-block at a time in vectors
+ * (q8k_block_avx2, the same bytes), the scalar build as written, the first-occurrence rule for the signed max
+ * kept in both. */
 void blz_quantize_q8k_row(const float *restrict x, int64_t nb, int8_t *restrict q, float *restrict d,
                           int16_t *restrict bs, int16_t *restrict xs) {
     for (int64_t b = 0; b < nb; ++b) {
         const float *xb = x + b * QK_K;
         int8_t *qb = q + b * QK_K;
+#ifdef BLZ_AVX2
+        if (q8k_block_avx2(xb, qb, d + b, bs + 16 * b, xs + 8 * b)) continue; /* else all zero: below */
+#endif
         float amax = 0.0f, mx = 0.0f;
         for (int j = 0; j < QK_K; ++j) {
             const float ax = fabsf(xb[j]);
