@@ -72,10 +72,11 @@
 
 #ifdef BLZ_AVX2
 /* One super-block of blz_quantize_q8k_row in AVX2: the same max (the first element of largest |x|: the
- * largest |x| by vmaxps, whose NaN rule skips NaNs as the scalar `>` does, then its first lane by a compare),
- * the same fp32 product rounded half to even by vroundps, clamped to ±127, and the same integer sums. x without
- * NaNs gives the scalar loop's bytes (test_kquant's exactness test runs both builds); a NaN element, which the
- * scalar loop converts out of range, becomes −127 here. Returns 0, writing nothing, where every |x| is 0 (or NaN). */
+ * largest |x| by vmaxps, whose NaN rule skips NaNs as the scalar `>` does, then its first lane by a
+ * compare), the same fp32 product rounded half to even by vroundps, clamped to ±127, and the same integer
+ * sums. x without NaNs gives the scalar loop's bytes (test_kquant's exactness test runs both builds); a NaN
+ * element, which the scalar loop converts out of range, becomes −127 here. Returns 0, writing nothing, where
+ * every |x| is 0 (or NaN). 1.3-1.9 → 0.34-0.39 ns an element on Zen 3 (NOTES §68). */
 static int q8k_block_avx2(const float *restrict xb, int8_t *restrict qb, float *restrict d, int16_t *restrict bs,
                           int16_t *restrict xs) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -89,7 +90,8 @@ static int q8k_block_avx2(const float *restrict xb, int8_t *restrict qb, float *
     const __m256 av = _mm256_set1_ps(amax);
     int first = 0;
     for (int j = 0; j < QK_K; j += 8) {
-        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(xb + j), absmask), av, _CMP_EQ_OQ));
+        const __m256 ax = _mm256_and_ps(_mm256_loadu_ps(xb + j), absmask);
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(ax, av, _CMP_EQ_OQ));
         if (hit) {
             first = j + __builtin_ctz((unsigned)hit);
             break;
@@ -107,13 +109,15 @@ static int q8k_block_avx2(const float *restrict xb, int8_t *restrict qb, float *
         }
         s16[j / 16] = _mm256_add_epi32(v[0], v[1]);
         s16[j / 16 + 1] = _mm256_add_epi32(v[2], v[3]);
-        /* int32 → int16 → int8 (exact: |v| ≤ 127); the packs interleave 128-bit lanes, one permute restores order */
+        /* int32 → int16 → int8 (exact: |v| ≤ 127); the packs interleave 128-bit lanes, a permute restores order */
         const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-        _mm256_storeu_si256((__m256i *)(qb + j), _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        _mm256_storeu_si256((__m256i *)(qb + j), _mm256_permutevar8x32_epi32(w, order));
     }
     for (int g = 0; g < 2; ++g) { /* lane r of the reduction: the sum of block 8g + r's 16 quants */
         const __m256i sums = blz_hsum8x8_epi32(s16 + 8 * g);
-        _mm_storeu_si128((__m128i *)(bs + 8 * g), _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)));
+        const __m128i s8 = _mm_packs_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        _mm_storeu_si128((__m128i *)(bs + 8 * g), s8);
     }
     for (int j = 0; j < 8; ++j) xs[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
     *d = 1.0f / iscale;
