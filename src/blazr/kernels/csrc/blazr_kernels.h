@@ -782,6 +782,20 @@ BLZ_INLINE float blz_hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The largest of 8 lanes (halves of 256, then 128, then 64 bits; vmaxps's NaN rule at each step). */
+BLZ_INLINE float blz_hmax256(__m256 a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* int32 lanes of a0..a3 (8 each, values that fit a byte) → 32 bytes in element order: the packs interleave
+ * 128-bit halves, one permute of dwords restores the order. */
+BLZ_INLINE __m256i blz_bytes32(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(a0, a1), _mm256_packs_epi32(a2, a3));
+    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 /* The dot of four 8-wide quarter accumulators a0..a3 (the float weights' decode form: linear_16bit.c,
  * linear_q8xf.c): blz_hsum256((a0 + a1) + (a2 + a3)). */
 BLZ_INLINE float blz_quarters256(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {

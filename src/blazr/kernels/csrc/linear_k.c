@@ -82,10 +82,7 @@ static int q8k_block_avx2(const float *restrict xb, int8_t *restrict qb, float *
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 am = _mm256_setzero_ps();
     for (int j = 0; j < QK_K; j += 8) am = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + j), absmask), am);
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-    const float amax = _mm_cvtss_f32(h);
+    const float amax = blz_hmax256(am);
     if (amax == 0.0f) return 0;
     const __m256 av = _mm256_set1_ps(amax);
     int first = 0;
@@ -109,10 +106,7 @@ static int q8k_block_avx2(const float *restrict xb, int8_t *restrict qb, float *
         }
         s16[j / 16] = _mm256_add_epi32(v[0], v[1]);
         s16[j / 16 + 1] = _mm256_add_epi32(v[2], v[3]);
-        /* int32 → int16 → int8 (exact: |v| ≤ 127); the packs interleave 128-bit lanes, a permute restores order */
-        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        _mm256_storeu_si256((__m256i *)(qb + j), _mm256_permutevar8x32_epi32(w, order));
+        _mm256_storeu_si256((__m256i *)(qb + j), blz_bytes32(v[0], v[1], v[2], v[3])); /* exact: |v| ≤ 127 */
     }
     for (int g = 0; g < 2; ++g) { /* lane r of the reduction: the sum of block 8g + r's 16 quants */
         const __m256i sums = blz_hsum8x8_epi32(s16 + 8 * g);

@@ -39,24 +39,11 @@ BLZ_INLINE uint8_t nibble(float t) {
 }
 
 #if defined(BLZ_AVX2)
-/* The horizontal max / min of 8 lanes. */
-BLZ_INLINE float hmax8(__m256 a) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
+/* The horizontal min of 8 lanes (the max: blz_hmax256). */
 BLZ_INLINE float hmin8(__m256 a) {
     __m128 m = _mm_min_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     m = _mm_min_ps(m, _mm_movehl_ps(m, m));
     return _mm_cvtss_f32(_mm_min_ss(m, _mm_movehdup_ps(m)));
-}
-
-/* int32 lanes of a[0..3] (8 each, values that fit a byte) → 32 bytes in element order. */
-BLZ_INLINE __m256i bytes32(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
-    const __m256i w01 = _mm256_packs_epi32(a0, a1), w23 = _mm256_packs_epi32(a2, a3);
-    const __m256i b = _mm256_packs_epi16(w01, w23); /* lanes interleaved by 128-bit halves */
-    return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 /* trunc(t) clamped to 0..15, as int32 lanes (`nibble` on 8 values). */
@@ -67,7 +54,7 @@ BLZ_INLINE __m256i nibbles8(__m256 t) {
 
 /* Quants q[32] (int32 lanes in 0..15, element order) → 16 bytes: element j low, j + 16 high. */
 BLZ_INLINE void store_nibbles(const __m256i q[4], uint8_t *out) {
-    const __m256i b = bytes32(q[0], q[1], q[2], q[3]);
+    const __m256i b = blz_bytes32(q[0], q[1], q[2], q[3]);
     const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
     _mm_storeu_si128((__m128i *)out, _mm_or_si128(lo, _mm_slli_epi16(hi, 4)));
 }
@@ -99,7 +86,7 @@ static void q8_0_block(const float v[BLZ_QK], uint8_t *blk) {
         x[i] = _mm256_loadu_ps(v + 8 * i);
         amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x[i]));
     }
-    const float d = hmax8(amax) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = blz_hmax256(amax) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     put_f16(blk, d);
     __m256i q[4];
     for (int i = 0; i < 4; ++i) { /* round half away, as gguf's np_roundf: fl + floor(2·(a − fl)), signed */
@@ -108,7 +95,7 @@ static void q8_0_block(const float v[BLZ_QK], uint8_t *blk) {
         const __m256 r = _mm256_add_ps(fl, _mm256_floor_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_sub_ps(a, fl))));
         q[i] = _mm256_cvttps_epi32(_mm256_or_ps(r, _mm256_and_ps(sign, p)));
     }
-    _mm256_storeu_si256((__m256i *)(blk + 2), bytes32(q[0], q[1], q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)(blk + 2), blz_bytes32(q[0], q[1], q[2], q[3]));
 #else
     float amax = 0.0f;
     for (int j = 0; j < BLZ_QK; ++j) amax = fmaxf(amax, fabsf(v[j]));
@@ -145,7 +132,7 @@ static void q4_1_block(const float v[BLZ_QK], uint8_t *blk) {
     for (int i = 0; i < 4; ++i) x[i] = _mm256_loadu_ps(v + 8 * i);
     vmax = _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]));
     vmin = _mm256_min_ps(_mm256_min_ps(x[0], x[1]), _mm256_min_ps(x[2], x[3]));
-    const float max = hmax8(vmax), min = hmin8(vmin);
+    const float max = blz_hmax256(vmax), min = hmin8(vmin);
 #else
     float max = v[0], min = v[0];
     for (int j = 1; j < BLZ_QK; ++j) {
