@@ -59,8 +59,12 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
+# The suite in TEST_WORKERS processes (pytest-xdist), each taking a whole module at a time (its module fixtures
+# — servers, checkpoints — made once), the slowest modules first (tests/conftest.py HEAVY_FIRST): on 2 cores
+# ~1.4× faster than one process (benchmarks/NOTES.md §69). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) lint
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The speed report (benchmarks/run.py: SmolLM2, batching, the hybrid families at published shapes beside
 # llama.cpp), the 1B-shape table and the dense families' published shapes (realsize.py: load, RSS, speed vs

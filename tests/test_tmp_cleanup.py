@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFTEST = """
@@ -93,7 +95,10 @@ def test_b(kept):
 """
 
 
-def test_fixture_directories_go_with_their_fixtures(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2], ids=["one-process", "two-workers"])
+def test_fixture_directories_go_with_their_fixtures(tmp_path: Path, workers: int) -> None:
+    """Alone and as `make test` runs it (pytest-xdist, `-n 2 --dist loadfile`: each module on one worker,
+    each worker sweeping its own base directory; the summary joins the workers')."""
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_a.py").write_text(MODULE_A)
     (tmp_path / "test_b.py").write_text(MODULE_B)
@@ -106,6 +111,7 @@ def test_fixture_directories_go_with_their_fixtures(tmp_path: Path) -> None:
             *("-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(base)),
             *("-o", "tmp_path_retention_policy=failed", "--rootdir", str(tmp_path)),
             *("test_a.py", "test_b.py"),
+            *(("-n", str(workers), "--dist", "loadfile") if workers else ()),
         ],
         cwd=tmp_path,
         env=env,
@@ -114,7 +120,10 @@ def test_fixture_directories_go_with_their_fixtures(tmp_path: Path) -> None:
         timeout=120,
     )
     assert "1 failed, 3 passed" in run.stdout, run.stdout + run.stderr
-    assert "temporary files: at most" in run.stdout and "disk free:" in run.stdout  # the summary
+    # the summary: one line per worker in a distributed run
+    lines = [f"temporary files: gw{i}: at most" for i in range(workers)] or ["temporary files: at most"]
+    for line in [*lines, "disk free:"]:
+        assert line in run.stdout, run.stdout
     events = {e["event"]: e for e in map(json.loads, log.read_text().splitlines())}
     a, after = events["a"], events["a after"]
     assert events["module teardown"]["sees_own_file"]  # removed only after the fixture's teardown

@@ -106,15 +106,40 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         reporter.write_line(line, yellow=True)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker of a distributed run (pytest-xdist) hands its readings to the controller to print."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None and "peak" in _DISK:
+        out["blazr_disk"] = dict(_DISK)
+
+
+_WORKERS: dict[str, dict[str, tuple[int, str]]] = {}  # the controller's: worker id → its _DISK
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """The controller's side of pytest_sessionfinish."""
+    disk = getattr(node, "workeroutput", {}).get("blazr_disk")
+    if disk:
+        worker = getattr(node, "workerinput", {}).get("workerid", "?")
+        _WORKERS[worker] = {name: tuple(reading) for name, reading in disk.items()}
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The base directory's peak and the disk's free space, at the start and at its lowest."""
-    if "peak" not in _DISK:
+    """The base directory's peak (each worker's, in a distributed run) and the disk's free space, at the start
+    and at its lowest."""
+    runs = dict(sorted(_WORKERS.items())) or ({"": _DISK} if "peak" in _DISK else {})
+    if not runs:
         return
     gib = 2**30
-    (peak, peak_at), (start, _), (low, low_at) = _DISK["peak"], _DISK["start"], _DISK["low"]
     tw = terminalreporter
     tw.write_sep("-", "blazr test disk")
-    tw.write_line(f"temporary files: at most {peak / gib:.2f} GiB (at the end of {peak_at})")
+    for worker, disk in runs.items():
+        (peak, peak_at) = disk["peak"]
+        who = f"{worker}: " if worker else ""
+        tw.write_line(f"temporary files: {who}at most {peak / gib:.2f} GiB (at the end of {peak_at})")
+    start = max(disk["start"][0] for disk in runs.values())
+    low, low_at = min(disk["low"] for disk in runs.values())
     tw.write_line(
         f"disk free: {start / gib:.1f} GiB at the start, {low / gib:.1f} GiB at the lowest ({low_at})"
     )
