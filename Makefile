@@ -61,9 +61,12 @@ lint: $(TEST_STAMP)
 
 # The suite in TEST_WORKERS processes (pytest-xdist), each taking a whole module at a time (its module fixtures
 # — servers, checkpoints — made once), the slowest modules first (tests/conftest.py HEAVY_FIRST): on 2 cores
-# ~1.4× faster than one process (benchmarks/NOTES.md §69). TEST_WORKERS=0 runs it in one process.
+# ~1.7× faster than one process (benchmarks/NOTES.md §69). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP) lint
+	# blazr's modules compiled once: where the environment sets PYTHONDONTWRITEBYTECODE, each of the suite's
+	# processes (servers, command lines, ranks) would compile them again, ~0.5 s of CPU each
+	$(BIN)/python -m compileall -q src tests
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The speed report (benchmarks/run.py: SmolLM2, batching, the hybrid families at published shapes beside

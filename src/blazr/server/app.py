@@ -36,7 +36,7 @@ from blazr.engine.pooling import Pooling
 from blazr.errors import BlazrError
 from blazr.kernels.build import usable_cores
 from blazr.server.chat_page import install_chat_page
-from blazr.server.errors import install_error_handlers
+from blazr.server.error_handlers import install_error_handlers
 from blazr.server.lifecycle import BlazrServer
 from blazr.server.metrics import Metrics
 from blazr.server.middleware import ApiKey, BodyLimit, RequestContext

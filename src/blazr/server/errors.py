@@ -7,8 +7,8 @@
   ollama      `{"error": "message"}` (/api/*)
 
 `APIError` is what the serving code raises (`bad_request` for a client's mistake, naming the field);
-`install_error_handlers` maps it, FastAPI's validation errors (malformed JSON, wrong types → 400) and unknown
-paths (404) onto the request's dialect. Anything else a handler raises is `unexpected_error`'s to answer
+error_handlers.py maps it, FastAPI's validation errors (malformed JSON, wrong types → 400) and unknown paths
+(404) onto the request's dialect. Anything else a handler raises is `unexpected_error`'s to answer
 (middleware.py's `RequestContext` catches it, streaming or not): a `BlazrError` is the client's input (400,
 its one line), any other exception a server fault (500: the traceback is logged under the request id, and
 only that id is sent). A field the schema does not know is "unsupported field 'x'". Once a stream has
@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from typing import Any, Literal
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from typing import TYPE_CHECKING, Any, Literal
 
 from blazr.errors import BlazrError
 from blazr.server.schemas_server import ErrorInfo, ErrorResponse
+
+if TYPE_CHECKING:
+    from starlette.responses import JSONResponse
 
 log = logging.getLogger("blazr.server")
 
@@ -76,6 +73,11 @@ class APIError(Exception):
         self.headers = headers
 
     def response(self, dialect: Dialect = "openai", rid: str | None = None) -> JSONResponse:
+        """The error as an HTTP response in `dialect`'s shape."""
+        # imported here: the command line's generate / chat / info load this module (chat templates raise
+        # bad_request) and need no web framework (fastapi and starlette: ~0.5 s of their start)
+        from starlette.responses import JSONResponse
+
         return JSONResponse(self.payload(dialect, rid), status_code=self.status, headers=self.headers)
 
     def payload(self, dialect: Dialect = "openai", rid: str | None = None) -> dict[str, Any]:
@@ -93,20 +95,6 @@ class APIError(Exception):
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     """A client's mistake (400), naming the field."""
     return APIError(400, message, param=param, code=code)
-
-
-def error_response(
-    status: int,
-    message: str,
-    type: str,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-    dialect: Dialect = "openai",
-    rid: str | None = None,
-) -> JSONResponse:
-    error = APIError(status, message, type=type, param=param, code=code, headers=headers)
-    return error.response(dialect, rid)
 
 
 Framing = Literal["openai", "responses", "anthropic", "ollama"]
@@ -173,38 +161,3 @@ def unexpected_error(exc: BaseException, rid: str) -> APIError:
     if isinstance(exc, BlazrError):
         return APIError(400, str(exc))
     return APIError(500, f"internal server error (request id {rid})", code="internal_error")
-
-
-def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None = None) -> None:
-    """Register the handlers; `on_error(status)` is called for every error answered (metrics)."""
-
-    def note(status: int) -> None:
-        if on_error is not None:
-            on_error(status)
-
-    def answer(request: Request, error: APIError) -> JSONResponse:
-        note(error.status)
-        rid = request.scope.get("state", {}).get("request_id", "-")
-        return error.response(dialect_of(request.url.path), rid)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return answer(request, exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()))
-        return answer(request, bad_request(message, param))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        headers = getattr(exc, "headers", None)
-        return answer(request, APIError(exc.status_code, message, headers=headers))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # the last resort, for a fault outside RequestContext (which answers all the others): Starlette
-        # re-raises after this, so uvicorn logs it too and closes the connection
-        rid = request.scope.get("state", {}).get("request_id", "-")
-        return answer(request, unexpected_error(exc, rid))
