@@ -18,7 +18,6 @@ started, an error is one more event in the stream's own framing (`stream_error`)
 from __future__ import annotations
 
 import json
-import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from blazr.errors import BlazrError
@@ -26,8 +25,6 @@ from blazr.server.schemas_server import ErrorInfo, ErrorResponse
 
 if TYPE_CHECKING:
     from starlette.responses import JSONResponse
-
-log = logging.getLogger("blazr.server")
 
 Dialect = Literal["openai", "anthropic", "ollama"]
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error"}
