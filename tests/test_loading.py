@@ -17,7 +17,7 @@ from blazr import LLM
 from blazr.detect import find_weight_files, inspect_checkpoint, resolve_model_path
 from blazr.errors import BlazrError, CheckpointError, UnsupportedError
 from blazr.kernels import q8_packed
-from blazr.loading.loader import _NoInit
+from blazr.model.skeleton import NoInit
 from blazr.tokenizer import TokenizerSource, load_tokenizer
 from tests.drive import full_logits
 from tests.tiny import build
@@ -157,8 +157,9 @@ def test_unknown_vocab():
 
 
 def test_embedded_load_does_not_import_dynamo():
-    """Loading the default model and recording its decode plan never imports torch._dynamo (1.8 s of a
-    1-second load): the model is built on meta without torch.nn.init (loading/loader.py) and the capture's
+    """Loading the default model, recording its decode plan, counting its parameters for the model listings
+    (the server's start) and describing it (`blazr info`) never import torch._dynamo (~3 s of CPU, more than
+    the load): each model is built on meta without torch.nn.init (model/skeleton.py) and the capture's
     dispatch mode opts out of torch's dynamo-disable wrapper (kernels/capture.py); nor the gguf package
     (0.15 s: the header is parsed by loading/gguf_header.py). Fresh process: the test session itself may
     have imported them."""
@@ -167,6 +168,9 @@ def test_embedded_load_does_not_import_dynamo():
         "llm = blazr.LLM(cpu=True, max_model_len=256, max_num_seqs=1)\n"
         "assert llm.runner.decode_plan is not None, 'the decode plan was not captured'\n"
         "assert sum(p.device.type == 'meta' for p in llm.runner.model.parameters()) == 0\n"
+        "assert llm.details()['parameter_count'] > 100_000_000\n"  # the listings' count (server start)
+        "from blazr.info import describe\n"
+        "assert describe(llm.checkpoint)['num_layers'] == 30\n"  # `blazr info`
         "print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo')\n"
         "print('gguf' if 'gguf' in sys.modules else 'no gguf')\n"
     )
@@ -176,12 +180,12 @@ def test_embedded_load_does_not_import_dynamo():
 
 
 def test_meta_build_skips_init_only_on_meta():
-    """_NoInit leaves torch.nn.init alone on real tensors (a module built outside meta is initialised)."""
-    with _NoInit():
+    """NoInit leaves torch.nn.init alone on real tensors (a module built outside meta is initialised)."""
+    with NoInit():
         w = torch.nn.init.normal_(torch.zeros(64), std=1.0)
         lin = torch.nn.Linear(8, 8)
     assert w.abs().sum() > 0 and lin.weight.abs().sum() > 0
-    with torch.device("meta"), _NoInit():
+    with torch.device("meta"), NoInit():
         assert torch.nn.Embedding(10, 4).weight.device.type == "meta"
 
 

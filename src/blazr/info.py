@@ -16,7 +16,7 @@ from blazr.config import EngineConfig, dtype_name
 from blazr.detect import Checkpoint
 from blazr.errors import BlazrError
 from blazr.model.mixers import cache_layout
-from blazr.model.model import CausalLM
+from blazr.model.skeleton import skeleton
 from blazr.state.budget import DEFAULT_FRACTION, cache_budget, group_name, plan_cache
 from blazr.tokenizer import vocab_for_size
 
@@ -113,8 +113,7 @@ def describe(
     cfg = ckpt.config
     if engine is None:
         engine = EngineConfig(max_model_len=min(cfg.max_position_embeddings, 4096))
-    with torch.device("meta"):
-        model = CausalLM(cfg)
+    model = skeleton(cfg)
     total, active = count_parameters(model)
     layout = cache_layout(cfg)
     config = dataclasses.asdict(cfg)

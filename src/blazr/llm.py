@@ -301,11 +301,10 @@ class LLM:
         """What model listings (Ollama's /api/tags, /api/show) say of it: format, family, parameter count,
         stored weights' kind, file size, context length."""
         from blazr.info import count_parameters
-        from blazr.model.model import CausalLM
+        from blazr.model.skeleton import skeleton
 
         cfg = self.config
-        with torch.device("meta"):
-            total, _ = count_parameters(CausalLM(cfg))
+        total, _ = count_parameters(skeleton(cfg))
         size = sum(p.stat().st_size for p in self.checkpoint.weight_files if p.exists())
         kind = dtype_name(self.checkpoint.weights_dtype).upper()
         if self.checkpoint.gguf is not None:  # llama.cpp's file type (llama_ftype), by its name

@@ -22,11 +22,9 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from blazr import kernels, progress
 from blazr.config import AttentionConfig
@@ -53,6 +51,7 @@ from blazr.loading.weights import TensorSource, WeightLoader, load_weights, set_
 from blazr.model.embedding import QuantizedEmbedding
 from blazr.model.model import CausalLM
 from blazr.model.qlinear import QuantizedLinear
+from blazr.model.skeleton import skeleton
 
 if TYPE_CHECKING:
     from blazr.distributed.group import TPGroup
@@ -69,27 +68,6 @@ def open_source(ckpt: Checkpoint) -> TensorSource:
         gguf.prefetch()
         return GGUFView(gguf, q_heads, kv_heads)
     return SafetensorsCheckpoint(list(ckpt.weight_files), ckpt.name_prefix)
-
-
-class _NoInit(TorchFunctionMode):
-    """Skips `torch.nn.init` calls (modules' random init in `reset_parameters`) while the model is built on
-    meta, where they would make no values anyway: torch's meta `normal_` / `uniform_` are Python references
-    behind a dynamo-disable wrapper whose first call imports torch._dynamo (~1.8 s, most of a small model's
-    load)."""
-
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: object,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            tensor = args[0] if args else kwargs["tensor"]
-            if tensor.device.type == "meta":
-                return tensor
-        return func(*args, **kwargs)
 
 
 def load_model(
@@ -109,8 +87,7 @@ def load_model(
         return load_shard(ckpt, device, dtype, max_len, quantize, tp)
     check_mode(quantize, device, dtype)
     t0 = time.perf_counter()
-    with torch.device("meta"), _NoInit():
-        model = CausalLM(ckpt.config, max_len)
+    model = skeleton(ckpt.config, max_len)
     source = open_source(ckpt)
     names = name_map_for(ckpt.format, ckpt.config, source.names)
     on_kernels = device.type == "cpu" and dtype == torch.float32 and kernels.available()
@@ -165,9 +142,8 @@ def load_shard(
     quantized tensors are read as float (`auto` does not keep them: a block's rows would be cut)."""
     check_mode(quantize, device, dtype)
     t0 = time.perf_counter()
-    with torch.device("meta"), _NoInit():
-        model = CausalLM(shard_config(ckpt.config, tp.world), max_len, tp)
-        whole = CausalLM(ckpt.config, max_len)
+    model = skeleton(shard_config(ckpt.config, tp.world), max_len, tp)
+    whole = skeleton(ckpt.config, max_len)
     shapes = {n: tuple(p.shape) for n, p in whole.named_parameters(remove_duplicate=True)}
     source = open_source(ckpt)
     loader = WeightLoader(
