@@ -351,6 +351,33 @@ def test_streaming_with_specials(smol_gguf_tok):
     assert _stream(smol_gguf_tok, ids, skip_special=False)[0] == "<|im_start|>assistant\nHi 👋<|im_end|>"
 
 
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_stream_decoders_are_reused_reset_and_never_shared(smol_json_tok, skip_special):
+    """splintr's decoder of a tokenizer.json vocabulary carries its own copy of it (5 ms, 2.5 MB to make), so
+    a released one goes back to the tokenizer's pool: the next stream takes the same one, reset — even when
+    the last sequence left it mid-character —, and streams alive at once never share one."""
+    tok = smol_json_tok
+    word, emoji = tok.encode_ordinary("Hi"), tok.encode_ordinary("🚀")
+    first = tok.stream(skip_special)
+    native = first._native
+    assert native is not None and len(emoji) > 1
+    assert first.add(emoji[0]) == ""  # a character begun, never finished: the sequence was aborted
+    del first
+    again = tok.stream(skip_special)
+    assert again._native is native  # reused…
+    other = tok.stream(skip_special)
+    assert other._native is not native  # …but by one stream at a time
+    texts = {id(again): "", id(other): ""}
+    for a, b in zip(emoji, [*word, *[None] * len(emoji)], strict=False):  # interleaved, as a batch steps
+        texts[id(again)] += again.add(a)
+        if b is not None:
+            texts[id(other)] += other.add(b)
+    assert texts[id(again)] + again.flush() == "🚀"  # nothing left over from the aborted sequence
+    assert texts[id(other)] + other.flush() == "Hi"
+    del again, other
+    assert len(tok._decoders[skip_special]._idle) == 2
+
+
 def test_redecode_stream_fallback(smol_gguf_tok, bundled):
     """The sliding-window decoder used when splintr cannot stream a tokenizer.json's decoder."""
     for tok in (smol_gguf_tok, bundled["llama3"]):

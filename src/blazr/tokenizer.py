@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import re
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,7 @@ class Tokenizer:
         self._native_encode = not self._is_spm and len(usable) == len(self._added)
         self._known: dict[int, bool] = {}
         self._max_token_chars: int | None = None
+        self._decoders = {skip: _DecoderPool(backend, skip) for skip in (True, False)}
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, template={self.chat_template.name!r})"
@@ -247,6 +249,44 @@ class Tokenizer:
         return self._known[id]
 
 
+class _DecoderPool:
+    """splintr's streaming decoders of one tokenizer (skipping special tokens, or not), kept for reuse.
+
+    For a tokenizer.json or GGUF vocabulary splintr builds each decoder with a copy of the vocabulary:
+    SmolLM2's 49152 tokens took 5.3 ms and 2.5 MB a decoder on the Zen 3 VM (a bundled vocabulary's
+    decoders share it: ~1 µs). Made for each sequence, that was 5 ms of the engine loop per admitted
+    request. A decoder comes back reset when its `StreamDecoder` is collected (finished, aborted or
+    preempted alike); at most KEEP idle ones are kept. None where splintr cannot stream the vocabulary's
+    decoder (then `StreamDecoder` re-decodes a window)."""
+
+    KEEP = 32
+
+    def __init__(self, backend: Any, skip_special: bool) -> None:
+        self._make = backend.streaming_decoder if skip_special else backend.streaming_decoder_with_special
+        self._idle: list[Any] = []
+        self._streams: bool | None = None  # unknown until the first is made
+
+    def take(self) -> Any:
+        try:
+            return self._idle.pop()  # atomic: the engine's thread takes, any thread may give back
+        except IndexError:
+            pass
+        if self._streams is False:
+            return None
+        try:
+            decoder = self._make()
+        except ValueError:
+            self._streams = False
+            return None
+        self._streams = True
+        return decoder
+
+    def give_back(self, decoder: Any) -> None:
+        decoder.reset()
+        if len(self._idle) < self.KEEP:
+            self._idle.append(decoder)
+
+
 class StreamDecoder:
     """Incremental detokenizer for one sequence: `"".join(add(i) for i in ids) + flush() == decode(ids)`.
 
@@ -259,13 +299,10 @@ class StreamDecoder:
         self._tokenizer = tokenizer
         self._skip_special = skip_special
         self._drop = tokenizer._control_ids if skip_special and tokenizer._is_spm else frozenset()
-        backend = tokenizer._backend
-        try:
-            self._native = (
-                backend.streaming_decoder() if skip_special else backend.streaming_decoder_with_special()
-            )
-        except ValueError:
-            self._native = None
+        pool = tokenizer._decoders[skip_special]
+        self._native = pool.take()
+        if self._native is not None:  # back to the pool when this decoder goes
+            weakref.finalize(self, pool.give_back, self._native).atexit = False
         self._ids: list[int] = []
         self._prefix = 0  # window start: ids before it are settled
         self._read = 0  # ids before it have been emitted
