@@ -195,8 +195,16 @@ def _build(arch: str, path: Path, **overrides: object) -> None:
 
 
 def _llm(path: Path, fused: bool) -> LLM:
-    # A small token budget chunks the prompts, so most steps mix decodes with a prefill chunk.
-    cfg = EngineConfig(max_num_seqs=8, max_model_len=512, max_num_batched_tokens=16, fused_decode=fused)
+    # A small token budget chunks the prompts, so most steps mix decodes with a prefill chunk; a small cache
+    # (the default, half the free memory, gave a tiny hybrid 72k recurrent-state slots: 2.7 GB that each
+    # `_states` snapshot copied)
+    cfg = EngineConfig(
+        max_num_seqs=8,
+        max_model_len=512,
+        max_num_batched_tokens=16,
+        fused_decode=fused,
+        cache_memory_gib=0.25,
+    )
     return LLM(path, cpu=True, dtype="float32", engine_config=cfg)
 
 
