@@ -1,7 +1,7 @@
 """Several models behind one `blazr serve` (server/model_pool.py): real server subprocesses over tiny random
 checkpoints — two Llama directories and a GGUF file in a `--models-dir`, beside a broken checkpoint.
 
-Each model answers by name exactly as a one-model server of it does (greedy, token for token), alone and
+Each model answers by name exactly as it does alone (`blazr.LLM`; greedy, token for token), alone and
 in one batch of concurrent calls to all of them; models load on first use (`unloaded` before, `loaded`
 after, /health 200 from the start); `--max-loaded-models 1` unloads the least recently used and reloads it
 on demand with the same output; `--sleep-idle-seconds` puts the embedded SmolLM2 to sleep (RSS drops) and
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from blazr import LLM
 from blazr.cli import build_parser
+from blazr.engine.sampling import SamplingParams
 from blazr.errors import BlazrError
 from blazr.server.model_catalog import catalog, model_name
 from blazr.server.ollama_api import keep_alive_seconds
@@ -80,12 +82,14 @@ def _path(models_dir: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def alone(models_dir) -> dict[str, list[list[str]]]:
-    """Each model's greedy tokens from a one-model server of it."""
+    """Each model's greedy tokens alone: `blazr.LLM` of it in this process, the engine a one-model server
+    runs (as `return_tokens_as_token_ids` names them)."""
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     out = {}
     for name in NAMES:
-        with ServerProcess(["--model", str(_path(models_dir, name)), *COMMON]) as server:
-            model = server.client().models.list().data[0].id
-            out[name] = [_greedy(server, model, p) for p in PROMPTS]
+        llm = LLM(_path(models_dir, name), cpu=True, max_model_len=256, cache_memory_gib=0.25)
+        out[name] = [[f"token_id:{t}" for t in r.outputs[0].token_ids] for r in llm.generate(PROMPTS, params)]
+        llm.close()
     return out
 
 
