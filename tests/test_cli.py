@@ -139,6 +139,24 @@ def test_decode_with_a_vocab_and_with_a_model(tiny):
     assert r.stdout == "The capital of France is Paris\n"
 
 
+def test_the_command_freezes_its_own_heap_and_leaves_a_callers_alone():
+    """`blazr …` as its process's command moves the objects made so far (torch's modules) to the collector's
+    permanent generation — its exit then skips collecting them —, while `main([...])` called inside another
+    program leaves that program's heap as it was."""
+    code = (
+        "import gc, sys\n"
+        "from blazr.cli import main\n"
+        "assert main(['decode', '--vocab', 'cl100k_base', '--ids', '9906']) == 0\n"
+        "print('caller', gc.get_freeze_count())\n"
+        "sys.argv = ['blazr', 'decode', '--vocab', 'cl100k_base', '--ids', '1917']\n"
+        "assert main() == 0\n"
+        "print('command', gc.get_freeze_count() > 100_000)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["Hello", "caller 0", " world", "command True"]
+
+
 # ------------------------------------------------------------------------------------------- errors
 
 

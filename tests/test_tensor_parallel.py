@@ -11,6 +11,7 @@ like a 1-rank one through the openai client."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -396,6 +397,28 @@ def test_ctrl_c_stops_every_rank_quietly(checkpoints):
         assert not Path(f"/proc/{workers[0]}").exists(), "the worker outlived rank 0"
     finally:
         server.stop()
+
+
+def test_a_spawned_rank_leaves_with_its_status_and_output_whole():
+    """A spawned rank exits without the interpreter's teardown (distributed/worker.py `_leave`): its status
+    is main's, and what it printed or logged — block-buffered on a pipe — still arrives."""
+    code = (
+        "import logging, sys\n"
+        "from blazr.distributed import worker\n"
+        "logging.basicConfig(format='%(message)s')\n"
+        "logging.getLogger('x').warning('logged')\n"
+        "print('printed', end='')\n"
+        "print('blazr tensor-parallel rank 1: it failed', file=sys.stderr, end='')\n"
+        "worker._leave(3)\n"
+        "print('never')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        3,
+        "printed",
+        "logged\nblazr tensor-parallel rank 1: it failed",
+    )
 
 
 def test_a_model_that_does_not_split_is_refused_before_any_rank_starts(checkpoints, tmp_path):

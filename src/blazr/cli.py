@@ -7,6 +7,7 @@ Every command defaults to the embedded SmolLM2-135M-Instruct when `--model` is o
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -274,6 +275,14 @@ def _tensor_parallel_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+def _freeze_heap() -> None:
+    """Move every object made so far — the imported modules: torch's above all — to the cyclic collector's
+    permanent generation, as vLLM and SGLang do once started: full collections stop walking them, and the
+    interpreter's exit stops collecting them (~0.7 s of CPU on a 2-core Zen 3, a fifth of `blazr info`).
+    Only for the process's own command: the heap is then the command's, not a caller's."""
+    gc.freeze()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -285,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s"
     )
     func: Callable[[argparse.Namespace], int] = args.func
+    if argv is None:  # this process's own command line (the console script, `python -m blazr`)
+        _freeze_heap()
     if getattr(args, "tensor_parallel_size", 1) > 1 and int(os.environ.get("RANK", "0")) > 0:
         func = _tensor_parallel_rank  # under torchrun: every rank runs this command; ranks > 0 serve rank 0
     try:
