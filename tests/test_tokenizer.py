@@ -366,7 +366,8 @@ def test_stream_decoders_are_reused_reset_and_never_shared(smol_json_tok, skip_s
     again = tok.stream(skip_special)
     assert again._native is native  # reused…
     other = tok.stream(skip_special)
-    assert other._native is not native  # …but by one stream at a time
+    other_native = other._native
+    assert other_native is not native  # …but by one stream at a time
     texts = {id(again): "", id(other): ""}
     for a, b in zip(emoji, [*word, *[None] * len(emoji)], strict=False):  # interleaved, as a batch steps
         texts[id(again)] += again.add(a)
@@ -375,7 +376,8 @@ def test_stream_decoders_are_reused_reset_and_never_shared(smol_json_tok, skip_s
     assert texts[id(again)] + again.flush() == "🚀"  # nothing left over from the aborted sequence
     assert texts[id(other)] + other.flush() == "Hi"
     del again, other
-    assert len(tok._decoders[skip_special]._idle) == 2
+    idle = tok._decoders[skip_special]._idle
+    assert any(d is native for d in idle) and any(d is other_native for d in idle)  # both back
 
 
 def test_redecode_stream_fallback(smol_gguf_tok, bundled):
