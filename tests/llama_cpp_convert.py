@@ -22,10 +22,10 @@ import sys
 import threading
 from pathlib import Path
 
+from tests.smollm2_reference import VOCAB as VOCAB  # SmolLM2's: the converter's pre-tokenizer table knows it
 from tests.smollm2_reference import hf_tokenizer_dir
 
 SDIST_DIR = Path(__file__).resolve().parent.parent / ".venv" / "llama-cpp-sdist"
-VOCAB = 49152  # SmolLM2's tokenizer, which the converter's pre-tokenizer table knows
 
 
 def converter() -> Path:

@@ -20,6 +20,8 @@ from typing import Any
 
 from blazr.detect import default_model_path
 
+VOCAB = 49152  # SmolLM2's tokenizer: ids a checkpoint carrying it must embed
+
 
 @functools.cache
 def _home() -> Path:

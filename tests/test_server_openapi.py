@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.server_util import ServerProcess
-from tests.smollm2_reference import hf_tokenizer_dir
+from tests.smollm2_reference import VOCAB, hf_tokenizer_dir
 from tests.tiny import build
 
 KEY = "sk-schema"
-# SmolLM2's tokenizer (tokenizer.json, chat template) in the checkpoint: its 49152 ids make each generated
-# token's head half cl100k's 100288 (the server's CPU here was the tiny model's decode, its head most of it)
-VOCAB = 49152
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,"
 CHECKS += "response_schema_conformance"
 
@@ -27,8 +24,11 @@ CHECKS += "response_schema_conformance"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
+    # SmolLM2's tokenizer (tokenizer.json, chat template) in the checkpoint: random text prompts tokenize in
+    # range, and its 49152 ids make each generated token's head half cl100k's 100288 (the server's CPU here
+    # was the tiny model's decode, its head most of it)
     build("LlamaForCausalLM", path, vocab_size=VOCAB)
-    shutil.copytree(hf_tokenizer_dir(), path, dirs_exist_ok=True)  # random text prompts tokenize in range
+    shutil.copytree(hf_tokenizer_dir(), path, dirs_exist_ok=True)
     args = ["--model", str(path), "--served-model-name", "m", "--num-threads", "1", "--max-model-len", "64"]
     with ServerProcess(args, api_key=KEY) as s:
         yield s
