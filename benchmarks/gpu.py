@@ -2,7 +2,10 @@
 
 The model is SmolLM2-135M's architecture (Llama: 30 layers, hidden 576, 9 / 3 heads, vocab 49152, tied
 embeddings) — by default with random weights, built here by transformers (speed does not depend on the
-values, and nothing is downloaded) — or `--model PATH`. Measured, each the median of --repeats runs after a
+values, and nothing is downloaded) —, `--model PATH`, or `--family A,B,…`: random bf16 weights at the
+published shapes of `benchmarks/hybrid_peers.py` (qwen3.5-0.8b, kimi-linear-scaled-0.88b, lfm2-350m,
+mamba-130m, …), one table each. A model whose mixers no CUDA graph may hold (engine/cuda_graphs.py:
+recurrent state, MoE routing) has no graphs row. Measured, each the median of --repeats runs after a
 warm-up, with the same prompts for every engine:
 
     prefill tok/s      a --prompt-len prompt processed once (time to the first token)
@@ -12,7 +15,10 @@ warm-up, with the same prompts for every engine:
 Also checked (printed): blazr's greedy tokens with graphs against its eager ones, and its bf16 logits
 against transformers' on the same weights. Not part of `make test`; run on a CUDA machine:
 
-    python benchmarks/gpu.py [--model PATH] [--prompt-len 512] [--gen 128] [--batches 1,4,16,64]
+    python benchmarks/gpu.py [--model PATH | --family NAMES] [--prompt-len 512] [--gen 128] \
+        [--batches 1,4,16,64]
+
+`--device cpu` runs the same paths on the CPU (no graphs rows): a check of the script where no GPU is.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.hybrid_peers, tests.tiny
 
 SMOLLM2 = dict(
     vocab_size=49152,
@@ -50,8 +58,29 @@ def random_smollm2(out: Path) -> Path:
     return out
 
 
+def random_family(name: str, out: Path, device: str) -> Path:
+    """transformers' model of `name` (benchmarks/hybrid_peers.MODELS) at its shape, random weights (norms
+    perturbed off 1 / 0, as hybrid_peers builds them), saved in bfloat16 to `out`; made on `device`."""
+    import transformers
+    from benchmarks.hybrid_peers import MODELS
+    from tests.tiny import CONFIG_CLASSES
+
+    arch, cfg, _ = MODELS[name]
+    config = getattr(transformers, CONFIG_CLASSES.get(arch, arch.replace("ForCausalLM", "Config")))(**cfg)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(transformers, arch)(config).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() == 1 and pname.endswith("weight"):
+                p.copy_((0 if bool((p == 0).all()) else 1) + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
 def _sync_time() -> float:
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter()
 
 
@@ -97,67 +126,72 @@ def blazr_batch(llm, prompts: list[list[int]], gen: int, repeats: int) -> float:
     return _median(run, repeats)[0]
 
 
-def transformers_single(path: Path, ids: list[int], gen: int, repeats: int) -> tuple[float, float]:
+def transformers_single(
+    path: Path, ids: list[int], gen: int, repeats: int, device: str
+) -> tuple[float, float]:
+    """transformers' prefill (one forward) and decode (`generate` of `gen` tokens, less that prefill) — its
+    own cache handling for every architecture (a hybrid's cache class, Mamba's cache_params)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-    x = torch.tensor([ids], device="cuda")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    x = torch.tensor([ids], device=device)
 
     @torch.inference_mode()
     def run() -> tuple[float, float]:
         t0 = _sync_time()
-        out = model(input_ids=x, use_cache=True)
-        tok = out.logits[:, -1:].argmax(-1)
+        model(input_ids=x)
+        prefill = _sync_time() - t0
         t1 = _sync_time()
-        past = out.past_key_values
-        for _ in range(gen - 1):
-            out = model(input_ids=tok, past_key_values=past, use_cache=True)
-            past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        return len(ids) / (t1 - t0), (gen - 1) / (_sync_time() - t1)
+        model.generate(x, max_new_tokens=gen, min_new_tokens=gen, do_sample=False)
+        return len(ids) / prefill, (gen - 1) / (_sync_time() - t1 - prefill)
 
     return _median(run, repeats)
 
 
 @torch.inference_mode()
 def logits_vs_transformers(llm, path: Path, ids: list[int]) -> str:
-    """blazr's prefill logits against transformers' on the same weights and prompt (both bf16 on CUDA)."""
+    """blazr's prefill logits (its dtype on its device: bf16 on CUDA) and transformers' in bf16, each against
+    transformers in float32 on the same weights and prompt — the float model judges both."""
     from transformers import AutoModelForCausalLM
 
     from blazr.state.batch import ForwardBatch
 
-    ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-    ref = ref_model(input_ids=torch.tensor([ids], device="cuda")).logits[0].float()
-    del ref_model
-    x = torch.tensor(ids, device="cuda")
-    batch = ForwardBatch.prefill([len(ids)], "cuda")
-    ours = llm.model.compute_logits(llm.model(x, batch, None), decode=False).float()
-    err = float((ours - ref).abs().max() / ref.std())
-    top1 = float((ours.argmax(-1) == ref.argmax(-1)).float().mean())
-    return f"max |Δlogit| {err:.3f} × logit std, top-1 agreement {top1:.3f} over {len(ids)} positions"
+    device = llm.device
+    x = torch.tensor([ids], device=device)
+    got = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        got[dtype] = ref_model(input_ids=x).logits[0].float()
+        del ref_model
+    batch = ForwardBatch.prefill([len(ids)], device)
+    ours = llm.model.compute_logits(llm.model(x[0], batch, None), decode=False).float()
+    ref = got[torch.float32]
+
+    def judged(logits: torch.Tensor) -> str:
+        err = float((logits - ref).abs().max() / ref.std())
+        top1 = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
+        return f"max |Δlogit| {err:.3f} × logit std, top-1 {top1:.3f}"
+
+    return (
+        f"against transformers float32 over {len(ids)} positions — blazr ({llm.dtype}): {judged(ours)}; "
+        f"transformers bf16: {judged(got[torch.bfloat16])}"
+    )
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--vocab", default="cl100k_base", help="tokenizer for a checkpoint without one")
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--batch-prompt-len", type=int, default=128)
-    ap.add_argument("--batches", default="1,4,16,64")
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device", file=sys.stderr)
-        return 1
+def measure(path: Path, label: str, vocab: str | None, args: argparse.Namespace) -> str:
+    """The table of one model: blazr with graphs (where a graph may hold every layer) and eager, then
+    transformers; returns it as markdown, with the checks above it."""
     from blazr import LLM, SamplingParams
     from blazr.config import EngineConfig
+    from blazr.detect import inspect_checkpoint
+    from blazr.engine.cuda_graphs import is_supported
 
-    path = args.model or random_smollm2(Path(tempfile.mkdtemp()) / "smollm2-random")
     batches = [int(b) for b in args.batches.split(",")]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 49000, (args.prompt_len,), generator=g).tolist()
     plen = args.batch_prompt_len
     prompts = [torch.randint(100, 49000, (plen,), generator=g).tolist() for _ in range(max(batches))]
+    cpu = args.device == "cpu"
 
     def load(graphs: bool) -> LLM:
         cfg = EngineConfig(
@@ -166,12 +200,18 @@ def main(argv: list[str] | None = None) -> int:
             max_num_batched_tokens=4096,
             cuda_graphs=graphs,
             enable_prefix_caching=False,  # the prefill rounds repeat one prompt
+            cache_memory_gib=4.0,
         )
-        return LLM(path, vocab=None if args.model else args.vocab, engine_config=cfg)
+        return LLM(path, vocab=vocab, engine_config=cfg, cpu=cpu)
 
     rows: list[tuple[str, float, float, list[float]]] = []
     greedy: dict[str, list[list[int]]] = {}
-    for name, graphs in (("blazr, CUDA graphs", True), ("blazr, eager", False)):
+    parity = "not measured"
+    engines = [("blazr, eager", False)]
+    graphable = not cpu and is_supported(inspect_checkpoint(path, vocab_name=vocab).config)
+    if graphable:
+        engines.insert(0, ("blazr, CUDA graphs", True))
+    for name, graphs in engines:
         llm = load(graphs)
         assert (llm.runner.graphs is not None) == graphs, "graph decoder not created"
         params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -180,31 +220,80 @@ def main(argv: list[str] | None = None) -> int:
         agg = [blazr_batch(llm, prompts[:n], args.gen, args.repeats) for n in batches]
         rows.append((name, pf, dec, agg))
         summary = f"prefill {pf:.0f}, decode {dec:.1f}, batches {[round(a) for a in agg]}"
-        print(f"# {name}: {summary}", file=sys.stderr)
+        print(f"# {label}, {name}: {summary}", file=sys.stderr)
         if graphs:
             print(f"# graphs captured (batch, keys): {llm.runner.graphs.buckets}", file=sys.stderr)
-            parity = logits_vs_transformers(llm, path, ids[:64])
+        if name == "blazr, eager":
+            try:
+                parity = logits_vs_transformers(llm, path, ids[:64])
+            except Exception as e:  # transformers' model could not run here: blazr's rows still count
+                parity = f"not measured: transformers failed ({type(e).__name__}: {e})"
         del llm
-        torch.cuda.empty_cache()
-    pf, dec = transformers_single(path, ids, args.gen, args.repeats)
-    rows.append(("transformers (eager, DynamicCache)", pf, dec, []))
-    same = sum(a == b for a, b in zip(*greedy.values(), strict=True))
-    import transformers
-
-    gpu = torch.cuda.get_device_name()
-    print(f"{gpu}, torch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"model: {'SmolLM2-135M architecture, random bf16 weights' if args.model is None else args.model}")
-    print(f"single sequence: prompt {args.prompt_len}, {args.gen} generated; batches: prompts of "
-          f"{args.batch_prompt_len}, {args.gen} generated each; median of {args.repeats}")  # fmt: skip
-    print(f"greedy tokens, graphs vs eager: {same}/{len(greedy['blazr, eager'])} sequences of 32 identical")
-    print(f"blazr vs transformers, bf16 logits: {parity}\n")
+        if not cpu:
+            torch.cuda.empty_cache()
+    try:
+        pf, dec = transformers_single(path, ids, args.gen, args.repeats, args.device)
+        rows.append(("transformers (eager, generate)", pf, dec, []))
+    except Exception as e:
+        print(f"# {label}, transformers failed: {type(e).__name__}: {e}", file=sys.stderr)
+    lines = [f"model: {label}"]
+    if graphable:
+        same = sum(a == b for a, b in zip(*greedy.values(), strict=True))
+        lines.append(
+            f"greedy tokens, graphs vs eager: {same}/{len(greedy['blazr, eager'])} sequences of 32 identical"
+        )
+    else:
+        lines.append("no CUDA graphs: a layer holds a mixer or MoE no graph may hold (engine/cuda_graphs.py)")
+    lines.append(f"prefill logits {parity}\n")
     cols = " | ".join(f"batch {n} tok/s" for n in batches)
-    head = f"| engine | prefill tok/s | decode tok/s | {cols} |"
-    print(head)
-    print("|---|" + "---:|" * (2 + len(batches)))
+    lines.append(f"| engine | prefill tok/s | decode tok/s | {cols} |")
+    lines.append("|---|" + "---:|" * (2 + len(batches)))
     for name, pf, dec, agg in rows:
         cells = [f"{a:.0f}" for a in agg] or ["–"] * len(batches)
-        print(f"| {name} | {pf:.0f} | {dec:.1f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {pf:.0f} | {dec:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--family", default="", help="hybrid_peers.MODELS names, comma-separated")
+    ap.add_argument("--vocab", default="cl100k_base", help="tokenizer for a checkpoint without one")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--batch-prompt-len", type=int, default=128)
+    ap.add_argument("--batches", default="1,4,16,64")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device (--device cpu checks the script's paths on the CPU)", file=sys.stderr)
+        return 1
+    import transformers
+
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"{where}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print(f"single sequence: prompt {args.prompt_len}, {args.gen} generated; batches: prompts of "
+          f"{args.batch_prompt_len}, {args.gen} generated each; median of {args.repeats}\n")  # fmt: skip
+    tmp = Path(tempfile.mkdtemp())
+    if args.family:
+        failed = 0
+        for name in args.family.split(","):
+            try:
+                path = random_family(name, tmp / name, args.device)
+                print(measure(path, f"{name} shape, random bf16 weights", args.vocab, args), flush=True)
+            except (
+                Exception
+            ) as e:  # one family's failure (a transformers without its class) ends only its table
+                failed += 1
+                print(f"model: {name}: FAILED {type(e).__name__}: {e}\n", flush=True)
+                import traceback
+
+                traceback.print_exc()
+        return 1 if failed else 0
+    path = args.model or random_smollm2(tmp / "smollm2-random")
+    label = "SmolLM2-135M architecture, random bf16 weights" if args.model is None else str(args.model)
+    print(measure(path, label, None if args.model else args.vocab, args))
     return 0
 
 

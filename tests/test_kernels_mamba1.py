@@ -93,6 +93,29 @@ def test_mamba1_scan_prefill(lib: ops.Kernels, Di: int, N: int) -> None:
     assert torch.equal(st[others], inp["ssm"][others])
 
 
+def test_the_log_depth_scan_is_the_reference_scan() -> None:
+    """The fallback of `ops.mamba1_scan_prefill` where no C kernel runs (a GPU): the Hillis–Steele scan,
+    against the reference's step per token — sequences longer than one scan chunk (the state carried
+    across), of one row, fresh and continued; other slots untouched."""
+    from blazr.kernels import parallel_scan
+
+    lens, fresh = [parallel_scan.CHUNK + 45, 1, 6, 2 * parallel_scan.CHUNK], [True, False, False, True]
+    inp = _prefill(lens, fresh, 48, 16, seed=3)
+    y, st = _run(parallel_scan.mamba1_scan_prefill_parallel, inp)
+    y_ref, st_ref = _run(ops.mamba1_scan_prefill_reference, inp)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4 * float(y_ref.abs().max()))
+    torch.testing.assert_close(st, st_ref, rtol=1e-4, atol=1e-4 * float(st_ref.abs().max()))
+    others = [s for s in range(len(lens) + 2) if s not in inp["slots"].tolist()]
+    assert torch.equal(st[others], inp["ssm"][others])
+    g = torch.Generator().manual_seed(1)
+    a, b, h0 = torch.rand(37, 3, 2, generator=g), torch.randn(37, 3, 2, generator=g), torch.randn(3, 2)
+    h, want = h0, []
+    for t in range(37):  # 37 rows: passes of 1, 2, 4, …, 32, the last one partial
+        h = a[t] * h + b[t]
+        want.append(h)
+    torch.testing.assert_close(parallel_scan.linear_scan(a, b, h0), torch.stack(want))
+
+
 def test_mamba1_scan_prefill_is_decode_steps_in_a_row(lib: ops.Kernels) -> None:
     """n prefill rows are the bits of n decode steps and of the prefill in two chunks; a sequence's rows do
     not depend on the others in its call."""

@@ -4,8 +4,9 @@
 Mamba1's (`mamba1_dt_bc`, `mamba1_scan_step`, `mamba1_scan_prefill`). Each runs its C kernel through
 `dispatch._dispatch` when the library takes the inputs, else its torch reference (`reference_mamba2.py`,
 `reference_deltanet.py`, `reference_kda.py`, `reference_conv.py`, `reference_mamba1.py`) with the same
-signature. Moved out of `ops.py`, which re-exports every op here with its reference — call them as
-`ops.mamba2_step(...)`. Shapes as in `ops.py`.
+signature — but `mamba1_scan_prefill`, whose fallback is its log-depth form (`parallel_scan.py`). Moved
+out of `ops.py`, which re-exports every op here with its reference — call them as `ops.mamba2_step(...)`.
+Shapes as in `ops.py`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ from collections.abc import Sequence
 import torch
 
 from blazr.kernels.dispatch import _dispatch
+from blazr.kernels.parallel_scan import mamba1_scan_prefill_parallel
 from blazr.kernels.reference_conv import causal_conv_prefill_reference, causal_conv_step_reference
 from blazr.kernels.reference_deltanet import deltanet_prefill_reference, deltanet_step_reference
 from blazr.kernels.reference_kda import kda_prefill_reference, kda_step_reference
-from blazr.kernels.reference_mamba1 import (
-    mamba1_dt_bc_reference,
-    mamba1_scan_prefill_reference,
-    mamba1_scan_step_reference,
-)
+from blazr.kernels.reference_mamba1 import mamba1_dt_bc_reference, mamba1_scan_step_reference
 from blazr.kernels.reference_mamba2 import mamba2_prefill_reference, mamba2_step_reference
 
 
@@ -308,8 +306,9 @@ def mamba1_scan_prefill(
 ) -> torch.Tensor:
     """The scan of mamba1_scan_step over B sequences laid out one after another (query_lens [B] rows each),
     from a zero state where fresh[b] (else slot slots[b]'s), each final state left at its slot. Returns
-    y [T, Di] (see mamba1_scan_prefill_reference)."""
+    y [T, Di] (see mamba1_scan_prefill_reference). Without the C kernel (a GPU, other dtypes) the log-depth
+    form runs (kernels/parallel_scan.py), not the reference's step per token."""
     return _dispatch(
-        "mamba1_scan_prefill", mamba1_scan_prefill_reference, xc, dt_raw, bc, z, query_lens, slots, fresh, A,
+        "mamba1_scan_prefill", mamba1_scan_prefill_parallel, xc, dt_raw, bc, z, query_lens, slots, fresh, A,
         D, ssm,
     )  # fmt: skip

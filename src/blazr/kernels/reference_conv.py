@@ -33,8 +33,13 @@ def rows_in_order(
 ) -> torch.Tensor | None:
     """A decode step's reference over rows that share a state slot (a sequence's consecutive tokens): `step`
     one row at a time, in row order — `rows` its per-row arguments before `slots` (None stays None), `rest`
-    those after — the outputs joined. None when every row has a slot of its own (the batched form applies)."""
-    if len(set(slots.tolist())) == len(slots):
+    those after — the outputs joined. None when every row has a slot of its own (the batched form applies).
+
+    Rows share slots only in the recorded CPU decode plan (engine/runner.py `_run_decode_plan`: a row
+    sequence's drafts; recording needs the C library, so there these references run only in tests); the
+    eager decode rows are one per sequence. So slots on an accelerator are taken as distinct, unread: a read
+    would wait for the device on every recurrent layer of every step."""
+    if slots.device.type != "cpu" or len(set(slots.tolist())) == len(slots):
         return None
     one = [
         step(*(None if t is None else t[i : i + 1] for t in rows), slots[i : i + 1], *rest)

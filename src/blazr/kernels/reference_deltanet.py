@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from blazr.kernels.reference_conv import rows_in_order
-from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
+from blazr.model.delta_rule import delta_rule_chunked, delta_rule_step
 
 L2_EPS = 1e-6
 
@@ -111,17 +111,13 @@ def deltanet_step_reference(
         return y
     _, Hv, Dk, Dv = state.shape
     C = conv_weight.shape[0]
-    B = qkvz.shape[0]
     window = torch.cat([conv_state[slots].to(qkvz.dtype), qkvz[:, :C, None]], dim=-1)  # [B, C, K]
     u = F.silu((window.to(conv_weight.dtype) * conv_weight).sum(-1, dtype=torch.float32))  # [B, C]
     conv_state[slots] = window[:, :, 1:].to(conv_state.dtype)
     q, k, v = _heads(u, num_k_heads, Dk, Hv, Dv, is_v_tiled)  # [B, Hv, D]
     g, beta = _gates(ba, dt_bias, A_log, beta_scale)
-    o = qkvz.new_empty(B, Hv, Dv, dtype=torch.float32)
-    for b in range(B):
-        o[b : b + 1], state[slots[b]] = delta_rule_sequential(
-            q[b : b + 1], k[b : b + 1], v[b : b + 1], g[b : b + 1], beta[b : b + 1], state[slots[b]]
-        )
+    o, S = delta_rule_step(q, k, v, g, beta, state.index_select(0, slots))  # every row's own slot
+    state.index_copy_(0, slots, S)
     return _gated_norm(o, qkvz[:, C:], norm_weight, eps).to(qkvz.dtype)
 
 
@@ -155,10 +151,10 @@ def deltanet_prefill_reference(
     g, beta = _gates(ba, dt_bias, A_log, beta_scale)
     start = 0
     for b, n in enumerate(query_lens):
-        slot = int(slots[b])
+        slot = slots[b : b + 1]  # a 1-row index: no host read of the slot
         cuts = sorted({k for sb, k, _ in saves if sb == b} | {n})
-        conv0 = None if fresh[b] else conv_state[slot]
-        S = None if fresh[b] else state[slot]
+        conv0 = None if fresh[b] else conv_state[slot][0]
+        S = None if fresh[b] else state[slot][0]
         done = 0
         for cut in cuts:
             rows = slice(start + done, start + cut)
@@ -171,8 +167,8 @@ def deltanet_prefill_reference(
                 conv_state[dst] = conv0.to(conv_state.dtype)
                 state[dst] = S
             done = cut
-        conv_state[slot] = conv0.to(conv_state.dtype)
-        state[slot] = S
+        conv_state[slot] = conv0[None].to(conv_state.dtype)
+        state[slot] = S[None]
         start += n
     return y.to(qkvz.dtype)
 

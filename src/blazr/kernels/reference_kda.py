@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from blazr.kernels.reference_conv import rows_in_order
 from blazr.kernels.reference_deltanet import L2_EPS, conv_silu
-from blazr.model.delta_rule import delta_rule_chunked, delta_rule_sequential
+from blazr.model.delta_rule import delta_rule_chunked, delta_rule_step
 
 
 def _heads(u: torch.Tensor, H: int, D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,18 +73,13 @@ def kda_step_reference(
     if (y := rows_in_order(kda_step_reference, (qkv, f, b, gate), slots, rest)) is not None:
         return y
     _, H, D, _ = state.shape
-    B = qkv.shape[0]
     window = torch.cat([conv_state[slots].to(qkv.dtype), qkv[:, :, None]], dim=-1)  # [B, C, K]
     u = F.silu((window.to(conv_weight.dtype) * conv_weight).sum(-1, dtype=torch.float32))  # [B, C]
     conv_state[slots] = window[:, :, 1:].to(conv_state.dtype)
     q, k, v = _heads(u, H, D)
     g, beta = _gates(f, b, dt_bias, A_log, D)
-    o = qkv.new_empty(B, H, D, dtype=torch.float32)
-    for i in range(B):
-        rows = slice(i, i + 1)
-        o[rows], state[slots[i]] = delta_rule_sequential(
-            q[rows], k[rows], v[rows], g[rows], beta[rows], state[slots[i]]
-        )
+    o, S = delta_rule_step(q, k, v, g, beta, state.index_select(0, slots))  # every row's own slot
+    state.index_copy_(0, slots, S)
     return _gated_norm(o, gate, norm_weight, eps).to(qkv.dtype)
 
 
@@ -117,10 +112,10 @@ def kda_prefill_reference(
     g, beta = _gates(f, b, dt_bias, A_log, D)
     start = 0
     for i, n in enumerate(query_lens):
-        slot = int(slots[i])
+        slot = slots[i : i + 1]  # a 1-row index: no host read of the slot
         cuts = sorted({k for sb, k, _ in saves if sb == i} | {n})
-        conv0 = None if fresh[i] else conv_state[slot]
-        S = None if fresh[i] else state[slot]
+        conv0 = None if fresh[i] else conv_state[slot][0]
+        S = None if fresh[i] else state[slot][0]
         done = 0
         for cut in cuts:
             rows = slice(start + done, start + cut)
@@ -133,7 +128,7 @@ def kda_prefill_reference(
                 conv_state[dst] = conv0.to(conv_state.dtype)
                 state[dst] = S
             done = cut
-        conv_state[slot] = conv0.to(conv_state.dtype)
-        state[slot] = S
+        conv_state[slot] = conv0[None].to(conv_state.dtype)
+        state[slot] = S[None]
         start += n
     return y.to(qkv.dtype)

@@ -10,6 +10,7 @@ The recurrence, per value head h with state S [Dk, Dv] (q, k already L2-normed, 
     S ← S + k_t ⊗ β_t (v_t − Sᵀ k_t)                   delta rule: write the part of v_t S does not predict
     o_t = Sᵀ q_t                                       o_t [Dv]
 
+`delta_rule_step` is one token for a batch of independent states (the decode step's reference);
 `delta_rule_chunked` computes the same function in chunks of C tokens (Yang et al., "Gated Delta Networks";
 the WY / UT-transform form of transformers' `torch_chunk_gated_delta_rule`): with G the cumulative log-decay
 from the chunk's start and Γ_ij = exp(G_i − G_j) (j ≤ i), the chunk's C delta-rule writes collapse into one
@@ -47,6 +48,25 @@ def _state(initial_state: torch.Tensor | None, H: int, Dk: int, Dv: int, like: t
     return initial_state.to(torch.float32).clone()
 
 
+def delta_rule_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    S: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence for B independent states (the decode step's reference, one op per term
+    for the whole batch): q, k [B, H, Dk]; v [B, H, Dv]; g (log-decay, ≤ 0) [B, H] or channel-wise
+    [B, H, Dk]; beta [B, H]; S [B, H, Dk, Dv] float32. Returns o [B, H, Dv] and the new S, float32."""
+    decay = torch.exp(g.clamp(min=LOG_FLOOR))  # [B, H] or [B, H, Dk]
+    S = S * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+    kv = torch.einsum("bhkv,bhk->bhv", S, k)  # what the state predicts for k
+    delta = (v - kv) * beta[..., None]
+    S = S + k[..., None] * delta[..., None, :]
+    return torch.einsum("bhkv,bhk->bhv", S, q), S
+
+
 def delta_rule_sequential(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -62,16 +82,12 @@ def delta_rule_sequential(
     L, H, Dk = k.shape
     Dv = v.shape[-1]
     q, k, v, g, beta = (t.to(torch.float32) for t in (q, k, v, g, beta))
-    S = _state(initial_state, H, Dk, Dv, v)
+    S = _state(initial_state, H, Dk, Dv, v)[None]  # [1, H, Dk, Dv]: one state, as a batch of one
     o = v.new_empty(L, H, Dv, dtype=torch.float32)
     for t in range(L):
-        decay = torch.exp(g[t].clamp(min=LOG_FLOOR))  # [H] or [H, Dk]
-        S = S * (decay[:, None, None] if decay.dim() == 1 else decay[:, :, None])
-        kv = torch.einsum("hkv,hk->hv", S, k[t])  # what the state predicts for k_t
-        delta = (v[t] - kv) * beta[t][:, None]
-        S = S + k[t][:, :, None] * delta[:, None, :]
-        o[t] = torch.einsum("hkv,hk->hv", S, q[t])
-    return o, S
+        rows = slice(t, t + 1)
+        o[rows], S = delta_rule_step(q[rows], k[rows], v[rows], g[rows], beta[rows], S)
+    return o, S[0]
 
 
 def delta_rule_chunked(

@@ -95,8 +95,11 @@ class ForwardBatch:
         (j < seq_len, and within the sliding window if any). Memoised per step."""
         key = (self.num_decodes, window)
         if key not in self._masks:
-            lens = torch.tensor(self.seq_lens[: self.num_decodes], device=self.positions.device)
-            cols = torch.arange(int(lens.max()), device=lens.device)
+            seq_lens = self.seq_lens[: self.num_decodes]  # the host's lengths: no device read, no copy
+            lens = self.decode_lens
+            if lens is None:
+                lens = torch.tensor(seq_lens, device=self.positions.device)
+            cols = torch.arange(max(seq_lens), device=lens.device)
             mask = cols[None, :] < lens[:, None]
             if window is not None:
                 mask &= cols[None, :] > (lens[:, None] - 1 - window)
