@@ -42,13 +42,13 @@ import xgrammar
 import blazr.engine.engine as engine_module
 from blazr import LLM, SamplingParams
 from blazr.engine.grammar import (
-    JSON_OPTIONS,
     GrammarMatcher,
     StructuredOutput,
     apply_token_bitmask,
     build_ll_tokenizer,
     words,
 )
+from blazr.engine.json_schema import JSON_OPTIONS
 from blazr.tokenizer import Tokenizer
 
 SCHEMAS: dict[str, dict[str, Any]] = {

@@ -19,10 +19,9 @@ from blazr.engine.grammar import (
     ThinkFirst,
     apply_token_bitmask,
     apply_token_bitmask_reference,
-    lark_json,
-    narrow_schema,
     words,
 )
+from blazr.engine.json_schema import lark_json, narrow_schema
 from blazr.errors import BlazrError
 
 NAME = {"type": "string", "maxLength": 16}

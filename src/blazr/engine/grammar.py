@@ -21,8 +21,9 @@ Output formatting (a choice, made for small models): JSON is written compactly t
 (nor `patternProperties` / `unevaluatedProperties`) admits no other keys — what xgrammar's `strict_mode`,
 vLLM's default, does; and numbers have bounded digits (`narrow_schema`: llama.cpp's JSON grammars bound
 them to 16 for the same reason — SmolLM2 otherwise writes a latitude's decimals until max_tokens). All three
-only narrow what is valid, never widen it. `strict: true` makes llguidance refuse
-a schema keyword it does not implement (otherwise it is ignored, best effort, as OpenAI's non-strict mode).
+only narrow what is valid, never widen it (engine/json_schema.py, which the tool-call grammars share).
+`strict: true` makes llguidance refuse a schema keyword it does not implement (otherwise it is ignored,
+best effort, as OpenAI's non-strict mode).
 
 Bitmask shapes: B constrained rows, V vocabulary (the model's rows), W = ceil(V / 32) int32 words per row;
 bit t % 32 of word t // 32 set = token t allowed.
@@ -44,16 +45,13 @@ import numpy as np
 import torch
 
 from blazr.chat_template import literal_pattern
+from blazr.engine.json_schema import JSON_OPTIONS, narrow_schema
 from blazr.errors import BlazrError
 
 if TYPE_CHECKING:
     from blazr.tokenizer import Tokenizer
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-NUMBER_DECIMALS = 10  # at most this many digits after the point in a `number` (llguidance's multipleOf limit)
-MAX_SAFE_INTEGER = 2**53 - 1
-MAX_NUMBER = 10**15
 CACHE_SIZE = 256  # compiled specs kept (a template matcher each, a few hundred KB at most)
 # [256, 8] float32: for each byte value, the additive mask of its 8 tokens (bit set 0.0, clear -inf)
 _BYTE_BIAS = np.where(
@@ -199,49 +197,6 @@ def _answer_grammar(spec: StructuredOutput) -> str:
         return llguidance.grammar_from("grammar", spec.grammar or "")
     except ValueError as e:
         raise BlazrError(f"structured output {spec.kind}: {one_line(str(e))}") from None
-
-
-def narrow_schema(schema: Any, in_all_of: bool = False) -> Any:
-    """A copy of `schema` that admits less, never more (see the module docstring):
-    - every object schema listing `properties` and saying nothing of other keys admits no other keys
-      (`additionalProperties: false`); members of an `allOf` are left open (closing each would reject the
-      keys of the others);
-    - numbers have bounded digits: an `integer` without bounds stays within ±(2^53 - 1) (what a float64
-      holds exactly), a `number` without `multipleOf` has at most `NUMBER_DECIMALS` decimals and, without
-      bounds, |x| ≤ 10^15 — so a small model can never write digits until max_tokens cuts its JSON."""
-    if isinstance(schema, list):
-        return [narrow_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {}
-    for key, value in schema.items():
-        if key in ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas"):
-            out[key] = {k: narrow_schema(v) for k, v in value.items()} if isinstance(value, dict) else value
-        elif key == "allOf" and isinstance(value, list):
-            out[key] = [narrow_schema(s, in_all_of=True) for s in value]
-        elif key in ("items", "prefixItems", "additionalProperties", "anyOf", "oneOf", "not", "contains"):
-            out[key] = narrow_schema(value)
-        else:
-            out[key] = value
-    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-    if "properties" in out and not in_all_of and not any(k in out for k in open_keys):
-        out["additionalProperties"] = False
-    types = out.get("type")
-    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-    if "integer" in types or "number" in types:
-        limit = MAX_SAFE_INTEGER if "number" not in types else MAX_NUMBER
-        bounds = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-        if not any(k in out for k in bounds):  # (a one-sided bound is kept as is: llguidance may not
-            out["minimum"], out["maximum"] = -limit, limit  # build a range regex for other mixes)
-        if "number" in types and "integer" not in types and "multipleOf" not in out:
-            out["multipleOf"] = 10.0**-NUMBER_DECIMALS
-    return out
-
-
-def lark_json(schema: dict[str, Any]) -> str:
-    """A Lark item matching `schema` written as `json_schema` outputs are (compact, objects closed), for
-    grammars that embed JSON: `start: "<tool_call>\\n" call "\\n</tool_call>"` with `call: ` + this."""
-    return "%json " + json.dumps({**narrow_schema(schema), "x-guidance": JSON_OPTIONS})
 
 
 def one_line(message: str) -> str:

@@ -44,12 +44,11 @@ from blazr.server import harmony, tool_prompt
 from blazr.server.assistant import AssistantOutput
 from blazr.server.conversation import Conversation
 from blazr.server.errors import bad_request
-from blazr.server.reasoning import REASONING_PARSERS, ReasoningParser
+from blazr.server.reasoning import CHANNEL_FORMATS, REASONING_PARSERS, ReasoningParser
 from blazr.server.tool_parsers import TOOL_PARSERS, ToolParser, detect_tool_parser
 from blazr.tokenizer import Tokenizer
 
 PROMPT_TAIL_TOKENS = 16  # the prompt's end, decoded for the reasoning parser (did the template open <think>?)
-CHANNEL_FORMATS = ("harmony",)  # --reasoning-parser names a format that splits channels itself
 
 
 def choose_tool_parser(template: ChatTemplate) -> str:

@@ -49,7 +49,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from blazr.engine.grammar import lark_json
+from blazr.engine.json_schema import lark_json
 from blazr.server.tool_call_text import WS, ToolCallDelta, new_call_id
 from blazr.server.tool_grammar import chosen, lark_frame, tool_parameters
 from blazr.server.tool_parser_base import ParsedDelta, ToolParser, held_prefix

@@ -16,8 +16,7 @@ from blazr import config_flags
 from blazr.config_flags import option, positive_int, seconds
 from blazr.engine_config import EngineConfig
 from blazr.load_config import LoadConfig
-from blazr.server.chat_format import CHANNEL_FORMATS
-from blazr.server.reasoning import REASONING_PARSERS
+from blazr.server.reasoning import CHANNEL_FORMATS, REASONING_PARSERS
 from blazr.server.tool_parsers import TOOL_PARSERS
 
 

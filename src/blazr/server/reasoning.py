@@ -131,6 +131,8 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "qwen3": Qwen3ReasoningParser,
 }
+# --reasoning-parser may also name a chat format that splits channels itself (server/chat_format.py)
+CHANNEL_FORMATS = ("harmony",)
 
 
 def split_reasoning(parser: ReasoningParser, text: str) -> tuple[str | None, str | None]:

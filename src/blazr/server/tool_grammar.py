@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from blazr.engine.grammar import lark_json
+from blazr.engine.json_schema import lark_json
 from blazr.errors import BlazrError
 
 if TYPE_CHECKING:
