@@ -340,18 +340,22 @@ def test_snapshots_inside_a_chunk_stay_on_the_kernel_scan(checkpoints, monkeypat
 
 
 @pytest.mark.parametrize(
-    ("name", "kernel"),
-    [("lfm2", "causal_conv_prefill"), ("jamba", "causal_conv_prefill"), ("jamba", "mamba1_scan_prefill")],
+    ("name", "fallback"),
+    [
+        ("lfm2", "causal_conv_prefill_reference"),
+        ("jamba", "causal_conv_prefill_reference"),
+        ("jamba", "mamba1_scan_prefill_parallel"),  # Mamba1's fallback: the log-depth scan (parallel_scan.py)
+    ],
 )
-def test_snapshots_inside_a_chunk_stay_on_the_kernels(checkpoints, monkeypatch, name, kernel):
+def test_snapshots_inside_a_chunk_stay_on_the_kernels(checkpoints, monkeypatch, name, fallback):
     """The short conv's and Mamba1's prefills cut at snapshot points run their C kernels segment by
-    segment, never the torch references."""
-    from blazr.kernels import ops_recurrent  # where the conv / Mamba1 prefills find their references
+    segment, never the torch fallbacks."""
+    from blazr.kernels import ops_recurrent  # where the conv / Mamba1 prefills find their fallbacks
 
     def refuse(*args, **kwargs):
-        raise AssertionError(f"{kernel} fell back to the torch reference")
+        raise AssertionError(f"{fallback} ran: the kernel was not taken")
 
-    monkeypatch.setattr(ops_recurrent, f"{kernel}_reference", refuse)
+    monkeypatch.setattr(ops_recurrent, fallback, refuse)
     llm = load(checkpoints[name])
     got = run(llm, [tokens(150, seed=80)])[0]
     assert len(got.token_ids[0]) == GREEDY.max_tokens and llm.engine.cache.num_snapshots >= 4
