@@ -88,7 +88,8 @@ class ServerProcess:
 
     # ------------------------------------------------------------------------------------- lifecycle
 
-    def start(self, timeout: float = 240.0) -> ServerProcess:
+    def start(self, timeout: float = 240.0, want: int = 200) -> ServerProcess:
+        """Start the server and wait until /health answers `want` (200: ready; 503: still loading)."""
         cmd = [
             sys.executable,
             "-m",
@@ -112,7 +113,7 @@ class ServerProcess:
             cwd=REPO_ROOT,
             start_new_session=self.new_session,
         )
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, want)
         return self
 
     def signal(self, sig: int) -> None:
@@ -142,7 +143,7 @@ class ServerProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, want: int = 200) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -155,7 +156,7 @@ class ServerProcess:
                 continue
             if not self.health_seen or self.health_seen[-1] != status:
                 self.health_seen.append(status)
-            if status == 200:
+            if status == want:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"server not ready after {timeout:.0f}s:\n{self.log_tail()}")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -218,6 +220,25 @@ def _drain_workload(server: ServerProcess, after_signal: Any) -> list[dict[str, 
             return list(await asyncio.gather(*tasks))
 
     return asyncio.run(go())
+
+
+def test_a_server_stopped_while_its_model_loads_exits_0_at_once(tiny, tmp_path):
+    """SIGTERM before the model is loaded: nothing is in flight and a load cannot stop part-way, so the
+    server says so and exits 0 at once, the loader still running — the interpreter's exit would kill it
+    inside torch (std::terminate, status 134: what `blazr serve` did when stopped ~0.3 s into loading the
+    embedded model). Here the weights file is a FIFO nobody writes: the load blocks where it opens it."""
+    model = tmp_path / "blocked"
+    shutil.copytree(tiny, model)
+    (model / "model.safetensors").unlink()
+    os.mkfifo(model / "model.safetensors")
+    server = ServerProcess(["--model", str(model), *BASE]).start(want=503)
+    try:
+        server.signal(signal.SIGTERM)
+        assert server.wait_exit(60) == 0
+        log = server.log_tail()
+        assert "stopped while the model was loading" in log and "Traceback" not in log, log
+    finally:
+        server.stop()
 
 
 def test_sigterm_drains_then_exits_0(tiny):

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from blazr.distributed.group import TPGroup, destroy_group, init_group
+from blazr.exit_now import exit_now
 from blazr.kernels.build import usable_cores
 from blazr.load_config import LoadConfig
 
@@ -176,10 +177,7 @@ def _leave(status: int) -> None:
     """Exit without the interpreter's teardown: a spawned rank holds nothing to write (its shard is loaded
     without the quantization cache; no thread of its own but the parent watch), and unloading torch's
     modules took ~1 s of CPU on a 2-core Zen 3 — time rank 0's `close` waited for."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_now(status)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from blazr.engine.async_engine import AsyncEngine
 from blazr.engine.engine import LLMEngine
 from blazr.engine.pooling import Pooling
 from blazr.errors import BlazrError
+from blazr.exit_now import exit_now
 from blazr.kernels.build import usable_cores
 from blazr.server.chat_page import install_chat_page
 from blazr.server.error_handlers import install_error_handlers
@@ -168,6 +169,13 @@ def _load(
     )
 
 
+def shut_down(state: ServerState) -> None:
+    """Stop a one-model server's engine thread and its preprocessing pool (both idempotent)."""
+    if state.serving is not None:
+        state.serving.engine.shutdown()
+        state.serving.close()
+
+
 def build_app(
     config: ServerConfig,
     loader: Loader = load_model,
@@ -192,15 +200,14 @@ def build_app(
                 timer.cancel()
                 await pool.close()
             return
-        threading.Thread(
+        state.loading = threading.Thread(
             target=_load, args=(state, loader, on_engine_fatal), name="blazr-load", daemon=True
-        ).start()
+        )
+        state.loading.start()
         try:
             yield
         finally:
-            if state.serving is not None:
-                state.serving.engine.shutdown()
-                state.serving.close()
+            shut_down(state)
 
     app = FastAPI(title="blazr", version=_version(), lifespan=lifespan)
     app.state.blazr = state
@@ -304,6 +311,12 @@ def serve(args: argparse.Namespace) -> None:
         what = f"loading {config.load.model or 'the embedded SmolLM2'} — GET /health answers 503 until ready"
     print(f"blazr serve: http://{config.host}:{config.port} ({auth}); {what}", file=sys.stderr, flush=True)
     server.run()
+    if state.loading is not None and state.loading.is_alive():
+        # stopped before the model was loaded: nothing is in flight, and a load cannot stop part-way — the
+        # interpreter's exit would kill the loader inside torch (std::terminate, status 134)
+        print("blazr serve: stopped while the model was loading", file=sys.stderr, flush=True)
+        exit_now(0)
+    shut_down(state)  # the loader may have finished after the lifespan closed: its engine thread too
     if state.serving is None and state.status == "failed":
         raise BlazrError("the model failed to load")
     if server.exit_code:

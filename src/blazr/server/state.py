@@ -3,6 +3,7 @@ a multi-model server), metrics, and the count of /v1 requests in flight (what a 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,6 +26,7 @@ class ServerState:
     serving: Serving | None = None  # one model, once loaded
     pool: ModelPool | None = None  # several models (model_pool.py): then `serving` stays None
     load_seconds: float = 0.0
+    loading: threading.Thread | None = None  # the loader of a one-model server (daemon; app.py `_load`)
     num_in_flight: int = 0  # /v1 requests whose response is not complete (event-loop thread only)
     on_load_failed: list[Callable[[str], None]] = field(default_factory=list)
 
