@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from blazr.kernels import build, ops
+from tests.smollm2_reference import RUN_SHARED
 
 # what each test module makes under the temporary directory removed when the module ends
 pytest_plugins = ["tests.tmp_cleanup"]
@@ -145,8 +148,8 @@ HEAVY_FIRST = (
     "test_multi_model.py",
     "test_server_structured.py",
     "test_llama_cpp.py",
-    "test_smollm2.py",
     "test_server.py",
+    "test_smollm2.py",  # after test_llama_cpp: by then transformers' SmolLM2 is saved for it (~30 s less)
 )
 
 
@@ -157,6 +160,15 @@ def pytest_configure(config: pytest.Config) -> None:
     workers, so they and every process they start inherit it; a value the caller set is kept."""
     if getattr(config.option, "numprocesses", None):
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if not hasattr(config, "workerinput") and RUN_SHARED not in os.environ:  # the controller, or a lone run
+        shared = tempfile.mkdtemp(prefix="blazr-test-run-")
+        os.environ[RUN_SHARED] = shared  # the workers inherit it (tests/smollm2_reference.py)
+
+        def remove() -> None:
+            shutil.rmtree(shared, ignore_errors=True)
+            os.environ.pop(RUN_SHARED, None)
+
+        config.add_cleanup(remove)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

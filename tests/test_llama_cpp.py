@@ -29,6 +29,7 @@ import torch
 from blazr import LLM, SamplingParams
 from blazr.detect import default_model_path
 from tests.drive import stepwise_logits
+from tests.smollm2_reference import hf_float_model
 
 NEAR_TIE = 0.05  # logits: the floor of the near-tie margin
 NUM_TOKENS = 48
@@ -48,10 +49,7 @@ def ours() -> LLM:
 
 @pytest.fixture(scope="module")
 def float_model():
-    from transformers import AutoModelForCausalLM
-
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return hf_float_model()
 
 
 @pytest.fixture(scope="module")

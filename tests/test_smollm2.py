@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from blazr import LLM, SamplingParams
-from blazr.detect import default_model_path
 from tests.drive import assert_logits_close, full_logits
+from tests.smollm2_reference import hf_float_model
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -28,10 +28,7 @@ def quantized_llm() -> LLM:
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from transformers import AutoModelForCausalLM
-
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return hf_float_model()
 
 
 def test_default_model_is_the_embedded_gguf(llm):
