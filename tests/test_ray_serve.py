@@ -299,6 +299,14 @@ def replicas(tiny):
             api_key=KEY,
         )
         serve.run(build_ray_app(config), name=APP_NAME, route_prefix="/")
+        # serve.run returns once both replicas run, but the proxy's router learns of them later: once (a
+        # loaded CI host) it knew one while 16 requests went out, and that one answered all. Unkeyed GETs
+        # (power of two choices) until both have answered, so the tests route over both.
+        seen: set[str] = set()
+        deadline = time.monotonic() + 120
+        while len(seen) < 2:
+            assert time.monotonic() < deadline, f"only replica(s) {seen} answered in 120 s"
+            seen.add(httpx.get(f"{endpoint.url}/metrics", timeout=30).headers[REPLICA])
         yield endpoint
     finally:
         endpoint.stop()
