@@ -7,9 +7,9 @@ test_smollm2 and test_llama_cpp), read from the GGUF once per test run.
 gguf-py: 8-10 s of CPU on the 2-core Zen 3 VM, and ~14 modules of the suite asked for it, each anew.
 The files live in a directory of this process's own (outside the session's base temporary directory, which
 tests/tmp_cleanup.py sweeps after each module), removed at exit; callers copy them, never change them.
-`from_pretrained(dir, gguf_file=…)` of the model takes ~30 s the same way: the first process to ask saves
-it as safetensors in the run's shared directory (`RUN_SHARED`, made by conftest.py's controller before
-the workers start, removed when the run ends), and the others load that in ~1 s.
+`from_pretrained(dir, gguf_file=…)` of the model takes ~34 s the same way: the first process to ask saves
+its config and state dict in the run's shared directory (`RUN_SHARED`, made by conftest.py's controller
+before the workers start, removed when the run ends), and the others build it from those in ~3 s.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def hf_float_model() -> Any:
                 gguf.parent, gguf_file=gguf.name, dtype=torch.float32
             )
             part = out.with_suffix(".part")  # (transformers will not save a model it read from a GGUF)
-            part.mkdir()
+            part.mkdir(exist_ok=True)  # (a process that failed mid-write left one)
             torch.save(model.state_dict(), part / "weights.pt")
             model.config.to_json_file(part / "config.json")
             part.rename(out)  # whole or absent
