@@ -59,22 +59,12 @@ def random_smollm2(out: Path) -> Path:
 
 
 def random_family(name: str, out: Path, device: str) -> Path:
-    """transformers' model of `name` (benchmarks/hybrid_peers.MODELS) at its shape, random weights (norms
-    perturbed off 1 / 0, as hybrid_peers builds them), saved in bfloat16 to `out`; made on `device`."""
-    import transformers
-    from benchmarks.hybrid_peers import MODELS
-    from tests.tiny import CONFIG_CLASSES
+    """transformers' model of `name` (benchmarks/hybrid_peers.MODELS) at its shape, random weights as
+    hybrid_peers builds them (`random_model`, made on `device`), saved in bfloat16 to `out`."""
+    from benchmarks.hybrid_peers import MODELS, random_model
 
     arch, cfg, _ = MODELS[name]
-    config = getattr(transformers, CONFIG_CLASSES.get(arch, arch.replace("ForCausalLM", "Config")))(**cfg)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = getattr(transformers, arch)(config).to(torch.bfloat16).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if p.dim() == 1 and pname.endswith("weight"):
-                p.copy_((0 if bool((p == 0).all()) else 1) + 0.1 * torch.randn_like(p))
-    model.save_pretrained(out)
+    random_model(arch, cfg, device).to(torch.bfloat16).save_pretrained(out)
     return out
 
 

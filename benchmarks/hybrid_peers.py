@@ -429,6 +429,22 @@ def checkpoint(name: str, bf16_values: bool = False) -> Path:
     return build_hf(name, arch, cfg, edit)
 
 
+def random_model(arch: str, cfg: dict, device: str = "cpu") -> torch.nn.Module:
+    """transformers' `arch` at `cfg`, float32, eval mode, made on `device` with random weights (seeded) and
+    its norms perturbed too: transformers leaves them at 1 (or 0: a (1 + w) norm) and A_log / D constant."""
+    import transformers
+
+    config = getattr(transformers, CONFIG_CLASSES.get(arch, arch.replace("ForCausalLM", "Config")))(**cfg)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(transformers, arch)(config).float().eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() == 1 and pname.endswith("weight"):
+                p.copy_((0 if bool((p == 0).all()) else 1) + 0.1 * torch.randn_like(p))
+    return model
+
+
 def build_hf(
     name: str,
     arch: str,
@@ -443,16 +459,8 @@ def build_hf(
     out = CACHE / name / "hf"
     if (out / "config.json").exists():
         return out
-    import transformers
-
     log(f"# building {name} with transformers (random weights)")
-    config = getattr(transformers, CONFIG_CLASSES.get(arch, arch.replace("ForCausalLM", "Config")))(**cfg)
-    torch.manual_seed(0)
-    model = getattr(transformers, arch)(config).float().eval()
-    with torch.no_grad():  # transformers leaves norms at 1 (or 0: a (1 + w) norm) and A_log/D constant
-        for pname, p in model.named_parameters():
-            if p.dim() == 1 and pname.endswith("weight"):
-                p.copy_((0 if bool((p == 0).all()) else 1) + 0.1 * torch.randn_like(p))
+    model = random_model(arch, cfg)
     if sum(t.numel() for t in model.parameters()) > bf16_over:  # saved in bf16: half the disk and load time
         model = model.to(torch.bfloat16)
     if save is None:

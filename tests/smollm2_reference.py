@@ -70,19 +70,18 @@ def hf_float_model() -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    gguf = default_model_path()
+    def from_gguf() -> Any:
+        gguf = default_model_path()
+        return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+
     shared = os.environ.get(RUN_SHARED)
     if not shared:  # (outside a pytest run)
-        return AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        ).eval()
+        return from_gguf().eval()
     out = Path(shared) / "smollm2-hf-float32"
     with open(Path(shared) / "smollm2-hf-float32.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process reads the GGUF; the others wait for its files
         if not (out / "config.json").exists():
-            model = AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-            )
+            model = from_gguf()
             part = out.with_suffix(".part")  # (transformers will not save a model it read from a GGUF)
             part.mkdir(exist_ok=True)  # (a process that failed mid-write left one)
             torch.save(model.state_dict(), part / "weights.pt")

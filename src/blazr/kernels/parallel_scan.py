@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from blazr.kernels.reference_mamba1 import skip_and_gate
+
 CHUNK = 256  # rows per scan pass
 
 
@@ -64,4 +66,4 @@ def mamba1_scan_prefill_parallel(
             h = hs[-1]
         ssm[slot] = h[None].to(ssm.dtype)
         start += n
-    return ((y + D.float() * x) * F.silu(z.float())).to(xc.dtype)
+    return skip_and_gate(y, x, D, z, xc.dtype)

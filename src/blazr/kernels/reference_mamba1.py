@@ -40,6 +40,14 @@ def mamba1_dt_bc_reference(
     return dt.contiguous(), torch.cat([B, C], dim=-1)
 
 
+def skip_and_gate(
+    y: torch.Tensor, x: torch.Tensor, D: torch.Tensor, z: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The scan's output y [T, Di] with the D skip and the SiLU gate: (y + D·x)·silu(z), in float32, then
+    `dtype`."""
+    return ((y + D.float() * x) * F.silu(z.float())).to(dtype)
+
+
 def _step(
     st: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, bc: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +77,7 @@ def mamba1_scan_step_reference(
     x, dt = xc.float(), F.softplus(dt_raw.float())
     y, st = _step(ssm.index_select(0, slots).float(), x, dt, A.float(), bc.float())
     ssm.index_copy_(0, slots, st.to(ssm.dtype))
-    return ((y + D.float() * x) * F.silu(z.float())).to(xc.dtype)
+    return skip_and_gate(y, x, D, z, xc.dtype)
 
 
 def mamba1_scan_prefill_reference(
@@ -97,4 +105,4 @@ def mamba1_scan_prefill_reference(
             y[t : t + 1], st = _step(st, x[t : t + 1], dt[t : t + 1], A.float(), bc[t : t + 1].float())
         ssm[slot] = st.to(ssm.dtype)
         start += n
-    return ((y + D.float() * x) * F.silu(z.float())).to(xc.dtype)
+    return skip_and_gate(y, x, D, z, xc.dtype)
