@@ -119,7 +119,7 @@ class Mamba1(nn.Module):
 
             def conv(seg: Segment) -> torch.Tensor:
                 return ops.causal_conv_prefill(
-                    xsp[seg.rows], None, None, seg.lens, seg.slots, seg.fresh, w, b, cache.conv, True
+                    seg.take(xsp), None, None, seg.lens, seg.slots, seg.fresh, w, b, cache.conv, True
                 )
 
             run_in_segments(batch, conv, xc[nd:], (cache.conv,))
@@ -138,7 +138,7 @@ class Mamba1(nn.Module):
             parts = xc[nd:], dt_raw[nd:], bc[nd:], z[nd:]
 
             def scan(seg: Segment) -> torch.Tensor:
-                xcs, dts, bcs, zs = (t[seg.rows] for t in parts)
+                xcs, dts, bcs, zs = (seg.take(t) for t in parts)
                 return ops.mamba1_scan_prefill(
                     xcs, dts, bcs, zs, seg.lens, seg.slots, seg.fresh, self.A, self.D, cache.ssm
                 )

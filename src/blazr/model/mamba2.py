@@ -11,8 +11,8 @@ One step's flat layout (see `ForwardBatch`):
   reference `mamba2_prefill_reference` runs the chunked SSD of `ssd.py`), each starting from its slot's
   states when `context_len > 0` (a chunked prefill continues) or from zeros when it is 0 (the slot may hold
   a previous owner's state), its final conv and SSM states written back to the slot. A prefix-cache
-  snapshot inside a chunk (`batch.state_saves`) splits the scan there: the sequences run segment by
-  segment, and after each the slot's states are copied to the snapshot slot.
+  snapshot inside a chunk (`batch.state_saves`) splits the scan there (model/segments.py): the sequences
+  run segment by segment, and after each the slot's states are copied to the snapshot slot.
 
 Parameters (HF names): in_proj [2·Di + 2·G·N + H, D] split as [z | xBC | dt]; conv1d.weight [Cd, 1, K]
 (+ bias); dt_bias, A_log, D [H]; norm.weight [Di]; out_proj [D, Di].
@@ -47,6 +47,7 @@ from blazr.kernels import ops
 from blazr.model.mixer_spec import MixerSpec
 from blazr.model.norm import GatedRMSNorm
 from blazr.model.qlinear import Linear
+from blazr.model.segments import Segment, run_in_segments
 from blazr.state.batch import ForwardBatch
 from blazr.state.kv_cache import LayerCache
 from blazr.state.layout import CacheTensor, Snapshot
@@ -86,7 +87,8 @@ class Mamba2(nn.Module):
         cfg = self.cfg
         H, P, Di = cfg.num_heads, cfg.head_dim, cfg.d_inner
         T = x.shape[0]
-        z, xBC, dt_raw = self.in_proj(x, decode=batch.is_decode_only).split([Di, cfg.conv_dim, H], dim=-1)
+        zxd = self.in_proj(x, decode=batch.is_decode_only)  # [T, Di + Cd + H]
+        z, xBC, dt_raw = zxd.split([Di, cfg.conv_dim, H], dim=-1)
 
         is_cached = cache is not None and batch.state_slots is not None
         nd = batch.num_decodes if is_cached else 0
@@ -108,7 +110,7 @@ class Mamba2(nn.Module):
                 cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
         elif is_cached:
-            y[nd:] = self._prefill_in_segments(xBC[nd:], dt_raw[nd:], batch, cache)
+            y[nd:] = self._prefill_in_segments(zxd[nd:, Di:], batch, cache)
         else:  # the reference forward: every sequence from zero states, through throw-away state pools
             B = batch.num_seqs
             conv0 = x.new_zeros(B, cfg.conv_dim, cfg.conv_kernel - 1)
@@ -120,45 +122,22 @@ class Mamba2(nn.Module):
         return self._output(y.view(T, Di), z, x.dtype, batch.is_decode_only)
 
     def _prefill_in_segments(
-        self, xBC: torch.Tensor, dt_raw: torch.Tensor, batch: ForwardBatch, cache: LayerCache
+        self, xbc_dt: torch.Tensor, batch: ForwardBatch, cache: LayerCache
     ) -> torch.Tensor:
-        """The prefill rows' scan (xBC [Tp, Cd], dt_raw [Tp, H] → y [Tp, H, P]), cut at the offsets of
-        `batch.state_saves`: round r runs every row's r-th segment, then copies the states of the rows whose
-        save point it reached into their snapshot slots."""
-        cfg, nd = self.cfg, batch.num_decodes
-        qlens, slots = batch.query_lens[nd:], batch.state_slots[nd:]
-        cuts: list[list[tuple[int, int | None]]] = [[(q, None)] for q in qlens]  # (segment end, save slot)
-        for b, k, dst in batch.state_saves:
-            cuts[b - nd].append((k, dst))
-        cuts = [sorted(c, key=lambda e: e[0]) for c in cuts]
-        y = xBC.new_empty(xBC.shape[0], cfg.num_heads, cfg.head_dim, dtype=torch.float32)
-        starts = [sum(qlens[:i]) for i in range(len(qlens))]
-        done = [0] * len(qlens)  # tokens of each row scanned so far
+        """The prefill rows' scan (xbc_dt [Tp, Cd + H]: xBC and dt_raw side by side, in_proj's columns →
+        y [Tp, H, P]), cut at the offsets of `batch.state_saves` (model/segments.py)."""
+        cfg, Cd = self.cfg, self.cfg.conv_dim
         conv_w, conv_b = self.conv1d.weight[:, 0], self.conv1d.bias
-        for r in range(max(len(c) for c in cuts)):
-            rows = [i for i, c in enumerate(cuts) if r < len(c) and c[r][0] > done[i]]
-            if not rows:
-                continue
-            idx = torch.cat([torch.arange(starts[i] + done[i], starts[i] + cuts[i][r][0]) for i in rows])
-            idx = idx.to(xBC.device)
-            fresh = [done[i] == 0 and batch.context_lens[nd + i] == 0 for i in rows]
-            # the kernel takes xBC and dt as column views of one row-major buffer (as in_proj's output)
-            seg = torch.cat([xBC[idx], dt_raw[idx]], dim=1)
-            Cd = xBC.shape[1]
-            y[idx] = ops.mamba2_prefill(
-                seg[:, :Cd], seg[:, Cd:], [cuts[i][r][0] - done[i] for i in rows], slots[rows], fresh, conv_w,
-                conv_b, cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min,
-                cfg.dt_max,
+
+        def run(seg: Segment) -> torch.Tensor:
+            rows = seg.take(xbc_dt)  # the kernel takes xBC and dt as column views of one row-major buffer
+            return ops.mamba2_prefill(
+                rows[:, :Cd], rows[:, Cd:], seg.lens, seg.slots, seg.fresh, conv_w, conv_b, cache.conv,
+                self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
-            saves = [(int(slots[i]), cuts[i][r][1]) for i in rows if cuts[i][r][1] is not None]
-            if saves:  # the snapshot: this layer's state rows, copied
-                src = torch.tensor([s for s, _ in saves], device=xBC.device)
-                dst = torch.tensor([d for _, d in saves], device=xBC.device)
-                for state in (cache.conv, cache.ssm):
-                    state[dst] = state[src]
-            for i in rows:
-                done[i] = cuts[i][r][0]
-        return y
+
+        y = xbc_dt.new_empty(xbc_dt.shape[0], cfg.num_heads, cfg.head_dim, dtype=torch.float32)
+        return run_in_segments(batch, run, y, (cache.conv, cache.ssm))
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype, decode: bool) -> torch.Tensor:
         """Gate (gated RMSNorm, or plain SiLU gating) and out_proj: y, z [T, Di] → [T, D] in `dtype`."""

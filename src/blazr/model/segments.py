@@ -1,10 +1,16 @@
 """A recurrent mixer's prefill rows cut at the prefix cache's save points (`ForwardBatch.state_saves`): round
 r runs every prefill sequence's r-th segment (one call of the mixer's prefill kernel over those segments),
 then copies the states of the sequences whose save point it reached into their snapshot slots — the
-mid-chunk snapshots of Snapshot.STATE_SLOT kinds (the short conv, Mamba1; Mamba2 keeps its own copy of
-this walk in model/mamba2.py).
+mid-chunk snapshots of Snapshot.STATE_SLOT kinds (Mamba2, the short conv, Mamba1; the delta-rule kernels
+take the save points themselves).
 
-Shapes: Tp prefill rows (the batch's tokens after its Bd decode rows), B' prefill sequences.
+A round's rows are moved as rows, never element by element: one sequence's segment (a lone prompt, the
+common case) is a slice — a view, nothing copied in —, several are gathered by `index_select` and
+scattered by `index_copy_` (torch's advanced indexing gathered ~12× slower: a 256-token bf16 prefill at
+granite-4.0-h-350m's shape ran 135-140 → 141-147 tok/s with the prefix cache on, benchmarks/NOTES.md §72).
+No host value is read from a device tensor.
+
+Shapes: Tp prefill rows (the batch's tokens after its Bd decode rows), B' prefill sequences, S state slots.
 """
 
 from __future__ import annotations
@@ -19,14 +25,34 @@ from blazr.state.batch import ForwardBatch
 
 @dataclass(frozen=True)
 class Segment:
-    """One round: `rows` [n] the prefill rows it runs (indices into the Tp prefill rows), per sequence in it
-    its length, state slot, whether it starts from zero, and the (slot → snapshot slot) copies after it."""
+    """One round: its rows of the Tp prefill rows as [start, end) ranges (one per sequence in it, in order),
+    per sequence its length, state slot, whether it starts from zero; after it, the states of `save_from`
+    (slots [k]) are copied to `save_to` (snapshot slots [k])."""
 
-    rows: torch.Tensor
+    ranges: tuple[tuple[int, int], ...]
     lens: list[int]
     slots: torch.Tensor
     fresh: list[bool]
-    saves: list[tuple[int, int]]
+    save_from: torch.Tensor
+    save_to: torch.Tensor
+
+    def _rows(self, device: torch.device) -> torch.Tensor:
+        return torch.cat([torch.arange(a, b) for a, b in self.ranges]).to(device)
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        """The round's rows of t [Tp, …]: a view of one range, else the rows gathered (contiguous)."""
+        if len(self.ranges) == 1:
+            a, b = self.ranges[0]
+            return t[a:b]
+        return torch.index_select(t, 0, self._rows(t.device))
+
+    def put(self, out: torch.Tensor, rows: torch.Tensor) -> None:
+        """out [Tp, …] at the round's rows ← rows [n, …]."""
+        if len(self.ranges) == 1:
+            a, b = self.ranges[0]
+            out[a:b].copy_(rows)
+        else:
+            out.index_copy_(0, self._rows(out.device), rows.to(out.dtype))
 
 
 def segments(batch: ForwardBatch) -> list[Segment]:
@@ -44,14 +70,15 @@ def segments(batch: ForwardBatch) -> list[Segment]:
         seqs = [i for i, c in enumerate(cuts) if r < len(c) and c[r][0] > done[i]]
         if not seqs:
             continue
-        rows = torch.cat([torch.arange(starts[i] + done[i], starts[i] + cuts[i][r][0]) for i in seqs])
+        saving = [i for i in seqs if cuts[i][r][1] is not None]
         out.append(
             Segment(
-                rows=rows.to(slots.device),
+                ranges=tuple((starts[i] + done[i], starts[i] + cuts[i][r][0]) for i in seqs),
                 lens=[cuts[i][r][0] - done[i] for i in seqs],
                 slots=slots[seqs],
                 fresh=[done[i] == 0 and batch.context_lens[nd + i] == 0 for i in seqs],
-                saves=[(int(slots[i]), d) for i in seqs if (d := cuts[i][r][1]) is not None],
+                save_from=slots[saving],
+                save_to=torch.tensor([cuts[i][r][1] for i in saving], dtype=torch.long, device=slots.device),
             )
         )
         for i in seqs:
@@ -65,13 +92,11 @@ def run_in_segments(
     out: torch.Tensor,
     states: Sequence[torch.Tensor],
 ) -> torch.Tensor:
-    """out[seg.rows] = run(seg) for each round, then each save's rows of `states` (the pools [S, …] the run
+    """out[seg's rows] = run(seg) for each round, then each save's rows of `states` (the pools [S, …] the run
     advanced) copied to its snapshot slot; returns out ([Tp, …])."""
     for seg in segments(batch):
-        out[seg.rows] = run(seg)
-        if seg.saves:
-            src = torch.tensor([s for s, _ in seg.saves], device=out.device)
-            dst = torch.tensor([d for _, d in seg.saves], device=out.device)
+        seg.put(out, run(seg))
+        if seg.save_to.numel():
             for state in states:
-                state[dst] = state[src]
+                state.index_copy_(0, seg.save_to, torch.index_select(state, 0, seg.save_from))
     return out

@@ -89,7 +89,7 @@ class ShortConv(nn.Module):
         else:  # cut at the prefix cache's save points
 
             def run(seg: Segment) -> torch.Tensor:
-                rows = bcx[nd:][seg.rows]  # [n, 3W]: its column views share one stride
+                rows = seg.take(bcx[nd:])  # [n, 3W]: its column views share one stride
                 return ops.causal_conv_prefill(
                     rows[:, 2 * W :], rows[:, :W], rows[:, W : 2 * W], seg.lens, seg.slots, seg.fresh, w, b,
                     cache.conv, False,
