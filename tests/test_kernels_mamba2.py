@@ -135,11 +135,20 @@ def test_mamba2_prefill_matches_the_chunked_scan(
     )
 
 
-def test_mamba2_prefill_is_decode_steps_in_a_row(lib: ops.Kernels) -> None:
+# (H, P, G, N, K, lens): N = 20 runs head_step per token; N a multiple of 16 the tiled scan (csrc/mamba2.c
+# head_scan: 16-token tiles, state pieces of 64 columns on AVX2 / 128 on AVX-512, a last piece of fewer
+# chunks: N = 48, 192) — tiles whole, cut short, and a sequence shorter than one
+SCAN_SHAPES = [(6, 8, 2, 20, 4, [9, 5, 12]), (3, 8, 1, 128, 4, [37, 16, 3]), (2, 4, 2, 48, 3, [17, 9, 33]),
+               (2, 4, 1, 192, 4, [21, 2, 16])]  # fmt: skip
+
+
+@pytest.mark.parametrize(("H", "P", "G", "N", "K", "lens"), SCAN_SHAPES)
+def test_mamba2_prefill_is_decode_steps_in_a_row(
+    lib: ops.Kernels, H: int, P: int, G: int, N: int, K: int, lens: list[int]
+) -> None:
     """n prefill rows give the same bits as n decode steps (and so does splitting a prefill in two chunks);
     a sequence's results do not depend on the others in its call."""
-    lens = [9, 5, 12]
-    inp = _prefill_inputs(lens, [False, True, False], 6, 8, 2, 20, 4, seed=3)
+    inp = _prefill_inputs(lens, [False, True, False], H, P, G, N, K, seed=3)
     y, conv, ssm = _mamba2_run(lib.mamba2_prefill, inp)
     steps = dict(inp, conv_state=inp["conv_state"].clone(), ssm_state=inp["ssm_state"].clone())
     steps["conv_state"][inp["slots"][1]] = 0  # the fresh sequence starts from zeros
@@ -163,10 +172,11 @@ def test_mamba2_prefill_is_decode_steps_in_a_row(lib: ops.Kernels) -> None:
     assert torch.equal(steps["ssm_state"], ssm) and torch.equal(steps["conv_state"], conv)
     half = dict(inp, xbc=inp["xbc"][:4], dt_raw=inp["dt_raw"][:4], query_lens=[4], slots=inp["slots"][:1])
     y1, conv1, ssm1 = _mamba2_run(lib.mamba2_prefill, dict(half, fresh=[False]))
-    rest = dict(half, xbc=inp["xbc"][4:9], dt_raw=inp["dt_raw"][4:9], query_lens=[5], fresh=[False])
+    n0 = lens[0]  # the first sequence in two chunks: 4 rows, then the rest
+    rest = dict(half, xbc=inp["xbc"][4:n0], dt_raw=inp["dt_raw"][4:n0], query_lens=[n0 - 4], fresh=[False])
     y2, conv2, ssm2 = _mamba2_run(lib.mamba2_prefill, dict(rest, conv_state=conv1, ssm_state=ssm1))
     s0 = int(inp["slots"][0])
-    assert torch.equal(torch.cat([y1, y2]), y[:9])
+    assert torch.equal(torch.cat([y1, y2]), y[:n0])
     assert torch.equal(ssm2[s0], ssm[s0]) and torch.equal(conv2[s0], conv[s0])
 
 
