@@ -81,6 +81,22 @@ def test_activation(lib: ops.Kernels, kind: str, gated: bool) -> None:
 
 
 @pytest.mark.parametrize("gated", [False, True])
+def test_silu_same_bits_everywhere(native: ops.Kernels, other_build: ops.Kernels, gated: bool) -> None:
+    """SiLU runs 8 lanes a step with a scalar tail (csrc/elementwise.c silu_row): every build, both ends of
+    a row, one thread or two give the same bits, past exp's clamps too."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(37, 2 * 1003, generator=g) * torch.logspace(-3, 2.8, 2 * 1003)
+    x[0, :6] = torch.tensor([0.0, -0.0, 500.0, -500.0, 1e-30, -1e-30])
+    with intra_op_threads(1):
+        one = native.activation(x, "silu", gated)
+    with intra_op_threads(2):
+        assert torch.equal(native.activation(x, "silu", gated), one)
+    assert torch.equal(other_build.activation(x, "silu", gated), one)
+    if not gated:  # each value's bits wherever it falls: the row shifted by one lane
+        assert torch.equal(native.activation(x[:, 1:].contiguous(), "silu", gated), one[:, 1:])
+
+
+@pytest.mark.parametrize("gated", [False, True])
 def test_gelu_same_bits_everywhere(native: ops.Kernels, other_build: ops.Kernels, gated: bool) -> None:
     """GELU (tanh) runs 8 lanes a step with a scalar tail (csrc/elementwise.c gelu256 / gelu_tanh): every
     build, both ends of a row, one thread or two give the same bits — signed zeros, tiny values and values
