@@ -12,6 +12,9 @@ one a 503 with a one-line reason while the others serve. Plus the flags and the 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -269,6 +272,31 @@ def test_an_idle_model_sleeps_frees_its_memory_and_reloads(tmp_path):
 
 def _config(*argv: str) -> ServerConfig:
     return ServerConfig.from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_a_server_stopped_while_a_model_loads_answers_503_and_exits_0(tmp_path):
+    """SIGTERM while a request waits for a model's load: the drain's window passes, the request gets a
+    503 `shutting_down` (not a traceback when uvicorn cancels it), and the server exits 0 past the load
+    still running — which it had waited for: the loop's executor, where loads ran, is joined as the loop
+    ends. The weights file is a FIFO nobody writes: the load blocks where it opens it."""
+    model = tmp_path / "models" / "blocked"
+    build("LlamaForCausalLM", model)
+    (model / "model.safetensors").unlink()
+    os.mkfifo(model / "model.safetensors")
+    server = ServerProcess(["--models-dir", str(model.parent), *COMMON, "--shutdown-timeout", "1"]).start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            body = {"model": "blocked", "prompt": [5, 6], "max_tokens": 2}
+            answer = ex.submit(server.post, "/v1/completions", json=body)
+            _wait_for(lambda: _states(server) == {"blocked": "loading"})
+            server.signal(signal.SIGTERM)
+            r = answer.result()
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+        assert server.wait_exit(60) == 0
+        log = server.log_tail()
+        assert "stopped while model blocked was loading" in log and "Traceback" not in log, log
+    finally:
+        server.stop()
 
 
 def test_model_repeated_and_models_dir_flags():

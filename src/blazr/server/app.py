@@ -311,10 +311,13 @@ def serve(args: argparse.Namespace) -> None:
         what = f"loading {config.load.model or 'the embedded SmolLM2'} — GET /health answers 503 until ready"
     print(f"blazr serve: http://{config.host}:{config.port} ({auth}); {what}", file=sys.stderr, flush=True)
     server.run()
-    if state.loading is not None and state.loading.is_alive():
-        # stopped before the model was loaded: nothing is in flight, and a load cannot stop part-way — the
-        # interpreter's exit would kill the loader inside torch (std::terminate, status 134)
-        print("blazr serve: stopped while the model was loading", file=sys.stderr, flush=True)
+    # Stopped while a model loads: a load cannot stop part-way, and the interpreter's exit would kill the
+    # loader inside torch (std::terminate, status 134) or, a pool's load being an executor thread, wait for it
+    # to end (a multi-model server stopped mid-load had hung there). Requests are answered by now.
+    pooled = state.pool.loading() if state.pool is not None else []
+    if pooled or (state.loading is not None and state.loading.is_alive()):
+        what = f"model {', '.join(pooled)}" if pooled else "the model"
+        print(f"blazr serve: stopped while {what} was loading", file=sys.stderr, flush=True)
         exit_now(0)
     shut_down(state)  # the loader may have finished after the lifespan closed: its engine thread too
     if state.serving is None and state.status == "failed":

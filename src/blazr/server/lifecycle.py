@@ -94,6 +94,8 @@ class BlazrServer(uvicorn.Server):
             left = state.num_in_flight
             for serving in state.servings():
                 serving.engine.cancel_all(RequestCancelledError("the server is shutting down"))
+            if state.pool is not None:  # and requests waiting for a model's load
+                state.pool.stop_waiting()
             await self._wait_idle(CANCEL_GRACE_S, hurry=False)
             print(f"blazr serve: cancelled {left} request(s) still in flight", file=sys.stderr, flush=True)
         print(f"blazr serve: drained in {time.monotonic() - t0:.1f}s; stopping", file=sys.stderr, flush=True)

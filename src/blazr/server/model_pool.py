@@ -8,9 +8,10 @@ again after RETRY_FAILED_S). All of it lives on the event loop's thread; a load 
 the models already loaded keep serving.
 
 - `acquire(name)` → the model's `Serving`, loading it first when needed (concurrent requests for a model
-  that is loading wait for that same load); it counts the request in use until `release`, and nothing in
-  use — or with sequences in its engine, or requests waiting for its load (else a load queued behind it
-  could unload it before they get it: two models thrashing) — is ever unloaded. Loads run one at a time.
+  that is loading wait for that same load, until a drain gives up on them: 503); it counts the request in
+  use until `release`, and nothing in use — or with sequences in its engine, or requests waiting for its
+  load (else a load queued behind it could unload it before they get it: two models thrashing) — is ever
+  unloaded. Loads run one at a time.
 - Room: before a load, while `max_loaded_models` are loaded, the least recently used idle one is
   unloaded (if every loaded model is busy, the load waits for one to go idle).
 - One memory budget: a model's cache pools get an equal share of what is left of the budget
@@ -23,6 +24,7 @@ the models already loaded keep serving.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import gc
@@ -93,6 +95,10 @@ class ModelPool:
         self.created = int(time.time())
         self._load_lock = asyncio.Lock()
         self._closed = False
+        self._stop_waiting = asyncio.Event()
+        # loads run on a thread of their own, not the loop's default executor, which asyncio.run joins as it
+        # ends: a server stopped mid-load would wait there for the load instead of exiting (app.py `serve`)
+        self._loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="blazr-load")
 
     # -------------------------------------------------------------------------------------- lookup
 
@@ -136,11 +142,34 @@ class ModelPool:
                 entry.loading = asyncio.ensure_future(self._load(entry))
             entry.num_waiting += 1
             try:
-                await asyncio.shield(entry.loading)
+                await self._wait_for(entry.loading)
             finally:
                 entry.num_waiting -= 1
             if entry.state == "failed":
                 raise self._failed(entry)
+
+    async def _wait_for(self, load: asyncio.Future[None]) -> None:
+        """Until `load` ends — or the server's drain stops waiting for requests in flight (`stop_waiting`):
+        a 503 then, while the load goes on (a load cannot stop part-way; `serve` exits past it)."""
+        shielded = asyncio.shield(load)
+        stop = asyncio.ensure_future(self._stop_waiting.wait())
+        try:
+            await asyncio.wait({shielded, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not shielded.done():
+                shielded.cancel()  # this request stops waiting; the load itself is shielded
+        if shielded.cancelled():
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        shielded.result()
+
+    def stop_waiting(self) -> None:
+        """The drain's window is over: requests waiting for a model's load are answered 503 now."""
+        self._stop_waiting.set()
+
+    def loading(self) -> list[str]:
+        """The models whose load has started and not ended."""
+        return [e.name for e in self.entries.values() if e.state == "loading"]
 
     def release(self, entry: PoolEntry) -> None:
         entry.num_in_use -= 1
@@ -162,7 +191,10 @@ class ModelPool:
                 shares = max(1, min(self.config.max_loaded_models, len(self.entries)) - len(self.loaded()))
                 t0 = time.perf_counter()
                 try:
-                    serving, cache_bytes = await asyncio.to_thread(self._start, entry, held, shares)
+                    loop = asyncio.get_running_loop()
+                    serving, cache_bytes = await loop.run_in_executor(
+                        self._loader, self._start, entry, held, shares
+                    )
                 except Exception as e:
                     entry.state, entry.failed_at = "failed", time.monotonic()
                     entry.error = reason(e, entry)
@@ -254,6 +286,7 @@ class ModelPool:
     async def close(self) -> None:
         """Stop every engine (the server is stopping)."""
         self._closed = True
+        self._loader.shutdown(wait=False)
         for entry in self.loaded():
             serving, entry.serving = entry.serving, None
             if serving is not None:
