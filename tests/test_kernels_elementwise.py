@@ -80,20 +80,26 @@ def test_activation(lib: ops.Kernels, kind: str, gated: bool) -> None:
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
 
 
+def _same_bits_everywhere(native: ops.Kernels, other: ops.Kernels, x: torch.Tensor, kind: str, gated: bool):
+    """The activation of x on every build, both ends of a row, one thread or two: the same bits."""
+    with intra_op_threads(1):
+        one = native.activation(x, kind, gated)
+    with intra_op_threads(2):
+        assert torch.equal(native.activation(x, kind, gated), one)
+    assert torch.equal(other.activation(x, kind, gated), one)
+    if not gated:  # each value's bits wherever it falls: the row shifted by one lane
+        assert torch.equal(native.activation(x[:, 1:].contiguous(), kind, gated), one[:, 1:])
+    return one
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_silu_same_bits_everywhere(native: ops.Kernels, other_build: ops.Kernels, gated: bool) -> None:
-    """SiLU runs 8 lanes a step with a scalar tail (csrc/elementwise.c silu_row): every build, both ends of
-    a row, one thread or two give the same bits, past exp's clamps too."""
+    """SiLU runs 8 lanes a step with a scalar tail (csrc/elementwise.c act_row): the same bits everywhere,
+    past exp's clamps too."""
     g = torch.Generator().manual_seed(4)
     x = torch.randn(37, 2 * 1003, generator=g) * torch.logspace(-3, 2.8, 2 * 1003)
     x[0, :6] = torch.tensor([0.0, -0.0, 500.0, -500.0, 1e-30, -1e-30])
-    with intra_op_threads(1):
-        one = native.activation(x, "silu", gated)
-    with intra_op_threads(2):
-        assert torch.equal(native.activation(x, "silu", gated), one)
-    assert torch.equal(other_build.activation(x, "silu", gated), one)
-    if not gated:  # each value's bits wherever it falls: the row shifted by one lane
-        assert torch.equal(native.activation(x[:, 1:].contiguous(), "silu", gated), one[:, 1:])
+    _same_bits_everywhere(native, other_build, x, "silu", gated)
 
 
 @pytest.mark.parametrize("gated", [False, True])
@@ -105,13 +111,7 @@ def test_gelu_same_bits_everywhere(native: ops.Kernels, other_build: ops.Kernels
     g = torch.Generator().manual_seed(3)
     x = torch.randn(37, 2 * 1003, generator=g) * torch.logspace(-3, 2, 2 * 1003)
     x[0, :8] = torch.tensor([0.0, -0.0, 100.0, -100.0, 1e-30, -1e-30, 9.0, -9.0])
-    with intra_op_threads(1):
-        one = native.activation(x, "gelu", gated)
-    with intra_op_threads(2):
-        assert torch.equal(native.activation(x, "gelu", gated), one)
-    assert torch.equal(other_build.activation(x, "gelu", gated), one)
-    if not gated:  # each value's bits wherever it falls: the row shifted by one lane
-        assert torch.equal(native.activation(x[:, 1:].contiguous(), "gelu", gated), one[:, 1:])
+    one = _same_bits_everywhere(native, other_build, x, "gelu", gated)
     # against the exact value in float64 (as x·sigmoid(2u): the tanh form cancels to 0 in float64 too
     # where x < 0): a few ulp of the fp32 exponent z = −2u carried through e^z (relative (1 + |z|)·2^−21),
     # and exp's clamp (|x|·e^−88.3 where the true value is smaller still)

@@ -110,7 +110,7 @@ class Mamba2(nn.Module):
                 cache.conv, self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
         elif is_cached:
-            y[nd:] = self._prefill_in_segments(zxd[nd:, Di:], batch, cache)
+            self._prefill_in_segments(zxd[nd:, Di:], batch, cache, y[nd:])
         else:  # the reference forward: every sequence from zero states, through throw-away state pools
             B = batch.num_seqs
             conv0 = x.new_zeros(B, cfg.conv_dim, cfg.conv_kernel - 1)
@@ -122,10 +122,10 @@ class Mamba2(nn.Module):
         return self._output(y.view(T, Di), z, x.dtype, batch.is_decode_only)
 
     def _prefill_in_segments(
-        self, xbc_dt: torch.Tensor, batch: ForwardBatch, cache: LayerCache
-    ) -> torch.Tensor:
+        self, xbc_dt: torch.Tensor, batch: ForwardBatch, cache: LayerCache, y: torch.Tensor
+    ) -> None:
         """The prefill rows' scan (xbc_dt [Tp, Cd + H]: xBC and dt_raw side by side, in_proj's columns →
-        y [Tp, H, P]), cut at the offsets of `batch.state_saves` (model/segments.py)."""
+        y [Tp, H, P], written in place), cut at the offsets of `batch.state_saves` (model/segments.py)."""
         cfg, Cd = self.cfg, self.cfg.conv_dim
         conv_w, conv_b = self.conv1d.weight[:, 0], self.conv1d.bias
 
@@ -136,8 +136,7 @@ class Mamba2(nn.Module):
                 self.dt_bias, self.A_log, self.D, cache.ssm, cfg.n_groups, cfg.dt_min, cfg.dt_max,
             )  # fmt: skip
 
-        y = xbc_dt.new_empty(xbc_dt.shape[0], cfg.num_heads, cfg.head_dim, dtype=torch.float32)
-        return run_in_segments(batch, run, y, (cache.conv, cache.ssm))
+        run_in_segments(batch, run, y, (cache.conv, cache.ssm))
 
     def _output(self, y: torch.Tensor, z: torch.Tensor, dtype: torch.dtype, decode: bool) -> torch.Tensor:
         """Gate (gated RMSNorm, or plain SiLU gating) and out_proj: y, z [T, Di] → [T, D] in `dtype`."""

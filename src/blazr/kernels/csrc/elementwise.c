@@ -72,38 +72,30 @@ BLZ_INLINE __m256 gelu256(__m256 v) {
 #endif
 
 /* The MLP activations computed one value at a time, by code: 2 ReLU², 3 GELU (exact, erf); 0, SiLU, and 1,
- * GELU's tanh approximation, run in silu_row's and gelu_row's 8-lane steps. */
+ * GELU's tanh approximation, run in act_row's 8-lane steps. */
 BLZ_INLINE float activate(float v, int kind) {
     if (kind == 3) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     const float r = v > 0.0f ? v : 0.0f;
     return r * r;
 }
 
-/* Row om[0..n) = gelu_tanh(g[i]) (· up[i] where up is given), 8 lanes at a time where the build has them. */
-static void gelu_row(const float *g, const float *up, int64_t n, float *om) {
+/* Row om[0..n) = act(g[i]) (· up[i] where up is given) for SiLU (`gelu` 0: blz_silu256 / blz_silu) or GELU's
+ * tanh form (1: gelu256 / gelu_tanh), 8 lanes at a time where the build has them: the vector steps and the
+ * scalar tail give the same bits. */
+static void act_row(const int gelu, const float *g, const float *up, int64_t n, float *om) {
     int64_t i = 0;
 #ifdef BLZ_AVX2
     for (; i + 8 <= n; i += 8) {
-        __m256 y = gelu256(_mm256_loadu_ps(g + i));
+        const __m256 v = _mm256_loadu_ps(g + i);
+        __m256 y = gelu ? gelu256(v) : blz_silu256(v);
         if (up) y = _mm256_mul_ps(y, _mm256_loadu_ps(up + i));
         _mm256_storeu_ps(om + i, y);
     }
 #endif
-    for (; i < n; ++i) om[i] = up ? gelu_tanh(g[i]) * up[i] : gelu_tanh(g[i]);
-}
-
-/* Row om[0..n) = silu(g[i]) (· up[i] where up is given), 8 lanes at a time where the build has them
- * (blz_silu256: blz_silu's bits). */
-static void silu_row(const float *g, const float *up, int64_t n, float *om) {
-    int64_t i = 0;
-#ifdef BLZ_AVX2
-    for (; i + 8 <= n; i += 8) {
-        __m256 y = blz_silu256(_mm256_loadu_ps(g + i));
-        if (up) y = _mm256_mul_ps(y, _mm256_loadu_ps(up + i));
-        _mm256_storeu_ps(om + i, y);
+    for (; i < n; ++i) {
+        const float y = gelu ? gelu_tanh(g[i]) : blz_silu(g[i]);
+        om[i] = up ? y * up[i] : y;
     }
-#endif
-    for (; i < n; ++i) om[i] = up ? blz_silu(g[i]) * up[i] : blz_silu(g[i]);
 }
 
 /* Elements from which an activation call splits its rows over the threads (an OpenMP fork costs ~1-2 µs). */
@@ -121,10 +113,8 @@ BLZ_EXPORT int blz_activation(const float *x, int64_t M, int64_t N, int kind, in
     for (int64_t m = 0; m < M; ++m) {
         const float *xm = x + m * N;
         float *om = out + m * nout;
-        if (kind == 1) {
-            gelu_row(xm, gated ? xm + nout : NULL, nout, om);
-        } else if (kind == 0) {
-            silu_row(xm, gated ? xm + nout : NULL, nout, om);
+        if (kind <= 1) {
+            act_row(kind, xm, gated ? xm + nout : NULL, nout, om);
         } else if (gated) {
             for (int64_t i = 0; i < nout; ++i) om[i] = activate(xm[i], kind) * xm[nout + i];
         } else {
