@@ -30,29 +30,27 @@ class Segment:
     (slots [k]) are copied to `save_to` (snapshot slots [k])."""
 
     ranges: tuple[tuple[int, int], ...]
+    rows: torch.Tensor | None  # the rows of several ranges as one index [n] (None: one range, a slice)
     lens: list[int]
     slots: torch.Tensor
     fresh: list[bool]
     save_from: torch.Tensor
     save_to: torch.Tensor
 
-    def _rows(self, device: torch.device) -> torch.Tensor:
-        return torch.cat([torch.arange(a, b) for a, b in self.ranges]).to(device)
-
     def take(self, t: torch.Tensor) -> torch.Tensor:
         """The round's rows of t [Tp, …]: a view of one range, else the rows gathered (contiguous)."""
-        if len(self.ranges) == 1:
+        if self.rows is None:
             a, b = self.ranges[0]
             return t[a:b]
-        return torch.index_select(t, 0, self._rows(t.device))
+        return torch.index_select(t, 0, self.rows)
 
     def put(self, out: torch.Tensor, rows: torch.Tensor) -> None:
         """out [Tp, …] at the round's rows ← rows [n, …]."""
-        if len(self.ranges) == 1:
+        if self.rows is None:
             a, b = self.ranges[0]
             out[a:b].copy_(rows)
         else:
-            out.index_copy_(0, self._rows(out.device), rows.to(out.dtype))
+            out.index_copy_(0, self.rows, rows.to(out.dtype))
 
 
 def segments(batch: ForwardBatch) -> list[Segment]:
@@ -71,9 +69,14 @@ def segments(batch: ForwardBatch) -> list[Segment]:
         if not seqs:
             continue
         saving = [i for i in seqs if cuts[i][r][1] is not None]
+        ranges = tuple((starts[i] + done[i], starts[i] + cuts[i][r][0]) for i in seqs)
+        rows = None  # one range: a slice
+        if len(ranges) > 1:
+            rows = torch.cat([torch.arange(a, b) for a, b in ranges]).to(slots.device)
         out.append(
             Segment(
-                ranges=tuple((starts[i] + done[i], starts[i] + cuts[i][r][0]) for i in seqs),
+                ranges=ranges,
+                rows=rows,
                 lens=[cuts[i][r][0] - done[i] for i in seqs],
                 slots=slots[seqs],
                 fresh=[done[i] == 0 and batch.context_lens[nd + i] == 0 for i in seqs],

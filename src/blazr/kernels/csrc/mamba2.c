@@ -95,17 +95,16 @@ typedef __m256 scan_v;
 #endif
 
 #ifdef SCAN_PIECE
-enum { SCAN_NACC = 16 / SCAN_VW }; /* accumulators per output: head_step's va (and vb) */
+enum { SCAN_NACC = 16 / SCAN_VW }; /* vectors per 16-column chunk = accumulators per output: head_step's va (vb) */
 
 /* Columns c0 .. c0 + 16·J − 1 of state row p over tokens i < tt: s ← a_i·s + (dt_i·x_i[p])·B_i, and the
  * partial sums acc[i] (+)= s·C_i in head_step's chunk order (from zero when `first`). */
 BLZ_INLINE void scan_piece(const int J, float *restrict srow, const float *u, int64_t Cd, int64_t xo, int64_t bo,
                            int64_t co, int64_t p, int64_t c0, const float *a, const float *dt, int tt,
                            float *restrict acc, const int first) {
-    enum { V = 16 / SCAN_VW };                   /* vectors per 16-column chunk */
     scan_v st[SCAN_PIECE / SCAN_VW];
 #pragma GCC unroll 8
-    for (int j = 0; j < J * V; ++j) st[j] = SV_LOAD(srow + c0 + j * SCAN_VW);
+    for (int j = 0; j < J * SCAN_NACC; ++j) st[j] = SV_LOAD(srow + c0 + j * SCAN_VW);
     for (int i = 0; i < tt; ++i) {
         const float *ur = u + i * Cd, *Bv = ur + bo + c0, *Cv = ur + co + c0;
         __asm__("" : "+r"(Bv), "+r"(Cv)); /* two base registers: GCC had kept each load's offset in a spill slot */
@@ -113,14 +112,14 @@ BLZ_INLINE void scan_piece(const int J, float *restrict srow, const float *u, in
         scan_v va[SCAN_NACC];
         for (int k = 0; k < SCAN_NACC; ++k) va[k] = first ? SV_ZERO() : SV_LOAD(acc + (i * SCAN_NACC + k) * SCAN_VW);
 #pragma GCC unroll 8
-        for (int j = 0; j < J * V; ++j) {
+        for (int j = 0; j < J * SCAN_NACC; ++j) {
             st[j] = SV_FMA(av, st[j], SV_MUL(xv, SV_LOAD(Bv + j * SCAN_VW)));
-            va[j % V] = SV_FMA(st[j], SV_LOAD(Cv + j * SCAN_VW), va[j % V]);
+            va[j % SCAN_NACC] = SV_FMA(st[j], SV_LOAD(Cv + j * SCAN_VW), va[j % SCAN_NACC]);
         }
         for (int k = 0; k < SCAN_NACC; ++k) SV_STORE(acc + (i * SCAN_NACC + k) * SCAN_VW, va[k]);
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < J * V; ++j) SV_STORE(srow + c0 + j * SCAN_VW, st[j]);
+    for (int j = 0; j < J * SCAN_NACC; ++j) SV_STORE(srow + c0 + j * SCAN_VW, st[j]);
 }
 
 static void head_scan(float *restrict st, const float *u, int64_t Cd, int64_t xo, int64_t bo, int64_t co,
