@@ -14,7 +14,7 @@ import torch
 
 from blazr.kernels import coded, ops, tuning
 from blazr.kernels.kquant import random_kquant
-from blazr.kernels.quant import FLOAT_KINDS, K_KINDS, QuantizedWeight, quantize
+from blazr.kernels.quant import FLOAT_KINDS, K_KINDS, QuantizedWeight, dequantize, quantize
 from tests.kernel_checks import EPILOGUES, LINEAR_BLOCK_KINDS, _epilogue, _knob_values, _weights, gamma
 from tests.threads import intra_op_threads
 
@@ -111,26 +111,37 @@ def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: s
                 assert torch.equal(a, b), (N, threads, held)
 
 
-@pytest.mark.parametrize("kind", ["f16", "bf16", "f32"])
-def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str) -> None:
-    """At a long K the float prefill GEMM (gemm_float.c) runs the x rows in passes of equal rows (up to ~8 MB
-    of packed x each, and a quarter of the L3: 700 rows at K = 8192 are 3 passes or more); a row's bits do
-    not depend on the pass it falls in nor on its place in the row groups, with every epilogue — and the call
-    agrees with the exact product. Every window has more than 16 rows; some hold a pass's edge."""
-    K, N, M = 8192, 38, 700
+@pytest.mark.parametrize("shape", ["passes", "groups"])
+@pytest.mark.parametrize("kind", ["f16", "bf16", "f32", "bf16z"])
+def test_prefill_gemm_rows_in_passes(lib: ops.Kernels, kind: str, shape: str) -> None:
+    """The float prefill GEMM (gemm_float.c) cuts its work three ways, and a row's bits depend on none of
+    them, with every epilogue: at a long K it runs the x rows in passes of equal rows (up to ~8 MB of packed x
+    each, and a quarter of the L3: 700 rows at K = 8192 are 3 passes or more); each thread walks its output
+    blocks a group of panels at a time (8 on AVX2: 8 blocks, or 4 and their SwiGLU up rows), the x rows in
+    blocks of 96 (AVX2) under each group — 300 outputs (150 SwiGLU) are groups whole and cut short on each of
+    two threads, 250 rows three x blocks; one thread and two; coded rows (bf16z) decoded a group at a time.
+    The call agrees with the exact product. Every window has more than 16 rows; some hold a pass's or a
+    block's edge."""
+    K, N, M = (8192, 38, 700) if shape == "passes" else (1024, 300, 250)
     g = torch.Generator().manual_seed(3)
-    qw = quantize(_weights(N, K, seed=5), kind)
+    w = _weights(N, K, seed=5)
+    qw = coded.pack(quantize(w * 0.02, "bf16")) if kind == "bf16z" else quantize(w, kind)
+    assert qw is not None
     x = torch.randn(M, K, generator=g)
     xk = x.double()
+    windows = ((0, 17), (3, 131), (120, 140), (1, M), (230, 250), (470, M)) if shape == "passes" else (
+        (0, 17), (3, 131), (90, 110), (1, M), (180, 200), (191, M))  # fmt: skip
     for name in EPILOGUES:
         bias, residual, swiglu = _epilogue(name, M, N, g)
         whole = lib.linear(x, qw, bias, residual, swiglu=swiglu, prefill=True)
-        for lo, hi in ((0, 17), (3, 131), (120, 140), (1, M), (230, 250), (470, M)):
+        for nt, (lo, hi) in zip((2, 1) * 3, windows, strict=True):
             res = None if residual is None else residual[lo:hi]
-            part = lib.linear(x[lo:hi], qw, bias, res, swiglu=swiglu, prefill=True)
-            assert torch.equal(part, whole[lo:hi]), (name, lo, hi)
+            with intra_op_threads(nt):
+                part = lib.linear(x[lo:hi], qw, bias, res, swiglu=swiglu, prefill=True)
+            assert torch.equal(part, whole[lo:hi]), (name, lo, hi, nt)
         if name == "plain":
-            exact, scale = xk @ qw.data.double().T, xk.abs() @ qw.data.double().abs().T
+            wk = dequantize(qw).double()
+            exact, scale = xk @ wk.T, xk.abs() @ wk.abs().T
             assert bool(((whole.double() - exact).abs() <= gamma(K + 8) * scale).all())
 
 

@@ -16,10 +16,15 @@
  *   quarters of the micro-kernel's rows, not all of them (16 rows on AVX-512: 12 + 4, not 12 + 12); the
  *   first micro-kernel call on a panel fetches the next panel's weights a line or two per k step (widening
  *   a panel from DRAM waited on 32 row streams the hardware prefetcher did not run ahead of);
- * - blocks of PANEL_NR outputs are split over the threads; the x rows go in passes of up to PANEL_XBYTES of
- *   packed x (a quarter of the last-level cache on a smaller one), which stay in the last-level cache while
- *   the weights stream past — passes of equal rows, one pass up to 1.25× that rather than a tail pass of a
- *   few rows, which widens (and decodes) every panel again for them (one pass for most prefill chunks).
+ * - blocks of PANEL_NR outputs are split over the threads, each walking its blocks a group at a time
+ *   (AVX2: 8 panels widened per column block, then each PANEL_MC-row block of x walked by the 8 in turn, so
+ *   that an x block comes from the last-level cache once per group and then from L2 — BLIS's order; the
+ *   AVX-512 form keeps one block over the whole pass, as measured there); the x rows go in passes of up to
+ *   PANEL_XBYTES of packed x (a quarter of the last-level cache on a smaller one), which stay in the
+ *   last-level cache while the weights stream past — passes of equal rows, one pass up to 1.25× that rather
+ *   than a tail pass of a few rows, which widens (and decodes) every panel again for them (one pass for most
+ *   prefill chunks). Zen 3, 1B shapes at 500 rows, f16: the groups level with one block at a time on a
+ *   quiet host (best rounds 165-184 GFLOP/s both), +2-6 % in medians while other work loads the L3 (§73).
  * - on AVX-512, calls of 13-16 x rows (batched decode; f32z from 9) hold the x rows in a vector's lanes
  *   instead and the weight rows in the registers (`lanes_gemm`): no transposition of the weights; coded
  *   rows decoded a block at a time, the next block's bytes fetched during the walk. Zen 5, LFM2-350M's
@@ -54,6 +59,23 @@
 #define PANEL_KC 256           /* columns per panel: 16 KB of fp32 */
 #endif
 #define PANEL_XBYTES (8 << 20) /* packed x per pass over the weights, at most (and a quarter of the L3) */
+/* group_gemm's groups: PANEL_GROUP output blocks (SwiGLU: half as many, at least one, and their up rows) walk
+ * each x block of PANEL_MC rows in turn */
+#ifndef PANEL_GROUP
+#ifdef BLZ_AVX512
+#define PANEL_GROUP 1 /* one block at a time over the whole pass: the order measured on AVX-512 hosts (§39) */
+#else
+#define PANEL_GROUP 8
+#endif
+#endif
+#define GROUP_PANELS (PANEL_GROUP > 1 ? PANEL_GROUP : 2) /* panels a group holds at most */
+#ifndef PANEL_MC
+#ifdef BLZ_AVX512
+#define PANEL_MC (1 << 30) /* x rows per block of group_gemm's walk: the whole pass */
+#else
+#define PANEL_MC (16 * PANEL_MR) /* x rows per block of group_gemm's walk: 96 rows, 96 KB of x per column block */
+#endif
+#endif
 
 #ifdef BLZ_AVX2
 /* r[i] ← column i of the 8 × 8 matrix whose rows are r[0..7]. */
@@ -242,22 +264,50 @@ static void micro(int real, const float *restrict panel, int64_t kc, const float
     }
 }
 
-/* c [m1 − m0, 16] = packed x rows m0 .. m1−1 (multiples of PANEL_MR; rows from M on are padding) · rows
- * n0 .. n0+nr−1 of w, panel by panel (panel: PANEL_KC · 16 floats of scratch). */
-static void panel_block(const void *w, const int64_t *tab, const int wk, int64_t n0, int nr, int64_t K,
-                        const float *xp, int64_t M, int64_t Mp, int64_t m0, int64_t m1, float *panel, float *c) {
-    const int64_t esize = blz_kv_elem_bytes(wk);
+/* The panels one thread widens together for a column block (`group_gemm`): the weight rows n0 .. n0+nr−1 of
+ * `w` (kind wk, row table tab or NULL) — an output block's rows, or (SwiGLU) its up rows. */
+typedef struct {
+    const void *w;
+    const int64_t *tab;
+    int wk, nr;
+    int64_t n0;
+} gpanel_t;
+
+/* c_p [m1 − m0, PANEL_NR] (+ p·cstride) = packed x rows m0 .. m1−1 (multiples of PANEL_MR; rows from M on are
+ * padding) · the rows of panel p, for the np ≤ GROUP_PANELS panels (bp: GROUP_PANELS · PANEL_KC · PANEL_NR
+ * floats of scratch). Per block of PANEL_KC columns the np panels are widened, then the x rows go in blocks of
+ * PANEL_MC, each block walked by every panel in turn: an x block is read from the last-level cache once for
+ * the group and then from L2 (np × 16 KB of panels and ~100 KB of x in Zen 3's 512 KB), where one panel at a
+ * time had streamed all the pass's x rows past each panel (BLIS's loop order). Each output keeps its one
+ * sequential sum over k: the column blocks go in order, every sum carried in c between them. */
+static void group_gemm(const gpanel_t *gp, int np, int64_t K, const float *xp, int64_t M, int64_t Mp, int64_t m0,
+                       int64_t m1, float *bp, float *c, int64_t cstride) {
     for (int64_t k0 = 0; k0 < K; k0 += PANEL_KC) {
         const int64_t kc = blz_min(PANEL_KC, K - k0), kn = blz_min(PANEL_KC, K - k0 - kc);
-        widen_panel(w, tab, wk, n0, nr, K, k0, kc, panel);
-        pf_t pf = {.row_lines = (esize * kn + 63) / 64};
-        pf.lines = nr * pf.row_lines;
-        pf.per_k = (pf.lines + kc - 1) / kc;
-        for (int j = 0; kn > 0 && j < nr; ++j)
-            pf.rows[j] = (const char *)blz_weight_row((const uint8_t *)w, tab, n0 + j, esize * K) + esize * (k0 + kc);
-        for (int64_t m = m0; m < m1; m += PANEL_MR)
-            micro((int)(M - m), panel, kc, xp + k0 * Mp + m * kc, c + (m - m0) * PANEL_NR, k0 == 0,
-                  m == m0 && kn > 0 ? &pf : NULL);
+        const int once = m1 - m0 <= PANEL_MC; /* one x block: each panel widened as its walk starts, in one buffer */
+        for (int p = 0; p < np && !once; ++p)
+            widen_panel(gp[p].w, gp[p].tab, gp[p].wk, gp[p].n0, gp[p].nr, K, k0, kc, bp + p * PANEL_KC * PANEL_NR);
+        for (int64_t i0 = m0; i0 < m1; i0 += PANEL_MC) {
+            const int64_t i1 = blz_min(m1, i0 + PANEL_MC);
+            for (int p = 0; p < np; ++p) {
+                pf_t pf; /* the first x block's first call fetches the panel's next columns */
+                const int fetch = i0 == m0 && kn > 0;
+                if (fetch) {
+                    const int64_t esize = blz_kv_elem_bytes(gp[p].wk);
+                    pf.row_lines = (esize * kn + 63) / 64;
+                    pf.lines = gp[p].nr * pf.row_lines;
+                    pf.per_k = (pf.lines + kc - 1) / kc;
+                    for (int j = 0; j < gp[p].nr; ++j)
+                        pf.rows[j] = (const char *)blz_weight_row((const uint8_t *)gp[p].w, gp[p].tab, gp[p].n0 + j,
+                                                                  esize * K) + esize * (k0 + kc);
+                }
+                float *panel = bp + (once ? 0 : p * PANEL_KC * PANEL_NR);
+                if (once) widen_panel(gp[p].w, gp[p].tab, gp[p].wk, gp[p].n0, gp[p].nr, K, k0, kc, panel);
+                for (int64_t m = i0; m < i1; m += PANEL_MR)
+                    micro((int)(M - m), panel, kc, xp + k0 * Mp + m * kc, c + p * cstride + (m - m0) * PANEL_NR,
+                          k0 == 0, m == i0 && fetch ? &pf : NULL);
+            }
+        }
     }
 }
 
@@ -450,45 +500,54 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
     const int64_t mc = pass_rows(Mp, K);
     float *xp = blz_scratch_slot(2, (size_t)(Mp * K + 8) * sizeof(float));
     if (!xp) return BLZ_ENOMEM;
-    const size_t scratch = (size_t)(PANEL_KC * PANEL_NR + (swiglu ? 2 : 1) * mc * PANEL_NR) * sizeof(float);
+    const int per = swiglu ? 2 : 1, gblocks = blz_max(1, PANEL_GROUP / per); /* panels a block, blocks a group */
+    const size_t scratch = (size_t)GROUP_PANELS * PANEL_NR * (PANEL_KC + mc) * sizeof(float);
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < Mp / PANEL_MR; ++g) pack_x_group(x, M, K, Mp, g, xp);
-        float *panel = blz_scratch(scratch);
-        if (!panel) {
+        float *bp = blz_scratch(scratch);
+        if (!bp) {
 #pragma omp atomic write
             failed = 1;
         }
-        float *c = panel + PANEL_KC * PANEL_NR, *cu = c + mc * PANEL_NR; /* gate (or plain) sums, up sums */
-        for (int64_t m0 = 0; m0 < Mp; m0 += mc) {
+        float *c = bp + GROUP_PANELS * PANEL_KC * PANEL_NR; /* panel p's sums at c + p·mc·PANEL_NR */
+        int64_t lo, hi; /* this thread's output blocks: the static schedule's share, walked a group at a time */
+        blz_thread_share(nblocks, &lo, &hi);
+        for (int64_t m0 = 0; m0 < Mp && bp; m0 += mc) {
             const int64_t m1 = blz_min(Mp, m0 + mc);
-#pragma omp for schedule(static) nowait
-            for (int64_t b = 0; b < nblocks; ++b) {
-                if (!panel) continue;
-                const int64_t n0 = b * PANEL_NR;
-                const int nr = (int)blz_min(PANEL_NR, nout - n0);
-                if (wk == BLZ_PANEL_BF16Z || wk == BLZ_PANEL_F32Z) { /* the block's rows (and up rows) decoded */
-                    const int f32 = wk == BLZ_PANEL_F32Z, dk = f32 ? BLZ_PANEL_F32 : BLZ_PANEL_BF16;
-                    const int64_t es = blz_kv_elem_bytes(dk);
-                    uint8_t *dec = blz_scratch_slot(3, (size_t)(2 * PANEL_NR * K * es));
+            for (int64_t b0 = lo; b0 < hi; b0 += gblocks) {
+                const int nb = (int)blz_min(gblocks, hi - b0);
+                gpanel_t gp[GROUP_PANELS];
+                const int coded = wk == BLZ_PANEL_BF16Z || wk == BLZ_PANEL_F32Z;
+                const int dk = wk == BLZ_PANEL_F32Z ? BLZ_PANEL_F32 : BLZ_PANEL_BF16;
+                uint8_t *dec = NULL; /* coded rows: the group's rows decoded, panel after panel */
+                if (coded) {
+                    dec = blz_scratch_slot(3, (size_t)(per * nb * PANEL_NR * K * blz_kv_elem_bytes(dk)));
                     if (!dec) {
 #pragma omp atomic write
                         failed = 1;
-                        continue;
+                        break;
                     }
-                    blz_bz_decode_rows(w, K, n0, nr, dec, f32);
-                    if (swiglu) blz_bz_decode_rows(w, K, n0 + nout, nr, dec + nr * K * es, f32);
-                    panel_block(dec, NULL, dk, 0, nr, K, xp, M, Mp, m0, m1, panel, c);
-                    if (swiglu) panel_block(dec, NULL, dk, nr, nr, K, xp, M, Mp, m0, m1, panel, cu);
-                } else {
-                    panel_block(w, tab, wk, n0, nr, K, xp, M, Mp, m0, m1, panel, c);
-                    if (swiglu) panel_block(w, tab, wk, n0 + nout, nr, K, xp, M, Mp, m0, m1, panel, cu);
                 }
-                for (int64_t m = m0; m < blz_min(M, m1); ++m)
-                    blz_epilogue_row(c + (m - m0) * PANEL_NR, cu + (m - m0) * PANEL_NR, m, n0, nr, N, nout, bias,
-                                     residual, out, swiglu);
+                for (int i = 0; i < nb * per; ++i) {
+                    const int64_t n0 = (b0 + i / per) * PANEL_NR + (i % per ? nout : 0);
+                    const int nr = (int)blz_min(PANEL_NR, nout - (b0 + i / per) * PANEL_NR);
+                    if (coded) {
+                        blz_bz_decode_rows(w, K, n0, nr, dec + (size_t)i * PANEL_NR * K * blz_kv_elem_bytes(dk),
+                                           wk == BLZ_PANEL_F32Z);
+                        gp[i] = (gpanel_t){.w = dec, .tab = NULL, .wk = dk, .nr = nr, .n0 = (int64_t)i * PANEL_NR};
+                    } else
+                        gp[i] = (gpanel_t){.w = w, .tab = tab, .wk = wk, .nr = nr, .n0 = n0};
+                }
+                group_gemm(gp, nb * per, K, xp, M, Mp, m0, m1, bp, c, mc * PANEL_NR);
+                for (int i = 0; i < nb; ++i) {
+                    const float *cg = c + (int64_t)i * per * mc * PANEL_NR, *cu = cg + mc * PANEL_NR;
+                    for (int64_t m = m0; m < blz_min(M, m1); ++m)
+                        blz_epilogue_row(cg + (m - m0) * PANEL_NR, cu + (m - m0) * PANEL_NR, m, (b0 + i) * PANEL_NR,
+                                         gp[i * per].nr, N, nout, bias, residual, out, swiglu);
+                }
             }
         }
     }
