@@ -282,6 +282,11 @@ typedef struct {
  * sequential sum over k: the column blocks go in order, every sum carried in c between them. */
 static void group_gemm(const gpanel_t *gp, int np, int64_t K, const float *xp, int64_t M, int64_t Mp, int64_t m0,
                        int64_t m1, float *bp, float *c, int64_t cstride) {
+    if (PANEL_GROUP == 1 && np > 1) { /* one block at a time (AVX-512): a SwiGLU block's gate rows over all their
+                                       * columns, then its up rows — the order measured there */
+        for (int p = 0; p < np; ++p) group_gemm(gp + p, 1, K, xp, M, Mp, m0, m1, bp, c + p * cstride, cstride);
+        return;
+    }
     for (int64_t k0 = 0; k0 < K; k0 += PANEL_KC) {
         const int64_t kc = blz_min(PANEL_KC, K - k0), kn = blz_min(PANEL_KC, K - k0 - kc);
         const int once = m1 - m0 <= PANEL_MC; /* one x block: each panel widened as its walk starts, in one buffer */
