@@ -378,7 +378,7 @@ def test_a_refused_request_shows_the_servers_error(page):
 def test_the_picker_shows_each_models_state_on_a_multi_model_server(driver, tmp_path):
     """Two models behind one server (two links to the bundled SmolLM2, one loaded at a time): the picker
     names each with its state, and opening it after a chat shows the model used as loaded."""
-    from blazr.detect.paths import default_model_path
+    from blazr.model_ref import default_model_path
 
     for name in ("smol-a", "smol-b"):
         (tmp_path / f"{name}.gguf").symlink_to(default_model_path())

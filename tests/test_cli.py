@@ -160,17 +160,21 @@ def test_the_command_freezes_its_own_heap_and_leaves_a_callers_alone():
 def test_commands_that_load_no_model_do_not_import_torch():
     """The parser (every command's flags, the tool and reasoning parsers' names among them) and `decode`
     import no torch: `blazr --help`, `decode` and `bench` start in well under a second, not after torch's
-    ~3 s import."""
+    ~3 s import. Nor do `generate`, `chat`, `info` and `decode` given a model path that names nothing: the
+    one-line error comes at once."""
     code = (
         "import sys\n"
         "from blazr.cli import build_parser, main\n"
         "build_parser()\n"
         "assert main(['decode', '--vocab', 'cl100k_base', '--ids', '9906']) == 0\n"
+        "for cmd in (['generate', '--prompt', 'x'], ['chat'], ['info'], ['decode', '--ids', '1']):\n"
+        "    assert main([*cmd, '--model', '/no/such/model']) == 1\n"
         "print('torch' in sys.modules)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["Hello", "False"]
+    assert r.stderr.count("error: model path not found: /no/such/model") == 4, r.stderr
 
 
 # ------------------------------------------------------------------------------------------- errors

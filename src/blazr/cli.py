@@ -67,6 +67,9 @@ def _params(args: argparse.Namespace):
 
 
 def _llm(args: argparse.Namespace):
+    from blazr.model_ref import resolve_model_path
+
+    resolve_model_path(args.model)  # a path that names nothing is an error now, before torch's import
     from blazr import config_flags
     from blazr.engine_config import EngineConfig
     from blazr.llm import LLM
@@ -112,12 +115,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from blazr.model_ref import resolve_model_path
+
+    path = resolve_model_path(args.model)  # before torch's import: a path that names nothing fails at once
     from blazr import config_flags
     from blazr.config import EngineConfig
-    from blazr.detect import inspect_checkpoint, resolve_model_path
+    from blazr.detect import inspect_checkpoint
     from blazr.info import describe
 
-    ckpt = inspect_checkpoint(resolve_model_path(args.model), vocab_name=args.vocab)
+    ckpt = inspect_checkpoint(path, vocab_name=args.vocab)
     engine = config_flags.from_args(EngineConfig, args).resolved(ckpt.config.max_position_embeddings)
     print(json.dumps(describe(ckpt, engine=engine), indent=2))
     return 0
@@ -133,9 +139,12 @@ def cmd_decode(args: argparse.Namespace) -> int:
     if args.vocab and not args.model:
         tok = load_tokenizer(TokenizerSource(vocab_name=args.vocab))
     else:
-        from blazr.detect import inspect_checkpoint, resolve_model_path
+        from blazr.model_ref import resolve_model_path
 
-        ckpt = inspect_checkpoint(resolve_model_path(args.model), vocab_name=args.vocab)
+        path = resolve_model_path(args.model)  # before torch's import, as `info`
+        from blazr.detect import inspect_checkpoint
+
+        ckpt = inspect_checkpoint(path, vocab_name=args.vocab)
         tok = load_tokenizer(ckpt.tokenizer)
     bad = [i for i in ids if not 0 <= i < tok.vocab_size]
     if bad:

@@ -22,7 +22,7 @@ import torch
 
 from blazr import config_flags
 from blazr.config import DTYPES, EngineConfig, dtype_name
-from blazr.detect import Checkpoint, inspect_checkpoint, resolve_model_path
+from blazr.detect import Checkpoint, inspect_checkpoint
 from blazr.engine.draft_model import DraftModelSource
 from blazr.engine.engine import LLMEngine
 from blazr.engine.outputs import SeqOutput
@@ -34,6 +34,7 @@ from blazr.errors import BlazrError
 from blazr.load_config import LoadConfig
 from blazr.loading.loader import load_model
 from blazr.model.qlinear import keep_head_x_fp32
+from blazr.model_ref import resolve_model_path
 from blazr.tokenizer import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:

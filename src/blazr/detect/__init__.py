@@ -2,9 +2,9 @@
 metadata keys and tensor-name patterns — turned into a typed `Checkpoint` (format, weight files, frozen
 `ModelConfig`, tokenizer source).
 
-Flow: `resolve_model_path(str)` (local path or HF repo id) → `inspect_checkpoint(path)`: find weight files →
-open headers (names + shapes) → format from tensor names → architecture → that architecture's builder reads
-config.json where present and infers every missing size from tensor shapes.
+Flow: `resolve_model_path(str)` (blazr/model_ref.py: local path or hub name) → `inspect_checkpoint(path)`:
+find weight files → open headers (names + shapes) → format from tensor names → architecture → that
+architecture's builder reads config.json where present and infers every missing size from tensor shapes.
 
 Modules: paths (where the weights are), raw (typed config access, RoPE rules), one module per family.
 """
@@ -23,11 +23,12 @@ import torch
 from blazr.config import ModelConfig
 from blazr.detect.checkpoint import Checkpoint, Format, Shapes
 from blazr.detect.gguf import inspect_gguf
-from blazr.detect.paths import default_model_path, find_weight_files, read_json, resolve_model_path
+from blazr.detect.paths import find_weight_files, read_json
 from blazr.detect.raw import Raw, eos_ids, int_or_none
 from blazr.errors import CheckpointError, UnsupportedError
 from blazr.loading.gguf_split import open_gguf
 from blazr.loading.safetensors import SafetensorsCheckpoint
+from blazr.model_ref import default_model_path, resolve_model_path
 from blazr.tokenizer import TokenizerSource
 
 __all__ = [
