@@ -33,6 +33,28 @@
 #define BLZ_AVX2 1
 #endif
 
+/* The build's widest float vector, for kernels written once for both widths (gemm_float.c's panel
+ * micro-kernel, mamba2.c's scan): BLZ_VW floats, loads and stores unaligned. */
+#if defined(BLZ_AVX512)
+#define BLZ_VW 16
+typedef __m512 blz_vf;
+#define BLZ_VF_LOAD _mm512_loadu_ps
+#define BLZ_VF_STORE _mm512_storeu_ps
+#define BLZ_VF_ZERO _mm512_setzero_ps
+#define BLZ_VF_SET1 _mm512_set1_ps
+#define BLZ_VF_FMA _mm512_fmadd_ps
+#define BLZ_VF_MUL _mm512_mul_ps
+#elif defined(BLZ_AVX2)
+#define BLZ_VW 8
+typedef __m256 blz_vf;
+#define BLZ_VF_LOAD _mm256_loadu_ps
+#define BLZ_VF_STORE _mm256_storeu_ps
+#define BLZ_VF_ZERO _mm256_setzero_ps
+#define BLZ_VF_SET1 _mm256_set1_ps
+#define BLZ_VF_FMA _mm256_fmadd_ps
+#define BLZ_VF_MUL _mm256_mul_ps
+#endif
+
 #define BLZ_EXPORT __attribute__((visibility("default")))
 #define BLZ_INLINE static inline __attribute__((always_inline))
 

@@ -191,22 +191,6 @@ static void widen_panel(const void *w, const int64_t *tab, const int wk, int64_t
         for (int j = 0; j < PANEL_NR; ++j) panel[k * PANEL_NR + j] = j < nr ? blz_kv_load1((const char *)src[j], k, wk) : 0.0f;
 }
 
-#ifdef BLZ_AVX512 /* the micro-kernel's vector: PANEL_NR / 2 floats */
-typedef __m512 vpanel;
-#define VP_LOAD _mm512_loadu_ps
-#define VP_STORE _mm512_storeu_ps
-#define VP_ZERO _mm512_setzero_ps
-#define VP_SET1 _mm512_set1_ps
-#define VP_FMADD _mm512_fmadd_ps
-#elif defined(BLZ_AVX2)
-typedef __m256 vpanel;
-#define VP_LOAD _mm256_loadu_ps
-#define VP_STORE _mm256_storeu_ps
-#define VP_ZERO _mm256_setzero_ps
-#define VP_SET1 _mm256_set1_ps
-#define VP_FMADD _mm256_fmadd_ps
-#endif
-
 /* Where the micro-kernel fetches the next panel's weights while it runs (the panel after this one in the
  * same rows): `lines` cache lines, row_lines of each row in turn, per_k of them a k step. */
 typedef struct {
@@ -220,25 +204,25 @@ BLZ_INLINE void micro_rows(const int mr, const float *restrict panel, int64_t kc
                            float *restrict c, const int first, const pf_t *pf) {
 #if defined(BLZ_AVX512) || defined(BLZ_AVX2)
     enum { H = PANEL_NR / 2 }; /* floats per vector */
-    vpanel acc[PANEL_MR][2];
+    blz_vf acc[PANEL_MR][2];
     for (int m = 0; m < mr; ++m) {
-        acc[m][0] = first ? VP_ZERO() : VP_LOAD(c + m * PANEL_NR);
-        acc[m][1] = first ? VP_ZERO() : VP_LOAD(c + m * PANEL_NR + H);
+        acc[m][0] = first ? BLZ_VF_ZERO() : BLZ_VF_LOAD(c + m * PANEL_NR);
+        acc[m][1] = first ? BLZ_VF_ZERO() : BLZ_VF_LOAD(c + m * PANEL_NR + H);
     }
     for (int64_t k = 0; k < kc; ++k) {
         if (pf) /* line k of the next panel's weights (row after row), two on f32 rows */
             for (int64_t l = k * pf->per_k; l < (k + 1) * pf->per_k && l < pf->lines; ++l)
                 _mm_prefetch(pf->rows[l / pf->row_lines] + 64 * (l % pf->row_lines), _MM_HINT_T0);
-        const vpanel p0 = VP_LOAD(panel + k * PANEL_NR), p1 = VP_LOAD(panel + k * PANEL_NR + H);
+        const blz_vf p0 = BLZ_VF_LOAD(panel + k * PANEL_NR), p1 = BLZ_VF_LOAD(panel + k * PANEL_NR + H);
         for (int m = 0; m < mr; ++m) {
-            const vpanel xv = VP_SET1(xp[k * PANEL_MR + m]);
-            acc[m][0] = VP_FMADD(p0, xv, acc[m][0]);
-            acc[m][1] = VP_FMADD(p1, xv, acc[m][1]);
+            const blz_vf xv = BLZ_VF_SET1(xp[k * PANEL_MR + m]);
+            acc[m][0] = BLZ_VF_FMA(p0, xv, acc[m][0]);
+            acc[m][1] = BLZ_VF_FMA(p1, xv, acc[m][1]);
         }
     }
     for (int m = 0; m < mr; ++m) {
-        VP_STORE(c + m * PANEL_NR, acc[m][0]);
-        VP_STORE(c + m * PANEL_NR + H, acc[m][1]);
+        BLZ_VF_STORE(c + m * PANEL_NR, acc[m][0]);
+        BLZ_VF_STORE(c + m * PANEL_NR + H, acc[m][1]);
     }
 #else
     (void)pf;

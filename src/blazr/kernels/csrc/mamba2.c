@@ -73,60 +73,45 @@ static void head_step(float *restrict st, const float *restrict x, const float *
  * N a multiple of 16 (else head_step per token). */
 #define SCAN_TT 16 /* tokens per tile: their B and C rows (2·N floats each) stay in L1 */
 #if defined(BLZ_AVX512)
-#define SCAN_VW 16                 /* floats per vector */
-#define SCAN_PIECE 128             /* state columns in registers: 8 vectors */
-typedef __m512 scan_v;
-#define SV_LOAD _mm512_loadu_ps
-#define SV_STORE _mm512_storeu_ps
-#define SV_SET1 _mm512_set1_ps
-#define SV_FMA _mm512_fmadd_ps
-#define SV_MUL _mm512_mul_ps
-#define SV_ZERO _mm512_setzero_ps
+#define SCAN_PIECE 128 /* state columns in registers: 8 vectors */
 #elif defined(BLZ_AVX2)
-#define SCAN_VW 8
 #define SCAN_PIECE 64 /* 8 vectors, beside two accumulators and two broadcasts in AVX2's 16 registers */
-typedef __m256 scan_v;
-#define SV_LOAD _mm256_loadu_ps
-#define SV_STORE _mm256_storeu_ps
-#define SV_SET1 _mm256_set1_ps
-#define SV_FMA _mm256_fmadd_ps
-#define SV_MUL _mm256_mul_ps
-#define SV_ZERO _mm256_setzero_ps
 #endif
 
 #ifdef SCAN_PIECE
-enum { SCAN_NACC = 16 / SCAN_VW }; /* vectors per 16-column chunk = accumulators per output: head_step's va (vb) */
+enum { SCAN_NACC = 16 / BLZ_VW }; /* vectors per 16-column chunk = accumulators per output: head_step's va (vb) */
 
 /* Columns c0 .. c0 + 16·J − 1 of state row p over tokens i < tt: s ← a_i·s + (dt_i·x_i[p])·B_i, and the
  * partial sums acc[i] (+)= s·C_i in head_step's chunk order (from zero when `first`). */
 BLZ_INLINE void scan_piece(const int J, float *restrict srow, const float *u, int64_t Cd, int64_t xo, int64_t bo,
                            int64_t co, int64_t p, int64_t c0, const float *a, const float *dt, int tt,
                            float *restrict acc, const int first) {
-    scan_v st[SCAN_PIECE / SCAN_VW];
+    blz_vf st[SCAN_PIECE / BLZ_VW];
 #pragma GCC unroll 8
-    for (int j = 0; j < J * SCAN_NACC; ++j) st[j] = SV_LOAD(srow + c0 + j * SCAN_VW);
+    for (int j = 0; j < J * SCAN_NACC; ++j) st[j] = BLZ_VF_LOAD(srow + c0 + j * BLZ_VW);
     for (int i = 0; i < tt; ++i) {
         const float *ur = u + i * Cd, *Bv = ur + bo + c0, *Cv = ur + co + c0;
         __asm__("" : "+r"(Bv), "+r"(Cv)); /* two base registers: GCC had kept each load's offset in a spill slot */
-        const scan_v av = SV_SET1(a[i]), xv = SV_SET1(dt[i] * ur[xo + p]);
-        scan_v va[SCAN_NACC];
-        for (int k = 0; k < SCAN_NACC; ++k) va[k] = first ? SV_ZERO() : SV_LOAD(acc + (i * SCAN_NACC + k) * SCAN_VW);
+        const blz_vf av = BLZ_VF_SET1(a[i]), xv = BLZ_VF_SET1(dt[i] * ur[xo + p]);
+        blz_vf va[SCAN_NACC];
+        for (int k = 0; k < SCAN_NACC; ++k)
+            va[k] = first ? BLZ_VF_ZERO() : BLZ_VF_LOAD(acc + (i * SCAN_NACC + k) * BLZ_VW);
 #pragma GCC unroll 8
         for (int j = 0; j < J * SCAN_NACC; ++j) {
-            st[j] = SV_FMA(av, st[j], SV_MUL(xv, SV_LOAD(Bv + j * SCAN_VW)));
-            va[j % SCAN_NACC] = SV_FMA(st[j], SV_LOAD(Cv + j * SCAN_VW), va[j % SCAN_NACC]);
+            st[j] = BLZ_VF_FMA(av, st[j], BLZ_VF_MUL(xv, BLZ_VF_LOAD(Bv + j * BLZ_VW)));
+            va[j % SCAN_NACC] = BLZ_VF_FMA(st[j], BLZ_VF_LOAD(Cv + j * BLZ_VW), va[j % SCAN_NACC]);
         }
-        for (int k = 0; k < SCAN_NACC; ++k) SV_STORE(acc + (i * SCAN_NACC + k) * SCAN_VW, va[k]);
+        for (int k = 0; k < SCAN_NACC; ++k) BLZ_VF_STORE(acc + (i * SCAN_NACC + k) * BLZ_VW, va[k]);
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < J * SCAN_NACC; ++j) SV_STORE(srow + c0 + j * SCAN_VW, st[j]);
+    for (int j = 0; j < J * SCAN_NACC; ++j) BLZ_VF_STORE(srow + c0 + j * BLZ_VW, st[j]);
 }
 
 static void head_scan(float *restrict st, const float *u, int64_t Cd, int64_t xo, int64_t bo, int64_t co,
                       const float *dts, int64_t H, float A, float dskip, int64_t P, int64_t N, int64_t n,
                       float *y, int64_t Di) {
     enum { JMAX = SCAN_PIECE / 16 };
-    float acc[SCAN_TT * SCAN_NACC * SCAN_VW] __attribute__((aligned(64)));
+    float acc[SCAN_TT * SCAN_NACC * BLZ_VW] __attribute__((aligned(64)));
     float a[SCAN_TT], dt[SCAN_TT];
     for (int64_t t0 = 0; t0 < n; t0 += SCAN_TT) {
         const int tt = (int)blz_min(SCAN_TT, n - t0);
@@ -146,7 +131,7 @@ static void head_scan(float *restrict st, const float *u, int64_t Cd, int64_t xo
                         scan_piece(1, srow, ut, Cd, xo, bo, co, p, c0 + 16 * j, a, dt, tt, acc, first && j == 0);
             }
             for (int i = 0; i < tt; ++i) {
-                const float *av = acc + i * SCAN_NACC * SCAN_VW;
+                const float *av = acc + i * SCAN_NACC * BLZ_VW;
 #if defined(BLZ_AVX512)
                 const float sum = _mm512_reduce_add_ps(_mm512_load_ps(av));
 #else
