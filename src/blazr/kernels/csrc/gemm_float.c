@@ -491,6 +491,9 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
     if (!xp) return BLZ_ENOMEM;
     const int per = swiglu ? 2 : 1, gblocks = blz_max(1, PANEL_GROUP / per); /* panels a block, blocks a group */
     const size_t scratch = (size_t)GROUP_PANELS * PANEL_NR * (PANEL_KC + mc) * sizeof(float);
+    const int coded = wk == BLZ_PANEL_BF16Z || wk == BLZ_PANEL_F32Z; /* rows decoded a group at a time … */
+    const int dk = wk == BLZ_PANEL_F32Z ? BLZ_PANEL_F32 : BLZ_PANEL_BF16; /* … to this kind */
+    const int64_t drow = PANEL_NR * K * blz_kv_elem_bytes(dk); /* a panel's decoded bytes */
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
@@ -509,11 +512,9 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
             for (int64_t b0 = lo; b0 < hi; b0 += gblocks) {
                 const int nb = (int)blz_min(gblocks, hi - b0);
                 gpanel_t gp[GROUP_PANELS];
-                const int coded = wk == BLZ_PANEL_BF16Z || wk == BLZ_PANEL_F32Z;
-                const int dk = wk == BLZ_PANEL_F32Z ? BLZ_PANEL_F32 : BLZ_PANEL_BF16;
                 uint8_t *dec = NULL; /* coded rows: the group's rows decoded, panel after panel */
                 if (coded) {
-                    dec = blz_scratch_slot(3, (size_t)(per * nb * PANEL_NR * K * blz_kv_elem_bytes(dk)));
+                    dec = blz_scratch_slot(3, (size_t)(per * nb * drow));
                     if (!dec) {
 #pragma omp atomic write
                         failed = 1;
@@ -524,8 +525,7 @@ int blz_panel_gemm(const void *w, const int64_t *tab, const int wk, const float 
                     const int64_t n0 = (b0 + i / per) * PANEL_NR + (i % per ? nout : 0);
                     const int nr = (int)blz_min(PANEL_NR, nout - (b0 + i / per) * PANEL_NR);
                     if (coded) {
-                        blz_bz_decode_rows(w, K, n0, nr, dec + (size_t)i * PANEL_NR * K * blz_kv_elem_bytes(dk),
-                                           wk == BLZ_PANEL_F32Z);
+                        blz_bz_decode_rows(w, K, n0, nr, dec + i * drow, wk == BLZ_PANEL_F32Z);
                         gp[i] = (gpanel_t){.w = dec, .tab = NULL, .wk = dk, .nr = nr, .n0 = (int64_t)i * PANEL_NR};
                     } else
                         gp[i] = (gpanel_t){.w = w, .tab = tab, .wk = wk, .nr = nr, .n0 = n0};
