@@ -71,6 +71,7 @@ TUNE_KNOBS = {
     "streams_b32": 5,
     "streams_z": 6,
     "streams_kx": 7,
+    "k6_rows": 8,
 }
 
 

@@ -47,9 +47,9 @@ from blazr.kernels import build
 from blazr.kernels.bindings import Kernels
 from blazr.kernels.quant import QuantizedWeight
 
-FORMAT = 7  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
+FORMAT = 8  # bumped when the file's meaning changes (2: + the float32 prefill GEMM's choice; 3: k1_zmm
 # measured after streams_k; 4: + the K-quant layouts' choice, kpack_*; 5: + streams_z, coded_bf16 / coded_f32;
-# 6: + q8pack, and the stream knobs of AVX2 builds; 7: + streams_kx, kpack_q4_k on AVX2 builds)
+# 6: + q8pack, and the stream knobs of AVX2 builds; 7: + streams_kx, kpack_q4_k on AVX2 builds; 8: + k6_rows)
 MARGIN = 0.03  # a value other than the default must be this much faster to be kept
 ROUNDS = 5
 MIN_TIME = 0.01  # seconds of each timing (a pass over the weights repeated)
@@ -85,6 +85,9 @@ KNOBS = (
     Knob("streams_b32", (4, 2, 1), ("q5_0",)),
     Knob("streams_z", (4, 2, 1), ("bf16z",)),  # coded bf16 (csrc/linear_coded.c): Zen 5 reads 1 stream best
     Knob("streams_kx", (4, 2, 1), ("q4_kx",)),  # Q4_K's 16-row groups on AVX2 without VNNI (csrc/linear_kx.c)
+    # Q6_K's one-row walk, after streams_k and k1_zmm (the tile walk, 0, runs at their choice): its rows one
+    # at a time in 1, 2 or 4 streams (Zen 3, cold: in 2 streams 1.4-1.8x the tiles' GB/s; NOTES §74)
+    Knob("k6_rows", (0, 1, 2, 4), ("q6_k",)),
 )
 
 

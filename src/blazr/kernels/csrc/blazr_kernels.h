@@ -465,6 +465,9 @@ enum {
     BLZ_TUNE_STREAMS_B32 = 5, /* weight streams of the 32-block kinds' one-row walk (linear_b32.c: q5_0, mxfp4) */
     BLZ_TUNE_STREAMS_Z = 6,   /* weight streams of the coded bf16 decode (linear_coded.c; Zen 5: 1) */
     BLZ_TUNE_STREAMS_KX = 7,  /* of the K-quants' 16-row groups on AVX2 builds without VNNI (linear_kx.c) */
+    /* a one-row Q6_K call as stored (linear_k.c): 0 walks its tiles (8 rows a super-block at a time, in
+     * STREAMS_K streams), S ≥ 1 walks each weight row across its super-blocks, in S streams */
+    BLZ_TUNE_K6_ROWS = 8,
     BLZ_TUNE_COUNT
 };
 extern int blz_tune[BLZ_TUNE_COUNT];

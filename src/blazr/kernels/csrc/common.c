@@ -58,6 +58,15 @@ void blz_populate(uint8_t *p, int64_t n) {
 #define STREAMS_KX_TOP BLZ_STREAMS
 #endif
 
+/* Q6_K's one-row walk where nothing was measured: its rows in 2 streams on AVX2 builds (Zen 3, cold 1B shapes:
+ * 1.4-1.8x the tiles' GB/s, NOTES §74), the tiles on AVX-512 builds (the form measured there; the scalar
+ * build has no one-row walk). */
+#if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
+#define K6_ROWS_DEFAULT 2
+#else
+#define K6_ROWS_DEFAULT 0
+#endif
+
 int blz_tune[BLZ_TUNE_COUNT] = {
     [BLZ_TUNE_STREAMS_F] = BLZ_STREAMS_DEFAULT, /* ≤ STREAMS_F_TOP: both 1 without AVX-512 */
     [BLZ_TUNE_STREAMS_Q] = BLZ_STREAMS_DEFAULT,
@@ -67,12 +76,13 @@ int blz_tune[BLZ_TUNE_COUNT] = {
     [BLZ_TUNE_STREAMS_B32] = BLZ_STREAMS_DEFAULT,
     [BLZ_TUNE_STREAMS_Z] = 1,
     [BLZ_TUNE_STREAMS_KX] = BLZ_STREAMS_DEFAULT, /* ≤ STREAMS_KX_TOP */
+    [BLZ_TUNE_K6_ROWS] = K6_ROWS_DEFAULT,
 };
 
 /* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
  * an unknown knob or a value outside its range in this build (streams knobs: 1 .. BLZ_STREAMS, the float
  * walkers' 1 .. STREAMS_F_TOP, the K-quant groups' 1 .. STREAMS_KX_TOP; K-quant 512-bit dots: 0, or 1 on
- * AVX-512 builds). Not for use while kernels run on other threads. */
+ * AVX-512 builds; Q6_K's walk 0 .. BLZ_STREAMS). Not for use while kernels run on other threads. */
 BLZ_EXPORT int blz_set_tune(int knob, int value) {
     int top, low = 0;
     switch (knob) {
@@ -92,6 +102,7 @@ BLZ_EXPORT int blz_set_tune(int knob, int value) {
             top = STREAMS_KX_TOP;
             low = 1;
             break;
+        case BLZ_TUNE_K6_ROWS: top = BLZ_STREAMS; break;
 #ifdef BLZ_AVX512
         case BLZ_TUNE_K1_ZMM: top = 1; break;
 #else

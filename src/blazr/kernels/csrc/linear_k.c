@@ -36,7 +36,10 @@
  * (one linear stream) as it goes (BLZ_K_PF). A group of one activation row (decode) has its own AVX2 path,
  * tile1_avx2: the same operations, but each weight row's quants and scale vectors are made next to their
  * use instead of all held for the group (16 registers' worth, spilled at one row), and the Q4_K / Q5_K
- * 6-bit scales are unpacked in SSE — 1.10-1.16x at M = 1 on a Zen 3 (in-process A/B, hot and cold).
+ * 6-bit scales are unpacked in SSE — 1.10-1.16x at M = 1 on a Zen 3 (in-process A/B, hot and cold). A
+ * one-row call of Q6_K rows alone may instead walk each weight row across its super-blocks, then the next
+ * (rows1_q6k, knob BLZ_TUNE_K6_ROWS: one linear read per stream, each output still its lane's steps in
+ * order), which cold on Zen 3 reads 1.4-1.8x the tile walk's GB/s — AVX2 builds keep Q6_K as stored.
  * With AVX-512 the group path pairs sub-blocks 2i and 2i+1 in one 512-bit register, so an activation row
  * takes 4 vpmaddubsw / vpmaddwd steps instead of 8 (the same int32 partials, folded to 256 bits before the
  * reduction: the same bits) — 1.05-1.27x at 16-512 rows on Sapphire Rapids (1B shapes, NOTES §36).
@@ -586,6 +589,45 @@ static void tiles1_avx512(const int ns, const int *kinds, const uint8_t *const *
     tiles1_any(1, ns, kinds, rows, apart, a, acc_out);
 }
 #endif
+
+#ifndef K6_PF_ROWS
+#define K6_PF_ROWS 2 /* the row walk's prefetch distance in weight rows (Zen 3, 1B shapes: 2 and 4 level) */
+#endif
+
+/* The sum of v's 8 int32 lanes (exact). */
+BLZ_INLINE int32_t hsum_epi32(const __m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
+/* tiles1_avx2 for ns Q6_K tiles walked a weight row at a time (BLZ_TUNE_K6_ROWS): row r of every tile across
+ * all its super-blocks, then row r + 1 — each stream one linear read where the tile walk reads its 8 rows
+ * side by side. Row r's output is lane r of tile1_avx2's: the same integer sums (row1_sums), and its fp32
+ * steps, the super-blocks in order, one scalar fma each — so the same bits. Each step prefetches the
+ * super-block K6_PF_ROWS rows on (past the tile's last row, the next tile's first). Zen 3, cold 1B shapes, 2
+ * threads: 1.24-1.47x the tile walk's GB/s, both in one stream; in 2 streams 1.41-1.78x the tiles in their
+ * best, one. From L3 (a weight read again at once) it computes 0.8-0.9x the tiles' rate: host tuning measures
+ * cold weights, as a decode step reads them (NOTES §74). */
+static void rows1_q6k(const int ns, const uint8_t *const *rows, const actk_t *restrict a, float acc_out[][KR]) {
+    const int64_t bb = kblock_bytes(BLZ_Q6_K);
+    for (int r = 0; r < KR; ++r) {
+        float acc[BLZ_STREAMS] = {0};
+        for (int64_t b = 0; b < a->nb; ++b) {
+            const float dx = a->d[b];
+            for (int s = 0; s < ns; ++s) {
+                const uint8_t *const *tr = rows + 2 * KR * s;
+                for (int64_t o = 0; o < bb; o += 64)
+                    _mm_prefetch((const char *)(tr[r + K6_PF_ROWS] + b * bb + o), _MM_HINT_T0);
+                uint16_t dh, mh;
+                __m128i mn;
+                const __m256i v = row1_sums(BLZ_Q6_K, tr[r] + b * bb, a->q + b * QK_K, a->bs + 16 * b, &dh, &mh, &mn);
+                acc[s] = fmaf((float)hsum_epi32(v), _cvtsh_ss(dh) * dx, acc[s]);
+            }
+        }
+        for (int s = 0; s < ns; ++s) acc_out[s][r] = acc[s];
+    }
+}
 #endif
 #endif
 
@@ -709,12 +751,13 @@ static void ktile_rows(const ksegs_t *sg, const int64_t *tab, int64_t nout, int 
 }
 
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
-/* blz_linear_k at M = 1 (activations quantized in a): this thread's block of tiles cut into BLZ_STREAMS parts
- * (SwiGLU: half as many, each read with its up rows), tile i of every part run together; the
- * steps walked balanced between the threads (blz_walk_t). */
+/* blz_linear_k at M = 1 (activations quantized in a): this thread's block of tiles cut into team->S parts
+ * (SwiGLU: half as many, each read with its up rows), tile i of every part run together — a super-block of
+ * the 8 rows at a time, or (q6_rows) a row at a time (rows1_q6k); the steps walked balanced between the
+ * threads (blz_walk_t). */
 static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tiles, int64_t N,
                       int64_t nout, const actk_t *a, const float *bias, const float *residual, float *out,
-                      int swiglu, blz_team_t *team) {
+                      int swiglu, int q6_rows, blz_team_t *team) {
     const int S = team->S;
     blz_walk_t wk;
     blz_walk_begin(&wk, team);
@@ -739,6 +782,9 @@ static void k_streams(const ksegs_t *sg, const int64_t *tab, const int64_t *tile
             apart[ns + s] = up_apart[s];
         }
         float r[BLZ_STREAMS][KR];
+        if (q6_rows)
+            rows1_q6k(swiglu ? 2 * ns : ns, &rows[0][0], a, r);
+        else
 #ifdef BLZ_AVX512
         if (a->qz)
             tiles1_avx512(swiglu ? 2 * ns : ns, kinds, &rows[0][0], apart, a, r);
@@ -794,16 +840,18 @@ int blz_linear_k(int kind, const float *x, int64_t M, int64_t K, const uint8_t *
 #if defined(BLZ_AVX2) && BLZ_STREAMS > 1
     if (M == 1) {
         blz_quantize_q8k_row(x, a.nb, a.q, a.d, a.bs, a.xs);
+        int q6_rows = blz_tune[BLZ_TUNE_K6_ROWS] > 0; /* Q6_K rows alone: walked a row at a time */
+        for (int i = 0; i < sg.n; ++i) q6_rows &= sg.kind[i] == BLZ_Q6_K;
 #ifdef BLZ_AVX512
-        if (blz_tune[BLZ_TUNE_K1_ZMM]) { /* the 512-bit sums' activation order (Q6_K reads a.q) */
+        if (!q6_rows && blz_tune[BLZ_TUNE_K1_ZMM]) { /* the 512-bit sums' activation order (Q6_K reads a.q) */
             a.qz = a.q + blz_round_up(K, 64);
             for (int64_t b = 0; b < a.nb; ++b) k4_permute_x(a.q + b * QK_K, a.qz + b * QK_K);
         }
 #endif
         blz_team_t team;
-        blz_team_init(&team, nt, ntiles, blz_gemv_parts(BLZ_TUNE_STREAMS_K, 1, swiglu));
+        blz_team_init(&team, nt, ntiles, blz_gemv_parts(q6_rows ? BLZ_TUNE_K6_ROWS : BLZ_TUNE_STREAMS_K, 1, swiglu));
 #pragma omp parallel num_threads(nt)
-        k_streams(&sg, tab, tiles, N, nout, &a, bias, residual, out, swiglu, &team);
+        k_streams(&sg, tab, tiles, N, nout, &a, bias, residual, out, swiglu, q6_rows, &team);
         return BLZ_OK;
     }
 #endif
