@@ -807,6 +807,13 @@ BLZ_INLINE float blz_hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The sum of v's 8 int32 lanes (exact, whatever the tree). */
+BLZ_INLINE int32_t blz_hsum256_epi32(const __m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
 /* The largest of 8 lanes (halves of 256, then 128, then 64 bits; vmaxps's NaN rule at each step). */
 BLZ_INLINE float blz_hmax256(__m256 a) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

@@ -594,13 +594,6 @@ static void tiles1_avx512(const int ns, const int *kinds, const uint8_t *const *
 #define K6_PF_ROWS 2 /* the row walk's prefetch distance in weight rows (Zen 3, 1B shapes: 2 and 4 level) */
 #endif
 
-/* The sum of v's 8 int32 lanes (exact). */
-BLZ_INLINE int32_t hsum_epi32(const __m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
-}
-
 /* tiles1_avx2 for ns Q6_K tiles walked a weight row at a time (BLZ_TUNE_K6_ROWS): row r of every tile across
  * all its super-blocks, then row r + 1 — each stream one linear read where the tile walk reads its 8 rows
  * side by side. Row r's output is lane r of tile1_avx2's: the same integer sums (row1_sums), and its fp32
@@ -622,7 +615,7 @@ static void rows1_q6k(const int ns, const uint8_t *const *rows, const actk_t *re
                 uint16_t dh, mh;
                 __m128i mn;
                 const __m256i v = row1_sums(BLZ_Q6_K, tr[r] + b * bb, a->q + b * QK_K, a->bs + 16 * b, &dh, &mh, &mn);
-                acc[s] = fmaf((float)hsum_epi32(v), _cvtsh_ss(dh) * dx, acc[s]);
+                acc[s] = fmaf((float)blz_hsum256_epi32(v), _cvtsh_ss(dh) * dx, acc[s]);
             }
         }
         for (int s = 0; s < ns; ++s) acc_out[s][r] = acc[s];

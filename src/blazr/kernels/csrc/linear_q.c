@@ -88,10 +88,7 @@ void blz_quantize_act_row(const float *restrict x, int64_t K, int32_t offset, in
         for (int i = 0; i < 4; ++i) iv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
         _mm256_storeu_si256((__m256i *)qb, blz_bytes32(iv[0], iv[1], iv[2], iv[3]));
         const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        sum = _mm_cvtsi128_si32(s4);
+        sum = blz_hsum256_epi32(s8);
 #else
         float amax = 0.0f;
         for (int i = 0; i < BLZ_QK; ++i) amax = fmaxf(amax, fabsf(xb[i]));
