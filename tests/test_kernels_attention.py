@@ -53,12 +53,16 @@ def _paged_layout(lens: list[int], S: int, g: torch.Generator) -> torch.Tensor:
     return idx
 
 
-# the SIMD path's instantiations (G ≤ 8 × D = Dv ∈ {64, 128}), its generic sizes (G = 1, D = 32 / 96;
-# G = 16), and the portable loop (D, Dv not multiples of 16)
+# the SIMD paths' instantiations (G ≤ 8 × D = Dv ∈ {64, 128}), their generic sizes (G = 1, D = 32 / 96;
+# G = 12 / 16), the AVX2 item's groups of ≤ 64 query heads (H = 72 / 96), and the portable loop on AVX-512
+# (D, Dv not multiples of 16; AVX2 runs 40 / 24 in lanes of 8)
 @pytest.mark.parametrize(
     ("H", "Hkv", "D", "Dv"),
-    [(9, 3, 64, 64), (16, 2, 128, 128), (4, 4, 32, 32), (8, 4, 96, 96), (32, 2, 64, 64), (6, 2, 40, 24)],
-)
+    [
+        (9, 3, 64, 64), (16, 2, 128, 128), (16, 4, 64, 64), (4, 4, 32, 32), (8, 4, 96, 96), (32, 2, 64, 64),
+        (72, 24, 64, 64), (96, 8, 64, 64), (6, 2, 40, 24),
+    ],
+)  # fmt: skip
 @pytest.mark.parametrize("window", [None, 50])
 def test_paged_attention_decode(
     lib: ops.Kernels, H: int, Hkv: int, D: int, Dv: int, window: int | None

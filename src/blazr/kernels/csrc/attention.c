@@ -16,15 +16,20 @@
  * chunks depend only on its own key range, never on the batch or the thread count, and a second pass
  * merges each head's chunks in order: out = Σ_c e^{m_c−M} acc_c / Σ_c e^{m_c−M} l_c. So a row's result
  * is the same bits whatever else shares the call and however many threads run it. Items go round-robin
- * to the threads, and each prefetches the K/V rows of its next item while it computes (paged slots and
- * the weights streamed between layers leave them out of cache otherwise).
+ * to the threads; on AVX-512 each prefetches the K/V rows of its next item while it computes (paged slots
+ * and the weights streamed between layers leave them out of cache otherwise).
  * Inner loop (AVX-512, D and Dv multiples of 16, G ≤ BLZ_MAX_GROUP), per item and kv head, three passes
  * over the chunk: scores — each K row widened once into registers feeds the G heads' dot products (q in
  * registers), and 16 keys' partial-sum vectors are reduced together by a transpose-add tree; softmax —
  * the whole chunk's scores are known, so m = max, p = e^{s−m} (polynomial exp), l = Σ p with no running
  * rescale; then acc = Σ p·v over the chunk with the G heads' accumulators in registers, each V slice
  * widened once per key. AVX2 builds (no AVX-512) run the same three passes on 8-lane vectors (D and Dv
- * multiples of 8; chunk_head_avx2). Other shapes and builds run the scalar online-softmax loop (libm expf).
+ * multiples of 8; item_avx2) with the kv heads inside the key loop: an item reads each key's whole K row,
+ * then its whole V row, in slot order — 2 KB at a time for 8 kv heads × 128 dims of f16 — where a kv head at
+ * a time read 256 B of every row per pass, a pattern neither the hardware prefetcher nor a next-item
+ * prefetch kept ahead of on Zen 3 (512 KB L2): Qwen3-0.6B's cache read at 4-6 GB/s cold, now 8-10
+ * (benchmarks/NOTES.md §75). Scores 8/G keys at a time, so the G·(8/G) FMA chains of one step reduce in a
+ * single hadd tree. Other shapes and builds run the scalar online-softmax loop (libm expf).
  */
 #include "blazr_kernels.h"
 
@@ -189,15 +194,23 @@ BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char 
 #endif
 
 #if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
-/* acc[g][d0 .. d0+8·SL) += Σ_t p[g·BLZ_CHUNK + t] · v_t[d0 ..] (as pv_slices, 8 lanes). */
+#define BLZ_ROWPF 2        /* keys ahead whose whole K / V rows item_avx2 prefetches */
+#define BLZ_PV_KEYS 16     /* keys per block of item_avx2's value pass */
+#define BLZ_ITEM_HEADS 64  /* query heads per item_avx2 call (its scores on the stack: 16 KB) */
+
+/* Prefetch the `bytes` of the row at r. */
+BLZ_INLINE void pf_rows(const char *r, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 3);
+}
+
+/* acc[g][d0 .. d0+8·SL) += Σ_{t < nk} p[g·BLZ_CHUNK + t] · v_t[d0 ..] (as pv_slices, 8 lanes): the G·SL
+ * accumulators in registers, each V slice widened once per key. */
 BLZ_INLINE void pv_slices8(const int64_t G, const int SL, const float *p, const char *const *vr, const int nk,
-                           const int64_t d0, const int kv_type, float *acc_mem, const int64_t Dv,
-                           prefetcher_t *pf) {
+                           const int64_t d0, const int kv_type, float *acc_mem, const int64_t Dv) {
     __m256 acc[BLZ_MAX_GROUP][4];
     for (int64_t g = 0; g < G; ++g)
         for (int s = 0; s < SL; ++s) acc[g][s] = _mm256_loadu_ps(acc_mem + g * Dv + d0 + 8 * s);
     for (int t = 0; t < nk; ++t) {
-        if (pf && t % BLZ_KEY_BLOCK == 0) pf_next(pf);
         __m256 v[4];
         for (int s = 0; s < SL; ++s) v[s] = blz_kv_load8(vr[t], d0 + 8 * s, kv_type);
         for (int64_t g = 0; g < G; ++g) {
@@ -209,55 +222,159 @@ BLZ_INLINE void pv_slices8(const int64_t G, const int SL, const float *p, const 
         for (int s = 0; s < SL; ++s) _mm256_storeu_ps(acc_mem + g * Dv + d0 + 8 * s, acc[g][s]);
 }
 
-/* AVX2 chunk_head (D, Dv multiples of 8): the same three passes. Scores one key at a time — its K row
- * widened once into registers, two FMA chains per head, one horizontal sum per (head, key), soft-capped
- * when cap > 0; softmax 8 lanes at a time with blz_exp256 (lanes past n zeroed); then pv_slices8. */
-BLZ_INLINE void chunk_head_avx2(const float *restrict q, const int64_t G, const char *const *kr,
-                                const char *const *vr, const int n, const int kv_type, const int64_t D,
-                                const int64_t Dv, const float scale, const float cap, part_t pt,
-                                prefetcher_t *pf) {
-    float p[BLZ_MAX_GROUP * BLZ_CHUNK] __attribute__((aligned(32))); /* scores, then probabilities */
-    for (int t = 0; t < n; ++t) {
-        if (t % BLZ_KEY_BLOCK == 0) pf_next(pf);
-        __m256 k[BLZ_MAX_D / 8];
-        for (int64_t i = 0; i < D / 8; ++i) k[i] = blz_kv_load8(kr[t], 8 * i, kv_type);
+/* Lane i of the result = Σ lanes of v[i], for 8 vectors (7 hadds and one add). */
+BLZ_INLINE __m256 hsum8x8(const __m256 v[8]) {
+    const __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67); /* per 128-bit half: v0..v3 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* s[g·BLZ_CHUNK + j] = scale · q_g·k_j for one kv head's G ≤ 8 query rows q [G][D] and the nk ≤ KB = 8 / G keys
+ * at kr[j] + off: the G·KB dot products side by side — D walked 8 lanes at a time, q_g's lanes loaded once for
+ * the KB keys and each key's lanes widened once for the G heads, one FMA chain per (head, key) — then the 8
+ * chains reduced together (hsum8x8). Keys past nk repeat the last; their sums are not stored. */
+BLZ_INLINE void qk_block8(const float *restrict q, const int64_t G, const int KB, const char *const *kr,
+                          const int64_t off, const int nk, const int kv_type, const int64_t D, const float scale,
+                          float *s) {
+    __m256 a[8];
+    const char *rows[8];
+    for (int j = 0; j < KB; ++j) rows[j] = kr[j < nk ? j : nk - 1] + off;
+    for (int c = 0; c < 8; ++c) a[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D / 8; ++i) {
+        __m256 k[8];
+        for (int j = 0; j < KB; ++j) k[j] = blz_kv_load8(rows[j], 8 * i, kv_type);
         for (int64_t g = 0; g < G; ++g) {
-            const float *qg = q + g * D;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int64_t i = 0;
-            for (; i + 2 <= D / 8; i += 2) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i), k[i], a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i + 8), k[i + 1], a1);
-            }
-            if (i < D / 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i), k[i], a0);
-            p[g * BLZ_CHUNK + t] = blz_hsum256(_mm256_add_ps(a0, a1)) * scale;
+            const __m256 qg = _mm256_loadu_ps(q + g * D + 8 * i);
+            for (int j = 0; j < KB; ++j) a[g * KB + j] = _mm256_fmadd_ps(qg, k[j], a[g * KB + j]);
         }
     }
+    float r[8] __attribute__((aligned(32)));
+    _mm256_store_ps(r, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
+    for (int64_t g = 0; g < G; ++g)
+        for (int j = 0; j < nk; ++j) s[g * BLZ_CHUNK + j] = r[g * KB + j];
+}
+
+/* qk_block8 for one key and G > 8 heads: the row widened once into registers, two FMA chains per head over
+ * alternate 8-lane slices, one horizontal sum each. */
+BLZ_INLINE void qk_one8(const float *restrict q, const int64_t G, const char *kr, const int kv_type,
+                        const int64_t D, const float scale, float *s) {
+    __m256 k[BLZ_MAX_D / 8];
+    for (int64_t i = 0; i < D / 8; ++i) k[i] = blz_kv_load8(kr, 8 * i, kv_type);
+    for (int64_t g = 0; g < G; ++g) {
+        const float *qg = q + g * D;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 2 <= D / 8; i += 2) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i), k[i], a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i + 8), k[i + 1], a1);
+        }
+        if (i < D / 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i), k[i], a0);
+        s[g * BLZ_CHUNK] = blz_hsum256(_mm256_add_ps(a0, a1)) * scale;
+    }
+}
+
+/* Kv heads kv0 .. kv0 + nkv − 1 of a work item of n ≥ 1 keys on AVX2 (G ≤ BLZ_MAX_GROUP, nkv·G ≤ BLZ_ITEM_HEADS;
+ * D and Dv multiples of 8), in three passes over the chunk, the kv heads inside each key step: every key's K
+ * row, then its V row, is read whole and in slot order — a stream the hardware prefetcher follows, with the
+ * rows BLZ_ROWPF keys ahead prefetched — where a head-by-head walk would read 1/Hkv of every row per pass.
+ * Scores (qk_block8, or qk_one8 for G > 8; soft-capped when cap > 0); per head m = max, p = e^{s−m}
+ * (blz_exp256, lanes past n zeroed), l = Σ p; then acc = Σ_t p_t · v_t, BLZ_PV_KEYS keys at a time in registers
+ * (pv_slices8) and back to the item's acc, each accumulator taking its keys in order. krow / vrow: the keys'
+ * whole rows; q [H][D]; partial: the item's acc [H][Dv], m [H], l [H] (H = Hkv·G). */
+BLZ_INLINE void item_avx2(const float *restrict q, const int64_t Hkv, const int64_t kv0, const int64_t nkv,
+                          const int64_t G, const char *const *krow, const char *const *vrow, const int n,
+                          const int kv_type, const int64_t D, const int64_t Dv, const float scale, const float cap,
+                          float *partial) {
+    const int64_t H = Hkv * G, es = blz_kv_elem_bytes(kv_type), kst = Hkv * D * es, vst = Hkv * Dv * es;
+    float p[BLZ_ITEM_HEADS * BLZ_CHUNK] __attribute__((aligned(32))); /* [head − kv0·G][key]: scores, then weights */
+    const int KB = G <= 8 ? (int)(8 / G) : 1;
+    for (int t = 0; t < n; t += KB) {
+        for (int j = t + BLZ_ROWPF; j < blz_min(n, t + BLZ_ROWPF + KB); ++j) pf_rows(krow[j], kst);
+        for (int64_t c = 0; c < nkv; ++c) {
+            const float *qc = q + (kv0 + c) * G * D;
+            float *pc = p + c * G * BLZ_CHUNK + t;
+            if (G <= 8)
+                qk_block8(qc, G, KB, krow + t, (kv0 + c) * D * es, (int)blz_min(KB, n - t), kv_type, D, scale, pc);
+            else
+                qk_one8(qc, G, krow[t] + (kv0 + c) * D * es, kv_type, D, scale, pc);
+        }
+    }
+    const int64_t nh = nkv * G;
     if (cap > 0.0f)
-        for (int64_t g = 0; g < G; ++g) blz_softcap_rows(p + g * BLZ_CHUNK, n, cap);
+        for (int64_t h = 0; h < nh; ++h) blz_softcap_rows(p + h * BLZ_CHUNK, n, cap);
     const int nv = (n + 7) / 8;
     const __m256i tail = blz_mask256(n - 8 * (nv - 1)); /* valid lanes of the last vector */
-    for (int64_t g = 0; g < G; ++g) {
-        float *pg = p + g * BLZ_CHUNK;
-        float m = -INFINITY;
-        for (int t = 0; t < n; ++t) m = fmaxf(m, pg[t]);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t h = 0; h < nh; ++h) {
+        float *ph = p + h * BLZ_CHUNK;
+        __m256 mv = ninf;
+        for (int b = 0; b < nv; ++b)
+            mv = _mm256_max_ps(mv, _mm256_blendv_ps(ninf, _mm256_load_ps(ph + 8 * b),
+                                                    _mm256_castsi256_ps(b == nv - 1 ? tail : _mm256_set1_epi32(-1))));
+        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float m = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
         __m256 l = _mm256_setzero_ps();
         for (int b = 0; b < nv; ++b) {
-            __m256 e = blz_exp256(_mm256_sub_ps(_mm256_load_ps(pg + 8 * b), _mm256_set1_ps(m)));
+            __m256 e = blz_exp256(_mm256_sub_ps(_mm256_load_ps(ph + 8 * b), _mm256_set1_ps(m)));
             if (b == nv - 1) e = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
-            _mm256_store_ps(pg + 8 * b, e);
+            _mm256_store_ps(ph + 8 * b, e);
             l = _mm256_add_ps(l, e);
         }
-        pt.m[g] = n ? m : -INFINITY;
-        pt.l[g] = n ? blz_hsum256(l) : 0.0f;
+        partial[H * Dv + kv0 * G + h] = m;
+        partial[H * Dv + H + kv0 * G + h] = blz_hsum256(l);
     }
-    memset(pt.acc, 0, (size_t)(G * Dv) * sizeof(float));
-    int64_t d0 = 0; /* the first call also walks the prefetcher */
-    if (G <= 2)
-        for (; d0 + 32 <= Dv; d0 += 32) pv_slices8(G, 4, p, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
-    else if (G <= 4)
-        for (; d0 + 16 <= Dv; d0 += 16) pv_slices8(G, 2, p, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
-    for (; d0 < Dv; d0 += 8) pv_slices8(G, 1, p, vr, n, d0, kv_type, pt.acc, Dv, d0 ? 0 : pf);
+    float *acc0 = partial + kv0 * G * Dv;
+    memset(acc0, 0, (size_t)(nh * Dv) * sizeof(float));
+    const char *vr[BLZ_PV_KEYS];
+    for (int t0 = 0; t0 < n; t0 += BLZ_PV_KEYS) {
+        const int nk = (int)blz_min(BLZ_PV_KEYS, n - t0);
+        for (int j = t0 + BLZ_ROWPF; j < blz_min(n, t0 + BLZ_ROWPF + nk); ++j) pf_rows(vrow[j], vst);
+        for (int64_t c = 0; c < nkv; ++c) {
+            for (int t = 0; t < nk; ++t) vr[t] = vrow[t0 + t] + (kv0 + c) * Dv * es;
+            const float *pc = p + c * G * BLZ_CHUNK + t0;
+            float *acc = acc0 + c * G * Dv;
+            int64_t d0 = 0; /* SL slices of 8 at a time: G·SL accumulators, enough chains to hide the FMA latency */
+            if (G <= 2)
+                for (; d0 + 32 <= Dv; d0 += 32) pv_slices8(G, 4, pc, vr, nk, d0, kv_type, acc, Dv);
+            else if (G <= 4)
+                for (; d0 + 16 <= Dv; d0 += 16) pv_slices8(G, 2, pc, vr, nk, d0, kv_type, acc, Dv);
+            for (; d0 < Dv; d0 += 8) pv_slices8(G, 1, pc, vr, nk, d0, kv_type, acc, Dv);
+        }
+    }
+}
+
+/* attend_item's AVX2 form (see item_avx2): the kv heads in groups of at most BLZ_ITEM_HEADS query heads,
+ * instantiated per element type × group size ≤ 8 × head dim 64 / 128 (D = Dv). Returns 0 where the shape is not
+ * handled (the caller runs the portable loop). */
+static int item_heads_avx2(const float *q, int64_t Hkv, int64_t G, const char *const *krow, const char *const *vrow,
+                           int n, int kv_type, int64_t D, int64_t Dv, float scale, float cap, float *partial) {
+    if (D % 8 || Dv % 8 || D > BLZ_MAX_D || G > BLZ_MAX_GROUP || n <= 0) return 0;
+    const int64_t per = blz_max(1, BLZ_ITEM_HEADS / G);
+    for (int64_t kv0 = 0; kv0 < Hkv; kv0 += per) {
+        const int64_t nkv = blz_min(per, Hkv - kv0);
+#define BLZ_CALL(T, GG, DD, DV) item_avx2(q, Hkv, kv0, nkv, GG, krow, vrow, n, T, DD, DV, scale, cap, partial)
+#define BLZ_G(T, GG)                                               \
+    case GG:                                                       \
+        if (D == 64 && Dv == 64) BLZ_CALL(T, GG, 64, 64);          \
+        else if (D == 128 && Dv == 128) BLZ_CALL(T, GG, 128, 128); \
+        else BLZ_CALL(T, GG, D, Dv);                               \
+        break;
+#define BLZ_TYPE(T)                                                                                  \
+    switch (G) {                                                                                     \
+        BLZ_G(T, 1) BLZ_G(T, 2) BLZ_G(T, 3) BLZ_G(T, 4) BLZ_G(T, 5) BLZ_G(T, 6) BLZ_G(T, 7) BLZ_G(T, 8) \
+        default:                                                                                     \
+            BLZ_CALL(T, G, D, Dv);                                                                   \
+    }
+        if (kv_type == BLZ_KV_F32) BLZ_TYPE(BLZ_KV_F32)
+        else if (kv_type == BLZ_KV_BF16) BLZ_TYPE(BLZ_KV_BF16)
+        else BLZ_TYPE(BLZ_KV_F16)
+#undef BLZ_TYPE
+#undef BLZ_G
+#undef BLZ_CALL
+    }
+    return 1;
 }
 #endif
 
@@ -285,16 +402,9 @@ static void block_scalar(const float *restrict q, int64_t G, const char *const *
  * (generic sizes otherwise); the portable one-key-at-a-time update for other shapes and builds. */
 static void head_step(const float *q, int64_t G, const char *const *kr, const char *const *vr, int n,
                       int kv_type, int64_t D, int64_t Dv, float scale, float cap, part_t pt, prefetcher_t *pf) {
-#if defined(BLZ_AVX512) || defined(BLZ_AVX2)
 #ifdef BLZ_AVX512
-#define BLZ_LANES 16
-#define BLZ_CHUNK_HEAD chunk_head
-#else
-#define BLZ_LANES 8
-#define BLZ_CHUNK_HEAD chunk_head_avx2
-#endif
-    if (D % BLZ_LANES == 0 && Dv % BLZ_LANES == 0 && D <= BLZ_MAX_D && G <= BLZ_MAX_GROUP) {
-#define BLZ_CALL(T, GG, DD, DV) BLZ_CHUNK_HEAD(q, GG, kr, vr, n, T, DD, DV, scale, cap, pt, pf)
+    if (D % 16 == 0 && Dv % 16 == 0 && D <= BLZ_MAX_D && G <= BLZ_MAX_GROUP) {
+#define BLZ_CALL(T, GG, DD, DV) chunk_head(q, GG, kr, vr, n, T, DD, DV, scale, cap, pt, pf)
 #define BLZ_G(T, GG)                                                 \
     case GG:                                                         \
         if (D == 64 && Dv == 64) BLZ_CALL(T, GG, 64, 64);            \
@@ -315,8 +425,6 @@ static void head_step(const float *q, int64_t G, const char *const *kr, const ch
 #undef BLZ_G
 #undef BLZ_CALL
     }
-#undef BLZ_LANES
-#undef BLZ_CHUNK_HEAD
 #endif
     (void)pf;
     for (int64_t g = 0; g < G; ++g) {
@@ -348,6 +456,10 @@ static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_po
     }
     /* one prefetch call per 16 keys of each pass (QK, PV) of each kv head: enough keys per call to cover the
      * next item once */
+#if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
+    (void)pf;
+    if (item_heads_avx2(q, Hkv, G, krow, vrow, n, kv_type, D, Dv, scale, cap, partial)) return;
+#endif
     const int64_t calls = blz_max(1, 2 * Hkv * ((n + BLZ_KEY_BLOCK - 1) / BLZ_KEY_BLOCK));
     pf->per = (int)((pf->n + calls - 1) / calls);
     for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
