@@ -100,13 +100,24 @@ BLZ_INLINE vf v_sel(vm m, vf if_true, vf if_false) { return m ? if_true : if_fal
 BLZ_INLINE vf v_softcap(vf s, float cap) { return blz_softcap1(s, cap); }
 #endif
 
-/* Vectors of lanes per tile: each K and V element broadcast once against NV vectors. AVX-512 (32 registers)
- * holds 8 keys × 3 accumulators: Zen 5, 2 threads, 512-8192 tokens, 230-290 GFLOP/s at 1 vector, 290-380 at
- * 2, 300-400 at 3; AVX2's 16 registers hold 8 × 1. (A row's bits do not depend on it.) */
+/* Vectors of lanes per tile (each K and V element broadcast once against NV vectors), keys per score step
+ * and value columns per value step: KS·NV and VS·NV accumulators. AVX-512 (32 registers) holds 8 keys × 3
+ * accumulators: Zen 5, 2 threads, 512-8192 tokens, 230-290 GFLOP/s at 1 vector, 290-380 at 2, 300-400 at 3.
+ * AVX2's 16 registers hold 6 × 2: Zen 3, 2 threads, 2048 tokens of Qwen3-0.6B's heads, 71-79 GFLOP/s where
+ * 8 × 1 read 38-40 (a tile's K and V widening is shared by twice the lanes; 4 × 2 56-61, 4 × 3 73, 12 × 1 32).
+ * A row's bits do not depend on them: each (key, lane) dot is its own chain. */
 #ifdef BLZ_AVX512
 #define NV 3
+#define KS 8
+#define VS 8
+#elif defined(BLZ_AVX2)
+#define NV 2
+#define KS 6
+#define VS 6
 #else
 #define NV 1
+#define KS 8
+#define VS 8
 #endif
 #define TL (NV * VL) /* lanes (query rows) per tile */
 
@@ -145,28 +156,28 @@ static int widen_block(const char *k_pool, const char *v_pool, int kv_type, int6
     return BLZ_OK;
 }
 
-/* Scores of keys [0, nk) of the block against the tile's lanes, into P (unscaled dots): 8 keys × NV vectors of
+/* Scores of keys [0, nk) of the block against the tile's lanes, into P (unscaled dots): KS keys × NV vectors of
  * lanes at a time, each K element broadcast once against the NV vectors. Each dot is summed in chunks of SC
  * dims — an FMA chain within a chunk, the chunks added in order —, not one chain over all D: with D = 256
  * (Gemma 3) one chain left the softmax 10-15x further from float64 than torch's SDPA, chunks of 32 do not. */
 #define SC 32
 static void block_scores(const float *restrict qt, const float *restrict kb, int nk, int64_t D, float *restrict p) {
     int j = 0;
-    for (; j + 8 <= nk; j += 8) {
+    for (; j + KS <= nk; j += KS) {
         const float *k = kb + j * D;
         for (int64_t d0 = 0; d0 < D; d0 += SC) {
-            vf a[8][NV];
-            for (int u = 0; u < 8; ++u)
+            vf a[KS][NV];
+            for (int u = 0; u < KS; ++u)
                 for (int v = 0; v < NV; ++v) a[u][v] = v_set1(0.0f);
             for (int64_t d = d0; d < blz_min(D, d0 + SC); ++d) {
                 vf q[NV];
                 for (int v = 0; v < NV; ++v) q[v] = v_load(qt + d * TL + v * VL);
-                for (int u = 0; u < 8; ++u) {
+                for (int u = 0; u < KS; ++u) {
                     const vf kk = v_set1(k[u * D + d]);
                     for (int v = 0; v < NV; ++v) a[u][v] = v_fma(kk, q[v], a[u][v]);
                 }
             }
-            for (int u = 0; u < 8; ++u)
+            for (int u = 0; u < KS; ++u)
                 for (int v = 0; v < NV; ++v) {
                     float *pp = p + (j + u) * TL + v * VL;
                     v_store(pp, d0 ? v_add(v_load(pp), a[u][v]) : a[u][v]);
@@ -189,25 +200,25 @@ static void block_scores(const float *restrict qt, const float *restrict kb, int
 }
 
 /* Oᵀ[dv] = Oᵀ[dv]·α + Σ_{j < nk} P[j] · Vb[j][dv] — the block's sum from zero, then one FMA into O (so O sums
- * a prompt's keys block by block, not in one chain) —: 8 value columns × NV vectors of lanes at a time. */
+ * a prompt's keys block by block, not in one chain) —: VS value columns × NV vectors of lanes at a time. */
 static void block_values(float *restrict ot, const float *restrict p, const float *restrict vb, int nk, int64_t Dv,
                          const vf alpha[NV]) {
     int64_t e = 0;
-    for (; e + 8 <= Dv; e += 8) {
+    for (; e + VS <= Dv; e += VS) {
         float *o = ot + e * TL;
-        vf a[8][NV];
-        for (int u = 0; u < 8; ++u)
+        vf a[VS][NV];
+        for (int u = 0; u < VS; ++u)
             for (int v = 0; v < NV; ++v) a[u][v] = v_set1(0.0f);
         for (int j = 0; j < nk; ++j) {
             vf w[NV];
             for (int v = 0; v < NV; ++v) w[v] = v_load(p + j * TL + v * VL);
             const float *vr = vb + j * Dv + e;
-            for (int u = 0; u < 8; ++u) {
+            for (int u = 0; u < VS; ++u) {
                 const vf vv = v_set1(vr[u]);
                 for (int v = 0; v < NV; ++v) a[u][v] = v_fma(w[v], vv, a[u][v]);
             }
         }
-        for (int u = 0; u < 8; ++u)
+        for (int u = 0; u < VS; ++u)
             for (int v = 0; v < NV; ++v) {
                 float *oo = o + u * TL + v * VL;
                 v_store(oo, v_fma(v_load(oo), alpha[v], a[u][v]));
