@@ -24,9 +24,10 @@
  * exactly as they were (α = 1, p = 0), and blocks sit at absolute key offsets, so a row's result never
  * depends on which rows share its tile: the same bits whole or chunked, whatever the tile, the thread count
  * or the build (each lane runs the same operations in every build: exp by blz_exp512 / blz_exp256 /
- * blz_exp_poly, the soft-cap by blz_softcap256 / blz_softcap1). Work items (kv head, tile) are independent,
- * dynamically scheduled (the causal tiles' costs differ). Cost per tile and key block: K and V rows widened
- * into an fp32 block once for the TL lanes; 2·KB·(D + Dv) flops a lane.
+ * blz_exp_poly, the soft-cap by blz_softcap256 / blz_softcap1). Work items (kv head, up to TG neighbouring
+ * tiles) are independent, dynamically scheduled (the causal tiles' costs differ). Cost per item and key block:
+ * K and V rows widened into an fp32 block once for the item's tiles (on Zen 3's AVX2 the widening was a
+ * quarter of a lone tile's time); 2·KB·(D + Dv) flops a lane.
  *
  * Shapes: n ≥ 0 rows, H = G·Hkv heads, D (keys, queries) and Dv (values) ≤ BLZ_PF_MAX_D, idx [ctx + n].
  */
@@ -120,11 +121,12 @@ BLZ_INLINE vf v_softcap(vf s, float cap) { return blz_softcap1(s, cap); }
 #define VS 8
 #endif
 #define TL (NV * VL) /* lanes (query rows) per tile */
+#define TG 4 /* tiles per work item at most, sharing each block's widening */
 
-/* A thread's buffers: Qᵀ [D][TL], Oᵀ [Dv][TL], the block's scores / weights P [KB][TL], its keys and values
- * widened Kb [KB][D], Vb [KB][Dv]. */
+/* A thread's buffers: its TG tiles' Qᵀ [D][TL] and Oᵀ [Dv][TL] (one after the other, tile by tile), the
+ * block's scores / weights P [KB][TL], its keys and values widened Kb [KB][D], Vb [KB][Dv]. */
 typedef struct {
-    float *qt, *ot, *p, *kb, *vb;
+    float *qo, *p, *kb, *vb;
 } bufs_t;
 
 /* Key rows [j0, j0 + nk) of kv head hk widened into Kb / Vb — zeros for keys before jlo, which no lane of the
@@ -233,68 +235,103 @@ static void block_values(float *restrict ot, const float *restrict p, const floa
         }
 }
 
-/* One work item: kv head hk, lanes = rows r0 .. r0 + TL − 1 (r = i·G + g; rows past n·G repeat the last). */
-static int tile(const float *q, int64_t ldq, const char *k_pool, const char *v_pool, int kv_type, int64_t S,
-                const int64_t *idx, int64_t n, int64_t ctx, int64_t G, int64_t Hkv, int64_t hk, int64_t D, int64_t Dv,
-                float scale, int64_t window, const float *sinks, float softcap, float *out, int64_t ldo, int64_t r0,
-                const bufs_t *b) {
+/* One tile's state: its lanes' rows (r = i·G + g from r0; rows past n·G repeat the last), positions and window
+ * starts, Qᵀ and Oᵀ (its own), the running m and l, and the keys it sees: [jlo, pmax]. */
+typedef struct {
+    int64_t r0, row_i[TL], head[TL], jlo, pmax;
+    float *qt, *ot;
+    vf p_lane[NV], lo_lane[NV], m[NV], lsum[NV];
+} tile_t;
+
+static void tile_begin(tile_t *t, const float *q, int64_t ldq, int64_t n, int64_t ctx, int64_t G, int64_t hk,
+                       int64_t D, int64_t Dv, int64_t window, int64_t r0) {
     const int64_t rows = n * G;
     float pos[TL] __attribute__((aligned(64)));
-    int64_t row_i[TL], head[TL];
+    t->r0 = r0;
     for (int l = 0; l < TL; ++l) {
         const int64_t r = blz_min(r0 + l, rows - 1);
-        row_i[l] = r / G, head[l] = hk * G + r % G, pos[l] = (float)(ctx + r / G);
-        const float *qr = q + row_i[l] * ldq + head[l] * D;
-        for (int64_t d = 0; d < D; ++d) b->qt[d * TL + l] = qr[d];
+        t->row_i[l] = r / G, t->head[l] = hk * G + r % G, pos[l] = (float)(ctx + r / G);
+        const float *qr = q + t->row_i[l] * ldq + t->head[l] * D;
+        for (int64_t d = 0; d < D; ++d) t->qt[d * TL + l] = qr[d];
     }
-    for (int64_t e = 0; e < Dv * TL; ++e) b->ot[e] = 0.0f;
-    const int64_t pmin = ctx + row_i[0], pmax = ctx + row_i[TL - 1];
-    const int64_t jlo = window > 0 ? blz_max(0, pmin - window + 1) : 0;
+    for (int64_t e = 0; e < Dv * TL; ++e) t->ot[e] = 0.0f;
+    const int64_t pmin = ctx + t->row_i[0];
+    t->pmax = ctx + t->row_i[TL - 1];
+    t->jlo = window > 0 ? blz_max(0, pmin - window + 1) : 0;
     const float span = window > 0 ? (float)window : (float)(ctx + n + 1);
-    const vf ninf = v_set1(-INFINITY), vscale = v_set1(scale), zero = v_set1(0.0f), one = v_set1(1.0f);
-    vf p_lane[NV], lo_lane[NV], m[NV], lsum[NV];
     for (int v = 0; v < NV; ++v) {
-        p_lane[v] = v_load(pos + v * VL), lo_lane[v] = v_sub(p_lane[v], v_set1(span));
-        m[v] = ninf, lsum[v] = zero;
+        t->p_lane[v] = v_load(pos + v * VL), t->lo_lane[v] = v_sub(t->p_lane[v], v_set1(span));
+        t->m[v] = v_set1(-INFINITY), t->lsum[v] = v_set1(0.0f);
+    }
+}
+
+/* Keys [j0, j0 + nk) of the block (widened in kb / vb) into tile t: scores, mask, the online softmax's step,
+ * the values. p: the block's scores / weights [KB][TL]. */
+static void tile_block(tile_t *t, const float *kb, const float *vb, float *p, int64_t j0, int nk, int64_t D,
+                       int64_t Dv, float scale, float softcap) {
+    const vf ninf = v_set1(-INFINITY), vscale = v_set1(scale), zero = v_set1(0.0f), one = v_set1(1.0f);
+    block_scores(t->qt, kb, nk, D, p);
+    vf mb[NV], alpha[NV], psum[NV];
+    for (int v = 0; v < NV; ++v) mb[v] = ninf, psum[v] = zero;
+    for (int j = 0; j < nk; ++j) { /* scale, soft-cap, mask */
+        const vf jf = v_set1((float)(j0 + j));
+        for (int v = 0; v < NV; ++v) {
+            vf s = v_mul(v_load(p + j * TL + v * VL), vscale);
+            if (softcap > 0.0f) s = v_softcap(s, softcap);
+            s = v_sel(m_and(v_le(jf, t->p_lane[v]), v_gt(jf, t->lo_lane[v])), s, ninf);
+            v_store(p + j * TL + v * VL, s);
+            mb[v] = v_max(mb[v], s);
+        }
+    }
+    for (int v = 0; v < NV; ++v) {
+        const vf m2 = v_max(t->m[v], mb[v]);
+        alpha[v] = v_sel(v_eq(m2, t->m[v]), one, v_exp(v_sub(t->m[v], m2)));
+        t->m[v] = m2;
+    }
+    for (int j = 0; j < nk; ++j)
+        for (int v = 0; v < NV; ++v) {
+            const vf s = v_load(p + j * TL + v * VL);
+            const vf e = v_sel(v_eq(s, ninf), zero, v_exp(v_sub(s, t->m[v])));
+            v_store(p + j * TL + v * VL, e);
+            psum[v] = v_add(psum[v], e);
+        }
+    for (int v = 0; v < NV; ++v) t->lsum[v] = v_add(v_mul(t->lsum[v], alpha[v]), psum[v]);
+    block_values(t->ot, p, vb, nk, Dv, alpha);
+}
+
+static void tile_end(const tile_t *t, int64_t rows, int64_t Dv, const float *sinks, float *out, int64_t ldo) {
+    float mf[TL] __attribute__((aligned(64))), lf[TL] __attribute__((aligned(64)));
+    for (int v = 0; v < NV; ++v) v_store(mf + v * VL, t->m[v]), v_store(lf + v * VL, t->lsum[v]);
+    for (int l = 0; l < TL && t->r0 + l < rows; ++l) {
+        const float den = lf[l] + (sinks ? blz_exp_poly(sinks[t->head[l]] - mf[l]) : 0.0f);
+        float *o = out + t->row_i[l] * ldo + t->head[l] * Dv;
+        for (int64_t e = 0; e < Dv; ++e) o[e] = t->ot[e * TL + l] / den;
+    }
+}
+
+/* One work item: kv head hk, the nt ≤ TG tiles of lanes from rows r0, r0 + TL, …: each block of keys is widened
+ * once for all of them (the block spans the keys any of them sees; each tile then runs the keys it sees, so
+ * its result is the lone tile's), then every tile that sees it takes it. */
+static int tiles(const float *q, int64_t ldq, const char *k_pool, const char *v_pool, int kv_type, int64_t S,
+                 const int64_t *idx, int64_t n, int64_t ctx, int64_t G, int64_t Hkv, int64_t hk, int64_t D, int64_t Dv,
+                 float scale, int64_t window, const float *sinks, float softcap, float *out, int64_t ldo, int64_t r0,
+                 int nt, const bufs_t *b) {
+    tile_t t[TG];
+    int64_t jlo = INT64_MAX, pmax = -1;
+    for (int i = 0; i < nt; ++i) {
+        t[i].qt = b->qo + i * (D + Dv) * TL, t[i].ot = t[i].qt + D * TL;
+        tile_begin(&t[i], q, ldq, n, ctx, G, hk, D, Dv, window, r0 + i * TL);
+        jlo = blz_min(jlo, t[i].jlo), pmax = blz_max(pmax, t[i].pmax);
     }
     for (int64_t j0 = jlo / KB * KB; j0 <= pmax; j0 += KB) {
         const int nk = (int)blz_min(KB, pmax + 1 - j0);
         if (widen_block(k_pool, v_pool, kv_type, S, idx, j0, nk, jlo, Hkv, hk, D, Dv, b->kb, b->vb)) return BLZ_EINVAL;
-        block_scores(b->qt, b->kb, nk, D, b->p);
-        vf mb[NV], alpha[NV], psum[NV];
-        for (int v = 0; v < NV; ++v) mb[v] = ninf, psum[v] = zero;
-        for (int j = 0; j < nk; ++j) { /* scale, soft-cap, mask */
-            const vf jf = v_set1((float)(j0 + j));
-            for (int v = 0; v < NV; ++v) {
-                vf s = v_mul(v_load(b->p + j * TL + v * VL), vscale);
-                if (softcap > 0.0f) s = v_softcap(s, softcap);
-                s = v_sel(m_and(v_le(jf, p_lane[v]), v_gt(jf, lo_lane[v])), s, ninf);
-                v_store(b->p + j * TL + v * VL, s);
-                mb[v] = v_max(mb[v], s);
-            }
-        }
-        for (int v = 0; v < NV; ++v) {
-            const vf m2 = v_max(m[v], mb[v]);
-            alpha[v] = v_sel(v_eq(m2, m[v]), one, v_exp(v_sub(m[v], m2)));
-            m[v] = m2;
-        }
-        for (int j = 0; j < nk; ++j)
-            for (int v = 0; v < NV; ++v) {
-                const vf s = v_load(b->p + j * TL + v * VL);
-                const vf e = v_sel(v_eq(s, ninf), zero, v_exp(v_sub(s, m[v])));
-                v_store(b->p + j * TL + v * VL, e);
-                psum[v] = v_add(psum[v], e);
-            }
-        for (int v = 0; v < NV; ++v) lsum[v] = v_add(v_mul(lsum[v], alpha[v]), psum[v]);
-        block_values(b->ot, b->p, b->vb, nk, Dv, alpha);
+        for (int i = 0; i < nt; ++i)
+            if (j0 >= t[i].jlo / KB * KB && j0 <= t[i].pmax)
+                tile_block(&t[i], b->kb, b->vb, b->p, j0, (int)blz_min(KB, t[i].pmax + 1 - j0), D, Dv, scale,
+                           softcap);
     }
-    float mf[TL] __attribute__((aligned(64))), lf[TL] __attribute__((aligned(64)));
-    for (int v = 0; v < NV; ++v) v_store(mf + v * VL, m[v]), v_store(lf + v * VL, lsum[v]);
-    for (int l = 0; l < TL && r0 + l < rows; ++l) {
-        const float den = lf[l] + (sinks ? blz_exp_poly(sinks[head[l]] - mf[l]) : 0.0f);
-        float *o = out + row_i[l] * ldo + head[l] * Dv;
-        for (int64_t e = 0; e < Dv; ++e) o[e] = b->ot[e * TL + l] / den;
-    }
+    for (int i = 0; i < nt; ++i) tile_end(&t[i], n * G, Dv, sinks, out, ldo);
     return BLZ_OK;
 }
 
@@ -308,9 +345,12 @@ int blz_attention_prefill(const float *q, int64_t ldq, const void *k_pool, const
         (kv_type != BLZ_KV_F32 && kv_type != BLZ_KV_BF16 && kv_type != BLZ_KV_F16))
         return BLZ_EINVAL;
     if (n == 0) return BLZ_OK;
-    const int64_t G = H / Hkv, ntiles = (n * G + TL - 1) / TL, items = Hkv * ntiles;
-    const size_t floats = (size_t)(D * TL + Dv * TL + KB * TL + KB * D + KB * Dv);
-    const int nt = blz_threads(nthreads, items * (ctx + n) * (D + Dv) * TL, BLZ_LINEAR_PARALLEL_MIN);
+    const int64_t G = H / Hkv, ntiles = (n * G + TL - 1) / TL;
+    const size_t floats = (size_t)(TG * (D + Dv) * TL + KB * TL + KB * D + KB * Dv);
+    const int nt = blz_threads(nthreads, Hkv * ntiles * (ctx + n) * (D + Dv) * TL, BLZ_LINEAR_PARALLEL_MIN);
+    /* tiles per item: up to TG while every thread still gets 4 items or more (the grouping changes no bit) */
+    const int64_t tg = blz_max(1, blz_min(TG, Hkv * ntiles / (4 * nt))), groups = (ntiles + tg - 1) / tg;
+    const int64_t items = Hkv * groups;
     int rc = BLZ_OK;
 #pragma omp parallel num_threads(nt)
     {
@@ -319,15 +359,15 @@ int blz_attention_prefill(const float *q, int64_t ldq, const void *k_pool, const
 #pragma omp atomic write
             rc = BLZ_ENOMEM;
         }
-        const bufs_t b = {mem, mem + D * TL, mem + (D + Dv) * TL, mem + (D + Dv + KB) * TL,
-                          mem + (D + Dv + KB) * TL + KB * D};
+        float *blk = mem + TG * (D + Dv) * TL;
+        const bufs_t b = {mem, blk, blk + KB * TL, blk + KB * TL + KB * D};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             if (!mem) continue;
             /* head by head (the threads share one kv head's keys in cache), the longest (last) tiles first */
-            const int64_t hk = it / ntiles, t = ntiles - 1 - it % ntiles;
-            if (tile(q, ldq, k_pool, v_pool, kv_type, S, idx, n, ctx, G, Hkv, hk, D, Dv, scale, window, sinks,
-                     softcap, out, ldo, t * TL, &b)) {
+            const int64_t hk = it / groups, t0 = (groups - 1 - it % groups) * tg;
+            if (tiles(q, ldq, k_pool, v_pool, kv_type, S, idx, n, ctx, G, Hkv, hk, D, Dv, scale, window, sinks,
+                      softcap, out, ldo, t0 * TL, (int)blz_min(tg, ntiles - t0), &b)) {
 #pragma omp atomic write
                 rc = BLZ_EINVAL;
             }
