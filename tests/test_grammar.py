@@ -249,12 +249,20 @@ def test_numbers_have_bounded_digits(llm):
     assert accepts(llm, integer, "[9007199254740991, -9007199254740991]")
     assert not accepts(llm, integer, "[9007199254740992]")
     own = StructuredOutput(json_schema={"type": "number", "multipleOf": 0.5, "minimum": 0})
-    assert accepts(llm, own, "1000000000000000000.5")
-    assert not accepts(llm, own, "1.25")
+    assert accepts(llm, own, "999999999999999.5")
+    assert not accepts(llm, own, "1000000000000000000.5")  # the other side's default bound
+    assert not accepts(llm, own, "1.25") and not accepts(llm, own, "-0.5")
+    count = StructuredOutput(json_schema={"type": "integer", "minimum": 0})  # pydantic's Field(ge=0)
+    assert accepts(llm, count, "9007199254740991") and not accepts(llm, count, "9007199254740992")
+    assert not accepts(llm, count, "-1")
+    below = StructuredOutput(json_schema={"type": "integer", "exclusiveMaximum": 7})
+    assert accepts(llm, below, "-9007199254740991") and not accepts(llm, below, "7")
     narrowed = narrow_schema({"type": ["number", "null"], "minimum": 0})
-    assert narrowed == {"type": ["number", "null"], "minimum": 0, "multipleOf": 1e-10}
+    assert narrowed == {"type": ["number", "null"], "minimum": 0, "maximum": 10**15, "multipleOf": 1e-10}
     safe = 2**53 - 1
     assert narrow_schema({"type": "integer"}) == {"type": "integer", "minimum": -safe, "maximum": safe}
+    huge = {"type": "integer", "minimum": 10**20}  # past the default: the other side is left open
+    assert narrow_schema(huge) == huge
 
 
 def test_a_format_can_follow_a_reasoning_block(llm):

@@ -21,9 +21,11 @@ def narrow_schema(schema: Any, in_all_of: bool = False) -> Any:
     - every object schema listing `properties` and saying nothing of other keys admits no other keys
       (`additionalProperties: false`); members of an `allOf` are left open (closing each would reject the
       keys of the others);
-    - numbers have bounded digits: an `integer` without bounds stays within ±(2^53 - 1) (what a float64
-      holds exactly), a `number` without `multipleOf` has at most `NUMBER_DECIMALS` decimals and, without
-      bounds, |x| ≤ 10^15 — so a small model can never write digits until max_tokens cuts its JSON."""
+    - numbers have bounded digits: an `integer` stays within ±(2^53 - 1) (what a float64 holds exactly), a
+      `number` within ±10^15 and, without `multipleOf`, at most `NUMBER_DECIMALS` decimals — a side the
+      schema bounds itself keeps its bound, and a one-sided bound (pydantic's `ge=0`) gets the default on
+      the other side — so a small model can never write digits until max_tokens cuts its JSON (SmolLM2
+      wrote a population of 8111222222333… under `minimum: 0`)."""
     if isinstance(schema, list):
         return [narrow_schema(s) for s in schema]
     if not isinstance(schema, dict):
@@ -45,12 +47,21 @@ def narrow_schema(schema: Any, in_all_of: bool = False) -> Any:
     types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
     if "integer" in types or "number" in types:
         limit = MAX_SAFE_INTEGER if "number" not in types else MAX_NUMBER
-        bounds = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-        if not any(k in out for k in bounds):  # (a one-sided bound is kept as is: llguidance may not
-            out["minimum"], out["maximum"] = -limit, limit  # build a range regex for other mixes)
+        low, high = ("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")
+        if not any(k in out for k in low) and _within(out, high, limit):
+            out["minimum"] = -limit
+        if not any(k in out for k in high) and _within(out, low, limit):
+            out["maximum"] = limit
         if "number" in types and "integer" not in types and "multipleOf" not in out:
             out["multipleOf"] = 10.0**-NUMBER_DECIMALS
     return out
+
+
+def _within(schema: dict[str, Any], keys: tuple[str, ...], limit: float) -> bool:
+    """Whether the bounds `keys` that `schema` gives (none: true) are numbers within ±limit, so that the other
+    side's default bound leaves the range non-empty."""
+    given = [schema[k] for k in keys if k in schema]
+    return all(isinstance(v, int | float) and not isinstance(v, bool) and -limit <= v <= limit for v in given)
 
 
 def lark_json(schema: dict[str, Any]) -> str:
