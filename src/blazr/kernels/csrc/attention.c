@@ -40,6 +40,28 @@
 #define BLZ_MAX_GROUP 16  /* query heads per kv head handled by the block path */
 #define BLZ_MAX_D 256     /* head dims handled by the block path */
 
+/* The SIMD paths' instantiations: CALL(T, GG, DD, DV) per element type T × group size GG ≤ 8 × head dim 64 /
+ * 128 (D = Dv), so that accumulators, key rows and partial sums live in registers; generic sizes otherwise.
+ * Reads kv_type, G, D and Dv where it is expanded. */
+#define BLZ_DISPATCH_G(CALL, T, GG)                                 \
+    case GG:                                                        \
+        if (D == 64 && Dv == 64) CALL(T, GG, 64, 64);               \
+        else if (D == 128 && Dv == 128) CALL(T, GG, 128, 128);      \
+        else CALL(T, GG, D, Dv);                                    \
+        break;
+#define BLZ_DISPATCH_T(CALL, T)                                                                    \
+    switch (G) {                                                                                   \
+        BLZ_DISPATCH_G(CALL, T, 1) BLZ_DISPATCH_G(CALL, T, 2) BLZ_DISPATCH_G(CALL, T, 3)           \
+        BLZ_DISPATCH_G(CALL, T, 4) BLZ_DISPATCH_G(CALL, T, 5) BLZ_DISPATCH_G(CALL, T, 6)           \
+        BLZ_DISPATCH_G(CALL, T, 7) BLZ_DISPATCH_G(CALL, T, 8)                                      \
+        default:                                                                                   \
+            CALL(T, G, D, Dv);                                                                     \
+    }
+#define BLZ_DISPATCH(CALL)                                                              \
+    if (kv_type == BLZ_KV_F32) { BLZ_DISPATCH_T(CALL, BLZ_KV_F32) }                    \
+    else if (kv_type == BLZ_KV_BF16) { BLZ_DISPATCH_T(CALL, BLZ_KV_BF16) }             \
+    else { BLZ_DISPATCH_T(CALL, BLZ_KV_F16) }
+
 /* Online-softmax state of one work item: acc [G][Dv], m [G], l [G]. */
 typedef struct {
     float *acc, *m, *l;
@@ -345,9 +367,8 @@ BLZ_INLINE void item_avx2(const float *restrict q, const int64_t Hkv, const int6
     }
 }
 
-/* attend_item's AVX2 form (see item_avx2): the kv heads in groups of at most BLZ_ITEM_HEADS query heads,
- * instantiated per element type × group size ≤ 8 × head dim 64 / 128 (D = Dv). Returns 0 where the shape is not
- * handled (the caller runs the portable loop). */
+/* attend_item's AVX2 form (see item_avx2): the kv heads in groups of at most BLZ_ITEM_HEADS query heads
+ * (BLZ_DISPATCH's instantiations). Returns 0 where the shape is not handled (the caller runs the portable loop). */
 static int item_heads_avx2(const float *q, int64_t Hkv, int64_t G, const char *const *krow, const char *const *vrow,
                            int n, int kv_type, int64_t D, int64_t Dv, float scale, float cap, float *partial) {
     if (D % 8 || Dv % 8 || D > BLZ_MAX_D || G > BLZ_MAX_GROUP || n <= 0) return 0;
@@ -355,23 +376,7 @@ static int item_heads_avx2(const float *q, int64_t Hkv, int64_t G, const char *c
     for (int64_t kv0 = 0; kv0 < Hkv; kv0 += per) {
         const int64_t nkv = blz_min(per, Hkv - kv0);
 #define BLZ_CALL(T, GG, DD, DV) item_avx2(q, Hkv, kv0, nkv, GG, krow, vrow, n, T, DD, DV, scale, cap, partial)
-#define BLZ_G(T, GG)                                               \
-    case GG:                                                       \
-        if (D == 64 && Dv == 64) BLZ_CALL(T, GG, 64, 64);          \
-        else if (D == 128 && Dv == 128) BLZ_CALL(T, GG, 128, 128); \
-        else BLZ_CALL(T, GG, D, Dv);                               \
-        break;
-#define BLZ_TYPE(T)                                                                                  \
-    switch (G) {                                                                                     \
-        BLZ_G(T, 1) BLZ_G(T, 2) BLZ_G(T, 3) BLZ_G(T, 4) BLZ_G(T, 5) BLZ_G(T, 6) BLZ_G(T, 7) BLZ_G(T, 8) \
-        default:                                                                                     \
-            BLZ_CALL(T, G, D, Dv);                                                                   \
-    }
-        if (kv_type == BLZ_KV_F32) BLZ_TYPE(BLZ_KV_F32)
-        else if (kv_type == BLZ_KV_BF16) BLZ_TYPE(BLZ_KV_BF16)
-        else BLZ_TYPE(BLZ_KV_F16)
-#undef BLZ_TYPE
-#undef BLZ_G
+        BLZ_DISPATCH(BLZ_CALL)
 #undef BLZ_CALL
     }
     return 1;
@@ -397,33 +402,16 @@ static void block_scalar(const float *restrict q, int64_t G, const char *const *
         }
 }
 
-/* One kv head of a work item (n keys): the AVX-512 chunk pass instantiated per element type × group size
- * ≤ 8 × head dim 64 / 128 (D = Dv), so that accumulators, key rows and partial sums live in registers
- * (generic sizes otherwise); the portable one-key-at-a-time update for other shapes and builds. */
+/* One kv head of a work item (n keys): the AVX-512 chunk pass (BLZ_DISPATCH's instantiations); the portable
+ * one-key-at-a-time update for other shapes and builds. */
 static void head_step(const float *q, int64_t G, const char *const *kr, const char *const *vr, int n,
                       int kv_type, int64_t D, int64_t Dv, float scale, float cap, part_t pt, prefetcher_t *pf) {
 #ifdef BLZ_AVX512
     if (D % 16 == 0 && Dv % 16 == 0 && D <= BLZ_MAX_D && G <= BLZ_MAX_GROUP) {
 #define BLZ_CALL(T, GG, DD, DV) chunk_head(q, GG, kr, vr, n, T, DD, DV, scale, cap, pt, pf)
-#define BLZ_G(T, GG)                                                 \
-    case GG:                                                         \
-        if (D == 64 && Dv == 64) BLZ_CALL(T, GG, 64, 64);            \
-        else if (D == 128 && Dv == 128) BLZ_CALL(T, GG, 128, 128);   \
-        else BLZ_CALL(T, GG, D, Dv);                                 \
-        return;
-#define BLZ_TYPE(T)                                                                                  \
-    switch (G) {                                                                                     \
-        BLZ_G(T, 1) BLZ_G(T, 2) BLZ_G(T, 3) BLZ_G(T, 4) BLZ_G(T, 5) BLZ_G(T, 6) BLZ_G(T, 7) BLZ_G(T, 8) \
-        default:                                                                                     \
-            BLZ_CALL(T, G, D, Dv);                                                                   \
-            return;                                                                                  \
-    }
-        if (kv_type == BLZ_KV_F32) BLZ_TYPE(BLZ_KV_F32)
-        if (kv_type == BLZ_KV_BF16) BLZ_TYPE(BLZ_KV_BF16)
-        BLZ_TYPE(BLZ_KV_F16)
-#undef BLZ_TYPE
-#undef BLZ_G
+        BLZ_DISPATCH(BLZ_CALL)
 #undef BLZ_CALL
+        return;
     }
 #endif
     (void)pf;
