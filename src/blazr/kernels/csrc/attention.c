@@ -80,13 +80,17 @@ typedef struct {
     int per;            /* keys per call */
 } prefetcher_t;
 
+/* Prefetch the `bytes` of the row at r. */
+BLZ_INLINE void pf_rows(const char *r, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 2);
+}
+
 static inline void pf_next(prefetcher_t *pf) {
     for (const int64_t t1 = blz_min(pf->n, pf->t + pf->per); pf->t < t1; ++pf->t) {
         const int64_t slot = pf->idx[pf->t];
         if (slot < 0 || slot >= pf->S) continue;
-        const char *k = pf->k_pool + slot * pf->kst, *v = pf->v_pool + slot * pf->vst;
-        for (int64_t b = 0; b < pf->kst; b += 64) __builtin_prefetch(k + b, 0, 2);
-        for (int64_t b = 0; b < pf->vst; b += 64) __builtin_prefetch(v + b, 0, 2);
+        pf_rows(pf->k_pool + slot * pf->kst, pf->kst);
+        pf_rows(pf->v_pool + slot * pf->vst, pf->vst);
     }
 }
 
@@ -219,11 +223,6 @@ BLZ_INLINE void chunk_head(const float *restrict q, const int64_t G, const char 
 #define BLZ_ROWPF 2        /* keys ahead whose whole K / V rows item_avx2 prefetches */
 #define BLZ_PV_KEYS 16     /* keys per block of item_avx2's value pass */
 #define BLZ_ITEM_HEADS 64  /* query heads per item_avx2 call (its scores on the stack: 16 KB) */
-
-/* Prefetch the `bytes` of the row at r. */
-BLZ_INLINE void pf_rows(const char *r, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 3);
-}
 
 /* acc[g][d0 .. d0+8·SL) += Σ_{t < nk} p[g·BLZ_CHUNK + t] · v_t[d0 ..] (as pv_slices, 8 lanes): the G·SL
  * accumulators in registers, each V slice widened once per key. */
@@ -442,12 +441,11 @@ static void attend_item(const float *q, int64_t Hkv, int64_t G, const char *k_po
         krow[t] = k_pool + slot * kst;
         vrow[t] = v_pool + slot * vst;
     }
-    /* one prefetch call per 16 keys of each pass (QK, PV) of each kv head: enough keys per call to cover the
-     * next item once */
 #if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
-    (void)pf;
     if (item_heads_avx2(q, Hkv, G, krow, vrow, n, kv_type, D, Dv, scale, cap, partial)) return;
 #endif
+    /* one prefetch call per 16 keys of each pass (QK, PV) of each kv head: enough keys per call to cover the
+     * next item once */
     const int64_t calls = blz_max(1, 2 * Hkv * ((n + BLZ_KEY_BLOCK - 1) / BLZ_KEY_BLOCK));
     pf->per = (int)((pf->n + calls - 1) / calls);
     for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
