@@ -24,19 +24,24 @@ from tests.threads import intra_op_threads
 def test_tuning_knobs_change_no_bit(lib: ops.Kernels, knob: str, kind: str) -> None:
     """Every value of a host-tuning knob (the variants kernels/tuning.py picks per CPU: weight streams per
     thread, K-quant one-row sums in 256- or 512-bit registers) gives the bits of the default, for one and a
-    few x rows, with bias + residual and as SwiGLU, on one thread and two, at sizes that leave streams short
-    or empty — so a host's choice changes the speed and nothing else."""
+    few x rows, with bias + residual and as SwiGLU, Q8_0 as stored with x kept fp32 too, on one thread and
+    two, at sizes that leave streams short or empty (float kinds: a K past the last full vector too) — so a
+    host's choice changes the speed and nothing else."""
     g = torch.Generator().manual_seed(21)
 
     def calls(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor, residual: torch.Tensor) -> list:
-        return [
+        out = [
             lib.linear(x[:1], qw),
             lib.linear(x, qw),
             lib.linear(x[:1], qw, bias, residual[:1].clone()),
             lib.linear(x[:1], qw, swiglu=True),
         ]
+        if kind == "q8_0g":  # the output head's form (csrc/linear_q8xf.c)
+            out += [lib.linear(x[:1], qw, exact_x=True), lib.linear(x[:1], qw, swiglu=True, exact_x=True)]
+        return out
 
-    for N, K in ((40, 512), (1000, 1024)):
+    shapes = ((40, 512), (1000, 1024), *(((30, 1000),) if kind in FLOAT_KINDS else ()))
+    for N, K in shapes:
         w = random_kquant(kind, N, K, g) if kind in K_KINDS else quantize(torch.randn(N, K), kind)
         x, bias, residual = (torch.randn(*s, generator=g) for s in ((3, K), (N,), (3, N)))
         args = (x, w, bias, residual)
@@ -67,12 +72,16 @@ def _held_thread(native: ops.Kernels, t: int) -> Iterator[list[int]]:
 def _decode_calls(
     native: ops.Kernels, x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor, residual: torch.Tensor
 ) -> list[torch.Tensor]:
-    """One decode linear plain, with bias and residual, and as SwiGLU."""
-    return [
+    """One decode linear plain, with bias and residual, and as SwiGLU (Q8_0 as stored: x kept fp32 too)."""
+    calls = [
         native.linear(x, qw),
         native.linear(x, qw, bias, residual.clone()),
         native.linear(x, qw, swiglu=True),
     ]
+    if qw.kind == "q8_0g":
+        calls.append(native.linear(x, qw, exact_x=True))
+        calls.append(native.linear(x, qw, bias, residual.clone(), exact_x=True))
+    return calls
 
 
 @pytest.mark.parametrize(
@@ -82,12 +91,12 @@ def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: s
     """A decode linear's threads balance their shares (csrc's blz_walk_t: each walks its own block's steps
     from the front, then takes what is left of the others' from the back). With one thread held until the
     others are done, so that they compute all of its rows — thread 0 or 1 of 2, thread 1 of 3 —, every
-    output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 and bf16 at 3 x rows),
-    at sizes that leave parts short. The streams (and so the balancing) are built where the kind's one-row
-    walker is: AVX-512 for the float kinds, AVX2 for the rest (block kinds packed or as stored, K-quants,
-    q5_0 / mxfp4, the coded floats); elsewhere no thread takes another's rows and the bits are still the
-    one-thread bits."""
-    walks = ("avx512" if kind in FLOAT_KINDS else "avx2") in native.features
+    output keeps the bits of the one-thread call, with each epilogue and SwiGLU (f16 and bf16 at 3 x rows on
+    AVX-512 builds, whose float walkers stream up to 8), at sizes that leave parts short. The streams (and so
+    the balancing) are built into AVX2 builds and up (the float kinds' at one x row there); elsewhere no
+    thread takes another's rows and the bits are still the one-thread bits."""
+    walks = "avx2" in native.features
+    rows = 3 if kind in ("f16", "bf16") and "avx512" in native.features else 1
     g = torch.Generator().manual_seed(12)
     K = 2048  # 38 rows × K: just enough work for the kernels to use 2 threads
     for N in (38, 136, 1000):
@@ -99,7 +108,7 @@ def test_decode_linears_balance_threads_bit_for_bit(native: ops.Kernels, kind: s
             qw = made
         else:
             qw = quantize(torch.randn(N, K, generator=g), kind)
-        x = torch.randn(3 if kind in ("f16", "bf16") else 1, K, generator=g)
+        x = torch.randn(rows, K, generator=g)
         bias, residual = torch.randn(N, generator=g), torch.randn(x.shape[0], N, generator=g)
         with intra_op_threads(1):
             alone = _decode_calls(native, x, qw, bias, residual)

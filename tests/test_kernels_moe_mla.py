@@ -6,8 +6,10 @@ and the portable (`-march=x86-64`) builds.
   or scaled weights.
 - `moe_experts`: equal, bit for bit, to composing the linear kernels per token and expert (the same calls on
   the same rows: every linear kernel computes a row the same whatever else is in the call) for every weight
-  format; so a token's output alone equals its output in any batch. Against the dequantized reference only
-  the formats' own activation rounding remains (checked at the linear kernels' tests; here loosely).
+  format; so with block-quantized weights a token's output alone equals its output in any batch, with float
+  weights while its experts hold at most 8 tokens (from 9 they run the GEMM: the linear kernels' prefill call,
+  checked here too). Against the dequantized reference only the formats' own activation rounding remains
+  (checked at the linear kernels' tests; here loosely).
 - `mla_cache_write` / `mla_decode`: the references to fp32 rounding, fp32 and 16-bit pools, q parts as
   strided views of one buffer, odd head counts (the kernel's tiles take two), an empty sequence, sequences
   split into many chunks (split-K) and into longer ones past 16; a sequence alone equals itself in any batch;
@@ -123,18 +125,45 @@ def test_moe_experts_with_biases_equal_the_reference(lib: ops.Kernels, kind: str
     assert (got - lib.moe_experts(*args)).abs().max() > 0.1  # the biases count
 
 
-@pytest.mark.parametrize("kind", ["f32", "q8_0", "q8_0g", "mxfp4"])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "q8_0", "q8_0g", "mxfp4"])
 def test_moe_experts_rows_do_not_depend_on_the_batch(native: ops.Kernels, kind: str) -> None:
     E, D, I, T, k = 8, 64, 32, 9, 2
     w_up, w_down = _experts(kind, E, D, I, True, seed=6)
     x = torch.randn(T, D, generator=torch.Generator().manual_seed(7))
     weights, ids = _routed(T, E, k, seed=8)  # 18 assignments over 8 experts: experts shared by tokens
+    assert int(torch.bincount(ids.flatten(), minlength=E).max()) <= 8  # float experts: still their rows
     together = native.moe_experts(x, ids, weights, w_up, w_down, E, "silu", True)
     for t in range(T):
         alone = native.moe_experts(
             x[t : t + 1], ids[t : t + 1], weights[t : t + 1], w_up, w_down, E, "silu", True
         )
         assert torch.equal(alone[0], together[t])
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_moe_float_experts_take_the_gemm_from_nine_tokens(lib: ops.Kernels, kind: str) -> None:
+    """A float expert holding 9 or more tokens runs them as one prefill call of the linear kernels (the panel
+    GEMM), bit for bit; the experts with fewer keep their rows. Both agree with the reference to fp32
+    rounding."""
+    E, D, I, T, k = 4, 64, 48, 16, 2
+    w_up, w_down = _experts(kind, E, D, I, True, seed=21)
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(22))
+    weights, ids = _routed(T, E, k, seed=23)
+    counts = torch.bincount(ids.flatten(), minlength=E)
+    assert int(counts.max()) >= 9 and int(counts.min()) <= 8, counts  # both paths taken
+    got = lib.moe_experts(x, ids, weights, w_up, w_down, E, "silu", True)
+    ys: dict[tuple[int, int], torch.Tensor] = {}
+    for e in range(E):
+        slots = [(t, j) for t in range(T) for j in range(k) if int(ids[t, j]) == e]
+        h = lib.linear(x[[t for t, _ in slots]], ops.stacked_slice(w_up, e, E), swiglu=True, prefill=True)
+        ys.update(zip(slots, lib.linear(h, ops.stacked_slice(w_down, e, E), prefill=True), strict=True))
+    want = torch.zeros(T, D)
+    for t in range(T):
+        for j in range(k):
+            want[t] += weights[t, j] * ys[(t, j)]
+    assert torch.equal(got, want)
+    ref = ops.moe_experts_reference(x, ids, weights, w_up, w_down, E, "silu", True)
+    assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
 def test_moe_experts_are_the_same_on_every_build(native: ops.Kernels, other_build: ops.Kernels) -> None:

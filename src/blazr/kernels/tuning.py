@@ -74,6 +74,8 @@ class Knob:
 
 
 KNOBS = (
+    # the float walkers (f32, f16, bf16, Q8_0 as stored against fp32 x): at 1-8 x rows on AVX-512 builds, at
+    # one on AVX2 ones (Zen 3, cold: f32 / bf16 / f16 / the Q8_0 head 1.16-1.41x from 1 stream to 4, §76)
     Knob("streams_f", (4, 2, 1), ("bf16",)),
     Knob("streams_q", (4, 2, 1), ("q4_0", "q4_1")),  # Zen 5: Q4_1 in 4 streams at half Q4_0's GB/s
     Knob("streams_q8g", (4, 2, 1), ("q8_0g",)),

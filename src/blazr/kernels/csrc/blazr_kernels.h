@@ -419,8 +419,8 @@ BLZ_INLINE void blz_thread_share(int64_t n, int64_t *lo, int64_t *hi) {
  * steps (NOTES §38). So a one-row linear (f16: up to 4 rows) cuts each thread's block of output rows — or
  * tiles, or packed groups — into BLZ_STREAMS parts and computes item i of every part together, each by the
  * very operations it takes alone, so no result changes. The quantized and coded walkers are AVX2 code, in
- * AVX2 builds too (NOTES §66); the float walkers (linear_16bit.c, linear_float.c, linear_q8xf.c) are AVX-512
- * code, and their knob takes only 1 elsewhere (common.c). */
+ * AVX2 builds too (NOTES §66); the float walkers (linear_16bit.c, linear_float.c, linear_q8xf.c) take streams
+ * at 1-8 rows on AVX-512 builds and at one row on AVX2 ones (NOTES §76). */
 #ifdef BLZ_AVX2
 #define BLZ_STREAMS 4
 #else

@@ -44,13 +44,6 @@ void blz_populate(uint8_t *p, int64_t n) {
 #endif
 }
 
-/* The largest stream count of the float walkers (linear_16bit.c, linear_float.c, linear_q8xf.c: AVX-512 code);
- * elsewhere that knob takes 1 only. */
-#ifdef BLZ_AVX512
-#define STREAMS_F_TOP BLZ_STREAMS
-#else
-#define STREAMS_F_TOP 1
-#endif
 /* The K-quants' 16-row groups (linear_kx.c) walk streams on AVX2 builds; the VNNI form walks one. */
 #ifdef BLZ_VNNI
 #define STREAMS_KX_TOP 1
@@ -68,7 +61,7 @@ void blz_populate(uint8_t *p, int64_t n) {
 #endif
 
 int blz_tune[BLZ_TUNE_COUNT] = {
-    [BLZ_TUNE_STREAMS_F] = BLZ_STREAMS_DEFAULT, /* ≤ STREAMS_F_TOP: both 1 without AVX-512 */
+    [BLZ_TUNE_STREAMS_F] = BLZ_STREAMS_DEFAULT,
     [BLZ_TUNE_STREAMS_Q] = BLZ_STREAMS_DEFAULT,
     [BLZ_TUNE_STREAMS_Q8G] = BLZ_STREAMS_DEFAULT,
     [BLZ_TUNE_STREAMS_K] = BLZ_STREAMS_DEFAULT,
@@ -80,16 +73,13 @@ int blz_tune[BLZ_TUNE_COUNT] = {
 };
 
 /* Set knob `knob` (BLZ_TUNE_*) to `value` for every later call; returns its previous value, or BLZ_EINVAL for
- * an unknown knob or a value outside its range in this build (streams knobs: 1 .. BLZ_STREAMS, the float
- * walkers' 1 .. STREAMS_F_TOP, the K-quant groups' 1 .. STREAMS_KX_TOP; K-quant 512-bit dots: 0, or 1 on
+ * an unknown knob or a value outside its range in this build (streams knobs: 1 .. BLZ_STREAMS, the K-quant
+ * groups' 1 .. STREAMS_KX_TOP; K-quant 512-bit dots: 0, or 1 on
  * AVX-512 builds; Q6_K's walk 0 .. BLZ_STREAMS). Not for use while kernels run on other threads. */
 BLZ_EXPORT int blz_set_tune(int knob, int value) {
     int top, low = 0;
     switch (knob) {
         case BLZ_TUNE_STREAMS_F:
-            top = STREAMS_F_TOP;
-            low = 1;
-            break;
         case BLZ_TUNE_STREAMS_Q:
         case BLZ_TUNE_STREAMS_Q8G:
         case BLZ_TUNE_STREAMS_K:

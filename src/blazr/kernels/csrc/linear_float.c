@@ -6,7 +6,8 @@
  * fp32 FMA, two independent accumulators per x row; 16 floats per vector (8 on AVX2), masked tail; tiles of
  * up to 4 x rows per weight row, at every M for decode calls — on AVX-512 up to 8 rows as weight row streams
  * (blz_gemv_streams: the same sums; 4-8 rows read cold weights 1.4-1.5× faster than the tiles' one walk a
- * thread, NOTES §59) —, a prefill call (BLZ_GEMM) of more than 8 rows
+ * thread, NOTES §59), on AVX2 one-row calls (Zen 3, cold 1B shapes: 14.3 → 20.2 GB/s in 4 streams, §76) —,
+ * a prefill call (BLZ_GEMM) of more than 8 rows
  * takes gemm_float.c's panel GEMM on every AVX2 host (on Sapphire Rapids the tiles ran 500-row prefill GEMMs
  * at 31 GFLOP/s, x streaming from L3 for every weight row; the panel 250-320; which float32 layers send
  * prefill here is quantize.py's kernel_prefill_f32). So f32 prefill has two paths, each giving a row the
@@ -165,6 +166,34 @@ static void f32_streams(const int nr, const int mt, const void *const *rows, int
     f32_streams4(nr, mt - 4, w, K, xf + 4 * K, hi);
     blz_merge_passes(nr, mt, lo, hi, res);
 }
+#elif defined(BLZ_AVX2) && BLZ_STREAMS > 1
+/* One x row (M = 1) against weight rows w[0..nr-1] (nr ≤ 4, a constant after inlining; one per stream):
+ * res[r] by f32_tile's operations for row r. */
+BLZ_INLINE void f32_rows1(const int nr, const float *const *w, int64_t K, const float *restrict x,
+                          float *restrict res) {
+    __m256 acc[4][2];
+    for (int r = 0; r < nr; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+        for (int r = 0; r < nr; ++r) {
+            acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + k), x0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + k + 8), x1, acc[r][1]);
+        }
+    }
+    for (; k < K; k += 8) {
+        const __m256i mk = blz_mask256(K - k);
+        const __m256 x0 = _mm256_maskload_ps(x + k, mk);
+        for (int r = 0; r < nr; ++r) acc[r][0] = _mm256_fmadd_ps(_mm256_maskload_ps(w[r] + k, mk), x0, acc[r][0]);
+    }
+    for (int r = 0; r < nr; ++r) res[r] = blz_hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+/* blz_rows_fn of blz_gemv_streams for one x row. */
+static void f32_streams1(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    (void)mt; /* one x row */
+    BLZ_TILE_SWITCH(f32_rows1, nr, (const float *const *)rows, K, x, res);
+}
 #endif
 
 #define F32_ROWWISE_M 8 /* AVX2 without AVX-512: more x rows take gemm_float.c's panel GEMM */
@@ -193,6 +222,15 @@ int blz_linear_f32_gemm(const float *x, int64_t M, int64_t K, const float *w, in
             blz_gemv_streams(f32_streams, (const uint8_t *)w, NULL, 4 * K, K, x, (int)M, N, bias, residual, out,
                              swiglu, &team);
         }
+        return BLZ_OK;
+    }
+#elif defined(BLZ_AVX2) && BLZ_STREAMS > 1
+    if (M == 1) { /* AVX2: one-row calls as streams (knob streams_f), more rows by the tiles below */
+        blz_team_t team;
+        blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, 1, swiglu));
+#pragma omp parallel num_threads(nt)
+        blz_gemv_streams(f32_streams1, (const uint8_t *)w, NULL, 4 * K, K, x, 1, N, bias, residual, out, swiglu,
+                         &team);
         return BLZ_OK;
     }
 #endif

@@ -10,11 +10,12 @@
  * block (= a Q8_0 block) four 8-wide quarters, each an fp32 FMA chain over the blocks, summed as
  * blz_hsum256((a0 + a1) + (a2 + a3)); AVX-512 holds quarters 0|1 and 2|3 in two 16-lane registers (the same
  * sums). A row's result never depends on the call's other rows: every (weight row, x row) pair is computed by
- * the same operations, x rows in passes of up to XF_MX against each weight row — on AVX-512 builds several
- * weight rows read at once as streams (blz_gemv_streams), as the float kinds' decode, each walk of the
- * weight serving up to XF_PASS x rows (5-8 of them against one weight row at a time: a speculative
- * verification's 5 rows read the weight once, widened once). The portable scalar
- * path keeps the quarters and the tree (its lane order within a quarter differs, as linear_16bit.c's).
+ * the same operations, x rows in passes of up to XF_MX against each weight row — several weight rows read at
+ * once as streams (blz_gemv_streams), as the float kinds' decode: at one x row on AVX2 builds (Zen 3, cold:
+ * Qwen3-0.6B's 151936 × 1024 head 11.3 → 14.5 GB/s in 4 streams, NOTES §76), on AVX-512 ones each walk of
+ * the weight serving up to XF_PASS x rows (5-8 of them against one weight row at a time: a speculative
+ * verification's 5 rows read the weight once, widened once). The portable scalar path keeps the quarters
+ * and the tree (its lane order within a quarter differs, as linear_16bit.c's).
  *
  * Cost: the int8 kernel's bytes, with 4 vector operations per 16 weights instead of a quarter of one — the
  * same speed where a GEMV waits on memory (one or a few rows), slower in compute-bound many-row calls; it is
@@ -69,11 +70,11 @@ BLZ_INLINE __m256 q8_8_ps(const uint8_t *q, const __m256 d) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), d);
 }
 
-/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx ((1, 1..2)): every pair by the same
- * operations, whatever nx. */
+/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx ((1..4, 1) or (1, 1..2)): every pair by the
+ * same operations, whatever nr and nx. */
 BLZ_INLINE void xf_rows_simd(const int nr, const int nx, const uint8_t *const *w, int64_t K, const float *const *xr,
                              float *res) {
-    __m256 a[1][2][4];
+    __m256 a[4][2][4];
     for (int r = 0; r < nr; ++r)
         for (int m = 0; m < nx; ++m)
             for (int i = 0; i < 4; ++i) a[r][m][i] = _mm256_setzero_ps();
@@ -164,6 +165,15 @@ static void xf_streams(const int nr, const int mt, const void *const *rows, int6
             default: xf_rows_simd(1, 8, w + r, K, xr, res + r * mt);
         }
 }
+#elif defined(BLZ_AVX2) && BLZ_STREAMS > 1
+/* blz_rows_fn of blz_gemv_streams for one x row (AVX2: the one-row calls only): nr ≤ 4 weight rows at once. */
+static void xf_streams1(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
+    (void)mt;
+    const float *xr[1] = {(const float *)x};
+#define XF_ONE_X(NR, ...) xf_rows_simd(NR, 1, __VA_ARGS__)
+    BLZ_TILE_SWITCH(XF_ONE_X, nr, (const uint8_t *const *)rows, K, xr, res);
+#undef XF_ONE_X
+}
 #endif
 
 /* See the file header. x [M, K], w [N][K/32 · 34] (or row n at tab[n]), bias [N] or NULL, residual [M, N] or
@@ -185,6 +195,15 @@ int blz_linear_q8g_xf(const float *x, int64_t M, int64_t K, const uint8_t *w, co
     }
     return BLZ_OK;
 #else
+#if defined(BLZ_AVX2) && BLZ_STREAMS > 1
+    if (M == 1) { /* AVX2: one-row calls as streams (knob streams_f), more rows by the row loop below */
+        blz_team_t team;
+        blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, 1, swiglu));
+#pragma omp parallel num_threads(nt)
+        blz_gemv_streams(xf_streams1, w, tab, row_bytes, K, x, 1, N, bias, residual, out, swiglu, &team);
+        return BLZ_OK;
+    }
+#endif
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t n = 0; n < nout; ++n)
         for (int64_t m0 = 0; m0 < M; m0 += XF_MX) {

@@ -17,10 +17,12 @@
  * slot order j = 0..k-1. Optional biases (NULL: none): b_up [E, Nup] added to the up projection's output, b_down [E,
  * D] to the down projection's (GPT-OSS). Activation codes (reference.py ACTIVATIONS): 0 silu, 1 gelu (tanh), 2
  * relu², 3 gelu (erf), 4 GPT-OSS's clamped SwiGLU (gated only): g = min(gate, limit), u = clamp(up, −limit, limit),
- * (u + 1) · g · sigmoid(alpha · g). The block-quantized and f32 linear kernels compute a row the same whatever the
+ * (u + 1) · g · sigmoid(alpha · g). The block-quantized linear kernels compute a row the same whatever the
  * other rows of the call, so with those weights a token's output does not depend on what else is in the batch;
- * 16-bit and coded (bf16z, f32z) weights do so up to 8 tokens an expert, and from 9 on run the GEMM (linear_16bit.c,
- * linear_coded.c), each row again independent of the others there: the two agree to fp32 rounding.
+ * float weights (f32, 16-bit, coded bf16z / f32z) do so up to 8 tokens an expert, and from 9 on run the panel
+ * GEMM (gemm_float.c through linear_float.c, linear_16bit.c, linear_coded.c), each row again independent of the
+ * others there: the two agree to fp32 rounding, as a float model's GEMM and GEMV. (Until 2026-11 stored f32
+ * experts ran their rows at every count: on Zen 3 a float32 Qwen3-Next's prefill spent 16 % in them, NOTES §76.)
  *
  * Shapes: T tokens, D hidden, E experts, k chosen per token, I expert width, G groups.
  */
@@ -108,6 +110,15 @@ static void oai_glu(const float *h, int64_t n, int64_t I, float alpha, float lim
     }
 }
 
+/* One expert projection on its n routed rows: blz_linear_by_code, with f32 weights the GEMM from 9 rows on as
+ * the other float kinds (the file header). */
+static int expert_linear(int code, const float *x, int64_t n, int64_t K, const void *w, int64_t N, float *out,
+                         int swiglu, int nthreads) {
+    if (code >> 5 == BLZ_OP_LINEAR_F32)
+        return blz_linear_f32_gemm(x, n, K, (const float *)w, N, NULL, NULL, out, swiglu, nthreads, 1);
+    return blz_linear_by_code(code, x, n, K, w, N, out, swiglu, nthreads);
+}
+
 BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64_t *ids, const float *weights,
                                int64_t k, int64_t E, int code_up, const void *w_up, int64_t up_stride,
                                int code_down, const void *w_down, int64_t down_stride, int64_t I, int act,
@@ -144,12 +155,12 @@ BLZ_EXPORT int blz_moe_experts(const float *x, int64_t T, int64_t D, const int64
         if (!n) continue;
         const char *wu = (const char *)w_up + e * up_stride, *wd = (const char *)w_down + e * down_stride;
         float *he = h + p0 * Nup, *ae = swiglu ? he : act_out + p0 * I; /* SwiGLU: [n, I] written to h */
-        int rc = blz_linear_by_code(code_up, xs + p0 * D, n, D, wu, Nup, he, swiglu, nthreads);
+        int rc = expert_linear(code_up, xs + p0 * D, n, D, wu, Nup, he, swiglu, nthreads);
         if (rc != BLZ_OK) return rc;
         if (b_up) add_rows(he, n, Nup, b_up + e * Nup);
         if (act == 4) oai_glu(he, n, I, alpha, limit, ae);
         else if (!swiglu && (rc = blz_activation(he, n, Nup, act, gated, ae, 1)) != BLZ_OK) return rc;
-        rc = blz_linear_by_code(code_down, ae, n, I, wd, D, ys + p0 * D, 0, nthreads);
+        rc = expert_linear(code_down, ae, n, I, wd, D, ys + p0 * D, 0, nthreads);
         if (rc != BLZ_OK) return rc;
         if (b_down) add_rows(ys + p0 * D, n, D, b_down + e * D);
     }
