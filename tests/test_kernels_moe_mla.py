@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blazr.kernels import ops
+from blazr.kernels import coded, ops
 from blazr.kernels.kquant import random_kquant
 from blazr.kernels.quant import QuantizedWeight, quantize
 
@@ -140,13 +140,22 @@ def test_moe_experts_rows_do_not_depend_on_the_batch(native: ops.Kernels, kind: 
         assert torch.equal(alone[0], together[t])
 
 
-@pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "f32z", "bf16z"])
 def test_moe_float_experts_take_the_gemm_from_nine_tokens(lib: ops.Kernels, kind: str) -> None:
     """A float expert holding 9 or more tokens runs them as one prefill call of the linear kernels (the panel
     GEMM), bit for bit; the experts with fewer keep their rows. Both agree with the reference to fp32
-    rounding."""
-    E, D, I, T, k = 4, 64, 48, 16, 2
-    w_up, w_down = _experts(kind, E, D, I, True, seed=21)
+    rounding. Coded experts (bf16z / f32z) too: on the portable build their kernel decodes the rows into a
+    scratch buffer of its own, not the one holding moe.c's routed rows."""
+    E, D, I, T, k = 4, 64, 64, 16, 2  # the coded layout: K a multiple of 64
+    if kind in coded.BASE_OF:
+        g = torch.Generator().manual_seed(21)
+        w_up, w_down = (
+            coded.pack(quantize(0.05 * torch.randn(E * n, kk, generator=g), coded.BASE_OF[kind]))
+            for n, kk in ((2 * I, D), (D, I))
+        )
+        assert w_up is not None and w_down is not None and w_up.kind == kind
+    else:
+        w_up, w_down = _experts(kind, E, D, I, True, seed=21)
     x = torch.randn(T, D, generator=torch.Generator().manual_seed(22))
     weights, ids = _routed(T, E, k, seed=23)
     counts = torch.bincount(ids.flatten(), minlength=E)

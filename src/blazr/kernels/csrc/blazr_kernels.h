@@ -351,8 +351,9 @@ void *blz_scratch(size_t bytes);
 /* The same, from one of BLZ_SCRATCH_SLOTS independent buffers (slot 0 is blz_scratch's): a kernel that calls
  * other kernels keeps its own buffers in slot 1 while they use slot 0 (moe.c, mla.c, linear_mix.c — whose
  * kmix weights are never an expert's or an MLA head's, so no two of them nest); slot 2 holds the float
- * panel GEMM's packed x (gemm_float.c), which a kernel of slot 1 may call; slot 3 each OpenMP thread's
- * re-laid K-quant weight rows (linear_k_groups.c). */
+ * panel GEMM's packed x (gemm_float.c), which a kernel of slot 1 may call; slot 3 a leaf kernel's own
+ * weight rows: each OpenMP thread's re-laid K-quant rows (linear_k_groups.c), the panel GEMM's decoded coded
+ * rows, the portable build's decoded coded weight (linear_coded.c, which moe.c calls for coded experts). */
 #define BLZ_SCRATCH_SLOTS 4
 void *blz_scratch_slot(int slot, size_t bytes);
 

@@ -434,7 +434,8 @@ int blz_linear_coded(const int f32, const float *x, int64_t M, int64_t K, const 
                           nt);
 #else
     const size_t esize = f32 ? sizeof(float) : sizeof(uint16_t);
-    uint8_t *dec = blz_scratch_slot(1, (size_t)(N * K) * esize);
+    /* slot 3: slot 1 holds the buffers of a kernel that calls this one (moe.c's routed rows, coded experts) */
+    uint8_t *dec = blz_scratch_slot(3, (size_t)(N * K) * esize);
     if (!dec) return BLZ_ENOMEM;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int64_t n = 0; n < N; ++n) blz_bz_decode_rows(w, K, n, 1, dec + (size_t)(n * K) * esize, f32);
