@@ -34,8 +34,10 @@
 #endif
 #ifdef BLZ_AVX512
 #define HALF_MX 4 /* x rows per pass over a weight row (each weight widened once for them) */
+#define HALF_STREAM_M HALF_ROWWISE_M /* x rows the weight streams take: all of the decode path's */
 #else
 #define HALF_MX 2
+#define HALF_STREAM_M 1 /* AVX2: one x row; 2-8 by the row loop */
 #endif
 
 /* One 16-bit weight widened to fp32, exactly: bf16 (`bf`) or f16 bits. */
@@ -225,11 +227,7 @@ BLZ_INLINE int half_linear(const int bf, const float *x, int64_t M, int64_t K, c
     const int64_t nout = swiglu ? N / 2 : N;
     const int nt = blz_threads(nthreads, M * N * K, BLZ_LINEAR_PARALLEL_MIN);
 #if BLZ_STREAMS > 1
-#ifdef BLZ_AVX512
-    if (M <= HALF_ROWWISE_M) {
-#else
-    if (M == 1) { /* AVX2: one-row calls as streams (knob streams_f), 2-8 rows by the row loop below */
-#endif
+    if (M <= HALF_STREAM_M) { /* weight streams (knob streams_f) */
         blz_team_t team;
         blz_team_init(&team, nt, nout, blz_gemv_parts(BLZ_TUNE_STREAMS_F, (int)M, swiglu));
 #pragma omp parallel num_threads(nt)

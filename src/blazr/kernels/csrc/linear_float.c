@@ -17,6 +17,38 @@
  */
 #include "blazr_kernels.h"
 
+#if defined(BLZ_AVX2) && !defined(BLZ_AVX512)
+/* res[r·nx + m] = weight row w[r] · x row xr[m] for r < nr, m < nx ((1, 1..4) or (1..4, 1), constants after
+ * inlining): every pair by the same operations, whatever nr and nx — two 8-lane FMA chains over 16-float
+ * steps, the masked tail into the first, one hsum. The tiles' form (one weight row) and the streams' (one
+ * x row). */
+BLZ_INLINE void f32_pairs256(const int nr, const int nx, const float *const *w, int64_t K, const float *const *xr,
+                             float *restrict res) {
+    __m256 acc[4][4][2];
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < nx; ++m) acc[r][m][0] = acc[r][m][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int r = 0; r < nr; ++r) {
+            const __m256 w0 = _mm256_loadu_ps(w[r] + k), w1 = _mm256_loadu_ps(w[r] + k + 8);
+            for (int m = 0; m < nx; ++m) {
+                acc[r][m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr[m] + k), acc[r][m][0]);
+                acc[r][m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr[m] + k + 8), acc[r][m][1]);
+            }
+        }
+    for (; k < K; k += 8) {
+        const __m256i mk = blz_mask256(K - k);
+        for (int r = 0; r < nr; ++r) {
+            const __m256 w0 = _mm256_maskload_ps(w[r] + k, mk);
+            for (int m = 0; m < nx; ++m)
+                acc[r][m][0] = _mm256_fmadd_ps(w0, _mm256_maskload_ps(xr[m] + k, mk), acc[r][m][0]);
+        }
+    }
+    for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < nx; ++m) res[r * nx + m] = blz_hsum256(_mm256_add_ps(acc[r][m][0], acc[r][m][1]));
+}
+#endif
+
 /* fp32: dot products of weight row w[K] with x rows x[m·ldx], m < mt → res. */
 BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const float *restrict x,
                          int64_t ldx, float *restrict res) {
@@ -39,23 +71,8 @@ BLZ_INLINE void f32_tile(const int mt, const float *restrict w, int64_t K, const
     }
     for (int m = 0; m < mt; ++m) res[m] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]));
 #elif defined(BLZ_AVX2)
-    __m256 acc[4][2];
-    for (int m = 0; m < 4; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
-        for (int m = 0; m < mt; ++m) {
-            acc[m][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + m * ldx + k), acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + m * ldx + k + 8), acc[m][1]);
-        }
-    }
-    for (; k < K; k += 8) {
-        const __m256i mk = blz_mask256(K - k);
-        const __m256 w0 = _mm256_maskload_ps(w + k, mk);
-        for (int m = 0; m < mt; ++m)
-            acc[m][0] = _mm256_fmadd_ps(w0, _mm256_maskload_ps(x + m * ldx + k, mk), acc[m][0]);
-    }
-    for (int m = 0; m < mt; ++m) res[m] = blz_hsum256(_mm256_add_ps(acc[m][0], acc[m][1]));
+    const float *wr[1] = {w}, *xr[4] = {x, x + ldx, x + 2 * ldx, x + 3 * ldx};
+    f32_pairs256(1, mt, wr, K, xr, res);
 #else
     for (int m = 0; m < mt; ++m) {
         const float *xm = x + m * ldx;
@@ -167,32 +184,14 @@ static void f32_streams(const int nr, const int mt, const void *const *rows, int
     blz_merge_passes(nr, mt, lo, hi, res);
 }
 #elif defined(BLZ_AVX2) && BLZ_STREAMS > 1
-/* One x row (M = 1) against weight rows w[0..nr-1] (nr ≤ 4, a constant after inlining; one per stream):
- * res[r] by f32_tile's operations for row r. */
-BLZ_INLINE void f32_rows1(const int nr, const float *const *w, int64_t K, const float *restrict x,
-                          float *restrict res) {
-    __m256 acc[4][2];
-    for (int r = 0; r < nr; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-        const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-        for (int r = 0; r < nr; ++r) {
-            acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + k), x0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(w[r] + k + 8), x1, acc[r][1]);
-        }
-    }
-    for (; k < K; k += 8) {
-        const __m256i mk = blz_mask256(K - k);
-        const __m256 x0 = _mm256_maskload_ps(x + k, mk);
-        for (int r = 0; r < nr; ++r) acc[r][0] = _mm256_fmadd_ps(_mm256_maskload_ps(w[r] + k, mk), x0, acc[r][0]);
-    }
-    for (int r = 0; r < nr; ++r) res[r] = blz_hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
-}
-
-/* blz_rows_fn of blz_gemv_streams for one x row. */
+/* blz_rows_fn of blz_gemv_streams for one x row (AVX2: the one-row calls only): nr ≤ 4 weight rows at once,
+ * each by f32_tile's operations. */
 static void f32_streams1(const int nr, const int mt, const void *const *rows, int64_t K, const void *x, float *res) {
     (void)mt; /* one x row */
-    BLZ_TILE_SWITCH(f32_rows1, nr, (const float *const *)rows, K, x, res);
+    const float *xr[1] = {(const float *)x};
+#define F32_ONE_X(NR, ...) f32_pairs256(NR, 1, __VA_ARGS__)
+    BLZ_TILE_SWITCH(F32_ONE_X, nr, (const float *const *)rows, K, xr, res);
+#undef F32_ONE_X
 }
 #endif
 
