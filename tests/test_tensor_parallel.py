@@ -24,12 +24,12 @@ import torch
 from blazr import LLM, SamplingParams
 from blazr.config import AttentionConfig, LayerConfig, Mamba2Config, ModelConfig
 from blazr.detect import inspect_checkpoint
-from blazr.distributed.group import destroy_group
+from blazr.distributed import ranks
 from blazr.distributed.shard import padded_vocab, shard_config, slice_tensor
 from blazr.distributed.worker import free_port
 from blazr.engine.failures import EngineBrokenError
 from blazr.engine.runner import TensorParallelStepError
-from blazr.errors import UnsupportedError
+from blazr.errors import BlazrError, UnsupportedError
 from tests.server_util import ServerProcess
 from tests.ssm_fixtures import randomise
 from tests.test_hf_deepseek import MLA_SIZES, MOE_SIZES
@@ -464,8 +464,10 @@ def test_torchrun_two_nodes_over_loopback(checkpoints):
 def test_a_failed_parallel_step_stops_the_engine(checkpoints):
     """A step that fails on rank 0 after the others began it leaves them in a collective rank 0 never
     reaches: no later step could line up, so the engine stops (the server then exits for a supervisor to
-    restart every rank) instead of retrying request by request as it does on one rank."""
+    restart every rank) instead of retrying request by request as it does on one rank. Closing the model
+    then ends those ranks instead of keeping them for the next model, which starts new ones."""
     llm = LLM(checkpoints["llama"], cpu=True, max_model_len=64, max_num_seqs=2, tensor_parallel_size=2)
+    workers = ranks.spawned()
     try:
 
         def fail(*args: Any) -> None:
@@ -478,8 +480,62 @@ def test_a_failed_parallel_step_stops_the_engine(checkpoints):
             llm.engine.step()
         assert isinstance(err.value.__cause__, TensorParallelStepError)
     finally:
-        for proc in llm._workers:  # rank 1 waits in the step's first collective: end it
-            proc.kill()
-            proc.wait(timeout=30)
-        llm.tp = None
-        destroy_group()
+        llm.close()
+    assert len(workers) == 1 and workers[0].poll() is not None and ranks.spawned() == []
+    check_two_ranks_match_one(checkpoints["llama"])
+
+
+def test_the_next_model_takes_the_idle_ranks(checkpoints, monkeypatch):
+    """A closed model's ranks wait for this process's next model (distributed/ranks.py): another family
+    loads on the same rank process and still gives one rank's tokens; a second model while one holds the
+    ranks is refused in one line; a model whose load fails on rank 0 after its ranks began theirs ends them
+    (they may wait in a broadcast), and the next model starts new ones."""
+    check_two_ranks_match_one(checkpoints["llama"])
+    first = ranks.spawned()
+    check_two_ranks_match_one(checkpoints["granite-moe-hybrid"])
+    assert ranks.spawned() == first and first[0].poll() is None
+    held = LLM(checkpoints["llama"], cpu=True, max_model_len=64, tensor_parallel_size=2)
+    try:
+        with pytest.raises(BlazrError, match="holds its ranks: close it before loading another"):
+            LLM(checkpoints["qwen3"], cpu=True, max_model_len=64, tensor_parallel_size=2)
+        assert held.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+    finally:
+        held.close()
+    assert ranks.spawned() == first
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("injected: rank 0's shard could not be read")
+
+    monkeypatch.setattr("blazr.llm.load_model", broken)
+    with pytest.raises(OSError, match="injected"):
+        LLM(checkpoints["llama"], cpu=True, max_model_len=64, tensor_parallel_size=2)
+    assert first[0].poll() is not None and ranks.spawned() == []
+    monkeypatch.undo()
+    check_two_ranks_match_one(checkpoints["llama"])
+    assert ranks.spawned() != first
+
+
+def test_a_process_ends_its_idle_ranks_when_it_exits(checkpoints):
+    """A script that loads two models one after the other on 2 ranks (the second never closed: its
+    `close` runs at exit) uses one rank process for both; when the script ends, so has that rank, with
+    status 0 and nothing on stderr."""
+    code = (
+        "import sys\n"
+        "from blazr import LLM, SamplingParams\n"
+        "from blazr.distributed import ranks\n"
+        "pids = []\n"
+        "for path in sys.argv[1:]:\n"
+        "    llm = LLM(path, cpu=True, max_model_len=64, tensor_parallel_size=2)\n"
+        "    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))\n"
+        "    assert len(out[0].outputs[0].token_ids) == 3\n"
+        "    pids.append(ranks.spawned()[0].pid)\n"
+        "    if path == sys.argv[1]:\n"
+        "        llm.close()\n"
+        "print(*pids)\n"
+    )
+    paths = [str(checkpoints["qwen3"]), str(checkpoints["mamba2-one-group"])]
+    run = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=240)
+    assert (run.returncode, run.stderr) == (0, ""), run.stderr[-3000:]
+    pids = run.stdout.split()
+    assert len(pids) == 2 and pids[0] == pids[1], pids
+    assert not Path(f"/proc/{pids[0]}").exists(), "the rank outlived its parent"

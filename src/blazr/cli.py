@@ -280,7 +280,7 @@ def _tensor_parallel_rank(args: argparse.Namespace) -> int:
     """A rank > 0 of a torchrun launch: load the shard rank 0 names and mirror its steps until it stops."""
     from blazr.distributed.worker import run_worker
 
-    run_worker(args.tensor_parallel_size)
+    run_worker(args.tensor_parallel_size, "cpu" if getattr(args, "cpu", False) else None)
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -194,8 +193,32 @@ class LLM:
 
             self.tokenizer.chat_template = ChatTemplate.from_file(Path(load.chat_template))
         self.engine_config = engine_cfg.resolved(self.config.max_position_embeddings)
-        self._workers: list[subprocess.Popen[bytes]] = []  # tensor-parallel ranks this process started
         self.tp = self._start_ranks(load)
+        try:
+            self._load(load, show_progress)
+        except BaseException:
+            if self.tp is not None:  # the other ranks may be mid-load or in a broadcast: never handed on
+                from blazr.distributed import ranks
+
+                ranks.release(False)
+                self.tp = None
+            raise
+        # embeddings: the pooling the checkpoint declares, else the mean (engine/pooling.py)
+        self.pooling: Pooling = declared_pooling(self.checkpoint) or Pooling("mean")
+        self.load_seconds = time.perf_counter() - t0
+        log.info(
+            "loaded %s (%s, %s, kv cache %s) in %.1fs; cache: %s; prefix cache %s",
+            self.checkpoint.name,
+            self.config.architecture,
+            dtype_name(self.dtype),
+            dtype_name(self.kv_dtype),
+            self.load_seconds,
+            self.runner.cache_plan.describe(),
+            "on" if self.engine_config.enable_prefix_caching else "off",
+        )
+
+    def _load(self, load: LoadConfig, show_progress: bool | None) -> None:
+        """The model (this rank's shard), its runner and cache, the draft model and the engine."""
         self.model = load_model(
             self.checkpoint,
             self.device,
@@ -214,23 +237,10 @@ class LLM:
         )
         if self.tp is not None:
             self.tp.broadcast_object((self.engine_config, self.runner.cache_plan, self.kv_dtype))
-            atexit.register(self.close)  # the other ranks wait for rank 0's next step until told to stop
+            atexit.register(self.close)  # the other ranks wait for rank 0's next step until told
         self.draft = self._load_draft(load)
         source = DraftModelSource(self.draft.engine) if self.draft is not None else None
         self.engine = LLMEngine(self.runner, self.tokenizer, self.engine_config, source)
-        # embeddings: the pooling the checkpoint declares, else the mean (engine/pooling.py)
-        self.pooling: Pooling = declared_pooling(self.checkpoint) or Pooling("mean")
-        self.load_seconds = time.perf_counter() - t0
-        log.info(
-            "loaded %s (%s, %s, kv cache %s) in %.1fs; cache: %s; prefix cache %s",
-            self.checkpoint.name,
-            self.config.architecture,
-            dtype_name(self.dtype),
-            dtype_name(self.kv_dtype),
-            self.load_seconds,
-            self.runner.cache_plan.describe(),
-            "on" if self.engine_config.enable_prefix_caching else "off",
-        )
 
     def _load_draft(self, load: LoadConfig) -> LLM | None:
         """The draft model of `--speculative draft` (None for other methods): loaded like this one (device,
@@ -253,46 +263,40 @@ class LLM:
         return draft
 
     def _start_ranks(self, load: LoadConfig) -> TPGroup | None:
-        """With tensor parallelism: the other ranks started (or found, under torchrun), the group joined as
-        rank 0, and told what to load (this LoadConfig, its model resolved to a path)."""
+        """With tensor parallelism: the other ranks led (an earlier model's idle ones, else started or
+        found under torchrun: distributed/ranks.py) and told what to load (this LoadConfig, its model
+        resolved to a path)."""
         world = load.tensor_parallel_size
         if world == 1:
             return None
-        from blazr.distributed import worker
-        from blazr.distributed.group import init_group
+        from blazr.distributed import ranks, worker
         from blazr.distributed.shard import shard_config
 
         shard_config(self.config, world)  # a model that does not split says so before any rank starts
-        if worker.is_torchrun():
-            if int(os.environ["WORLD_SIZE"]) != world:
-                raise BlazrError(
-                    f"tensor_parallel_size {world} but torchrun started {os.environ['WORLD_SIZE']} ranks"
-                )
-        else:
-            self._workers = worker.spawn_workers(world)
-        tp = init_group(world, self.device, rank=0)
+        tp = ranks.lead(world, self.device)
         setup = worker.Setup(
             replace(load, model=str(self.path)),
             str(self.device),
             self.dtype,
             self.engine_config.max_model_len,
         )
-        tp.broadcast_object(setup)
+        try:
+            tp.broadcast_object(setup)
+        except BaseException:
+            ranks.release(False)
+            raise
         return tp
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do on one rank); also run at exit."""
-        if getattr(self, "runner", None) is not None and self.tp is not None:
-            self.runner.stop_workers()
-            for proc in self._workers:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:  # stuck in a collective: it cannot finish anything now
-                    proc.kill()
-            from blazr.distributed.group import destroy_group
+        """Tell the other tensor-parallel ranks this model is done: they wait, idle, for this process's
+        next model, and exit with it (distributed/ranks.py); nothing to do on one rank. Also run at exit."""
+        if self.tp is None:
+            return
+        from blazr.distributed import ranks
 
-            destroy_group()
-            self.tp = None
+        runner = getattr(self, "runner", None)
+        ranks.release(runner is not None and runner.stop_workers())
+        self.tp = None
 
     @property
     def name(self) -> str:

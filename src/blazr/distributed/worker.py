@@ -3,34 +3,35 @@
 Rank 0 (the `LLM` that the CLI, the server or a script builds with `tensor_parallel_size=N`) owns the
 scheduler, the sampler and the server. It either finds a torchrun launch (RANK / WORLD_SIZE in the
 environment: every rank runs the same `blazr …` command, ranks > 0 end up in `run_worker`, several nodes
-with `torchrun --nnodes`), or spawns ranks 1 … N-1 itself on this machine (`spawn_workers`: `python -m
-blazr.distributed.worker` with the rendezvous in the environment).
+with `torchrun --nnodes`), or spawns ranks 1 … N-1 itself on this machine (distributed/ranks.py: `python
+-m blazr.distributed.worker` with the rendezvous in the environment), and keeps them for its next model.
 
-The protocol (`TPGroup.broadcast_object`, rank 0 → all):
+The protocol (`TPGroup.broadcast_object`, rank 0 → all), once per model:
 1. `Setup`: what to load (rank 0's LoadConfig, its device and dtype) — ranks load their shards
    at the same time;
 2. the engine config, the `CachePlan` rank 0 made and its KV dtype, so every rank's pools have the same
    blocks, state slots and element type;
 3. then one command per runner action: `("step", ids, batch, restores, saves)` — a forward on the shard
    (the all-reduces inside it and the logits' all-gather meet rank 0's), `("copy_blocks", pairs)`,
-   `("copy_states", pairs)` — and `("stop",)`.
+   `("copy_states", pairs)` — and `("stop",)`: the model is dropped and the rank waits for the next
+   `Setup`, or for `EXIT`, which ends it.
 A rank's runner is the same `ModelRunner` as rank 0's; it only never samples.
 
 Liveness: a spawned worker exits when its parent (rank 0) is gone; collectives time out after
 `COLLECTIVE_TIMEOUT_S` (an idle server sends nothing, so it is long).
 
 Stopping: a spawned worker ignores SIGINT — Ctrl-C in a terminal signals the whole foreground process
-group, and the worker stops on rank 0's `stop`, after rank 0 has drained — and a worker that fails says so
+group, and the worker stops on rank 0's word, after rank 0 has drained — and a worker that fails says so
 in one line on stderr (rank 0 reports the failed step), never with a traceback.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -42,7 +43,6 @@ import torch
 
 from blazr.distributed.group import TPGroup, destroy_group, init_group
 from blazr.exit_now import exit_now
-from blazr.kernels.build import usable_cores
 from blazr.load_config import LoadConfig
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("blazr.distributed")
 
 PARENT_POLL_S = 1.0
+EXIT = ("exit",)  # rank 0 → every rank, in place of the next model's Setup: leave
 
 
 @dataclass(frozen=True)
@@ -74,49 +75,34 @@ def is_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def threads_per_rank(world: int) -> int:
-    """The machine's cores shared by the ranks on it: two teams of spinning OpenMP threads on the same
-    cores wait at barriers for descheduled peers (benchmarks/NOTES.md §23: decode 20-100x slower)."""
-    return max(1, usable_cores() // world)
+def run_worker(world: int | None = None, device_type: str | None = None) -> None:
+    """A rank > 0 from start to `EXIT`: join the group, then for each model rank 0 names: load its shard,
+    mirror its steps until `stop`. `device_type`: rank 0's (its collectives' backend); by default CUDA
+    where there is one."""
+    world = world or int(os.environ["WORLD_SIZE"])
+    parent = os.environ.get("BLAZR_TP_PARENT")
+    if parent:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's word ends this rank (module docstring)
+        _exit_with_parent(int(parent))
+    device_type = device_type or os.environ.get("BLAZR_TP_DEVICE")
+    probe = torch.device(device_type or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tp = init_group(world, probe)
+    while (setup := tp.broadcast_object()) != EXIT:
+        serve_model(setup, tp)
+        gc.collect()  # the model's tensors go before the next one loads
+    destroy_group()
 
 
-def spawn_workers(world: int) -> list[subprocess.Popen[bytes]]:
-    """Start ranks 1 … world-1 on this machine and point this process (rank 0) at the rendezvous; every
-    rank gets its share of the cores (this one too)."""
-    port = free_port()
-    threads = threads_per_rank(world)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    procs = []
-    for rank in range(1, world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "BLAZR_TP_PARENT": str(os.getpid()),
-            "OMP_NUM_THREADS": str(threads),
-        }
-        procs.append(subprocess.Popen([sys.executable, "-m", "blazr.distributed.worker"], env=env))
-    torch.set_num_threads(threads)
-    return procs
-
-
-def run_worker(world: int | None = None) -> None:
-    """A rank > 0 from start to `stop`: join the group, load the shard rank 0 names, mirror its steps."""
+def serve_model(setup: Setup, group: TPGroup) -> None:
+    """One model on this rank: load the shard `setup` names, build its runner as rank 0 says, mirror rank
+    0's steps until `stop`."""
     from blazr.detect import inspect_checkpoint
     from blazr.engine.runner import ModelRunner
     from blazr.loading.loader import load_model
     from blazr.model.qlinear import keep_head_x_fp32
 
-    world = world or int(os.environ["WORLD_SIZE"])
-    parent = os.environ.get("BLAZR_TP_PARENT")
-    if parent:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's `stop` ends this rank (module docstring)
-        _exit_with_parent(int(parent))
-    probe = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tp = init_group(world, probe)
-    setup: Setup = tp.broadcast_object()
     device = torch.device(setup.device)
-    tp = TPGroup(tp.rank, tp.world, device)
+    tp = TPGroup(group.rank, group.world, device)
     load = setup.load
     assert load.model is not None
     ckpt = inspect_checkpoint(Path(load.model), vocab_name=load.vocab)
@@ -124,9 +110,8 @@ def run_worker(world: int | None = None) -> None:
     keep_head_x_fp32(model.lm_head, load.head_precision == "fp32")  # rank 0 resolved "auto"
     engine_cfg, plan, kv_dtype = tp.broadcast_object()
     runner = ModelRunner(model, engine_cfg, device, setup.dtype, kv_dtype, tp=tp, cache_plan=plan)
-    log.info("tensor-parallel rank %d of %d ready", tp.rank, tp.world)
+    log.info("tensor-parallel rank %d of %d ready: %s", tp.rank, tp.world, ckpt.name)
     serve_steps(runner, tp)
-    destroy_group()
 
 
 def serve_steps(runner: ModelRunner, tp: TPGroup) -> None:

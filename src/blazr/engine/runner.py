@@ -108,6 +108,7 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.tp = tp if tp is not None and tp.world > 1 else None
+        self.is_tp_in_step = True  # False once a step failed part-way: the ranks may wait in a collective
         layout = cache_layout(self.cfg)
         plan = self.cache_plan = cache_plan or plan_cache(layout, engine_cfg, dtype, kv_dtype, device)
         self.block_size = bs = engine_cfg.block_size
@@ -312,6 +313,7 @@ class ModelRunner:
             self.tp.broadcast_object(("step", ids, batch, restores, ends))
             logits = self.mirror_step(ids, batch, restores, ends)
         except Exception as e:
+            self.is_tp_in_step = False
             raise TensorParallelStepError(f"tensor-parallel step failed: {type(e).__name__}: {e}") from e
         return StepLogits.split(logits, sample_seqs, prompt_rows, draft_rows)
 
@@ -336,14 +338,21 @@ class ModelRunner:
         self.cache.copy_state_slots(ends)
         return logits
 
-    def stop_workers(self) -> None:
-        """Rank 0: end the other ranks' loops (a rank already gone has nothing left to stop)."""
-        if self.tp is not None:
-            tp, self.tp = self.tp, None
-            try:
-                tp.broadcast_object(("stop",))
-            except RuntimeError as e:  # gloo / NCCL: a peer closed its connection
-                log.debug("tensor-parallel stop: a rank is already gone (%s)", e)
+    def stop_workers(self) -> bool:
+        """Rank 0: end the other ranks' step loops. True when they were told in step (they now wait for the
+        next model: distributed/ranks.py keeps them); False when a step failed part-way or a rank is gone
+        (they cannot be told anything: the caller ends them)."""
+        if self.tp is None:
+            return False
+        tp, self.tp = self.tp, None
+        if not self.is_tp_in_step:
+            return False
+        try:
+            tp.broadcast_object(("stop",))
+        except RuntimeError as e:  # gloo / NCCL: a peer closed its connection
+            log.debug("tensor-parallel stop: a rank is already gone (%s)", e)
+            return False
+        return True
 
     def _num_plan_rows(self, sched: ScheduledBatch) -> int:
         """How many row sequences (they follow the decodes) the recorded plan runs with the decodes: all of
