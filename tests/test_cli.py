@@ -157,11 +157,11 @@ def test_the_command_freezes_its_own_heap_and_leaves_a_callers_alone():
     assert r.stdout.splitlines() == ["Hello", "caller 0", " world", "command True"]
 
 
-def test_commands_that_load_no_model_do_not_import_torch():
+def test_commands_that_load_no_model_do_not_import_torch(tmp_path):
     """The parser (every command's flags, the tool and reasoning parsers' names among them) and `decode`
     import no torch: `blazr --help`, `decode` and `bench` start in well under a second, not after torch's
-    ~3 s import. Nor do `generate`, `chat`, `info` and `decode` given a model path that names nothing: the
-    one-line error comes at once."""
+    ~3 s import. Nor do `generate`, `chat`, `info` and `decode` given a model path that names nothing, or
+    `generate` and `chat` given engine flags that do not go together: the one-line error comes at once."""
     code = (
         "import sys\n"
         "from blazr.cli import build_parser, main\n"
@@ -169,12 +169,16 @@ def test_commands_that_load_no_model_do_not_import_torch():
         "assert main(['decode', '--vocab', 'cl100k_base', '--ids', '9906']) == 0\n"
         "for cmd in (['generate', '--prompt', 'x'], ['chat'], ['info'], ['decode', '--ids', '1']):\n"
         "    assert main([*cmd, '--model', '/no/such/model']) == 1\n"
+        "for cmd in (['generate', '--prompt', 'x'], ['chat']):\n"
+        "    assert main([*cmd, '--model', sys.argv[1], '--speculative', 'draft']) == 1\n"
         "print('torch' in sys.modules)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    somewhere = str(tmp_path)  # a path that names something
+    r = subprocess.run([sys.executable, "-c", code, somewhere], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["Hello", "False"]
     assert r.stderr.count("error: model path not found: /no/such/model") == 4, r.stderr
+    assert r.stderr.count("'draft' needs a draft model (--draft-model PATH)") == 2, r.stderr
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -246,9 +250,11 @@ def test_error_unknown_vocab():
     _error(blazr("decode", "--vocab", "klingon", "--ids", "1"), r"unknown vocab.*cl100k_base")
 
 
-def test_error_bad_sampling_flag(tiny):
+def test_error_bad_sampling_flag(tmp_path):
+    """Before the model loads: the flag's error, not the checkpoint's (this one has no weights)."""
+    (tmp_path / "notes.txt").write_text("x")
     _error(
-        blazr("generate", "--model", str(tiny), "--prompt", "x", "--top-p", "1.5"),
+        blazr("generate", "--model", str(tmp_path), "--prompt", "x", "--top-p", "1.5"),
         r"top_p must be in \(0, 1\]",
     )
 

@@ -67,17 +67,21 @@ def _params(args: argparse.Namespace):
 
 
 def _llm(args: argparse.Namespace):
+    """The model the command's flags name, with its sampling parameters. A flag's error comes before the
+    load: a path that names nothing and an engine value out of range before torch's import too."""
     from blazr.model_ref import resolve_model_path
 
-    resolve_model_path(args.model)  # a path that names nothing is an error now, before torch's import
+    resolve_model_path(args.model)
     from blazr import config_flags
     from blazr.engine_config import EngineConfig
-    from blazr.llm import LLM
     from blazr.load_config import LoadConfig
 
     load = config_flags.from_args(LoadConfig, args)
     engine = config_flags.from_args(EngineConfig, args)
-    return LLM(load_config=load, engine_config=engine)
+    params = _params(args)
+    from blazr.llm import LLM
+
+    return LLM(load_config=load, engine_config=engine), params
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -85,8 +89,7 @@ def _llm(args: argparse.Namespace):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    llm = _llm(args)
-    params = _params(args)
+    llm, params = _llm(args)
     prompt_ids = llm.tokenizer.encode(prompt)
     t0 = time.perf_counter()
     first = None
@@ -154,8 +157,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    llm = _llm(args)
-    params = _params(args)
+    llm, params = _llm(args)
     history: list[dict] = []
     if args.system:
         history.append({"role": "system", "content": args.system})
