@@ -488,8 +488,9 @@ def test_a_failed_parallel_step_stops_the_engine(checkpoints):
 def test_the_next_model_takes_the_idle_ranks(checkpoints, monkeypatch):
     """A closed model's ranks wait for this process's next model (distributed/ranks.py): another family
     loads on the same rank process and still gives one rank's tokens; a second model while one holds the
-    ranks is refused in one line; a model whose load fails on rank 0 after its ranks began theirs ends them
-    (they may wait in a broadcast), and the next model starts new ones."""
+    ranks is refused in one line, and a closed model refuses to run; a model whose load fails on rank 0
+    after its ranks began theirs ends them (they may wait in a broadcast), and the next model starts new
+    ones."""
     check_two_ranks_match_one(checkpoints["llama"])
     first = ranks.spawned()
     check_two_ranks_match_one(checkpoints["granite-moe-hybrid"])
@@ -502,6 +503,8 @@ def test_the_next_model_takes_the_idle_ranks(checkpoints, monkeypatch):
     finally:
         held.close()
     assert ranks.spawned() == first
+    with pytest.raises(BlazrError, match="was closed: its tensor-parallel ranks have left it"):
+        held.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise OSError("injected: rank 0's shard could not be read")

@@ -193,6 +193,7 @@ class LLM:
 
             self.tokenizer.chat_template = ChatTemplate.from_file(Path(load.chat_template))
         self.engine_config = engine_cfg.resolved(self.config.max_position_embeddings)
+        self.is_closed = False  # a tensor-parallel model after `close`: it cannot run
         self.tp = self._start_ranks(load)
         try:
             self._load(load, show_progress)
@@ -289,7 +290,8 @@ class LLM:
 
     def close(self) -> None:
         """Tell the other tensor-parallel ranks this model is done: they wait, idle, for this process's
-        next model, and exit with it (distributed/ranks.py); nothing to do on one rank. Also run at exit."""
+        next model, and exit with it (distributed/ranks.py); this model cannot run after it. Nothing to do on
+        one rank. Also run at exit."""
         if self.tp is None:
             return
         from blazr.distributed import ranks
@@ -297,6 +299,7 @@ class LLM:
         runner = getattr(self, "runner", None)
         ranks.release(runner is not None and runner.stop_workers())
         self.tp = None
+        self.is_closed = True
 
     @property
     def name(self) -> str:
@@ -362,12 +365,17 @@ class LLM:
         for prompt_ids, p in zip(id_lists, params, strict=True):
             self.engine.validate(prompt_ids, p)
         for rid, prompt_ids, p in zip(ids, id_lists, params, strict=True):
-            self.engine.add_request(rid, prompt_ids, p)
+            self._add_request(rid, prompt_ids, p)
             outs = [CompletionOutput(i, "", [], None) for i in range(p.n)]
             results[rid] = RequestOutput(rid, prompt_ids, outs)
         for out in self._drain():
             self._accumulate(results[out.request_id], out)
         return [results[rid] for rid in ids]
+
+    def _add_request(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        if self.is_closed:
+            raise BlazrError(f"{self.name} was closed: its tensor-parallel ranks have left it; load it again")
+        self.engine.add_request(rid, prompt_ids, params)
 
     def _drain(self) -> Iterator[SeqOutput]:
         while self.engine.has_unfinished():
@@ -396,7 +404,7 @@ class LLM:
             self.engine.validate(prompt_ids, params)
         ids = [uuid.uuid4().hex for _ in id_lists]
         for rid, prompt_ids in zip(ids, id_lists, strict=True):
-            self.engine.add_request(rid, prompt_ids, params)
+            self._add_request(rid, prompt_ids, params)
         vectors: dict[str, list[float]] = {}
         for out in self._drain():
             if out.finished and out.embedding is None:
@@ -408,12 +416,12 @@ class LLM:
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Generate one prompt, yielding text as it is produced (used by `blazr generate` and `chat`)."""
         rid = uuid.uuid4().hex
-        self.engine.add_request(rid, self.encode(prompt), params or SamplingParams())
+        self._add_request(rid, self.encode(prompt), params or SamplingParams())
         yield from self._stream(rid)
 
     def stream_ids(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Iterator[SeqOutput]:
         rid = uuid.uuid4().hex
-        self.engine.add_request(rid, prompt_ids, params or SamplingParams())
+        self._add_request(rid, prompt_ids, params or SamplingParams())
         for out in self._drain():
             if out.request_id == rid:
                 yield out
