@@ -238,11 +238,11 @@ def tiny(tmp_path_factory) -> Path:
 
 def test_new_flags_reach_the_engine_through_the_cli(tiny):
     base = ["generate", "--model", str(tiny), "--cpu", "--dtype", "float32", "--max-model-len", "128"]
-    llm = _llm(build_parser().parse_args(base))
+    llm, _ = _llm(build_parser().parse_args(base))
     assert llm.runner.cache_plan.block_size == 16 and llm.runner.decode_plan is not None
     new = ["--block-size", "32", "--no-fused-decode", "--state-snapshot-interval", "3", "--max-num-seqs", "2",
            "--no-cuda-graphs"]  # fmt: skip
-    llm = _llm(build_parser().parse_args([*base, *new]))
+    llm, _ = _llm(build_parser().parse_args([*base, *new]))
     assert llm.runner.cache_plan.block_size == 32 and llm.runner.block_size == 32
     assert llm.runner.decode_plan is None
     assert llm.runner.engine_cfg.cuda_graphs is False  # (graphs are CUDA-only: this host checks the config)
@@ -309,9 +309,9 @@ def test_state_snapshot_flags_reach_the_cache_of_a_recurrent_model(tmp_path):
     build("Mamba2ForCausalLM", tmp_path, vocab_size=100288, **sizes)
     base = ["generate", "--model", str(tmp_path), "--cpu", "--dtype", "float32", "--max-model-len", "128"]
     args = [*base, "--num-state-snapshots", "5", "--state-snapshot-interval", "3", "--cache-memory", "0.05"]
-    llm = _llm(build_parser().parse_args(args))
+    llm, _ = _llm(build_parser().parse_args(args))
     assert llm.runner.cache_plan.num_snapshots == 5 and llm.engine.cache.snapshot_interval == 3
-    llm = _llm(build_parser().parse_args([*base, "--cache-memory", "0.05"]))
+    llm, _ = _llm(build_parser().parse_args([*base, "--cache-memory", "0.05"]))
     assert llm.runner.cache_plan.num_snapshots != 5 and llm.engine.cache.snapshot_interval == 8
-    llm = _llm(build_parser().parse_args([*base, "--no-prefix-cache", "--num-state-snapshots", "5"]))
+    llm, _ = _llm(build_parser().parse_args([*base, "--no-prefix-cache", "--num-state-snapshots", "5"]))
     assert not llm.engine.cfg.enable_prefix_caching and llm.runner.cache_plan.num_snapshots == 0
