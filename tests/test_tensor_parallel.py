@@ -344,27 +344,29 @@ def test_deltanet_shards_read_their_own_key_heads():
 
 
 @pytest.mark.parametrize("family", ["llama", "granite-moe-hybrid"])
-def test_a_two_rank_server_answers_like_one(checkpoints, family):
+def test_a_two_rank_server_answers_like_one_rank(checkpoints, family):
+    """A 2-rank `blazr serve`, through the openai client (a request whole and one streamed, token ids and
+    logprobs), answers what one rank in this process computes for the same requests."""
     path = checkpoints[family]
-    answers = []
-    for world in (1, 2):
-        args = ["--model", str(path), "--served-model-name", "m", "--max-model-len", "128"]
-        with ServerProcess([*args, "--tensor-parallel-size", str(world)]) as server:
-            client = server.client()
-            ids = {"return_tokens_as_token_ids": True}
-            done = client.completions.create(
-                model="m", prompt=[5, 6, 7], max_tokens=8, temperature=0, logprobs=1, extra_body=ids
-            )
-            stream = client.completions.create(
-                model="m", prompt=[9, 8, 7, 6], max_tokens=8, temperature=0, stream=True, logprobs=1,
-                extra_body=ids,
-            )  # fmt: skip
-            pieces = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
-            tokens = [t for p in pieces for t in p.tokens] + done.choices[0].logprobs.tokens
-            lps = [x for p in pieces for x in p.token_logprobs] + done.choices[0].logprobs.token_logprobs
-            answers.append((tokens, lps))
-    assert answers[1][0] == answers[0][0] and len(answers[0][0]) == 16
-    assert max(abs(a - b) for a, b in zip(answers[0][1], answers[1][1], strict=True)) < TOL
+    prompts, n = [[5, 6, 7], [9, 8, 7, 6]], 8
+    llm = LLM(path, cpu=True, max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=n, logprobs=1, ignore_eos=True)
+    want = [o.outputs[0] for o in llm.generate(prompts, params)]
+    args = ["--model", str(path), "--served-model-name", "m", "--max-model-len", "128"]
+    with ServerProcess([*args, "--tensor-parallel-size", "2"]) as server:
+        client = server.client()
+        common: dict[str, Any] = dict(model="m", max_tokens=n, temperature=0, logprobs=1)
+        ids = {"return_tokens_as_token_ids": True, "ignore_eos": True}
+        done = client.completions.create(prompt=prompts[0], extra_body=ids, **common).choices[0].logprobs
+        stream = client.completions.create(prompt=prompts[1], stream=True, extra_body=ids, **common)
+        pieces = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
+    got = [
+        (done.tokens, done.token_logprobs),
+        ([t for p in pieces for t in p.tokens], [x for p in pieces for x in p.token_logprobs]),
+    ]
+    for (tokens, lps), out in zip(got, want, strict=True):
+        assert tokens == [f"token_id:{t}" for t in out.token_ids] and len(tokens) == n
+        assert max(abs(a - b.logprob) for a, b in zip(lps, out.logprobs, strict=True)) < TOL
 
 
 def test_ctrl_c_stops_every_rank_quietly(checkpoints):
