@@ -352,7 +352,7 @@ def test_a_two_rank_server_answers_like_one_rank(checkpoints, family):
     llm = LLM(path, cpu=True, max_model_len=128)
     params = SamplingParams(temperature=0, max_tokens=n, logprobs=1, ignore_eos=True)
     want = [o.outputs[0] for o in llm.generate(prompts, params)]
-    args = ["--model", str(path), "--served-model-name", "m", "--max-model-len", "128"]
+    args = ["--model", str(path), "--served-model-name", "m", "--max-model-len", "128", "--cpu"]  # as `llm`
     with ServerProcess([*args, "--tensor-parallel-size", "2"]) as server:
         client = server.client()
         common: dict[str, Any] = dict(model="m", max_tokens=n, temperature=0, logprobs=1)
