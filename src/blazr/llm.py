@@ -220,6 +220,12 @@ class LLM:
 
     def _load(self, load: LoadConfig, show_progress: bool | None) -> None:
         """The model (this rank's shard), its runner and cache, the draft model and the engine."""
+        if self.tp is not None:  # the other ranks told what to load: this LoadConfig, its model as a path
+            from blazr.distributed.worker import Setup
+
+            setup = Setup(replace(load, model=str(self.path)), str(self.device), self.dtype,
+                          self.engine_config.max_model_len)  # fmt: skip
+            self.tp.broadcast_object(setup)
         self.model = load_model(
             self.checkpoint,
             self.device,
@@ -264,29 +270,16 @@ class LLM:
         return draft
 
     def _start_ranks(self, load: LoadConfig) -> TPGroup | None:
-        """With tensor parallelism: the other ranks led (an earlier model's idle ones, else started or
-        found under torchrun: distributed/ranks.py) and told what to load (this LoadConfig, its model
-        resolved to a path)."""
+        """With tensor parallelism: the other ranks led — an earlier model's idle ones, else started or
+        found under torchrun (distributed/ranks.py)."""
         world = load.tensor_parallel_size
         if world == 1:
             return None
-        from blazr.distributed import ranks, worker
+        from blazr.distributed import ranks
         from blazr.distributed.shard import shard_config
 
         shard_config(self.config, world)  # a model that does not split says so before any rank starts
-        tp = ranks.lead(world, self.device)
-        setup = worker.Setup(
-            replace(load, model=str(self.path)),
-            str(self.device),
-            self.dtype,
-            self.engine_config.max_model_len,
-        )
-        try:
-            tp.broadcast_object(setup)
-        except BaseException:
-            ranks.release(False)
-            raise
-        return tp
+        return ranks.lead(world, self.device)
 
     def close(self) -> None:
         """Tell the other tensor-parallel ranks this model is done: they wait, idle, for this process's
@@ -296,8 +289,7 @@ class LLM:
             return
         from blazr.distributed import ranks
 
-        runner = getattr(self, "runner", None)
-        ranks.release(runner is not None and runner.stop_workers())
+        ranks.release(self.runner.stop_workers())
         self.tp = None
         self.is_closed = True
 

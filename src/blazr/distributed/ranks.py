@@ -52,7 +52,6 @@ class _Ranks:
 
 
 _ranks: _Ranks | None = None
-_is_exit_hooked = False
 _is_torchrun_over = False  # torchrun's ranks were ended: they cannot be started again from here
 
 
@@ -86,7 +85,7 @@ def spawn_workers(world: int, device: torch.device) -> list[subprocess.Popen[byt
 def lead(world: int, device: torch.device) -> TPGroup:
     """Rank 0's group of `world` ranks, waiting for a model's `Setup`: the idle ranks an earlier model of
     this process left, when they are alive and of this size and device kind; else new ones."""
-    global _ranks, _is_exit_hooked
+    global _ranks
     if _ranks is not None:
         if _ranks.is_held:
             raise BlazrError(
@@ -107,9 +106,6 @@ def lead(world: int, device: torch.device) -> TPGroup:
     else:
         procs = spawn_workers(world, device)
     _ranks = _Ranks(world, device.type, procs)
-    if not _is_exit_hooked:
-        atexit.register(finish)  # after every model's own close (atexit runs in reverse)
-        _is_exit_hooked = True
     try:
         return init_group(world, device, rank=0)
     except BaseException:
@@ -120,33 +116,38 @@ def lead(world: int, device: torch.device) -> TPGroup:
 def release(is_in_step: bool) -> None:
     """The model that held the ranks is done. `is_in_step`: they were told `stop` and wait for the next
     model — kept; else they may wait in a collective: spawned ranks are killed and the group left."""
-    global _ranks
     if _ranks is None:
         return
     if is_in_step and _ranks.are_alive():
         _ranks.is_held = False
         return
-    ranks, _ranks = _ranks, None
-    _end(ranks)
-    for p in ranks.procs:
-        p.kill()
-        p.wait()
-    destroy_group()
+    _end(can_tell=False)
 
 
 def finish() -> None:
     """End the idle ranks (told to exit; one stuck past `STOP_WAIT_S` is killed) and leave the group; ranks
-    a model still holds are its `close`'s to release first."""
-    global _ranks
-    if _ranks is None or _ranks.is_held:
-        return
+    a model still holds are its `close`'s to release first. Run at exit, after every model's own `close`
+    (registered when this module is imported, before any model's: atexit runs in reverse)."""
+    if _ranks is not None and not _ranks.is_held:
+        _end(can_tell=True)
+
+
+def _end(can_tell: bool) -> None:
+    """End the ranks this process leads: told `EXIT` and waited for when `can_tell`, else killed; the group
+    left. Torchrun's (none spawned here) cannot be led again."""
+    global _ranks, _is_torchrun_over
+    assert _ranks is not None
     ranks, _ranks = _ranks, None
-    _end(ranks)
-    try:
-        TPGroup(0, ranks.world, torch.device(ranks.device_type)).broadcast_object(EXIT)
-    except RuntimeError as e:  # a rank already gone
-        log.debug("tensor parallel: a rank is already gone (%s)", e)
+    if not ranks.procs:
+        _is_torchrun_over = True
+    if can_tell:
+        try:
+            TPGroup(0, ranks.world, torch.device(ranks.device_type)).broadcast_object(EXIT)
+        except RuntimeError as e:  # a rank already gone
+            log.debug("tensor parallel: a rank is already gone (%s)", e)
     for p in ranks.procs:
+        if not can_tell:
+            p.kill()
         try:
             p.wait(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -155,13 +156,9 @@ def finish() -> None:
     destroy_group()
 
 
-def _end(ranks: _Ranks) -> None:
-    """Ranks about to be ended: torchrun's (none spawned here) cannot be led again."""
-    global _is_torchrun_over
-    if not ranks.procs:
-        _is_torchrun_over = True
-
-
 def spawned() -> list[subprocess.Popen[bytes]]:
     """The rank processes this process spawned and leads now (none under torchrun or without ranks)."""
     return list(_ranks.procs) if _ranks is not None else []
+
+
+atexit.register(finish)
